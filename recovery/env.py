@@ -1,0 +1,157 @@
+"""The env contract between the launcher and a worker: the one module that spells env names.
+
+Three families of variables reach every process tftrun starts (see docs/env.md):
+
+* torchrun's, so that ``init_process_group("gloo")`` with ``env://`` works unchanged;
+* msrun's ``MS_*``, so that msrun dynamic-cluster scripts and launch scripts work;
+* tftrun's own ``TFT_*``.
+
+No other module writes an env var name as a string literal: it imports the constant.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = [
+    "WorkerEnv",
+    "ROLE_WORKER",
+    "ROLE_SCHEDULER",
+]
+
+# torchrun-compatible.
+RANK = "RANK"
+LOCAL_RANK = "LOCAL_RANK"
+WORLD_SIZE = "WORLD_SIZE"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+GROUP_RANK = "GROUP_RANK"
+ROLE_RANK = "ROLE_RANK"
+ROLE_WORLD_SIZE = "ROLE_WORLD_SIZE"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+TORCHELASTIC_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
+TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
+TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+TORCHELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+OMP_NUM_THREADS = "OMP_NUM_THREADS"
+
+# msrun-compatible.
+MS_ROLE = "MS_ROLE"
+MS_NODE_ID = "MS_NODE_ID"
+MS_WORKER_NUM = "MS_WORKER_NUM"
+MS_SCHED_HOST = "MS_SCHED_HOST"
+MS_SCHED_PORT = "MS_SCHED_PORT"
+MS_ENABLE_RECOVERY = "MS_ENABLE_RECOVERY"
+MS_RECOVERY_PATH = "MS_RECOVERY_PATH"
+MS_ENABLE_TFT = "MS_ENABLE_TFT"
+
+ROLE_WORKER = "MS_WORKER"
+ROLE_SCHEDULER = "MS_SCHED"
+
+# tftrun's own.
+TFT_RUN_ID = "TFT_RUN_ID"
+TFT_INCARNATION = "TFT_INCARNATION"
+TFT_RESTART_COUNT = "TFT_RESTART_COUNT"
+TFT_GENERATION = "TFT_GENERATION"
+TFT_LOG_DIR = "TFT_LOG_DIR"
+TFT_IS_RECOVER = "TFT_IS_RECOVER"
+TFT_JOB_TOKEN = "TFT_JOB_TOKEN"
+TFT_CLUSTER_TIME_OUT = "TFT_CLUSTER_TIME_OUT"
+TFT_REJOIN_COOLDOWN = "TFT_REJOIN_COOLDOWN"
+TFT_STORE_FD = "TFT_STORE_FD"
+"""Set for the scheduler only: an inherited listening socket to host the store on."""
+
+# Data for the templates (msrun's sample scripts use the same name).
+DATA_PATH = "DATA_PATH"
+
+DEFAULT_RECOVERY_PATH = "./recovery"
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    return env.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    """What a process started by tftrun (or by hand, msrun-style) learns from its env.
+
+    Fields fall back in the order a user of either launcher would expect: torchrun's
+    names first, msrun's next, then a single-process default, so that the same script
+    runs under tftrun, under torchrun, under msrun-style launch scripts and alone.
+    """
+
+    role: str
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    node_id: str
+    master_addr: str
+    master_port: int
+    sched_host: str
+    sched_port: int
+    restart_count: int
+    max_restarts: int
+    run_id: str
+    incarnation: int
+    generation: int
+    log_dir: str | None
+    is_recover: bool
+    job_token: str
+    enable_recovery: bool
+    recovery_path: str
+    enable_tft: str
+
+    @property
+    def is_scheduler(self) -> bool:
+        return self.role == ROLE_SCHEDULER
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerEnv:
+        env = os.environ if env is None else env
+        rank = _int(env, RANK, _int(env, MS_NODE_ID, 0) if env.get(MS_NODE_ID, "").isdigit() else 0)
+        world_size = _int(env, WORLD_SIZE, _int(env, MS_WORKER_NUM, 1))
+        master_addr = env.get(MASTER_ADDR) or env.get(MS_SCHED_HOST) or "127.0.0.1"
+        master_port = _int(env, MASTER_PORT, _int(env, MS_SCHED_PORT, 29500))
+        return cls(
+            role=env.get(MS_ROLE) or ROLE_WORKER,
+            rank=rank,
+            local_rank=_int(env, LOCAL_RANK, rank),
+            world_size=world_size,
+            local_world_size=_int(env, LOCAL_WORLD_SIZE, world_size),
+            node_rank=_int(env, GROUP_RANK, 0),
+            node_id=env.get(MS_NODE_ID) or str(rank),
+            master_addr=master_addr,
+            master_port=master_port,
+            sched_host=env.get(MS_SCHED_HOST) or master_addr,
+            sched_port=_int(env, MS_SCHED_PORT, master_port),
+            restart_count=_int(env, TORCHELASTIC_RESTART_COUNT, _int(env, TFT_RESTART_COUNT, 0)),
+            max_restarts=_int(env, TORCHELASTIC_MAX_RESTARTS, 0),
+            run_id=env.get(TFT_RUN_ID) or env.get(TORCHELASTIC_RUN_ID) or "none",
+            incarnation=_int(env, TFT_INCARNATION, 0),
+            generation=_int(env, TFT_GENERATION, 0),
+            log_dir=env.get(TFT_LOG_DIR) or None,
+            is_recover=_flag(env, TFT_IS_RECOVER),
+            job_token=env.get(TFT_JOB_TOKEN, ""),
+            enable_recovery=_flag(env, MS_ENABLE_RECOVERY),
+            recovery_path=env.get(MS_RECOVERY_PATH) or DEFAULT_RECOVERY_PATH,
+            enable_tft=env.get(MS_ENABLE_TFT, ""),
+        )

@@ -1,0 +1,93 @@
+"""Helpers for tests: wait on conditions and events, run the CLIs, check pids."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil
+import pytest
+
+from recovery.events import read_events
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(__file__).resolve().parent / "bin"
+
+T = TypeVar("T")
+
+
+def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.02) -> T:
+    """Poll ``predicate`` until it returns a truthy value; fail the test after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def wait_for_event(
+    log_dir: Path, timeout: float, what: str, **match: Any
+) -> dict[str, Any]:
+    """Wait until events.jsonl holds an event whose fields equal ``match``; return it."""
+
+    def find() -> dict[str, Any] | None:
+        for event in read_events(log_dir):
+            if all(event.get(k) == v for k, v in match.items()):
+                return event
+        return None
+
+    return wait_for(find, timeout, what)
+
+
+def events(log_dir: Path, name: str | None = None) -> list[dict[str, Any]]:
+    return [e for e in read_events(log_dir) if name is None or e["event"] == name]
+
+
+def tftrun_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "launcher.cli", *args]
+
+
+def tftctl_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "launcher.ctl", *args]
+
+
+def spawn(cmd: list[str], **kwargs: Any) -> subprocess.Popen[str]:
+    """Start a command in the background with its output captured as text."""
+    return subprocess.Popen(
+        cmd, cwd=kwargs.pop("cwd", REPO), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, **kwargs,
+    )
+
+
+def run(cmd: list[str], timeout: float = 120, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        cmd, cwd=kwargs.pop("cwd", REPO), capture_output=True, text=True, timeout=timeout,
+        **kwargs,
+    )
+
+
+def pid_gone(pid: int) -> bool:
+    """True when no live process has this pid (a zombie counts as gone)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def terminate(proc: subprocess.Popen[str], timeout: float = 20) -> None:
+    """Stop a test's background command the way a user would: SIGTERM, then SIGKILL."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
