@@ -1,0 +1,22 @@
+"""``tftctl``: look at and act on a tftrun job from another terminal."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from launcher import ckpt_cli
+from launcher.cliutil import new_app, run_app
+
+__all__ = ["app", "main"]
+
+app = new_app("tftctl", "Inspect and control tftrun jobs and their checkpoints.")
+app.add_typer(ckpt_cli.app, name="ckpt")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_app(app, "tftctl", argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
