@@ -67,7 +67,8 @@ TFT_STORE_FD = "TFT_STORE_FD"
 # Data for the templates (msrun's sample scripts use the same name).
 DATA_PATH = "DATA_PATH"
 
-DEFAULT_RECOVERY_PATH = "./recovery"
+# Not "./recovery": run from this repository that would be the library package itself.
+DEFAULT_RECOVERY_PATH = "./tft_recovery"
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
