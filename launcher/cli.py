@@ -1,0 +1,138 @@
+"""``tftrun [OPTIONS] SCRIPT [SCRIPT_ARGS...]``: msrun's options, torchrun's aliases.
+
+Every option takes both spellings (``--worker_num`` and ``--worker-num``) and both forms
+(``--opt=value`` and ``--opt value``). Everything after SCRIPT belongs to the script.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from filelock import FileLock, Timeout
+
+from launcher.cliutil import new_app, run_app
+from launcher.config import LaunchConfig, bind_listener
+from launcher.errors import ConfigError
+from launcher.logs import archive_previous_run
+from launcher.render import make_view
+from launcher.supervisor import Supervisor
+from recovery.env import DEFAULT_RECOVERY_PATH
+from recovery.events import EventLog
+
+__all__ = ["app", "main"]
+
+LOCK_FILE = "tftrun.lock"
+
+app = new_app("tftrun", "Launch a fault-tolerant distributed PyTorch job on this node.")
+
+
+def _opt(name: str, help_text: str) -> typer.models.OptionInfo:
+    """An option under both spellings: ``--name_with_underscores`` and ``--name-with-dashes``."""
+    return typer.Option(f"--{name}", f"--{name.replace('_', '-')}", help=help_text)
+
+
+def parse_bool(value: str, option: str) -> bool:
+    """msrun's ``--join=True``/``False`` spelling, plus 1/0/yes/no."""
+    lowered = value.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise ConfigError(f"{option} takes True or False, got {value!r}")
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def launch(
+    script: Annotated[Path, typer.Argument(help="The training script (run with this Python).",
+                                           show_default=False)],
+    script_args: Annotated[list[str] | None, typer.Argument(
+        help="Arguments passed to the script unchanged.", show_default=False)] = None,
+    worker_num: Annotated[int | None, _opt(
+        "worker_num", "Workers in the whole job (all nodes). [default: 8, or nnodes x "
+        "nproc_per_node]")] = None,
+    local_worker_num: Annotated[int | None, _opt(
+        "local_worker_num", "Workers on this node. [default: worker_num]")] = None,
+    nproc_per_node: Annotated[int | None, _opt(
+        "nproc_per_node", "torchrun's name for --local_worker_num.")] = None,
+    nnodes: Annotated[int | None, _opt(
+        "nnodes", "torchrun's node count: worker_num defaults to nnodes x nproc_per_node.")] = None,
+    master_addr: Annotated[str, _opt(
+        "master_addr", "Address of the scheduler (node 0).")] = "127.0.0.1",
+    master_port: Annotated[int, _opt(
+        "master_port", "Port of the scheduler's store; must be free on node 0.")] = 8118,
+    node_rank: Annotated[int, _opt(
+        "node_rank", "This node's index; its ranks are node_rank x local_worker_num + i.")] = 0,
+    log_dir: Annotated[Path, _opt(
+        "log_dir", "Folder for worker_<rank>.log, scheduler.log and events.jsonl; an "
+        "earlier run's files there are moved to previous/<n>/.")] = Path("logs"),
+    join: Annotated[str, _opt(
+        "join", "True: also stream every worker's output here, prefixed with its rank.")
+    ] = "False",
+    cluster_time_out: Annotated[float, _opt(
+        "cluster_time_out", "Seconds to wait for the cluster to form.")] = 600.0,
+    max_restarts: Annotated[int, _opt(
+        "max_restarts", "Restarts allowed after worker failures before the job stops.")] = 3,
+    rejoin_cooldown: Annotated[float, _opt(
+        "rejoin_cooldown", "Seconds a dead worker's node id may not re-register "
+        "(msrun's 30 s).")] = 30.0,
+    monitor_interval: Annotated[float, _opt(
+        "monitor_interval", "Seconds between checks of the workers (deaths are seen at "
+        "once regardless).")] = 0.1,
+    heartbeat_timeout: Annotated[float, _opt(
+        "heartbeat_timeout", "Seconds without a heartbeat before a worker is declared dead.")
+    ] = 30.0,
+    progress_timeout: Annotated[float, _opt(
+        "progress_timeout", "Seconds without step progress (while others progress) before "
+        "a worker is declared hung.")] = 300.0,
+    grace_period: Annotated[float, _opt(
+        "grace_period", "Seconds between SIGTERM and SIGKILL when stopping processes.")] = 10.0,
+    is_recover: Annotated[str, _opt(
+        "is_recover", "1: resume a dead job from its newest valid checkpoints.")] = "0",
+    recovery_path: Annotated[Path, _opt(
+        "recovery_path", "Folder for checkpoints and the scheduler's state.")
+    ] = Path(DEFAULT_RECOVERY_PATH),
+) -> int:
+    """Launch SCRIPT as WORKER_NUM data-parallel workers and keep the job alive."""
+    local = local_worker_num if local_worker_num is not None else nproc_per_node
+    if worker_num is None:
+        worker_num = nnodes * local if nnodes is not None and local is not None else 8
+    config = LaunchConfig(
+        script=script, script_args=tuple(script_args or ()), worker_num=worker_num,
+        local_worker_num=local, master_addr=master_addr, master_port=master_port,
+        node_rank=node_rank, log_dir=log_dir, join=parse_bool(join, "--join"),
+        cluster_time_out=cluster_time_out, max_restarts=max_restarts,
+        rejoin_cooldown=rejoin_cooldown, monitor_interval=monitor_interval,
+        heartbeat_timeout=heartbeat_timeout, progress_timeout=progress_timeout,
+        grace_period=grace_period, is_recover=parse_bool(is_recover, "--is_recover"),
+        recovery_path=recovery_path,
+    )
+    config.validate()
+    lock = FileLock(str(config.log_dir / LOCK_FILE))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise ConfigError(f"another tftrun job is running with --log_dir {config.log_dir}") from None
+    try:
+        store_socket = (bind_listener(config.master_addr, config.master_port)
+                        if config.hosts_scheduler else None)
+        archive_previous_run(config.log_dir)
+        try:
+            supervisor = Supervisor(config, store_socket, make_view(), EventLog(config.log_dir))
+            return supervisor.run()
+        finally:
+            if store_socket is not None:
+                store_socket.close()
+    finally:
+        lock.release()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_app(app, "tftrun", argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

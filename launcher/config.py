@@ -1,0 +1,122 @@
+"""LaunchConfig: everything one ``tftrun`` invocation was asked to do, checked up front.
+
+``validate()`` runs before anything is started; each problem is a ConfigError (one line,
+exit status 2).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import socket
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from launcher.errors import ConfigError
+
+__all__ = ["LaunchConfig", "bind_listener"]
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    script: Path
+    script_args: tuple[str, ...] = ()
+    worker_num: int = 8
+    local_worker_num: int | None = None
+    master_addr: str = "127.0.0.1"
+    master_port: int = 8118
+    node_rank: int = 0
+    log_dir: Path = Path("logs")
+    join: bool = False
+    cluster_time_out: float = 600.0
+    max_restarts: int = 3
+    rejoin_cooldown: float = 30.0
+    monitor_interval: float = 0.1
+    heartbeat_timeout: float = 30.0
+    progress_timeout: float = 300.0
+    grace_period: float = 10.0
+    is_recover: bool = False
+    recovery_path: Path = Path("tft_recovery")
+    run_id: str = field(default_factory=lambda: time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3))
+    job_token: str = field(default_factory=lambda: secrets.token_hex(16))
+
+    @property
+    def nproc(self) -> int:
+        """Workers on this node."""
+        return self.worker_num if self.local_worker_num is None else self.local_worker_num
+
+    @property
+    def first_rank(self) -> int:
+        return self.node_rank * self.nproc
+
+    @property
+    def hosts_scheduler(self) -> bool:
+        return self.node_rank == 0
+
+    def validate(self) -> None:
+        """Raise ConfigError for the first problem found; touch nothing but the log dir."""
+        if self.worker_num < 1:
+            raise ConfigError(f"--worker_num must be at least 1, got {self.worker_num}")
+        if self.nproc < 1:
+            raise ConfigError(f"--local_worker_num must be at least 1, got {self.nproc}")
+        if self.nproc > self.worker_num:
+            raise ConfigError(
+                f"--local_worker_num={self.nproc} is more than --worker_num={self.worker_num}")
+        if self.node_rank < 0 or self.first_rank + self.nproc > self.worker_num:
+            raise ConfigError(
+                f"--node_rank={self.node_rank} with {self.nproc} workers per node does not fit "
+                f"in --worker_num={self.worker_num}")
+        if not 1 <= self.master_port <= 65535:
+            raise ConfigError(f"--master_port must be in 1..65535, got {self.master_port}")
+        for name, value in (("--max_restarts", self.max_restarts),
+                            ("--rejoin_cooldown", self.rejoin_cooldown)):
+            if value < 0:
+                raise ConfigError(f"{name} must not be negative, got {value}")
+        for name, value in (("--monitor_interval", self.monitor_interval),
+                            ("--heartbeat_timeout", self.heartbeat_timeout),
+                            ("--progress_timeout", self.progress_timeout),
+                            ("--grace_period", self.grace_period)):
+            if value <= 0:
+                raise ConfigError(f"{name} must be positive, got {value}")
+        self._check_script()
+        self._check_writable(self.log_dir, "--log_dir")
+
+    def _check_script(self) -> None:
+        if not self.script.exists():
+            raise ConfigError(f"script not found: {self.script}")
+        if not self.script.is_file():
+            raise ConfigError(f"script is not a file: {self.script}")
+        if not os.access(self.script, os.R_OK):
+            raise ConfigError(f"script is not readable: {self.script}")
+
+    @staticmethod
+    def _check_writable(directory: Path, option: str) -> None:
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=directory):
+                pass
+        except OSError as err:
+            raise ConfigError(f"{option} {directory} is not writable: {err.strerror}") from None
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """Bind and listen on ``host:port`` (0 picks a free port); ConfigError if taken.
+
+    The supervisor binds the scheduler's port itself and hands the socket down, so that
+    "port in use" is found before anything starts and a relaunched scheduler gets the
+    very same port back at once.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(1024)
+    except OSError as err:
+        sock.close()
+        what = "already in use" if err.errno == errno.EADDRINUSE else (err.strerror or str(err))
+        raise ConfigError(f"--master_port {port} on {host}: {what}") from None
+    return sock

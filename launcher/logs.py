@@ -1,0 +1,93 @@
+"""The log directory: keeping earlier runs' logs, reading the last lines, streaming output."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from recovery.events import EVENTS_FILE
+
+__all__ = ["archive_previous_run", "last_lines", "LogFollower", "PREVIOUS_DIR"]
+
+PREVIOUS_DIR = "previous"
+_RUN_FILES = ("worker_*.log", "scheduler.log", EVENTS_FILE, "errors")
+
+
+def archive_previous_run(log_dir: Path) -> Path | None:
+    """Move the files of an earlier run in ``log_dir`` to ``log_dir/previous/<n>/``.
+
+    A second run into the same log dir must never destroy the first run's logs, and the
+    new run's ``worker_<rank>.log`` and ``events.jsonl`` must hold only the new run.
+    Returns the archive folder, or None when there was nothing to keep.
+    """
+    found = [p for pattern in _RUN_FILES for p in sorted(log_dir.glob(pattern))]
+    if not found:
+        return None
+    previous = log_dir / PREVIOUS_DIR
+    previous.mkdir(exist_ok=True)
+    taken = [int(p.name) for p in previous.iterdir() if p.name.isdigit()]
+    target = previous / str(max(taken, default=0) + 1)
+    target.mkdir()
+    for path in found:
+        path.rename(target / path.name)
+    return target
+
+
+def last_lines(path: Path, count: int, max_bytes: int = 16384) -> list[str]:
+    """The last ``count`` non-empty lines of a (possibly large) text file."""
+    try:
+        with open(path, "rb") as file:
+            file.seek(0, 2)
+            size = file.tell()
+            file.seek(max(0, size - max_bytes))
+            data = file.read()
+    except OSError:
+        return []
+    lines = [line for line in data.decode(errors="replace").splitlines() if line.strip()]
+    return lines[-count:]
+
+
+class LogFollower(threading.Thread):
+    """Streams new lines of several log files to ``sink`` (``tftrun --join=True``)."""
+
+    def __init__(self, sink: Callable[[str, str], None], interval: float = 0.1) -> None:
+        super().__init__(name="tftrun-log-follower", daemon=True)
+        self._sink = sink
+        self._interval = interval
+        self._files: dict[Path, tuple[str, int]] = {}
+        self._lock = threading.Lock()
+        self._stop_event = threading.Event()
+
+    def follow(self, path: Path, label: str) -> None:
+        """Start streaming ``path`` from its current end, each line prefixed by ``label``."""
+        offset = path.stat().st_size if path.exists() else 0
+        with self._lock:
+            self._files[path] = (label, offset)
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self._interval):
+            self.drain()
+
+    def drain(self) -> None:
+        """Emit every complete line written since the last call."""
+        with self._lock:
+            files = dict(self._files)
+        for path, (label, offset) in files.items():
+            try:
+                with open(path, "rb") as file:
+                    file.seek(offset)
+                    data = file.read()
+            except OSError:
+                continue
+            end = data.rfind(b"\n") + 1
+            for line in data[:end].decode(errors="replace").splitlines():
+                self._sink(label, line)
+            with self._lock:
+                self._files[path] = (label, offset + end)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        if self.is_alive():
+            self.join()
+        self.drain()

@@ -1,0 +1,106 @@
+"""What each child is started as: argv, env (the contract of docs/env.md) and log file."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from launcher.config import LaunchConfig
+from recovery import env as names
+
+__all__ = ["Role", "ProcessSpec", "worker_spec", "scheduler_spec"]
+
+
+class Role(str, Enum):
+    SCHEDULER = "scheduler"
+    WORKER = "worker"
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    role: Role
+    rank: int | None
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    log_path: Path
+
+    def __post_init__(self) -> None:
+        if (self.role is Role.WORKER) != (self.rank is not None):
+            raise ValueError("a worker has a rank and the scheduler has none")
+
+
+def _common_env(config: LaunchConfig, base: Mapping[str, str]) -> dict[str, str]:
+    env = dict(base)
+    env.update({
+        names.MS_WORKER_NUM: str(config.worker_num),
+        names.MS_SCHED_HOST: config.master_addr,
+        names.MS_SCHED_PORT: str(config.master_port),
+        names.MS_ENABLE_RECOVERY: "1",
+        names.MS_RECOVERY_PATH: str(config.recovery_path.resolve()),
+        names.TFT_RUN_ID: config.run_id,
+        names.TFT_LOG_DIR: str(config.log_dir.resolve()),
+        names.TFT_JOB_TOKEN: config.job_token,
+        names.TFT_IS_RECOVER: "1" if config.is_recover else "0",
+        names.TFT_CLUSTER_TIME_OUT: str(config.cluster_time_out),
+        names.TFT_REJOIN_COOLDOWN: str(config.rejoin_cooldown),
+        names.TFT_HEARTBEAT_TIMEOUT: str(config.heartbeat_timeout),
+        names.TFT_PROGRESS_TIMEOUT: str(config.progress_timeout),
+    })
+    return env
+
+
+def worker_spec(config: LaunchConfig, local_rank: int, incarnation: int, restart_count: int,
+                rendezvous_port: int, base_env: Mapping[str, str] | None = None) -> ProcessSpec:
+    """The spec of this node's worker ``local_rank`` for one launch of it.
+
+    Args:
+        incarnation: increases with every launch of this rank within the job.
+        restart_count: how many times the whole group was restarted (torchrun's count).
+        rendezvous_port: the fresh store that ``env://`` meets at for this restart.
+    """
+    rank = config.first_rank + local_rank
+    env = _common_env(config, os.environ if base_env is None else base_env)
+    if config.nproc > 1:
+        # torchrun's rule: N busy processes on few cores must not each spawn N threads.
+        env.setdefault(names.OMP_NUM_THREADS, "1")
+    env.update({
+        names.RANK: str(rank),
+        names.LOCAL_RANK: str(local_rank),
+        names.WORLD_SIZE: str(config.worker_num),
+        names.LOCAL_WORLD_SIZE: str(config.nproc),
+        names.GROUP_RANK: str(config.node_rank),
+        names.ROLE_RANK: str(rank),
+        names.ROLE_WORLD_SIZE: str(config.worker_num),
+        names.MASTER_ADDR: config.master_addr,
+        names.MASTER_PORT: str(rendezvous_port),
+        names.TORCHELASTIC_USE_AGENT_STORE: str(True),
+        names.TORCHELASTIC_RESTART_COUNT: str(restart_count),
+        names.TORCHELASTIC_MAX_RESTARTS: str(config.max_restarts),
+        names.TORCHELASTIC_RUN_ID: config.run_id,
+        names.TORCHELASTIC_ERROR_FILE: str(error_file(config, rank)),
+        names.MS_ROLE: names.ROLE_WORKER,
+        names.MS_NODE_ID: str(rank),
+        names.TFT_INCARNATION: str(incarnation),
+        names.TFT_RESTART_COUNT: str(restart_count),
+        names.TFT_GENERATION: str(restart_count),
+    })
+    argv = (sys.executable, "-u", str(config.script), *config.script_args)
+    return ProcessSpec(Role.WORKER, rank, argv, env, config.log_dir / f"worker_{rank}.log")
+
+
+def scheduler_spec(config: LaunchConfig, listen_fd: int,
+                   base_env: Mapping[str, str] | None = None) -> ProcessSpec:
+    """The scheduler, serving the cluster store on the inherited socket ``listen_fd``."""
+    env = _common_env(config, os.environ if base_env is None else base_env)
+    env.update({names.MS_ROLE: names.ROLE_SCHEDULER, names.TFT_STORE_FD: str(listen_fd)})
+    argv = (sys.executable, "-u", "-m", "recovery.scheduler")
+    return ProcessSpec(Role.SCHEDULER, None, argv, env, config.log_dir / "scheduler.log")
+
+
+def error_file(config: LaunchConfig, rank: int) -> Path:
+    """Where torch's ``@record`` in worker ``rank`` writes its root-cause JSON."""
+    return config.log_dir.resolve() / "errors" / f"worker_{rank}.json"

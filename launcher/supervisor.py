@@ -1,0 +1,286 @@
+"""The per-node supervisor: start the scheduler and the workers, watch them, restart, stop.
+
+One loop, woken by SIGCHLD (so a death is seen at once, not at the next poll) or every
+``monitor_interval``: drain the signal queue, reap and classify exits, apply the failure
+policy, redraw the view. Signal handlers only queue the signal number.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import select
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from launcher.config import LaunchConfig
+from launcher.failures import ExitInfo, read_error_file
+from launcher.logs import LogFollower, last_lines
+from launcher.process import Child, spawn, stop_all
+from launcher.render import Row, SummaryRow, View, print_summary
+from launcher.rendezvous import RendezvousStore
+from launcher.spec import ProcessSpec, Role, error_file, scheduler_spec, worker_spec
+from launcher.state import Worker, WorkerState
+from recovery.events import EventLog
+
+__all__ = ["Supervisor", "EXIT_SIGINT", "EXIT_SIGTERM"]
+
+logger = logging.getLogger(__name__)
+
+EXIT_SIGINT = 128 + signal.SIGINT
+EXIT_SIGTERM = 128 + signal.SIGTERM
+SUMMARY_LOG_LINES = 10
+
+
+class _Stop(Exception):
+    """Raised inside the loop when a SIGINT/SIGTERM asks the job to stop."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class Supervisor:
+    """Runs one node's share of a job to its end and returns tftrun's exit status."""
+
+    def __init__(self, config: LaunchConfig, store_socket: socket.socket | None,
+                 view: View, events: EventLog) -> None:
+        self.config = config
+        self.view = view
+        self.events = events
+        self.workers = [Worker(rank=config.first_rank + i, local_rank=i)
+                        for i in range(config.nproc)]
+        self.restart_count = 0
+        self._store_socket = store_socket
+        self._scheduler: Child | None = None
+        self._scheduler_launches = 0
+        self._rendezvous = RendezvousStore(config.master_addr)
+        self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._follower = LogFollower(view.output) if config.join else None
+
+    # ----------------------------------------------------------------- lifecycle
+    def run(self) -> int:
+        with self._signal_handlers() as wakeup:
+            self._emit("job_start", run_id=self.config.run_id, pid=os.getpid(),
+                       script=str(self.config.script), script_args=list(self.config.script_args),
+                       worker_num=self.config.worker_num, local_worker_num=self.config.nproc,
+                       node_rank=self.config.node_rank, master_addr=self.config.master_addr,
+                       master_port=self.config.master_port, log_dir=str(self.config.log_dir),
+                       max_restarts=self.config.max_restarts, is_recover=self.config.is_recover)
+            if self._follower is not None:
+                self._follower.start()
+            try:
+                if self._store_socket is not None:
+                    self._start_scheduler()
+                self._start_workers()
+                status = self._loop(wakeup)
+            except _Stop as stop:
+                status = 128 + stop.signum
+                self._shutdown(signal.SIGTERM)
+                self._finish(status, f"received {stop}")
+            finally:
+                if self._follower is not None:
+                    self._follower.stop()
+                self._rendezvous.close()
+                self.view.close()
+        return status
+
+    @contextmanager
+    def _signal_handlers(self) -> Iterator[int]:
+        """Queue SIGINT/SIGTERM; let SIGCHLD (and both) wake the loop through a pipe."""
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(read_fd, False)
+        os.set_blocking(write_fd, False)
+        previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM,
+                                                             signal.SIGCHLD)}
+        signal.signal(signal.SIGINT, lambda signum, _frame: self._signals.put(signum))
+        signal.signal(signal.SIGTERM, lambda signum, _frame: self._signals.put(signum))
+        signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)
+        try:
+            yield read_fd
+        finally:
+            signal.set_wakeup_fd(previous_fd)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            os.close(read_fd)
+            os.close(write_fd)
+
+    def _wait(self, wakeup: int, timeout: float) -> None:
+        """Sleep until a signal arrives or ``timeout`` passes; then act on queued signals."""
+        readable, _, _ = select.select([wakeup], [], [], timeout)
+        if readable:
+            try:
+                while os.read(wakeup, 512):
+                    pass
+            except BlockingIOError:
+                pass
+        self._check_signals()
+
+    def _check_signals(self) -> None:
+        try:
+            signum = self._signals.get_nowait()
+        except queue.Empty:
+            return
+        raise _Stop(signum)
+
+    def _loop(self, wakeup: int) -> int:
+        while True:
+            self._wait(wakeup, self.config.monitor_interval)
+            self._watch_scheduler()
+            failed = self._reap_workers()
+            if failed:
+                if self.restart_count >= self.config.max_restarts:
+                    return self._give_up(failed[0])
+                self._restart_all(failed)
+            elif all(w.state is WorkerState.SUCCEEDED for w in self.workers):
+                self._shutdown(signal.SIGTERM)
+                return self._finish(0, "all workers succeeded")
+            self._refresh()
+
+    # ----------------------------------------------------------------- children
+    def _emit(self, event: str, **fields: object) -> None:
+        self.view.on_event(self.events.emit(event, **fields))
+
+    def _spawn(self, spec: ProcessSpec, incarnation: int, pass_fds: tuple[int, ...] = ()) -> Child:
+        header = (f"==== tftrun: {spec.role.value} rank={spec.rank} incarnation={incarnation} "
+                  f"restart_count={self.restart_count} at {time.strftime('%Y-%m-%d %H:%M:%S')} ====")
+        child = spawn(spec.argv, spec.env, spec.log_path, header, pass_fds)
+        self._emit("spawn", role=spec.role.value, rank=spec.rank, pid=child.pid,
+                   incarnation=incarnation, restart_count=self.restart_count)
+        if self._follower is not None:
+            label = "scheduler" if spec.role is Role.SCHEDULER else f"rank {spec.rank}"
+            self._follower.follow(spec.log_path, label)
+        return child
+
+    def _start_scheduler(self) -> None:
+        assert self._store_socket is not None
+        fd = self._store_socket.fileno()
+        self._scheduler = self._spawn(scheduler_spec(self.config, fd), self._scheduler_launches,
+                                      pass_fds=(fd,))
+        self._scheduler_launches += 1
+
+    def _start_workers(self) -> None:
+        port = self._rendezvous.open()
+        for worker in self.workers:
+            worker.incarnation += 1
+            spec = worker_spec(self.config, worker.local_rank, worker.incarnation,
+                               self.restart_count, port)
+            worker.child = self._spawn(spec, worker.incarnation)
+            worker.launches += 1
+            worker.transition(WorkerState.RUNNING)
+        # After the spawns: importing torch here overlaps with the workers doing the same.
+        self._rendezvous.serve()
+
+    def _exit_info(self, role: Role, rank: int | None, child: Child, incarnation: int,
+                   returncode: int, expected: bool) -> ExitInfo:
+        info = ExitInfo(role.value, rank, child.pid, incarnation, returncode, time.time(),
+                        expected)
+        self._emit("exit", **info.fields())
+        return info
+
+    def _watch_scheduler(self) -> None:
+        """Relaunch a dead scheduler at once, on the same (inherited) socket."""
+        child = self._scheduler
+        if child is None or (returncode := child.poll()) is None:
+            return
+        info = self._exit_info(Role.SCHEDULER, None, child, self._scheduler_launches - 1,
+                               returncode, expected=False)
+        if self._scheduler_launches > self.config.max_restarts:
+            self._scheduler = None
+            logger.error("scheduler %s; its restart budget is spent", info.describe())
+            return
+        self._emit("restart", what="scheduler", why=f"scheduler {info.describe()}",
+                   restart_count=self._scheduler_launches)
+        self._start_scheduler()
+
+    def _reap_workers(self) -> list[ExitInfo]:
+        """Record every worker that ended; return the failures, earliest first."""
+        failed = []
+        for worker in self.workers:
+            if worker.state is not WorkerState.RUNNING or worker.child is None:
+                continue
+            returncode = worker.child.poll()
+            if returncode is None:
+                continue
+            info = self._exit_info(Role.WORKER, worker.rank, worker.child, worker.incarnation,
+                                   returncode, expected=False)
+            worker.last_exit = info
+            if info.succeeded:
+                worker.transition(WorkerState.SUCCEEDED)
+            else:
+                worker.transition(WorkerState.FAILED)
+                failed.append(info)
+        return failed
+
+    def _stop_workers(self, sig: int) -> None:
+        """Stop every running worker (signal, grace period, SIGKILL) and record the exits."""
+        running = [w for w in self.workers if w.state is WorkerState.RUNNING and w.child]
+        for worker in running:
+            worker.transition(WorkerState.STOPPING)
+        stop_all([w.child for w in running if w.child], sig, self.config.grace_period)
+        for worker in running:
+            assert worker.child is not None
+            returncode = worker.child.poll()
+            assert returncode is not None
+            worker.last_exit = self._exit_info(Role.WORKER, worker.rank, worker.child,
+                                               worker.incarnation, returncode, expected=True)
+            worker.transition(WorkerState.STOPPED)
+
+    def _shutdown(self, sig: int) -> None:
+        """Stop the workers, then the scheduler."""
+        self._stop_workers(sig)
+        child, self._scheduler = self._scheduler, None
+        if child is not None:
+            stop_all([child], signal.SIGTERM, self.config.grace_period)
+            returncode = child.poll()
+            assert returncode is not None
+            self._exit_info(Role.SCHEDULER, None, child, self._scheduler_launches - 1,
+                            returncode, expected=True)
+
+    # ----------------------------------------------------------------- policy
+    def _restart_all(self, failed: list[ExitInfo]) -> None:
+        """torchrun's policy for scripts that do not use ``recovery``: restart everyone."""
+        why = "; ".join(f"rank {f.rank} {f.describe()}" for f in failed)
+        self._stop_workers(signal.SIGTERM)
+        self.restart_count += 1
+        self._emit("restart", what="workers", why=why, restart_count=self.restart_count,
+                   ranks=[w.rank for w in self.workers])
+        for worker in self.workers:
+            worker.transition(WorkerState.COOLDOWN)
+        self._start_workers()
+
+    def _give_up(self, failure: ExitInfo) -> int:
+        """The budget is spent: stop everything and exit with the failing rank's status."""
+        self._shutdown(signal.SIGTERM)
+        return self._finish(
+            failure.exit_status,
+            f"rank {failure.rank} {failure.describe()}; restart budget "
+            f"({self.config.max_restarts}) spent",
+            failing=failure)
+
+    def _finish(self, status: int, reason: str, failing: ExitInfo | None = None) -> int:
+        self._emit("job_end", exitcode=status, reason=reason, restarts=self.restart_count)
+        self.view.close()
+        rows = [SummaryRow(w.rank, w.pid, w.last_exit.describe() if w.last_exit else w.state.value,
+                           w.restarts) for w in self.workers]
+        if failing is None:
+            print_summary(rows, None, [], None)
+        else:
+            log = self.config.log_dir / f"worker_{failing.rank}.log"
+            root_cause = read_error_file(error_file(self.config, failing.rank or 0))
+            print_summary(rows, f"rank {failing.rank} (pid {failing.pid}) {failing.describe()}",
+                          last_lines(log, SUMMARY_LOG_LINES), root_cause)
+        return status
+
+    def _refresh(self) -> None:
+        if not self.view.wants_rows:
+            return
+        self.view.show_rows([
+            Row(w.rank, w.pid, w.state.value, w.restarts,
+                (last_lines(self.config.log_dir / f"worker_{w.rank}.log", 1) or [""])[0])
+            for w in self.workers])
