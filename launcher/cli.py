@@ -32,7 +32,8 @@ app = new_app("tftrun", "Launch a fault-tolerant distributed PyTorch job on this
 
 def _opt(name: str, help_text: str) -> typer.models.OptionInfo:
     """An option under both spellings: ``--name_with_underscores`` and ``--name-with-dashes``."""
-    return typer.Option(f"--{name}", f"--{name.replace('_', '-')}", help=help_text)
+    spellings = dict.fromkeys((f"--{name}", f"--{name.replace('_', '-')}"))
+    return typer.Option(*spellings, help=help_text)
 
 
 def parse_bool(value: str, option: str) -> bool:

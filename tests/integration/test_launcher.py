@@ -1,0 +1,239 @@
+"""tftrun with real processes: the env contract, restart-all, the spent budget, signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+from pathlib import Path
+
+import pytest
+from support import (
+    BIN, events, pid_gone, run, spawn, terminate, tftrun_cmd, wait_for, wait_for_event,
+)
+
+from recovery import env as names
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def launch_args(log_dir: Path, port: int, workers: int, *extra: str) -> list[str]:
+    return [f"--worker_num={workers}", f"--log_dir={log_dir}", f"--master_port={port}",
+            "--grace_period=5", *extra]
+
+
+def spawned_pids(log_dir: Path, role: str = "worker") -> dict[int | None, int]:
+    """The latest pid of each rank (or of the scheduler) from the spawn events."""
+    return {e["rank"]: e["pid"] for e in events(log_dir, "spawn") if e["role"] == role}
+
+
+def test_env_contract_per_rank(tmp_path: Path, free_port: int) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    result = run(tftrun_cmd(*launch_args(tmp_path / "logs", free_port, 3),
+                            str(BIN / "plain_allreduce.py"), "3", str(out)))
+    assert result.returncode == 0, result.stderr
+    seen = [json.loads((out / f"env_{rank}.json").read_text()) for rank in range(3)]
+    run_ids = {s["env"][names.TORCHELASTIC_RUN_ID] for s in seen}
+    assert len(run_ids) == 1
+    master_ports = {s["env"][names.MASTER_PORT] for s in seen}
+    assert len(master_ports) == 1 and master_ports != {str(free_port)}
+    for rank, s in enumerate(seen):
+        env = s["env"]
+        assert env[names.RANK] == env[names.LOCAL_RANK] == env[names.MS_NODE_ID] == str(rank)
+        assert env[names.WORLD_SIZE] == env[names.LOCAL_WORLD_SIZE] == env[names.MS_WORKER_NUM] == "3"
+        assert env[names.GROUP_RANK] == "0"
+        assert env[names.MASTER_ADDR] == env[names.MS_SCHED_HOST] == "127.0.0.1"
+        assert env[names.MS_SCHED_PORT] == str(free_port)
+        assert env[names.MS_ROLE] == names.ROLE_WORKER
+        assert env[names.TORCHELASTIC_RESTART_COUNT] == env[names.TFT_RESTART_COUNT] == "0"
+        assert env[names.TORCHELASTIC_MAX_RESTARTS] == "3"
+        assert env[names.TFT_INCARNATION] == "0"
+        assert env[names.TFT_LOG_DIR] == str((tmp_path / "logs").resolve())
+        assert env[names.OMP_NUM_THREADS] == "1"
+        assert s["world_size"] == 3
+    # The same all_reduce'd value on every rank.
+    assert len({s["value"] for s in seen}) == 1
+    spawn_events = events(tmp_path / "logs", "spawn")
+    assert {(e["role"], e["rank"]) for e in spawn_events} == {
+        ("scheduler", None), ("worker", 0), ("worker", 1), ("worker", 2)}
+    assert [e["event"] for e in events(tmp_path / "logs")][0] == "job_start"
+    assert events(tmp_path / "logs", "job_end")[-1]["exitcode"] == 0
+
+
+def test_plain_ddp_script_trains_to_the_same_parameters_on_every_rank(
+        tmp_path: Path, free_port: int) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    result = run(tftrun_cmd(*launch_args(tmp_path / "logs", free_port, 2),
+                            str(BIN / "plain_ddp.py"), str(out)))
+    assert result.returncode == 0, result.stderr
+    digests = [json.loads((out / f"params_{rank}.json").read_text()) for rank in range(2)]
+    assert digests[0]["final"] == digests[1]["final"]
+    assert digests[0]["final"] != digests[0]["initial"]  # it did train
+
+
+def test_restart_all_after_kill_9_resumes_from_the_scripts_checkpoint(
+        tmp_path: Path, free_port: int) -> None:
+    log_dir, ckpt = tmp_path / "logs", tmp_path / "ckpt"
+    ckpt.mkdir()
+    proc = spawn(tftrun_cmd(*launch_args(log_dir, free_port, 3),
+                            str(BIN / "plain_resumable.py"), "60", str(ckpt)))
+    try:
+        wait_for(lambda: "step=5" in (log_dir / "worker_1.log").read_text(errors="ignore")
+                 if (log_dir / "worker_1.log").exists() else False, 60, "rank 1 at step 5")
+        victim = spawned_pids(log_dir)[1]
+        os.kill(victim, signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        terminate(proc)
+    assert proc.returncode == 0, stdout + stderr
+    died = [e for e in events(log_dir, "exit") if e["pid"] == victim]
+    assert died and died[0]["signal"] == "SIGKILL" and died[0]["expected"] is False
+    restarts = events(log_dir, "restart")
+    assert [(r["what"], r["restart_count"]) for r in restarts] == [("workers", 1)]
+    second = [e for e in events(log_dir, "spawn")
+              if e["role"] == "worker" and e["restart_count"] == 1]
+    assert sorted(e["rank"] for e in second) == [0, 1, 2]
+    assert all(e["incarnation"] == 1 for e in second)
+    for rank in range(3):
+        log = (log_dir / f"worker_{rank}.log").read_text()
+        resumed = [int(line.split("=")[1]) for line in log.splitlines()
+                   if line.startswith("resumed from step=")]
+        assert len(resumed) == 1 and resumed[0] >= 5
+        assert "done value=" in log
+
+
+@pytest.mark.parametrize(("fail_code", "status"), [("3", 3), ("-11", 128 + 11)])
+def test_spent_budget_prints_the_summary_and_exits_with_the_failing_code(
+        tmp_path: Path, free_port: int, fail_code: str, status: int) -> None:
+    log_dir, ckpt = tmp_path / "logs", tmp_path / "ckpt"
+    ckpt.mkdir()
+    result = run(tftrun_cmd(*launch_args(log_dir, free_port, 2, "--max_restarts=1"),
+                            str(BIN / "plain_resumable.py"), "20", str(ckpt), "1", fail_code))
+    assert result.returncode == status, result.stdout + result.stderr
+    assert [r["restart_count"] for r in events(log_dir, "restart")] == [1]
+    assert events(log_dir, "job_end")[-1]["exitcode"] == status
+    assert "tftrun summary" in result.stdout
+    assert "Root cause (first observed failure): rank 1" in result.stdout
+    assert "about to fail on purpose" in result.stdout  # the failing rank's last log lines
+
+
+@pytest.mark.parametrize(("sig", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_to_tftrun_stops_everything(
+        tmp_path: Path, free_port: int, sig: int, status: int) -> None:
+    log_dir, ckpt = tmp_path / "logs", tmp_path / "ckpt"
+    ckpt.mkdir()
+    proc = spawn(tftrun_cmd(*launch_args(log_dir, free_port, 2),
+                            str(BIN / "plain_resumable.py"), "100000", str(ckpt)))
+    try:
+        wait_for(lambda: "step=2" in (log_dir / "worker_1.log").read_text(errors="ignore")
+                 if (log_dir / "worker_1.log").exists() else False, 60, "training under way")
+        pids = [*spawned_pids(log_dir).values(), *spawned_pids(log_dir, "scheduler").values()]
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+    finally:
+        terminate(proc)
+    assert proc.returncode == status
+    assert all(pid_gone(pid) for pid in pids)
+    assert events(log_dir, "job_end")[-1]["exitcode"] == status
+
+
+def test_kill_9_of_tftrun_leaves_no_orphans(tmp_path: Path, free_port: int) -> None:
+    log_dir, ckpt = tmp_path / "logs", tmp_path / "ckpt"
+    ckpt.mkdir()
+    proc = spawn(tftrun_cmd(*launch_args(log_dir, free_port, 2),
+                            str(BIN / "plain_resumable.py"), "100000", str(ckpt)))
+    try:
+        wait_for(lambda: "step=2" in (log_dir / "worker_0.log").read_text(errors="ignore")
+                 if (log_dir / "worker_0.log").exists() else False, 60, "training under way")
+        pids = [*spawned_pids(log_dir).values(), *spawned_pids(log_dir, "scheduler").values()]
+        proc.kill()
+        proc.wait(timeout=10)
+        wait_for(lambda: all(pid_gone(pid) for pid in pids), 2.0, "every child gone in 2 s")
+    finally:
+        terminate(proc)
+
+
+def test_second_run_keeps_the_first_runs_logs(tmp_path: Path, free_port: int) -> None:
+    log_dir, out = tmp_path / "logs", tmp_path / "out"
+    out.mkdir()
+    args = tftrun_cmd(*launch_args(log_dir, free_port, 2), str(BIN / "plain_allreduce.py"),
+                      "1", str(out))
+    assert run(args).returncode == 0
+    first_pids = spawned_pids(log_dir)
+    assert run(args).returncode == 0
+    archived = log_dir / "previous" / "1"
+    assert spawned_pids(archived) == first_pids
+    assert f"rank=0 incarnation=0" in (archived / "worker_0.log").read_text()
+    assert spawned_pids(log_dir) != first_pids
+    assert len(events(log_dir, "job_start")) == 1
+
+
+def test_join_streams_worker_output_prefixed_with_rank(tmp_path: Path, free_port: int) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    result = run(tftrun_cmd(*launch_args(tmp_path / "logs", free_port, 2, "--join=True"),
+                            str(BIN / "plain_allreduce.py"), "1", str(out)))
+    assert result.returncode == 0, result.stderr
+    assert "[rank 0] rank 0 done" in result.stdout
+    assert "[rank 1] rank 1 done" in result.stdout
+
+
+def test_plain_output_off_a_terminal_is_timestamped_lines(tmp_path: Path, free_port: int) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    result = run(tftrun_cmd(*launch_args(tmp_path / "logs", free_port, 1),
+                            str(BIN / "plain_allreduce.py"), "1", str(out)))
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if " tftrun: " in line]
+    assert lines[0].split(" tftrun: ")[1].startswith("job_start")
+    assert any(line.split(" tftrun: ")[1].startswith("job_end exitcode=0") for line in lines)
+
+
+# ------------------------------------------------------------------ bad input
+def _bad_input_cases(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
+    script = str(BIN / "plain_allreduce.py")
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    return {
+        "worker_num < 1": (["--worker_num=0", script], "--worker_num must be at least 1"),
+        "local > total": (["--worker_num=2", "--local_worker_num=3", script],
+                          "is more than --worker_num"),
+        "missing script": (["--worker_num=1", str(tmp_path / "nope.py")], "script not found"),
+        "script is a folder": (["--worker_num=1", str(tmp_path)], "script is not a file"),
+        "unwritable log_dir": (["--worker_num=1", f"--log_dir={not_a_dir}/logs", script],
+                               "is not writable"),
+        "unknown option": (["--worker_num=1", "--bogus=3", script], "--bogus"),
+        "bad --join": (["--worker_num=1", "--join=maybe", script], "--join takes True or False"),
+    }
+
+
+@pytest.mark.parametrize("case", ["worker_num < 1", "local > total", "missing script",
+                                  "script is a folder", "unwritable log_dir", "unknown option",
+                                  "bad --join"])
+def test_bad_input_is_one_line_exit_2_and_starts_nothing(
+        tmp_path: Path, free_port: int, case: str) -> None:
+    args, message = _bad_input_cases(tmp_path)[case]
+    log_dir = tmp_path / "logs"
+    result = run(tftrun_cmd(f"--master_port={free_port}", f"--log_dir={log_dir}", *args),
+                 timeout=30)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert not (log_dir / "events.jsonl").exists()
+
+
+def test_master_port_in_use_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run(tftrun_cmd("--worker_num=1", f"--master_port={port}",
+                                f"--log_dir={tmp_path / 'logs'}", str(BIN / "plain_allreduce.py")),
+                     timeout=30)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"tftrun: error: --master_port {port} on 127.0.0.1: already in use")
+    assert not (tmp_path / "logs" / "events.jsonl").exists()

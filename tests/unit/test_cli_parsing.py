@@ -1,0 +1,65 @@
+"""tftrun's option parsing: msrun's and torchrun's spellings reach the same LaunchConfig."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import typer
+
+from launcher import cli
+from launcher.errors import ConfigError
+
+COMMAND = typer.main.get_command(cli.app)
+
+
+def parse(*args: str) -> dict[str, object]:
+    with COMMAND.make_context("tftrun", list(args)) as ctx:
+        return dict(ctx.params)
+
+
+@pytest.mark.parametrize("args", [
+    ["--worker_num=4", "--local_worker_num", "2", "--log_dir=x", "train.py"],
+    ["--worker-num", "4", "--local-worker-num=2", "--log-dir", "x", "train.py"],
+])
+def test_both_spellings_and_both_forms(args: list[str]) -> None:
+    params = parse(*args)
+    assert params["worker_num"] == 4
+    assert params["local_worker_num"] == 2
+    assert params["log_dir"] == Path("x")
+
+
+def test_everything_after_the_script_belongs_to_the_script() -> None:
+    params = parse("--worker_num=2", "train.py", "--worker_num=9", "--epochs", "3")
+    assert params["worker_num"] == 2
+    assert params["script"] == Path("train.py")
+    assert params["script_args"] == ["--worker_num=9", "--epochs", "3"]
+
+
+def test_msrun_defaults() -> None:
+    params = parse("train.py")
+    assert params["worker_num"] is None  # resolved to 8 by launch()
+    assert params["master_addr"] == "127.0.0.1"
+    assert params["master_port"] == 8118
+    assert params["cluster_time_out"] == 600.0
+    assert params["rejoin_cooldown"] == 30.0
+    assert params["join"] == "False"
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("True", True), ("true", True), ("1", True), ("False", False), ("0", False), ("no", False),
+])
+def test_msrun_boolean_spelling(text: str, expected: bool) -> None:
+    assert cli.parse_bool(text, "--join") is expected
+
+
+def test_bad_boolean_is_a_usage_error() -> None:
+    with pytest.raises(ConfigError, match="--join takes True or False"):
+        cli.parse_bool("maybe", "--join")
+
+
+def test_unknown_option_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--no_such_option=1", "train.py"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "--no_such_option" in err[0]
