@@ -265,6 +265,7 @@ class Supervisor:
 
     def _finish(self, status: int, reason: str, failing: ExitInfo | None = None) -> int:
         self._emit("job_end", exitcode=status, reason=reason, restarts=self.restart_count)
+        self._refresh()
         self.view.close()
         rows = [SummaryRow(w.rank, w.pid, w.last_exit.describe() if w.last_exit else w.state.value,
                            w.restarts) for w in self.workers]

@@ -1,0 +1,49 @@
+"""``tftctl new`` copies the shipped templates and never overwrites anything."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from support import REPO
+
+from launcher import ctl
+from launcher.new_cli import available_templates
+
+
+def test_copies_a_template_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dest = tmp_path / "job"
+    assert ctl.main(["new", "mnist", str(dest)]) == 0
+    source = REPO / "templates" / "mnist"
+    expected = {p.name for p in source.glob("*.py") if p.name != "__init__.py"}
+    assert {p.name for p in dest.iterdir()} >= expected
+    assert (dest / "train.py").read_text() == (source / "train.py").read_text()
+    assert not (dest / "__init__.py").exists()
+    assert str(dest / "train.py") in capsys.readouterr().out
+
+
+def test_refuses_to_overwrite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "job").mkdir()
+    assert ctl.main(["new", "mnist", str(tmp_path / "job")]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert list((tmp_path / "job").iterdir()) == []
+
+
+def test_unknown_template_names_the_available_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    assert ctl.main(["new", "no-such-template"]) == 2
+    err = capsys.readouterr().err
+    assert "no template named 'no-such-template'" in err
+    assert "mnist" in available_templates() and "mnist" in err
+
+
+def test_the_wheel_ships_the_templates(tmp_path: Path) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(tmp_path), str(REPO)], check=True, timeout=120,
+                   capture_output=True)
+    (wheel,) = tmp_path.glob("tftrun-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "launcher/templates/mnist/train.py" in names
+    assert "launcher/cli.py" in names and "recovery/env.py" in names
