@@ -1,0 +1,121 @@
+"""Durable writes: a file appears under its final name complete, or not at all.
+
+The sequence is the classic one: write a temporary file in the same directory, ``fsync``
+it, ``rename`` it over the final name (atomic on POSIX), then ``fsync`` the directory so
+that the rename itself survives a power cut. A process killed at any point leaves at
+most a temporary file behind, never a torn file under the final name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from recovery.layout import temp_owner_pid, temp_path
+
+__all__ = ["FileDigest", "write_atomic", "fsync_dir", "file_digest", "remove_stale_temps"]
+
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class FileDigest:
+    """Size in bytes and sha256 (hex) of a file's content."""
+
+    size: int
+    sha256: str
+
+
+class _HashingWriter:
+    """A write-only file object that hashes and counts what passes through it."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self._file = file
+        self._hash = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self._hash.update(data)
+        self.size += len(data)
+        return self._file.write(data)
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def digest(self) -> FileDigest:
+        return FileDigest(self.size, self._hash.hexdigest())
+
+
+def fsync_dir(directory: str | os.PathLike[str]) -> None:
+    """Make the directory's entries (a rename, an unlink) durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> FileDigest:
+    """Write a file durably and atomically; return the digest of what was written.
+
+    Args:
+        path: the final name.
+        write: called with a binary file object open on the temporary file; it only
+            needs ``write`` (and ``flush``).
+
+    Returns:
+        The size and sha256 of the bytes ``write`` wrote.
+
+    Raises:
+        OSError: the file could not be written; no temporary file is left behind.
+    """
+    path = Path(path)
+    temp = temp_path(path)
+    try:
+        with open(temp, "wb") as file:
+            writer = _HashingWriter(file)
+            write(writer)  # type: ignore[arg-type]
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    return writer.digest()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temps(directory: str | os.PathLike[str]) -> list[Path]:
+    """Delete the temporary files of writers that are dead (killed mid-write); return them."""
+    removed = []
+    for name in os.listdir(directory):
+        pid = temp_owner_pid(name)
+        if pid is not None and not _alive(pid):
+            (Path(directory) / name).unlink(missing_ok=True)
+            removed.append(Path(directory) / name)
+    return removed
+
+
+def file_digest(path: str | os.PathLike[str]) -> FileDigest:
+    """Size and sha256 of a file on disk."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as file:
+        while chunk := file.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return FileDigest(size, digest.hexdigest())

@@ -1,0 +1,156 @@
+"""The on-disk layout of checkpoints: the one module that spells their paths and names.
+
+Periodic checkpoints (one directory per rank under the recovery path)::
+
+    <recovery_path>/checkpoints/rank_<r>/
+        <prefix>-<epoch>_<step>.ckpt        epoch from 1; step = steps done in that epoch
+        <prefix>_<n>-<epoch>_<step>.ckpt    the n-th later run with the same prefix
+        manifest.json                       size + sha256 of every complete checkpoint
+        manifest.json.lock                  serialises manifest updates
+        .<name>.<pid>.tmp                   a file being written (never a checkpoint)
+
+Last-words checkpoints (TTP) use the same file-name pattern with the prefix
+``ttp_rank_<r>``, one directory per saved step::
+
+    <recovery_path>/ttp_checkpoints/tft_saved_checkpoints-step_<n>/rank_<r>/ttp_rank_<r>-<epoch>_<step>.ckpt
+
+A file name is a checkpoint name only if :func:`parse_checkpoint_name` accepts it; temporary
+names never end in ``.ckpt``, so a half-written file can never be mistaken for one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "CHECKPOINT_SUFFIX",
+    "MANIFEST_NAME",
+    "CheckpointName",
+    "checkpoint_name",
+    "parse_checkpoint_name",
+    "run_prefix",
+    "rank_dir",
+    "rank_of_dir",
+    "manifest_path",
+    "manifest_lock_path",
+    "temp_path",
+    "temp_owner_pid",
+    "ttp_checkpoint_path",
+]
+
+CHECKPOINT_SUFFIX = ".ckpt"
+MANIFEST_NAME = "manifest.json"
+CHECKPOINTS_DIR = "checkpoints"
+TTP_DIR = "ttp_checkpoints"
+_TEMP_SUFFIX = ".tmp"
+
+# The prefix is greedy, so it may itself contain '-' and '_'; epoch and step are the
+# last two numbers. "lenet_3-2_1875.ckpt" is prefix "lenet_3", epoch 2, step 1875.
+_NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d+)_(?P<step>\d+)\.ckpt$")
+_RANK_DIR = re.compile(r"^rank_(?P<rank>\d+)$")
+_TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.tmp$")
+
+
+@dataclass(frozen=True)
+class CheckpointName:
+    """The parts of ``<prefix>-<epoch>_<step>.ckpt``."""
+
+    prefix: str
+    epoch: int
+    step: int
+
+
+def checkpoint_name(prefix: str, epoch: int, step: int) -> str:
+    """Return ``<prefix>-<epoch>_<step>.ckpt``.
+
+    Raises:
+        ValueError: the prefix is empty or holds a path separator, or a number is negative.
+    """
+    if not prefix or os.sep in prefix or prefix.startswith("."):
+        raise ValueError(f"checkpoint prefix {prefix!r} must be a non-empty file name not starting with '.'")
+    if epoch < 0 or step < 0:
+        raise ValueError(f"epoch and step must be >= 0, got epoch={epoch} step={step}")
+    return f"{prefix}-{epoch}_{step}{CHECKPOINT_SUFFIX}"
+
+
+def parse_checkpoint_name(name: str) -> CheckpointName | None:
+    """Split a checkpoint file name into its parts; ``None`` if it is not one."""
+    match = _NAME.match(name)
+    if match is None:
+        return None
+    return CheckpointName(match["prefix"], int(match["epoch"]), int(match["step"]))
+
+
+def run_prefix(prefix: str, existing_names: Iterable[str]) -> str:
+    """The prefix a new run writes with, so that it never overwrites an earlier run.
+
+    MindSpore's rule: when checkpoints named ``<prefix>-...`` or ``<prefix>_<k>-...``
+    already exist, the new run writes ``<prefix>_<n>-...`` with ``n`` one more than the
+    largest ``k`` (a bare ``<prefix>`` counts as 0); otherwise it writes ``<prefix>-...``.
+
+    Args:
+        prefix: the prefix the user asked for.
+        existing_names: file names already in the directory (others are ignored).
+
+    Returns:
+        ``prefix`` or ``f"{prefix}_{n}"``.
+    """
+    suffix = re.compile(re.escape(prefix) + r"(?:_(?P<n>\d+))?")
+    highest = -1
+    for name in existing_names:
+        parsed = parse_checkpoint_name(name)
+        match = None if parsed is None else suffix.fullmatch(parsed.prefix)
+        if match is not None:
+            highest = max(highest, int(match["n"] or 0))
+    return prefix if highest < 0 else f"{prefix}_{highest + 1}"
+
+
+def rank_dir(recovery_path: str | os.PathLike[str], rank: int) -> Path:
+    """The default directory of one rank's periodic checkpoints."""
+    return Path(recovery_path) / CHECKPOINTS_DIR / f"rank_{rank}"
+
+
+def rank_of_dir(directory: str | os.PathLike[str]) -> int | None:
+    """The rank a ``rank_<r>`` directory belongs to, or ``None`` for any other name."""
+    match = _RANK_DIR.match(Path(directory).name)
+    return None if match is None else int(match["rank"])
+
+
+def manifest_path(directory: str | os.PathLike[str]) -> Path:
+    return Path(directory) / MANIFEST_NAME
+
+
+def manifest_lock_path(directory: str | os.PathLike[str]) -> Path:
+    return Path(directory) / f"{MANIFEST_NAME}.lock"
+
+
+def temp_path(final: str | os.PathLike[str]) -> Path:
+    """Where ``final`` is written before its atomic rename (hidden, owner pid, ``.tmp``)."""
+    final = Path(final)
+    return final.with_name(f".{final.name}.{os.getpid()}{_TEMP_SUFFIX}")
+
+
+def temp_owner_pid(name: str) -> int | None:
+    """The pid of the process that writes the temporary file ``name``; ``None`` if not one."""
+    match = _TEMP.match(name)
+    return None if match is None else int(match["pid"])
+
+
+def ttp_checkpoint_path(
+    recovery_path: str | os.PathLike[str], global_step: int, rank: int, epoch: int, step: int
+) -> Path:
+    """Where a last-words (TTP) checkpoint of ``rank`` at ``global_step`` is written.
+
+    Args:
+        recovery_path: the job's recovery path.
+        global_step: the step the checkpoint holds, counted over all epochs.
+        rank: the rank whose state it holds.
+        epoch: the epoch of that step (from 1).
+        step: the step within that epoch.
+    """
+    step_dir = Path(recovery_path) / TTP_DIR / f"tft_saved_checkpoints-step_{global_step}"
+    return step_dir / f"rank_{rank}" / checkpoint_name(f"ttp_rank_{rank}", epoch, step)

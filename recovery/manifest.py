@@ -1,0 +1,251 @@
+"""The checkpoint manifest: which files are complete, and which one is the newest valid.
+
+Each checkpoint directory has a ``manifest.json`` listing every checkpoint written to it
+completely, with its size and sha256. A file is *valid* only if all of these hold:
+
+1. it is in the manifest (a file the manifest does not list was never finished);
+2. its size is the recorded size (catches truncation);
+3. its sha256 is the recorded one (catches bit flips);
+4. it loads with ``torch.load(weights_only=True)`` (no arbitrary unpickling).
+
+"Newest" is the highest ``(epoch, step)``, never a file time. An invalid candidate newer
+than the chosen one is reported with one warning line naming the file and the reason.
+The manifest is rewritten atomically under a file lock, so concurrent writers and a
+writer killed mid-update never leave it torn.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from recovery import layout
+from recovery.durable import file_digest, write_atomic
+
+__all__ = [
+    "CheckpointError",
+    "InvalidCheckpointError",
+    "CheckpointEntry",
+    "Candidate",
+    "Manifest",
+    "candidates",
+    "find_checkpoint_dirs",
+    "problem",
+    "load_verified",
+    "newest_valid",
+    "verify_dir",
+]
+
+logger = logging.getLogger(__name__)
+
+MANIFEST_VERSION = 1
+
+
+class CheckpointError(Exception):
+    """A checkpoint could not be written, found or used."""
+
+
+class InvalidCheckpointError(CheckpointError):
+    """A checkpoint file failed validation; ``reason`` says how."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class CheckpointEntry:
+    """One complete checkpoint as the manifest records it.
+
+    ``seq`` orders entries by the time they were recorded; it only breaks a tie between
+    two files of the same ``(epoch, step)`` (two runs with different prefixes).
+    """
+
+    name: str
+    epoch: int
+    step: int
+    global_step: int
+    rank: int
+    world_size: int
+    size: int
+    sha256: str
+    time: float
+    seq: int = 0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A file that may be a checkpoint: listed in the manifest, present on disk, or both."""
+
+    path: Path
+    epoch: int
+    step: int
+    entry: CheckpointEntry | None
+
+    @property
+    def order(self) -> tuple[int, int, int]:
+        return (self.epoch, self.step, -1 if self.entry is None else self.entry.seq)
+
+
+class Manifest:
+    """The manifest of one checkpoint directory.
+
+    Args:
+        directory: the checkpoint directory (one rank's).
+    """
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        self.path = layout.manifest_path(self.directory)
+        self._lock = FileLock(str(layout.manifest_lock_path(self.directory)))
+
+    def entries(self) -> dict[str, CheckpointEntry]:
+        """The recorded entries by file name; empty when there is no readable manifest."""
+        try:
+            raw = json.loads(self.path.read_text())
+            return {e["name"]: CheckpointEntry(**e) for e in raw["entries"]}
+        except FileNotFoundError:
+            return {}
+        except (ValueError, KeyError, TypeError) as err:
+            # Written atomically by us, so this is damage from outside: trust no file.
+            logger.warning("ignoring unreadable checkpoint manifest %s: %s", self.path, err)
+            return {}
+
+    def add(self, entry: CheckpointEntry) -> CheckpointEntry:
+        """Record a checkpoint that is already durable on disk; return it with its ``seq``."""
+        with self._lock:
+            entries = self.entries()
+            entry = CheckpointEntry(**{**asdict(entry), "seq": 1 + max((e.seq for e in entries.values()), default=0)})
+            entries[entry.name] = entry
+            self._write(entries.values())
+        return entry
+
+    def remove(self, names: Iterable[str]) -> None:
+        """Forget checkpoints (before their files are deleted)."""
+        names = set(names)
+        with self._lock:
+            entries = self.entries()
+            self._write(e for name, e in entries.items() if name not in names)
+
+    def _write(self, entries: Iterable[CheckpointEntry]) -> None:
+        content = {"version": MANIFEST_VERSION, "entries": [asdict(e) for e in entries]}
+        data = json.dumps(content, indent=1).encode()
+        write_atomic(self.path, lambda file: file.write(data))
+
+
+def candidates(directory: str | os.PathLike[str]) -> list[Candidate]:
+    """Every checkpoint the manifest lists or the directory holds, newest first."""
+    directory = Path(directory)
+    entries = Manifest(directory).entries()
+    found = {
+        name: Candidate(directory / name, entry.epoch, entry.step, entry) for name, entry in entries.items()
+    }
+    if directory.is_dir():
+        for name in os.listdir(directory):
+            parsed = layout.parse_checkpoint_name(name)
+            if parsed is not None and name not in found:
+                found[name] = Candidate(directory / name, parsed.epoch, parsed.step, None)
+    return sorted(found.values(), key=lambda c: c.order, reverse=True)
+
+
+def find_checkpoint_dirs(root: str | os.PathLike[str]) -> list[Path]:
+    """Every directory at or below ``root`` that holds a manifest or a checkpoint file.
+
+    ``root`` may be one rank's directory, a ``checkpoints/`` folder of rank directories,
+    a whole recovery path (periodic and last-words checkpoints alike), or any tree of them.
+    """
+    found = []
+    for directory, _, names in os.walk(root):
+        if any(name == layout.MANIFEST_NAME or layout.parse_checkpoint_name(name) for name in names):
+            found.append(Path(directory))
+    return sorted(found)
+
+
+def problem(candidate: Candidate) -> str | None:
+    """Why ``candidate`` fails the manifest checks (1-3), or ``None`` if it passes them."""
+    if candidate.entry is None:
+        return "not in the manifest (never completely written)"
+    try:
+        size = candidate.path.stat().st_size
+    except FileNotFoundError:
+        return "missing: listed in the manifest but not on disk"
+    if size != candidate.entry.size:
+        return f"truncated or torn: {size} bytes, the manifest says {candidate.entry.size}"
+    if file_digest(candidate.path).sha256 != candidate.entry.sha256:
+        return "corrupt: sha256 differs from the manifest"
+    return None
+
+
+def _load(path: Path) -> Any:
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise InvalidCheckpointError(path, "refused: needs arbitrary unpickling (weights_only=True)") from None
+    except Exception as err:  # noqa: BLE001 - any failure to read it makes it invalid
+        first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise InvalidCheckpointError(path, f"does not load: {first_line}") from None
+
+
+def _checked(candidate: Candidate) -> Any:
+    reason = problem(candidate)
+    if reason is not None:
+        raise InvalidCheckpointError(candidate.path, reason)
+    return _load(candidate.path)
+
+
+def load_verified(path: str | os.PathLike[str]) -> Any:
+    """Load one checkpoint file after checking it against its directory's manifest.
+
+    Raises:
+        InvalidCheckpointError: the file fails any of the four checks.
+    """
+    path = Path(path)
+    parsed = layout.parse_checkpoint_name(path.name)
+    entry = Manifest(path.parent).entries().get(path.name)
+    if parsed is None and entry is None:
+        raise InvalidCheckpointError(path, "not a checkpoint file name (<prefix>-<epoch>_<step>.ckpt)")
+    epoch, step = (entry.epoch, entry.step) if entry is not None else (parsed.epoch, parsed.step)  # type: ignore[union-attr]
+    return _checked(Candidate(path, epoch, step, entry))
+
+
+def newest_valid(directory: str | os.PathLike[str]) -> tuple[Candidate, Any] | None:
+    """The newest valid checkpoint of a directory, loaded; ``None`` if there is none.
+
+    Every newer candidate that fails a check is skipped with one warning line.
+
+    Returns:
+        ``(candidate, state)`` where ``state`` is what the file holds.
+    """
+    for candidate in candidates(directory):
+        try:
+            return candidate, _checked(candidate)
+        except InvalidCheckpointError as err:
+            logger.warning("skipping checkpoint %s: %s", err.path, err.reason)
+    return None
+
+
+def verify_dir(directory: str | os.PathLike[str]) -> list[tuple[Candidate, str | None]]:
+    """Check every candidate of a directory fully (load included), newest first.
+
+    Returns:
+        ``(candidate, reason)`` pairs; ``reason`` is ``None`` for a valid checkpoint.
+    """
+    results = []
+    for candidate in candidates(directory):
+        try:
+            _checked(candidate)
+            results.append((candidate, None))
+        except InvalidCheckpointError as err:
+            results.append((candidate, err.reason))
+    return results
