@@ -1,0 +1,50 @@
+"""Gradient averaging with a reduction layout that never changes, for bitwise resumption.
+
+``DistributedDataParallel`` reorders its gradient buckets after its first iteration (by
+the order in which gradients became ready). A DDP built anew after a restart reduces its
+first steps in the *initial* order, so float sums differ in the last bits and a resumed
+run drifts away from the uninterrupted one. :func:`all_reduce_gradients` instead sums all
+gradients through one flat buffer laid out in the parameters' order, which is the same in
+every process, before and after any restart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["all_reduce_gradients"]
+
+
+def all_reduce_gradients(parameters: Iterable[torch.nn.Parameter], group: dist.ProcessGroup | None = None) -> None:
+    """Replace each gradient by its average over the ranks of ``group``.
+
+    Call it after ``backward()`` and before ``optimizer.step()``, in place of DDP. The
+    gradients are copied, in the given order, into one flat buffer per dtype, summed with
+    one ``all_reduce`` each, divided by the world size and copied back. Parameters without
+    a gradient are left out: every rank must have gradients for the same parameters (true
+    when all ranks run the same model on the same kind of batch).
+
+    Without an initialised process group, or with a world size of 1, it does nothing.
+
+    Args:
+        parameters: the parameters, in a fixed order (``model.parameters()`` is one).
+        group: the process group; the default group if ``None``.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    world_size = dist.get_world_size(group)
+    if world_size == 1:
+        return
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for param in parameters:
+        if param.grad is not None:
+            by_dtype.setdefault(param.grad.dtype, []).append(param.grad)
+    for grads in by_dtype.values():
+        flat = torch.cat([grad.reshape(-1) for grad in grads])
+        dist.all_reduce(flat, group=group)
+        flat.div_(world_size)
+        for grad, reduced in zip(grads, flat.split([grad.numel() for grad in grads])):
+            grad.copy_(reduced.view_as(grad))

@@ -1,0 +1,50 @@
+"""Capture and restore the random number generators a training step may draw from.
+
+The states are kept as tensors and plain Python values only, so that a checkpoint holding
+them loads with ``torch.load(weights_only=True)``: python's ``random`` state tuple becomes
+a list plus an int64 tensor, numpy's legacy global state an int64 tensor plus numbers.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["capture_rng_state", "restore_rng_state"]
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """The states of python's ``random``, numpy's global RNG, torch's CPU and CUDA RNGs."""
+    py_version, py_internal, py_gauss = random.getstate()
+    np_kind, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    return {
+        "python": {"version": py_version, "state": torch.tensor(py_internal, dtype=torch.int64), "gauss": py_gauss},
+        "numpy": {
+            "kind": np_kind,
+            "keys": torch.from_numpy(np_keys.astype(np.int64)),
+            "pos": int(np_pos),
+            "has_gauss": int(np_has_gauss),
+            "gauss": float(np_gauss),
+        },
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Put back what :func:`capture_rng_state` returned.
+
+    CUDA states are restored only when this process sees CUDA; a checkpoint written on
+    a GPU machine still resumes on a CPU-only one, with the CPU generators exact.
+    """
+    py = state["python"]
+    random.setstate((py["version"], tuple(int(x) for x in py["state"].tolist()), py["gauss"]))
+    npy = state["numpy"]
+    keys = npy["keys"].numpy().astype(np.uint32)
+    np.random.set_state((npy["kind"], keys, npy["pos"], npy["has_gauss"], npy["gauss"]))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
