@@ -1,0 +1,409 @@
+"""Periodic checkpoints in the spirit of MindSpore's ``CheckpointConfig``/``ModelCheckpoint``.
+
+A :class:`CheckpointSaver` writes ``<prefix>-<epoch>_<step>.ckpt`` files into one rank's
+directory (see :mod:`recovery.layout`), durably (:mod:`recovery.durable`) and recorded in
+the directory's manifest (:mod:`recovery.manifest`), keeping at most
+``keep_checkpoint_max`` of its own files. It is driven from a plain loop
+(:meth:`~CheckpointSaver.step_end`, :meth:`~CheckpointSaver.epoch_end`,
+:meth:`~CheckpointSaver.train_end`) or as a callback (the ``on_train_*`` methods).
+
+With ``async_save`` the training thread only snapshots (copies tensors to host memory);
+one background thread writes. A failed write is raised in the training thread by the next
+call into the saver. At interpreter exit an in-flight write is finished (the writer's
+thread pool is joined); a process killed mid-write leaves only a temporary file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from recovery import layout
+from recovery.durable import fsync_dir, remove_stale_temps, write_atomic
+from recovery.env import WorkerEnv
+from recovery.manifest import CheckpointEntry, CheckpointError, Manifest
+from recovery.restore import FORMAT, FORMAT_VERSION, ResumePoint, TrainPosition, job_rank_and_world_size, resume
+from recovery.rng import capture_rng_state
+from recovery.sampler import ResumableDistributedSampler
+
+__all__ = ["CheckpointConfig", "CheckpointSaver"]
+
+logger = logging.getLogger(__name__)
+
+EPOCH_NUM = "epoch_num"
+STEP_NUM = "step_num"
+_USER_VALUE_TYPES = (bool, int, float, str, torch.Tensor)
+# What torch.load(weights_only=True) rebuilds besides containers and tensors.
+_PLAIN_TYPES = (str, int, float, bool, type(None), torch.Size, torch.dtype, torch.device)
+
+
+def _normalize_append_info(append_info: Sequence[str | Mapping[str, Any]] | None) -> tuple[str | dict[str, Any], ...]:
+    if append_info is None:
+        return ()
+    if isinstance(append_info, (str, Mapping)) or not isinstance(append_info, Sequence):
+        raise TypeError(
+            f"append_info must be a list such as ['epoch_num', 'step_num', {{'lr': 0.01}}], got {append_info!r}"
+        )
+    items: list[str | dict[str, Any]] = []
+    for item in append_info:
+        if isinstance(item, str):
+            if item not in (EPOCH_NUM, STEP_NUM):
+                raise ValueError(f"append_info entry {item!r} is unknown: use 'epoch_num', 'step_num' or a dict")
+            items.append(item)
+        elif isinstance(item, Mapping):
+            if any(isinstance(other, dict) for other in items):
+                raise ValueError("append_info takes at most one dict of user values")
+            items.append(_checked_user_values(item))
+        else:
+            raise TypeError(f"append_info entry {item!r} is a {type(item).__name__}: use 'epoch_num', 'step_num' or a dict")
+    return tuple(items)
+
+
+def _checked_user_values(values: Mapping[Any, Any]) -> dict[str, Any]:
+    for key, value in values.items():
+        if not isinstance(key, str):
+            raise TypeError(f"append_info key {key!r} is a {type(key).__name__}, it must be a str")
+        if key in (EPOCH_NUM, STEP_NUM):
+            raise ValueError(f"append_info key {key!r} is reserved: list it as the string {key!r} instead")
+        if not isinstance(value, _USER_VALUE_TYPES):
+            raise TypeError(
+                f"append_info value of {key!r} is a {type(value).__name__}: "
+                "it must be an int, float, bool, str or torch.Tensor"
+            )
+    return dict(values)
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """When to save, how many to keep, what to add, and whether to write in the background.
+
+    Args:
+        save_checkpoint_steps: save when the global step is a multiple of this (0: never).
+        save_checkpoint_epochs: save at the end of an epoch whose number is a multiple of
+            this (0: never).
+        keep_checkpoint_max: how many of this run's checkpoints to keep; the oldest is
+            deleted only once a newer one is durable.
+        append_info: a list of ``"epoch_num"``, ``"step_num"`` (the global step) and at most
+            one dict of user values (str keys; int, float, bool, str or tensor values),
+            stored in every checkpoint under ``append_info``.
+        async_save: write checkpoints on a background thread.
+
+    Raises:
+        ValueError: a negative interval, both intervals 0, ``keep_checkpoint_max < 1``, or
+            an unknown ``append_info`` entry.
+        TypeError: an ``append_info`` key or value of a type a checkpoint cannot hold.
+    """
+
+    save_checkpoint_steps: int = 1
+    save_checkpoint_epochs: int = 0
+    keep_checkpoint_max: int = 5
+    append_info: Sequence[str | Mapping[str, Any]] | None = None
+    async_save: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("save_checkpoint_steps", "save_checkpoint_epochs", "keep_checkpoint_max"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        if self.keep_checkpoint_max < 1:
+            raise ValueError("keep_checkpoint_max must be >= 1")
+        if self.save_checkpoint_steps == 0 and self.save_checkpoint_epochs == 0:
+            raise ValueError("save_checkpoint_steps and save_checkpoint_epochs cannot both be 0")
+        object.__setattr__(self, "append_info", _normalize_append_info(self.append_info))
+
+    def append_values(self, position: TrainPosition) -> dict[str, Any]:
+        """The ``append_info`` a checkpoint at ``position`` holds."""
+        values: dict[str, Any] = {}
+        for item in self.append_info or ():
+            if item == EPOCH_NUM:
+                values[EPOCH_NUM] = position.epoch
+            elif item == STEP_NUM:
+                values[STEP_NUM] = position.global_step
+            else:
+                values.update(item)  # type: ignore[arg-type]
+        return values
+
+
+def _plain(obj: Any, where: str, copy: bool) -> Any:
+    """Check that ``obj`` holds only tensors and plain data; copy its tensors to host if asked.
+
+    Checked when saving, so that no checkpoint is written that ``weights_only`` loading
+    would refuse later, when it is needed.
+    """
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True) if copy else obj
+    if isinstance(obj, _PLAIN_TYPES):
+        return obj
+    if isinstance(obj, dict):
+        kind = OrderedDict if isinstance(obj, OrderedDict) else dict
+        return kind((_plain(k, where, copy), _plain(v, f"{where}[{k!r}]", copy)) for k, v in obj.items())
+    if type(obj) in (list, tuple):
+        return type(obj)(_plain(v, f"{where}[{i}]", copy) for i, v in enumerate(obj))
+    raise CheckpointError(
+        f"{where} is a {type(obj).__name__}: a checkpoint holds only tensors and plain data "
+        "(so that it loads with weights_only=True)"
+    )
+
+
+class _AsyncWriter:
+    """One background writer thread with at most one write in flight.
+
+    A new write first waits for the previous one, so snapshots never pile up in memory.
+    Its pool's thread is joined at interpreter exit, which finishes an in-flight write.
+    """
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tft-ckpt-writer")
+        self._pending: Future[None] | None = None
+        self._what = ""
+
+    def submit(self, write: Callable[[], None], what: str) -> None:
+        self.wait()
+        self._pending = self._pool.submit(self._logged, write, what)
+        self._what = what
+
+    @staticmethod
+    def _logged(write: Callable[[], None], what: str) -> None:
+        try:
+            write()
+        except BaseException:
+            # Also raised in the training thread; logged here in case it exits first.
+            logger.exception("background write of checkpoint %s failed", what)
+            raise
+
+    def raise_if_failed(self) -> None:
+        """Raise a finished write's error now; never blocks."""
+        if self._pending is not None and self._pending.done():
+            self.wait()
+
+    def wait(self) -> None:
+        """Wait for the in-flight write.
+
+        Raises:
+            CheckpointError: it failed.
+        """
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        error = pending.exception()
+        if error is not None:
+            raise CheckpointError(f"writing checkpoint {self._what} failed: {error}") from error
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self._pool.shutdown(wait=True)
+
+
+class CheckpointSaver:
+    """Saves checkpoints of a model (and optimizer, scheduler, RNGs, data position).
+
+    Args:
+        model: the model whose ``state_dict`` is saved.
+        optimizer: its optimizer, if any.
+        lr_scheduler: its LR scheduler, if any.
+        config: when and how to save; ``CheckpointConfig()`` if ``None``.
+        prefix: the file-name prefix; a later run with the same prefix in the same
+            directory writes ``<prefix>_<n>-...`` instead (MindSpore's rule).
+        directory: this rank's checkpoint directory; by default
+            ``<recovery path>/checkpoints/rank_<rank>`` (``MS_RECOVERY_PATH``).
+        sampler: the resumable sampler whose seed and batch size are recorded with the
+            data position, and which :meth:`resume` puts back at that position.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        lr_scheduler: Any = None,
+        *,
+        config: CheckpointConfig | None = None,
+        prefix: str = "checkpoint",
+        directory: str | os.PathLike[str] | None = None,
+        sampler: ResumableDistributedSampler | None = None,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        self.sampler = sampler
+        self.config = config or CheckpointConfig()
+        self.rank, self.world_size = job_rank_and_world_size()
+        if directory is None:
+            directory = layout.rank_dir(WorkerEnv.from_env().recovery_path, self.rank)
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(self.directory)
+        self.manifest = Manifest(self.directory)
+        layout.checkpoint_name(prefix, 0, 0)  # rejects a bad prefix now rather than at the first save
+        self.prefix = layout.run_prefix(prefix, [*os.listdir(self.directory), *self.manifest.entries()])
+        self._writer = _AsyncWriter() if self.config.async_save else None
+        self._last_saved: int | None = None
+
+    # -- a plain training loop ------------------------------------------------------------
+
+    def step_end(self, epoch: int, step: int, global_step: int) -> Path | None:
+        """Call after each step; saves every ``save_checkpoint_steps`` global steps.
+
+        Args:
+            epoch: the epoch (from 1).
+            step: the step just done within that epoch (from 1).
+            global_step: the steps done in all.
+
+        Returns:
+            The checkpoint's path if one was saved (with ``async_save``, being written).
+
+        Raises:
+            CheckpointError: this save failed, or an earlier background write did.
+        """
+        self._raise_writer_error()
+        every = self.config.save_checkpoint_steps
+        if every and global_step % every == 0:
+            return self.save(epoch, step, global_step)
+        return None
+
+    def epoch_end(self, epoch: int, step: int, global_step: int) -> Path | None:
+        """Call after each epoch; saves every ``save_checkpoint_epochs`` epochs.
+
+        Arguments, return value and errors as for :meth:`step_end`.
+        """
+        self._raise_writer_error()
+        every = self.config.save_checkpoint_epochs
+        if every and epoch % every == 0 and global_step != self._last_saved:
+            return self.save(epoch, step, global_step)
+        return None
+
+    def train_end(self, epoch: int, step: int, global_step: int) -> Path | None:
+        """Call when training ends normally: saves the last step if not saved yet, then waits.
+
+        Arguments, return value and errors as for :meth:`step_end`; the write is finished
+        when it returns.
+        """
+        saved = None if global_step == self._last_saved else self.save(epoch, step, global_step)
+        self.close()
+        return saved
+
+    def save(self, epoch: int, step: int, global_step: int) -> Path:
+        """Save a checkpoint of the current state now.
+
+        Arguments and errors as for :meth:`step_end`.
+
+        Returns:
+            The checkpoint's path (with ``async_save``, the write may still be going on).
+        """
+        position = TrainPosition(epoch, step, global_step)
+        name = layout.checkpoint_name(self.prefix, epoch, step)
+        state = self._snapshot(position)
+        self._last_saved = global_step
+        if self._writer is None:
+            try:
+                self._write(state, name, position)
+            except OSError as err:
+                raise CheckpointError(f"writing checkpoint {self.directory / name} failed: {err}") from err
+        else:
+            self._writer.submit(lambda: self._write(state, name, position), str(self.directory / name))
+        return self.directory / name
+
+    def wait(self) -> None:
+        """Wait until the in-flight background write (if any) is durable.
+
+        Raises:
+            CheckpointError: it failed.
+        """
+        if self._writer is not None:
+            self._writer.wait()
+
+    def close(self) -> None:
+        """Wait for the in-flight write and stop the writer thread; errors as :meth:`wait`."""
+        if self._writer is not None:
+            self._writer.close()
+
+    def resume(self, *, allow_world_size_change: bool = False) -> ResumePoint:
+        """Restore this saver's objects from the newest valid checkpoint of its directory.
+
+        See :func:`recovery.restore.resume`; checkpoints of every prefix are considered.
+        """
+        point = resume(
+            self.directory, self.model, self.optimizer, self.lr_scheduler,
+            sampler=self.sampler, allow_world_size_change=allow_world_size_change,
+        )
+        if point.path is not None:
+            self._last_saved = point.global_step
+        return point
+
+    # -- as a callback ---------------------------------------------------------------------
+
+    def on_train_step_end(self, position: TrainPosition) -> None:
+        self.step_end(position.epoch, position.step, position.global_step)
+
+    def on_train_epoch_end(self, position: TrainPosition) -> None:
+        self.epoch_end(position.epoch, position.step, position.global_step)
+
+    def on_train_end(self, position: TrainPosition) -> None:
+        self.train_end(position.epoch, position.step, position.global_step)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _raise_writer_error(self) -> None:
+        if self._writer is not None:
+            self._writer.raise_if_failed()
+
+    def _snapshot(self, position: TrainPosition) -> dict[str, Any]:
+        """Everything a checkpoint holds; tensors copied to host memory for a background write."""
+        data = None
+        if self.sampler is not None:
+            data = {"seed": self.sampler.seed, "batch_size": self.sampler.batch_size, "epoch": position.epoch, "step": position.step}
+        state = {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "model": self.model.state_dict(),
+            "optimizer": None if self.optimizer is None else self.optimizer.state_dict(),
+            "lr_scheduler": None if self.lr_scheduler is None else self.lr_scheduler.state_dict(),
+            "rng": capture_rng_state(),
+            "position": {"epoch": position.epoch, "step": position.step, "global_step": position.global_step},
+            "data": data,
+            "append_info": self.config.append_values(position),
+            "rank": self.rank,
+            "world_size": self.world_size,
+        }
+        return _plain(state, "checkpoint", copy=self._writer is not None)
+
+    def _write(self, state: dict[str, Any], name: str, position: TrainPosition) -> None:
+        digest = write_atomic(self.directory / name, lambda file: torch.save(state, file))
+        self.manifest.add(
+            CheckpointEntry(
+                name, position.epoch, position.step, position.global_step, self.rank, self.world_size,
+                digest.size, digest.sha256, time.time(),
+            )
+        )
+        self._prune()
+        logger.debug("saved checkpoint %s", self.directory / name)
+
+    def _prune(self) -> None:
+        """Delete this run's checkpoints beyond ``keep_checkpoint_max``, oldest first.
+
+        Only files with this run's prefix count, so a run never deletes another's. The
+        manifest forgets a file before it is deleted: a crash in between leaves an unlisted
+        file that is never loaded, not a listed file that is missing.
+        """
+        own = [
+            entry for entry in self.manifest.entries().values()
+            if (parsed := layout.parse_checkpoint_name(entry.name)) is not None and parsed.prefix == self.prefix
+        ]
+        own.sort(key=lambda e: (e.epoch, e.step, e.seq))
+        stale = own[: max(0, len(own) - self.config.keep_checkpoint_max)]
+        if not stale:
+            return
+        self.manifest.remove(entry.name for entry in stale)
+        for entry in stale:
+            (self.directory / entry.name).unlink(missing_ok=True)
+        fsync_dir(self.directory)

@@ -1,0 +1,208 @@
+"""Reading checkpoints back: verified loading and a one-call resume into the user's objects.
+
+A checkpoint (written by :class:`recovery.checkpoint.CheckpointSaver`) is a dict of plain
+data and tensors::
+
+    format, version            "tftrun-checkpoint", 1
+    model, optimizer, lr_scheduler   state dicts (the last two may be None)
+    rng                        python, numpy, torch (and CUDA) generator states
+    position                   epoch (from 1), step (done in that epoch), global_step
+    data                       the sampler's seed and batch size, or None
+    append_info                the config's epoch_num / step_num and user values
+    rank, world_size           who wrote it, in a job of which size
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from recovery.env import WorkerEnv
+from recovery.manifest import CheckpointError, load_verified, newest_valid
+from recovery.rng import restore_rng_state
+from recovery.sampler import ResumableDistributedSampler
+
+__all__ = [
+    "FORMAT",
+    "TrainPosition",
+    "ResumePoint",
+    "WorldSizeMismatchError",
+    "job_rank_and_world_size",
+    "load_checkpoint",
+    "restore_checkpoint",
+    "resume",
+]
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "tftrun-checkpoint"
+FORMAT_VERSION = 1
+
+
+class WorldSizeMismatchError(CheckpointError):
+    """The checkpoint was written by a job of another world size."""
+
+
+@dataclass(frozen=True)
+class TrainPosition:
+    """Where training is: ``step`` steps of epoch ``epoch`` are done, ``global_step`` in all.
+
+    Epochs count from 1 and steps within an epoch from 1, as in MindSpore's checkpoint
+    names; ``TrainPosition()`` is the start of training.
+    """
+
+    epoch: int = 1
+    step: int = 0
+    global_step: int = 0
+
+
+@dataclass(frozen=True)
+class ResumePoint(TrainPosition):
+    """Where to continue after :func:`resume`: the position the checkpoint holds.
+
+    Continue with epoch ``epoch`` after its first ``step`` steps (an epoch whose steps are
+    all done simply yields nothing more). ``path`` is ``None`` when nothing was restored.
+    """
+
+    path: Path | None = None
+    append_info: dict[str, Any] = field(default_factory=dict)
+
+
+def job_rank_and_world_size() -> tuple[int, int]:
+    """This process's rank and world size: the process group's, else the env contract's."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    env = WorkerEnv.from_env()
+    return env.rank, env.world_size
+
+
+def _checked_format(state: Any, path: Path) -> dict[str, Any]:
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a tftrun checkpoint (no format={FORMAT!r} key)")
+    if state.get("version") != FORMAT_VERSION:
+        raise CheckpointError(f"{path} has checkpoint format version {state.get('version')}; this reads {FORMAT_VERSION}")
+    return state
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Load one checkpoint file, verified against its manifest, with ``weights_only=True``.
+
+    Raises:
+        InvalidCheckpointError: the file is torn, corrupt, unlisted, or needs unpickling.
+        CheckpointError: the file is valid but not a tftrun checkpoint.
+    """
+    path = Path(path)
+    return _checked_format(load_verified(path), path)
+
+
+def _load_state(target: Any, state: Any, what: str, path: Path) -> None:
+    if target is None:
+        return
+    if state is None:
+        raise CheckpointError(f"{path} holds no {what} state, but a {what} was given to restore into")
+    target.load_state_dict(state)
+
+
+def restore_checkpoint(
+    state: dict[str, Any],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    lr_scheduler: Any = None,
+    *,
+    sampler: ResumableDistributedSampler | None = None,
+    path: Path | None = None,
+    allow_world_size_change: bool = False,
+) -> ResumePoint:
+    """Put a loaded checkpoint into the user's objects and return where to continue.
+
+    Restores the model, optimizer and LR scheduler (when given), the RNG states, and the
+    sampler's position (epoch and steps to skip).
+
+    Args:
+        state: what :func:`load_checkpoint` returned.
+        model: the model to load the parameters into (strictly: same keys and shapes).
+        optimizer: the optimizer, if its state is to be restored.
+        lr_scheduler: the LR scheduler, if its state is to be restored.
+        sampler: the resumable sampler to put at the checkpoint's data position.
+        path: the file it came from, for messages.
+        allow_world_size_change: resume even if the checkpoint's job had another world size.
+
+    Returns:
+        The checkpoint's position, its path and its ``append_info``.
+
+    Raises:
+        WorldSizeMismatchError: the world sizes differ and that was not allowed.
+        CheckpointError: an optimizer or scheduler was given but the checkpoint has none.
+    """
+    path = path or Path("<checkpoint>")
+    state = _checked_format(state, path)
+    _, world_size = job_rank_and_world_size()
+    if state["world_size"] != world_size and not allow_world_size_change:
+        raise WorldSizeMismatchError(
+            f"{path} was written by a job of world size {state['world_size']}, this job has "
+            f"world size {world_size}: each rank's data and the gradient average would change, "
+            "so resuming is refused (allow_world_size_change=True resumes anyway)"
+        )
+    model.load_state_dict(state["model"])
+    _load_state(optimizer, state["optimizer"], "optimizer", path)
+    _load_state(lr_scheduler, state["lr_scheduler"], "lr_scheduler", path)
+    restore_rng_state(state["rng"])
+    position = state["position"]
+    if sampler is not None:
+        data = state["data"] or {}
+        if data.get("seed", sampler.seed) != sampler.seed or data.get("batch_size", sampler.batch_size) != sampler.batch_size:
+            logger.warning(
+                "%s was written with sampler seed %s and batch size %s, the sampler has %s and %s: "
+                "the data order will not continue exactly", path, data.get("seed"), data.get("batch_size"),
+                sampler.seed, sampler.batch_size,
+            )
+        sampler.set_epoch(position["epoch"])
+        sampler.set_init_step(position["step"])
+    return ResumePoint(position["epoch"], position["step"], position["global_step"], path, state["append_info"])
+
+
+def resume(
+    directory: str | os.PathLike[str],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    lr_scheduler: Any = None,
+    *,
+    sampler: ResumableDistributedSampler | None = None,
+    allow_world_size_change: bool = False,
+) -> ResumePoint:
+    """Restore the newest valid checkpoint of ``directory`` into the user's objects.
+
+    Invalid checkpoints newer than the one chosen are skipped, each with one warning line.
+    With no valid checkpoint nothing is touched and the start of training is returned.
+
+    Args:
+        directory: this rank's checkpoint directory.
+        model: see :func:`restore_checkpoint`.
+        optimizer: see :func:`restore_checkpoint`.
+        lr_scheduler: see :func:`restore_checkpoint`.
+        sampler: see :func:`restore_checkpoint`.
+        allow_world_size_change: see :func:`restore_checkpoint`.
+
+    Returns:
+        Where to continue; ``ResumePoint()`` (epoch 1, step 0) when nothing was restored.
+
+    Raises:
+        WorldSizeMismatchError: see :func:`restore_checkpoint`.
+    """
+    found = newest_valid(directory)
+    if found is None:
+        logger.info("no valid checkpoint in %s: starting from the beginning", directory)
+        return ResumePoint()
+    candidate, state = found
+    point = restore_checkpoint(
+        state, model, optimizer, lr_scheduler,
+        sampler=sampler, path=candidate.path, allow_world_size_change=allow_world_size_change,
+    )
+    logger.info("resumed from %s (epoch %d, step %d, global step %d)", candidate.path, point.epoch, point.step, point.global_step)
+    return point
