@@ -7,13 +7,15 @@ how torchrun 2.13's restarts fail on this machine). So every restart gets a bran
 store on a brand-new port, and the previous one is closed.
 
 The port is bound (and listening) before the workers start, without importing torch;
-the store's server is put on that socket afterwards, while the workers import torch.
-A client that connects in between waits in the listen backlog and is served then.
+the store's server is put on that socket afterwards by a background thread (importing
+torch takes seconds, and the supervisor's loop must not stop watching meanwhile). A
+client that connects in between waits in the listen backlog and is served then.
 """
 
 from __future__ import annotations
 
 import socket
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -29,6 +31,7 @@ class RendezvousStore:
         self._host = host
         self._sock: socket.socket | None = None
         self._store: Any = None
+        self._server_thread: threading.Thread | None = None
 
     def open(self) -> int:
         """Close the previous restart's store, bind a new port and return it."""
@@ -37,21 +40,28 @@ class RendezvousStore:
         return self._sock.getsockname()[1]
 
     def serve(self) -> None:
-        """Start the store server on the bound socket (imports torch on first use)."""
-        if self._sock is None or self._store is not None:
+        """Start the store server on the bound socket, from a background thread."""
+        if self._sock is None or self._server_thread is not None:
             return
+        self._server_thread = threading.Thread(target=self._host_store, args=(self._sock,),
+                                               name="tftrun-rendezvous-store", daemon=True)
+        self._server_thread.start()
+
+    def _host_store(self, sock: socket.socket) -> None:
         from torch.distributed import TCPStore
 
-        port = self._sock.getsockname()[1]
         self._store = TCPStore(
-            self._host, port, is_master=True, wait_for_workers=False,
-            timeout=timedelta(seconds=60), master_listen_fd=self._sock.fileno(),
+            self._host, sock.getsockname()[1], is_master=True, wait_for_workers=False,
+            timeout=timedelta(seconds=60), master_listen_fd=sock.fileno(),
         )
-        self._sock.detach()  # the store owns (and closes) the descriptor now
-        self._sock = None
+        sock.detach()  # the store owns (and closes) the descriptor now
 
     def close(self) -> None:
+        if self._server_thread is not None:
+            self._server_thread.join()
+            self._server_thread = None
         self._store = None
         if self._sock is not None:
-            self._sock.close()
+            if self._sock.fileno() != -1:
+                self._sock.close()
             self._sock = None
