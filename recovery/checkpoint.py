@@ -64,19 +64,19 @@ def _normalize_append_info(append_info: Sequence[str | Mapping[str, Any]] | None
                 raise ValueError("append_info takes at most one dict of user values")
             items.append(_checked_user_values(item))
         else:
-            raise TypeError(f"append_info entry {item!r} is a {type(item).__name__}: use 'epoch_num', 'step_num' or a dict")
+            raise TypeError(f"append_info entry {item!r} has type {type(item).__name__}: use 'epoch_num', 'step_num' or a dict")
     return tuple(items)
 
 
 def _checked_user_values(values: Mapping[Any, Any]) -> dict[str, Any]:
     for key, value in values.items():
         if not isinstance(key, str):
-            raise TypeError(f"append_info key {key!r} is a {type(key).__name__}, it must be a str")
+            raise TypeError(f"append_info key {key!r} has type {type(key).__name__}: it must be a str")
         if key in (EPOCH_NUM, STEP_NUM):
             raise ValueError(f"append_info key {key!r} is reserved: list it as the string {key!r} instead")
         if not isinstance(value, _USER_VALUE_TYPES):
             raise TypeError(
-                f"append_info value of {key!r} is a {type(value).__name__}: "
+                f"append_info value of {key!r} has type {type(value).__name__}: "
                 "it must be an int, float, bool, str or torch.Tensor"
             )
     return dict(values)
@@ -149,7 +149,7 @@ def _plain(obj: Any, where: str, copy: bool) -> Any:
     if type(obj) in (list, tuple):
         return type(obj)(_plain(v, f"{where}[{i}]", copy) for i, v in enumerate(obj))
     raise CheckpointError(
-        f"{where} is a {type(obj).__name__}: a checkpoint holds only tensors and plain data "
+        f"{where} has type {type(obj).__name__}: a checkpoint holds only tensors and plain data "
         "(so that it loads with weights_only=True)"
     )
 
