@@ -1,0 +1,592 @@
+"""The scheduler's membership rules, free of I/O: who may join, with which rank, and when.
+
+Everything here is a pure function of the requests it is given and of an injected
+clock, so that the rules are tested exactly and fast (tests/unit/test_membership.py).
+The scheduler process (recovery/scheduler.py) feeds it requests from the store, emits
+the events it collects and persists :meth:`Membership.to_json`.
+
+Two clocks: cooldowns are wall-clock times (unix seconds), because they are persisted
+and must survive a scheduler restart and appear in events; heartbeat and progress ages
+are measured on the monotonic clock and restart from zero when the scheduler does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import time
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Protocol
+
+from recovery.timeouts import Timeouts
+
+__all__ = [
+    "Clock",
+    "SystemClock",
+    "MemberState",
+    "RefuseReason",
+    "Verdict",
+    "Identity",
+    "Member",
+    "Accepted",
+    "Refused",
+    "Membership",
+    "IllegalTransition",
+]
+
+logger = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+
+
+class Clock(Protocol):
+    def time(self) -> float: ...
+
+    def monotonic(self) -> float: ...
+
+
+class SystemClock:
+    """The real clocks."""
+
+    def time(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+class IllegalTransition(RuntimeError):
+    """A member was asked to move to a state it cannot reach from its current one."""
+
+
+class MemberState(str, Enum):
+    """Where the process holding a node id stands, as the scheduler sees it.
+
+    ::
+
+        (new) ──register──► ALIVE ◄──step advances── HUNG
+                              │ └──behind the others' step for progress_timeout──┘
+                              ├──no heartbeat for heartbeat_timeout──► LOST (cooldown)
+                              ├──abnormal exit──► DEAD (cooldown)
+                              ├──stopped by the supervisor──► LEFT
+                              └──finished──► FINISHED
+        DEAD | LEFT | FINISHED | LOST ──register (a new process, after the cooldown)──► ALIVE
+        ALIVE | HUNG ──the scheduler restarts──► UNCONFIRMED
+        UNCONFIRMED ──its heartbeat, or a new process registering──► ALIVE
+        UNCONFIRMED ──no heartbeat for heartbeat_timeout──► LOST
+
+    LOST, HUNG and UNCONFIRMED end like ALIVE does (DEAD, LEFT, FINISHED) when their
+    exit is reported. A LOST or HUNG member is a *verdict* for the supervisor to act on.
+    """
+
+    ALIVE = "alive"
+    HUNG = "hung"
+    UNCONFIRMED = "unconfirmed"
+    LOST = "lost"
+    DEAD = "dead"
+    LEFT = "left"
+    FINISHED = "finished"
+
+
+_ENDINGS = {MemberState.DEAD, MemberState.LEFT, MemberState.FINISHED}
+_TRANSITIONS: dict[MemberState, frozenset[MemberState]] = {
+    MemberState.ALIVE: frozenset({MemberState.HUNG, MemberState.LOST, MemberState.UNCONFIRMED,
+                                  *_ENDINGS}),
+    MemberState.HUNG: frozenset({MemberState.ALIVE, MemberState.LOST, MemberState.UNCONFIRMED,
+                                 *_ENDINGS}),
+    MemberState.UNCONFIRMED: frozenset({MemberState.ALIVE, MemberState.LOST, *_ENDINGS}),
+    MemberState.LOST: frozenset({MemberState.ALIVE, *_ENDINGS}),
+    # An ended process may still be reported dead (the supervisor saw a non-zero exit
+    # after the worker said it finished); a new process makes the node ALIVE again.
+    MemberState.DEAD: frozenset({MemberState.ALIVE}),
+    MemberState.LEFT: frozenset({MemberState.ALIVE, MemberState.DEAD}),
+    MemberState.FINISHED: frozenset({MemberState.ALIVE, MemberState.DEAD}),
+}
+LIVE_STATES = frozenset({MemberState.ALIVE, MemberState.HUNG, MemberState.UNCONFIRMED})
+
+
+class RefuseReason(str, Enum):
+    """Why a registration (or a heartbeat) was refused."""
+
+    TOKEN = "token"
+    COOLDOWN = "cooldown"
+    DUPLICATE = "duplicate"
+    RANK_OUT_OF_RANGE = "rank_out_of_range"
+    RANK_TAKEN = "rank_taken"
+    RANK_MISMATCH = "rank_mismatch"
+    FULL = "full"
+    STALE = "stale"
+
+    @property
+    def retryable(self) -> bool:
+        """Whether trying again later may succeed.
+
+        A duplicate is retried too: the live holder may be a process that died without
+        anyone reporting it, which the heartbeat timeout will declare dead.
+        """
+        return self in {RefuseReason.COOLDOWN, RefuseReason.DUPLICATE, RefuseReason.FULL}
+
+
+class Verdict(str, Enum):
+    """Why the scheduler wants a worker killed."""
+
+    HEARTBEAT = "heartbeat"
+    PROGRESS = "progress"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """One process's claim to a node id.
+
+    Args:
+        node_id: ``MS_NODE_ID``; empty to let the scheduler assign one.
+        pid: the process id.
+        incarnation: unique per launch of a process (``TFT_INCARNATION``).
+        host: where the process runs.
+        rank: the rank it asks for (``RANK``), or ``None``.
+    """
+
+    node_id: str
+    pid: int
+    incarnation: int
+    host: str
+    rank: int | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Identity:
+        rank = data.get("rank")
+        return cls(str(data.get("node_id") or ""), int(data["pid"]), int(data["incarnation"]),
+                   str(data.get("host") or ""), None if rank is None else int(rank))
+
+
+@dataclass
+class Member:
+    """The process that holds a node id now (or held it last)."""
+
+    node_id: str
+    rank: int
+    pid: int
+    incarnation: int
+    host: str
+    state: MemberState
+    step: int | None = None
+    heartbeat_at: float = 0.0  # monotonic
+    progress_at: float = 0.0  # monotonic
+
+    def is_process(self, pid: int, incarnation: int, host: str | None = None) -> bool:
+        return (self.pid == pid and self.incarnation == incarnation
+                and (host is None or self.host == host))
+
+    def transition(self, to: MemberState) -> None:
+        if to not in _TRANSITIONS[self.state]:
+            raise IllegalTransition(f"node {self.node_id}: {self.state.value} -> {to.value}")
+        self.state = to
+
+    def fields(self) -> dict[str, Any]:
+        """The fields events carry about this member."""
+        return {"node_id": self.node_id, "rank": self.rank, "pid": self.pid,
+                "incarnation": self.incarnation}
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.fields(), "host": self.host, "state": self.state.value, "step": self.step}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Member:
+        return cls(str(data["node_id"]), int(data["rank"]), int(data["pid"]),
+                   int(data["incarnation"]), str(data["host"]), MemberState(data["state"]),
+                   data.get("step"))
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """The process holds ``node_id`` with ``rank``; it joins ``generation``."""
+
+    node_id: str
+    rank: int
+    generation: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": True, "node_id": self.node_id, "rank": self.rank,
+                "generation": self.generation}
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Not accepted; ``retry_after`` seconds when trying again may succeed, else ``None``."""
+
+    reason: RefuseReason
+    message: str
+    retry_after: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": False, "reason": self.reason.value, "message": self.message,
+                "retry_after": self.retry_after}
+
+
+def token_digest(token: str) -> str:
+    """What is persisted instead of the token: enough to tell another job's state apart."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Membership:
+    """The cluster's members, cooldowns and generation, and the rules that change them.
+
+    Args:
+        worker_num: how many workers make the cluster complete (ranks ``0..worker_num-1``).
+        token: the job token every request must present.
+        timeouts: cooldown, heartbeat and progress timeouts.
+        clock: the clocks (injected by tests).
+    """
+
+    def __init__(self, worker_num: int, token: str, timeouts: Timeouts,
+                 clock: Clock | None = None) -> None:
+        if worker_num < 1:
+            raise ValueError(f"worker_num must be at least 1, got {worker_num}")
+        self.worker_num = worker_num
+        self.token = token
+        self.timeouts = timeouts
+        self.clock: Clock = SystemClock() if clock is None else clock
+        self.generation = 0
+        self.members: dict[str, Member] = {}
+        self.cooldowns: dict[str, float] = {}  # node id -> unix time
+        self._formed: frozenset[tuple[str, int]] = frozenset()
+        self._incomplete_since: float | None = None  # monotonic
+        self._events: list[tuple[str, dict[str, Any]]] = []
+        self._last_refusal: dict[str, tuple[int, int, RefuseReason]] = {}
+        self._update_completeness()
+
+    # ----------------------------------------------------------------- requests
+    def register(self, identity: Identity, token: str) -> Accepted | Refused:
+        """A process asks to join. See docs/scheduler.md for the rules, in this order."""
+        return self._register(identity, token, "register")
+
+    def _register(self, identity: Identity, token: str, event: str) -> Accepted | Refused:
+        if not self._token_ok(token):
+            return self._refuse(identity, RefuseReason.TOKEN,
+                                "wrong job token: this process belongs to another job")
+        node_id = identity.node_id or self._assign_node_id()
+        if node_id is None:
+            return self._refuse(identity, RefuseReason.FULL,
+                                f"all {self.worker_num} ranks are held; none is free for a "
+                                "worker without a node id", self.timeouts.heartbeat_interval)
+        member = self.members.get(node_id)
+        if member is not None and member.state in LIVE_STATES and member.is_process(
+                identity.pid, identity.incarnation, identity.host):
+            return self._confirm(member)  # the same process asking again
+        rank = self._resolve_rank(node_id, identity)
+        if isinstance(rank, Refused):
+            return rank
+        left = self.cooldown_left(node_id)
+        if left > 0:
+            return self._refuse(
+                identity, RefuseReason.COOLDOWN,
+                f"node {node_id} died abnormally; it may register again in {left:.1f}s "
+                f"(rejoin_cooldown={self.timeouts.rejoin_cooldown:g}s)", left, left=left)
+        if member is not None and member.state in {MemberState.ALIVE, MemberState.HUNG}:
+            return self._refuse(
+                identity, RefuseReason.DUPLICATE,
+                f"node {node_id} is held by a live process (pid {member.pid} on "
+                f"{member.host}, incarnation {member.incarnation})",
+                self.timeouts.heartbeat_interval)
+        return self._admit(node_id, rank, identity, event)
+
+    def heartbeat(self, identity: Identity, token: str, step: int | None) -> Accepted | Refused:
+        """A registered process is alive and at ``step``.
+
+        A process the scheduler does not know (its state was lost) is admitted again
+        under the registration rules: that is how workers re-attach after a scheduler
+        restart without a persisted state.
+        """
+        if not self._token_ok(token):
+            return self._refuse(identity, RefuseReason.TOKEN,
+                                "wrong job token: this process belongs to another job")
+        member = self.members.get(identity.node_id)
+        if member is None:
+            accepted = self._register(identity, token, "attach")
+            if isinstance(accepted, Refused):
+                return accepted
+            member = self.members[accepted.node_id]
+        elif not member.is_process(identity.pid, identity.incarnation, identity.host):
+            return self._refuse(identity, RefuseReason.STALE,
+                                f"node {identity.node_id} is now held by pid {member.pid} "
+                                f"(incarnation {member.incarnation})")
+        elif member.state not in LIVE_STATES:
+            return self._refuse(identity, RefuseReason.STALE,
+                                f"node {identity.node_id} was declared {member.state.value}")
+        self._confirm(member)
+        if step is not None and step != member.step:
+            member.step = step
+            member.progress_at = self.clock.monotonic()
+            if member.state is MemberState.HUNG:
+                logger.info("node %s progresses again (step %d)", member.node_id, step)
+                member.transition(MemberState.ALIVE)
+        return Accepted(member.node_id, member.rank, self._generation_of(member))
+
+    def report_exit(self, node_id: str, pid: int, incarnation: int, abnormal: bool,
+                    reason: str, by: str, finished: bool = False) -> float:
+        """A process of ``node_id`` ended; return the node's cooldown end (0.0 if none).
+
+        Args:
+            abnormal: it died (crash, signal, kill after a verdict): starts the cooldown.
+            reason: how it ended, in words.
+            by: who tells: ``supervisor`` or ``worker`` (the process itself, at exit).
+            finished: the process says its script ran to its end.
+        """
+        member = self.members.get(node_id)
+        if member is not None and member.state in LIVE_STATES | {MemberState.LOST} \
+                and not member.is_process(pid, incarnation):
+            logger.warning("ignoring the exit of pid %d (incarnation %d): node %s is held by "
+                           "pid %d", pid, incarnation, node_id, member.pid)
+            return self.cooldowns.get(node_id, 0.0)
+        rank = None if member is None else member.rank
+        if abnormal:
+            self._start_cooldown(node_id, rank, reason)
+        if member is not None and member.is_process(pid, incarnation):
+            ending = (MemberState.DEAD if abnormal
+                      else MemberState.FINISHED if finished else MemberState.LEFT)
+            if member.state is not ending and ending in _TRANSITIONS[member.state]:
+                member.transition(ending)
+                self._emit("leave", **member.fields(), state=ending.value, reason=reason, by=by)
+                self._update_completeness()
+        return self.cooldowns.get(node_id, 0.0)
+
+    def check(self) -> None:
+        """Apply the heartbeat and progress rules; called periodically."""
+        now = self.clock.monotonic()
+        for member in self._live():
+            silent = now - member.heartbeat_at
+            if silent > self.timeouts.heartbeat_timeout:
+                member.transition(MemberState.LOST)
+                self._emit("verdict", **member.fields(), verdict=Verdict.HEARTBEAT.value,
+                           silent_s=round(silent, 3))
+                self._start_cooldown(member.node_id, member.rank,
+                                     f"no heartbeat for {silent:.1f}s")
+        self._update_completeness()
+        steps = {m.node_id: -1 if m.step is None else m.step for m in self._live()}
+        for member in self._live():
+            if member.state is not MemberState.ALIVE:
+                continue
+            stalled = now - member.progress_at
+            ahead = max((s for n, s in steps.items() if n != member.node_id), default=-1)
+            if stalled > self.timeouts.progress_timeout and ahead > steps[member.node_id]:
+                member.transition(MemberState.HUNG)
+                self._emit("verdict", **member.fields(), verdict=Verdict.PROGRESS.value,
+                           step=member.step, others_step=ahead, stalled_s=round(stalled, 3))
+
+    # ----------------------------------------------------------------- queries
+    def cooldown_left(self, node_id: str) -> float:
+        return max(0.0, self.cooldowns.get(node_id, 0.0) - self.clock.time())
+
+    def verdicts(self) -> dict[int, str]:
+        """rank -> ``heartbeat`` | ``progress``: the workers the supervisor should kill."""
+        found = {}
+        for member in self.members.values():
+            if member.state is MemberState.LOST:
+                found[member.rank] = Verdict.HEARTBEAT.value
+            elif member.state is MemberState.HUNG:
+                found[member.rank] = Verdict.PROGRESS.value
+        return found
+
+    @property
+    def complete(self) -> bool:
+        return len(self._live()) == self.worker_num
+
+    @property
+    def all_finished(self) -> bool:
+        finished = [m for m in self.members.values() if m.state is MemberState.FINISHED]
+        return len(finished) == self.worker_num
+
+    def incomplete_for(self) -> float:
+        """Seconds the cluster has been short of workers (0.0 when complete)."""
+        if self._incomplete_since is None:
+            return 0.0
+        return self.clock.monotonic() - self._incomplete_since
+
+    def missing_ranks(self) -> list[int]:
+        held = {m.rank for m in self._live()}
+        return [r for r in range(self.worker_num) if r not in held]
+
+    def status(self) -> dict[str, Any]:
+        """The membership table, as ``tftctl status`` prints it."""
+        now = self.clock.monotonic()
+        rows = []
+        for member in sorted(self.members.values(), key=lambda m: m.rank):
+            live = member.state in LIVE_STATES
+            rows.append({**member.to_json(),
+                         "heartbeat_age": round(now - member.heartbeat_at, 3) if live else None,
+                         "cooldown_left": round(self.cooldown_left(member.node_id), 3)})
+        return {"worker_num": self.worker_num, "generation": self.generation,
+                "complete": self.complete, "missing": self.missing_ranks(), "members": rows}
+
+    def drain_events(self) -> list[tuple[str, dict[str, Any]]]:
+        """The events decided since the last call, oldest first: ``(name, fields)``."""
+        events, self._events = self._events, []
+        return events
+
+    # ----------------------------------------------------------------- persistence
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "worker_num": self.worker_num,
+            "token_sha256": token_digest(self.token),
+            "generation": self.generation,
+            "formed": sorted([node, inc] for node, inc in self._formed),
+            "members": [m.to_json() for m in self.members.values()],
+            "cooldowns": dict(self.cooldowns),
+        }
+
+    def load(self, data: dict[str, Any]) -> str | None:
+        """Take over a persisted state; return why it does not fit this job, or ``None``.
+
+        Live members come back UNCONFIRMED, with fresh heartbeat and progress clocks: they
+        have until the heartbeat timeout to show up again.
+        """
+        if data.get("version") != STATE_VERSION:
+            return f"state version {data.get('version')} is not {STATE_VERSION}"
+        if data.get("worker_num") != self.worker_num:
+            return f"it has worker_num={data.get('worker_num')}, not {self.worker_num}"
+        if not hmac.compare_digest(str(data.get("token_sha256")), token_digest(self.token)):
+            return "it belongs to a job with another token"
+        now = self.clock.monotonic()
+        self.generation = int(data["generation"])
+        self._formed = frozenset((str(node), int(inc)) for node, inc in data["formed"])
+        self.cooldowns = {str(k): float(v) for k, v in data["cooldowns"].items()}
+        self.members = {}
+        for raw in data["members"]:
+            member = Member.from_json(raw)
+            if member.state in LIVE_STATES:
+                member.state = MemberState.UNCONFIRMED
+            member.heartbeat_at = member.progress_at = now
+            self.members[member.node_id] = member
+        self._incomplete_since = None
+        self._update_completeness()
+        return None
+
+    # ----------------------------------------------------------------- internals
+    def _token_ok(self, token: str) -> bool:
+        return hmac.compare_digest(token.encode(), self.token.encode())
+
+    def _live(self) -> list[Member]:
+        return [m for m in self.members.values() if m.state in LIVE_STATES]
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        self._events.append((event, fields))
+
+    def _refuse(self, identity: Identity, reason: RefuseReason, message: str,
+                retry_after: float | None = None, **extra: Any) -> Refused:
+        """Refuse, with one ``refuse`` event per process and reason (not per retry)."""
+        key = (identity.pid, identity.incarnation, reason)
+        if self._last_refusal.get(identity.node_id) != key:
+            self._last_refusal[identity.node_id] = key
+            self._emit("refuse", node_id=identity.node_id, rank=identity.rank, pid=identity.pid,
+                       incarnation=identity.incarnation, host=identity.host,
+                       reason=reason.value, message=message, **extra)
+            logger.warning("refused node %r (pid %d): %s", identity.node_id, identity.pid,
+                           message)
+        return Refused(reason, message, retry_after)
+
+    def _assign_node_id(self) -> str | None:
+        """A node id for a worker that has none: a rank nobody holds, else a replaceable one.
+
+        A node whose process ended and whose cooldown is over is replaceable: the
+        newcomer is its relaunch.
+        """
+        held = {m.rank for m in self.members.values()}
+        for rank in range(self.worker_num):
+            if rank not in held and str(rank) not in self.members:
+                return str(rank)
+        for member in sorted(self.members.values(), key=lambda m: m.rank):
+            if member.state in _ENDINGS | {MemberState.LOST} \
+                    and self.cooldown_left(member.node_id) == 0:
+                return member.node_id
+        return None
+
+    def _resolve_rank(self, node_id: str, identity: Identity) -> int | Refused:
+        """The rank of ``node_id``: kept across relaunches, else asked for, else assigned."""
+        known = self.members.get(node_id)
+        if known is not None:
+            if identity.rank is not None and identity.rank != known.rank:
+                return self._refuse(identity, RefuseReason.RANK_MISMATCH,
+                                    f"node {node_id} has rank {known.rank}, not {identity.rank}")
+            return known.rank
+        if identity.rank is not None:
+            rank = identity.rank
+        elif node_id.isdigit():
+            rank = int(node_id)
+        else:
+            taken = {m.rank for m in self.members.values()}
+            free = [r for r in range(self.worker_num) if r not in taken]
+            if not free:
+                return self._refuse(identity, RefuseReason.FULL,
+                                    f"all {self.worker_num} ranks belong to other node ids",
+                                    self.timeouts.heartbeat_interval)
+            rank = free[0]
+        if not 0 <= rank < self.worker_num:
+            return self._refuse(identity, RefuseReason.RANK_OUT_OF_RANGE,
+                                f"rank {rank} is beyond worker_num={self.worker_num} "
+                                f"(ranks are 0..{self.worker_num - 1})")
+        holder = next((m for m in self.members.values() if m.rank == rank), None)
+        if holder is not None:
+            return self._refuse(identity, RefuseReason.RANK_TAKEN,
+                                f"rank {rank} belongs to node {holder.node_id}")
+        return rank
+
+    def _admit(self, node_id: str, rank: int, identity: Identity, event: str) -> Accepted:
+        now = self.clock.monotonic()
+        member = self.members.get(node_id)
+        if member is None:
+            member = Member(node_id, rank, identity.pid, identity.incarnation, identity.host,
+                            MemberState.ALIVE)
+            self.members[node_id] = member
+        else:
+            member.transition(MemberState.ALIVE)
+            member.pid, member.incarnation, member.host = (identity.pid, identity.incarnation,
+                                                           identity.host)
+            member.step = None
+        member.heartbeat_at = member.progress_at = now
+        self._last_refusal.pop(identity.node_id, None)
+        self._emit(event, **member.fields(), host=member.host,
+                   generation=self._generation_of(member))
+        self._update_completeness()
+        return Accepted(node_id, rank, self._generation_of(member))
+
+    def _confirm(self, member: Member) -> Accepted:
+        """A live member was heard from: it is alive (again, after a scheduler restart)."""
+        member.heartbeat_at = self.clock.monotonic()
+        if member.state is MemberState.UNCONFIRMED:
+            member.transition(MemberState.ALIVE)
+            self._emit("attach", **member.fields(), host=member.host,
+                       generation=self._generation_of(member))
+        return Accepted(member.node_id, member.rank, self._generation_of(member))
+
+    def _start_cooldown(self, node_id: str, rank: int | None, reason: str) -> None:
+        now = self.clock.time()
+        until = max(self.cooldowns.get(node_id, 0.0), now + self.timeouts.rejoin_cooldown)
+        self.cooldowns[node_id] = until
+        self._emit("cooldown", node_id=node_id, rank=rank, until=until,
+                   seconds=round(until - now, 3), reason=reason)
+
+    def _generation_of(self, member: Member) -> int:
+        """The generation ``member`` is in, or the next one, which it will be in."""
+        if (member.node_id, member.incarnation) in self._formed:
+            return self.generation
+        return self.generation + 1
+
+    def _update_completeness(self) -> None:
+        """Form a new generation when the cluster is complete with a new set of processes."""
+        live = self._live()
+        if len(live) < self.worker_num:
+            if self._incomplete_since is None:
+                self._incomplete_since = self.clock.monotonic()
+            return
+        self._incomplete_since = None
+        processes = frozenset((m.node_id, m.incarnation) for m in live)
+        if processes == self._formed:
+            return
+        self.generation += 1
+        self._formed = processes
+        self._emit("generation", generation=self.generation, world_size=self.worker_num,
+                   members=[m.fields() for m in sorted(live, key=lambda m: m.rank)])
+

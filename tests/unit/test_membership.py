@@ -1,0 +1,338 @@
+"""The scheduler's membership rules, on a fake clock: exact and fast."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from recovery.membership import (
+    Accepted,
+    Identity,
+    IllegalTransition,
+    Member,
+    Membership,
+    MemberState,
+    RefuseReason,
+    Refused,
+)
+from recovery.timeouts import Timeouts
+
+TOKEN = "secret"
+T0 = 1_700_000_000.0
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.wall = T0
+        self.mono = 100.0
+
+    def time(self) -> float:
+        return self.wall
+
+    def monotonic(self) -> float:
+        return self.mono
+
+    def advance(self, seconds: float) -> None:
+        self.wall += seconds
+        self.mono += seconds
+
+
+def make(worker_num: int = 2, cooldown: float = 30.0, clock: FakeClock | None = None,
+         token: str = TOKEN) -> Membership:
+    timeouts = Timeouts(rejoin_cooldown=cooldown, cluster_time_out=60.0, heartbeat_timeout=5.0,
+                        progress_timeout=20.0)
+    return Membership(worker_num, token, timeouts, clock or FakeClock())
+
+
+def ident(node_id: str, pid: int, incarnation: int = 0, rank: int | None = None) -> Identity:
+    return Identity(node_id, pid, incarnation, "host-a", rank)
+
+
+def names(ms: Membership) -> list[str]:
+    return [name for name, _ in ms.drain_events()]
+
+
+def accepted(result: Accepted | Refused) -> Accepted:
+    assert isinstance(result, Accepted), result
+    return result
+
+
+def refused(result: Accepted | Refused, reason: RefuseReason) -> Refused:
+    assert isinstance(result, Refused), result
+    assert result.reason is reason, result
+    return result
+
+
+def join_all(ms: Membership, pids: dict[str, int]) -> None:
+    for node_id, pid in pids.items():
+        accepted(ms.register(ident(node_id, pid), TOKEN))
+
+
+# ----------------------------------------------------------------- joining and ranks
+def test_numeric_node_ids_keep_their_rank_and_a_full_cluster_forms_a_generation() -> None:
+    ms = make(worker_num=2)
+    first = accepted(ms.register(ident("1", 101), TOKEN))
+    assert (first.node_id, first.rank, first.generation) == ("1", 1, 1)
+    assert not ms.complete and ms.missing_ranks() == [0]
+    second = accepted(ms.register(ident("0", 100), TOKEN))
+    assert (second.rank, second.generation) == (0, 1)
+    assert ms.complete and ms.generation == 1
+    events = ms.drain_events()
+    assert [name for name, _ in events] == ["register", "register", "generation"]
+    assert events[0][1] == {"node_id": "1", "rank": 1, "pid": 101, "incarnation": 0,
+                            "host": "host-a", "generation": 1}
+    assert [m["rank"] for m in events[2][1]["members"]] == [0, 1]
+
+
+def test_workers_without_node_id_get_the_lowest_free_rank() -> None:
+    ms = make(worker_num=3)
+    accepted(ms.register(ident("1", 101), TOKEN))
+    assert accepted(ms.register(ident("", 200), TOKEN)).node_id == "0"
+    assert accepted(ms.register(ident("", 201), TOKEN)).node_id == "2"
+    refused(ms.register(ident("", 202), TOKEN), RefuseReason.FULL)
+
+
+def test_a_named_node_keeps_its_assigned_rank_across_relaunches() -> None:
+    ms = make(worker_num=3)
+    accepted(ms.register(ident("alpha", 100), TOKEN))
+    beta = accepted(ms.register(ident("beta", 101), TOKEN))
+    ms.report_exit("beta", 101, 0, abnormal=False, reason="stopped", by="supervisor")
+    again = accepted(ms.register(ident("beta", 102, incarnation=1), TOKEN))
+    assert again.rank == beta.rank == 1
+
+
+def test_the_same_process_registering_twice_is_accepted_once() -> None:
+    ms = make(worker_num=2)
+    accepted(ms.register(ident("0", 100), TOKEN))
+    accepted(ms.register(ident("0", 100), TOKEN))
+    assert names(ms) == ["register"]
+
+
+# ----------------------------------------------------------------- refusals
+def test_wrong_token_is_refused_for_good() -> None:
+    ms = make()
+    result = refused(ms.register(ident("0", 100), "not-the-token"), RefuseReason.TOKEN)
+    assert result.retry_after is None and not result.reason.retryable
+    [(name, fields)] = ms.drain_events()
+    assert (name, fields["reason"], fields["pid"]) == ("refuse", "token", 100)
+    assert "secret" not in json.dumps(fields)
+
+
+@pytest.mark.parametrize(("node_id", "rank"), [("4", None), ("0", 7), ("x", -1)])
+def test_a_rank_beyond_worker_num_is_refused(node_id: str, rank: int | None) -> None:
+    ms = make(worker_num=4)
+    result = refused(ms.register(ident(node_id, 100, rank=rank), TOKEN),
+                     RefuseReason.RANK_OUT_OF_RANGE)
+    assert "worker_num=4" in result.message and not result.reason.retryable
+
+
+def test_a_second_live_process_claiming_a_node_id_is_refused() -> None:
+    ms = make()
+    accepted(ms.register(ident("0", 100), TOKEN))
+    result = refused(ms.register(ident("0", 999, incarnation=1), TOKEN), RefuseReason.DUPLICATE)
+    assert "pid 100" in result.message and result.retry_after is not None
+
+
+def test_a_rank_held_by_another_node_id_or_a_changed_rank_is_refused() -> None:
+    ms = make(worker_num=3)
+    accepted(ms.register(ident("alpha", 100, rank=2), TOKEN))
+    refused(ms.register(ident("2", 101), TOKEN), RefuseReason.RANK_TAKEN)
+    ms.report_exit("alpha", 100, 0, abnormal=False, reason="stopped", by="supervisor")
+    refused(ms.register(ident("alpha", 102, incarnation=1, rank=1), TOKEN),
+            RefuseReason.RANK_MISMATCH)
+
+
+def test_a_refusal_is_one_event_per_process_and_reason_not_one_per_retry() -> None:
+    ms = make()
+    accepted(ms.register(ident("0", 100), TOKEN))
+    ms.drain_events()
+    for _ in range(5):
+        refused(ms.register(ident("0", 999), TOKEN), RefuseReason.DUPLICATE)
+    refused(ms.register(ident("0", 998), TOKEN), RefuseReason.DUPLICATE)
+    assert names(ms) == ["refuse", "refuse"]
+
+
+# ----------------------------------------------------------------- cooldown
+def test_an_abnormal_exit_starts_the_cooldown_which_refuses_then_accepts() -> None:
+    clock = FakeClock()
+    ms = make(clock=clock, cooldown=30.0)
+    join_all(ms, {"0": 100, "1": 101})
+    ms.drain_events()
+    until = ms.report_exit("1", 101, 0, abnormal=True, reason="SIGKILL", by="supervisor")
+    assert until == T0 + 30.0 and ms.cooldown_left("1") == 30.0
+    leave_fields = dict(ms.drain_events())
+    assert leave_fields["cooldown"]["until"] == T0 + 30.0
+    assert leave_fields["leave"]["state"] == "dead"
+    clock.advance(12.5)
+    result = refused(ms.register(ident("1", 102, incarnation=1), TOKEN), RefuseReason.COOLDOWN)
+    assert result.retry_after == pytest.approx(17.5) and "17.5s" in result.message
+    [(name, fields)] = ms.drain_events()
+    assert (name, fields["left"]) == ("refuse", pytest.approx(17.5))
+    clock.advance(17.5)
+    assert accepted(ms.register(ident("1", 102, incarnation=1), TOKEN)).generation == 2
+    assert names(ms) == ["register", "generation"]
+
+
+def test_a_cooldown_of_zero_lets_a_dead_node_back_at_once() -> None:
+    ms = make(cooldown=0.0)
+    join_all(ms, {"0": 100, "1": 101})
+    assert ms.report_exit("1", 101, 0, abnormal=True, reason="exit 1", by="supervisor") == T0
+    accepted(ms.register(ident("1", 102, incarnation=1), TOKEN))
+
+
+def test_a_stopped_worker_has_no_cooldown_and_a_crash_before_registering_has_one() -> None:
+    ms = make()
+    join_all(ms, {"0": 100, "1": 101})
+    assert ms.report_exit("0", 100, 0, abnormal=False, reason="SIGTERM", by="supervisor") == 0.0
+    accepted(ms.register(ident("0", 110, incarnation=1), TOKEN))
+    ms.report_exit("3", 555, 0, abnormal=True, reason="import error", by="supervisor")
+    assert ms.cooldown_left("3") == 30.0
+
+
+def test_an_exit_report_about_another_process_than_the_holder_is_ignored() -> None:
+    ms = make()
+    join_all(ms, {"0": 100, "1": 101})
+    ms.report_exit("1", 999, 7, abnormal=True, reason="?", by="supervisor")
+    assert ms.members["1"].state is MemberState.ALIVE and ms.cooldown_left("1") == 0.0
+
+
+# ----------------------------------------------------------------- heartbeats and hangs
+def test_silence_past_the_heartbeat_timeout_is_a_heartbeat_verdict_and_fences_the_process() -> None:
+    clock = FakeClock()
+    ms = make(clock=clock)
+    join_all(ms, {"0": 100, "1": 101})
+    ms.drain_events()
+    clock.advance(4.0)
+    accepted(ms.heartbeat(ident("0", 100), TOKEN, step=1))
+    clock.advance(2.0)
+    ms.check()
+    assert ms.verdicts() == {1: "heartbeat"} and not ms.complete
+    events = dict(ms.drain_events())
+    assert events["verdict"]["verdict"] == "heartbeat" and events["verdict"]["silent_s"] == 6.0
+    assert events["cooldown"]["until"] == clock.wall + 30.0
+    refused(ms.heartbeat(ident("1", 101), TOKEN, step=1), RefuseReason.STALE)
+    ms.report_exit("1", 101, 0, abnormal=True, reason="killed after verdict", by="supervisor")
+    assert ms.verdicts() == {} and ms.members["1"].state is MemberState.DEAD
+
+
+def test_a_worker_behind_the_others_for_the_progress_timeout_is_hung() -> None:
+    clock = FakeClock()
+    ms = make(worker_num=3, clock=clock)
+    join_all(ms, {"0": 100, "1": 101, "2": 102})
+    for node, pid in (("0", 100), ("1", 101), ("2", 102)):
+        ms.heartbeat(ident(node, pid), TOKEN, step=3)
+    for _ in range(5):
+        clock.advance(4.5)
+        for node, pid, step in (("0", 100, 4), ("1", 101, 3), ("2", 102, 4)):
+            accepted(ms.heartbeat(ident(node, pid), TOKEN, step=step))
+        ms.check()
+    assert ms.verdicts() == {1: "progress"}
+    verdict = [f for n, f in ms.drain_events() if n == "verdict"][0]
+    assert (verdict["rank"], verdict["step"], verdict["others_step"]) == (1, 3, 4)
+    accepted(ms.heartbeat(ident("1", 101), TOKEN, step=4))
+    assert ms.verdicts() == {} and ms.members["1"].state is MemberState.ALIVE
+
+
+def test_everyone_stalled_at_the_same_step_is_not_a_hang() -> None:
+    clock = FakeClock()
+    ms = make(clock=clock)
+    join_all(ms, {"0": 100, "1": 101})
+    for _ in range(10):
+        clock.advance(4.0)
+        for node, pid in (("0", 100), ("1", 101)):
+            ms.heartbeat(ident(node, pid), TOKEN, step=7)
+        ms.check()
+    assert ms.verdicts() == {}
+
+
+# ----------------------------------------------------------------- ends
+def test_the_job_is_finished_when_every_worker_finished() -> None:
+    ms = make()
+    join_all(ms, {"0": 100, "1": 101})
+    ms.report_exit("0", 100, 0, abnormal=False, reason="finished", by="worker", finished=True)
+    assert not ms.all_finished and ms.missing_ranks() == [0]
+    ms.report_exit("1", 101, 0, abnormal=False, reason="finished", by="worker", finished=True)
+    assert ms.all_finished
+
+
+def test_incomplete_for_counts_from_when_a_worker_went_missing() -> None:
+    clock = FakeClock()
+    ms = make(clock=clock)
+    clock.advance(3.0)
+    assert ms.incomplete_for() == 3.0
+    join_all(ms, {"0": 100, "1": 101})
+    assert ms.incomplete_for() == 0.0
+    ms.report_exit("1", 101, 0, abnormal=True, reason="SIGKILL", by="supervisor")
+    clock.advance(2.0)
+    assert ms.incomplete_for() == 2.0
+
+
+def test_an_illegal_transition_raises() -> None:
+    member = Member("0", 0, 100, 0, "h", MemberState.DEAD)
+    with pytest.raises(IllegalTransition):
+        member.transition(MemberState.HUNG)
+
+
+# ----------------------------------------------------------------- persistence
+def reloaded(ms: Membership, clock: FakeClock, **overrides: Any) -> tuple[Membership, str | None]:
+    fresh = make(clock=clock, **overrides)
+    return fresh, fresh.load(json.loads(json.dumps(ms.to_json())))
+
+
+def test_a_reloaded_state_keeps_ranks_generation_and_cooldowns_and_waits_for_heartbeats() -> None:
+    clock = FakeClock()
+    ms = make(worker_num=3, clock=clock)
+    join_all(ms, {"0": 100, "1": 101, "2": 102})
+    ms.heartbeat(ident("0", 100), TOKEN, step=9)
+    ms.report_exit("2", 102, 0, abnormal=True, reason="SIGKILL", by="supervisor")
+    clock.advance(1.0)
+    again, problem = reloaded(ms, clock, worker_num=3)
+    assert problem is None
+    assert again.generation == 1 and again.cooldown_left("2") == 29.0
+    assert {n: m.state for n, m in again.members.items()} == {
+        "0": MemberState.UNCONFIRMED, "1": MemberState.UNCONFIRMED, "2": MemberState.DEAD}
+    assert again.members["0"].step == 9
+    clock.advance(3.0)
+    accepted(again.heartbeat(ident("0", 100), TOKEN, step=10))
+    assert names(again) == ["attach"]
+    clock.advance(3.0)
+    again.check()
+    assert again.verdicts() == {1: "heartbeat"}
+
+
+def test_a_reloaded_scheduler_forms_no_new_generation_for_the_same_processes() -> None:
+    clock = FakeClock()
+    ms = make(clock=clock)
+    join_all(ms, {"0": 100, "1": 101})
+    again, _ = reloaded(ms, clock)
+    for node, pid in (("0", 100), ("1", 101)):
+        assert accepted(again.heartbeat(ident(node, pid), TOKEN, step=1)).generation == 1
+    assert names(again) == ["attach", "attach"] and again.generation == 1
+
+
+def test_a_new_process_may_replace_an_unconfirmed_member_and_fences_the_old_one() -> None:
+    clock = FakeClock()
+    ms = make(clock=clock)
+    join_all(ms, {"0": 100, "1": 101})
+    again, _ = reloaded(ms, clock)
+    accepted(again.register(ident("1", 201, incarnation=1), TOKEN))
+    refused(again.heartbeat(ident("1", 101), TOKEN, step=3), RefuseReason.STALE)
+
+
+def test_workers_reattach_to_a_scheduler_that_lost_its_state() -> None:
+    ms = make()
+    result = accepted(ms.heartbeat(ident("1", 101, rank=1), TOKEN, step=5))
+    assert result.rank == 1
+    assert names(ms) == ["attach"]
+
+
+@pytest.mark.parametrize(("overrides", "why"), [({"worker_num": 3}, "worker_num"),
+                                                 ({"token": "other"}, "token")])
+def test_a_state_of_another_job_is_not_loaded(overrides: dict[str, Any], why: str) -> None:
+    clock = FakeClock()
+    ms = make(clock=clock)
+    join_all(ms, {"0": 100})
+    _, problem = reloaded(ms, clock, **overrides)
+    assert problem is not None and why in problem
