@@ -25,6 +25,7 @@ from launcher.render import Row, SummaryRow, View, print_summary
 from launcher.rendezvous import RendezvousStore
 from launcher.spec import ProcessSpec, Role, error_file, scheduler_spec, worker_spec
 from launcher.state import Worker, WorkerState
+from recovery.control import SchedulerControl
 from recovery.events import EventLog
 
 __all__ = ["Supervisor", "EXIT_SIGINT", "EXIT_SIGTERM"]
@@ -34,6 +35,8 @@ logger = logging.getLogger(__name__)
 EXIT_SIGINT = 128 + signal.SIGINT
 EXIT_SIGTERM = 128 + signal.SIGTERM
 SUMMARY_LOG_LINES = 10
+VERDICT_INTERVAL = 0.5
+"""Seconds between asking the scheduler which workers it declares dead or hung."""
 
 
 class _Stop(Exception):
@@ -61,6 +64,11 @@ class Supervisor:
         self._rendezvous = RendezvousStore(config.master_addr)
         self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._follower = LogFollower(view.output) if config.join else None
+        self._control = SchedulerControl(config.master_addr, config.master_port,
+                                         config.job_token)
+        self._restart_at: float | None = None
+        self._restart_why = ""
+        self._next_verdicts = 0.0
 
     # ----------------------------------------------------------------- lifecycle
     def run(self) -> int:
@@ -85,6 +93,7 @@ class Supervisor:
             finally:
                 if self._follower is not None:
                     self._follower.stop()
+                self._control.close()
                 self._rendezvous.close()
                 self.view.close()
         return status
@@ -132,11 +141,15 @@ class Supervisor:
         while True:
             self._wait(wakeup, self.config.monitor_interval)
             self._watch_scheduler()
+            self._kill_declared_dead()
             failed = self._reap_workers()
             if failed:
                 if self.restart_count >= self.config.max_restarts:
                     return self._give_up(failed[0])
-                self._restart_all(failed)
+                self._schedule_restart_all(failed)
+            elif self._restart_at is not None:
+                if time.time() >= self._restart_at:
+                    self._restart_all()
             elif all(w.state is WorkerState.SUCCEEDED for w in self.workers):
                 self._shutdown(signal.SIGTERM)
                 return self._finish(0, "all workers succeeded")
@@ -181,7 +194,30 @@ class Supervisor:
         info = ExitInfo(role.value, rank, child.pid, incarnation, returncode, time.time(),
                         expected)
         self._emit("exit", **info.fields())
+        if rank is not None:
+            self._control.report_exit(
+                node_id=str(rank), rank=rank, pid=child.pid, incarnation=incarnation,
+                abnormal=not (expected or info.succeeded), reason=info.describe())
         return info
+
+    def _kill_declared_dead(self) -> None:
+        """Kill the workers the scheduler declares dead (no heartbeat) or hung (no progress).
+
+        Their exit is then seen like any other death. SIGKILL, because a hung or stopped
+        process may never act on a gentler signal.
+        """
+        now = time.monotonic()
+        if now < self._next_verdicts:
+            return
+        self._next_verdicts = now + VERDICT_INTERVAL
+        running = {w.rank: w for w in self.workers if w.state is WorkerState.RUNNING}
+        for rank, reason in self._control.verdicts().items():
+            worker = running.get(rank)
+            if worker is None or worker.child is None:
+                continue
+            self._emit("hang", rank=rank, pid=worker.pid, incarnation=worker.incarnation,
+                       reason=reason)
+            worker.child.signal_group(signal.SIGKILL)
 
     def _watch_scheduler(self) -> None:
         """Relaunch a dead scheduler at once, on the same (inherited) socket."""
@@ -243,15 +279,26 @@ class Supervisor:
                             returncode, expected=True)
 
     # ----------------------------------------------------------------- policy
-    def _restart_all(self, failed: list[ExitInfo]) -> None:
-        """torchrun's policy for scripts that do not use ``recovery``: restart everyone."""
-        why = "; ".join(f"rank {f.rank} {f.describe()}" for f in failed)
+    def _schedule_restart_all(self, failed: list[ExitInfo]) -> None:
+        """torchrun's policy for scripts that do not use ``recovery``: restart everyone.
+
+        Every other worker is stopped now; the restart waits out the re-registration
+        cooldown of the dead workers' node ids, which the scheduler keeps, while the loop
+        goes on watching (and the live view counts it down).
+        """
         self._stop_workers(signal.SIGTERM)
-        self.restart_count += 1
-        self._emit("restart", what="workers", why=why, restart_count=self.restart_count,
-                   ranks=[w.rank for w in self.workers])
+        wait = max(self._control.cooldown_left(str(f.rank)) for f in failed)
+        self._restart_at = time.time() + wait
+        self._restart_why = "; ".join(f"rank {f.rank} {f.describe()}" for f in failed)
         for worker in self.workers:
             worker.transition(WorkerState.COOLDOWN)
+            worker.cooldown_until = self._restart_at
+
+    def _restart_all(self) -> None:
+        self._restart_at = None
+        self.restart_count += 1
+        self._emit("restart", what="workers", why=self._restart_why,
+                   restart_count=self.restart_count, ranks=[w.rank for w in self.workers])
         self._start_workers()
 
     def _give_up(self, failure: ExitInfo) -> int:
@@ -282,6 +329,12 @@ class Supervisor:
         if not self.view.wants_rows:
             return
         self.view.show_rows([
-            Row(w.rank, w.pid, w.state.value, w.restarts,
+            Row(w.rank, w.pid, self._state_text(w), w.restarts,
                 (last_lines(self.config.log_dir / f"worker_{w.rank}.log", 1) or [""])[0])
             for w in self.workers])
+
+    @staticmethod
+    def _state_text(worker: Worker) -> str:
+        if worker.state is WorkerState.COOLDOWN:
+            return f"cooldown {max(0.0, worker.cooldown_until - time.time()):.0f}s"
+        return worker.state.value
