@@ -25,6 +25,9 @@ _LAZY = {
     "resume": "recovery.restore",
     "ResumableDistributedSampler": "recovery.sampler",
     "all_reduce_gradients": "recovery.grad_sync",
+    "init": "recovery.cluster",
+    "ClusterContext": "recovery.cluster",
+    "ClusterError": "recovery.cluster",
 }
 
 __all__ = ["WorkerEnv", *_LAZY]
