@@ -1,16 +1,25 @@
 """The supervisor's handle on the scheduler: report exits, read cooldowns and verdicts.
 
 The scheduler is the single source of truth about membership (docs/scheduler.md); the
-supervisor tells it which worker processes ended and asks it what to do next. Every
-method returns within about a second, and safe values while the scheduler is down or
-being relaunched: an exit report is queued and delivered once it is back.
+supervisor tells it which worker processes ended and asks it what to do next. No method
+blocks longer than about ``timeout`` seconds, and each returns a safe value while the
+scheduler is down or being relaunched: exit reports are queued and delivered, in order,
+as soon as it is back; ``cooldown_left`` falls back to what the scheduler said last (or
+to ``rejoin_cooldown`` counted locally from a queued report); ``verdicts`` to none.
+
+Constructing one does not import torch in the caller's thread: the connection (and the
+import) is made in the background.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from recovery.rpc import Op, SchedulerLink, SchedulerUnavailable
 
 __all__ = ["SchedulerControl", "ExitReport"]
 
@@ -27,7 +36,6 @@ class ExitReport:
     incarnation: int
     abnormal: bool
     reason: str
-    at: float
 
 
 class SchedulerControl:
@@ -38,32 +46,82 @@ class SchedulerControl:
         port: its store port (``MS_SCHED_PORT``).
         token: the job token (``TFT_JOB_TOKEN``).
         timeout: how long one request may wait for the scheduler's answer, in seconds.
+        rejoin_cooldown: the job's cooldown, used only to estimate ``cooldown_left``
+            for an exit reported while the scheduler is down.
     """
 
-    def __init__(self, host: str, port: int, token: str, timeout: float = 1.0) -> None:
-        self.host = host
-        self.port = port
-        self._token = token
-        self._timeout = timeout
+    def __init__(self, host: str, port: int, token: str, timeout: float = 1.0,
+                 rejoin_cooldown: float = 0.0) -> None:
+        self._rejoin_cooldown = rejoin_cooldown
         self._pending: list[ExitReport] = []
+        self._until: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._link = SchedulerLink(host, port, token, timeout, on_connect=self._flush)
 
     def report_exit(self, node_id: str, rank: int, pid: int, incarnation: int,
                     abnormal: bool, reason: str) -> None:
-        """A worker process ended; ``abnormal=True`` starts the cooldown of ``node_id``."""
-        self._pending.append(ExitReport(node_id, rank, pid, incarnation, abnormal, reason,
-                                        time.time()))
+        """A worker process ended; ``abnormal=True`` starts the cooldown for ``node_id``."""
+        with self._lock:
+            self._pending.append(ExitReport(node_id, rank, pid, incarnation, abnormal, reason))
+            if abnormal:
+                self._until[node_id] = time.time() + self._rejoin_cooldown
+        self._flush()
 
     def cooldown_left(self, node_id: str) -> float:
         """Seconds before ``node_id`` may register again; 0.0 when it may now."""
-        return 0.0
+        reply = self._call(Op.COOLDOWN, node_id=node_id)
+        with self._lock:
+            if reply is not None:
+                self._until[node_id] = float(reply["until"])
+            return max(0.0, self._until.get(node_id, 0.0) - time.time())
 
     def verdicts(self) -> dict[int, str]:
         """Workers the scheduler declares dead or hung: rank -> ``heartbeat`` | ``progress``.
 
         The supervisor kills each one (and emits ``hang``), then reports its exit.
         """
-        return {}
+        reply = self._call(Op.VERDICTS)
+        return {} if reply is None else {int(r): str(v) for r, v in reply["verdicts"].items()}
+
+    def status(self) -> dict[str, Any] | None:
+        """The membership table (as ``tftctl status`` shows it), or ``None`` when down."""
+        return self._call(Op.STATUS)
 
     def close(self) -> None:
-        """Stop talking to the scheduler; queued reports that were not delivered are lost."""
-        self._pending.clear()
+        """Stop talking to the scheduler; reports not delivered yet are dropped."""
+        self._link.close()
+        with self._lock:
+            if self._pending:
+                logger.warning("%d exit reports were not delivered to the scheduler",
+                               len(self._pending))
+            self._pending.clear()
+
+    def _call(self, op: Op, **fields: Any) -> dict[str, Any] | None:
+        """Deliver queued reports first, then ask; ``None`` when the scheduler is down."""
+        if not self._flush():
+            return None
+        try:
+            reply = self._link.call(op, **fields)
+        except SchedulerUnavailable:
+            return None
+        if not reply.get("ok"):
+            logger.warning("the scheduler refused %s: %s", op.value, reply.get("message"))
+            return None
+        return reply
+
+    def _flush(self) -> bool:
+        """Deliver the queued exit reports, oldest first; True when none is left."""
+        with self._lock:
+            while self._pending:
+                report = self._pending[0]
+                try:
+                    reply = self._link.call(Op.EXIT, **asdict(report))
+                except SchedulerUnavailable:
+                    return False
+                self._pending.pop(0)
+                if reply.get("ok"):
+                    self._until[report.node_id] = float(reply["until"])
+                else:
+                    logger.warning("the scheduler refused the exit report %s: %s", report,
+                                   reply.get("message"))
+            return True

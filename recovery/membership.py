@@ -34,6 +34,7 @@ __all__ = [
     "Refused",
     "Membership",
     "IllegalTransition",
+    "describe_incomplete",
 ]
 
 logger = logging.getLogger(__name__)
@@ -263,7 +264,7 @@ class Membership:
         return self._register(identity, token, "register")
 
     def _register(self, identity: Identity, token: str, event: str) -> Accepted | Refused:
-        if not self._token_ok(token):
+        if not self.token_ok(token):
             return self._refuse(identity, RefuseReason.TOKEN,
                                 "wrong job token: this process belongs to another job")
         node_id = identity.node_id or self._assign_node_id()
@@ -299,7 +300,7 @@ class Membership:
         under the registration rules: that is how workers re-attach after a scheduler
         restart without a persisted state.
         """
-        if not self._token_ok(token):
+        if not self.token_ok(token):
             return self._refuse(identity, RefuseReason.TOKEN,
                                 "wrong job token: this process belongs to another job")
         member = self.members.get(identity.node_id)
@@ -395,17 +396,17 @@ class Membership:
 
     @property
     def all_finished(self) -> bool:
-        finished = [m for m in self.members.values() if m.state is MemberState.FINISHED]
-        return len(finished) == self.worker_num
+        return len(self._finished()) == self.worker_num
 
     def incomplete_for(self) -> float:
-        """Seconds the cluster has been short of workers (0.0 when complete)."""
+        """Seconds some rank has had neither a live process nor a finished one."""
         if self._incomplete_since is None:
             return 0.0
         return self.clock.monotonic() - self._incomplete_since
 
     def missing_ranks(self) -> list[int]:
-        held = {m.rank for m in self._live()}
+        """Ranks with no live process and no finished one."""
+        held = {m.rank for m in self._live()} | {m.rank for m in self._finished()}
         return [r for r in range(self.worker_num) if r not in held]
 
     def status(self) -> dict[str, Any]:
@@ -465,11 +466,14 @@ class Membership:
         return None
 
     # ----------------------------------------------------------------- internals
-    def _token_ok(self, token: str) -> bool:
+    def token_ok(self, token: str) -> bool:
         return hmac.compare_digest(token.encode(), self.token.encode())
 
     def _live(self) -> list[Member]:
         return [m for m in self.members.values() if m.state in LIVE_STATES]
+
+    def _finished(self) -> list[Member]:
+        return [m for m in self.members.values() if m.state is MemberState.FINISHED]
 
     def _emit(self, event: str, **fields: Any) -> None:
         self._events.append((event, fields))
@@ -577,11 +581,13 @@ class Membership:
     def _update_completeness(self) -> None:
         """Form a new generation when the cluster is complete with a new set of processes."""
         live = self._live()
-        if len(live) < self.worker_num:
+        if len(live) + len(self._finished()) < self.worker_num:
             if self._incomplete_since is None:
                 self._incomplete_since = self.clock.monotonic()
+        else:
+            self._incomplete_since = None
+        if len(live) < self.worker_num:
             return
-        self._incomplete_since = None
         processes = frozenset((m.node_id, m.incarnation) for m in live)
         if processes == self._formed:
             return
@@ -590,3 +596,10 @@ class Membership:
         self._emit("generation", generation=self.generation, world_size=self.worker_num,
                    members=[m.fields() for m in sorted(live, key=lambda m: m.rank)])
 
+
+
+def describe_incomplete(cluster_time_out: float, worker_num: int, missing: list[int]) -> str:
+    """The error every process logs when the cluster stays short of workers."""
+    return (f"cluster incomplete after cluster_time_out={cluster_time_out:g}s: "
+            f"{worker_num - len(missing)} of {worker_num} workers joined; "
+            f"missing ranks {missing}")

@@ -1,29 +1,57 @@
-"""The scheduler process: hosts the cluster's c10d ``TCPStore`` at MS_SCHED_HOST:MS_SCHED_PORT.
+"""The scheduler process: the cluster's single source of truth about membership.
 
-Started by tftrun as ``python -m recovery.scheduler`` (or by a training script's
-``recovery.init()`` under ``MS_ROLE=MS_SCHED``). When tftrun starts it, the listening
-socket is inherited (``TFT_STORE_FD``), so that a relaunched scheduler serves on the same
-port at once, and no other process can take the port in between.
+Started by tftrun as ``python -m recovery.scheduler``, or by a training script's
+``recovery.init()`` under ``MS_ROLE=MS_SCHED`` (msrun's dynamic-cluster style). It hosts
+the cluster's c10d ``TCPStore`` at MS_SCHED_HOST:MS_SCHED_PORT; when tftrun starts it, the
+listening socket is inherited (``TFT_STORE_FD``), so that a relaunched scheduler serves on
+the same port at once and no other process can take the port in between.
+
+One thread handles requests (recovery/rpc.py) one at a time and applies the rules of
+recovery/membership.py; a ticker wakes it every :data:`TICK` seconds so that silence is
+noticed too. After each request it writes the decided events to ``events.jsonl``,
+publishes a newly formed generation, and persists its state, so that a ``kill -9``
+loses nothing the workers were told.
+
+It ends on SIGTERM/SIGINT (tftrun's job end), and, when nothing supervises it (started by
+hand), by itself: exit 0 once every worker finished, exit 1 when the cluster stays short
+of workers for ``cluster_time_out``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import sys
 import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
-from recovery import env as envnames
+from recovery import env as names
 from recovery.env import WorkerEnv
+from recovery.events import EventLog
+from recovery.membership import Clock, Identity, Membership, SystemClock, describe_incomplete
+from recovery.rpc import REQUESTS, Op, open_client, ready_key, reply_key
+from recovery.sched_files import Endpoint, StateFile
+from recovery.timeouts import Timeouts
 
-__all__ = ["host_store", "main"]
+__all__ = ["SchedulerConfig", "Scheduler", "host_store", "main", "EXIT_CLUSTER_TIMEOUT"]
 
 logger = logging.getLogger(__name__)
 
+TICK = 0.1
+PERSIST_EVERY = 1.0
+EXIT_CLUSTER_TIMEOUT = 1
+_LOOP_TIMEOUT = timedelta(days=1)  # the ticker wakes the loop long before
+_JOIN_TIMEOUT = 5.0
+_WRONG_TOKEN = {"ok": False, "reason": "token", "message": "wrong job token"}
 
-def host_store(host: str, port: int, listen_fd: int | None) -> "object":
+
+def host_store(host: str, port: int, listen_fd: int | None) -> Any:
     """Start the store's server in this process and return it."""
     import torch.distributed as dist
 
@@ -33,18 +61,277 @@ def host_store(host: str, port: int, listen_fd: int | None) -> "object":
     )
 
 
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """What the scheduler reads from its environment.
+
+    ``supervised`` is true when tftrun started it (it passed the socket): then tftrun
+    decides when the job ends, and the scheduler never exits by itself.
+    """
+
+    host: str
+    port: int
+    listen_fd: int | None
+    worker_num: int
+    token: str
+    run_id: str
+    log_dir: str | None
+    recovery_path: str
+    timeouts: Timeouts
+
+    @property
+    def supervised(self) -> bool:
+        return self.listen_fd is not None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> SchedulerConfig:
+        env = os.environ if env is None else env
+        worker = WorkerEnv.from_env(env)
+        fd_text = env.get(names.TFT_STORE_FD, "")
+        return cls(
+            host=worker.sched_host,
+            port=worker.sched_port,
+            listen_fd=int(fd_text) if fd_text else None,
+            worker_num=worker.world_size,
+            token=worker.job_token,
+            run_id=worker.run_id,
+            log_dir=worker.log_dir,
+            recovery_path=worker.recovery_path,
+            timeouts=Timeouts.from_env(env),
+        )
+
+
+class Scheduler:
+    """Serves membership requests until the job ends; :meth:`run` returns the exit status."""
+
+    def __init__(self, config: SchedulerConfig, clock: Clock | None = None) -> None:
+        self.config = config
+        self.membership = Membership(config.worker_num, config.token, config.timeouts,
+                                     SystemClock() if clock is None else clock)
+        self.events = EventLog(config.log_dir)
+        self._state = StateFile(config.recovery_path)
+        self._stopping = threading.Event()
+        self._loop_exited = threading.Event()
+        self._done = threading.Event()
+        self._signalled: int | None = None
+        self._exit = (0, "")
+        self._client: Any = None
+        self._published = 0
+        self._saved = ""
+        self._saved_at = 0.0
+        self._overdue_reported = False
+        self._started = time.time()
+        self._handlers: dict[Op, Callable[[dict[str, Any]], dict[str, Any] | None]] = {
+            Op.TICK: lambda _request: None,
+            Op.STATUS: self._on_status,
+            Op.REGISTER: self._on_register,
+            Op.HEARTBEAT: self._on_heartbeat,
+            Op.LEAVE: lambda request: self._on_exit(request, by="worker"),
+            Op.EXIT: lambda request: self._on_exit(request, by="supervisor"),
+            Op.COOLDOWN: self._on_cooldown,
+            Op.VERDICTS: self._on_verdicts,
+        }
+
+    # ----------------------------------------------------------------- lifecycle
+    def run(self) -> int:
+        cfg = self.config
+        server = host_store(cfg.host, cfg.port, cfg.listen_fd)
+        port = server.port
+        self._client = open_client(cfg.host, port, _LOOP_TIMEOUT.total_seconds())
+        reloaded = self._reload()
+        endpoint = Endpoint(cfg.host, port, os.getpid(), cfg.run_id, self._started)
+        if cfg.log_dir is not None:
+            endpoint.write(cfg.log_dir)
+        self.events.emit("scheduler_start", pid=os.getpid(), host=cfg.host, port=port,
+                         run_id=cfg.run_id, worker_num=cfg.worker_num, reloaded=reloaded,
+                         generation=self.membership.generation, supervised=cfg.supervised)
+        logger.info("serving the cluster store on %s:%d for %d workers (%s)", cfg.host, port,
+                    cfg.worker_num, "state reloaded" if reloaded else "new state")
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._record_signal)
+        loop = threading.Thread(target=self._serve, name="tft-scheduler-loop", daemon=True)
+        ticker = threading.Thread(target=self._tick, args=(cfg.host, port),
+                                  name="tft-scheduler-ticker", daemon=True)
+        loop.start()
+        ticker.start()
+        while not self._done.wait(0.2) and self._signalled is None:
+            pass
+        if self._signalled is not None:
+            self._exit = (0, f"received {signal.Signals(self._signalled).name}")
+        self._stopping.set()
+        loop.join(_JOIN_TIMEOUT)  # the ticker wakes it until it has left
+        ticker.join(_JOIN_TIMEOUT)
+        if not loop.is_alive():
+            self._save(finished=True)
+        if cfg.log_dir is not None:
+            endpoint.remove(cfg.log_dir)
+        code, reason = self._exit
+        self.events.emit("scheduler_stop", pid=os.getpid(), reason=reason, exitcode=code)
+        logger.info("stopping: %s", reason)
+        return code
+
+    def _record_signal(self, signum: int, _frame: object) -> None:
+        self._signalled = signum
+
+    def _finish(self, code: int, reason: str) -> None:
+        self._exit = (code, reason)
+        self._done.set()
+
+    def _reload(self) -> bool:
+        """Take over the state a killed scheduler of this job left; True if it did."""
+        data = self._state.load()
+        if data is None:
+            return False
+        if data.get("finished") or data.get("run_id") != self.config.run_id:
+            return False
+        problem = self.membership.load(data.get("membership", {}))
+        if problem is not None:
+            logger.warning("not reloading %s: %s", self._state.path, problem)
+            return False
+        self._saved = json.dumps(self._snapshot(finished=False), sort_keys=True)
+        return True
+
+    def _tick(self, host: str, port: int) -> None:
+        """Wake the loop every TICK, so that it notices silence, timeouts and a stop."""
+        from torch.distributed import DistError
+
+        client = open_client(host, port, TICK * 10)
+        tick = json.dumps({"op": Op.TICK.value})
+        while not self._loop_exited.wait(TICK):
+            try:
+                client.queue_push(REQUESTS, tick)
+            except DistError:
+                return
+
+    def _serve(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                raw = self._client.queue_pop(REQUESTS)
+                self._handle(raw)
+                self._after_request()
+        except Exception:
+            logger.exception("the scheduler's loop failed")
+            self._finish(1, "internal error (see scheduler.log)")
+        finally:
+            self._loop_exited.set()
+
+    # ----------------------------------------------------------------- requests
+    def _handle(self, raw: bytes) -> None:
+        try:
+            request = json.loads(raw)
+        except ValueError:
+            logger.warning("ignoring a request that is not JSON: %r", raw[:200])
+            return
+        try:
+            reply = self._handlers[Op(request["op"])](request)
+        except (ValueError, KeyError, TypeError) as err:
+            logger.warning("bad request %r: %r", raw[:200], err)
+            reply = {"ok": False, "reason": "bad_request", "message": repr(err)}
+        if reply is not None and "rid" in request:
+            self._client.set(reply_key(str(request["rid"])), json.dumps(reply))
+
+    def _on_status(self, _request: dict[str, Any]) -> dict[str, Any]:
+        cfg = self.config
+        return {"ok": True, **self.membership.status(), "run_id": cfg.run_id,
+                "pid": os.getpid(), "host": cfg.host, "started": self._started,
+                "supervised": cfg.supervised,
+                "rejoin_cooldown": cfg.timeouts.rejoin_cooldown,
+                "heartbeat_timeout": cfg.timeouts.heartbeat_timeout,
+                "progress_timeout": cfg.timeouts.progress_timeout,
+                "cluster_time_out": cfg.timeouts.cluster_time_out}
+
+    def _on_register(self, request: dict[str, Any]) -> dict[str, Any]:
+        return self.membership.register(Identity.from_json(request),
+                                        str(request.get("token", ""))).to_json()
+
+    def _on_heartbeat(self, request: dict[str, Any]) -> dict[str, Any]:
+        step = request.get("step")
+        return self.membership.heartbeat(Identity.from_json(request),
+                                         str(request.get("token", "")),
+                                         None if step is None else int(step)).to_json()
+
+    def _authorized(self, request: dict[str, Any]) -> bool:
+        if self.membership.token_ok(str(request.get("token", ""))):
+            return True
+        logger.warning("refused a %s request with a wrong job token", request.get("op"))
+        return False
+
+    def _on_exit(self, request: dict[str, Any], by: str) -> dict[str, Any]:
+        if not self._authorized(request):
+            return _WRONG_TOKEN
+        node_id = str(request["node_id"])
+        abnormal = bool(request["abnormal"])
+        until = self.membership.report_exit(
+            node_id, int(request["pid"]), int(request["incarnation"]), abnormal,
+            str(request.get("reason", "")), by, finished=by == "worker" and not abnormal)
+        return {"ok": True, "until": until, "left": self.membership.cooldown_left(node_id)}
+
+    def _on_cooldown(self, request: dict[str, Any]) -> dict[str, Any]:
+        if not self._authorized(request):
+            return _WRONG_TOKEN
+        node_id = str(request["node_id"])
+        return {"ok": True, "left": self.membership.cooldown_left(node_id),
+                "until": self.membership.cooldowns.get(node_id, 0.0)}
+
+    def _on_verdicts(self, request: dict[str, Any]) -> dict[str, Any]:
+        if not self._authorized(request):
+            return _WRONG_TOKEN
+        return {"ok": True, "verdicts": {str(r): v for r, v in self.membership.verdicts().items()}}
+
+    # ----------------------------------------------------------------- after each request
+    def _after_request(self) -> None:
+        self.membership.check()
+        decided = False
+        for name, fields in self.membership.drain_events():
+            decided = True
+            self.events.emit(name, **fields)
+            logger.info("%s %s", name, " ".join(f"{k}={v}" for k, v in fields.items()))
+        self._publish_generation()
+        self._save(finished=False, now=decided)
+        self._check_end()
+
+    def _publish_generation(self) -> None:
+        """Let the members of a newly formed generation rendezvous (recovery/cluster.py)."""
+        generation = self.membership.generation
+        if generation > self._published:
+            self._client.set(ready_key(generation), str(generation))
+            self._published = generation
+
+    def _snapshot(self, finished: bool) -> dict[str, Any]:
+        return {"run_id": self.config.run_id, "finished": finished,
+                "membership": self.membership.to_json()}
+
+    def _save(self, finished: bool, now: bool = True) -> None:
+        """Persist the state when it changed: at once after a decision, else at most every
+        PERSIST_EVERY seconds (heartbeats only move steps)."""
+        text = json.dumps(self._snapshot(finished), sort_keys=True)
+        if text == self._saved or (not now and time.monotonic() - self._saved_at < PERSIST_EVERY):
+            return
+        self._state.save(json.loads(text))
+        self._saved, self._saved_at = text, time.monotonic()
+
+    def _check_end(self) -> None:
+        ms = self.membership
+        if ms.all_finished and not self.config.supervised:
+            self._finish(0, f"all {ms.worker_num} workers finished")
+            return
+        overdue = ms.incomplete_for() > self.config.timeouts.cluster_time_out
+        if overdue and not self._overdue_reported:
+            missing = ms.missing_ranks()
+            message = describe_incomplete(self.config.timeouts.cluster_time_out,
+                                          ms.worker_num, missing)
+            logger.error("%s", message)
+            self.events.emit("cluster_timeout", missing=missing, message=message)
+            if not self.config.supervised:
+                self._finish(EXIT_CLUSTER_TIMEOUT, message)
+        self._overdue_reported = overdue
+
+
 def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s scheduler %(message)s")
-    worker_env = WorkerEnv.from_env()
-    fd_text = os.environ.get(envnames.TFT_STORE_FD)
-    store = host_store(worker_env.sched_host, worker_env.sched_port,
-                       int(fd_text) if fd_text else None)
-    logger.info("serving the cluster store on %s:%d", worker_env.sched_host, store.port)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
-    return 0
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO,
+                            format="%(asctime)s scheduler %(levelname)s %(message)s")
+    return Scheduler(SchedulerConfig.from_env()).run()
 
 
 if __name__ == "__main__":

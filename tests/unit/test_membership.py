@@ -252,7 +252,7 @@ def test_the_job_is_finished_when_every_worker_finished() -> None:
     ms = make()
     join_all(ms, {"0": 100, "1": 101})
     ms.report_exit("0", 100, 0, abnormal=False, reason="finished", by="worker", finished=True)
-    assert not ms.all_finished and ms.missing_ranks() == [0]
+    assert not ms.all_finished and ms.missing_ranks() == [] and ms.incomplete_for() == 0.0
     ms.report_exit("1", 101, 0, abnormal=False, reason="finished", by="worker", finished=True)
     assert ms.all_finished
 

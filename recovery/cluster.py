@@ -1,0 +1,272 @@
+"""``recovery.init()``: join the cluster (or be its scheduler) and get a process group.
+
+The same ``python train.py`` plays either role, as in msrun's dynamic-cluster mode:
+
+* ``MS_ROLE=MS_SCHED``: ``init()`` runs the scheduler and exits the process when the job
+  ends (recovery/scheduler.py);
+* a worker (``MS_ROLE=MS_WORKER`` or unset) with ``MS_SCHED_PORT`` set registers with the
+  scheduler (retrying while it is unreachable or refuses for a cooldown, until
+  ``cluster_time_out``), starts its heartbeat, waits for all ``worker_num`` workers, and
+  initialises the default process group of the generation it joined, under the store
+  prefix ``gen{g}/`` (a fresh key space per generation, DESIGN.md §3);
+* without ``MS_SCHED_PORT`` there is no scheduler to join: under plain torchrun
+  (``WORLD_SIZE`` > 1) the group is initialised from ``env://``; run alone, it is a
+  single-process group (world size 1), so that the script's collectives still work.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import sys
+import time
+from datetime import timedelta
+from typing import Any
+
+from recovery import env as names
+from recovery.env import WorkerEnv
+from recovery.heartbeat import Heartbeat
+from recovery.membership import Identity, describe_incomplete
+from recovery.rpc import (
+    Op,
+    SchedulerLink,
+    SchedulerUnavailable,
+    open_client,
+    port_open,
+    ready_key,
+)
+from recovery.timeouts import Timeouts
+
+__all__ = ["init", "ClusterContext", "ClusterError"]
+
+logger = logging.getLogger(__name__)
+
+REPLY_TIMEOUT = 5.0
+_LEAVE_WAIT = 2.0
+_RETRY_PAUSE = 0.1
+
+
+class ClusterError(RuntimeError):
+    """This worker could not join the cluster (refused, or the cluster never completed)."""
+
+
+class ClusterContext:
+    """What ``init()`` returns: this worker's place in the cluster.
+
+    Attributes:
+        rank: this worker's rank (kept across relaunches of its node id).
+        world_size: ``worker_num``.
+        generation: the generation whose process group this worker joined.
+        node_id: its node id (``MS_NODE_ID``, or the one the scheduler assigned).
+        incarnation: unique per launch of a process.
+        backend: the process group's backend.
+    """
+
+    def __init__(self, rank: int, world_size: int, generation: int, node_id: str,
+                 incarnation: int, backend: str, link: SchedulerLink | None = None,
+                 heartbeat: Heartbeat | None = None) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.generation = generation
+        self.node_id = node_id
+        self.incarnation = incarnation
+        self.backend = backend
+        self._link = link
+        self._heartbeat = heartbeat
+        self._failed = False
+
+    def report_step(self, step: int) -> None:
+        """Tell the scheduler (with the next heartbeat) that training reached ``step``."""
+        if self._heartbeat is not None:
+            self._heartbeat.step = step
+
+    @property
+    def latest_generation(self) -> int:
+        """The newest generation the scheduler has formed, as of the last heartbeat."""
+        return self.generation if self._heartbeat is None else max(
+            self.generation, self._heartbeat.generation)
+
+    def finish(self, abnormal: bool = False, reason: str = "finished") -> None:
+        """Stop heartbeating and tell the scheduler this process ends.
+
+        Called at exit by itself; ``abnormal`` when an uncaught exception ends the
+        script, which starts the node's cooldown as any abnormal death does.
+        """
+        if self._heartbeat is None or self._link is None:
+            return
+        heartbeat, self._heartbeat = self._heartbeat, None
+        heartbeat.stop()
+        identity = {"node_id": self.node_id, "rank": self.rank, "pid": os.getpid(),
+                    "incarnation": self.incarnation}
+        if self._link.wait_connected(_LEAVE_WAIT):
+            try:
+                self._link.call(Op.LEAVE, **identity, abnormal=abnormal, reason=reason)
+            except SchedulerUnavailable as err:
+                logger.warning("could not tell the scheduler this worker ends: %s", err)
+        self._link.close()
+
+    def _finish_at_exit(self) -> None:
+        abnormal = self._failed
+        self.finish(abnormal, "uncaught exception" if abnormal else "finished")
+
+    def _note_uncaught(self, hook: Any) -> Any:
+        def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+            self._failed = True
+            hook(kind, value, tb)
+        return excepthook
+
+
+def init(backend: str | None = None, timeout: timedelta | None = None) -> ClusterContext:
+    """Join the cluster and initialise the default process group; see the module docstring.
+
+    Args:
+        backend: ``gloo`` (default) or ``nccl`` (used when CUDA is available).
+        timeout: the process group's timeout (torch's default when ``None``).
+
+    Returns:
+        This worker's :class:`ClusterContext`. With ``MS_ROLE=MS_SCHED`` it does not
+        return: the process runs the scheduler and exits.
+
+    Raises:
+        ClusterError: the registration was refused for good (wrong token, rank beyond
+            ``worker_num``, ...), or the cluster did not complete within
+            ``cluster_time_out``.
+    """
+    worker_env = WorkerEnv.from_env()
+    if worker_env.is_scheduler:
+        from recovery import scheduler
+
+        sys.exit(scheduler.main())
+    backend = _backend(backend)
+    if names.MS_SCHED_PORT not in os.environ:
+        return _init_without_scheduler(worker_env, backend, timeout)
+    return _join(worker_env, backend, timeout)
+
+
+def _backend(asked: str | None) -> str:
+    if asked in (None, "gloo"):
+        return "gloo"
+    import torch
+
+    if asked == "nccl" and not torch.cuda.is_available():
+        logger.warning("nccl asked for but CUDA is not available; using gloo")
+        return "gloo"
+    return asked
+
+
+def _init_without_scheduler(worker_env: WorkerEnv, backend: str,
+                            timeout: timedelta | None) -> ClusterContext:
+    import torch.distributed as dist
+
+    if worker_env.world_size > 1:
+        dist.init_process_group(backend, timeout=timeout)  # torchrun's env://
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=timeout)
+    return ClusterContext(dist.get_rank(), dist.get_world_size(), 0, worker_env.node_id,
+                          worker_env.incarnation, backend)
+
+
+def _identity(worker_env: WorkerEnv) -> Identity:
+    """This process's claim: node id and rank only when given, a fresh incarnation by hand."""
+    environ = os.environ
+    incarnation = (worker_env.incarnation if names.TFT_INCARNATION in environ
+                   else time.time_ns() // 1_000_000)
+    rank = int(environ[names.RANK]) if environ.get(names.RANK, "").isdigit() else None
+    return Identity(environ.get(names.MS_NODE_ID, ""), os.getpid(), incarnation,
+                    socket.gethostname(), rank)
+
+
+def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None) -> ClusterContext:
+    import torch.distributed as dist
+
+    timeouts = Timeouts.from_env()
+    deadline = time.monotonic() + timeouts.cluster_time_out
+    link = SchedulerLink(worker_env.sched_host, worker_env.sched_port, worker_env.job_token,
+                         REPLY_TIMEOUT)
+    identity = _identity(worker_env)
+    accepted = _register(link, identity, deadline)
+    identity = Identity(accepted["node_id"], identity.pid, identity.incarnation, identity.host,
+                        int(accepted["rank"]))
+    generation = int(accepted["generation"])
+    heartbeat = Heartbeat(link, identity, timeouts.heartbeat_interval)
+    heartbeat.start()
+    ctx = ClusterContext(int(accepted["rank"]), worker_env.world_size, generation,
+                         identity.node_id, identity.incarnation, backend, link, heartbeat)
+    sys.excepthook = ctx._note_uncaught(sys.excepthook)
+    atexit.register(ctx._finish_at_exit)
+    store = _wait_for_generation(link, generation, deadline, timeouts, worker_env.world_size)
+    dist.init_process_group(backend, store=dist.PrefixStore(f"gen{generation}/", store),
+                            rank=ctx.rank, world_size=ctx.world_size, timeout=timeout)
+    logger.info("[worker %s/%d] rank %d of %d in generation %d", ctx.node_id, ctx.incarnation,
+                ctx.rank, ctx.world_size, generation)
+    return ctx
+
+
+def _register(link: SchedulerLink, identity: Identity, deadline: float) -> dict[str, Any]:
+    """Register, retrying while the scheduler is unreachable or refuses for a while."""
+    said = ""
+    while (left := deadline - time.monotonic()) > 0:
+        if not link.wait_connected(min(left, 1.0)):
+            said = _say_once(said, f"waiting for the scheduler at {link.where}")
+            continue
+        try:
+            reply = link.call(Op.REGISTER, node_id=identity.node_id, pid=identity.pid,
+                              incarnation=identity.incarnation, host=identity.host,
+                              rank=identity.rank)
+        except SchedulerUnavailable:
+            continue
+        if reply.get("ok"):
+            return reply
+        message = f"registration refused ({reply.get('reason')}): {reply.get('message')}"
+        if reply.get("retry_after") is None:
+            logger.error("%s", message)
+            raise ClusterError(message)
+        said = _say_once(said, message + "; retrying")
+        time.sleep(min(float(reply["retry_after"]), max(deadline - time.monotonic(), 0.0)))
+    message = f"not admitted within cluster_time_out: {said or 'no answer'}"
+    logger.error("%s", message)
+    raise ClusterError(message)
+
+
+def _say_once(said: str, message: str) -> str:
+    """Log a waiting message when it changes (not at every retry); return it."""
+    if message != said:
+        logger.warning("%s", message)
+    return message
+
+
+def _wait_for_generation(link: SchedulerLink, generation: int, deadline: float,
+                         timeouts: Timeouts, world_size: int) -> Any:
+    """A store client, once the scheduler says ``generation`` is formed.
+
+    The client is the one the process group keeps; a scheduler that dies meanwhile
+    breaks it, so a new one is made after the link reconnects.
+    """
+    from torch.distributed import DistNetworkError, DistStoreError
+
+    while (left := deadline - time.monotonic()) > 0:
+        if not port_open(link.host, link.port):
+            time.sleep(_RETRY_PAUSE)
+            continue
+        try:
+            store = open_client(link.host, link.port, REPLY_TIMEOUT)
+            store.wait([ready_key(generation)], timedelta(seconds=left))
+            return store
+        except DistNetworkError:
+            continue  # the scheduler died: wait for its relaunch
+        except DistStoreError:
+            break  # the wait timed out
+    missing = _missing_ranks(link, world_size)
+    message = describe_incomplete(timeouts.cluster_time_out, world_size, missing)
+    logger.error("%s", message)
+    raise ClusterError(message)
+
+
+def _missing_ranks(link: SchedulerLink, world_size: int) -> list[int]:
+    try:
+        return list(link.call(Op.STATUS)["missing"])
+    except (SchedulerUnavailable, KeyError):
+        return list(range(world_size))

@@ -1,0 +1,92 @@
+"""A worker's heartbeat: a background thread that tells the scheduler it is alive, and where.
+
+Each beat carries the process's identity and its latest step (``report_step`` only sets
+an attribute, so the training loop pays nothing). When the scheduler dies, beats fail;
+the link reconnects by itself and the next beat re-attaches the worker to the relaunched
+scheduler: training goes on meanwhile, since gloo does not use the store after its
+rendezvous (DESIGN.md §9).
+
+A beat that is refused means the scheduler no longer counts this process as the holder
+of its node id (declared dead, or replaced). Such a process must not go on talking to
+the group, and nothing can interrupt a gloo call from another thread, so it exits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+
+from recovery.membership import Identity
+from recovery.rpc import Op, SchedulerLink, SchedulerUnavailable
+
+__all__ = ["Heartbeat", "EXIT_EVICTED"]
+
+logger = logging.getLogger(__name__)
+
+EXIT_EVICTED = 75
+"""Exit status of a worker the scheduler fenced off (EX_TEMPFAIL: a relaunch may succeed)."""
+
+
+def _exit_evicted(message: str) -> None:
+    sys.stderr.flush()
+    os._exit(EXIT_EVICTED)
+
+
+class Heartbeat:
+    """Beats every ``interval`` seconds until stopped.
+
+    Args:
+        link: the connection to the scheduler.
+        identity: this process, as the scheduler admitted it.
+        interval: seconds between beats.
+        on_evicted: called with the scheduler's message when a beat is refused; the
+            default ends the process with :data:`EXIT_EVICTED`.
+    """
+
+    def __init__(self, link: SchedulerLink, identity: Identity, interval: float,
+                 on_evicted: Callable[[str], None] = _exit_evicted) -> None:
+        self.step: int | None = None
+        self.generation = 0
+        self._link = link
+        self._identity = identity
+        self._interval = interval
+        self._on_evicted = on_evicted
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tft-heartbeat", daemon=True)
+        self._prefix = f"[worker {identity.node_id}/{identity.incarnation}]"
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def _run(self) -> None:
+        lost = False
+        fields = dataclasses.asdict(self._identity)
+        while not self._stop.wait(self._interval):
+            try:
+                reply = self._link.call(Op.HEARTBEAT, **fields, step=self.step)
+            except SchedulerUnavailable as err:
+                if not lost:
+                    logger.warning("%s lost the scheduler (%s); training goes on, reconnecting",
+                                   self._prefix, err)
+                lost = True
+                self._link.wait_connected(self._interval)
+                continue
+            if lost:
+                logger.warning("%s re-attached to the scheduler", self._prefix)
+                lost = False
+            if reply.get("ok"):
+                self.generation = int(reply["generation"])
+                continue
+            message = str(reply.get("message"))
+            logger.error("%s evicted by the scheduler: %s", self._prefix, message)
+            self._on_evicted(message)
+            return

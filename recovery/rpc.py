@@ -1,0 +1,203 @@
+"""Requests to the scheduler over its c10d ``TCPStore``, and a client that survives its death.
+
+The wire protocol is the store's own operations, so that no second port or server is
+needed (docs/scheduler.md):
+
+* a client pushes a JSON request ``{"op", "rid", "token", ...}`` on the queue
+  :data:`REQUESTS`;
+* the scheduler pops requests one at a time, handles each and sets the JSON reply under
+  :func:`reply_key` of the request's ``rid``;
+* the client waits for that key, reads it and deletes it.
+
+Measured on torch 2.13 (DESIGN.md §9): a store client whose server died never
+reconnects (every call fails fast with ``DistNetworkError``), so :class:`SchedulerLink`
+drops it and builds a new one in a background thread. A new client blocks, ignoring its
+timeout, while the port is listening but nobody serves it (tftrun keeps the scheduler's
+socket open across its relaunch), and logs a C++ stack trace for every refused connect:
+hence the thread, and a plain socket probe before each attempt.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from enum import Enum
+from typing import Any
+
+__all__ = [
+    "Op",
+    "REQUESTS",
+    "reply_key",
+    "ready_key",
+    "SchedulerLink",
+    "SchedulerUnavailable",
+    "open_client",
+    "port_open",
+]
+
+logger = logging.getLogger(__name__)
+
+REQUESTS = "tft/requests"
+_RECONNECT_PAUSE = 0.1
+_PROBE_TIMEOUT = 1.0
+
+
+class Op(str, Enum):
+    """What a request asks of the scheduler."""
+
+    REGISTER = "register"
+    HEARTBEAT = "heartbeat"
+    LEAVE = "leave"
+    EXIT = "exit"
+    COOLDOWN = "cooldown"
+    VERDICTS = "verdicts"
+    STATUS = "status"
+    TICK = "tick"
+
+
+def reply_key(rid: str) -> str:
+    return f"tft/reply/{rid}"
+
+
+def ready_key(generation: int) -> str:
+    """Set by the scheduler once ``generation`` is formed: its members may rendezvous."""
+    return f"tft/ready/{generation}"
+
+
+class SchedulerUnavailable(ConnectionError):
+    """The scheduler cannot be reached now (down, being relaunched, or not started yet)."""
+
+
+def open_client(host: str, port: int, timeout: float) -> Any:
+    """A new store client of ``host:port``; blocks while the port is not served."""
+    from torch.distributed import TCPStore
+
+    return TCPStore(host, port, is_master=False, wait_for_workers=False,
+                    timeout=timedelta(seconds=timeout))
+
+
+def port_open(host: str, port: int) -> bool:
+    """Whether something accepts connections on ``host:port`` (a plain, silent probe)."""
+    try:
+        with socket.create_connection((host, port), timeout=_PROBE_TIMEOUT):
+            return True
+    except OSError:
+        return False
+
+
+class SchedulerLink:
+    """A store client of the scheduler that reconnects by itself.
+
+    Args:
+        host: the scheduler's address.
+        port: its store port.
+        token: the job token, sent with every request.
+        reply_timeout: how long a request waits for its reply, in seconds.
+        on_connect: called (in the connecting thread) after every (re)connection.
+    """
+
+    def __init__(self, host: str, port: int, token: str, reply_timeout: float,
+                 on_connect: Callable[[], None] | None = None) -> None:
+        self.host = host
+        self.port = port
+        self._token = token
+        self._reply_timeout = reply_timeout
+        self._on_connect = on_connect
+        self._client: Any = None
+        self._lock = threading.Lock()
+        self._connected = threading.Event()
+        self._closed = threading.Event()
+        self._connector: threading.Thread | None = None
+        self._connector_lock = threading.Lock()
+        self._start_connecting()
+
+    def call(self, op: Op, **fields: Any) -> dict[str, Any]:
+        """Send one request and return the scheduler's reply.
+
+        Raises:
+            SchedulerUnavailable: not connected now, or the connection broke (a new one
+                is being made in the background).
+        """
+        from torch.distributed import DistError
+
+        rid = uuid.uuid4().hex
+        request = json.dumps({"op": op.value, "rid": rid, "token": self._token, **fields})
+        with self._lock:
+            client = self._client
+            if client is None:
+                raise SchedulerUnavailable(f"no connection to the scheduler at {self.where}")
+            try:
+                client.queue_push(REQUESTS, request)
+                client.wait([reply_key(rid)], timedelta(seconds=self._reply_timeout))
+                reply = client.get(reply_key(rid))
+                client.delete_key(reply_key(rid))
+            except DistError as err:
+                self._drop()
+                raise SchedulerUnavailable(f"scheduler at {self.where}: {err}") from None
+        return json.loads(reply)
+
+    @property
+    def where(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    def wait_connected(self, timeout: float) -> bool:
+        return self._connected.wait(timeout)
+
+    def close(self) -> None:
+        self._closed.set()
+        with self._lock:
+            self._client = None
+            self._connected.clear()
+
+    def _drop(self) -> None:
+        """Forget a broken client (it never recovers) and start making a new one."""
+        self._client = None
+        self._connected.clear()
+        self._start_connecting()
+
+    def _start_connecting(self) -> None:
+        with self._connector_lock:
+            if self._connector is None and not self._closed.is_set():
+                self._connector = threading.Thread(target=self._connect,
+                                                   name="tft-scheduler-link", daemon=True)
+                self._connector.start()
+
+    def _connect(self) -> None:
+        """Make clients until one stays connected (``on_connect`` may find it broken)."""
+        while not self._closed.is_set():
+            if not self._connected.is_set():
+                client = self._open()
+                if client is None:
+                    self._closed.wait(_RECONNECT_PAUSE)
+                    continue
+                with self._lock:
+                    if self._closed.is_set():
+                        return
+                    self._client = client
+                    self._connected.set()
+                if self._on_connect is not None:
+                    self._on_connect()
+            with self._connector_lock:
+                if self._connected.is_set() or self._closed.is_set():
+                    self._connector = None
+                    return
+
+    def _open(self) -> Any:
+        from torch.distributed import DistError
+
+        if not port_open(self.host, self.port):
+            return None
+        try:
+            return open_client(self.host, self.port, self._reply_timeout)
+        except DistError as err:
+            logger.debug("connecting to the scheduler at %s: %s", self.where, err)
+            return None

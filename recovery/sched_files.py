@@ -1,0 +1,97 @@
+"""The scheduler's two files: its state under the recovery path, its endpoint in the log dir.
+
+* ``<recovery_path>/scheduler/state.json``: the membership (members, ranks, cooldowns,
+  generation), so that a relaunched scheduler carries on where the killed one stopped.
+  Written atomically (temporary file, fsync, rename) under a file lock.
+* ``<log_dir>/scheduler.json``: where the running scheduler serves (host, port, pid, run
+  id), so that ``tftctl status --log_dir DIR`` can find it. It holds no token: log dirs
+  are often readable by others (docs/scheduler.md, threat model).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from recovery.durable import write_atomic
+
+__all__ = ["StateFile", "Endpoint", "ENDPOINT_FILE", "STATE_DIR"]
+
+logger = logging.getLogger(__name__)
+
+STATE_DIR = "scheduler"
+STATE_FILE = "state.json"
+ENDPOINT_FILE = "scheduler.json"
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    payload = json.dumps(data, indent=1, sort_keys=True).encode()
+    write_atomic(path, lambda file: file.write(payload))
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    """The object in ``path``; ``None`` when it is missing or not a JSON object."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        logger.warning("ignoring %s: %s", path, err)
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class StateFile:
+    """``<recovery_path>/scheduler/state.json``, read and written under a file lock."""
+
+    def __init__(self, recovery_path: str | os.PathLike[str]) -> None:
+        self.path = Path(recovery_path) / STATE_DIR / STATE_FILE
+        self._lock = FileLock(str(self.path) + ".lock")
+
+    def load(self) -> dict[str, Any] | None:
+        if not self.path.exists():
+            return None
+        with self._lock:
+            return _read_json(self.path)
+
+    def save(self, data: dict[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            _write_json(self.path, data)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a running scheduler serves."""
+
+    host: str
+    port: int
+    pid: int
+    run_id: str
+    started: float
+
+    def write(self, log_dir: str | os.PathLike[str]) -> None:
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+        _write_json(Path(log_dir) / ENDPOINT_FILE, asdict(self))
+
+    def remove(self, log_dir: str | os.PathLike[str]) -> None:
+        """Remove the file if it is still this scheduler's (a relaunch may have replaced it)."""
+        if Endpoint.read(log_dir) == self:
+            (Path(log_dir) / ENDPOINT_FILE).unlink(missing_ok=True)
+
+    @classmethod
+    def read(cls, log_dir: str | os.PathLike[str]) -> Endpoint | None:
+        data = _read_json(Path(log_dir) / ENDPOINT_FILE)
+        if data is None:
+            return None
+        try:
+            return cls(str(data["host"]), int(data["port"]), int(data["pid"]),
+                       str(data["run_id"]), float(data["started"]))
+        except (KeyError, TypeError, ValueError):
+            return None
