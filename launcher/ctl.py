@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from launcher import ckpt_cli, new_cli
+from launcher import ckpt_cli, new_cli, status_cli
 from launcher.cliutil import new_app, run_app
 
 __all__ = ["app", "main"]
@@ -13,6 +13,7 @@ __all__ = ["app", "main"]
 app = new_app("tftctl", "Inspect and control tftrun jobs and their checkpoints.")
 app.add_typer(ckpt_cli.app, name="ckpt")
 app.command(name="new")(new_cli.new)
+app.command(name="status")(status_cli.status)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
