@@ -197,7 +197,8 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None) -> Clu
                          identity.node_id, identity.incarnation, backend, link, heartbeat)
     sys.excepthook = ctx._note_uncaught(sys.excepthook)
     atexit.register(ctx._finish_at_exit)
-    store = _wait_for_generation(link, generation, deadline, timeouts, worker_env.world_size)
+    store = _wait_for_generation(link, generation, deadline, timeouts, worker_env.world_size,
+                                 ctx.rank)
     dist.init_process_group(backend, store=dist.PrefixStore(f"gen{generation}/", store),
                             rank=ctx.rank, world_size=ctx.world_size, timeout=timeout)
     logger.info("[worker %s/%d] rank %d of %d in generation %d", ctx.node_id, ctx.incarnation,
@@ -239,7 +240,7 @@ def _say_once(said: str, message: str) -> str:
 
 
 def _wait_for_generation(link: SchedulerLink, generation: int, deadline: float,
-                         timeouts: Timeouts, world_size: int) -> Any:
+                         timeouts: Timeouts, world_size: int, rank: int) -> Any:
     """A store client, once the scheduler says ``generation`` is formed.
 
     The client is the one the process group keeps; a scheduler that dies meanwhile
@@ -259,14 +260,15 @@ def _wait_for_generation(link: SchedulerLink, generation: int, deadline: float,
             continue  # the scheduler died: wait for its relaunch
         except DistStoreError:
             break  # the wait timed out
-    missing = _missing_ranks(link, world_size)
+    missing = _missing_ranks(link, world_size, rank)
     message = describe_incomplete(timeouts.cluster_time_out, world_size, missing)
     logger.error("%s", message)
     raise ClusterError(message)
 
 
-def _missing_ranks(link: SchedulerLink, world_size: int) -> list[int]:
+def _missing_ranks(link: SchedulerLink, world_size: int, rank: int) -> list[int]:
+    """The ranks the scheduler misses; when it is gone, every rank but this one."""
     try:
         return list(link.call(Op.STATUS)["missing"])
     except (SchedulerUnavailable, KeyError):
-        return list(range(world_size))
+        return [r for r in range(world_size) if r != rank]

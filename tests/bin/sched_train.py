@@ -1,7 +1,9 @@
 """A small training loop that uses ``recovery``: an all_reduce per step, progress reported.
 
-Run with ``MS_ROLE=MS_SCHED`` it is the scheduler (msrun's style). SIGUSR1 makes a worker
-stall before its next step while its heartbeat goes on: a hang, for the tests.
+Run with ``MS_ROLE=MS_SCHED`` it is the scheduler (msrun's style). Signals, for the tests:
+SIGUSR1 makes a worker stall before its next step while its heartbeat goes on (a hang);
+SIGUSR2 to any worker makes every worker finish after the same step (the flag travels
+in the step's all_reduce).
 """
 
 from __future__ import annotations
@@ -18,24 +20,27 @@ import recovery
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=0, help="0: run until killed")
+    parser.add_argument("--steps", type=int, default=0, help="0: until told to finish")
     parser.add_argument("--step-time", type=float, default=0.05)
     args = parser.parse_args()
     ctx = recovery.init()
     print(f"rank {ctx.rank} of {ctx.world_size} in generation {ctx.generation}", flush=True)
-    stalled = []
-    signal.signal(signal.SIGUSR1, lambda *_: stalled.append(True))
-    tensor = torch.ones(1)
+    stall: list[bool] = []
+    finish: list[bool] = []
+    signal.signal(signal.SIGUSR1, lambda *_: stall.append(True))
+    signal.signal(signal.SIGUSR2, lambda *_: finish.append(True))
     step = 0
     while args.steps == 0 or step < args.steps:
-        while stalled:
+        while stall:
             time.sleep(0.05)
         step += 1
         # Reported before the collective: a stalled rank stays behind the others' step.
         ctx.report_step(step)
-        tensor.fill_(1.0)
-        dist.all_reduce(tensor)
-        assert tensor.item() == ctx.world_size
+        votes = torch.tensor([1.0, 1.0 if finish else 0.0])
+        dist.all_reduce(votes)
+        assert votes[0].item() == ctx.world_size
+        if votes[1].item() > 0:
+            break
         time.sleep(args.step_time)
     print(f"rank {ctx.rank} finished at step {step}", flush=True)
     dist.destroy_process_group()

@@ -1,0 +1,93 @@
+"""``tftctl status --log_dir DIR``: the membership table of the job running there.
+
+The scheduler writes where it serves to ``DIR/scheduler.json`` (recovery/sched_files.py);
+this asks it for its table over the store. A dead scheduler pid, a missing file or no
+answer all mean the same thing to the user: no job is running in DIR.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import psutil
+import typer
+
+from launcher.errors import TftrunError
+from recovery.rpc import Op, SchedulerLink, SchedulerUnavailable
+from recovery.sched_files import Endpoint
+
+__all__ = ["status", "format_status"]
+
+ANSWER_TIMEOUT = 5.0
+_COLUMNS = ("node", "rank", "pid", "incarnation", "state", "heartbeat", "step", "cooldown")
+
+
+class NoJobError(TftrunError):
+    """Nothing answers for the log dir."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def query(log_dir: Path, timeout: float = ANSWER_TIMEOUT) -> dict[str, Any]:
+    """The status the scheduler of ``log_dir`` reports; NoJobError when none answers."""
+    endpoint = Endpoint.read(log_dir)
+    if endpoint is None or not _alive(endpoint.pid):
+        raise NoJobError(f"no job is running in {log_dir}")
+    link = SchedulerLink(endpoint.host, endpoint.port, token="", reply_timeout=timeout)
+    try:
+        if not link.wait_connected(timeout):
+            raise NoJobError(f"no job is running in {log_dir}: the scheduler at "
+                             f"{link.where} (pid {endpoint.pid}) does not answer")
+        return link.call(Op.STATUS)
+    except SchedulerUnavailable as err:
+        raise NoJobError(f"no job is running in {log_dir}: {err}") from None
+    finally:
+        link.close()
+
+
+def _age(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.1f}s ago"
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def format_status(status: dict[str, Any], now: float | None = None) -> str:
+    """The header and the aligned table that ``tftctl status`` prints."""
+    now = time.time() if now is None else now
+    members = status["members"]
+    alive = sum(1 for m in members if m["state"] in ("alive", "hung", "unconfirmed"))
+    header = (f"job {status['run_id']}: generation {status['generation']}, "
+              f"{alive}/{status['worker_num']} workers live"
+              + ("" if not status["missing"] else f", missing ranks {status['missing']}")
+              + f"; scheduler pid {status['pid']} on {status['host']}, "
+              f"up {now - status['started']:.0f}s")
+    rows = [[m["node_id"], _cell(m["rank"]), _cell(m["pid"]), _cell(m["incarnation"]),
+             m["state"], _age(m["heartbeat_age"]), _cell(m["step"]),
+             f"{m['cooldown_left']:.1f}s" if m["cooldown_left"] > 0 else "-"]
+            for m in members]
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(_COLUMNS)]
+    lines = [header, ""]
+    for row in ([*_COLUMNS], *rows):
+        lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    return "\n".join(lines)
+
+
+def status(
+    log_dir: Annotated[Path, typer.Option("--log_dir", "--log-dir",
+                                          help="The job's log dir (tftrun's --log_dir).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the scheduler's raw answer "
+                                          "as JSON.")] = False,
+) -> None:
+    """Print the membership table of the job running with LOG_DIR; exit 1 if none is."""
+    answer = query(log_dir)
+    typer.echo(json.dumps(answer, indent=1) if as_json else format_status(answer))

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Start a dynamic cluster by hand, in msrun's style: MS_WORKER_NUM workers and one
+# scheduler, each the same `python train.py`, told its role by environment variables.
+# The processes run in the background; relaunch any one of them with recover.sh.
+#
+#   bash run.sh [SCRIPT [ARGS...]]      SCRIPT defaults to mnist/train.py next to this file
+#
+# Settings come from the environment, with these defaults:
+#   MS_WORKER_NUM=8  MS_SCHED_HOST=127.0.0.1  MS_SCHED_PORT=8118
+#   MS_RECOVERY_PATH=./tft_recovery  TFT_LOG_DIR=./device  PYTHON=python
+#   TFT_REJOIN_COOLDOWN=30  TFT_CLUSTER_TIME_OUT=600  TFT_HEARTBEAT_TIMEOUT=30
+#   TFT_PROGRESS_TIMEOUT=300  TFT_JOB_TOKEN (none)
+# Watch it with: tftctl status --log_dir "$TFT_LOG_DIR"
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+SCRIPT=${1:-$HERE/mnist/train.py}
+shift || true
+
+export MS_WORKER_NUM=${MS_WORKER_NUM:-8}        # workers in the cluster
+export MS_SCHED_HOST=${MS_SCHED_HOST:-127.0.0.1}  # the scheduler's address
+export MS_SCHED_PORT=${MS_SCHED_PORT:-8118}     # the scheduler's port
+export MS_ENABLE_RECOVERY=1                     # fault recovery on
+export MS_RECOVERY_PATH=${MS_RECOVERY_PATH:-./tft_recovery}  # persisted state, checkpoints
+export TFT_LOG_DIR=${TFT_LOG_DIR:-./device}     # logs and events.jsonl
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}    # many processes share the cores
+PYTHON=${PYTHON:-python}
+
+mkdir -p "$TFT_LOG_DIR"
+echo "start training: $MS_WORKER_NUM workers, scheduler at $MS_SCHED_HOST:$MS_SCHED_PORT, logs in $TFT_LOG_DIR"
+
+for ((i = 0; i < MS_WORKER_NUM; i++)); do
+    MS_ROLE=MS_WORKER MS_NODE_ID=$i "$PYTHON" "$SCRIPT" "$@" > "$TFT_LOG_DIR/worker_$i.log" 2>&1 &
+    echo "worker $i: pid $!"
+done
+
+MS_ROLE=MS_SCHED "$PYTHON" "$SCRIPT" "$@" > "$TFT_LOG_DIR/scheduler.log" 2>&1 &
+echo "scheduler: pid $!"

@@ -1,0 +1,166 @@
+"""The scheduler with real processes started by hand (msrun's style): a scheduler and 2-3
+workers of tests/bin/sched_train.py, faults by real signals, checks through events.jsonl.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from sched_cluster import Cluster, event_fields, exited, log_text
+from support import events, run, tftctl_cmd, wait_for, wait_for_event
+
+from recovery import env as names
+from recovery.heartbeat import EXIT_EVICTED
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def test_workers_register_with_their_ranks_train_and_finish_with_the_scheduler(
+        tmp_path, free_port) -> None:
+    with Cluster(tmp_path, free_port, worker_num=3) as c:
+        workers = [c.worker("2"), c.worker("0")]  # workers first, as msrun's run.sh does
+        scheduler = c.scheduler()
+        for node_id in ("0", "2"):
+            wait_for_event(c.log_dir, 60, f"node {node_id}", event="register", node_id=node_id)
+        # Started after the named ones: it must not take a rank that one of them wants.
+        workers.append(c.worker(None))
+        wait_for_event(c.log_dir, 60, "generation 1", event="generation", generation=1)
+        assert sorted(event_fields(events(c.log_dir, "register"), "node_id", "rank")) == [
+            ("0", 0), ("1", 1), ("2", 2)]  # the worker without a node id got the free rank
+
+        table = run(tftctl_cmd("status", "--log_dir", str(c.log_dir)), timeout=60)
+        assert table.returncode == 0, table.stderr
+        assert "generation 1, 3/3 workers live" in table.stdout
+        assert sum(" alive " in line for line in table.stdout.splitlines()) == 3
+
+        workers[0].send_signal(signal.SIGUSR2)
+        assert [exited(w, 30) for w in workers] == [0, 0, 0]
+        assert exited(scheduler, 30) == 0
+        assert sorted(event_fields(events(c.log_dir, "leave"), "node_id", "state", "by")) == [
+            ("0", "finished", "worker"), ("1", "finished", "worker"),
+            ("2", "finished", "worker")]
+        assert events(c.log_dir, "scheduler_stop")[-1]["reason"] == "all 3 workers finished"
+
+        gone = run(tftctl_cmd("status", "--log_dir", str(c.log_dir)), timeout=60)
+        assert gone.returncode == 1 and "no job is running in" in gone.stderr
+
+
+def test_wrong_token_rank_beyond_worker_num_and_a_duplicate_node_id_are_refused(
+        tmp_path, free_port) -> None:
+    with Cluster(tmp_path, free_port, worker_num=2) as c:
+        c.scheduler()
+        c.worker("1")
+        wait_for_event(c.log_dir, 60, "node 1 registered", event="register", node_id="1")
+        wrong_token = c.worker("0", **{names.TFT_JOB_TOKEN: "not-this-job"})
+        beyond = c.worker("7")
+        duplicate = c.worker("1", **{names.TFT_CLUSTER_TIME_OUT: "2"})
+        assert exited(wrong_token, 60) != 0 and exited(beyond, 60) != 0
+        assert exited(duplicate, 60) != 0
+        refused = {e["pid"]: e["reason"] for e in events(c.log_dir, "refuse")}
+        assert refused == {wrong_token.pid: "token", beyond.pid: "rank_out_of_range",
+                           duplicate.pid: "duplicate"}
+        assert "wrong job token" in log_text(wrong_token)
+        assert "rank 7 is beyond worker_num=2" in log_text(beyond)
+        assert "not admitted within cluster_time_out" in log_text(duplicate)
+        assert "node 1 is held by a live process" in log_text(duplicate)
+
+
+def test_cooldown_refuses_a_dead_node_then_accepts_it(tmp_path, free_port) -> None:
+    with Cluster(tmp_path, free_port, worker_num=2, cooldown=2.0) as c:
+        c.scheduler()
+        first = [c.worker("0"), c.worker("1")]
+        wait_for_event(c.log_dir, 60, "generation 1", event="generation", generation=1)
+        incarnations = {e["node_id"]: e["incarnation"] for e in events(c.log_dir, "register")}
+        # Relaunched by hand too early: refused while the first ones live, and retrying.
+        again = [c.worker("0", "--steps", "5"), c.worker("1", "--steps", "5")]
+        for proc in again:
+            wait_for_event(c.log_dir, 60, f"pid {proc.pid} refused", event="refuse",
+                           pid=proc.pid, reason="duplicate")
+        # What the supervisor does under restart-all: node 1 died, node 0 was stopped.
+        for proc in first:
+            proc.kill()
+            proc.wait()
+        c.control.report_exit("1", 1, first[1].pid, incarnations["1"], abnormal=True,
+                              reason="SIGKILL")
+        c.control.report_exit("0", 0, first[0].pid, incarnations["0"], abnormal=False,
+                              reason="stopped")
+        cooldown = wait_for_event(c.log_dir, 30, "cooldown of node 1", event="cooldown",
+                                  node_id="1")
+        assert cooldown["until"] == pytest.approx(cooldown["ts"] + 2.0, abs=0.05)
+
+        accepted = wait_for_event(c.log_dir, 60, "node 1 back", event="register",
+                                  node_id="1", pid=again[1].pid)
+        [refusal] = [e for e in events(c.log_dir, "refuse")
+                     if e["pid"] == again[1].pid and e["reason"] == "cooldown"]
+        assert refusal["ts"] < cooldown["until"] <= accepted["ts"]
+        assert refusal["left"] == pytest.approx(cooldown["until"] - refusal["ts"], abs=0.1)
+        assert "may register again in" in refusal["message"]
+        assert not [e for e in events(c.log_dir, "refuse")
+                    if e["pid"] == again[0].pid and e["reason"] == "cooldown"]
+        wait_for_event(c.log_dir, 60, "generation 2", event="generation", generation=2)
+        assert [exited(w, 60) for w in again] == [0, 0]
+
+
+def test_kill_9_of_the_scheduler_and_a_relaunch_by_hand_do_not_interrupt_training(
+        tmp_path, free_port) -> None:
+    with Cluster(tmp_path, free_port, worker_num=2) as c:
+        scheduler = c.scheduler()
+        workers = [c.worker("0"), c.worker("1")]
+        wait_for_event(c.log_dir, 60, "generation 1", event="generation", generation=1)
+        before = c.wait_all_past(3, 60)
+
+        scheduler.kill()
+        scheduler.wait()
+        relaunched = c.scheduler()
+        wait_for_event(c.log_dir, 60, "a reloaded scheduler", event="scheduler_start",
+                       reloaded=True)
+        for worker in workers:
+            wait_for_event(c.log_dir, 30, f"pid {worker.pid} re-attached", event="attach",
+                           pid=worker.pid)
+        c.wait_all_past(max(s or 0 for s in before.values()) + 5, 60)
+        assert all(w.poll() is None for w in workers)
+        assert len(events(c.log_dir, "register")) == 2  # nobody registered anew
+        assert [e["generation"] for e in events(c.log_dir, "generation")] == [1]
+
+        workers[1].send_signal(signal.SIGUSR2)
+        assert [exited(w, 30) for w in workers] == [0, 0]
+        assert exited(relaunched, 30) == 0
+
+
+def test_a_frozen_worker_is_declared_dead_a_stalled_one_hung_and_the_dead_one_fenced(
+        tmp_path, free_port) -> None:
+    with Cluster(tmp_path, free_port, worker_num=2, heartbeat_timeout=3.0,
+                 progress_timeout=1.5) as c:
+        c.scheduler()
+        workers = [c.worker("0"), c.worker("1")]
+        c.wait_all_past(2, 60)
+
+        workers[1].send_signal(signal.SIGUSR1)  # stalls; its heartbeat goes on
+        wait_for(lambda: c.control.verdicts() == {1: "progress"}, 30, "a progress verdict")
+        workers[0].send_signal(signal.SIGSTOP)  # frozen; no heartbeat
+        wait_for(lambda: c.control.verdicts() == {0: "heartbeat", 1: "progress"}, 30,
+                 "a heartbeat verdict")
+        verdicts = {e["rank"]: e for e in events(c.log_dir, "verdict")}
+        assert verdicts[1]["verdict"] == "progress" and verdicts[1]["stalled_s"] > 1.5
+        assert verdicts[1]["others_step"] > (verdicts[1]["step"] or 0)
+        assert verdicts[0]["verdict"] == "heartbeat" and verdicts[0]["silent_s"] > 3.0
+        wait_for_event(c.log_dir, 10, "node 0's cooldown", event="cooldown", node_id="0")
+
+        workers[0].send_signal(signal.SIGCONT)  # wakes up declared dead: it must leave
+        assert exited(workers[0], 30) == EXIT_EVICTED
+        assert "evicted by the scheduler" in log_text(workers[0])
+
+
+def test_an_incomplete_cluster_is_an_error_in_every_log_and_a_nonzero_exit(
+        tmp_path, free_port) -> None:
+    with Cluster(tmp_path, free_port, worker_num=2, cluster_time_out=2.0) as c:
+        scheduler = c.scheduler()
+        worker = c.worker("0", **{names.TFT_CLUSTER_TIME_OUT: "4"})
+        assert exited(scheduler, 60) == 1
+        assert exited(worker, 60) != 0
+        assert ("cluster incomplete after cluster_time_out=2s: 1 of 2 workers joined; "
+                "missing ranks [1]") in log_text(scheduler)
+        assert ("cluster incomplete after cluster_time_out=4s: 1 of 2 workers joined; "
+                "missing ranks [1]") in log_text(worker)
+        assert events(c.log_dir, "cluster_timeout")[0]["missing"] == [1]

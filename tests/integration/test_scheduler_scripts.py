@@ -1,0 +1,70 @@
+"""templates/run.sh and templates/recover.sh: msrun's manual flow, with 2 workers."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+from sched_cluster import SCRIPT, cluster_env
+from support import REPO, events, pid_gone, run, wait_for, wait_for_event
+
+pytestmark = pytest.mark.timeout(120)
+
+RUN_SH = REPO / "templates" / "run.sh"
+RECOVER_SH = REPO / "templates" / "recover.sh"
+
+
+def launch(script: Path, *args: str, env: dict[str, str], cwd: Path) -> dict[str, int]:
+    """Run a launch script; return the pids it says it started, by process name."""
+    result = run(["bash", str(script), *args], env=env, cwd=cwd, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return {name: int(pid) for name, pid in re.findall(r"^(.+): pid (\d+)$", result.stdout,
+                                                        re.MULTILINE)}
+
+
+def test_run_sh_starts_a_cluster_and_recover_sh_relaunches_the_scheduler_and_workers(
+        tmp_path: Path, free_port: int) -> None:
+    log_dir = tmp_path / "device"
+    env = {**cluster_env(log_dir, free_port, worker_num=2, cooldown=1.0, heartbeat_timeout=2.0,
+                         progress_timeout=60.0, cluster_time_out=60.0),
+           "PYTHON": sys.executable}
+    started: dict[str, int] = {}
+    try:
+        started = launch(RUN_SH, str(SCRIPT), env=env, cwd=tmp_path)
+        assert sorted(started) == ["scheduler", "worker 0", "worker 1"]
+        wait_for_event(log_dir, 60, "generation 1", event="generation", generation=1)
+        assert {e["node_id"]: e["pid"] for e in events(log_dir, "register")} == {
+            "0": started["worker 0"], "1": started["worker 1"]}
+
+        # The scheduler dies and is relaunched by hand: the workers re-attach, same pids.
+        os.kill(started["scheduler"], signal.SIGKILL)
+        wait_for(lambda: pid_gone(started["scheduler"]), 10, "the scheduler gone")
+        started.update(launch(RECOVER_SH, "sched", str(SCRIPT), env=env, cwd=tmp_path))
+        wait_for_event(log_dir, 60, "a reloaded scheduler", event="scheduler_start",
+                       reloaded=True, pid=started["scheduler"])
+        for node_id in ("0", "1"):
+            wait_for_event(log_dir, 30, f"worker {node_id} re-attached", event="attach",
+                           pid=started[f"worker {node_id}"])
+
+        # A worker dies unseen: its peer fails on the broken ring, the scheduler hears no
+        # heartbeat; both are relaunched by hand and form generation 2 after the cooldown.
+        os.kill(started["worker 1"], signal.SIGKILL)
+        wait_for(lambda: pid_gone(started["worker 0"]), 30, "worker 0 failing")
+        wait_for_event(log_dir, 30, "worker 1 declared dead", event="verdict", node_id="1",
+                       verdict="heartbeat")
+        for node_id in ("0", "1"):
+            started.update(launch(RECOVER_SH, node_id, str(SCRIPT), env=env, cwd=tmp_path))
+        wait_for_event(log_dir, 60, "generation 2", event="generation", generation=2)
+        os.kill(started["worker 0"], signal.SIGUSR2)
+        stop = wait_for_event(log_dir, 60, "the scheduler's end", event="scheduler_stop",
+                              pid=started["scheduler"])
+        assert (stop["exitcode"], stop["reason"]) == (0, "all 2 workers finished")
+        assert "rank 1 finished at step" in (log_dir / "worker_1.log").read_text()
+    finally:
+        for pid in started.values():
+            if not pid_gone(pid):
+                os.kill(pid, signal.SIGKILL)
