@@ -123,14 +123,16 @@ class SchedulerLink:
             SchedulerUnavailable: not connected now, or the connection broke (a new one
                 is being made in the background).
         """
-        from torch.distributed import DistError
-
         rid = uuid.uuid4().hex
         request = json.dumps({"op": op.value, "rid": rid, "token": self._token, **fields})
         with self._lock:
             client = self._client
             if client is None:
                 raise SchedulerUnavailable(f"no connection to the scheduler at {self.where}")
+            # Only now: torch is imported once a client exists (by the connecting thread);
+            # a caller of an unconnected link must not wait for that import.
+            from torch.distributed import DistError
+
             try:
                 client.queue_push(REQUESTS, request)
                 client.wait([reply_key(rid)], timedelta(seconds=self._reply_timeout))
@@ -144,10 +146,6 @@ class SchedulerLink:
     @property
     def where(self) -> str:
         return f"{self.host}:{self.port}"
-
-    @property
-    def connected(self) -> bool:
-        return self._connected.is_set()
 
     def wait_connected(self, timeout: float) -> bool:
         return self._connected.wait(timeout)

@@ -113,7 +113,7 @@ class Scheduler:
         self._stopping = threading.Event()
         self._loop_exited = threading.Event()
         self._done = threading.Event()
-        self._signalled: int | None = None
+        self._stop_reason: str | None = None
         self._exit = (0, "")
         self._client: Any = None
         self._published = 0
@@ -147,17 +147,15 @@ class Scheduler:
                          generation=self.membership.generation, supervised=cfg.supervised)
         logger.info("serving the cluster store on %s:%d for %d workers (%s)", cfg.host, port,
                     cfg.worker_num, "state reloaded" if reloaded else "new state")
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._record_signal)
         loop = threading.Thread(target=self._serve, name="tft-scheduler-loop", daemon=True)
         ticker = threading.Thread(target=self._tick, args=(cfg.host, port),
                                   name="tft-scheduler-ticker", daemon=True)
         loop.start()
         ticker.start()
-        while not self._done.wait(0.2) and self._signalled is None:
+        while not self._done.wait(0.2) and self._stop_reason is None:
             pass
-        if self._signalled is not None:
-            self._exit = (0, f"received {signal.Signals(self._signalled).name}")
+        if self._stop_reason is not None:
+            self._exit = (0, self._stop_reason)
         self._stopping.set()
         loop.join(_JOIN_TIMEOUT)  # the ticker wakes it until it has left
         ticker.join(_JOIN_TIMEOUT)
@@ -170,8 +168,9 @@ class Scheduler:
         logger.info("stopping: %s", reason)
         return code
 
-    def _record_signal(self, signum: int, _frame: object) -> None:
-        self._signalled = signum
+    def request_stop(self, reason: str) -> None:
+        """End :meth:`run` soon (safe in a signal handler: it only records the reason)."""
+        self._stop_reason = reason
 
     def _finish(self, code: int, reason: str) -> None:
         self._exit = (code, reason)
@@ -206,9 +205,12 @@ class Scheduler:
     def _serve(self) -> None:
         try:
             while not self._stopping.is_set():
-                raw = self._client.queue_pop(REQUESTS)
-                self._handle(raw)
+                rid, reply = self._handle(self._client.queue_pop(REQUESTS))
                 self._after_request()
+                # Only now, with the decision persisted: what a worker is told survives a
+                # kill -9 of this process.
+                if rid is not None and reply is not None:
+                    self._client.set(reply_key(rid), json.dumps(reply))
         except Exception:
             logger.exception("the scheduler's loop failed")
             self._finish(1, "internal error (see scheduler.log)")
@@ -216,19 +218,19 @@ class Scheduler:
             self._loop_exited.set()
 
     # ----------------------------------------------------------------- requests
-    def _handle(self, raw: bytes) -> None:
+    def _handle(self, raw: bytes) -> tuple[str | None, dict[str, Any] | None]:
+        """Decide on one request: its id (to reply under) and the reply."""
         try:
             request = json.loads(raw)
-        except ValueError:
-            logger.warning("ignoring a request that is not JSON: %r", raw[:200])
-            return
+            rid = None if request.get("rid") is None else str(request["rid"])
+        except (ValueError, AttributeError):
+            logger.warning("ignoring a request that is not a JSON object: %r", raw[:200])
+            return None, None
         try:
-            reply = self._handlers[Op(request["op"])](request)
+            return rid, self._handlers[Op(request["op"])](request)
         except (ValueError, KeyError, TypeError) as err:
             logger.warning("bad request %r: %r", raw[:200], err)
-            reply = {"ok": False, "reason": "bad_request", "message": repr(err)}
-        if reply is not None and "rid" in request:
-            self._client.set(reply_key(str(request["rid"])), json.dumps(reply))
+            return rid, {"ok": False, "reason": "bad_request", "message": repr(err)}
 
     def _on_status(self, _request: dict[str, Any]) -> dict[str, Any]:
         cfg = self.config
@@ -280,14 +282,14 @@ class Scheduler:
 
     # ----------------------------------------------------------------- after each request
     def _after_request(self) -> None:
+        """Apply the periodic rules, persist, then make the decisions known."""
         self.membership.check()
-        decided = False
-        for name, fields in self.membership.drain_events():
-            decided = True
+        decided = self.membership.drain_events()
+        self._save(finished=False, now=bool(decided))
+        for name, fields in decided:
             self.events.emit(name, **fields)
             logger.info("%s %s", name, " ".join(f"{k}={v}" for k, v in fields.items()))
         self._publish_generation()
-        self._save(finished=False, now=decided)
         self._check_end()
 
     def _publish_generation(self) -> None:
@@ -315,7 +317,10 @@ class Scheduler:
         if ms.all_finished and not self.config.supervised:
             self._finish(0, f"all {ms.worker_num} workers finished")
             return
-        overdue = ms.incomplete_for() > self.config.timeouts.cluster_time_out
+        # Under tftrun, workers of a script that does not use ``recovery`` never register:
+        # nothing is missing then.
+        overdue = (ms.incomplete_for() > self.config.timeouts.cluster_time_out
+                   and (bool(ms.members) or not self.config.supervised))
         if overdue and not self._overdue_reported:
             missing = ms.missing_ranks()
             message = describe_incomplete(self.config.timeouts.cluster_time_out,
@@ -331,7 +336,11 @@ def main() -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO,
                             format="%(asctime)s scheduler %(levelname)s %(message)s")
-    return Scheduler(SchedulerConfig.from_env()).run()
+    scheduler = Scheduler(SchedulerConfig.from_env())
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: scheduler.request_stop(
+            f"received {signal.Signals(signum).name}"))
+    return scheduler.run()
 
 
 if __name__ == "__main__":

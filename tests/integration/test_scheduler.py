@@ -102,32 +102,6 @@ def test_cooldown_refuses_a_dead_node_then_accepts_it(tmp_path, free_port) -> No
         assert [exited(w, 60) for w in again] == [0, 0]
 
 
-def test_kill_9_of_the_scheduler_and_a_relaunch_by_hand_do_not_interrupt_training(
-        tmp_path, free_port) -> None:
-    with Cluster(tmp_path, free_port, worker_num=2) as c:
-        scheduler = c.scheduler()
-        workers = [c.worker("0"), c.worker("1")]
-        wait_for_event(c.log_dir, 60, "generation 1", event="generation", generation=1)
-        before = c.wait_all_past(3, 60)
-
-        scheduler.kill()
-        scheduler.wait()
-        relaunched = c.scheduler()
-        wait_for_event(c.log_dir, 60, "a reloaded scheduler", event="scheduler_start",
-                       reloaded=True)
-        for worker in workers:
-            wait_for_event(c.log_dir, 30, f"pid {worker.pid} re-attached", event="attach",
-                           pid=worker.pid)
-        c.wait_all_past(max(s or 0 for s in before.values()) + 5, 60)
-        assert all(w.poll() is None for w in workers)
-        assert len(events(c.log_dir, "register")) == 2  # nobody registered anew
-        assert [e["generation"] for e in events(c.log_dir, "generation")] == [1]
-
-        workers[1].send_signal(signal.SIGUSR2)
-        assert [exited(w, 30) for w in workers] == [0, 0]
-        assert exited(relaunched, 30) == 0
-
-
 def test_a_frozen_worker_is_declared_dead_a_stalled_one_hung_and_the_dead_one_fenced(
         tmp_path, free_port) -> None:
     with Cluster(tmp_path, free_port, worker_num=2, heartbeat_timeout=3.0,
@@ -142,9 +116,9 @@ def test_a_frozen_worker_is_declared_dead_a_stalled_one_hung_and_the_dead_one_fe
         wait_for(lambda: c.control.verdicts() == {0: "heartbeat", 1: "progress"}, 30,
                  "a heartbeat verdict")
         verdicts = {e["rank"]: e for e in events(c.log_dir, "verdict")}
-        assert verdicts[1]["verdict"] == "progress" and verdicts[1]["stalled_s"] > 1.5
+        assert verdicts[1]["verdict"] == "progress" and verdicts[1]["stalled_s"] >= 1.5
         assert verdicts[1]["others_step"] > (verdicts[1]["step"] or 0)
-        assert verdicts[0]["verdict"] == "heartbeat" and verdicts[0]["silent_s"] > 3.0
+        assert verdicts[0]["verdict"] == "heartbeat" and verdicts[0]["silent_s"] >= 3.0
         wait_for_event(c.log_dir, 10, "node 0's cooldown", event="cooldown", node_id="0")
 
         workers[0].send_signal(signal.SIGCONT)  # wakes up declared dead: it must leave
@@ -154,13 +128,13 @@ def test_a_frozen_worker_is_declared_dead_a_stalled_one_hung_and_the_dead_one_fe
 
 def test_an_incomplete_cluster_is_an_error_in_every_log_and_a_nonzero_exit(
         tmp_path, free_port) -> None:
-    with Cluster(tmp_path, free_port, worker_num=2, cluster_time_out=2.0) as c:
+    with Cluster(tmp_path, free_port, worker_num=2, cluster_time_out=1.5) as c:
         scheduler = c.scheduler()
-        worker = c.worker("0", **{names.TFT_CLUSTER_TIME_OUT: "4"})
+        worker = c.worker("0", **{names.TFT_CLUSTER_TIME_OUT: "3"})
         assert exited(scheduler, 60) == 1
         assert exited(worker, 60) != 0
-        assert ("cluster incomplete after cluster_time_out=2s: 1 of 2 workers joined; "
+        assert ("cluster incomplete after cluster_time_out=1.5s: 1 of 2 workers joined; "
                 "missing ranks [1]") in log_text(scheduler)
-        assert ("cluster incomplete after cluster_time_out=4s: 1 of 2 workers joined; "
+        assert ("cluster incomplete after cluster_time_out=3s: 1 of 2 workers joined; "
                 "missing ranks [1]") in log_text(worker)
         assert events(c.log_dir, "cluster_timeout")[0]["missing"] == [1]

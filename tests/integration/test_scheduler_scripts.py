@@ -6,11 +6,14 @@ import os
 import re
 import signal
 import sys
+from contextlib import ExitStack, closing
 from pathlib import Path
 
 import pytest
 from sched_cluster import SCRIPT, cluster_env
 from support import REPO, events, pid_gone, run, wait_for, wait_for_event
+
+from recovery.control import SchedulerControl
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -26,6 +29,18 @@ def launch(script: Path, *args: str, env: dict[str, str], cwd: Path) -> dict[str
                                                         re.MULTILINE)}
 
 
+def steps(control: SchedulerControl) -> dict[int, int]:
+    """rank -> the step it reported last (empty while the scheduler does not answer)."""
+    status = control.status()
+    return {} if status is None else {m["rank"]: m["step"] or 0 for m in status["members"]}
+
+
+def kill_all(pids: dict[str, int]) -> None:
+    for pid in pids.values():
+        if not pid_gone(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_run_sh_starts_a_cluster_and_recover_sh_relaunches_the_scheduler_and_workers(
         tmp_path: Path, free_port: int) -> None:
     log_dir = tmp_path / "device"
@@ -33,14 +48,18 @@ def test_run_sh_starts_a_cluster_and_recover_sh_relaunches_the_scheduler_and_wor
                          progress_timeout=60.0, cluster_time_out=60.0),
            "PYTHON": sys.executable}
     started: dict[str, int] = {}
-    try:
-        started = launch(RUN_SH, str(SCRIPT), env=env, cwd=tmp_path)
+    with ExitStack() as stack:
+        stack.callback(kill_all, started)
+        started.update(launch(RUN_SH, str(SCRIPT), env=env, cwd=tmp_path))
         assert sorted(started) == ["scheduler", "worker 0", "worker 1"]
         wait_for_event(log_dir, 60, "generation 1", event="generation", generation=1)
         assert {e["node_id"]: e["pid"] for e in events(log_dir, "register")} == {
             "0": started["worker 0"], "1": started["worker 1"]}
 
-        # The scheduler dies and is relaunched by hand: the workers re-attach, same pids.
+        # The scheduler dies and is relaunched by hand: the workers re-attach, same pids,
+        # and their steps go on.
+        control = stack.enter_context(closing(SchedulerControl("127.0.0.1", free_port, "")))
+        before = max(wait_for(lambda: steps(control), 60, "steps reported").values())
         os.kill(started["scheduler"], signal.SIGKILL)
         wait_for(lambda: pid_gone(started["scheduler"]), 10, "the scheduler gone")
         started.update(launch(RECOVER_SH, "sched", str(SCRIPT), env=env, cwd=tmp_path))
@@ -49,6 +68,10 @@ def test_run_sh_starts_a_cluster_and_recover_sh_relaunches_the_scheduler_and_wor
         for node_id in ("0", "1"):
             wait_for_event(log_dir, 30, f"worker {node_id} re-attached", event="attach",
                            pid=started[f"worker {node_id}"])
+        wait_for(lambda: min(steps(control).values(), default=0) > before + 5, 60,
+                 "steps advancing")
+        assert len(events(log_dir, "register")) == 2  # nobody registered anew
+        assert [e["generation"] for e in events(log_dir, "generation")] == [1]
 
         # A worker dies unseen: its peer fails on the broken ring, the scheduler hears no
         # heartbeat; both are relaunched by hand and form generation 2 after the cooldown.
@@ -64,7 +87,3 @@ def test_run_sh_starts_a_cluster_and_recover_sh_relaunches_the_scheduler_and_wor
                               pid=started["scheduler"])
         assert (stop["exitcode"], stop["reason"]) == (0, "all 2 workers finished")
         assert "rank 1 finished at step" in (log_dir / "worker_1.log").read_text()
-    finally:
-        for pid in started.values():
-            if not pid_gone(pid):
-                os.kill(pid, signal.SIGKILL)

@@ -1,0 +1,94 @@
+"""The scheduler's request loop, in this process, and SchedulerControl against it."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from support import events, wait_for, wait_for_event
+
+from recovery.control import SchedulerControl
+from recovery.rpc import Op, SchedulerLink
+from recovery.sched_files import Endpoint, StateFile
+from recovery.scheduler import Scheduler, SchedulerConfig
+from recovery.timeouts import Timeouts
+
+pytestmark = pytest.mark.timeout(60)
+
+TOKEN = "job-token"
+
+
+@contextmanager
+def running_scheduler(tmp_path: Path, port: int) -> Iterator[Scheduler]:
+    config = SchedulerConfig(
+        host="127.0.0.1", port=port, listen_fd=None, worker_num=2, token=TOKEN, run_id="r1",
+        log_dir=str(tmp_path / "logs"), recovery_path=str(tmp_path / "recovery"),
+        timeouts=Timeouts(rejoin_cooldown=30.0, cluster_time_out=60.0))
+    scheduler = Scheduler(config)
+    thread = threading.Thread(target=scheduler.run, daemon=True)
+    thread.start()
+    try:
+        wait_for_event(tmp_path / "logs", 30, "the scheduler serving", event="scheduler_start")
+        yield scheduler
+    finally:
+        scheduler.request_stop("the test is over")
+        thread.join(10)
+
+
+def register(link: SchedulerLink, node_id: str, pid: int) -> dict[str, object]:
+    return link.call(Op.REGISTER, node_id=node_id, pid=pid, incarnation=0, host="h", rank=None)
+
+
+def test_control_answers_safely_while_the_scheduler_is_down_and_delivers_later(
+        tmp_path: Path, free_port: int) -> None:
+    control = SchedulerControl("127.0.0.1", free_port, TOKEN, timeout=1.0, rejoin_cooldown=30.0)
+    try:
+        started = time.monotonic()
+        control.report_exit("1", 1, 4242, 3, abnormal=True, reason="SIGKILL")
+        assert control.verdicts() == {} and control.status() is None
+        assert 29.0 < control.cooldown_left("1") <= 30.0  # estimated from rejoin_cooldown
+        assert time.monotonic() - started < 1.0
+
+        with running_scheduler(tmp_path, free_port):
+            cooldown = wait_for_event(tmp_path / "logs", 30, "the queued report delivered",
+                                      event="cooldown", node_id="1")
+            assert cooldown["reason"] == "SIGKILL"
+            assert control.cooldown_left("1") == pytest.approx(
+                cooldown["until"] - time.time(), abs=0.5)
+            assert control.verdicts() == {}
+    finally:
+        control.close()
+
+
+def test_requests_are_served_and_the_end_is_persisted(tmp_path: Path, free_port: int) -> None:
+    link = SchedulerLink("127.0.0.1", free_port, TOKEN, reply_timeout=5.0)
+    stranger = SchedulerControl("127.0.0.1", free_port, "another-job", timeout=1.0)
+    try:
+        with running_scheduler(tmp_path, free_port) as scheduler:
+            endpoint = Endpoint.read(tmp_path / "logs")
+            assert endpoint is not None and endpoint.port == free_port
+            assert link.wait_connected(10)
+            assert register(link, "0", 100) == {"ok": True, "node_id": "0", "rank": 0,
+                                                "generation": 1}
+            refused = register(link, "0", 101)
+            assert (refused["ok"], refused["reason"]) == (False, "duplicate")
+            status = link.call(Op.STATUS)
+            assert status["missing"] == [1] and status["members"][0]["pid"] == 100
+            # A wrong token may read the status, but not act or learn verdicts.
+            wait_for(lambda: stranger.status() is not None, 10, "the stranger connected")
+            stranger.report_exit("0", 0, 100, 0, abnormal=True, reason="forged")
+            assert stranger.verdicts() == {}
+            assert scheduler.membership.cooldown_left("0") == 0.0
+        assert Endpoint.read(tmp_path / "logs") is None
+        state = StateFile(tmp_path / "recovery").load()
+        assert state is not None and state["finished"] is True
+        assert json.dumps(state).find(TOKEN) == -1  # only a digest of the token is kept
+        assert events(tmp_path / "logs", "scheduler_stop")[0]["reason"] == "the test is over"
+    finally:
+        link.close()
+        stranger.close()

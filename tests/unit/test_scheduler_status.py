@@ -1,0 +1,46 @@
+"""``tftctl status``: the table it prints, and "no job" without a live scheduler."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.status_cli import NoJobError, format_status, query
+from recovery.sched_files import Endpoint
+
+STATUS = {
+    "ok": True, "run_id": "r1", "generation": 2, "worker_num": 3, "missing": [2],
+    "pid": 4000, "host": "127.0.0.1", "started": 1000.0,
+    "members": [
+        {"node_id": "0", "rank": 0, "pid": 4001, "incarnation": 1, "host": "h",
+         "state": "alive", "step": 17, "heartbeat_age": 0.42, "cooldown_left": 0.0},
+        {"node_id": "1", "rank": 1, "pid": 4002, "incarnation": 0, "host": "h",
+         "state": "hung", "step": 12, "heartbeat_age": 0.3, "cooldown_left": 0.0},
+        {"node_id": "2", "rank": 2, "pid": 4003, "incarnation": 0, "host": "h",
+         "state": "dead", "step": None, "heartbeat_age": None, "cooldown_left": 12.34},
+    ],
+}
+
+
+def test_the_table_has_a_row_per_member_with_every_column() -> None:
+    lines = format_status(STATUS, now=1065.0).splitlines()
+    assert lines[0] == ("job r1: generation 2, 2/3 workers live, missing ranks [2]; "
+                        "scheduler pid 4000 on 127.0.0.1, up 65s")
+    assert lines[2].split() == ["node", "rank", "pid", "incarnation", "state", "heartbeat",
+                                "step", "cooldown"]
+    assert lines[3].split() == ["0", "0", "4001", "1", "alive", "0.4s", "ago", "17", "-"]
+    assert lines[4].split() == ["1", "1", "4002", "0", "hung", "0.3s", "ago", "12", "-"]
+    assert lines[5].split() == ["2", "2", "4003", "0", "dead", "-", "-", "12.3s"]
+
+
+def test_no_endpoint_or_a_dead_scheduler_means_no_job(tmp_path: Path) -> None:
+    with pytest.raises(NoJobError, match="no job is running in"):
+        query(tmp_path)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    Endpoint("127.0.0.1", 1, dead.pid, "r1", 0.0).write(tmp_path)
+    with pytest.raises(NoJobError, match="no job is running in"):
+        query(tmp_path)
