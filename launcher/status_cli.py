@@ -66,8 +66,10 @@ def format_status(status: dict[str, Any], now: float | None = None) -> str:
     now = time.time() if now is None else now
     members = status["members"]
     alive = sum(1 for m in members if m["state"] in ("alive", "hung", "unconfirmed"))
-    header = (f"job {status['run_id']}: generation {status['generation']}, "
-              f"{alive}/{status['worker_num']} workers live"
+    generation = status["generation"]
+    header = (f"job {status['run_id']}: "
+              + (f"generation {generation}" if generation >= 0 else "no generation formed yet")
+              + f", {alive}/{status['worker_num']} workers live"
               + ("" if not status["missing"] else f", missing ranks {status['missing']}")
               + f"; scheduler pid {status['pid']} on {status['host']}, "
               f"up {now - status['started']:.0f}s")

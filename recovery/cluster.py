@@ -17,11 +17,13 @@ The same ``python train.py`` plays either role, as in msrun's dynamic-cluster mo
 from __future__ import annotations
 
 import atexit
+import gc
 import logging
 import os
 import socket
 import sys
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -46,10 +48,21 @@ logger = logging.getLogger(__name__)
 REPLY_TIMEOUT = 5.0
 _LEAVE_WAIT = 2.0
 _RETRY_PAUSE = 0.1
+_REJOIN_POLL = 0.1
 
 
 class ClusterError(RuntimeError):
     """This worker could not join the cluster (refused, or the cluster never completed)."""
+
+
+@dataclass
+class _Session:
+    """A worker's live connection to the scheduler."""
+
+    link: SchedulerLink
+    heartbeat: Heartbeat
+    timeouts: Timeouts
+    group_timeout: timedelta | None
 
 
 class ClusterContext:
@@ -58,35 +71,68 @@ class ClusterContext:
     Attributes:
         rank: this worker's rank (kept across relaunches of its node id).
         world_size: ``worker_num``.
-        generation: the generation whose process group this worker joined.
+        generation: the generation whose process group this worker is in (0 for the
+            first one the scheduler formed).
         node_id: its node id (``MS_NODE_ID``, or the one the scheduler assigned).
         incarnation: unique per launch of a process.
         backend: the process group's backend.
     """
 
     def __init__(self, rank: int, world_size: int, generation: int, node_id: str,
-                 incarnation: int, backend: str, link: SchedulerLink | None = None,
-                 heartbeat: Heartbeat | None = None) -> None:
+                 incarnation: int, backend: str, session: _Session | None = None) -> None:
         self.rank = rank
         self.world_size = world_size
         self.generation = generation
         self.node_id = node_id
         self.incarnation = incarnation
         self.backend = backend
-        self._link = link
-        self._heartbeat = heartbeat
+        self._session = session
         self._failed = False
 
     def report_step(self, step: int) -> None:
         """Tell the scheduler (with the next heartbeat) that training reached ``step``."""
-        if self._heartbeat is not None:
-            self._heartbeat.step = step
+        if self._session is not None:
+            self._session.heartbeat.step = step
 
     @property
     def latest_generation(self) -> int:
-        """The newest generation the scheduler has formed, as of the last heartbeat."""
-        return self.generation if self._heartbeat is None else max(
-            self.generation, self._heartbeat.generation)
+        """The newest generation the scheduler has put this worker in, as of the last
+        heartbeat: above :attr:`generation` once a new one is formed (after a peer died
+        and its replacement joined)."""
+        if self._session is None:
+            return self.generation
+        return max(self.generation, self._session.heartbeat.generation)
+
+    def rejoin(self) -> None:
+        """Leave this generation's process group and join the next one the scheduler forms.
+
+        For a survivor of a peer's death: call it once every reference to the old
+        group's objects is dropped (DESIGN.md §9). It waits until the scheduler has
+        formed a newer generation with this process in it (the dead peer relaunched
+        after its cooldown), then joins that generation's group.
+
+        Raises:
+            ClusterError: no newer generation formed within ``cluster_time_out``, or this
+                worker runs without a scheduler.
+        """
+        import torch.distributed as dist
+
+        session = self._session
+        if session is None:
+            raise ClusterError("rejoin() needs a scheduler (MS_SCHED_PORT)")
+        gc.collect()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        deadline = time.monotonic() + session.timeouts.cluster_time_out
+        while session.heartbeat.generation <= self.generation:
+            if time.monotonic() > deadline:
+                message = (f"no generation after {self.generation} formed within "
+                           f"cluster_time_out={session.timeouts.cluster_time_out:g}s")
+                logger.error("%s", message)
+                raise ClusterError(message)
+            time.sleep(_REJOIN_POLL)
+            session.heartbeat.beat()
+        self._init_group(session.heartbeat.generation, deadline)
 
     def finish(self, abnormal: bool = False, reason: str = "finished") -> None:
         """Stop heartbeating and tell the scheduler this process ends.
@@ -94,18 +140,32 @@ class ClusterContext:
         Called at exit by itself; ``abnormal`` when an uncaught exception ends the
         script, which starts the node's cooldown as any abnormal death does.
         """
-        if self._heartbeat is None or self._link is None:
+        session, self._session = self._session, None
+        if session is None:
             return
-        heartbeat, self._heartbeat = self._heartbeat, None
-        heartbeat.stop()
+        session.heartbeat.stop()
         identity = {"node_id": self.node_id, "rank": self.rank, "pid": os.getpid(),
                     "incarnation": self.incarnation}
-        if self._link.wait_connected(_LEAVE_WAIT):
+        if session.link.wait_connected(_LEAVE_WAIT):
             try:
-                self._link.call(Op.LEAVE, **identity, abnormal=abnormal, reason=reason)
+                session.link.call(Op.LEAVE, **identity, abnormal=abnormal, reason=reason)
             except SchedulerUnavailable as err:
                 logger.warning("could not tell the scheduler this worker ends: %s", err)
-        self._link.close()
+        session.link.close()
+
+    def _init_group(self, generation: int, deadline: float) -> None:
+        """Initialise the default process group of ``generation`` once it is formed."""
+        import torch.distributed as dist
+
+        assert self._session is not None
+        store = _wait_for_generation(self._session.link, generation, deadline,
+                                     self._session.timeouts, self.world_size, self.rank)
+        dist.init_process_group(self.backend, store=dist.PrefixStore(f"gen{generation}/", store),
+                                rank=self.rank, world_size=self.world_size,
+                                timeout=self._session.group_timeout)
+        self.generation = generation
+        logger.info("[worker %s/%d] rank %d of %d in generation %d", self.node_id,
+                    self.incarnation, self.rank, self.world_size, generation)
 
     def _finish_at_exit(self) -> None:
         abnormal = self._failed
@@ -180,29 +240,22 @@ def _identity(worker_env: WorkerEnv) -> Identity:
 
 
 def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None) -> ClusterContext:
-    import torch.distributed as dist
-
     timeouts = Timeouts.from_env()
     deadline = time.monotonic() + timeouts.cluster_time_out
     link = SchedulerLink(worker_env.sched_host, worker_env.sched_port, worker_env.job_token,
                          REPLY_TIMEOUT)
-    identity = _identity(worker_env)
-    accepted = _register(link, identity, deadline)
-    identity = Identity(accepted["node_id"], identity.pid, identity.incarnation, identity.host,
-                        int(accepted["rank"]))
-    generation = int(accepted["generation"])
-    heartbeat = Heartbeat(link, identity, timeouts.heartbeat_interval)
+    claim = _identity(worker_env)
+    accepted = _register(link, claim, deadline)
+    rank, generation = int(accepted["rank"]), int(accepted["generation"])
+    identity = Identity(accepted["node_id"], claim.pid, claim.incarnation, claim.host, rank)
+    heartbeat = Heartbeat(link, identity, timeouts.heartbeat_interval, generation)
     heartbeat.start()
-    ctx = ClusterContext(int(accepted["rank"]), worker_env.world_size, generation,
-                         identity.node_id, identity.incarnation, backend, link, heartbeat)
+    ctx = ClusterContext(rank, worker_env.world_size, generation,
+                         identity.node_id, identity.incarnation, backend,
+                         _Session(link, heartbeat, timeouts, timeout))
     sys.excepthook = ctx._note_uncaught(sys.excepthook)
     atexit.register(ctx._finish_at_exit)
-    store = _wait_for_generation(link, generation, deadline, timeouts, worker_env.world_size,
-                                 ctx.rank)
-    dist.init_process_group(backend, store=dist.PrefixStore(f"gen{generation}/", store),
-                            rank=ctx.rank, world_size=ctx.world_size, timeout=timeout)
-    logger.info("[worker %s/%d] rank %d of %d in generation %d", ctx.node_id, ctx.incarnation,
-                ctx.rank, ctx.world_size, generation)
+    ctx._init_group(generation, deadline)
     return ctx
 
 

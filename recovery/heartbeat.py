@@ -48,13 +48,14 @@ class Heartbeat:
     """
 
     def __init__(self, link: SchedulerLink, identity: Identity, interval: float,
-                 on_evicted: Callable[[str], None] = _exit_evicted) -> None:
+                 generation: int, on_evicted: Callable[[str], None] = _exit_evicted) -> None:
         self.step: int | None = None
-        self.generation = 0
+        self.generation = generation
         self._link = link
-        self._identity = identity
+        self._fields = dataclasses.asdict(identity)
         self._interval = interval
         self._on_evicted = on_evicted
+        self._lost = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tft-heartbeat", daemon=True)
         self._prefix = f"[worker {identity.node_id}/{identity.incarnation}]"
@@ -67,26 +68,33 @@ class Heartbeat:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join()
 
+    def beat(self) -> bool:
+        """Send one heartbeat now; False when the scheduler cannot be reached.
+
+        The reply updates :attr:`generation`: the newest generation this process is in,
+        or, while one is being formed with it, that one.
+        """
+        try:
+            reply = self._link.call(Op.HEARTBEAT, **self._fields, step=self.step)
+        except SchedulerUnavailable as err:
+            if not self._lost:
+                logger.warning("%s lost the scheduler (%s); training goes on, reconnecting",
+                               self._prefix, err)
+            self._lost = True
+            return False
+        if self._lost:
+            logger.warning("%s re-attached to the scheduler", self._prefix)
+            self._lost = False
+        if reply.get("ok"):
+            self.generation = int(reply["generation"])
+            return True
+        message = str(reply.get("message"))
+        logger.error("%s evicted by the scheduler: %s", self._prefix, message)
+        self._stop.set()
+        self._on_evicted(message)
+        return False
+
     def _run(self) -> None:
-        lost = False
-        fields = dataclasses.asdict(self._identity)
         while not self._stop.wait(self._interval):
-            try:
-                reply = self._link.call(Op.HEARTBEAT, **fields, step=self.step)
-            except SchedulerUnavailable as err:
-                if not lost:
-                    logger.warning("%s lost the scheduler (%s); training goes on, reconnecting",
-                                   self._prefix, err)
-                lost = True
+            if not self.beat():
                 self._link.wait_connected(self._interval)
-                continue
-            if lost:
-                logger.warning("%s re-attached to the scheduler", self._prefix)
-                lost = False
-            if reply.get("ok"):
-                self.generation = int(reply["generation"])
-                continue
-            message = str(reply.get("message"))
-            logger.error("%s evicted by the scheduler: %s", self._prefix, message)
-            self._on_evicted(message)
-            return

@@ -35,11 +35,14 @@ __all__ = [
     "Membership",
     "IllegalTransition",
     "describe_incomplete",
+    "NO_GENERATION",
 ]
 
 logger = logging.getLogger(__name__)
 
 STATE_VERSION = 1
+NO_GENERATION = -1
+"""The generation before the first is formed; the first formed is 0."""
 
 
 class Clock(Protocol):
@@ -249,7 +252,7 @@ class Membership:
         self.token = token
         self.timeouts = timeouts
         self.clock: Clock = SystemClock() if clock is None else clock
-        self.generation = 0
+        self.generation = NO_GENERATION
         self.members: dict[str, Member] = {}
         self.cooldowns: dict[str, float] = {}  # node id -> unix time
         self._formed: frozenset[tuple[str, int]] = frozenset()

@@ -34,7 +34,14 @@ from typing import Any
 from recovery import env as names
 from recovery.env import WorkerEnv
 from recovery.events import EventLog
-from recovery.membership import Clock, Identity, Membership, SystemClock, describe_incomplete
+from recovery.membership import (
+    NO_GENERATION,
+    Clock,
+    Identity,
+    Membership,
+    SystemClock,
+    describe_incomplete,
+)
 from recovery.rpc import REQUESTS, Op, open_client, ready_key, reply_key
 from recovery.sched_files import Endpoint, StateFile
 from recovery.timeouts import Timeouts
@@ -116,7 +123,7 @@ class Scheduler:
         self._stop_reason: str | None = None
         self._exit = (0, "")
         self._client: Any = None
-        self._published = 0
+        self._published = NO_GENERATION
         self._saved = ""
         self._saved_at = 0.0
         self._overdue_reported = False

@@ -3,7 +3,8 @@
 Run with ``MS_ROLE=MS_SCHED`` it is the scheduler (msrun's style). Signals, for the tests:
 SIGUSR1 makes a worker stall before its next step while its heartbeat goes on (a hang);
 SIGUSR2 to any worker makes every worker finish after the same step (the flag travels
-in the step's all_reduce).
+in the step's all_reduce). With ``--rejoin``, a worker whose peer died waits for the
+generation the scheduler forms with the peer's replacement and goes on in it.
 """
 
 from __future__ import annotations
@@ -18,10 +19,22 @@ import torch.distributed as dist
 import recovery
 
 
+def all_reduce(tensor: torch.Tensor, survive: bool) -> bool:
+    """All-reduce; False when a peer is gone and ``survive`` says to live on."""
+    try:
+        dist.all_reduce(tensor)
+    except RuntimeError:
+        if not survive:
+            raise
+        return False
+    return True
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=0, help="0: until told to finish")
     parser.add_argument("--step-time", type=float, default=0.05)
+    parser.add_argument("--rejoin", action="store_true")
     args = parser.parse_args()
     ctx = recovery.init()
     print(f"rank {ctx.rank} of {ctx.world_size} in generation {ctx.generation}", flush=True)
@@ -37,7 +50,13 @@ def main() -> None:
         # Reported before the collective: a stalled rank stays behind the others' step.
         ctx.report_step(step)
         votes = torch.tensor([1.0, 1.0 if finish else 0.0])
-        dist.all_reduce(votes)
+        if not all_reduce(votes, args.rejoin):
+            # Outside the except block: nothing holds the broken group any more.
+            print(f"rank {ctx.rank}: a peer died; rejoining", flush=True)
+            ctx.rejoin()
+            print(f"rank {ctx.rank} of {ctx.world_size} in generation {ctx.generation}",
+                  flush=True)
+            continue
         assert votes[0].item() == ctx.world_size
         if votes[1].item() > 0:
             break

@@ -25,13 +25,13 @@ def test_workers_register_with_their_ranks_train_and_finish_with_the_scheduler(
             wait_for_event(c.log_dir, 60, f"node {node_id}", event="register", node_id=node_id)
         # Started after the named ones: it must not take a rank that one of them wants.
         workers.append(c.worker(None))
-        wait_for_event(c.log_dir, 60, "generation 1", event="generation", generation=1)
+        wait_for_event(c.log_dir, 60, "generation 0", event="generation", generation=0)
         assert sorted(event_fields(events(c.log_dir, "register"), "node_id", "rank")) == [
             ("0", 0), ("1", 1), ("2", 2)]  # the worker without a node id got the free rank
 
         table = run(tftctl_cmd("status", "--log_dir", str(c.log_dir)), timeout=60)
         assert table.returncode == 0, table.stderr
-        assert "generation 1, 3/3 workers live" in table.stdout
+        assert "generation 0, 3/3 workers live" in table.stdout
         assert sum(" alive " in line for line in table.stdout.splitlines()) == 3
 
         workers[0].send_signal(signal.SIGUSR2)
@@ -70,7 +70,7 @@ def test_cooldown_refuses_a_dead_node_then_accepts_it(tmp_path, free_port) -> No
     with Cluster(tmp_path, free_port, worker_num=2, cooldown=2.0) as c:
         c.scheduler()
         first = [c.worker("0"), c.worker("1")]
-        wait_for_event(c.log_dir, 60, "generation 1", event="generation", generation=1)
+        wait_for_event(c.log_dir, 60, "generation 0", event="generation", generation=0)
         incarnations = {e["node_id"]: e["incarnation"] for e in events(c.log_dir, "register")}
         # Relaunched by hand too early: refused while the first ones live, and retrying.
         again = [c.worker("0", "--steps", "5"), c.worker("1", "--steps", "5")]
@@ -98,7 +98,7 @@ def test_cooldown_refuses_a_dead_node_then_accepts_it(tmp_path, free_port) -> No
         assert "may register again in" in refusal["message"]
         assert not [e for e in events(c.log_dir, "refuse")
                     if e["pid"] == again[0].pid and e["reason"] == "cooldown"]
-        wait_for_event(c.log_dir, 60, "generation 2", event="generation", generation=2)
+        wait_for_event(c.log_dir, 60, "generation 1", event="generation", generation=1)
         assert [exited(w, 60) for w in again] == [0, 0]
 
 

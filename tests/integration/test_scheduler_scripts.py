@@ -50,9 +50,9 @@ def test_run_sh_starts_a_cluster_and_recover_sh_relaunches_the_scheduler_and_wor
     started: dict[str, int] = {}
     with ExitStack() as stack:
         stack.callback(kill_all, started)
-        started.update(launch(RUN_SH, str(SCRIPT), env=env, cwd=tmp_path))
+        started.update(launch(RUN_SH, str(SCRIPT), "--rejoin", env=env, cwd=tmp_path))
         assert sorted(started) == ["scheduler", "worker 0", "worker 1"]
-        wait_for_event(log_dir, 60, "generation 1", event="generation", generation=1)
+        wait_for_event(log_dir, 60, "generation 0", event="generation", generation=0)
         assert {e["node_id"]: e["pid"] for e in events(log_dir, "register")} == {
             "0": started["worker 0"], "1": started["worker 1"]}
 
@@ -71,19 +71,26 @@ def test_run_sh_starts_a_cluster_and_recover_sh_relaunches_the_scheduler_and_wor
         wait_for(lambda: min(steps(control).values(), default=0) > before + 5, 60,
                  "steps advancing")
         assert len(events(log_dir, "register")) == 2  # nobody registered anew
-        assert [e["generation"] for e in events(log_dir, "generation")] == [1]
+        assert [e["generation"] for e in events(log_dir, "generation")] == [0]
 
-        # A worker dies unseen: its peer fails on the broken ring, the scheduler hears no
-        # heartbeat; both are relaunched by hand and form generation 2 after the cooldown.
+        # A worker dies unseen: the scheduler hears no heartbeat and declares it dead; it
+        # is relaunched by hand, refused until the cooldown is over, and forms generation 1
+        # with the survivor, which waited for it (same pid).
+        survivor = started["worker 0"]
         os.kill(started["worker 1"], signal.SIGKILL)
-        wait_for(lambda: pid_gone(started["worker 0"]), 30, "worker 0 failing")
-        wait_for_event(log_dir, 30, "worker 1 declared dead", event="verdict", node_id="1",
-                       verdict="heartbeat")
-        for node_id in ("0", "1"):
-            started.update(launch(RECOVER_SH, node_id, str(SCRIPT), env=env, cwd=tmp_path))
-        wait_for_event(log_dir, 60, "generation 2", event="generation", generation=2)
-        os.kill(started["worker 0"], signal.SIGUSR2)
+        verdict = wait_for_event(log_dir, 30, "worker 1 declared dead", event="verdict",
+                                 node_id="1", verdict="heartbeat")
+        started.update(launch(RECOVER_SH, "1", str(SCRIPT), "--rejoin", env=env, cwd=tmp_path))
+        generation = wait_for_event(log_dir, 60, "generation 1", event="generation",
+                                    generation=1)
+        assert generation["ts"] >= verdict["ts"] + 1.0  # the cooldown
+        assert {m["rank"]: m["pid"] for m in generation["members"]} == {
+            0: survivor, 1: started["worker 1"]}
+        wait_for(lambda: "rank 0 of 2 in generation 1" in (log_dir / "worker_0.log").read_text(),
+                 30, "the survivor in generation 1")
+        os.kill(survivor, signal.SIGUSR2)
         stop = wait_for_event(log_dir, 60, "the scheduler's end", event="scheduler_stop",
                               pid=started["scheduler"])
         assert (stop["exitcode"], stop["reason"]) == (0, "all 2 workers finished")
+        assert "rank 0 finished at step" in (log_dir / "worker_0.log").read_text()
         assert "rank 1 finished at step" in (log_dir / "worker_1.log").read_text()

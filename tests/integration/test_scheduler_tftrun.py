@@ -21,10 +21,10 @@ def test_kill_9_of_the_scheduler_under_tftrun_restarts_no_worker_and_the_job_fin
                               f"--recovery_path={tmp_path / 'recovery'}",
                               str(SCRIPT), "--steps", "120"))
     try:
-        wait_for_event(log_dir, 60, "generation 1", event="generation", generation=1)
-        for rank in (0, 1):  # past the rendezvous, the only moment the workers need the store
-            wait_for(lambda rank=rank: "in generation 1" in (log_dir / f"worker_{rank}.log").read_text(),
-                     60, f"rank {rank} training")
+        wait_for_event(log_dir, 60, "generation 0", event="generation", generation=0)
+        for log in (log_dir / "worker_0.log", log_dir / "worker_1.log"):
+            # Past the rendezvous: the only moment the workers need the store.
+            wait_for(lambda log=log: "in generation 0" in log.read_text(), 60, f"{log} training")
         first = events(log_dir, "scheduler_start")[0]
         os.kill(first["pid"], signal.SIGKILL)
         wait_for_event(log_dir, 60, "the relaunched scheduler", event="scheduler_start",

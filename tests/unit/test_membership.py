@@ -74,15 +74,16 @@ def join_all(ms: Membership, pids: dict[str, int]) -> None:
 def test_numeric_node_ids_keep_their_rank_and_a_full_cluster_forms_a_generation() -> None:
     ms = make(worker_num=2)
     first = accepted(ms.register(ident("1", 101), TOKEN))
-    assert (first.node_id, first.rank, first.generation) == ("1", 1, 1)
+    assert ms.generation == -1  # none formed yet
+    assert (first.node_id, first.rank, first.generation) == ("1", 1, 0)
     assert not ms.complete and ms.missing_ranks() == [0]
     second = accepted(ms.register(ident("0", 100), TOKEN))
-    assert (second.rank, second.generation) == (0, 1)
-    assert ms.complete and ms.generation == 1
+    assert (second.rank, second.generation) == (0, 0)
+    assert ms.complete and ms.generation == 0
     events = ms.drain_events()
     assert [name for name, _ in events] == ["register", "register", "generation"]
     assert events[0][1] == {"node_id": "1", "rank": 1, "pid": 101, "incarnation": 0,
-                            "host": "host-a", "generation": 1}
+                            "host": "host-a", "generation": 0}
     assert [m["rank"] for m in events[2][1]["members"]] == [0, 1]
 
 
@@ -171,7 +172,7 @@ def test_an_abnormal_exit_starts_the_cooldown_which_refuses_then_accepts() -> No
     [(name, fields)] = ms.drain_events()
     assert (name, fields["left"]) == ("refuse", pytest.approx(17.5))
     clock.advance(17.5)
-    assert accepted(ms.register(ident("1", 102, incarnation=1), TOKEN)).generation == 2
+    assert accepted(ms.register(ident("1", 102, incarnation=1), TOKEN)).generation == 1
     assert names(ms) == ["register", "generation"]
 
 
@@ -290,7 +291,7 @@ def test_a_reloaded_state_keeps_ranks_generation_and_cooldowns_and_waits_for_hea
     clock.advance(1.0)
     again, problem = reloaded(ms, clock, worker_num=3)
     assert problem is None
-    assert again.generation == 1 and again.cooldown_left("2") == 29.0
+    assert again.generation == 0 and again.cooldown_left("2") == 29.0
     assert {n: m.state for n, m in again.members.items()} == {
         "0": MemberState.UNCONFIRMED, "1": MemberState.UNCONFIRMED, "2": MemberState.DEAD}
     assert again.members["0"].step == 9
@@ -308,8 +309,8 @@ def test_a_reloaded_scheduler_forms_no_new_generation_for_the_same_processes() -
     join_all(ms, {"0": 100, "1": 101})
     again, _ = reloaded(ms, clock)
     for node, pid in (("0", 100), ("1", 101)):
-        assert accepted(again.heartbeat(ident(node, pid), TOKEN, step=1)).generation == 1
-    assert names(again) == ["attach", "attach"] and again.generation == 1
+        assert accepted(again.heartbeat(ident(node, pid), TOKEN, step=1)).generation == 0
+    assert names(again) == ["attach", "attach"] and again.generation == 0
 
 
 def test_a_new_process_may_replace_an_unconfirmed_member_and_fences_the_old_one() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -12,7 +13,10 @@ from pathlib import Path
 import pytest
 from support import events, wait_for, wait_for_event
 
+from recovery.cluster import ClusterContext, _Session
 from recovery.control import SchedulerControl
+from recovery.heartbeat import Heartbeat
+from recovery.membership import Identity
 from recovery.rpc import Op, SchedulerLink
 from recovery.sched_files import Endpoint, StateFile
 from recovery.scheduler import Scheduler, SchedulerConfig
@@ -74,7 +78,7 @@ def test_requests_are_served_and_the_end_is_persisted(tmp_path: Path, free_port:
             assert endpoint is not None and endpoint.port == free_port
             assert link.wait_connected(10)
             assert register(link, "0", 100) == {"ok": True, "node_id": "0", "rank": 0,
-                                                "generation": 1}
+                                                "generation": 0}
             refused = register(link, "0", 101)
             assert (refused["ok"], refused["reason"]) == (False, "duplicate")
             status = link.call(Op.STATUS)
@@ -92,3 +96,20 @@ def test_requests_are_served_and_the_end_is_persisted(tmp_path: Path, free_port:
     finally:
         link.close()
         stranger.close()
+
+
+def test_a_worker_ending_on_an_uncaught_exception_leaves_abnormally(
+        tmp_path: Path, free_port: int) -> None:
+    link = SchedulerLink("127.0.0.1", free_port, TOKEN, reply_timeout=5.0)
+    with running_scheduler(tmp_path, free_port):
+        assert link.wait_connected(10)
+        register(link, "0", os.getpid())
+        identity = Identity("0", os.getpid(), 0, "h", 0)
+        ctx = ClusterContext(0, 2, 0, "0", 0, "gloo",
+                             _Session(link, Heartbeat(link, identity, 1.0, 0), Timeouts(), None))
+        ctx._note_uncaught(lambda *_: None)(RuntimeError, RuntimeError("boom"), None)
+        ctx._finish_at_exit()  # what atexit runs
+        leave = wait_for_event(tmp_path / "logs", 10, "the leave", event="leave")
+        assert (leave["state"], leave["reason"], leave["by"]) == (
+            "dead", "uncaught exception", "worker")
+        assert events(tmp_path / "logs", "cooldown")[0]["node_id"] == "0"
