@@ -19,7 +19,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,21 +133,33 @@ class CheckpointConfig:
         return values
 
 
-def _plain(obj: Any, where: str, copy: bool) -> Any:
+def _plain(obj: Any, where: str, copy: bool, reuse: Any = None) -> Any:
     """Check that ``obj`` holds only tensors and plain data; copy its tensors to host if asked.
 
     Checked when saving, so that no checkpoint is written that ``weights_only`` loading
-    would refuse later, when it is needed.
+    would refuse later, when it is needed. When copying, a tensor of the same shape and
+    dtype at the same place in ``reuse`` (the previous snapshot) is overwritten rather
+    than a new one allocated: filling fresh memory costs page faults, ten times the copy.
     """
     if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True) if copy else obj
+        if not copy:
+            return obj
+        if isinstance(reuse, torch.Tensor) and reuse.shape == obj.shape and reuse.dtype == obj.dtype:
+            return reuse.copy_(obj.detach())
+        return obj.detach().to("cpu", copy=True)
     if isinstance(obj, _PLAIN_TYPES):
         return obj
     if isinstance(obj, dict):
         kind = OrderedDict if isinstance(obj, OrderedDict) else dict
-        return kind((_plain(k, where, copy), _plain(v, f"{where}[{k!r}]", copy)) for k, v in obj.items())
+        old = reuse if isinstance(reuse, dict) else {}
+        out = kind()
+        for key, value in obj.items():
+            _plain(key, f"{where} key", copy=False)
+            out[key] = _plain(value, f"{where}[{key!r}]", copy, old.get(key))
+        return out
     if type(obj) in (list, tuple):
-        return type(obj)(_plain(v, f"{where}[{i}]", copy) for i, v in enumerate(obj))
+        old = reuse if type(reuse) is type(obj) and len(reuse) == len(obj) else [None] * len(obj)
+        return type(obj)(_plain(v, f"{where}[{i}]", copy, r) for i, (v, r) in enumerate(zip(obj, old)))
     raise CheckpointError(
         f"{where} has type {type(obj).__name__}: a checkpoint holds only tensors and plain data "
         "(so that it loads with weights_only=True)"
@@ -247,6 +259,7 @@ class CheckpointSaver:
         layout.checkpoint_name(prefix, 0, 0)  # rejects a bad prefix now rather than at the first save
         self.prefix = layout.run_prefix(prefix, [*os.listdir(self.directory), *self.manifest.entries()])
         self._writer = _AsyncWriter() if self.config.async_save else None
+        self._host: dict[str, Any] | None = None  # the last async snapshot, reused as buffers
         self._last_saved: int | None = None
 
     # -- a plain training loop ------------------------------------------------------------
@@ -302,15 +315,18 @@ class CheckpointSaver:
         """
         position = TrainPosition(epoch, step, global_step)
         name = layout.checkpoint_name(self.prefix, epoch, step)
-        state = self._snapshot(position)
-        self._last_saved = global_step
         if self._writer is None:
+            state = self._snapshot(position)
             try:
                 self._write(state, name, position)
             except OSError as err:
                 raise CheckpointError(f"writing checkpoint {self.directory / name} failed: {err}") from err
         else:
+            # The previous write must be done before its host buffers are reused.
+            self._writer.wait()
+            state = self._host = self._snapshot(position)
             self._writer.submit(lambda: self._write(state, name, position), str(self.directory / name))
+        self._last_saved = global_step
         return self.directory / name
 
     def wait(self) -> None:
@@ -375,35 +391,31 @@ class CheckpointSaver:
             "rank": self.rank,
             "world_size": self.world_size,
         }
-        return _plain(state, "checkpoint", copy=self._writer is not None)
+        return _plain(state, "checkpoint", copy=self._writer is not None, reuse=self._host)
 
     def _write(self, state: dict[str, Any], name: str, position: TrainPosition) -> None:
         digest = write_atomic(self.directory / name, lambda file: torch.save(state, file))
-        self.manifest.add(
-            CheckpointEntry(
-                name, position.epoch, position.step, position.global_step, self.rank, self.world_size,
-                digest.size, digest.sha256, time.time(),
-            )
+        entry = CheckpointEntry(
+            name, position.epoch, position.step, position.global_step, self.rank, self.world_size,
+            digest.size, digest.sha256, time.time(),
         )
-        self._prune()
+        stale = self._beyond_keep_max({**self.manifest.entries(), name: entry}.values())
+        self.manifest.add(entry, remove=stale)
+        for stale_name in stale:
+            (self.directory / stale_name).unlink(missing_ok=True)
+        if stale:
+            fsync_dir(self.directory)
         logger.debug("saved checkpoint %s", self.directory / name)
 
-    def _prune(self) -> None:
-        """Delete this run's checkpoints beyond ``keep_checkpoint_max``, oldest first.
+    def _beyond_keep_max(self, entries: Iterable[CheckpointEntry]) -> list[str]:
+        """This run's checkpoints beyond ``keep_checkpoint_max``, oldest first.
 
-        Only files with this run's prefix count, so a run never deletes another's. The
-        manifest forgets a file before it is deleted: a crash in between leaves an unlisted
-        file that is never loaded, not a listed file that is missing.
+        Only files with this run's prefix count, so a run never deletes another's. They
+        leave the manifest in the same update that lists the newer, durable checkpoint.
         """
         own = [
-            entry for entry in self.manifest.entries().values()
+            entry for entry in entries
             if (parsed := layout.parse_checkpoint_name(entry.name)) is not None and parsed.prefix == self.prefix
         ]
-        own.sort(key=lambda e: (e.epoch, e.step, e.seq))
-        stale = own[: max(0, len(own) - self.config.keep_checkpoint_max)]
-        if not stale:
-            return
-        self.manifest.remove(entry.name for entry in stale)
-        for entry in stale:
-            (self.directory / entry.name).unlink(missing_ok=True)
-        fsync_dir(self.directory)
+        own.sort(key=lambda e: (e.epoch, e.step))
+        return [entry.name for entry in own[: max(0, len(own) - self.config.keep_checkpoint_max)]]

@@ -120,21 +120,23 @@ class Manifest:
             logger.warning("ignoring unreadable checkpoint manifest %s: %s", self.path, err)
             return {}
 
-    def add(self, entry: CheckpointEntry) -> CheckpointEntry:
-        """Record a checkpoint that is already durable on disk; return it with its ``seq``."""
+    def add(self, entry: CheckpointEntry, remove: Iterable[str] = ()) -> CheckpointEntry:
+        """Record a checkpoint that is already durable on disk, and forget ``remove``.
+
+        Both happen in one atomic rewrite, so a crash never leaves the old files dropped
+        without the new one listed. Forget files before deleting them: an unlisted file
+        left by a crash is never loaded, while a listed file that is gone is reported.
+
+        Returns:
+            The entry as recorded, with its ``seq``.
+        """
+        remove = set(remove)
         with self._lock:
             entries = self.entries()
             entry = CheckpointEntry(**{**asdict(entry), "seq": 1 + max((e.seq for e in entries.values()), default=0)})
             entries[entry.name] = entry
-            self._write(entries.values())
+            self._write(e for name, e in entries.items() if name not in remove)
         return entry
-
-    def remove(self, names: Iterable[str]) -> None:
-        """Forget checkpoints (before their files are deleted)."""
-        names = set(names)
-        with self._lock:
-            entries = self.entries()
-            self._write(e for name, e in entries.items() if name not in names)
 
     def _write(self, entries: Iterable[CheckpointEntry]) -> None:
         content = {"version": MANIFEST_VERSION, "entries": [asdict(e) for e in entries]}

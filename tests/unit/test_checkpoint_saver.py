@@ -117,6 +117,29 @@ def test_keep_max_keeps_the_newest_and_saves_on_schedule(tmp_path: Path) -> None
     assert ckpt_names(tmp_path) == manifest_names(tmp_path) == ["net-1_10.ckpt", "net-1_8.ckpt"]
 
 
+def test_saving_the_same_step_again_replaces_it(tmp_path: Path) -> None:
+    job = Job()
+    saver = job.saver(tmp_path, keep_checkpoint_max=1)
+    saver.save(epoch=1, step=3, global_step=3)
+    job.step()
+    saver.save(epoch=1, step=3, global_step=3)
+    assert ckpt_names(tmp_path) == manifest_names(tmp_path) == ["net-1_3.ckpt"]
+    assert_same_state(load_checkpoint(tmp_path / "net-1_3.ckpt")["model"], job.model.state_dict())
+
+
+def test_consecutive_async_saves_each_hold_their_own_moment(tmp_path: Path) -> None:
+    job = Job()
+    saver = job.saver(tmp_path, async_save=True)
+    moments = []
+    for global_step in (1, 2, 3):
+        job.step()
+        moments.append({k: v.clone() for k, v in job.model.state_dict().items()})
+        saver.save(epoch=1, step=global_step, global_step=global_step)
+    saver.close()
+    for global_step, moment in zip((1, 2, 3), moments):
+        assert_same_state(load_checkpoint(tmp_path / f"net-1_{global_step}.ckpt")["model"], moment)
+
+
 def test_the_last_step_is_saved_when_training_ends_and_only_once(tmp_path: Path) -> None:
     job = Job()
     saver = job.saver(tmp_path, save_checkpoint_steps=4)

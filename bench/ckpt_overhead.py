@@ -1,0 +1,79 @@
+"""What checkpointing every N steps costs the training loop: sync against async saving.
+
+    python bench/ckpt_overhead.py [--steps 300] [--every 10] [--rounds 5] [--dir DIR] [--device cuda]
+
+Trains the main job's MLP (784-512-512-10, SGD with momentum, batch 32) in one process
+with no saving, with synchronous saving and with background (async) saving, the three
+interleaved round after round, and prints each one's best step time (as ``timeit`` does:
+the round least disturbed by other load) and its ratio to no saving. The design target
+is an async ratio of at most 1.05. Run by hand; not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "templates" / "mnist"))
+from train import build_model  # noqa: E402 - the template's model, found through its folder
+
+from recovery.checkpoint import CheckpointConfig, CheckpointSaver  # noqa: E402
+
+MODES = ("none", "sync", "async")
+
+
+def step_time(mode: str, steps: int, every: int, directory: Path, device: str) -> float:
+    """Mean seconds per step over ``steps`` steps (after a short warm-up) in one mode."""
+    torch.manual_seed(0)
+    model = build_model().to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+    saver = None
+    if mode != "none":
+        config = CheckpointConfig(save_checkpoint_steps=every, keep_checkpoint_max=2, async_save=mode == "async")
+        saver = CheckpointSaver(model, optimizer, config=config, prefix=mode, directory=directory)
+    inputs, labels = torch.randn(32, 784, device=device), torch.randint(0, 10, (32,), device=device)
+    warmup = 10
+    for global_step in range(1, warmup + steps + 1):
+        if global_step == warmup + 1:
+            started = time.perf_counter()
+        optimizer.zero_grad()
+        F.cross_entropy(model(inputs), labels).backward()
+        optimizer.step()
+        if saver is not None:
+            saver.step_end(1, global_step, global_step)
+    if saver is not None:
+        saver.close()  # the last background write counts too
+    if device != "cpu":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - started) / steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--every", type=int, default=10, help="checkpoint interval in steps")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temporary folder)")
+    args = parser.parse_args()
+    times: dict[str, list[float]] = {mode: [] for mode in MODES}
+    with tempfile.TemporaryDirectory(dir=args.dir) as scratch:
+        for round_ in range(args.rounds):
+            for mode in MODES:
+                times[mode].append(step_time(mode, args.steps, args.every, Path(scratch) / f"{mode}{round_}", args.device))
+    base = min(times["none"])
+    print(f"step time, best of {args.rounds} rounds of {args.steps} steps, checkpoint every {args.every} steps "
+          f"(torch {torch.__version__}, {args.device}, {torch.get_num_threads()} threads)")
+    for mode in MODES:
+        best = min(times[mode])
+        print(f"  {mode:<6} {best * 1e3:8.3f} ms/step   ratio {best / base:5.3f}")
+
+
+if __name__ == "__main__":
+    main()
