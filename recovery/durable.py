@@ -9,6 +9,7 @@ most a temporary file behind, never a torn file under the final name.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ from typing import BinaryIO
 from recovery.layout import temp_owner_pid, temp_path
 
 __all__ = ["FileDigest", "write_atomic", "fsync_dir", "file_digest", "remove_stale_temps"]
+
+logger = logging.getLogger(__name__)
 
 _CHUNK = 1 << 20
 
@@ -95,19 +98,17 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass  # alive, someone else's
     return True
 
 
-def remove_stale_temps(directory: str | os.PathLike[str]) -> list[Path]:
-    """Delete the temporary files of writers that are dead (killed mid-write); return them."""
-    removed = []
+def remove_stale_temps(directory: str | os.PathLike[str]) -> None:
+    """Delete the temporary files of writers that are dead (killed mid-write)."""
     for name in os.listdir(directory):
         pid = temp_owner_pid(name)
         if pid is not None and not _alive(pid):
             (Path(directory) / name).unlink(missing_ok=True)
-            removed.append(Path(directory) / name)
-    return removed
+            logger.info("removed %s, left by writer %d that died mid-write", Path(directory) / name, pid)
 
 
 def file_digest(path: str | os.PathLike[str]) -> FileDigest:

@@ -67,7 +67,8 @@ class ResumePoint(TrainPosition):
     """Where to continue after :func:`resume`: the position the checkpoint holds.
 
     Continue with epoch ``epoch`` after its first ``step`` steps (an epoch whose steps are
-    all done simply yields nothing more). ``path`` is ``None`` when nothing was restored.
+    all done simply yields nothing more). ``path`` is the file restored from; ``None``
+    when nothing was restored (or the caller of :func:`restore_checkpoint` gave none).
     """
 
     path: Path | None = None
@@ -140,18 +141,18 @@ def restore_checkpoint(
         WorldSizeMismatchError: the world sizes differ and that was not allowed.
         CheckpointError: an optimizer or scheduler was given but the checkpoint has none.
     """
-    path = path or Path("<checkpoint>")
-    state = _checked_format(state, path)
+    where = path or Path("the checkpoint")
+    state = _checked_format(state, where)
     _, world_size = job_rank_and_world_size()
     if state["world_size"] != world_size and not allow_world_size_change:
         raise WorldSizeMismatchError(
-            f"{path} was written by a job of world size {state['world_size']}, this job has "
+            f"{where} was written by a job of world size {state['world_size']}, this job has "
             f"world size {world_size}: each rank's data and the gradient average would change, "
             "so resuming is refused (allow_world_size_change=True resumes anyway)"
         )
     model.load_state_dict(state["model"])
-    _load_state(optimizer, state["optimizer"], "optimizer", path)
-    _load_state(lr_scheduler, state["lr_scheduler"], "lr_scheduler", path)
+    _load_state(optimizer, state["optimizer"], "optimizer", where)
+    _load_state(lr_scheduler, state["lr_scheduler"], "lr_scheduler", where)
     restore_rng_state(state["rng"])
     position = state["position"]
     if sampler is not None:
@@ -159,7 +160,7 @@ def restore_checkpoint(
         if data.get("seed", sampler.seed) != sampler.seed or data.get("batch_size", sampler.batch_size) != sampler.batch_size:
             logger.warning(
                 "%s was written with sampler seed %s and batch size %s, the sampler has %s and %s: "
-                "the data order will not continue exactly", path, data.get("seed"), data.get("batch_size"),
+                "the data order will not continue exactly", where, data.get("seed"), data.get("batch_size"),
                 sampler.seed, sampler.batch_size,
             )
         sampler.set_epoch(position["epoch"])
