@@ -19,7 +19,7 @@ from launcher.errors import TftrunError
 from recovery.rpc import Op, SchedulerLink, SchedulerUnavailable
 from recovery.sched_files import Endpoint
 
-__all__ = ["status", "format_status"]
+__all__ = ["status", "query", "format_status", "NoJobError"]
 
 ANSWER_TIMEOUT = 5.0
 _COLUMNS = ("node", "rank", "pid", "incarnation", "state", "heartbeat", "step", "cooldown")

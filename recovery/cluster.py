@@ -296,8 +296,8 @@ def _wait_for_generation(link: SchedulerLink, generation: int, deadline: float,
                          timeouts: Timeouts, world_size: int, rank: int) -> Any:
     """A store client, once the scheduler says ``generation`` is formed.
 
-    The client is the one the process group keeps; a scheduler that dies meanwhile
-    breaks it, so a new one is made after the link reconnects.
+    The client is the one the process group rendezvous through; a scheduler that dies
+    meanwhile breaks it, so a new one is made once the port answers again.
     """
     from torch.distributed import DistNetworkError, DistStoreError
 
@@ -306,7 +306,8 @@ def _wait_for_generation(link: SchedulerLink, generation: int, deadline: float,
             time.sleep(_RETRY_PAUSE)
             continue
         try:
-            store = open_client(link.host, link.port, REPLY_TIMEOUT)
+            # The rendezvous of the group waits on this client too: as long as we may.
+            store = open_client(link.host, link.port, max(left, REPLY_TIMEOUT))
             store.wait([ready_key(generation)], timedelta(seconds=left))
             return store
         except DistNetworkError:

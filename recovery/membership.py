@@ -76,7 +76,7 @@ class MemberState(str, Enum):
                               ├──abnormal exit──► DEAD (cooldown)
                               ├──stopped by the supervisor──► LEFT
                               └──finished──► FINISHED
-        DEAD | LEFT | FINISHED | LOST ──register (a new process, after the cooldown)──► ALIVE
+        DEAD | LEFT | FINISHED | LOST ──a new process registers, after the cooldown──► ALIVE
         ALIVE | HUNG ──the scheduler restarts──► UNCONFIRMED
         UNCONFIRMED ──its heartbeat, or a new process registering──► ALIVE
         UNCONFIRMED ──no heartbeat for heartbeat_timeout──► LOST
@@ -453,17 +453,20 @@ class Membership:
             return f"it has worker_num={data.get('worker_num')}, not {self.worker_num}"
         if not hmac.compare_digest(str(data.get("token_sha256")), token_digest(self.token)):
             return "it belongs to a job with another token"
+        try:  # all parsed before anything is taken over
+            generation = int(data["generation"])
+            formed = frozenset((str(node), int(inc)) for node, inc in data["formed"])
+            cooldowns = {str(k): float(v) for k, v in data["cooldowns"].items()}
+            members = [Member.from_json(raw) for raw in data["members"]]
+        except (KeyError, TypeError, ValueError) as err:
+            return f"it is malformed ({err!r})"
         now = self.clock.monotonic()
-        self.generation = int(data["generation"])
-        self._formed = frozenset((str(node), int(inc)) for node, inc in data["formed"])
-        self.cooldowns = {str(k): float(v) for k, v in data["cooldowns"].items()}
-        self.members = {}
-        for raw in data["members"]:
-            member = Member.from_json(raw)
+        for member in members:
             if member.state in LIVE_STATES:
                 member.state = MemberState.UNCONFIRMED
             member.heartbeat_at = member.progress_at = now
-            self.members[member.node_id] = member
+        self.generation, self._formed, self.cooldowns = generation, formed, cooldowns
+        self.members = {m.node_id: m for m in members}
         self._incomplete_since = None
         self._update_completeness()
         return None

@@ -102,7 +102,7 @@ class SchedulerLink:
     """
 
     def __init__(self, host: str, port: int, token: str, reply_timeout: float,
-                 on_connect: Callable[[], None] | None = None) -> None:
+                 on_connect: Callable[[], object] | None = None) -> None:
         self.host = host
         self.port = port
         self._token = token

@@ -34,14 +34,7 @@ from typing import Any
 from recovery import env as names
 from recovery.env import WorkerEnv
 from recovery.events import EventLog
-from recovery.membership import (
-    NO_GENERATION,
-    Clock,
-    Identity,
-    Membership,
-    SystemClock,
-    describe_incomplete,
-)
+from recovery.membership import NO_GENERATION, Identity, Membership, describe_incomplete
 from recovery.rpc import REQUESTS, Op, open_client, ready_key, reply_key
 from recovery.sched_files import Endpoint, StateFile
 from recovery.timeouts import Timeouts
@@ -111,10 +104,9 @@ class SchedulerConfig:
 class Scheduler:
     """Serves membership requests until the job ends; :meth:`run` returns the exit status."""
 
-    def __init__(self, config: SchedulerConfig, clock: Clock | None = None) -> None:
+    def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
-        self.membership = Membership(config.worker_num, config.token, config.timeouts,
-                                     SystemClock() if clock is None else clock)
+        self.membership = Membership(config.worker_num, config.token, config.timeouts)
         self.events = EventLog(config.log_dir)
         self._state = StateFile(config.recovery_path)
         self._stopping = threading.Event()

@@ -56,7 +56,8 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     try:
         return float(raw)
     except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not a number of seconds") from None
+        raise ValueError(f"environment variable {name}={raw!r} is not a number of seconds") \
+            from None
 
 
 @dataclass(frozen=True)

@@ -337,3 +337,11 @@ def test_a_state_of_another_job_is_not_loaded(overrides: dict[str, Any], why: st
     join_all(ms, {"0": 100})
     _, problem = reloaded(ms, clock, **overrides)
     assert problem is not None and why in problem
+
+
+def test_a_malformed_state_is_not_loaded_and_changes_nothing() -> None:
+    ms = make()
+    data = make().to_json()
+    data["members"] = [{"node_id": "0"}]
+    assert "malformed" in (ms.load(data) or "")
+    assert ms.members == {} and ms.generation == -1
