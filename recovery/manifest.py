@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from filelock import FileLock
 
 from recovery import layout
@@ -188,8 +189,6 @@ def problem(candidate: Candidate) -> str | None:
 
 
 def _load(path: Path) -> Any:
-    import torch
-
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
