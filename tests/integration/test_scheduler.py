@@ -11,6 +11,7 @@ import pytest
 from sched_cluster import Cluster, event_fields, exited, log_text
 from support import events, run, tftctl_cmd, wait_for, wait_for_event
 
+from launcher.status_cli import format_status, query
 from recovery import env as names
 from recovery.heartbeat import EXIT_EVICTED
 
@@ -31,10 +32,9 @@ def test_workers_register_with_their_ranks_train_and_finish_with_the_scheduler(
         wait_for(lambda: "rank 0 of 2 in generation 0" in log_text(workers[1]), 30,
                  "the worker without a node id training as rank 0")
 
-        table = run(tftctl_cmd("status", "--log_dir", str(c.log_dir)), timeout=60)
-        assert table.returncode == 0, table.stderr
-        assert "generation 0, 2/2 workers live" in table.stdout
-        assert sum(" alive " in line for line in table.stdout.splitlines()) == 2
+        table = format_status(query(c.log_dir))  # what tftctl status prints
+        assert "generation 0, 2/2 workers live" in table
+        assert sum(" alive " in line for line in table.splitlines()) == 2
 
         workers[0].send_signal(signal.SIGUSR2)
         assert [exited(w, 30) for w in workers] == [0, 0]
@@ -47,37 +47,27 @@ def test_workers_register_with_their_ranks_train_and_finish_with_the_scheduler(
         assert gone.returncode == 1 and "no job is running in" in gone.stderr
 
 
-def test_wrong_token_rank_beyond_worker_num_and_a_duplicate_node_id_are_refused(
+def test_bad_claims_are_refused_and_the_cooldown_refuses_a_dead_node_then_accepts_it(
         tmp_path: Path, free_port: int) -> None:
-    with Cluster(tmp_path, free_port, worker_num=2) as c:
-        c.scheduler()
-        c.worker("1")
-        wait_for_event(c.log_dir, 60, "node 1 registered", event="register", node_id="1")
-        wrong_token = c.worker("0", **{names.TFT_JOB_TOKEN: "not-this-job"})
-        beyond = c.worker("7")
-        duplicate = c.worker("1", **{names.TFT_CLUSTER_TIME_OUT: "2"})
-        assert exited(wrong_token, 60) != 0 and exited(beyond, 60) != 0
-        assert exited(duplicate, 60) != 0
-        refused = {e["pid"]: e["reason"] for e in events(c.log_dir, "refuse")}
-        assert refused == {wrong_token.pid: "token", beyond.pid: "rank_out_of_range",
-                           duplicate.pid: "duplicate"}
-        assert "wrong job token" in log_text(wrong_token)
-        assert "rank 7 is beyond worker_num=2" in log_text(beyond)
-        assert "not admitted within cluster_time_out" in log_text(duplicate)
-        assert "node 1 is held by a live process" in log_text(duplicate)
-
-
-def test_cooldown_refuses_a_dead_node_then_accepts_it(tmp_path: Path, free_port: int) -> None:
     with Cluster(tmp_path, free_port, worker_num=2, cooldown=2.0) as c:
         c.scheduler()
         first = [c.worker("0"), c.worker("1")]
         wait_for_event(c.log_dir, 60, "generation 0", event="generation", generation=0)
         incarnations = {e["node_id"]: e["incarnation"] for e in events(c.log_dir, "register")}
-        # Relaunched by hand too early: refused while the first ones live, and retrying.
+        # Relaunched by hand too early: refused while the first ones live, and retrying;
+        # beside them, two claims refused for good.
         again = [c.worker("0", "--steps", "5"), c.worker("1", "--steps", "5")]
+        wrong_token = c.worker("0", **{names.TFT_JOB_TOKEN: "not-this-job"})
+        beyond = c.worker("7")
+        assert exited(wrong_token, 60) != 0 and exited(beyond, 60) != 0
+        assert "registration refused (token): wrong job token" in log_text(wrong_token)
+        assert "rank 7 is beyond worker_num=2 (ranks are 0..1)" in log_text(beyond)
         for proc in again:
             wait_for_event(c.log_dir, 60, f"pid {proc.pid} refused", event="refuse",
                            pid=proc.pid, reason="duplicate")
+        assert {(e["pid"], e["reason"]) for e in events(c.log_dir, "refuse")} == {
+            (wrong_token.pid, "token"), (beyond.pid, "rank_out_of_range"),
+            (again[0].pid, "duplicate"), (again[1].pid, "duplicate")}
         # What the supervisor does under restart-all: node 1 died, node 0 was stopped.
         for proc in first:
             proc.kill()

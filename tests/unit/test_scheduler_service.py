@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from support import events, wait_for, wait_for_event
 
-from recovery.cluster import ClusterContext, _Session
+from recovery.cluster import ClusterContext, ClusterError, _register, _Session
 from recovery.control import SchedulerControl
 from recovery.heartbeat import Heartbeat
 from recovery.membership import Identity
@@ -113,3 +113,23 @@ def test_a_worker_ending_on_an_uncaught_exception_leaves_abnormally(
         assert (leave["state"], leave["reason"], leave["by"]) == (
             "dead", "uncaught exception", "worker")
         assert events(tmp_path / "logs", "cooldown")[0]["node_id"] == "0"
+
+
+class RefusingLink:
+    """A scheduler that always says: node 1 is taken, try again soon."""
+
+    where = "127.0.0.1:1"
+
+    def wait_connected(self, timeout: float) -> bool:
+        return True
+
+    def call(self, op: Op, **fields: object) -> dict[str, object]:
+        return {"ok": False, "reason": "duplicate", "retry_after": 0.05,
+                "message": "node 1 is held by a live process (pid 9 on h, incarnation 0)"}
+
+
+def test_a_worker_refused_until_cluster_time_out_gives_up_with_the_reason() -> None:
+    with pytest.raises(ClusterError, match=r"not admitted within cluster_time_out: "
+                       r"registration refused \(duplicate\): node 1 is held"):
+        _register(RefusingLink(), Identity("1", 1, 0, "h"),  # type: ignore[arg-type]
+                  time.monotonic() + 0.3)
