@@ -91,6 +91,10 @@ def launch(
         "a worker is declared hung.")] = 300.0,
     grace_period: Annotated[float, _opt(
         "grace_period", "Seconds between SIGTERM and SIGKILL when stopping processes.")] = 10.0,
+    restart_policy: Annotated[str, _opt(
+        "restart_policy", "On a worker failure: 'all' restarts every worker (torchrun), "
+        "'rank' relaunches only the dead ones (scripts using recovery), 'auto' picks per "
+        "script.")] = "auto",
     is_recover: Annotated[str, _opt(
         "is_recover", "1: resume a dead job from its newest valid checkpoints.")] = "0",
     recovery_path: Annotated[Path, _opt(
@@ -108,7 +112,7 @@ def launch(
         cluster_time_out=cluster_time_out, max_restarts=max_restarts,
         rejoin_cooldown=rejoin_cooldown, monitor_interval=monitor_interval,
         heartbeat_timeout=heartbeat_timeout, progress_timeout=progress_timeout,
-        grace_period=grace_period, is_recover=parse_bool(is_recover, "--is_recover"),
+        grace_period=grace_period, restart_policy=restart_policy, is_recover=parse_bool(is_recover, "--is_recover"),
         recovery_path=recovery_path,
     )
     config.validate()

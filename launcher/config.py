@@ -17,7 +17,12 @@ from pathlib import Path
 
 from launcher.errors import ConfigError
 
-__all__ = ["LaunchConfig", "bind_listener"]
+__all__ = ["LaunchConfig", "bind_listener", "RESTART_POLICIES"]
+
+RESTART_POLICIES = ("auto", "all", "rank")
+"""``all``: torchrun's restart of every worker; ``rank``: relaunch only the dead ranks
+(the survivors recover in-process through ``recovery``); ``auto``: ``rank`` for workers
+that registered with the scheduler, else ``all``."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,7 @@ class LaunchConfig:
     heartbeat_timeout: float = 30.0
     progress_timeout: float = 300.0
     grace_period: float = 10.0
+    restart_policy: str = "auto"
     is_recover: bool = False
     recovery_path: Path = Path("tft_recovery")
     run_id: str = field(default_factory=lambda: time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3))
@@ -81,6 +87,9 @@ class LaunchConfig:
                             ("--grace_period", self.grace_period)):
             if value <= 0:
                 raise ConfigError(f"{name} must be positive, got {value}")
+        if self.restart_policy not in RESTART_POLICIES:
+            raise ConfigError(f"--restart_policy must be one of {', '.join(RESTART_POLICIES)}, "
+                              f"got {self.restart_policy!r}")
         self._check_script()
         self._check_writable(self.log_dir, "--log_dir")
 

@@ -52,6 +52,7 @@ class Worker:
     launches: int = 0
     last_exit: ExitInfo | None = None
     cooldown_until: float = 0.0
+    relaunch_why: str = ""
 
     @property
     def pid(self) -> int | None:

@@ -58,6 +58,9 @@ class Supervisor:
         self.workers = [Worker(rank=config.first_rank + i, local_rank=i)
                         for i in range(config.nproc)]
         self.restart_count = 0
+        """Restarts of the whole group (torchrun's ``TORCHELASTIC_RESTART_COUNT``)."""
+        self.relaunches = 0
+        """Relaunches of single ranks (per-rank recovery)."""
         self._store_socket = store_socket
         self._scheduler: Child | None = None
         self._scheduler_launches = 0
@@ -67,8 +70,10 @@ class Supervisor:
         self._control = SchedulerControl(config.master_addr, config.master_port,
                                          config.job_token)
         self._restart_at: float | None = None
+        self._rendezvous_port = 0
         self._restart_why = ""
         self._next_verdicts = 0.0
+        self._hung: set[int] = set()
 
     # ----------------------------------------------------------------- lifecycle
     def run(self) -> int:
@@ -144,13 +149,11 @@ class Supervisor:
             self._kill_declared_dead()
             failed = self._reap_workers()
             if failed:
-                if self.restart_count >= self.config.max_restarts:
+                if self.restart_count + self.relaunches >= self.config.max_restarts:
                     return self._give_up(failed[0])
-                self._schedule_restart_all(failed)
-            elif self._restart_at is not None:
-                if time.time() >= self._restart_at:
-                    self._restart_all()
-            elif all(w.state is WorkerState.SUCCEEDED for w in self.workers):
+                self._handle_failures(failed)
+            self._launch_due()
+            if all(w.state is WorkerState.SUCCEEDED for w in self.workers):
                 self._shutdown(signal.SIGTERM)
                 return self._finish(0, "all workers succeeded")
             self._refresh()
@@ -178,16 +181,20 @@ class Supervisor:
         self._scheduler_launches += 1
 
     def _start_workers(self) -> None:
-        port = self._rendezvous.open()
+        self._rendezvous_port = self._rendezvous.open()
         for worker in self.workers:
-            worker.incarnation += 1
-            spec = worker_spec(self.config, worker.local_rank, worker.incarnation,
-                               self.restart_count, port)
-            worker.child = self._spawn(spec, worker.incarnation)
-            worker.launches += 1
-            worker.transition(WorkerState.RUNNING)
+            self._launch(worker)
         # After the spawns: importing torch here overlaps with the workers doing the same.
         self._rendezvous.serve()
+
+    def _launch(self, worker: Worker) -> None:
+        """Start ``worker``'s next incarnation."""
+        worker.incarnation += 1
+        spec = worker_spec(self.config, worker.local_rank, worker.incarnation,
+                           self.restart_count, self._rendezvous_port)
+        worker.child = self._spawn(spec, worker.incarnation)
+        worker.launches += 1
+        worker.transition(WorkerState.RUNNING)
 
     def _exit_info(self, role: Role, rank: int | None, child: Child, incarnation: int,
                    returncode: int, expected: bool) -> ExitInfo:
@@ -217,6 +224,7 @@ class Supervisor:
                 continue
             self._emit("hang", rank=rank, pid=worker.pid, incarnation=worker.incarnation,
                        reason=reason)
+            self._hung.add(rank)
             worker.child.signal_group(signal.SIGKILL)
 
     def _watch_scheduler(self) -> None:
@@ -279,7 +287,65 @@ class Supervisor:
                             returncode, expected=True)
 
     # ----------------------------------------------------------------- policy
-    def _schedule_restart_all(self, failed: list[ExitInfo]) -> None:
+    def _handle_failures(self, failed: list[ExitInfo]) -> None:
+        """Emit a ``fault`` per dead worker and choose: relaunch those ranks, or restart all.
+
+        Per-rank relaunch needs workers that recover by themselves (the ``recovery``
+        library); with ``--restart_policy=auto`` a worker that registered with the
+        scheduler is taken to be one. The others get torchrun's restart-all.
+        """
+        registered = self._registered_nodes()
+        for failure in failed:
+            cause = "hang" if failure.rank in self._hung else (
+                failure.signal_name or f"exit code {failure.returncode}")
+            self._hung.discard(failure.rank)  # type: ignore[arg-type]
+            self._emit("fault", rank=failure.rank, pid=failure.pid,
+                       incarnation=failure.incarnation, cause=cause)
+        policy = self.config.restart_policy
+        per_rank = policy == "rank" or (
+            policy == "auto" and all(str(f.rank) in registered for f in failed))
+        if per_rank:
+            self._schedule_relaunches(failed)
+        else:
+            self._schedule_restart_all(failed, registered)
+
+    def _registered_nodes(self) -> set[str]:
+        status = self._control.status()
+        return set() if status is None else {str(m["node_id"]) for m in status["members"]}
+
+    def _cooldown(self, failed: list[ExitInfo], registered: set[str]) -> float:
+        """Seconds to wait before the dead workers' node ids may register again.
+
+        Only a node id that registered has a registration to refuse: a plain torchrun
+        script restarts at once, as under torchrun.
+        """
+        return max((self._control.cooldown_left(str(f.rank)) for f in failed
+                    if str(f.rank) in registered), default=0.0)
+
+    def _schedule_relaunches(self, failed: list[ExitInfo]) -> None:
+        """Per-rank recovery: the survivors keep running; each dead rank waits its cooldown."""
+        for failure in failed:
+            worker = next(w for w in self.workers if w.rank == failure.rank)
+            worker.transition(WorkerState.COOLDOWN)
+            worker.cooldown_until = time.time() + self._cooldown([failure], {str(failure.rank)})
+            worker.relaunch_why = f"rank {failure.rank} {failure.describe()}"
+
+    def _launch_due(self) -> None:
+        """Start what waited out its cooldown: the whole group, or single ranks."""
+        now = time.time()
+        if self._restart_at is not None:
+            if now >= self._restart_at:
+                self._restart_all()
+            return
+        for worker in self.workers:
+            if worker.state is WorkerState.COOLDOWN and now >= worker.cooldown_until:
+                self.relaunches += 1
+                self._emit("restart", what="rank", why=worker.relaunch_why,
+                           restart_count=self.restart_count + self.relaunches,
+                           ranks=[worker.rank])
+                self._launch(worker)
+
+    def _schedule_restart_all(self, failed: list[ExitInfo], registered: set[str]) -> None:
         """torchrun's policy for scripts that do not use ``recovery``: restart everyone.
 
         Every other worker is stopped now; the restart waits out the re-registration
@@ -287,8 +353,7 @@ class Supervisor:
         goes on watching (and the live view counts it down).
         """
         self._stop_workers(signal.SIGTERM)
-        wait = max(self._control.cooldown_left(str(f.rank)) for f in failed)
-        self._restart_at = time.time() + wait
+        self._restart_at = time.time() + self._cooldown(failed, registered)
         self._restart_why = "; ".join(f"rank {f.rank} {f.describe()}" for f in failed)
         for worker in self.workers:
             worker.transition(WorkerState.COOLDOWN)
