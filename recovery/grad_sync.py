@@ -10,7 +10,8 @@ every process, before and after any restart.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -18,7 +19,11 @@ import torch.distributed as dist
 __all__ = ["all_reduce_gradients"]
 
 
-def all_reduce_gradients(parameters: Iterable[torch.nn.Parameter], group: dist.ProcessGroup | None = None) -> None:
+def all_reduce_gradients(
+    parameters: Iterable[torch.nn.Parameter],
+    group: dist.ProcessGroup | None = None,
+    wait: Callable[[Any], None] | None = None,
+) -> None:
     """Replace each gradient by its average over the ranks of ``group``.
 
     Call it after ``backward()`` and before ``optimizer.step()``, in place of DDP. The
@@ -32,6 +37,9 @@ def all_reduce_gradients(parameters: Iterable[torch.nn.Parameter], group: dist.P
     Args:
         parameters: the parameters, in a fixed order (``model.parameters()`` is one).
         group: the process group; the default group if ``None``.
+        wait: if given, each ``all_reduce`` is started asynchronously and ``wait(work)``
+            waits for it (a fault-aware wait may raise; the gradients are then left
+            untouched).
     """
     if not (dist.is_available() and dist.is_initialized()):
         return
@@ -44,7 +52,10 @@ def all_reduce_gradients(parameters: Iterable[torch.nn.Parameter], group: dist.P
             by_dtype.setdefault(param.grad.dtype, []).append(param.grad)
     for grads in by_dtype.values():
         flat = torch.cat([grad.reshape(-1) for grad in grads])
-        dist.all_reduce(flat, group=group)
+        if wait is None:
+            dist.all_reduce(flat, group=group)
+        else:
+            wait(dist.all_reduce(flat, group=group, async_op=True))
         flat.div_(world_size)
         for grad, reduced in zip(grads, flat.split([grad.numel() for grad in grads])):
             grad.copy_(reduced.view_as(grad))

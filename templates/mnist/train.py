@@ -11,19 +11,20 @@ recover (``--is_recover=1``, ``TFT_IS_RECOVER=1``, or a relaunch by a restart-al
 continues from its newest valid checkpoint. Data order is a pure function of (seed, epoch,
 step), RNG states are checkpointed and gradients are averaged in one fixed layout
 (``recovery.all_reduce_gradients``, not DDP), so a resumed run ends bitwise equal to an
-uninterrupted one. Output: ``step=<n> loss=<x>`` every ``--log_every`` steps, and on rank 0
+uninterrupted one. Under tftrun, the loop survives ``kill -9`` of any rank: the dead rank
+is relaunched, every rank rolls back to the newest checkpoint they all hold, and training
+goes on (``recovery.elastic.ElasticTrainer``). Output: ``step=<n> loss=<x>`` every ``--log_every`` steps, and on rank 0
 at the end ``final step=<n> params_sha256=<hex>``.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import logging
 import os
 import random
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 
 import numpy as np
@@ -32,16 +33,17 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from mnist_data import load_dataset
 
+import recovery
 from recovery.checkpoint import CheckpointConfig, CheckpointSaver
+from recovery.digest import params_sha256
+from recovery.elastic import ElasticTrainer
 from recovery.env import DATA_PATH, WorkerEnv
-from recovery.grad_sync import all_reduce_gradients
 from recovery.manifest import CheckpointError
-from recovery.restore import ResumePoint
 from recovery.sampler import ResumableDistributedSampler
 
 logger = logging.getLogger("mnist")
 
-# Finite, so that a rank whose peer died fails instead of waiting 30 minutes (gloo's default).
+# Finite, so that a rank whose peer died is never stuck for 30 minutes (gloo's default).
 PROCESS_GROUP_TIMEOUT = timedelta(minutes=5)
 # MNIST's mean and standard deviation, as in MindSpore's sample.
 MEAN, STD = 0.1307, 0.3081
@@ -83,89 +85,49 @@ def build_model() -> torch.nn.Module:
     )
 
 
-def params_sha256(model: torch.nn.Module) -> str:
-    """sha256 over every parameter's name and bytes, in registration order."""
-    digest = hashlib.sha256()
-    for name, param in model.named_parameters():
-        digest.update(name.encode())
-        digest.update(param.detach().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()
-
-
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
 
 
-def schedule(
-    sampler: ResumableDistributedSampler, start: ResumePoint, epochs: int, max_steps: int
-) -> Iterator[tuple[int, int, int, torch.Tensor]]:
-    """``(epoch, step, global_step, indices)`` of every step still to run."""
-    global_step = start.global_step
-    for epoch in range(start.epoch, epochs + 1):
-        sampler.set_epoch(epoch)
-        for step, indices in sampler.batches():
-            if max_steps and global_step >= max_steps:
-                return
-            global_step += 1
-            yield epoch, step, global_step, indices
-
-
-def check_same_start(start: ResumePoint, world_size: int) -> None:
-    """Fail on every rank if the ranks resumed from different steps (they would deadlock)."""
-    if world_size == 1:
-        return
-    steps = [torch.zeros(1, dtype=torch.int64) for _ in range(world_size)]
-    dist.all_gather(steps, torch.tensor([start.global_step]))
-    found = [int(s) for s in steps]
-    if len(set(found)) > 1:
-        raise CheckpointError(f"ranks resumed from different global steps {found}: their newest valid checkpoints differ")
-
-
-def train(args: argparse.Namespace, env: WorkerEnv) -> None:
+def train(args: argparse.Namespace, ctx: recovery.ClusterContext) -> None:
     seed_everything(args.seed)
     model = build_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     images, labels = load_dataset(os.environ.get(DATA_PATH), args.synthetic_size)
     sampler = ResumableDistributedSampler(
-        len(labels), args.batch_size, num_replicas=env.world_size, rank=env.rank, seed=args.seed
+        len(labels), args.batch_size, num_replicas=ctx.world_size, rank=ctx.rank, seed=args.seed
     )
     config = CheckpointConfig(
         save_checkpoint_steps=args.save_steps, keep_checkpoint_max=args.keep_max,
         append_info=["epoch_num", "step_num"], async_save=bool(args.async_save),
     )
     saver = CheckpointSaver(model, optimizer, config=config, prefix="mnist", directory=args.ckpt_dir, sampler=sampler)
-    start = ResumePoint()
-    if args.is_recover or env.is_recover or env.restart_count > 0:
-        start = saver.resume(allow_world_size_change=args.allow_world_size_change)
-    check_same_start(start, env.world_size)
-
-    position = (start.epoch, start.step, start.global_step)
-    for epoch, step, global_step, indices in schedule(sampler, start, args.epochs, args.max_steps):
-        inputs = (images[indices].float() / 255 - MEAN) / STD
+    trainer = ElasticTrainer(ctx, model, optimizer, saver=saver, sampler=sampler, resume=bool(args.is_recover),
+                             allow_world_size_change=args.allow_world_size_change)
+    # A plain loop: resuming, pausing when a peer dies, rolling back and going on happen
+    # inside trainer.steps() and trainer.all_reduce_gradients().
+    for step in trainer.steps(args.epochs, args.max_steps):
+        inputs = (images[step.indices].float() / 255 - MEAN) / STD
         optimizer.zero_grad()
-        loss = F.cross_entropy(model(inputs), labels[indices])
+        loss = F.cross_entropy(model(inputs), labels[step.indices])
         loss.backward()
-        all_reduce_gradients(model.parameters())
+        trainer.all_reduce_gradients()
         optimizer.step()
-        if global_step % args.log_every == 0:
-            print(f"step={global_step} loss={loss.item():.6f}", flush=True)
-        saver.step_end(epoch, step, global_step)
-        position = (epoch, step, global_step)
-    saver.train_end(*position)
-    if env.rank == 0:
-        print(f"final step={position[2]} params_sha256={params_sha256(model)}", flush=True)
+        if step.global_step % args.log_every == 0:
+            print(f"step={step.global_step} loss={loss.item():.6f}", flush=True)
+    if ctx.rank == 0:
+        print(f"final step={trainer.position.global_step} params_sha256={params_sha256(model)}", flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     env = WorkerEnv.from_env()
     logging.basicConfig(level=logging.INFO, format=f"[rank {env.rank}] %(levelname)s %(name)s: %(message)s")
-    if env.world_size > 1:
-        dist.init_process_group("gloo", timeout=PROCESS_GROUP_TIMEOUT)
     try:
-        train(args, env)
+        ctx = recovery.init(timeout=PROCESS_GROUP_TIMEOUT)
+        train(args, ctx)
     except CheckpointError as err:
         logger.error("%s", err)
         return 1
