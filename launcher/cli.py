@@ -22,6 +22,10 @@ from launcher.render import make_view
 from launcher.supervisor import Supervisor
 from recovery.env import DEFAULT_RECOVERY_PATH
 from recovery.events import EventLog
+from recovery.timeouts import (
+    DEFAULT_CLUSTER_TIME_OUT, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_PROGRESS_TIMEOUT,
+    DEFAULT_REJOIN_COOLDOWN,
+)
 
 __all__ = ["app", "main"]
 
@@ -74,21 +78,21 @@ def launch(
         "join", "True: also stream every worker's output here, prefixed with its rank.")
     ] = "False",
     cluster_time_out: Annotated[float, _opt(
-        "cluster_time_out", "Seconds to wait for the cluster to form.")] = 600.0,
+        "cluster_time_out", "Seconds to wait for the cluster to form.")] = DEFAULT_CLUSTER_TIME_OUT,
     max_restarts: Annotated[int, _opt(
         "max_restarts", "Restarts allowed after worker failures before the job stops.")] = 3,
     rejoin_cooldown: Annotated[float, _opt(
         "rejoin_cooldown", "Seconds a dead worker's node id may not re-register "
-        "(msrun's 30 s).")] = 30.0,
+        "(msrun's 30 s).")] = DEFAULT_REJOIN_COOLDOWN,
     monitor_interval: Annotated[float, _opt(
         "monitor_interval", "Seconds between checks of the workers (deaths are seen at "
         "once regardless).")] = 0.1,
     heartbeat_timeout: Annotated[float, _opt(
         "heartbeat_timeout", "Seconds without a heartbeat before a worker is declared dead.")
-    ] = 30.0,
+    ] = DEFAULT_HEARTBEAT_TIMEOUT,
     progress_timeout: Annotated[float, _opt(
         "progress_timeout", "Seconds without step progress (while others progress) before "
-        "a worker is declared hung.")] = 300.0,
+        "a worker is declared hung.")] = DEFAULT_PROGRESS_TIMEOUT,
     grace_period: Annotated[float, _opt(
         "grace_period", "Seconds between SIGTERM and SIGKILL when stopping processes.")] = 10.0,
     restart_policy: Annotated[str, _opt(

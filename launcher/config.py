@@ -16,6 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.errors import ConfigError
+from recovery.timeouts import (
+    DEFAULT_CLUSTER_TIME_OUT, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_PROGRESS_TIMEOUT,
+    DEFAULT_REJOIN_COOLDOWN,
+)
 
 __all__ = ["LaunchConfig", "bind_listener", "RESTART_POLICIES"]
 
@@ -36,12 +40,12 @@ class LaunchConfig:
     node_rank: int = 0
     log_dir: Path = Path("logs")
     join: bool = False
-    cluster_time_out: float = 600.0
+    cluster_time_out: float = DEFAULT_CLUSTER_TIME_OUT
     max_restarts: int = 3
-    rejoin_cooldown: float = 30.0
+    rejoin_cooldown: float = DEFAULT_REJOIN_COOLDOWN
     monitor_interval: float = 0.1
-    heartbeat_timeout: float = 30.0
-    progress_timeout: float = 300.0
+    heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
+    progress_timeout: float = DEFAULT_PROGRESS_TIMEOUT
     grace_period: float = 10.0
     restart_policy: str = "auto"
     is_recover: bool = False

@@ -68,7 +68,8 @@ class Supervisor:
         self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._follower = LogFollower(view.output) if config.join else None
         self._control = SchedulerControl(config.master_addr, config.master_port,
-                                         config.job_token)
+                                         config.job_token,
+                                         rejoin_cooldown=config.rejoin_cooldown)
         self._restart_at: float | None = None
         self._rendezvous_port = 0
         self._restart_why = ""

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,27 @@ def launch_args(log_dir: Path, port: int, workers: int, *extra: str) -> list[str
 def spawned_pids(log_dir: Path, role: str = "worker") -> dict[int | None, int]:
     """The latest pid of each rank (or of the scheduler) from the spawn events."""
     return {e["rank"]: e["pid"] for e in events(log_dir, "spawn") if e["role"] == role}
+
+
+def log_has(log_dir: Path, rank: int, text: str) -> bool:
+    path = log_dir / f"worker_{rank}.log"
+    return path.exists() and text in path.read_text(errors="ignore")
+
+
+def start_endless_job(tmp_path: Path, port: int) -> tuple[subprocess.Popen[str], Path, list[int]]:
+    """A 2-worker job that trains until stopped; returns once both ranks step."""
+    log_dir, ckpt = tmp_path / "logs", tmp_path / "ckpt"
+    ckpt.mkdir()
+    proc = spawn(tftrun_cmd(*launch_args(log_dir, port, 2),
+                            str(BIN / "plain_resumable.py"), "100000", str(ckpt)))
+    try:
+        wait_for(lambda: log_has(log_dir, 0, "step=2") and log_has(log_dir, 1, "step=2"), 60,
+                 "training under way")
+    except BaseException:
+        terminate(proc)
+        raise
+    pids = [*spawned_pids(log_dir).values(), *spawned_pids(log_dir, "scheduler").values()]
+    return proc, log_dir, pids
 
 
 def test_env_contract_per_rank(tmp_path: Path, free_port: int) -> None:
@@ -81,8 +103,7 @@ def test_restart_all_after_kill_9_resumes_from_the_scripts_checkpoint(
     proc = spawn(tftrun_cmd(*launch_args(log_dir, free_port, 3),
                             str(BIN / "plain_resumable.py"), "60", str(ckpt)))
     try:
-        wait_for(lambda: "step=5" in (log_dir / "worker_1.log").read_text(errors="ignore")
-                 if (log_dir / "worker_1.log").exists() else False, 60, "rank 1 at step 5")
+        wait_for(lambda: log_has(log_dir, 1, "step=5"), 60, "rank 1 at step 5")
         victim = spawned_pids(log_dir)[1]
         os.kill(victim, signal.SIGKILL)
         stdout, stderr = proc.communicate(timeout=120)
@@ -123,14 +144,8 @@ def test_spent_budget_prints_the_summary_and_exits_with_the_failing_code(
 @pytest.mark.parametrize(("sig", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_signal_to_tftrun_stops_everything(
         tmp_path: Path, free_port: int, sig: int, status: int) -> None:
-    log_dir, ckpt = tmp_path / "logs", tmp_path / "ckpt"
-    ckpt.mkdir()
-    proc = spawn(tftrun_cmd(*launch_args(log_dir, free_port, 2),
-                            str(BIN / "plain_resumable.py"), "100000", str(ckpt)))
+    proc, log_dir, pids = start_endless_job(tmp_path, free_port)
     try:
-        wait_for(lambda: "step=2" in (log_dir / "worker_1.log").read_text(errors="ignore")
-                 if (log_dir / "worker_1.log").exists() else False, 60, "training under way")
-        pids = [*spawned_pids(log_dir).values(), *spawned_pids(log_dir, "scheduler").values()]
         proc.send_signal(sig)
         proc.wait(timeout=30)
     finally:
@@ -141,14 +156,8 @@ def test_signal_to_tftrun_stops_everything(
 
 
 def test_kill_9_of_tftrun_leaves_no_orphans(tmp_path: Path, free_port: int) -> None:
-    log_dir, ckpt = tmp_path / "logs", tmp_path / "ckpt"
-    ckpt.mkdir()
-    proc = spawn(tftrun_cmd(*launch_args(log_dir, free_port, 2),
-                            str(BIN / "plain_resumable.py"), "100000", str(ckpt)))
+    proc, _, pids = start_endless_job(tmp_path, free_port)
     try:
-        wait_for(lambda: "step=2" in (log_dir / "worker_0.log").read_text(errors="ignore")
-                 if (log_dir / "worker_0.log").exists() else False, 60, "training under way")
-        pids = [*spawned_pids(log_dir).values(), *spawned_pids(log_dir, "scheduler").values()]
         proc.kill()
         proc.wait(timeout=10)
         wait_for(lambda: all(pid_gone(pid) for pid in pids), 2.0, "every child gone in 2 s")
