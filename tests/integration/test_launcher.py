@@ -50,12 +50,19 @@ def start_endless_job(tmp_path: Path, port: int) -> tuple[subprocess.Popen[str],
     return proc, log_dir, pids
 
 
-def test_env_contract_per_rank(tmp_path: Path, free_port: int) -> None:
+def run_allreduce(tmp_path: Path, port: int, workers: int, steps: int,
+                  *extra: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """Run plain_allreduce.py under tftrun; return the result and the script's output dir."""
     out = tmp_path / "out"
     out.mkdir()
-    result = run(tftrun_cmd(*launch_args(tmp_path / "logs", free_port, 3),
-                            str(BIN / "plain_allreduce.py"), "3", str(out)))
+    result = run(tftrun_cmd(*launch_args(tmp_path / "logs", port, workers, *extra),
+                            str(BIN / "plain_allreduce.py"), str(steps), str(out)))
     assert result.returncode == 0, result.stderr
+    return result, out
+
+
+def test_env_contract_per_rank(tmp_path: Path, free_port: int) -> None:
+    _, out = run_allreduce(tmp_path, free_port, 3, 3)
     seen = [json.loads((out / f"env_{rank}.json").read_text()) for rank in range(3)]
     run_ids = {s["env"][names.TORCHELASTIC_RUN_ID] for s in seen}
     assert len(run_ids) == 1
@@ -181,21 +188,13 @@ def test_second_run_keeps_the_first_runs_logs(tmp_path: Path, free_port: int) ->
 
 
 def test_join_streams_worker_output_prefixed_with_rank(tmp_path: Path, free_port: int) -> None:
-    out = tmp_path / "out"
-    out.mkdir()
-    result = run(tftrun_cmd(*launch_args(tmp_path / "logs", free_port, 2, "--join=True"),
-                            str(BIN / "plain_allreduce.py"), "1", str(out)))
-    assert result.returncode == 0, result.stderr
+    result, _ = run_allreduce(tmp_path, free_port, 2, 1, "--join=True")
     assert "[rank 0] rank 0 done" in result.stdout
     assert "[rank 1] rank 1 done" in result.stdout
 
 
 def test_plain_output_off_a_terminal_is_timestamped_lines(tmp_path: Path, free_port: int) -> None:
-    out = tmp_path / "out"
-    out.mkdir()
-    result = run(tftrun_cmd(*launch_args(tmp_path / "logs", free_port, 1),
-                            str(BIN / "plain_allreduce.py"), "1", str(out)))
-    assert result.returncode == 0, result.stderr
+    result, _ = run_allreduce(tmp_path, free_port, 1, 1)
     lines = [line for line in result.stdout.splitlines() if " tftrun: " in line]
     assert lines[0].split(" tftrun: ")[1].startswith("job_start")
     assert any(line.split(" tftrun: ")[1].startswith("job_end exitcode=0") for line in lines)
