@@ -35,7 +35,7 @@ from recovery.restore import FORMAT, FORMAT_VERSION, ResumePoint, TrainPosition,
 from recovery.rng import capture_rng_state
 from recovery.sampler import ResumableDistributedSampler
 
-__all__ = ["CheckpointConfig", "CheckpointSaver"]
+__all__ = ["CheckpointConfig", "CheckpointSaver", "write_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +164,38 @@ def _plain(obj: Any, where: str, copy: bool, reuse: Any = None) -> Any:
         f"{where} has type {type(obj).__name__}: a checkpoint holds only tensors and plain data "
         "(so that it loads with weights_only=True)"
     )
+
+
+def write_checkpoint(
+    directory: Path, name: str, state: dict[str, Any], position: TrainPosition, manifest: Manifest,
+    keep: Callable[[Iterable[CheckpointEntry]], list[str]] = lambda entries: [],
+) -> list[str]:
+    """Write ``state`` as ``directory/name`` durably and list it in the directory's manifest.
+
+    Args:
+        directory: the rank's checkpoint directory.
+        name: the file name (``layout.checkpoint_name``).
+        state: what the file holds (:meth:`CheckpointSaver.state`).
+        position: the step it holds.
+        manifest: the directory's manifest.
+        keep: given every entry (the new one included), the names to drop; they leave the
+            manifest in the same update that lists the new, durable file, then are deleted.
+
+    Returns:
+        The names dropped.
+    """
+    digest = write_atomic(directory / name, lambda file: torch.save(state, file))
+    entry = CheckpointEntry(
+        name, position.epoch, position.step, position.global_step, state["rank"], state["world_size"],
+        digest.size, digest.sha256, time.time(),
+    )
+    stale = keep({**manifest.entries(), name: entry}.values())
+    manifest.add(entry, remove=stale)
+    for stale_name in stale:
+        (directory / stale_name).unlink(missing_ok=True)
+    if stale:
+        fsync_dir(directory)
+    return stale
 
 
 class _AsyncWriter:
@@ -373,8 +405,14 @@ class CheckpointSaver:
         if self._writer is not None:
             self._writer.raise_if_failed()
 
-    def _snapshot(self, position: TrainPosition) -> dict[str, Any]:
-        """Everything a checkpoint holds; tensors copied to host memory for a background write."""
+    def state(self, position: TrainPosition, *, copy: bool = False) -> dict[str, Any]:
+        """Everything a checkpoint of ``position`` holds, as the file would hold it.
+
+        Args:
+            position: the step the current state is the result of.
+            copy: copy the tensors to host memory (for a background write); otherwise
+                the model's and optimizer's own tensors are referenced.
+        """
         data = None
         if self.sampler is not None:
             data = {"seed": self.sampler.seed, "batch_size": self.sampler.batch_size, "epoch": position.epoch, "step": position.step}
@@ -391,21 +429,16 @@ class CheckpointSaver:
             "rank": self.rank,
             "world_size": self.world_size,
         }
-        return _plain(state, "checkpoint", copy=self._writer is not None, reuse=self._host)
+        return _plain(state, "checkpoint", copy=copy, reuse=self._host if copy else None)
+
+    def _snapshot(self, position: TrainPosition) -> dict[str, Any]:
+        """The state to write; tensors copied to host memory for a background write."""
+        return self.state(position, copy=self._writer is not None)
 
     def _write(self, state: dict[str, Any], name: str, position: TrainPosition) -> None:
-        digest = write_atomic(self.directory / name, lambda file: torch.save(state, file))
-        entry = CheckpointEntry(
-            name, position.epoch, position.step, position.global_step, self.rank, self.world_size,
-            digest.size, digest.sha256, time.time(),
-        )
-        stale = self._beyond_keep_max({**self.manifest.entries(), name: entry}.values())
-        self.manifest.add(entry, remove=stale)
-        for stale_name in stale:
-            (self.directory / stale_name).unlink(missing_ok=True)
-        if stale:
-            fsync_dir(self.directory)
-        logger.debug("saved checkpoint %s", self.directory / name)
+        stale = write_checkpoint(self.directory, name, state, position, self.manifest,
+                                 keep=self._beyond_keep_max)
+        logger.debug("saved checkpoint %s (dropped %s)", self.directory / name, stale or "none")
 
     def _beyond_keep_max(self, entries: Iterable[CheckpointEntry]) -> list[str]:
         """This run's checkpoints beyond ``keep_checkpoint_max``, oldest first.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,11 +104,15 @@ def _alive(pid: int) -> bool:
 
 
 def remove_stale_temps(directory: str | os.PathLike[str]) -> None:
-    """Delete the temporary files of writers that are dead (killed mid-write)."""
+    """Delete the temporary files (or directories) of writers that died mid-write."""
     for name in os.listdir(directory):
         pid = temp_owner_pid(name)
         if pid is not None and not _alive(pid):
-            (Path(directory) / name).unlink(missing_ok=True)
+            path = Path(directory) / name
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
             logger.info("removed %s, left by writer %d that died mid-write", Path(directory) / name, pid)
 
 

@@ -23,6 +23,7 @@ def all_reduce_gradients(
     parameters: Iterable[torch.nn.Parameter],
     group: dist.ProcessGroup | None = None,
     wait: Callable[[Any], None] | None = None,
+    flags: torch.Tensor | None = None,
 ) -> None:
     """Replace each gradient by its average over the ranks of ``group``.
 
@@ -40,6 +41,9 @@ def all_reduce_gradients(
         wait: if given, each ``all_reduce`` is started asynchronously and ``wait(work)``
             waits for it (a fault-aware wait may raise; the gradients are then left
             untouched).
+        flags: a small tensor summed over the ranks in the same collective (appended to
+            the first buffer, so it costs no extra round trip); replaced by the sum. The
+            trainer uses it to say which ranks' devices failed in this step.
     """
     if not (dist.is_available() and dist.is_initialized()):
         return
@@ -50,12 +54,16 @@ def all_reduce_gradients(
     for param in parameters:
         if param.grad is not None:
             by_dtype.setdefault(param.grad.dtype, []).append(param.grad)
-    for grads in by_dtype.values():
-        flat = torch.cat([grad.reshape(-1) for grad in grads])
+    for index, grads in enumerate(by_dtype.values()):
+        extra = [flags.to(grads[0].dtype)] if flags is not None and index == 0 else []
+        flat = torch.cat([grad.reshape(-1) for grad in grads] + extra)
         if wait is None:
             dist.all_reduce(flat, group=group)
         else:
             wait(dist.all_reduce(flat, group=group, async_op=True))
+        if extra:
+            flags.copy_(flat[-flags.numel():])
+            flat = flat[:-flags.numel()]
         flat.div_(world_size)
         for grad, reduced in zip(grads, flat.split([grad.numel() for grad in grads])):
             grad.copy_(reduced.view_as(grad))

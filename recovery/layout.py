@@ -40,12 +40,17 @@ __all__ = [
     "temp_path",
     "temp_owner_pid",
     "ttp_checkpoint_path",
+    "ttp_checkpoint_name",
+    "ttp_step_dir",
+    "ttp_temp_dir",
+    "ttp_rank_dirs",
 ]
 
 CHECKPOINT_SUFFIX = ".ckpt"
 MANIFEST_NAME = "manifest.json"
 CHECKPOINTS_DIR = "checkpoints"
 TTP_DIR = "ttp_checkpoints"
+_TTP_STEP_PREFIX = "tft_saved_checkpoints-step_"
 _TEMP_SUFFIX = ".tmp"
 
 # The prefix is greedy, so it may itself contain '-' and '_'; epoch and step are the
@@ -152,5 +157,33 @@ def ttp_checkpoint_path(
         epoch: the epoch of that step (from 1).
         step: the step within that epoch.
     """
-    step_dir = Path(recovery_path) / TTP_DIR / f"tft_saved_checkpoints-step_{global_step}"
-    return step_dir / f"rank_{rank}" / checkpoint_name(f"ttp_rank_{rank}", epoch, step)
+    return ttp_step_dir(recovery_path, global_step) / f"rank_{rank}" / ttp_checkpoint_name(rank, epoch, step)
+
+
+def ttp_checkpoint_name(rank: int, epoch: int, step: int) -> str:
+    """The file name of ``rank``'s last-words checkpoint: ``ttp_rank_<r>-<epoch>_<step>.ckpt``."""
+    return checkpoint_name(f"ttp_rank_{rank}", epoch, step)
+
+
+def ttp_step_dir(recovery_path: str | os.PathLike[str], global_step: int) -> Path:
+    """The directory of every rank's last-words checkpoint of one step."""
+    return Path(recovery_path) / TTP_DIR / f"{_TTP_STEP_PREFIX}{global_step}"
+
+
+def ttp_temp_dir(recovery_path: str | os.PathLike[str], global_step: int) -> Path:
+    """Where a step's last-words checkpoints are written before the directory is renamed.
+
+    A hidden name with the writer's pid, never matched by :func:`ttp_rank_dirs`: a save
+    cut short leaves no directory that looks like a checkpoint.
+    """
+    final = ttp_step_dir(recovery_path, global_step)
+    return final.with_name(f".{final.name}.{os.getpid()}{_TEMP_SUFFIX}")
+
+
+def ttp_rank_dirs(recovery_path: str | os.PathLike[str], rank: int) -> list[Path]:
+    """``rank``'s directories of every complete last-words save, any order."""
+    root = Path(recovery_path) / TTP_DIR
+    if not root.is_dir():
+        return []
+    return [root / name / f"rank_{rank}" for name in os.listdir(root)
+            if name.startswith(_TTP_STEP_PREFIX) and (root / name / f"rank_{rank}").is_dir()]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -49,6 +50,13 @@ def wait_for_event(
 
 def events(log_dir: Path, name: str | None = None) -> list[dict[str, Any]]:
     return [e for e in read_events(log_dir) if name is None or e["event"] == name]
+
+
+def pick_free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def tftrun_cmd(*args: str) -> list[str]:

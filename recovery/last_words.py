@@ -1,0 +1,71 @@
+"""The last-words checkpoint (TTP): a healthy replica saves every rank's state of step n.
+
+In data parallelism every rank holds the same parameters and optimizer state, so when one
+rank dies, any consistent survivor (not mid-update, see :mod:`recovery.phase`) can write
+the state of its last completed step n for *every* rank, the dead one included. Ranks
+differ only in what is derived from the rank and the position (the data shard, which the
+sampler computes from the checkpoint's epoch and step), so the files differ only in their
+``rank`` field.
+
+The files follow the seeds' layout (:func:`recovery.layout.ttp_checkpoint_path`), each in
+a rank directory with its own manifest, so they verify and load like periodic ones. The
+whole step directory is written under a hidden temporary name and renamed when complete:
+a saver killed half-way leaves nothing that looks like a checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from recovery import layout
+from recovery.checkpoint import CheckpointSaver, write_checkpoint
+from recovery.durable import fsync_dir, remove_stale_temps
+from recovery.manifest import Manifest
+from recovery.restore import TrainPosition
+
+__all__ = ["save_last_words"]
+
+logger = logging.getLogger(__name__)
+
+
+def save_last_words(saver: CheckpointSaver, recovery_path: str | os.PathLike[str],
+                    position: TrainPosition, world_size: int) -> Path:
+    """Write the current state, as of ``position``, as every rank's last-words checkpoint.
+
+    Args:
+        saver: this rank's saver (what a checkpoint holds).
+        recovery_path: the job's recovery path.
+        position: the last step this rank completed; the state must be that step's.
+        world_size: how many ranks to write files for.
+
+    Returns:
+        The step directory. If a complete one for that step exists already (an earlier
+        fault at the same step), it is kept as it is.
+    """
+    final = layout.ttp_step_dir(recovery_path, position.global_step)
+    if final.is_dir():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(final.parent)
+    temp = layout.ttp_temp_dir(recovery_path, position.global_step)
+    try:
+        state = saver.state(position)
+        for rank in range(world_size):
+            directory = temp / f"rank_{rank}"
+            directory.mkdir(parents=True)
+            name = layout.ttp_checkpoint_name(rank, position.epoch, position.step)
+            write_checkpoint(directory, name, {**state, "rank": rank}, position, Manifest(directory))
+        fsync_dir(temp)
+        os.rename(temp, final)
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        if final.is_dir():  # another saver of the same step finished first
+            return final
+        raise
+    fsync_dir(final.parent)
+    logger.info("saved last-words checkpoints of step %d for %d ranks in %s",
+                position.global_step, world_size, final)
+    return final

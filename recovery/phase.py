@@ -1,0 +1,101 @@
+"""Where a rank is within its step: the OptTFTWrapper analogue (``recovery.wrap_optimizer``).
+
+A replica is *consistent* when it is not in the middle of ``optimizer.step()``: its
+parameters and optimizer state are then those of one completed step, and may be saved
+(last words) or copied to another rank (replica recovery). The wrapper marks the phases:
+
+* ``computing`` — from the start of a step until ``optimizer.step()`` begins;
+* ``updating`` — inside ``optimizer.step()``;
+* ``done`` — after it, until the next step starts.
+
+Marking a phase sets two attributes and calls a listener that only stores a value (the
+scheduler hears of it with the next heartbeat), so the step pays nothing measurable.
+
+The wrapper also lets the trainer void a step: when the step's gradient exchange failed
+(a peer died, or a rank's device failed), ``optimizer.step()`` does nothing, so that every
+rank stays at the state of its last completed step. A recoverable device error raised by
+the update itself is caught and recorded: the rank's state is then half-updated
+(inconsistent) until it is repaired from a replica.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from recovery.faults import is_recoverable_device_error
+
+__all__ = ["COMPUTING", "UPDATING", "DONE", "StepPhase", "wrap_optimizer", "phase_of"]
+
+COMPUTING = "computing"
+UPDATING = "updating"
+DONE = "done"
+
+_ATTRIBUTE = "_tft_phase"
+
+
+class StepPhase:
+    """The phase of one rank's current step, and what the trainer decided about it."""
+
+    def __init__(self) -> None:
+        self.phase = DONE
+        self.step = 0
+        self.void = False
+        """The current step's update must not happen (its gradients are not the average)."""
+        self.device_error: BaseException | None = None
+        """A recoverable device error the update raised: the state is half-updated."""
+        self.listener: Callable[[str], None] = lambda phase: None
+
+    @property
+    def consistent(self) -> bool:
+        """Not mid-update and not damaged by a device error."""
+        return self.phase != UPDATING and self.device_error is None
+
+    def mark(self, phase: str, step: int | None = None) -> None:
+        self.phase = phase
+        if step is not None:
+            self.step = step
+        self.listener(phase)
+
+    def start_step(self, step: int) -> None:
+        self.void = False
+        self.mark(COMPUTING, step)
+
+
+def wrap_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Make ``optimizer.step()`` report its phase; returns the same optimizer.
+
+    Wrapping twice is harmless. :class:`recovery.elastic.ElasticTrainer` wraps the
+    optimizer it is given, so a script that uses the trainer need not call this.
+    """
+    if hasattr(optimizer, _ATTRIBUTE):
+        return optimizer
+    tracker = StepPhase()
+    original = optimizer.step
+
+    @functools.wraps(original)
+    def step(*args: Any, **kwargs: Any) -> Any:
+        if tracker.void:
+            return None
+        tracker.mark(UPDATING)
+        try:
+            result = original(*args, **kwargs)
+        except Exception as err:
+            if not is_recoverable_device_error(err):
+                raise
+            tracker.device_error = err  # stays UPDATING: half-updated
+            return None
+        tracker.mark(DONE)
+        return result
+
+    optimizer.step = step  # type: ignore[method-assign]
+    setattr(optimizer, _ATTRIBUTE, tracker)
+    return optimizer
+
+
+def phase_of(optimizer: torch.optim.Optimizer) -> StepPhase:
+    """The phase tracker of a wrapped optimizer (wrapping it first if needed)."""
+    return getattr(wrap_optimizer(optimizer), _ATTRIBUTE)
