@@ -104,6 +104,9 @@ def launch(
     recovery_path: Annotated[Path, _opt(
         "recovery_path", "Folder for checkpoints and the scheduler's state.")
     ] = Path(DEFAULT_RECOVERY_PATH),
+    enable_tft: Annotated[str | None, _opt(
+        "enable_tft", "Lose-nothing modes in msrun's MS_ENABLE_TFT syntax, e.g. "
+        "'{TTP:1,UCE:1,ARF:1}' (the default); a mode left out is off.")] = None,
 ) -> int:
     """Launch SCRIPT as WORKER_NUM data-parallel workers and keep the job alive."""
     local = local_worker_num if local_worker_num is not None else nproc_per_node
@@ -117,7 +120,7 @@ def launch(
         rejoin_cooldown=rejoin_cooldown, monitor_interval=monitor_interval,
         heartbeat_timeout=heartbeat_timeout, progress_timeout=progress_timeout,
         grace_period=grace_period, restart_policy=restart_policy, is_recover=parse_bool(is_recover, "--is_recover"),
-        recovery_path=recovery_path,
+        recovery_path=recovery_path, enable_tft=enable_tft,
     )
     config.validate()
     lock = FileLock(str(config.log_dir / LOCK_FILE))

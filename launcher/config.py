@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.errors import ConfigError
+from recovery import env as names
+from recovery.modes import parse_enable_tft
 from recovery.timeouts import (
     DEFAULT_CLUSTER_TIME_OUT, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_PROGRESS_TIMEOUT,
     DEFAULT_REJOIN_COOLDOWN,
@@ -50,6 +52,7 @@ class LaunchConfig:
     restart_policy: str = "auto"
     is_recover: bool = False
     recovery_path: Path = Path("tft_recovery")
+    enable_tft: str | None = None
     run_id: str = field(default_factory=lambda: time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3))
     job_token: str = field(default_factory=lambda: secrets.token_hex(16))
 
@@ -94,8 +97,18 @@ class LaunchConfig:
         if self.restart_policy not in RESTART_POLICIES:
             raise ConfigError(f"--restart_policy must be one of {', '.join(RESTART_POLICIES)}, "
                               f"got {self.restart_policy!r}")
+        self._check_enable_tft()
         self._check_script()
         self._check_writable(self.log_dir, "--log_dir")
+
+    def _check_enable_tft(self) -> None:
+        """The modes must parse, whether given by --enable_tft or inherited MS_ENABLE_TFT."""
+        given = self.enable_tft if self.enable_tft is not None else os.environ.get(names.MS_ENABLE_TFT)
+        try:
+            parse_enable_tft(given)
+        except ValueError as err:
+            source = "--enable_tft" if self.enable_tft is not None else names.MS_ENABLE_TFT
+            raise ConfigError(f"{source}: {err}") from None
 
     def _check_script(self) -> None:
         if not self.script.exists():

@@ -50,6 +50,8 @@ def _common_env(config: LaunchConfig, base: Mapping[str, str]) -> dict[str, str]
         names.TFT_HEARTBEAT_TIMEOUT: str(config.heartbeat_timeout),
         names.TFT_PROGRESS_TIMEOUT: str(config.progress_timeout),
     })
+    if config.enable_tft is not None:
+        env[names.MS_ENABLE_TFT] = config.enable_tft
     return env
 
 

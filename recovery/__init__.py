@@ -28,6 +28,10 @@ _LAZY = {
     "init": "recovery.cluster",
     "ClusterContext": "recovery.cluster",
     "ClusterError": "recovery.cluster",
+    "ElasticTrainer": "recovery.elastic",
+    "wrap_optimizer": "recovery.phase",
+    "DeviceError": "recovery.faults",
+    "TftModes": "recovery.modes",
 }
 
 __all__ = ["WorkerEnv", *_LAZY]
