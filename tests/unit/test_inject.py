@@ -12,10 +12,13 @@ from typing import Any
 import pytest
 from support import REPO, events
 
-from recovery.cluster import ClusterContext
+from recovery.cluster import ClusterContext, _Session
 from recovery.faults import DeviceError, is_recoverable_device_error
+from recovery.heartbeat import Heartbeat
 from recovery.inject import Inbox, InjectedError, Injection, check, deliver
 from recovery.last_words import LastWords
+from recovery.membership import Identity
+from recovery.rpc import Op, SchedulerUnavailable
 from recovery.scheduler import Scheduler, SchedulerConfig
 from recovery.timeouts import Timeouts
 
@@ -172,6 +175,58 @@ def test_without_a_scheduler_nothing_is_pending_and_no_claim_is_granted() -> Non
     ctx.report_phase("computing")
     assert ctx.pending_injection(1) is None
     assert ctx.claim_last_words(1, consistent=True) is False
+
+
+class FakeLink:
+    """Answers every request with ``reply`` (or raises it), and remembers the requests."""
+
+    where = "127.0.0.1:1"
+
+    def __init__(self, reply: dict[str, Any] | Exception, connected: bool = True) -> None:
+        self.reply = reply
+        self.connected = connected
+        self.requests: list[tuple[Op, dict[str, Any]]] = []
+
+    def wait_connected(self, timeout: float) -> bool:
+        return self.connected
+
+    def call(self, op: Op, **fields: Any) -> dict[str, Any]:
+        self.requests.append((op, fields))
+        if isinstance(self.reply, Exception):
+            raise self.reply
+        return self.reply
+
+
+def context(link: FakeLink) -> ClusterContext:
+    heartbeat = Heartbeat(link, Identity("1", 101, 0, "h", 1), 1.0, 3)  # type: ignore[arg-type]
+    return ClusterContext(1, 2, 3, "1", 0, "gloo",
+                          _Session(link, heartbeat, Timeouts(), None))  # type: ignore[arg-type]
+
+
+def test_a_beat_sends_step_and_phase_and_files_what_the_reply_carries() -> None:
+    link = FakeLink({"ok": True, "generation": 3, "inject": [
+        {"id": "u1", "rank": 1, "fault": "uce", "at_step": 9}]})
+    ctx = context(link)
+    ctx.report_step(8)
+    ctx.report_phase("updating")
+    assert ctx._session is not None and ctx._session.heartbeat.beat()
+    [(op, fields)] = link.requests
+    assert (op, fields["step"], fields["phase"]) == (Op.HEARTBEAT, 8, "updating")
+    assert ctx.pending_injection(8) is None
+    assert ctx.pending_injection(9) == Injection("u1", 1, "uce", 9)
+    assert ctx.pending_injection(9) is None
+
+
+def test_a_claim_sends_the_generation_and_is_false_when_the_scheduler_is_away() -> None:
+    granted = FakeLink({"ok": True, "save": True})
+    assert context(granted).claim_last_words(40, consistent=True, reason="peer died")
+    assert granted.requests == [(Op.LAST_WORDS, {"rank": 1, "generation": 3, "step": 40,
+                                                 "consistent": True, "reason": "peer died"})]
+    assert not context(FakeLink({"ok": True, "save": False})).claim_last_words(40, True)
+    assert not context(FakeLink(SchedulerUnavailable("down"))).claim_last_words(40, True)
+    unconnected = FakeLink({"ok": True, "save": True}, connected=False)
+    assert not context(unconnected).claim_last_words(40, True)
+    assert unconnected.requests == []
 
 
 def test_check_accepts_every_fault_at_a_valid_rank_and_step() -> None:
