@@ -26,7 +26,7 @@ from launcher.status_cli import NoJobError, connect, query
 from recovery import env as names
 from recovery.env import WorkerEnv
 from recovery.events import EventLog
-from recovery.inject import FAULTS, Injection, check, new_id
+from recovery.inject import FAULTS, Injection, check, check_fault, new_id
 from recovery.membership import LIVE_STATES
 from recovery.rpc import Op
 from recovery.sched_files import Endpoint
@@ -56,22 +56,21 @@ def _token(endpoint: Endpoint) -> str:
     return seen.job_token
 
 
+def _holder(status: dict[str, Any], rank: int) -> int | None:
+    """The pid of the live process holding ``rank``, as the scheduler reports it."""
+    return next((m["pid"] for m in status["members"]
+                 if m["rank"] == rank and m["state"] in _LIVE), None)
+
+
 def _signal_target(status: dict[str, Any], rank: int) -> int | None:
-    """The pid of the live process holding ``rank``, if it is this job's and on this host.
+    """The pid of the process holding ``rank``, if it is this job's and on this host.
 
     A pid the scheduler reports may be another host's, or reused: only a process whose
     environment names this job's run id is signalled.
     """
-    member = next((m for m in status["members"] if m["rank"] == rank), None)
-    if member is None or member["state"] not in _LIVE:
-        return None
-    seen = _process_env(member["pid"])
-    return member["pid"] if seen is not None and seen.run_id == status["run_id"] else None
-
-
-def _holder(status: dict[str, Any], rank: int) -> str:
-    pids = [m["pid"] for m in status["members"] if m["rank"] == rank and m["state"] in _LIVE]
-    return f"pid {pids[0]}" if pids else "no live process yet"
+    pid = _holder(status, rank)
+    seen = None if pid is None else _process_env(pid)
+    return pid if seen is not None and seen.run_id == status["run_id"] else None
 
 
 def inject(
@@ -84,7 +83,7 @@ def inject(
         "[default: its next step; kill/term: at once, by signal]", show_default=False)] = None,
 ) -> None:
     """Inject FAULT into rank RANK of the job running with LOG_DIR."""
-    problem = check(0, fault, at_step, worker_num=1)  # the rank needs the job's size
+    problem = check_fault(fault, at_step)  # the rank is checked against the job's size
     if problem is not None:
         raise ConfigError(problem)
     try:
@@ -110,4 +109,6 @@ def inject(
     if not reply.get("ok"):
         raise TftrunError(f"the scheduler refused the injection: {reply.get('message')}")
     when = Injection(reply["id"], rank, fault, at_step).when
-    typer.echo(f"injected {fault} into rank {rank} ({_holder(status, rank)}) {when}")
+    pid = _holder(status, rank)
+    holder = "no live process yet" if pid is None else f"pid {pid}"
+    typer.echo(f"injected {fault} into rank {rank} ({holder}) {when}")

@@ -23,7 +23,7 @@ from typing import Any
 from recovery.faults import DeviceError
 
 __all__ = ["FAULTS", "Injection", "InjectedError", "Inbox", "InjectionQueue", "check",
-           "deliver", "new_id"]
+           "check_fault", "deliver", "new_id"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,15 +72,20 @@ def new_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
-def check(rank: int, fault: str, at_step: int | None, worker_num: int) -> str | None:
-    """Why an injection request is invalid, or ``None`` when it is valid."""
+def check_fault(fault: str, at_step: int | None) -> str | None:
+    """Why ``fault`` at ``at_step`` is invalid in any job, or ``None``."""
     if fault not in FAULTS:
         return f"unknown fault {fault!r} (one of {', '.join(FAULTS)})"
-    if not 0 <= rank < worker_num:
-        return f"rank {rank} is beyond worker_num={worker_num} (ranks are 0..{worker_num - 1})"
     if at_step is not None and at_step < 1:
         return f"at_step must be at least 1, got {at_step}"
     return None
+
+
+def check(rank: int, fault: str, at_step: int | None, worker_num: int) -> str | None:
+    """Why an injection request is invalid in a job of ``worker_num``, or ``None``."""
+    if not 0 <= rank < worker_num:
+        return f"rank {rank} is beyond worker_num={worker_num} (ranks are 0..{worker_num - 1})"
+    return check_fault(fault, at_step)
 
 
 class Inbox:

@@ -4,6 +4,7 @@ the worker's inbox, and what ``deliver`` does to a process."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,8 @@ from typing import Any
 import pytest
 from support import REPO, events
 
+from launcher.inject_cli import _signal_target
+from recovery import env as names
 from recovery.cluster import ClusterContext, _Session
 from recovery.faults import DeviceError, is_recoverable_device_error
 from recovery.heartbeat import Heartbeat
@@ -268,3 +271,18 @@ def test_hang_keeps_the_process_alive_without_returning() -> None:
         proc.kill()
         proc.communicate(timeout=10)
     assert proc.returncode == -9
+
+
+def test_tftctl_signals_a_pid_only_when_it_is_a_live_process_of_this_job() -> None:
+    job = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                           stdin=subprocess.PIPE, env={**os.environ, names.TFT_RUN_ID: "r-x"})
+    try:
+        def status(pid: int, state: str = "alive") -> dict[str, Any]:
+            return {"run_id": "r-x", "members": [{"rank": 1, "pid": pid, "state": state}]}
+
+        assert _signal_target(status(job.pid), 1) == job.pid
+        assert _signal_target(status(job.pid), 0) is None  # no member holds rank 0
+        assert _signal_target(status(job.pid, "dead"), 1) is None
+        assert _signal_target(status(os.getpid()), 1) is None  # not this job's process
+    finally:
+        job.communicate(timeout=10)
