@@ -274,9 +274,11 @@ def test_hang_keeps_the_process_alive_without_returning() -> None:
 
 
 def test_tftctl_signals_a_pid_only_when_it_is_a_live_process_of_this_job() -> None:
-    job = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
-                           stdin=subprocess.PIPE, env={**os.environ, names.TFT_RUN_ID: "r-x"})
+    job = subprocess.Popen([sys.executable, "-c", "import sys; print('up', flush=True); "
+                            "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           text=True, env={**os.environ, names.TFT_RUN_ID: "r-x"})
     try:
+        assert job.stdout is not None and job.stdout.readline() == "up\n"  # past its exec
         def status(pid: int, state: str = "alive") -> dict[str, Any]:
             return {"run_id": "r-x", "members": [{"rank": 1, "pid": pid, "state": state}]}
 
