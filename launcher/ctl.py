@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from launcher import ckpt_cli, new_cli, status_cli
+from launcher import ckpt_cli, inject_cli, new_cli, status_cli
 from launcher.cliutil import new_app, run_app
 
 __all__ = ["app", "main"]
@@ -14,6 +14,7 @@ app = new_app("tftctl", "Inspect and control tftrun jobs and their checkpoints."
 app.add_typer(ckpt_cli.app, name="ckpt")
 app.command(name="new")(new_cli.new)
 app.command(name="status")(status_cli.status)
+app.command(name="inject")(inject_cli.inject)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,13 +2,16 @@
 
 The scheduler writes where it serves to ``DIR/scheduler.json`` (recovery/sched_files.py);
 this asks it for its table over the store. A dead scheduler pid, a missing file or no
-answer all mean the same thing to the user: no job is running in DIR.
+answer all mean the same thing to the user: no job is running in DIR. Below the table, the
+newest fault and how it was recovered, from ``DIR/events.jsonl``.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,13 +19,15 @@ import psutil
 import typer
 
 from launcher.errors import TftrunError
+from recovery.events import read_events
 from recovery.rpc import Op, SchedulerLink, SchedulerUnavailable
 from recovery.sched_files import Endpoint
 
-__all__ = ["status", "query", "format_status", "NoJobError"]
+__all__ = ["status", "query", "connect", "format_status", "describe_last_fault", "NoJobError"]
 
 ANSWER_TIMEOUT = 5.0
-_COLUMNS = ("node", "rank", "pid", "incarnation", "state", "heartbeat", "step", "cooldown")
+_COLUMNS = ("node", "rank", "pid", "incarnation", "state", "heartbeat", "step", "phase",
+            "cooldown")
 
 
 class NoJobError(TftrunError):
@@ -36,21 +41,32 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def query(log_dir: Path, timeout: float = ANSWER_TIMEOUT) -> dict[str, Any]:
-    """The status the scheduler of ``log_dir`` reports; NoJobError when none answers."""
+@contextmanager
+def connect(log_dir: Path, timeout: float = ANSWER_TIMEOUT,
+            token_of: Callable[[Endpoint], str] = lambda _endpoint: "",
+            ) -> Iterator[SchedulerLink]:
+    """A link to the scheduler of ``log_dir``, its requests signed with ``token_of`` its
+    endpoint; NoJobError when none runs or answers (also when a request fails)."""
     endpoint = Endpoint.read(log_dir)
     if endpoint is None or not _alive(endpoint.pid):
         raise NoJobError(f"no job is running in {log_dir}")
-    link = SchedulerLink(endpoint.host, endpoint.port, token="", reply_timeout=timeout)
+    link = SchedulerLink(endpoint.host, endpoint.port, token=token_of(endpoint),
+                         reply_timeout=timeout)
     try:
         if not link.wait_connected(timeout):
             raise NoJobError(f"no job is running in {log_dir}: the scheduler at "
                              f"{link.where} (pid {endpoint.pid}) does not answer")
-        return link.call(Op.STATUS)
+        yield link
     except SchedulerUnavailable as err:
         raise NoJobError(f"no job is running in {log_dir}: {err}") from None
     finally:
         link.close()
+
+
+def query(log_dir: Path, timeout: float = ANSWER_TIMEOUT) -> dict[str, Any]:
+    """The status the scheduler of ``log_dir`` reports; NoJobError when none answers."""
+    with connect(log_dir, timeout) as link:
+        return link.call(Op.STATUS)
 
 
 def _age(seconds: float | None) -> str:
@@ -74,7 +90,7 @@ def format_status(status: dict[str, Any], now: float | None = None) -> str:
               + f"; scheduler pid {status['pid']} on {status['host']}, "
               f"up {now - status['started']:.0f}s")
     rows = [[m["node_id"], _cell(m["rank"]), _cell(m["pid"]), _cell(m["incarnation"]),
-             m["state"], _age(m["heartbeat_age"]), _cell(m["step"]),
+             m["state"], _age(m["heartbeat_age"]), _cell(m["step"]), _cell(m.get("phase")),
              f"{m['cooldown_left']:.1f}s" if m["cooldown_left"] > 0 else "-"]
             for m in members]
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(_COLUMNS)]
@@ -82,6 +98,30 @@ def format_status(status: dict[str, Any], now: float | None = None) -> str:
     for row in ([*_COLUMNS], *rows):
         lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
     return "\n".join(lines)
+
+
+def _newest(events: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
+    return next((e for e in reversed(events) if e.get("event") == name), None)
+
+
+def describe_last_fault(events: list[dict[str, Any]], now: float | None = None) -> str:
+    """One line on the newest ``fault`` event and the recovery that followed it, if any."""
+    now = time.time() if now is None else now
+    fault = _newest(events, "fault")
+    if fault is None:
+        return "last fault: none"
+    after = events[events.index(fault) + 1:]
+    line = (f"last fault: rank {_cell(fault.get('rank'))} cause={fault.get('cause')} "
+            f"{now - fault['ts']:.0f}s ago")
+    recovered, rollback = _newest(after, "recovered"), _newest(after, "rollback")
+    if recovered is not None:
+        line += f"; recovered in {recovered['seconds']:.1f} s"
+    elif rollback is not None:
+        line += f"; rolled back to step {rollback['step']}"
+    else:
+        return line + "; not recovered yet"
+    source = (recovered or {}).get("source") or (rollback or {}).get("source")
+    return line + ("" if source is None else f" (source {source})")
 
 
 def status(
@@ -92,4 +132,8 @@ def status(
 ) -> None:
     """Print the membership table of the job running with LOG_DIR; exit 1 if none is."""
     answer = query(log_dir)
-    typer.echo(json.dumps(answer, indent=1) if as_json else format_status(answer))
+    if as_json:
+        typer.echo(json.dumps(answer, indent=1))
+        return
+    typer.echo(format_status(answer))
+    typer.echo(describe_last_fault(list(read_events(log_dir))))

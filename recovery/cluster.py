@@ -30,6 +30,7 @@ from typing import Any
 from recovery import env as names
 from recovery.env import WorkerEnv
 from recovery.heartbeat import Heartbeat
+from recovery.inject import Injection
 from recovery.membership import Identity, describe_incomplete
 from recovery.rpc import (
     Op,
@@ -93,6 +94,49 @@ class ClusterContext:
         """Tell the scheduler (with the next heartbeat) that training reached ``step``."""
         if self._session is not None:
             self._session.heartbeat.step = step
+
+    def report_phase(self, phase: str) -> None:
+        """Tell the scheduler (with the next heartbeat) what the loop is doing, e.g.
+        ``computing``, ``updating``, ``done``; shown by ``tftctl status``."""
+        if self._session is not None:
+            self._session.heartbeat.phase = phase
+
+    def pending_injection(self, global_step: int) -> Injection | None:
+        """The oldest fault injection received for this rank that is due at
+        ``global_step`` (removed: it is handed out once); ``None`` when none is.
+
+        Cheap enough for every step: no request, a list check. Ask before reporting the
+        step, so that a ``hang`` leaves this rank behind the others' step, where the
+        scheduler's progress rule sees it (docs/fault-injection.md).
+        """
+        if self._session is None:
+            return None
+        return self._session.heartbeat.inbox.take_due(global_step)
+
+    def claim_last_words(self, global_step: int, consistent: bool, reason: str = "") -> bool:
+        """Ask the scheduler whether this rank saves the last-words checkpoint of the
+        fault that broke generation :attr:`generation` (recovery/claims.py).
+
+        True for the first claim with ``consistent=True`` of that generation, False for
+        every other claim, and when there is no scheduler or it does not answer within
+        a few seconds. Needs no process group: a survivor calls it with its group broken.
+        """
+        session = self._session
+        if session is None:
+            return False
+        try:
+            if not session.link.wait_connected(REPLY_TIMEOUT):
+                raise SchedulerUnavailable(f"no connection to the scheduler at "
+                                           f"{session.link.where}")
+            reply = session.link.call(Op.LAST_WORDS, rank=self.rank, generation=self.generation,
+                                      step=global_step, consistent=consistent, reason=reason)
+        except SchedulerUnavailable as err:
+            logger.warning("last-words claim for step %d not decided: %s", global_step, err)
+            return False
+        if not reply.get("ok"):
+            logger.warning("last-words claim refused: %s", reply.get("message"))
+            return False
+        return bool(reply["save"])
 
     @property
     def latest_generation(self) -> int:

@@ -1,7 +1,9 @@
 """A worker's heartbeat: a background thread that tells the scheduler it is alive, and where.
 
-Each beat carries the process's identity and its latest step (``report_step`` only sets
-an attribute, so the training loop pays nothing). When the scheduler dies, beats fail;
+Each beat carries the process's identity, its latest step and phase (``report_step`` and
+``report_phase`` only set an attribute, so the training loop pays nothing). A reply may
+carry fault injections for this rank (recovery/inject.py): they go to :attr:`Heartbeat.inbox`
+for the training loop to take. When the scheduler dies, beats fail;
 the link reconnects by itself and the next beat re-attaches the worker to the relaunched
 scheduler: training goes on meanwhile, since gloo does not use the store after its
 rendezvous (DESIGN.md §9).
@@ -20,6 +22,7 @@ import sys
 import threading
 from collections.abc import Callable
 
+from recovery.inject import Inbox, Injection
 from recovery.membership import Identity
 from recovery.rpc import Op, SchedulerLink, SchedulerUnavailable
 
@@ -50,6 +53,8 @@ class Heartbeat:
     def __init__(self, link: SchedulerLink, identity: Identity, interval: float,
                  generation: int, on_evicted: Callable[[str], None] = _exit_evicted) -> None:
         self.step: int | None = None
+        self.phase: str | None = None
+        self.inbox = Inbox()
         self.generation = generation
         self._link = link
         self._fields = dataclasses.asdict(identity)
@@ -75,7 +80,8 @@ class Heartbeat:
         or, while one is being formed with it, that one.
         """
         try:
-            reply = self._link.call(Op.HEARTBEAT, **self._fields, step=self.step)
+            reply = self._link.call(Op.HEARTBEAT, **self._fields, step=self.step,
+                                    phase=self.phase)
         except SchedulerUnavailable as err:
             if not self._lost:
                 logger.warning("%s lost the scheduler (%s); training goes on, reconnecting",
@@ -87,12 +93,20 @@ class Heartbeat:
             self._lost = False
         if reply.get("ok"):
             self.generation = int(reply["generation"])
+            self._receive(reply.get("inject", []))
             return True
         message = str(reply.get("message"))
         logger.error("%s evicted by the scheduler: %s", self._prefix, message)
         self._stop.set()
         self._on_evicted(message)
         return False
+
+    def _receive(self, injections: list[dict[str, object]]) -> None:
+        received = [Injection.from_json(raw) for raw in injections]
+        for injection in received:
+            logger.warning("%s received fault injection %s: %s %s", self._prefix, injection.id,
+                           injection.fault, injection.when)
+        self.inbox.add(received)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):

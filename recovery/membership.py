@@ -176,6 +176,7 @@ class Member:
     host: str
     state: MemberState
     step: int | None = None
+    phase: str | None = None  # what the training loop says it is doing, as it says it
     heartbeat_at: float = 0.0  # monotonic
     progress_at: float = 0.0  # monotonic
 
@@ -194,13 +195,14 @@ class Member:
                 "incarnation": self.incarnation}
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.fields(), "host": self.host, "state": self.state.value, "step": self.step}
+        return {**self.fields(), "host": self.host, "state": self.state.value, "step": self.step,
+                "phase": self.phase}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Member:
         return cls(str(data["node_id"]), int(data["rank"]), int(data["pid"]),
                    int(data["incarnation"]), str(data["host"]), MemberState(data["state"]),
-                   data.get("step"))
+                   data.get("step"), data.get("phase"))
 
 
 @dataclass(frozen=True)
@@ -296,8 +298,9 @@ class Membership:
                 self.timeouts.heartbeat_interval)
         return self._admit(node_id, rank, identity, event)
 
-    def heartbeat(self, identity: Identity, token: str, step: int | None) -> Accepted | Refused:
-        """A registered process is alive and at ``step``.
+    def heartbeat(self, identity: Identity, token: str, step: int | None,
+                  phase: str | None = None) -> Accepted | Refused:
+        """A registered process is alive and at ``step``, doing ``phase`` (if it says).
 
         A process the scheduler does not know (its state was lost) is admitted again
         under the registration rules: that is how workers re-attach after a scheduler
@@ -320,6 +323,8 @@ class Membership:
             return self._refuse(identity, RefuseReason.STALE,
                                 f"node {identity.node_id} was declared {member.state.value}")
         self._confirm(member)
+        if phase is not None:
+            member.phase = phase
         if step is not None and step != member.step:
             member.step = step
             member.progress_at = self.clock.monotonic()
@@ -554,7 +559,7 @@ class Membership:
             member.transition(MemberState.ALIVE)
             member.pid, member.incarnation, member.host = (identity.pid, identity.incarnation,
                                                            identity.host)
-            member.step = None
+            member.step = member.phase = None
         member.heartbeat_at = member.progress_at = now
         self._last_refusal.pop(identity.node_id, None)
         self._emit(event, **member.fields(), host=member.host,

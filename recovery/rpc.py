@@ -56,6 +56,8 @@ class Op(str, Enum):
     EXIT = "exit"
     COOLDOWN = "cooldown"
     VERDICTS = "verdicts"
+    INJECT = "inject"
+    LAST_WORDS = "last_words"
     STATUS = "status"
     TICK = "tick"
 

@@ -34,7 +34,15 @@ from typing import Any
 from recovery import env as names
 from recovery.env import WorkerEnv
 from recovery.events import EventLog
-from recovery.membership import NO_GENERATION, Identity, Membership, describe_incomplete
+from recovery.inject import Injection, InjectionQueue, check, new_id
+from recovery.claims import LastWords
+from recovery.membership import (
+    NO_GENERATION,
+    Accepted,
+    Identity,
+    Membership,
+    describe_incomplete,
+)
 from recovery.rpc import REQUESTS, Op, open_client, ready_key, reply_key
 from recovery.sched_files import Endpoint, StateFile
 from recovery.timeouts import Timeouts
@@ -108,6 +116,10 @@ class Scheduler:
         self.config = config
         self.membership = Membership(config.worker_num, config.token, config.timeouts)
         self.events = EventLog(config.log_dir)
+        self.injections = InjectionQueue()
+        self.last_words = LastWords()
+        self._decided: list[tuple[str, dict[str, Any]]] = []
+        self._changed = False
         self._state = StateFile(config.recovery_path)
         self._stopping = threading.Event()
         self._loop_exited = threading.Event()
@@ -129,6 +141,8 @@ class Scheduler:
             Op.EXIT: lambda request: self._on_exit(request, by="supervisor"),
             Op.COOLDOWN: self._on_cooldown,
             Op.VERDICTS: self._on_verdicts,
+            Op.INJECT: self._on_inject,
+            Op.LAST_WORDS: self._on_last_words,
         }
 
     # ----------------------------------------------------------------- lifecycle
@@ -182,10 +196,16 @@ class Scheduler:
             return False
         if data.get("finished") or data.get("run_id") != self.config.run_id:
             return False
-        problem = self.membership.load(data.get("membership", {}))
+        try:  # parsed before the membership is taken over: all or nothing
+            injections = InjectionQueue.parse(data.get("injections", []))
+            grants = LastWords.parse(data.get("last_words", {}))
+            problem = self.membership.load(data.get("membership", {}))
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            problem = f"it is malformed ({err!r})"
         if problem is not None:
             logger.warning("not reloading %s: %s", self._state.path, problem)
             return False
+        self.injections.pending, self.last_words.grants = injections, grants
         self._saved = json.dumps(self._snapshot(finished=False), sort_keys=True)
         return True
 
@@ -246,10 +266,48 @@ class Scheduler:
                                         str(request.get("token", ""))).to_json()
 
     def _on_heartbeat(self, request: dict[str, Any]) -> dict[str, Any]:
-        step = request.get("step")
-        return self.membership.heartbeat(Identity.from_json(request),
-                                         str(request.get("token", "")),
-                                         None if step is None else int(step)).to_json()
+        """A beat; the reply hands the member the injections queued for its rank."""
+        step, phase = request.get("step"), request.get("phase")
+        answer = self.membership.heartbeat(Identity.from_json(request),
+                                           str(request.get("token", "")),
+                                           None if step is None else int(step),
+                                           None if phase is None else str(phase))
+        reply = answer.to_json()
+        if isinstance(answer, Accepted) and (taken := self.injections.take(answer.rank)):
+            reply["inject"] = [i.to_json() for i in taken]
+            self._changed = True  # handed out: persisted before the reply, never again
+        return reply
+
+    def _on_inject(self, request: dict[str, Any]) -> dict[str, Any]:
+        if not self._authorized(request):
+            return _WRONG_TOKEN
+        at_step = request.get("at_step")
+        injection = Injection(new_id(), int(request["rank"]), str(request["fault"]),
+                              None if at_step is None else int(at_step))
+        problem = check(injection.rank, injection.fault, injection.at_step,
+                        self.config.worker_num)
+        if problem is not None:
+            return {"ok": False, "reason": "bad_injection", "message": problem}
+        self.injections.add(injection)
+        self._decide("inject", **injection.to_json(), via="scheduler")
+        return {"ok": True, "id": injection.id}
+
+    def _on_last_words(self, request: dict[str, Any]) -> dict[str, Any]:
+        """A survivor of a fault claims the last-words save (recovery/claims.py)."""
+        if not self._authorized(request):
+            return _WRONG_TOKEN
+        rank, generation, step = (int(request["rank"]), int(request["generation"]),
+                                  int(request["step"]))
+        consistent = bool(request["consistent"])
+        save = self.last_words.claim(generation, rank, step, consistent)
+        self._decide("last_words_claim", rank=rank, generation=generation, step=step,
+                     consistent=consistent, granted=save, reason=str(request.get("reason", "")))
+        return {"ok": True, "save": save}
+
+    def _decide(self, event: str, **fields: Any) -> None:
+        """Record a decision of this module's own: persisted, then announced as ``event``."""
+        self._decided.append((event, fields))
+        self._changed = True
 
     def _authorized(self, request: dict[str, Any]) -> bool:
         if self.membership.token_ok(str(request.get("token", ""))):
@@ -283,8 +341,9 @@ class Scheduler:
     def _after_request(self) -> None:
         """Apply the periodic rules, persist, then make the decisions known."""
         self.membership.check()
-        decided = self.membership.drain_events()
-        self._save(finished=False, now=bool(decided))
+        decided = [*self.membership.drain_events(), *self._decided]
+        self._save(finished=False, now=bool(decided) or self._changed)
+        self._decided, self._changed = [], False
         for name, fields in decided:
             self.events.emit(name, **fields)
             logger.info("%s %s", name, " ".join(f"{k}={v}" for k, v in fields.items()))
@@ -300,7 +359,9 @@ class Scheduler:
 
     def _snapshot(self, finished: bool) -> dict[str, Any]:
         return {"run_id": self.config.run_id, "finished": finished,
-                "membership": self.membership.to_json()}
+                "membership": self.membership.to_json(),
+                "injections": self.injections.to_json(),
+                "last_words": self.last_words.to_json()}
 
     def _save(self, finished: bool, now: bool = True) -> None:
         """Persist the state when it changed: at once after a decision, else at most every

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.status_cli import NoJobError, format_status, query
+from launcher.status_cli import NoJobError, describe_last_fault, format_status, query
 from recovery.sched_files import Endpoint
 
 STATUS = {
@@ -16,11 +16,11 @@ STATUS = {
     "pid": 4000, "host": "127.0.0.1", "started": 1000.0,
     "members": [
         {"node_id": "0", "rank": 0, "pid": 4001, "incarnation": 1, "host": "h",
-         "state": "alive", "step": 17, "heartbeat_age": 0.42, "cooldown_left": 0.0},
+         "state": "alive", "step": 17, "phase": "updating", "heartbeat_age": 0.42, "cooldown_left": 0.0},
         {"node_id": "1", "rank": 1, "pid": 4002, "incarnation": 0, "host": "h",
-         "state": "hung", "step": 12, "heartbeat_age": 0.3, "cooldown_left": 0.0},
+         "state": "hung", "step": 12, "phase": "computing", "heartbeat_age": 0.3, "cooldown_left": 0.0},
         {"node_id": "2", "rank": 2, "pid": 4003, "incarnation": 0, "host": "h",
-         "state": "dead", "step": None, "heartbeat_age": None, "cooldown_left": 12.34},
+         "state": "dead", "step": None, "phase": None, "heartbeat_age": None, "cooldown_left": 12.34},
     ],
 }
 
@@ -30,10 +30,12 @@ def test_the_table_has_a_row_per_member_with_every_column() -> None:
     assert lines[0] == ("job r1: generation 2, 2/3 workers live, missing ranks [2]; "
                         "scheduler pid 4000 on 127.0.0.1, up 65s")
     assert lines[2].split() == ["node", "rank", "pid", "incarnation", "state", "heartbeat",
-                                "step", "cooldown"]
-    assert lines[3].split() == ["0", "0", "4001", "1", "alive", "0.4s", "ago", "17", "-"]
-    assert lines[4].split() == ["1", "1", "4002", "0", "hung", "0.3s", "ago", "12", "-"]
-    assert lines[5].split() == ["2", "2", "4003", "0", "dead", "-", "-", "12.3s"]
+                                "step", "phase", "cooldown"]
+    assert lines[3].split() == ["0", "0", "4001", "1", "alive", "0.4s", "ago", "17", "updating",
+                                "-"]
+    assert lines[4].split() == ["1", "1", "4002", "0", "hung", "0.3s", "ago", "12", "computing",
+                                "-"]
+    assert lines[5].split() == ["2", "2", "4003", "0", "dead", "-", "-", "-", "12.3s"]
 
 
 def test_no_endpoint_or_a_dead_scheduler_means_no_job(tmp_path: Path) -> None:
@@ -44,3 +46,23 @@ def test_no_endpoint_or_a_dead_scheduler_means_no_job(tmp_path: Path) -> None:
     Endpoint("127.0.0.1", 1, dead.pid, "r1", 0.0).write(tmp_path)
     with pytest.raises(NoJobError, match="no job is running in"):
         query(tmp_path)
+
+
+FAULT = {"ts": 1000.0, "event": "fault", "rank": 1, "pid": 4002, "incarnation": 0,
+         "cause": "uce"}
+
+
+def test_the_last_fault_line_names_the_newest_fault_and_its_recovery() -> None:
+    older = {**FAULT, "ts": 900.0, "rank": 0, "cause": "SIGKILL"}
+    recovered = {"ts": 1000.8, "event": "recovered", "generation": 1, "step": 40,
+                 "seconds": 0.8, "source": "in_place"}
+    assert describe_last_fault([], now=1010.0) == "last fault: none"
+    assert describe_last_fault([older, recovered, FAULT], now=1010.0) == (
+        "last fault: rank 1 cause=uce 10s ago; not recovered yet")
+    assert describe_last_fault([older, FAULT, recovered], now=1010.0) == (
+        "last fault: rank 1 cause=uce 10s ago; recovered in 0.8 s (source in_place)")
+    rollback = {"ts": 1000.5, "event": "rollback", "step": 40, "source": "checkpoint"}
+    assert describe_last_fault([FAULT, rollback], now=1010.0) == (
+        "last fault: rank 1 cause=uce 10s ago; rolled back to step 40 (source checkpoint)")
+    assert describe_last_fault([FAULT, rollback, {**recovered, "source": None}],
+                               now=1010.0).endswith("recovered in 0.8 s (source checkpoint)")

@@ -1,0 +1,114 @@
+"""``tftctl inject``: rehearse a failure of one rank of a running job.
+
+``kill`` and ``term`` without ``--at_step`` are plain signals to the rank's process, sent
+from here at once (as a user's ``kill`` would be). Everything else goes through the
+scheduler (``Op.INJECT``), which hands it to the rank's process with its next heartbeat;
+the training loop carries it out (recovery/inject.py, docs/fault-injection.md).
+
+The scheduler checks the job token on an injection. The token is written nowhere
+(docs/scheduler.md, threat model), so this reads it from the scheduler process's
+environment: whoever may read that may signal the job's processes anyway. Where that is
+not possible (another user, another host), ``TFT_JOB_TOKEN`` in this environment is used.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Annotated, Any
+
+import psutil
+import typer
+
+from launcher.errors import ConfigError, TftrunError
+from launcher.status_cli import NoJobError, connect, query
+from recovery import env as names
+from recovery.env import WorkerEnv
+from recovery.events import EventLog
+from recovery.inject import FAULTS, Injection, check, check_fault, new_id
+from recovery.membership import LIVE_STATES
+from recovery.rpc import Op
+from recovery.sched_files import Endpoint
+
+__all__ = ["inject"]
+
+_SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM}
+_LIVE = {state.value for state in LIVE_STATES}
+
+
+def _process_env(pid: int) -> WorkerEnv | None:
+    """The env contract as process ``pid`` sees it; ``None`` when it cannot be read."""
+    try:
+        return WorkerEnv.from_env(psutil.Process(pid).environ())
+    except (psutil.Error, ValueError):
+        return None
+
+
+def _token(endpoint: Endpoint) -> str:
+    given = os.environ.get(names.TFT_JOB_TOKEN)
+    if given is not None:
+        return given
+    seen = _process_env(endpoint.pid)
+    if seen is None:
+        raise TftrunError(f"cannot read the job token from the scheduler's environment "
+                          f"(pid {endpoint.pid}); set {names.TFT_JOB_TOKEN}")
+    return seen.job_token
+
+
+def _holder(status: dict[str, Any], rank: int) -> int | None:
+    """The pid of the live process holding ``rank``, as the scheduler reports it."""
+    return next((m["pid"] for m in status["members"]
+                 if m["rank"] == rank and m["state"] in _LIVE), None)
+
+
+def _signal_target(status: dict[str, Any], rank: int) -> int | None:
+    """The pid of the process holding ``rank``, if it is this job's and on this host.
+
+    A pid the scheduler reports may be another host's, or reused: only a process whose
+    environment names this job's run id is signalled.
+    """
+    pid = _holder(status, rank)
+    seen = None if pid is None else _process_env(pid)
+    return pid if seen is not None and seen.run_id == status["run_id"] else None
+
+
+def inject(
+    log_dir: Annotated[Path, typer.Option("--log_dir", "--log-dir",
+                                          help="The job's log dir (tftrun's --log_dir).")],
+    rank: Annotated[int, typer.Option("--rank", help="The rank to fail.")],
+    fault: Annotated[str, typer.Option("--fault", help=f"One of: {', '.join(FAULTS)}.")],
+    at_step: Annotated[int | None, typer.Option(
+        "--at_step", "--at-step", help="The global step at which the rank fails. "
+        "[default: its next step; kill/term: at once, by signal]", show_default=False)] = None,
+) -> None:
+    """Inject FAULT into rank RANK of the job running with LOG_DIR."""
+    problem = check_fault(fault, at_step)  # the rank is checked against the job's size
+    if problem is not None:
+        raise ConfigError(problem)
+    try:
+        status = query(log_dir)
+    except NoJobError as err:
+        raise ConfigError(str(err)) from None
+    problem = check(rank, fault, at_step, status["worker_num"])
+    if problem is not None:
+        raise ConfigError(problem)
+    pid = _signal_target(status, rank) if fault in _SIGNALS and at_step is None else None
+    if pid is not None:
+        EventLog(log_dir).emit("inject", rank=rank, fault=fault, at_step=None, id=new_id(),
+                               via="signal", pid=pid)
+        os.kill(pid, _SIGNALS[fault])
+        typer.echo(f"injected {fault} into rank {rank} (pid {pid}): "
+                   f"{_SIGNALS[fault].name} sent")
+        return
+    try:
+        with connect(log_dir, token_of=_token) as link:
+            reply = link.call(Op.INJECT, rank=rank, fault=fault, at_step=at_step)
+    except NoJobError as err:
+        raise ConfigError(str(err)) from None
+    if not reply.get("ok"):
+        raise TftrunError(f"the scheduler refused the injection: {reply.get('message')}")
+    when = Injection(reply["id"], rank, fault, at_step).when
+    pid = _holder(status, rank)
+    holder = "no live process yet" if pid is None else f"pid {pid}"
+    typer.echo(f"injected {fault} into rank {rank} ({holder}) {when}")

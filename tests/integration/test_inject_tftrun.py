@@ -1,0 +1,136 @@
+"""``tftctl inject`` against a job under tftrun (tests/bin/sched_inject_worker.py, 2 ranks):
+faults delivered by the scheduler at a step, by signal at once, and what the job does.
+
+``tftctl`` runs in this process (``launcher.ctl.main``) but for one real ``tftctl status``:
+a fresh process imports torch to reach the store, seconds on a busy machine, and a fault
+asked for at a step must reach the rank before that step.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from support import BIN, events, run, spawn, terminate, tftctl_cmd, tftrun_cmd, wait_for, \
+    wait_for_event
+
+from launcher import ctl
+from launcher.status_cli import query
+
+pytestmark = pytest.mark.timeout(150)
+
+SCRIPT = BIN / "sched_inject_worker.py"
+MARGIN = 60
+"""Steps (0.05 s each) between asking for a fault and its step: heartbeats (1 s apart)
+deliver it well before."""
+
+
+def start(tmp_path: Path, port: int, option: str,
+          *script_args: str) -> tuple[subprocess.Popen[str], Path]:
+    log_dir = tmp_path / "logs"
+    proc = spawn(tftrun_cmd("--worker_num=2", f"--log_dir={log_dir}", f"--master_port={port}",
+                            f"--recovery_path={tmp_path / 'recovery'}", "--rejoin_cooldown=0",
+                            option, str(SCRIPT), *script_args))
+    return proc, log_dir
+
+
+def inject(capsys: pytest.CaptureFixture[str], log_dir: Path, *args: str) -> tuple[int, str]:
+    """``tftctl inject --log_dir LOG_DIR ARGS``: its exit status and what it printed."""
+    code = ctl.main(["inject", "--log_dir", str(log_dir), *args])
+    out, err = capsys.readouterr()
+    return code, out + err
+
+
+def log(log_dir: Path, rank: int) -> str:
+    path = log_dir / f"worker_{rank}.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def steps(log_dir: Path) -> dict[int, int]:
+    """rank -> the step it reported last."""
+    return {m["rank"]: m["step"] or 0 for m in query(log_dir)["members"]}
+
+
+def test_uce_arrives_at_its_step_one_claim_wins_and_an_exception_ends_the_job(
+        tmp_path: Path, free_port: int, capsys: pytest.CaptureFixture[str]) -> None:
+    tftrun, log_dir = start(tmp_path, free_port, "--max_restarts=0", "--claim_at", "3")
+    try:
+        wait_for_event(log_dir, 60, "generation 0", event="generation", generation=0)
+        wait_for(lambda: all("last words at step 3" in log(log_dir, r) for r in (0, 1)), 60,
+                 "both ranks' last-words claims")
+        answers = [log(log_dir, r).count("last words at step 3: True") for r in (0, 1)]
+        assert sorted(answers) == [0, 1]
+        claims = events(log_dir, "last_words_claim")
+        assert sorted(c["granted"] for c in claims) == [False, True]
+        assert {c["generation"] for c in claims} == {0}
+
+        for args, error in [(("--rank", "2", "--fault", "uce"), "rank 2 is beyond worker_num=2"),
+                            (("--rank", "0", "--fault", "fire"), "unknown fault 'fire'"),
+                            (("--rank", "0", "--fault", "uce", "--at-step", "0"), "at_step")]:
+            code, said = inject(capsys, log_dir, *args)
+            assert code == 2 and said.count("\n") == 1 and said.startswith("tftctl: error: ")
+            assert error in said
+
+        at = max(steps(log_dir).values()) + MARGIN
+        pid = {e["rank"]: e["pid"] for e in events(log_dir, "register")}[1]
+        said = inject(capsys, log_dir, "--rank", "1", "--fault", "uce", "--at_step", str(at))
+        assert said == (0, f"injected uce into rank 1 (pid {pid}) at step {at}\n")
+        wait_for(lambda: "caught DeviceError" in log(log_dir, 1), 60, "the uce carried out")
+        [event] = events(log_dir, "inject")
+        assert (event["rank"], event["fault"], event["at_step"], event["via"]) == (
+            1, "uce", at, "scheduler")
+        assert f"got uce (injection {event['id']}) at step {at}\n" in log(log_dir, 1)
+        assert "DeviceError" not in log(log_dir, 0)
+
+        at = max(steps(log_dir).values()) + MARGIN
+        assert inject(capsys, log_dir, "--rank", "1", "--fault", "exception", "--at-step",
+                      str(at))[0] == 0
+        out, _ = tftrun.communicate(timeout=90)
+    finally:
+        terminate(tftrun)
+    assert tftrun.returncode == 1
+    assert f"Root cause (first observed failure): rank 1 (pid {pid}) exited with code 1" \
+        in out, out
+    assert "recovery.inject.InjectedError: injected exception" in log(log_dir, 1)
+    assert "got exception (injection " in log(log_dir, 1)
+    assert f"at step {at}\n" in log(log_dir, 1).split("got exception")[1]
+    assert [(e["rank"], e.get("exitcode")) for e in events(log_dir, "exit")
+            if not e["expected"]] == [(1, 1)]
+
+
+def test_kill_by_signal_relaunches_the_rank_and_a_hang_is_killed_by_the_progress_verdict(
+        tmp_path: Path, free_port: int, capsys: pytest.CaptureFixture[str]) -> None:
+    tftrun, log_dir = start(tmp_path, free_port, "--progress_timeout=3")
+    try:
+        wait_for_event(log_dir, 60, "generation 0", event="generation", generation=0)
+        wait_for(lambda: min(steps(log_dir).values(), default=0) > 5, 60, "steps")
+        first = {e["rank"]: e["pid"] for e in events(log_dir, "register")}
+
+        said = inject(capsys, log_dir, "--rank", "1", "--fault", "kill")
+        assert said == (0, f"injected kill into rank 1 (pid {first[1]}): SIGKILL sent\n")
+        fault = wait_for_event(log_dir, 30, "the kill seen", event="fault", rank=1)
+        assert (fault["pid"], fault["cause"]) == (first[1], "SIGKILL")
+        [sent] = events(log_dir, "inject")
+        assert (sent["via"], sent["pid"], sent["fault"]) == ("signal", first[1], "kill")
+        assert sent["ts"] <= fault["ts"]
+        relaunched = wait_for_event(log_dir, 60, "generation 1", event="generation",
+                                    generation=1)
+        second = {m["rank"]: m["pid"] for m in relaunched["members"]}
+        assert second[0] == first[0] and second[1] != first[1]
+
+        shown = run(tftctl_cmd("status", "--log_dir", str(log_dir)), timeout=60)
+        assert shown.returncode == 0, shown.stderr
+        assert "phase" in shown.stdout.splitlines()[2]
+        assert "last fault: rank 1 cause=SIGKILL" in shown.stdout
+
+        wait_for(lambda: min(steps(log_dir).values(), default=0) > 0, 60, "steps again")
+        assert inject(capsys, log_dir, "--rank", "1", "--fault", "hang")[0] == 0
+        hang = wait_for_event(log_dir, 60, "the hang verdict", event="hang", rank=1)
+        assert (hang["pid"], hang["reason"]) == (second[1], "progress")
+        wait_for_event(log_dir, 30, "the hung rank killed", event="fault", rank=1, cause="hang")
+        assert "got hang" in log(log_dir, 1)
+        assert "injected hang" in log(log_dir, 1)
+        assert tftrun.poll() is None  # the job goes on
+    finally:
+        terminate(tftrun)

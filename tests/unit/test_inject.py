@@ -1,0 +1,290 @@
+"""Fault injection and last-words arbitration: the scheduler's decisions, their persistence,
+the worker's inbox, and what ``deliver`` does to a process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import REPO, events
+
+from launcher.inject_cli import _signal_target
+from recovery import env as names
+from recovery.cluster import ClusterContext, _Session
+from recovery.faults import DeviceError, is_recoverable_device_error
+from recovery.heartbeat import Heartbeat
+from recovery.inject import Inbox, InjectedError, Injection, check, deliver
+from recovery.claims import LastWords
+from recovery.membership import Identity
+from recovery.rpc import Op, SchedulerUnavailable
+from recovery.scheduler import Scheduler, SchedulerConfig
+from recovery.timeouts import Timeouts
+
+TOKEN = "job-token"
+WORKER = {"node_id": "1", "pid": 101, "incarnation": 0, "host": "h"}
+
+
+def scheduler(tmp_path: Path) -> Scheduler:
+    """A scheduler whose requests are handled in this thread, without a store."""
+    return Scheduler(SchedulerConfig(
+        host="127.0.0.1", port=1, listen_fd=None, worker_num=2, token=TOKEN, run_id="r1",
+        log_dir=str(tmp_path / "logs"), recovery_path=str(tmp_path / "recovery"),
+        timeouts=Timeouts()))
+
+
+def ask(sched: Scheduler, op: str, token: str = TOKEN, **fields: Any) -> dict[str, Any]:
+    """One request through the scheduler's loop body: decide, persist, then reply."""
+    _rid, reply = sched._handle(json.dumps({"op": op, "rid": "1", "token": token,
+                                            **fields}).encode())
+    sched._after_request()
+    assert reply is not None
+    return reply
+
+
+def reloaded(tmp_path: Path) -> Scheduler:
+    """A scheduler relaunched after a kill -9: it takes over the persisted state."""
+    sched = scheduler(tmp_path)
+    assert sched._reload()
+    return sched
+
+
+# ----------------------------------------------------------------- INJECT
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"rank": 2, "fault": "uce"}, "rank 2 is beyond worker_num=2"),
+    ({"rank": -1, "fault": "uce"}, "rank -1 is beyond worker_num=2"),
+    ({"rank": 0, "fault": "segfault"}, "unknown fault 'segfault'"),
+    ({"rank": 0, "fault": "hang", "at_step": 0}, "at_step must be at least 1"),
+])
+def test_an_invalid_injection_is_refused_and_queues_nothing(
+        tmp_path: Path, fields: dict[str, Any], message: str) -> None:
+    sched = scheduler(tmp_path)
+    reply = ask(sched, "inject", **fields)
+    assert (reply["ok"], reply["reason"]) == (False, "bad_injection")
+    assert message in reply["message"]
+    assert sched.injections.pending == [] and events(tmp_path / "logs", "inject") == []
+
+
+def test_an_injection_with_a_wrong_token_is_refused(tmp_path: Path) -> None:
+    sched = scheduler(tmp_path)
+    reply = ask(sched, "inject", token="another-job", rank=0, fault="kill")
+    assert (reply["ok"], reply["reason"]) == (False, "token")
+    assert sched.injections.pending == []
+
+
+def test_an_injection_is_persisted_handed_out_once_and_to_its_rank_only(
+        tmp_path: Path) -> None:
+    sched = scheduler(tmp_path)
+    assert ask(sched, "register", **WORKER, rank=None)["ok"]
+    reply = ask(sched, "inject", rank=1, fault="uce", at_step=20)
+    assert reply["ok"] and reply["id"]
+    [event] = events(tmp_path / "logs", "inject")
+    assert {k: event[k] for k in ("rank", "fault", "at_step", "id", "via")} == {
+        "rank": 1, "fault": "uce", "at_step": 20, "id": reply["id"], "via": "scheduler"}
+    assert ask(sched, "inject", rank=0, fault="hang")["ok"]  # for another rank
+
+    # Queued and persisted before the reply: a relaunched scheduler still has both.
+    assert [(i.rank, i.fault) for i in reloaded(tmp_path).injections.pending] == [
+        (1, "uce"), (0, "hang")]
+
+    beat = ask(sched, "heartbeat", **WORKER, step=3, phase="computing")
+    assert beat["inject"] == [{"id": reply["id"], "rank": 1, "fault": "uce", "at_step": 20}]
+    assert "inject" not in ask(sched, "heartbeat", **WORKER, step=4)  # at most once
+    # The handing out was persisted too: a relaunched scheduler does not send it again.
+    assert [i.rank for i in reloaded(tmp_path).injections.pending] == [0]
+
+
+def test_a_refused_heartbeat_gets_no_injection(tmp_path: Path) -> None:
+    sched = scheduler(tmp_path)
+    assert ask(sched, "register", **WORKER, rank=None)["ok"]
+    assert ask(sched, "inject", rank=1, fault="kill")["ok"]
+    stale = ask(sched, "heartbeat", **{**WORKER, "pid": 999}, step=1)
+    assert stale["ok"] is False and "inject" not in stale
+    assert len(sched.injections.pending) == 1
+
+
+def test_the_phase_rides_on_heartbeats_into_the_status(tmp_path: Path) -> None:
+    sched = scheduler(tmp_path)
+    ask(sched, "register", **WORKER, rank=None)
+    ask(sched, "heartbeat", **WORKER, step=7, phase="updating")
+    [member] = ask(sched, "status")["members"]
+    assert (member["step"], member["phase"]) == (7, "updating")
+
+
+# ----------------------------------------------------------------- LAST_WORDS
+def claim(sched: Scheduler, rank: int, generation: int, consistent: bool = True,
+          step: int = 40) -> bool:
+    reply = ask(sched, "last_words", rank=rank, generation=generation, step=step,
+                consistent=consistent, reason="peer died")
+    assert reply["ok"], reply
+    return bool(reply["save"])
+
+
+def test_the_first_consistent_claim_of_a_generation_wins_and_the_grant_survives_a_reload(
+        tmp_path: Path) -> None:
+    sched = scheduler(tmp_path)
+    assert not claim(sched, rank=2, generation=0, consistent=False)  # mid-update: never
+    assert claim(sched, rank=0, generation=0)
+    assert not claim(sched, rank=1, generation=0)
+    assert claim(sched, rank=0, generation=0)  # the winner asking again
+    assert not claim(sched, rank=0, generation=0, step=41)
+    assert claim(sched, rank=1, generation=1)  # the next episode
+    assert [(e["rank"], e["generation"], e["granted"])
+            for e in events(tmp_path / "logs", "last_words_claim")] == [
+        (2, 0, False), (0, 0, True), (1, 0, False), (0, 0, True), (0, 0, False), (1, 1, True)]
+
+    again = reloaded(tmp_path)
+    assert not claim(again, rank=2, generation=0)
+    assert not claim(again, rank=0, generation=1)
+    assert claim(again, rank=2, generation=2)
+
+
+def test_an_inconsistent_claim_alone_is_never_granted() -> None:
+    arbiter = LastWords()
+    assert not arbiter.claim(0, 0, 10, consistent=False)
+    assert not arbiter.claim(0, 0, 10, consistent=False)
+    assert arbiter.grants == {}
+
+
+def test_a_malformed_persisted_queue_is_refused_whole(tmp_path: Path) -> None:
+    sched = scheduler(tmp_path)
+    ask(sched, "register", **WORKER, rank=None)
+    state = tmp_path / "recovery" / "scheduler" / "state.json"
+    data = json.loads(state.read_text())
+    state.write_text(json.dumps({**data, "injections": [{"rank": 1}]}))
+    fresh = scheduler(tmp_path)
+    assert not fresh._reload()
+    assert fresh.membership.members == {} and fresh.injections.pending == []
+
+
+# ----------------------------------------------------------------- the worker's side
+def test_pending_injection_returns_the_oldest_due_one_once() -> None:
+    inbox = Inbox()
+    inbox.add([Injection("a", 1, "uce", 20), Injection("b", 1, "hang", None),
+               Injection("c", 1, "exception", 10)])
+    assert inbox.take_due(5) == Injection("b", 1, "hang", None)
+    assert inbox.take_due(5) is None
+    assert inbox.take_due(20) == Injection("a", 1, "uce", 20)
+    assert inbox.take_due(21) == Injection("c", 1, "exception", 10)  # late, still due
+    assert inbox.take_due(100) is None
+
+
+def test_without_a_scheduler_nothing_is_pending_and_no_claim_is_granted() -> None:
+    ctx = ClusterContext(0, 1, 0, "0", 0, "gloo")
+    ctx.report_phase("computing")
+    assert ctx.pending_injection(1) is None
+    assert ctx.claim_last_words(1, consistent=True) is False
+
+
+class FakeLink:
+    """Answers every request with ``reply`` (or raises it), and remembers the requests."""
+
+    where = "127.0.0.1:1"
+
+    def __init__(self, reply: dict[str, Any] | Exception, connected: bool = True) -> None:
+        self.reply = reply
+        self.connected = connected
+        self.requests: list[tuple[Op, dict[str, Any]]] = []
+
+    def wait_connected(self, timeout: float) -> bool:
+        return self.connected
+
+    def call(self, op: Op, **fields: Any) -> dict[str, Any]:
+        self.requests.append((op, fields))
+        if isinstance(self.reply, Exception):
+            raise self.reply
+        return self.reply
+
+
+def context(link: FakeLink) -> ClusterContext:
+    heartbeat = Heartbeat(link, Identity("1", 101, 0, "h", 1), 1.0, 3)  # type: ignore[arg-type]
+    return ClusterContext(1, 2, 3, "1", 0, "gloo",
+                          _Session(link, heartbeat, Timeouts(), None))  # type: ignore[arg-type]
+
+
+def test_a_beat_sends_step_and_phase_and_files_what_the_reply_carries() -> None:
+    link = FakeLink({"ok": True, "generation": 3, "inject": [
+        {"id": "u1", "rank": 1, "fault": "uce", "at_step": 9}]})
+    ctx = context(link)
+    ctx.report_step(8)
+    ctx.report_phase("updating")
+    assert ctx._session is not None and ctx._session.heartbeat.beat()
+    [(op, fields)] = link.requests
+    assert (op, fields["step"], fields["phase"]) == (Op.HEARTBEAT, 8, "updating")
+    assert ctx.pending_injection(8) is None
+    assert ctx.pending_injection(9) == Injection("u1", 1, "uce", 9)
+    assert ctx.pending_injection(9) is None
+
+
+def test_a_claim_sends_the_generation_and_is_false_when_the_scheduler_is_away() -> None:
+    granted = FakeLink({"ok": True, "save": True})
+    assert context(granted).claim_last_words(40, consistent=True, reason="peer died")
+    assert granted.requests == [(Op.LAST_WORDS, {"rank": 1, "generation": 3, "step": 40,
+                                                 "consistent": True, "reason": "peer died"})]
+    assert not context(FakeLink({"ok": True, "save": False})).claim_last_words(40, True)
+    assert not context(FakeLink(SchedulerUnavailable("down"))).claim_last_words(40, True)
+    unconnected = FakeLink({"ok": True, "save": True}, connected=False)
+    assert not context(unconnected).claim_last_words(40, True)
+    assert unconnected.requests == []
+
+
+def test_check_accepts_every_fault_at_a_valid_rank_and_step() -> None:
+    for fault in ("kill", "term", "hang", "uce", "exception"):
+        assert check(1, fault, None, 2) is None and check(0, fault, 1, 2) is None
+
+
+def test_uce_raises_a_recoverable_device_error_and_exception_an_ordinary_one() -> None:
+    with pytest.raises(DeviceError, match=r"injection u1\) at step 20") as uce:
+        deliver(Injection("u1", 1, "uce", 20))
+    assert is_recoverable_device_error(uce.value)
+    with pytest.raises(InjectedError, match="injection e1") as error:
+        deliver(Injection("e1", 1, "exception", None))
+    assert not is_recoverable_device_error(error.value)
+
+
+def run_delivered(fault: str) -> subprocess.Popen[str]:
+    code = ("import logging; logging.basicConfig(); from recovery.inject import *; "
+            f"deliver(Injection('x', 0, {fault!r}, None)); print('returned', flush=True)")
+    return subprocess.Popen([sys.executable, "-c", code], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+@pytest.mark.parametrize(("fault", "returncode"), [("kill", -9), ("term", -15)])
+def test_kill_and_term_signal_the_process_itself(fault: str, returncode: int) -> None:
+    proc = run_delivered(fault)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == returncode and "returned" not in out
+
+
+def test_hang_keeps_the_process_alive_without_returning() -> None:
+    proc = run_delivered("hang")
+    try:
+        line = proc.stderr.readline() if proc.stderr else ""  # logged before it blocks
+        assert "injected hang (injection x) at the next step" in line
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=1.0)
+    finally:
+        proc.kill()
+        proc.communicate(timeout=10)
+    assert proc.returncode == -9
+
+
+def test_tftctl_signals_a_pid_only_when_it_is_a_live_process_of_this_job() -> None:
+    job = subprocess.Popen([sys.executable, "-c", "import sys; print('up', flush=True); "
+                            "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           text=True, env={**os.environ, names.TFT_RUN_ID: "r-x"})
+    try:
+        assert job.stdout is not None and job.stdout.readline() == "up\n"  # past its exec
+        def status(pid: int, state: str = "alive") -> dict[str, Any]:
+            return {"run_id": "r-x", "members": [{"rank": 1, "pid": pid, "state": state}]}
+
+        assert _signal_target(status(job.pid), 1) == job.pid
+        assert _signal_target(status(job.pid), 0) is None  # no member holds rank 0
+        assert _signal_target(status(job.pid, "dead"), 1) is None
+        assert _signal_target(status(os.getpid()), 1) is None  # not this job's process
+    finally:
+        job.communicate(timeout=10)
