@@ -32,5 +32,6 @@ def median(values: list[float]) -> float:
 
 
 def ratio_line(name: str, tft: float, torch_value: float, target: str) -> str:
+    ratio = tft / torch_value if torch_value else float("nan")
     return (f"{name:<32} tftrun {tft:8.3f}  torchrun {torch_value:8.3f}  "
-            f"ratio {tft / torch_value:6.2f}  (target {target})")
+            f"ratio {ratio:6.2f}  (target {target})")

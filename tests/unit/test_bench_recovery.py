@@ -1,0 +1,72 @@
+"""The recovery bench's arithmetic on step logs the test writes: recovery time, steps redone, rate."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from support import REPO
+
+sys.path.insert(0, str(REPO / "bench"))
+from fault_recovery import recovery, steady_rate  # noqa: E402 - bench/ is not a package
+from jobs.step_log import KILL_FILE, StepRecord, read_kill_time, read_steps, steps_file  # noqa: E402
+
+KILLED_AT = 100.0
+
+
+def write_log(directory: Path, rank: int, records: list[tuple[int, float, int]], torn: str = "") -> None:
+    """``records``: (step, time, pid) of rank ``rank``; ``torn``: a half line appended at the end."""
+    text = "".join(StepRecord(rank, step, time, pid).line() for step, time, pid in records)
+    steps_file(directory, rank).write_text(text + torn)
+
+
+def steps_up_to(last: int, pid: int, start_time: float = 90.0) -> list[tuple[int, float, int]]:
+    """Steps 1..last of one process, 0.1 s apart, ending before the kill."""
+    return [(step, start_time + step * 0.1, pid) for step in range(1, last + 1)]
+
+
+def test_rollback_survivors_keep_pids_and_a_straggler_is_not_recovery(tmp_path: Path) -> None:
+    # tftrun-like: rank 1 dies after step 50 (pid 11 -> 12); rank 0 keeps pid 10, logs its
+    # in-flight step 50 just after the kill, then both resume at 41.
+    write_log(tmp_path, 0, [*steps_up_to(49, 10), (50, 100.02, 10), (41, 107.0, 10), (42, 107.1, 10)])
+    write_log(tmp_path, 1, [*steps_up_to(50, 11), (41, 107.5, 12), (42, 107.6, 12)])
+    result = recovery(read_steps(tmp_path), KILLED_AT)
+    assert result.seconds == pytest.approx(7.5)
+    assert result.steps_redone == 50 - 40
+
+
+def test_restart_all_new_pids_everywhere(tmp_path: Path) -> None:
+    # torchrun-like: every rank restarts, the torn line of a SIGTERMed survivor is skipped.
+    write_log(tmp_path, 0, [*steps_up_to(50, 10), (41, 112.0, 20)], torn="0 5")
+    write_log(tmp_path, 1, [*steps_up_to(50, 11), (41, 111.0, 21)])
+    result = recovery(read_steps(tmp_path), KILLED_AT)
+    assert result.seconds == pytest.approx(12.0)
+    assert result.steps_redone == 10
+
+
+def test_no_work_lost_when_survivors_continue_past_the_kill_step(tmp_path: Path) -> None:
+    # replica/last-words-like: the survivor's next step follows on, but lies beyond step 50.
+    write_log(tmp_path, 0, [*steps_up_to(50, 10), (51, 103.0, 10)])
+    write_log(tmp_path, 1, [*steps_up_to(50, 11), (51, 103.0, 12)])
+    assert recovery(read_steps(tmp_path), KILLED_AT).steps_redone == 0
+
+
+def test_a_rank_that_never_steps_again_is_an_error(tmp_path: Path) -> None:
+    write_log(tmp_path, 0, [*steps_up_to(50, 10), (41, 107.0, 10)])
+    write_log(tmp_path, 1, steps_up_to(50, 11))
+    with pytest.raises(ValueError, match="rank 1"):
+        recovery(read_steps(tmp_path), KILLED_AT)
+
+
+def test_steady_rate_leaves_out_the_warm_up_and_takes_the_median_rank(tmp_path: Path) -> None:
+    for rank, step_time in enumerate((0.1, 0.2, 0.4)):
+        warm_up = [(step, step * 1.0, 10 + rank) for step in range(1, 21)]
+        write_log(tmp_path, rank, warm_up + [(step, 20 + (step - 20) * step_time, 10 + rank)
+                                             for step in range(21, 101)])
+    assert steady_rate(read_steps(tmp_path), warmup_steps=20) == pytest.approx(1 / 0.2)
+
+
+def test_kill_time_round_trips(tmp_path: Path) -> None:
+    (tmp_path / KILL_FILE).write_text(repr(1795432853.5401275))
+    assert read_kill_time(tmp_path) == 1795432853.5401275
