@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import ctypes
 import os
-import socket
 import time
 from collections.abc import Iterator
 
 import psutil
 import pytest
+from support import free_tcp_port
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -74,6 +74,4 @@ def no_leftover_processes() -> Iterator[None]:
 @pytest.fixture
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_tcp_port()

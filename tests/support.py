@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -49,6 +50,24 @@ def wait_for_event(
 
 def events(log_dir: Path, name: str | None = None) -> list[dict[str, Any]]:
     return [e for e in read_events(log_dir) if name is None or e["event"] == name]
+
+
+def free_tcp_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def spawned_pids(log_dir: Path, role: str = "worker") -> dict[int | None, int]:
+    """The latest pid of each rank (or of the scheduler) from the spawn events."""
+    return {e["rank"]: e["pid"] for e in events(log_dir, "spawn") if e["role"] == role}
+
+
+def log_has(log_dir: Path, rank: int, text: str) -> bool:
+    """Whether ``worker_<rank>.log`` in ``log_dir`` holds ``text``."""
+    path = log_dir / f"worker_{rank}.log"
+    return path.exists() and text in path.read_text(errors="ignore")
 
 
 def tftrun_cmd(*args: str) -> list[str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from support import (
-    BIN, events, pid_gone, run, spawn, terminate, tftrun_cmd, wait_for, wait_for_event,
+    BIN, events, log_has, pid_gone, run, spawn, spawned_pids, terminate, tftrun_cmd, wait_for,
 )
 
 from recovery import env as names
@@ -22,16 +22,6 @@ pytestmark = pytest.mark.timeout(180)
 def launch_args(log_dir: Path, port: int, workers: int, *extra: str) -> list[str]:
     return [f"--worker_num={workers}", f"--log_dir={log_dir}", f"--master_port={port}",
             "--grace_period=5", *extra]
-
-
-def spawned_pids(log_dir: Path, role: str = "worker") -> dict[int | None, int]:
-    """The latest pid of each rank (or of the scheduler) from the spawn events."""
-    return {e["rank"]: e["pid"] for e in events(log_dir, "spawn") if e["role"] == role}
-
-
-def log_has(log_dir: Path, rank: int, text: str) -> bool:
-    path = log_dir / f"worker_{rank}.log"
-    return path.exists() and text in path.read_text(errors="ignore")
 
 
 def start_endless_job(tmp_path: Path, port: int) -> tuple[subprocess.Popen[str], Path, list[int]]:
