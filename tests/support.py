@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -14,12 +15,16 @@ from typing import Any, TypeVar
 import psutil
 import pytest
 
+from recovery import env as names
 from recovery.events import read_events
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(__file__).resolve().parent / "bin"
 
 T = TypeVar("T")
+
+TFT_OFF = {**os.environ, names.MS_ENABLE_TFT: "{TTP:0,UCE:0,ARF:0}"}
+"""The environment of a rollback test: last-words, in-place and replica recovery off."""
 
 
 def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.02) -> T:

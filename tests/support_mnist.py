@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
-import os
 import struct
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 
-from recovery import env as names
 from support import REPO, events, tftrun_cmd
 
 TEMPLATE = REPO / "templates" / "mnist"
@@ -20,8 +18,6 @@ TRAIN = TEMPLATE / "train.py"
 JOB = ("--epochs", "1", "--save_steps", "20", "--synthetic_size", "12000", "--log_every", "5")
 """The main job as the fault tests run it: 125 steps of 3 ranks, a checkpoint every 20."""
 WORKERS = 3
-TFT_OFF = {**os.environ, names.MS_ENABLE_TFT: "{TTP:0,UCE:0,ARF:0}"}
-"""The environment of a rollback test: last-words, in-place and replica recovery off."""
 
 
 def write_idx(path: Path, array: np.ndarray, compress: bool = False) -> Path:

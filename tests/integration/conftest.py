@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from support import free_tcp_port, run
-from support_mnist import TFT_OFF, WORKERS, final_digests, mnist_job
+from support import TFT_OFF, free_tcp_port, run
+from support_mnist import WORKERS, final_digests, mnist_job
 
 
 @pytest.fixture(scope="session")

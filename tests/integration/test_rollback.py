@@ -7,8 +7,8 @@ import signal
 from pathlib import Path
 
 import pytest
-from support import events, log_has, spawn, spawned_pids, terminate, wait_for
-from support_mnist import TFT_OFF, final_digests, mnist_job
+from support import TFT_OFF, events, log_has, spawn, spawned_pids, terminate, wait_for
+from support_mnist import final_digests, mnist_job
 
 pytestmark = pytest.mark.timeout(300)
 
