@@ -294,6 +294,12 @@ class Supervisor:
         Per-rank relaunch needs workers that recover by themselves (the ``recovery``
         library); with ``--restart_policy=auto`` a worker that registered with the
         scheduler is taken to be one. The others get torchrun's restart-all.
+
+        Whatever the policy, a rank is not relaunched alone once another rank has
+        finished: it would wait for a generation that can never form (the finished
+        rank's process is gone) until ``--cluster_time_out``. As torchrun does with a
+        group in which one worker failed, the whole group is restarted instead, and
+        resumes from its checkpoints (docs/recovery.md).
         """
         registered = self._registered_nodes()
         for failure in failed:
@@ -305,10 +311,14 @@ class Supervisor:
         policy = self.config.restart_policy
         per_rank = policy == "rank" or (
             policy == "auto" and all(str(f.rank) in registered for f in failed))
-        if per_rank:
+        finished = [w.rank for w in self.workers if w.state is WorkerState.SUCCEEDED]
+        if per_rank and not finished:
             self._schedule_relaunches(failed)
-        else:
-            self._schedule_restart_all(failed, registered)
+            return
+        why = "; ".join(f"rank {f.rank} {f.describe()}" for f in failed)
+        if per_rank:
+            why += f" after ranks {finished} finished: a relaunched rank could not rejoin them"
+        self._schedule_restart_all(failed, registered, why)
 
     def _registered_nodes(self) -> set[str]:
         status = self._control.status()
@@ -346,7 +356,8 @@ class Supervisor:
                            ranks=[worker.rank])
                 self._launch(worker)
 
-    def _schedule_restart_all(self, failed: list[ExitInfo], registered: set[str]) -> None:
+    def _schedule_restart_all(self, failed: list[ExitInfo], registered: set[str],
+                              why: str) -> None:
         """torchrun's policy for scripts that do not use ``recovery``: restart everyone.
 
         Every other worker is stopped now; the restart waits out the re-registration
@@ -355,7 +366,7 @@ class Supervisor:
         """
         self._stop_workers(signal.SIGTERM)
         self._restart_at = time.time() + self._cooldown(failed, registered)
-        self._restart_why = "; ".join(f"rank {f.rank} {f.describe()}" for f in failed)
+        self._restart_why = why
         for worker in self.workers:
             worker.transition(WorkerState.COOLDOWN)
             worker.cooldown_until = self._restart_at

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
-from support import pick_free_port
+from support import free_tcp_port
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -74,4 +74,4 @@ def no_leftover_processes() -> Iterator[None]:
 @pytest.fixture
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    return pick_free_port()
+    return free_tcp_port()

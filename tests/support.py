@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -14,12 +15,16 @@ from typing import Any, TypeVar
 import psutil
 import pytest
 
+from recovery import env as names
 from recovery.events import read_events
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(__file__).resolve().parent / "bin"
 
 T = TypeVar("T")
+
+TFT_OFF = {**os.environ, names.MS_ENABLE_TFT: "{TTP:0,UCE:0,ARF:0}"}
+"""The environment of a rollback test: last-words, in-place and replica recovery off."""
 
 
 def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.02) -> T:
@@ -52,11 +57,22 @@ def events(log_dir: Path, name: str | None = None) -> list[dict[str, Any]]:
     return [e for e in read_events(log_dir) if name is None or e["event"] == name]
 
 
-def pick_free_port() -> int:
+def free_tcp_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def spawned_pids(log_dir: Path, role: str = "worker") -> dict[int | None, int]:
+    """The latest pid of each rank (or of the scheduler) from the spawn events."""
+    return {e["rank"]: e["pid"] for e in events(log_dir, "spawn") if e["role"] == role}
+
+
+def log_has(log_dir: Path, rank: int, text: str) -> bool:
+    """Whether ``worker_<rank>.log`` in ``log_dir`` holds ``text``."""
+    path = log_dir / f"worker_{rank}.log"
+    return path.exists() and text in path.read_text(errors="ignore")
 
 
 def tftrun_cmd(*args: str) -> list[str]:

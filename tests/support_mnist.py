@@ -1,4 +1,5 @@
-"""Test helpers for the MNIST template: tiny idx files, and its data module by path."""
+"""Test helpers for the MNIST template: tiny idx files, its data module by path, and the
+main job under tftrun (command line, final digests)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,13 @@ from types import ModuleType
 
 import numpy as np
 
-from support import REPO
+from support import REPO, events, tftrun_cmd
 
 TEMPLATE = REPO / "templates" / "mnist"
+TRAIN = TEMPLATE / "train.py"
+JOB = ("--epochs", "1", "--save_steps", "20", "--synthetic_size", "12000", "--log_every", "5")
+"""The main job as the fault tests run it: 125 steps of 3 ranks, a checkpoint every 20."""
+WORKERS = 3
 
 
 def write_idx(path: Path, array: np.ndarray, compress: bool = False) -> Path:
@@ -43,3 +48,17 @@ def mnist_data() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def mnist_job(tmp_path: Path, name: str, port: int, *options: str,
+              job: tuple[str, ...] = JOB) -> list[str]:
+    """tftrun running the main job on 3 ranks, logs in ``tmp_path/name``, no cooldown."""
+    return tftrun_cmd(f"--worker_num={WORKERS}", f"--log_dir={tmp_path / name}",
+                      f"--recovery_path={tmp_path / (name + '_recovery')}",
+                      f"--master_port={port}", "--rejoin_cooldown=0", "--cluster_time_out=60",
+                      "--grace_period=5", *options, str(TRAIN), *job)
+
+
+def final_digests(log_dir: Path) -> dict[int, str]:
+    """Each rank's ``params_sha256`` from its ``train_end`` event (its last, if several)."""
+    return {e["rank"]: e["params_sha256"] for e in events(log_dir, "train_end")}

@@ -4,7 +4,9 @@ Run with ``MS_ROLE=MS_SCHED`` it is the scheduler (msrun's style). Signals, for 
 SIGUSR1 makes a worker stall before its next step while its heartbeat goes on (a hang);
 SIGUSR2 to any worker makes every worker finish after the same step (the flag travels
 in the step's all_reduce). With ``--rejoin``, a worker whose peer died waits for the
-generation the scheduler forms with the peer's replacement and goes on in it.
+generation the scheduler forms with the peer's replacement and goes on in it. With
+``--linger-rank R``, rank R of the first launch stays up after the last step until it is
+killed (at most a minute), so that it dies after every other worker finished.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ import torch
 import torch.distributed as dist
 
 import recovery
+from recovery.env import WorkerEnv
+
+LINGER = 60.0
 
 
 def all_reduce(tensor: torch.Tensor, survive: bool) -> bool:
@@ -35,6 +40,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=0, help="0: until told to finish")
     parser.add_argument("--step-time", type=float, default=0.05)
     parser.add_argument("--rejoin", action="store_true")
+    parser.add_argument("--linger-rank", type=int, default=-1)
     args = parser.parse_args()
     ctx = recovery.init()
     print(f"rank {ctx.rank} of {ctx.world_size} in generation {ctx.generation}", flush=True)
@@ -63,6 +69,9 @@ def main() -> None:
         time.sleep(args.step_time)
     print(f"rank {ctx.rank} finished at step {step}", flush=True)
     dist.destroy_process_group()
+    if ctx.rank == args.linger_rank and WorkerEnv.from_env().restart_count == 0:
+        print(f"rank {ctx.rank} lingers", flush=True)
+        time.sleep(LINGER)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,8 @@
-"""tftrun with real processes: the env contract, restart-all, the spent budget, signals."""
+"""tftrun with real processes: the env contract, the spent budget, signals, logs, bad input."""
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from support import (
-    BIN, events, pid_gone, run, spawn, terminate, tftrun_cmd, wait_for, wait_for_event,
+    BIN, events, log_has, pid_gone, run, spawn, spawned_pids, terminate, tftrun_cmd, wait_for,
 )
 
 from recovery import env as names
@@ -22,16 +21,6 @@ pytestmark = pytest.mark.timeout(180)
 def launch_args(log_dir: Path, port: int, workers: int, *extra: str) -> list[str]:
     return [f"--worker_num={workers}", f"--log_dir={log_dir}", f"--master_port={port}",
             "--grace_period=5", *extra]
-
-
-def spawned_pids(log_dir: Path, role: str = "worker") -> dict[int | None, int]:
-    """The latest pid of each rank (or of the scheduler) from the spawn events."""
-    return {e["rank"]: e["pid"] for e in events(log_dir, "spawn") if e["role"] == role}
-
-
-def log_has(log_dir: Path, rank: int, text: str) -> bool:
-    path = log_dir / f"worker_{rank}.log"
-    return path.exists() and text in path.read_text(errors="ignore")
 
 
 def start_endless_job(tmp_path: Path, port: int) -> tuple[subprocess.Popen[str], Path, list[int]]:
@@ -101,36 +90,6 @@ def test_plain_ddp_script_trains_to_the_same_parameters_on_every_rank(
     digests = [json.loads((out / f"params_{rank}.json").read_text()) for rank in range(2)]
     assert digests[0]["final"] == digests[1]["final"]
     assert digests[0]["final"] != digests[0]["initial"]  # it did train
-
-
-def test_restart_all_after_kill_9_resumes_from_the_scripts_checkpoint(
-        tmp_path: Path, free_port: int) -> None:
-    log_dir, ckpt = tmp_path / "logs", tmp_path / "ckpt"
-    ckpt.mkdir()
-    proc = spawn(tftrun_cmd(*launch_args(log_dir, free_port, 3),
-                            str(BIN / "plain_resumable.py"), "60", str(ckpt)))
-    try:
-        wait_for(lambda: log_has(log_dir, 1, "step=5"), 60, "rank 1 at step 5")
-        victim = spawned_pids(log_dir)[1]
-        os.kill(victim, signal.SIGKILL)
-        stdout, stderr = proc.communicate(timeout=120)
-    finally:
-        terminate(proc)
-    assert proc.returncode == 0, stdout + stderr
-    died = [e for e in events(log_dir, "exit") if e["pid"] == victim]
-    assert died and died[0]["signal"] == "SIGKILL" and died[0]["expected"] is False
-    restarts = events(log_dir, "restart")
-    assert [(r["what"], r["restart_count"]) for r in restarts] == [("workers", 1)]
-    second = [e for e in events(log_dir, "spawn")
-              if e["role"] == "worker" and e["restart_count"] == 1]
-    assert sorted(e["rank"] for e in second) == [0, 1, 2]
-    assert all(e["incarnation"] == 1 for e in second)
-    for rank in range(3):
-        log = (log_dir / f"worker_{rank}.log").read_text()
-        resumed = [int(line.split("=")[1]) for line in log.splitlines()
-                   if line.startswith("resumed from step=")]
-        assert len(resumed) == 1 and resumed[0] >= 5
-        assert "done value=" in log
 
 
 @pytest.mark.parametrize(("fail_code", "status"), [("3", 3), ("-11", 128 + 11)])

@@ -16,7 +16,7 @@ import pytest
 from support import (
     REPO,
     events,
-    pick_free_port,
+    free_tcp_port,
     run,
     spawn,
     terminate,
@@ -52,7 +52,7 @@ def digests(log_dir: Path) -> dict[int, str]:
 def expected(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The fault-free run's final digest (the same on every rank)."""
     tmp_path = tmp_path_factory.mktemp("reference")
-    reference = run(tftrun(tmp_path, "reference", pick_free_port()), timeout=200)
+    reference = run(tftrun(tmp_path, "reference", free_tcp_port()), timeout=200)
     assert reference.returncode == 0, reference.stdout + reference.stderr
     found = digests(tmp_path / "reference")
     assert len(found) == 3 and len(set(found.values())) == 1

@@ -1,0 +1,319 @@
+"""Recovery under harder faults: during a save, repeatedly, during the recovery itself, a
+hung rank; and when per-rank relaunch cannot work, restart-all.
+
+The per-rank tests run the main job (tests/support_mnist.py: 125 steps of 3 ranks, a
+checkpoint every 20) under tftrun with the cooldown off, inject their faults at moments
+read from ``events.jsonl`` and the workers' logs, and check that the job ends with every
+rank's parameters bitwise equal to the fault-free run, with only the killed ranks started
+again. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from support import (
+    BIN, TFT_OFF, events, log_has, spawn, spawned_pids, terminate, tftrun_cmd, wait_for,
+    wait_for_event,
+)
+from support_mnist import final_digests, mnist_job
+
+from recovery.layout import checkpoint_name, rank_dir
+
+pytestmark = pytest.mark.timeout(240)
+
+JOB_END = 150
+"""Seconds a faulty job may take to end (a fault-free one takes about 12 s alone)."""
+EVENT = 60
+"""Seconds to wait for one event of a recovery (one takes 3 to 10 s on 2 busy cores)."""
+
+
+@contextmanager
+def faulty_job(tmp_path: Path, port: int, *options: str) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    """The main job under tftrun, in the background; stopped whatever the test does."""
+    proc = spawn(mnist_job(tmp_path, "faulty", port, *options), env=TFT_OFF)
+    try:
+        yield proc, tmp_path / "faulty"
+    finally:
+        terminate(proc)
+
+
+def wait_job(proc: subprocess.Popen[str]) -> str:
+    """Wait for tftrun to end; return its output (to show when an assertion fails)."""
+    stdout, stderr = proc.communicate(timeout=JOB_END)
+    return stdout + stderr
+
+
+def worker_launches(log_dir: Path) -> list[tuple[int, int]]:
+    """(rank, pid) of every worker process tftrun started, in order."""
+    return [(e["rank"], e["pid"]) for e in events(log_dir, "spawn") if e["role"] == "worker"]
+
+
+def assert_recovered(log_dir: Path, first: dict[int, int], killed: list[int],
+                     reference: dict[int, str]) -> None:
+    """Only the ``killed`` ranks were started again (each once more per kill), the other
+    ranks kept their first process, and every rank ended bitwise equal to ``reference``."""
+    launches = worker_launches(log_dir)
+    for rank, pid in first.items():
+        pids = [p for r, p in launches if r == rank]
+        assert pids[0] == pid
+        assert len(pids) == 1 + killed.count(rank), (rank, pids)
+        assert len(set(pids)) == len(pids)
+    assert not any(e["what"] == "workers" for e in events(log_dir, "restart"))
+    assert final_digests(log_dir) == reference
+    assert events(log_dir, "job_end")[-1]["exitcode"] == 0
+
+
+def kill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+
+
+def wait_recovered(log_dir: Path, generation: int | None = None) -> None:
+    """Wait for rank 0 to report that the job recovered (in ``generation``, if given)."""
+    match = {} if generation is None else {"generation": generation}
+    wait_for_event(log_dir, EVENT, f"recovered in generation {generation}",
+                   event="recovered", **match)
+
+
+def test_rank_0_killed_during_a_checkpoint_save(
+        tmp_path: Path, free_port: int, mnist_reference: dict[int, str]) -> None:
+    """kill -9 of rank 0 while it writes its checkpoint of step 40.
+
+    The save is caught in the act: once rank 0 is near step 40, the test polls its
+    checkpoint folder without pause for the temporary file of that checkpoint
+    (``.mnist-1_40.ckpt.<pid>.tmp``, recovery/layout.py) and kills rank 0 the moment it
+    appears. That the kill landed inside the save is checked, not assumed: the temporary
+    file is still there after the kill (a finished save renames it away), and the
+    relaunched rank 0 removes it as a dead writer's leftover. The step-40 checkpoint then
+    exists on ranks 1 and 2 only, so the newest common one is step 20.
+    """
+    with faulty_job(tmp_path, free_port) as (proc, log_dir):
+        wait_for(lambda: log_has(log_dir, 0, "step=35 "), EVENT, "rank 0 past step 35")
+        first = spawned_pids(log_dir)
+        temp = (rank_dir(tmp_path / "faulty_recovery", 0)
+                / f".{checkpoint_name('mnist', 1, 40)}.{first[0]}.tmp")
+        wait_for(temp.exists, EVENT, f"{temp.name} being written", interval=0)
+        kill(first[0])
+        assert temp.exists(), "the kill came after the save had finished"
+        wait_recovered(log_dir)
+        output = wait_job(proc)
+    assert proc.returncode == 0, output
+    assert_recovered(log_dir, first, [0], mnist_reference)
+    assert log_has(log_dir, 0, f"removed {temp}, left by writer {first[0]}")
+    [rollback] = events(log_dir, "rollback")
+    assert rollback["step"] == 20
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "intermittent (2 of 6 runs here): a survivor that learns of a death only from the newer "
+    "generation (its all-reduce neither ends nor fails: 'a newer generation was formed') "
+    "blocks in dist.destroy_process_group() in ClusterContext.rejoin() (recovery/cluster.py) "
+    "with that all-reduce still in flight, while the other ranks wait for it in the next "
+    "generation's init_process_group: no recovered event. Not strict: most runs pass"))
+def test_three_kills_of_different_ranks_one_after_another(
+        tmp_path: Path, free_port: int, mnist_reference: dict[int, str]) -> None:
+    """Ranks 1, 2, then 0 are killed, each once the previous recovery is over and
+    training went on for a few steps: three rollbacks in three new generations."""
+    victims = [1, 2, 0]
+    with faulty_job(tmp_path, free_port, "--max_restarts=3") as (proc, log_dir):
+        wait_for(lambda: log_has(log_dir, 0, "step=30 "), EVENT, "rank 0 past step 30")
+        first = spawned_pids(log_dir)
+        for generation, victim in enumerate(victims, start=1):
+            lines = (log_dir / "worker_0.log").read_text().count("step=")
+            kill(spawned_pids(log_dir)[victim])
+            wait_recovered(log_dir, generation)
+            wait_for(lambda lines=lines: (log_dir / "worker_0.log").read_text().count("step=")
+                     >= lines + 2, EVENT, "training going on")
+        output = wait_job(proc)
+    assert proc.returncode == 0, output
+    assert_recovered(log_dir, first, victims, mnist_reference)
+    assert [e["generation"] for e in events(log_dir, "generation")] == [0, 1, 2, 3]
+    assert [e["generation"] for e in events(log_dir, "recovered")] == [1, 2, 3]
+    assert [e["rank"] for e in events(log_dir, "fault")] == victims
+
+
+@pytest.mark.parametrize("moment", [
+    "spawn",
+    pytest.param("register", marks=pytest.mark.xfail(strict=True, reason=(
+        "recovery/cluster.py: the generation is formed the moment the replacement registers; "
+        "killed then, it never reaches that generation's rendezvous, and the survivors stay "
+        "blocked in its init_process_group (gloo waits for the missing rank's store key for "
+        "the process group timeout, 5 min in the template) while the scheduler forms the next "
+        "generation with the third process of rank 2: no recovered event"))),
+])
+def test_the_relaunched_rank_killed_again_while_it_rejoins(
+        tmp_path: Path, free_port: int, mnist_reference: dict[int, str], moment: str) -> None:
+    """Rank 2 is killed, and its replacement is killed too as soon as its ``spawn`` (it is
+    still starting Python) or its ``register`` event (it joins the next generation)
+    appears; the third process of rank 2 brings the job to its end."""
+    with faulty_job(tmp_path, free_port) as (proc, log_dir):
+        wait_for(lambda: log_has(log_dir, 2, "step=30 "), EVENT, "rank 2 past step 30")
+        first = spawned_pids(log_dir)
+        kill(first[2])
+        relaunched = wait_for_event(log_dir, EVENT, "rank 2 relaunched", event="spawn",
+                                    role="worker", rank=2, incarnation=1)
+        if moment == "register":
+            wait_for_event(log_dir, EVENT, "its registration", event="register",
+                           pid=relaunched["pid"])
+        assert not events(log_dir, "recovered")
+        kill(relaunched["pid"])
+        wait_recovered(log_dir)
+        output = wait_job(proc)
+    assert proc.returncode == 0, output
+    assert_recovered(log_dir, first, [2, 2], mnist_reference)
+    assert [e["rank"] for e in events(log_dir, "fault")] == [2, 2]
+
+
+def test_two_ranks_killed_at_once(
+        tmp_path: Path, free_port: int, mnist_reference: dict[int, str]) -> None:
+    with faulty_job(tmp_path, free_port) as (proc, log_dir):
+        wait_for(lambda: log_has(log_dir, 0, "step=30 "), EVENT, "rank 0 past step 30")
+        first = spawned_pids(log_dir)
+        kill(first[1])
+        kill(first[2])
+        wait_recovered(log_dir)
+        output = wait_job(proc)
+    assert proc.returncode == 0, output
+    assert_recovered(log_dir, first, [1, 2], mnist_reference)
+    assert sorted(e["rank"] for e in events(log_dir, "fault")) == [1, 2]
+    [recovered] = events(log_dir, "recovered")
+    assert recovered["generation"] == 1
+
+
+def test_a_survivor_killed_while_the_group_re_forms(
+        tmp_path: Path, free_port: int, mnist_reference: dict[int, str]) -> None:
+    """Rank 2 dies; rank 0, a survivor, is killed after the ``fault`` of rank 2 and
+    before the next generation is formed (rank 2's replacement is still starting)."""
+    with faulty_job(tmp_path, free_port) as (proc, log_dir):
+        wait_for(lambda: log_has(log_dir, 0, "step=30 "), EVENT, "rank 0 past step 30")
+        first = spawned_pids(log_dir)
+        kill(first[2])
+        wait_for_event(log_dir, EVENT, "the fault of rank 2", event="fault", rank=2)
+        assert not [e for e in events(log_dir, "generation") if e["generation"] > 0]
+        kill(first[0])
+        wait_recovered(log_dir)
+        output = wait_job(proc)
+    assert proc.returncode == 0, output
+    assert_recovered(log_dir, first, [2, 0], mnist_reference)
+    assert [e["generation"] for e in events(log_dir, "recovered")] == [1]
+
+
+def test_the_scheduler_killed_in_the_middle_of_a_recovery(
+        tmp_path: Path, free_port: int, mnist_reference: dict[int, str]) -> None:
+    """kill -9 of the scheduler after rank 2's ``fault`` and before the new generation:
+    tftrun relaunches it, it reloads its state, rank 2's replacement registers with it
+    and the survivors re-attach; the recovery completes."""
+    with faulty_job(tmp_path, free_port) as (proc, log_dir):
+        wait_for(lambda: log_has(log_dir, 0, "step=30 "), EVENT, "rank 0 past step 30")
+        first = spawned_pids(log_dir)
+        scheduler = spawned_pids(log_dir, "scheduler")[None]
+        kill(first[2])
+        wait_for_event(log_dir, EVENT, "the fault of rank 2", event="fault", rank=2)
+        assert not [e for e in events(log_dir, "generation") if e["generation"] > 0]
+        kill(scheduler)
+        wait_recovered(log_dir)
+        output = wait_job(proc)
+    assert proc.returncode == 0, output
+    assert_recovered(log_dir, first, [2], mnist_reference)
+    assert [e["what"] for e in events(log_dir, "restart")] == ["rank", "scheduler"]
+    assert [e["reloaded"] for e in events(log_dir, "scheduler_start")] == [False, True]
+    assert [e["generation"] for e in events(log_dir, "recovered")] == [1]
+
+
+def test_a_hung_rank_is_declared_dead_and_replaced(
+        tmp_path: Path, free_port: int, mnist_reference: dict[int, str]) -> None:
+    """SIGSTOP of rank 1: no heartbeat for ``--heartbeat_timeout``, so the scheduler
+    declares it dead, tftrun kills it (``hang``) and relaunches it; the job rolls back."""
+    with faulty_job(tmp_path, free_port, "--heartbeat_timeout=3") as (proc, log_dir):
+        wait_for(lambda: log_has(log_dir, 1, "step=30 "), EVENT, "rank 1 past step 30")
+        first = spawned_pids(log_dir)
+        os.kill(first[1], signal.SIGSTOP)
+        wait_recovered(log_dir)
+        output = wait_job(proc)
+    assert proc.returncode == 0, output
+    assert_recovered(log_dir, first, [1], mnist_reference)
+    [verdict] = events(log_dir, "verdict")
+    assert (verdict["rank"], verdict["verdict"], verdict["pid"]) == (1, "heartbeat", first[1])
+    [hang] = events(log_dir, "hang")
+    assert (hang["rank"], hang["reason"], hang["pid"]) == (1, "heartbeat", first[1])
+    [fault] = events(log_dir, "fault")
+    assert (fault["rank"], fault["cause"]) == (1, "hang")
+
+
+def test_a_plain_torchrun_script_falls_back_to_restart_all(tmp_path: Path, free_port: int) -> None:
+    """A script that never calls ``recovery.init()`` cannot rejoin a running group: under
+    the default ``--restart_policy=auto`` a kill -9 of one rank restarts every rank (new
+    pids all), and the script resumes from its own checkpoint, as under torchrun."""
+    log_dir, ckpt = tmp_path / "logs", tmp_path / "ckpt"
+    ckpt.mkdir()
+    proc = spawn(tftrun_cmd("--worker_num=3", f"--log_dir={log_dir}", f"--master_port={free_port}",
+                            "--grace_period=5", str(BIN / "plain_resumable.py"), "60", str(ckpt)),
+                 env=TFT_OFF)
+    try:
+        wait_for(lambda: log_has(log_dir, 1, "step=5"), EVENT, "rank 1 at step 5")
+        first = spawned_pids(log_dir)
+        kill(first[1])
+        output = wait_job(proc)
+    finally:
+        terminate(proc)
+    assert proc.returncode == 0, output
+    died = [e for e in events(log_dir, "exit") if e["pid"] == first[1]]
+    assert died and died[0]["signal"] == "SIGKILL" and died[0]["expected"] is False
+    assert [(e["rank"], e["cause"]) for e in events(log_dir, "fault")] == [(1, "SIGKILL")]
+    restarts = events(log_dir, "restart")
+    assert [(r["what"], r["restart_count"], r["ranks"]) for r in restarts] == [
+        ("workers", 1, [0, 1, 2])]
+    second = [e for e in events(log_dir, "spawn")
+              if e["role"] == "worker" and e["restart_count"] == 1]
+    assert sorted(e["rank"] for e in second) == [0, 1, 2]
+    assert all(e["incarnation"] == 1 for e in second)
+    assert not {e["pid"] for e in second} & set(first.values())  # every pid changed
+    for rank in range(3):
+        log = (log_dir / f"worker_{rank}.log").read_text()
+        resumed = [int(line.split("=")[1]) for line in log.splitlines()
+                   if line.startswith("resumed from step=")]
+        assert len(resumed) == 1 and resumed[0] >= 5
+        assert "done value=" in log
+
+
+@pytest.mark.parametrize(("max_restarts", "status"), [(1, 0), (0, 128 + signal.SIGKILL)])
+def test_a_rank_that_dies_after_every_other_finished_is_not_relaunched_alone(
+        tmp_path: Path, free_port: int, max_restarts: int, status: int) -> None:
+    """Ranks 0 and 2 finish (exit 0); rank 1 lingers and is killed. Relaunched alone it
+    would wait for peers that are gone until ``--cluster_time_out`` (600 s by default):
+    instead tftrun restarts the whole group, which completes the job, or, with no
+    restart left, stops at once with rank 1's death as the root cause."""
+    log_dir = tmp_path / "logs"
+    proc = spawn(tftrun_cmd("--worker_num=3", f"--log_dir={log_dir}", f"--master_port={free_port}",
+                            f"--recovery_path={tmp_path / 'recovery'}", "--rejoin_cooldown=0",
+                            f"--max_restarts={max_restarts}", "--grace_period=5",
+                            str(BIN / "sched_train.py"), "--steps", "5", "--linger-rank", "1"),
+                 env=TFT_OFF)
+    try:
+        for rank in (0, 2):
+            wait_for_event(log_dir, EVENT, f"rank {rank} finished", event="exit", role="worker",
+                           rank=rank, exitcode=0)
+        wait_for(lambda: log_has(log_dir, 1, "rank 1 lingers"), EVENT, "rank 1 lingering")
+        first = spawned_pids(log_dir)
+        kill(first[1])
+        output = wait_job(proc)  # far below the default cluster_time_out
+    finally:
+        terminate(proc)
+    assert proc.returncode == status, output
+    assert events(log_dir, "job_end")[-1]["exitcode"] == status
+    restarts = events(log_dir, "restart")
+    if max_restarts:
+        assert [(r["what"], r["ranks"]) for r in restarts] == [("workers", [0, 1, 2])]
+        assert "after ranks [0, 2] finished" in restarts[0]["why"]
+        second = spawned_pids(log_dir)
+        assert not set(second.values()) & set(first.values())
+    else:
+        assert not restarts
+        assert "Root cause (first observed failure): rank 1" in output
+        assert "restart budget (0) spent" in events(log_dir, "job_end")[-1]["reason"]
