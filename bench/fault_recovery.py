@@ -16,9 +16,10 @@ the median over ``--rounds`` rounds, the launchers alternating:
 * job time: wall clock of the launcher command with the fault, and without;
 * steady state: steps/s of a fault-free run after ``--warmup_steps`` (median over ranks).
 
-``--mode`` names the tftrun recovery mode measured (``rollback``; ``replica`` and
-``last_words`` expect 0 steps redone); the options that select it are passed with
-``--tftrun_arg`` (repeatable, e.g. ``--tftrun_arg=--enable_tft={TTP:1}``). Targets
+``--mode`` picks the tftrun recovery mode measured and passes the ``--enable_tft`` that
+selects it (``rollback``: all off; ``replica``, ``last_words`` and ``lose_nothing`` — the
+default, all on — expect 0 steps redone); more tftrun options go with ``--tftrun_arg``
+(repeatable). Targets
 (DESIGN.md §7): recovery ≤ 0.3× torchrun's; steady-state throughput ≥ 0.98× torchrun's.
 Results: docs/benchmarks.md.
 """
@@ -41,7 +42,9 @@ from recovery.env import MS_RECOVERY_PATH
 
 JOB = Path(__file__).resolve().parent / "jobs" / "timed_mnist.py"
 SYSTEMS = ("torchrun", "tftrun")
-MODES = ("rollback", "replica", "last_words")
+MODES = {"rollback": "{TTP:0,UCE:0,ARF:0}", "replica": "{ARF:1}", "last_words": "{TTP:1}",
+         "lose_nothing": "{TTP:1,UCE:1,ARF:1}"}
+"""Each tftrun mode measured, and the --enable_tft value that selects it."""
 # torchrun's c10d rendezvous shares its TCPStore with the workers by default, and a restarted
 # group then hangs in init_process_group on the previous attempt's keys (pytorch#135712,
 # still so in torch 2.13): give each attempt its own store, as torch's issue advises.
@@ -108,7 +111,8 @@ def run_job(system: str, args: argparse.Namespace, kill: bool) -> Run:
         env = dict(os.environ)
         if system == "tftrun":
             cmd = tftrun_cmd(args.workers, Path(tmp) / "logs", *job, extra=(
-                "--rejoin_cooldown=0", f"--recovery_path={Path(tmp) / 'recovery'}", *args.tftrun_arg))
+                "--rejoin_cooldown=0", f"--recovery_path={Path(tmp) / 'recovery'}",
+                f"--enable_tft={MODES[args.mode]}", *args.tftrun_arg))
         else:
             cmd = torchrun_cmd(args.workers, Path(tmp) / "logs", *job,
                                extra=("--standalone", "--max_restarts=1"))
