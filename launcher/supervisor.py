@@ -358,7 +358,8 @@ class Supervisor:
 
     def _schedule_restart_all(self, failed: list[ExitInfo], registered: set[str],
                               why: str) -> None:
-        """torchrun's policy for scripts that do not use ``recovery``: restart everyone.
+        """torchrun's policy: restart everyone (scripts that do not use ``recovery``, or a
+        rank that died after another finished).
 
         Every other worker is stopped now; the restart waits out the re-registration
         cooldown of the dead workers' node ids, which the scheduler keeps, while the loop

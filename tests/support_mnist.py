@@ -15,8 +15,9 @@ from support import REPO, events, tftrun_cmd
 
 TEMPLATE = REPO / "templates" / "mnist"
 TRAIN = TEMPLATE / "train.py"
-JOB = ("--epochs", "1", "--save_steps", "20", "--synthetic_size", "12000", "--log_every", "5")
-"""The main job as the fault tests run it: 125 steps of 3 ranks, a checkpoint every 20."""
+JOB = ("--epochs", "1", "--max_steps", "80", "--save_steps", "20", "--synthetic_size", "12000",
+       "--log_every", "5")
+"""The main job as the fault tests run it: 80 steps of 3 ranks, a checkpoint every 20."""
 WORKERS = 3
 
 

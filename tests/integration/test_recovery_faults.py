@@ -1,7 +1,7 @@
 """Recovery under harder faults: during a save, repeatedly, during the recovery itself, a
 hung rank; and when per-rank relaunch cannot work, restart-all.
 
-The per-rank tests run the main job (tests/support_mnist.py: 125 steps of 3 ranks, a
+The per-rank tests run the main job (tests/support_mnist.py: 80 steps of 3 ranks, a
 checkpoint every 20) under tftrun with the cooldown off, inject their faults at moments
 read from ``events.jsonl`` and the workers' logs, and check that the job ends with every
 rank's parameters bitwise equal to the fault-free run, with only the killed ranks started
@@ -29,13 +29,14 @@ from recovery.layout import checkpoint_name, rank_dir
 pytestmark = pytest.mark.timeout(240)
 
 JOB_END = 150
-"""Seconds a faulty job may take to end (a fault-free one takes about 12 s alone)."""
-EVENT = 60
+"""Seconds a faulty job may take to end (a fault-free one takes about 10 s alone)."""
+EVENT = 45
 """Seconds to wait for one event of a recovery (one takes 3 to 10 s on 2 busy cores)."""
 
 
 @contextmanager
-def faulty_job(tmp_path: Path, port: int, *options: str) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+def faulty_job(tmp_path: Path, port: int,
+               *options: str) -> Iterator[tuple[subprocess.Popen[str], Path]]:
     """The main job under tftrun, in the background; stopped whatever the test does."""
     proc = spawn(mnist_job(tmp_path, "faulty", port, *options), env=TFT_OFF)
     try:
