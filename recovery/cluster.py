@@ -28,6 +28,7 @@ from datetime import timedelta
 from typing import Any
 
 from recovery import env as names
+from recovery import group
 from recovery.env import WorkerEnv
 from recovery.heartbeat import Heartbeat
 from recovery.inject import Injection
@@ -50,6 +51,7 @@ REPLY_TIMEOUT = 5.0
 _LEAVE_WAIT = 2.0
 _RETRY_PAUSE = 0.1
 _REJOIN_POLL = 0.1
+_RETIRED_GROUP_WAIT = 5.0
 
 
 class ClusterError(RuntimeError):
@@ -151,7 +153,9 @@ class ClusterContext:
         """Leave this generation's process group and join the next one the scheduler forms.
 
         For a survivor of a peer's death: call it once every reference to the old
-        group's objects is dropped (DESIGN.md §9). It waits until the scheduler has
+        group's objects is dropped (DESIGN.md §9), so that the peers' collectives blocked
+        on this process are released. Leaving does not wait for a collective of this
+        process still in flight (recovery/group.py). It waits until the scheduler has
         formed a newer generation with this process in it (the dead peer relaunched
         after its cooldown), then joins that generation's group.
 
@@ -166,17 +170,9 @@ class ClusterContext:
             raise ClusterError("rejoin() needs a scheduler (MS_SCHED_PORT)")
         gc.collect()
         if dist.is_initialized():
-            dist.destroy_process_group()
+            group.retire()
         deadline = time.monotonic() + session.timeouts.cluster_time_out
-        while session.heartbeat.generation <= self.generation:
-            if time.monotonic() > deadline:
-                message = (f"no generation after {self.generation} formed within "
-                           f"cluster_time_out={session.timeouts.cluster_time_out:g}s")
-                logger.error("%s", message)
-                raise ClusterError(message)
-            time.sleep(_REJOIN_POLL)
-            session.heartbeat.beat()
-        self._init_group(session.heartbeat.generation, deadline)
+        self._init_group(self._newer_generation(self.generation, deadline), deadline)
 
     def finish(self, abnormal: bool = False, reason: str = "finished") -> None:
         """Stop heartbeating and tell the scheduler this process ends.
@@ -198,22 +194,57 @@ class ClusterContext:
         session.link.close()
 
     def _init_group(self, generation: int, deadline: float) -> None:
-        """Initialise the default process group of ``generation`` once it is formed."""
+        """Initialise the default process group of ``generation`` once it is formed, or of
+        the newest one after it when a member dies before the group is up."""
         import torch.distributed as dist
+        from torch.distributed import DistNetworkError
 
-        assert self._session is not None
-        store = _wait_for_generation(self._session.link, generation, deadline,
-                                     self._session.timeouts, self.world_size, self.rank)
-        dist.init_process_group(self.backend, store=dist.PrefixStore(f"gen{generation}/", store),
-                                rank=self.rank, world_size=self.world_size,
-                                timeout=self._session.group_timeout)
+        session = self._session
+        assert session is not None
+        while True:
+            store = dist.PrefixStore(f"gen{generation}/", _wait_for_generation(
+                session.link, generation, deadline, session.timeouts, self.world_size,
+                self.rank))
+            try:
+                met = group.meet(store, self.rank, self.world_size,
+                                 lambda: session.heartbeat.generation > generation, deadline)
+            except DistNetworkError:
+                continue  # the scheduler died: its relaunch announces the generation again
+            if met and group.connect(self.backend, store, self.rank, self.world_size,
+                                     session.timeouts.heartbeat_timeout, session.group_timeout):
+                break
+            logger.warning("[worker %s/%d] generation %d did not form; waiting for the next",
+                           self.node_id, self.incarnation, generation)
+            generation = self._newer_generation(generation, deadline)
         self.generation = generation
         logger.info("[worker %s/%d] rank %d of %d in generation %d", self.node_id,
                     self.incarnation, self.rank, self.world_size, generation)
 
+    def _newer_generation(self, generation: int, deadline: float) -> int:
+        """Wait until the scheduler has put this worker in a generation after ``generation``."""
+        session = self._session
+        assert session is not None
+        while session.heartbeat.generation <= generation:
+            if time.monotonic() > deadline:
+                message = (f"no generation after {generation} formed within "
+                           f"cluster_time_out={session.timeouts.cluster_time_out:g}s")
+                logger.error("%s", message)
+                raise ClusterError(message)
+            time.sleep(_REJOIN_POLL)
+            session.heartbeat.beat()
+        return session.heartbeat.generation
+
     def _finish_at_exit(self) -> None:
         abnormal = self._failed
         self.finish(abnormal, "uncaught exception" if abnormal else "finished")
+        if group.exit_blocked(_RETIRED_GROUP_WAIT):
+            # Exiting normally would abort in the C++ runtime (recovery/group.py).
+            logger.warning("an old process group is still blocked on a peer; exiting "
+                           "without waiting for it")
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1 if abnormal else 0)
 
     def _note_uncaught(self, hook: Any) -> Any:
         def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:

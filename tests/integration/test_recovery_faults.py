@@ -111,12 +111,6 @@ def test_rank_0_killed_during_a_checkpoint_save(
     assert rollback["step"] == 20
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "intermittent (2 of 6 runs here): a survivor that learns of a death only from the newer "
-    "generation (its all-reduce neither ends nor fails: 'a newer generation was formed') "
-    "blocks in dist.destroy_process_group() in ClusterContext.rejoin() (recovery/cluster.py) "
-    "with that all-reduce still in flight, while the other ranks wait for it in the next "
-    "generation's init_process_group: no recovered event. Not strict: most runs pass"))
 def test_three_kills_of_different_ranks_one_after_another(
         tmp_path: Path, free_port: int, mnist_reference: dict[int, str]) -> None:
     """Ranks 1, 2, then 0 are killed, each once the previous recovery is over and
@@ -141,12 +135,7 @@ def test_three_kills_of_different_ranks_one_after_another(
 
 @pytest.mark.parametrize("moment", [
     "spawn",
-    pytest.param("register", marks=pytest.mark.xfail(strict=False, reason=(
-        "recovery/cluster.py: the generation is formed the moment the replacement registers; "
-        "killed then, it never reaches that generation's rendezvous, and the survivors stay "
-        "blocked in its init_process_group (gloo waits for the missing rank's store key for "
-        "the process group timeout, 5 min in the template) while the scheduler forms the next "
-        "generation with the third process of rank 2: no recovered event"))),
+    "register",
 ])
 def test_the_relaunched_rank_killed_again_while_it_rejoins(
         tmp_path: Path, free_port: int, mnist_reference: dict[int, str], moment: str) -> None:

@@ -1,0 +1,109 @@
+"""Forming and retiring one generation's default process group, without ever hanging.
+
+Two traps of torch 2.13's gloo (DESIGN.md §9, and measured again for this module) shape it:
+
+* **A member that dies during the rendezvous.** ``init_process_group`` waits for every
+  member's address in the store for the whole group timeout (minutes): if a member of
+  the generation dies before it has published it, the others are stuck there while the
+  scheduler already forms the next generation. So the members first *meet* — each sets
+  its arrival key under the generation's prefix and polls until all are there, giving
+  up as soon as the scheduler has formed a newer generation — and only then connect,
+  with the rendezvous bounded by the heartbeat timeout (the time within which a dead or
+  frozen member is declared so); the group's own timeout is set once it is formed.
+* **A collective still in flight when the group is left.** Destroying a gloo group joins
+  its worker threads, so a survivor whose all-reduce is blocked on a peer waits until
+  every peer has freed its own old group, or for the group timeout. Survivors therefore
+  *retire* the old group: it is unregistered at once, and its last reference is dropped
+  by a background thread, where the blocking join does no harm. The process must not
+  exit while such a join is still blocked (the C++ runtime aborts it), so
+  :func:`exit_blocked` tells the exit path to leave without waiting.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+__all__ = ["meet", "connect", "retire", "exit_blocked"]
+
+logger = logging.getLogger(__name__)
+
+_MEET_POLL = 0.05
+_retiring: list[threading.Thread] = []
+
+
+def _arrival_key(rank: int) -> str:
+    return f"tft/arrived/{rank}"
+
+
+def meet(store: Any, rank: int, world_size: int, newer: Callable[[], bool],
+         deadline: float) -> bool:
+    """Announce this rank in the generation's ``store`` and wait for all ``world_size``.
+
+    Returns:
+        True once every member has arrived; False as soon as ``newer()`` says a newer
+        generation exists (this one will never complete), or at ``deadline``.
+
+    Raises:
+        DistNetworkError: the store's server (the scheduler) went away.
+    """
+    store.set(_arrival_key(rank), "1")
+    keys = [_arrival_key(r) for r in range(world_size)]
+    while not store.check(keys):
+        if newer() or time.monotonic() > deadline:
+            return False
+        time.sleep(_MEET_POLL)
+    return True
+
+
+def connect(backend: str, store: Any, rank: int, world_size: int,
+            rendezvous_timeout: float, group_timeout: timedelta | None) -> bool:
+    """Initialise the default process group once every member has met.
+
+    Returns:
+        False when the rendezvous failed within ``rendezvous_timeout`` seconds (a member
+        died between meeting and connecting); the caller moves to a newer generation.
+    """
+    import torch.distributed as dist
+    from torch.distributed.constants import default_pg_timeout
+
+    try:
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=rendezvous_timeout))
+    except RuntimeError as err:
+        logger.warning("rank %d: the process group did not form: %s", rank,
+                       str(err).splitlines()[0] if str(err) else type(err).__name__)
+        # The failed attempt used up a group name (torch numbers the groups it makes and
+        # only destroy_process_group resets the count): without the reset, this rank's
+        # rendezvous keys in the next generation would not match its peers'.
+        dist.distributed_c10d._world.group_count = 0
+        return False
+    dist.distributed_c10d._set_pg_timeout(group_timeout or default_pg_timeout)
+    return True
+
+
+def retire() -> None:
+    """Leave the default process group at once; its threads are joined in the background."""
+    import torch.distributed as dist
+
+    old = [dist.group.WORLD]
+    dist.destroy_process_group()  # unregisters it; ``old`` keeps the object alive
+
+    def drop() -> None:
+        old.clear()  # the group's destructor runs here, and may wait for a collective
+
+    thread = threading.Thread(target=drop, name="tft-retire-group", daemon=True)
+    _retiring.append(thread)
+    thread.start()
+
+
+def exit_blocked(wait: float) -> bool:
+    """Whether a retired group is still blocked after waiting up to ``wait`` seconds."""
+    deadline = time.monotonic() + wait
+    for thread in _retiring:
+        thread.join(max(deadline - time.monotonic(), 0.0))
+    return any(thread.is_alive() for thread in _retiring)
