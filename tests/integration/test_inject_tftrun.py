@@ -99,7 +99,7 @@ def test_uce_arrives_at_its_step_one_claim_wins_and_an_exception_ends_the_job(
             if not e["expected"]] == [(1, 1)]
 
 
-def test_kill_by_signal_relaunches_the_rank_and_a_hang_is_killed_by_the_progress_verdict(
+def test_kill_and_term_relaunch_the_rank_and_a_hang_is_killed_by_the_progress_verdict(
         tmp_path: Path, free_port: int, capsys: pytest.CaptureFixture[str]) -> None:
     tftrun, log_dir = start(tmp_path, free_port, "--progress_timeout=3")
     try:
@@ -123,6 +123,18 @@ def test_kill_by_signal_relaunches_the_rank_and_a_hang_is_killed_by_the_progress
         assert shown.returncode == 0, shown.stderr
         assert "phase" in shown.stdout.splitlines()[2]
         assert "last fault: rank 1 cause=SIGKILL" in shown.stdout
+
+        # term at a step goes through the scheduler; the rank sends itself SIGTERM there.
+        wait_for(lambda: min(steps(log_dir).values(), default=0) > 0, 60, "steps again")
+        at = max(steps(log_dir).values()) + MARGIN
+        assert inject(capsys, log_dir, "--rank", "0", "--fault", "term", "--at_step",
+                      str(at)) == (0, f"injected term into rank 0 (pid {first[0]}) at step {at}\n")
+        fault = wait_for_event(log_dir, 60, "the term seen", event="fault", rank=0)
+        assert (fault["pid"], fault["cause"]) == (first[0], "SIGTERM")
+        assert "got term (injection " in log(log_dir, 0)
+        termed = wait_for_event(log_dir, 60, "generation 2", event="generation", generation=2)
+        third = {m["rank"]: m["pid"] for m in termed["members"]}
+        assert third[0] != first[0] and third[1] == second[1]
 
         wait_for(lambda: min(steps(log_dir).values(), default=0) > 0, 60, "steps again")
         assert inject(capsys, log_dir, "--rank", "1", "--fault", "hang")[0] == 0
