@@ -206,13 +206,14 @@ class ClusterContext:
                 session.link, generation, deadline, session.timeouts, self.world_size,
                 self.rank))
             try:
-                met = group.meet(store, self.rank, self.world_size,
-                                 lambda: session.heartbeat.generation > generation, deadline)
+                if group.meet(store, self.rank, self.world_size,
+                              lambda: session.heartbeat.generation > generation, deadline) \
+                        and group.connect(self.backend, store, self.rank, self.world_size,
+                                          session.timeouts.heartbeat_timeout,
+                                          session.group_timeout):
+                    break
             except DistNetworkError:
                 continue  # the scheduler died: its relaunch announces the generation again
-            if met and group.connect(self.backend, store, self.rank, self.world_size,
-                                     session.timeouts.heartbeat_timeout, session.group_timeout):
-                break
             logger.warning("[worker %s/%d] generation %d did not form; waiting for the next",
                            self.node_id, self.incarnation, generation)
             generation = self._newer_generation(generation, deadline)

@@ -67,20 +67,27 @@ def connect(backend: str, store: Any, rank: int, world_size: int,
     Returns:
         False when the rendezvous failed within ``rendezvous_timeout`` seconds (a member
         died between meeting and connecting); the caller moves to a newer generation.
+
+    Raises:
+        DistNetworkError: the store's server (the scheduler) went away; the caller
+            meets again in the same generation once it is back.
     """
     import torch.distributed as dist
+    from torch.distributed import DistNetworkError
     from torch.distributed.constants import default_pg_timeout
 
     try:
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=rendezvous_timeout))
     except RuntimeError as err:
-        logger.warning("rank %d: the process group did not form: %s", rank,
-                       str(err).splitlines()[0] if str(err) else type(err).__name__)
         # The failed attempt used up a group name (torch numbers the groups it makes and
         # only destroy_process_group resets the count): without the reset, this rank's
-        # rendezvous keys in the next generation would not match its peers'.
+        # rendezvous keys in the next attempt would not match its peers'.
         dist.distributed_c10d._world.group_count = 0
+        if isinstance(err, DistNetworkError):
+            raise
+        logger.warning("rank %d: the process group did not form: %s", rank,
+                       str(err).splitlines()[0] if str(err) else type(err).__name__)
         return False
     dist.distributed_c10d._set_pg_timeout(group_timeout or default_pg_timeout)
     return True
