@@ -98,6 +98,20 @@ def run(cmd: list[str], timeout: float = 120, **kwargs: Any) -> subprocess.Compl
     )
 
 
+def run_together(cmds: list[list[str]], timeout: float,
+                 envs: list[dict[str, str]] | None = None) -> list[tuple[int, str, str]]:
+    """Run commands at once (the ranks of one group); each one's (status, stdout, stderr).
+    Every process is killed and reaped whatever happens."""
+    procs = [spawn(cmd, **({} if envs is None else {"env": envs[i]})) for i, cmd in enumerate(cmds)]
+    try:
+        outputs = [proc.communicate(timeout=timeout) for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    return [(proc.returncode, out, err) for proc, (out, err) in zip(procs, outputs)]
+
+
 def pid_gone(pid: int) -> bool:
     """True when no live process has this pid (a zombie counts as gone)."""
     try:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import torch
-from support import BIN, REPO
+from support import BIN, run_together
 
 from recovery import env as envnames
 from recovery.grad_sync import all_reduce_gradients
@@ -17,19 +16,10 @@ from recovery.grad_sync import all_reduce_gradients
 def test_gradients_are_averaged_across_ranks(free_port: int) -> None:
     base = {**os.environ, envnames.WORLD_SIZE: "2", envnames.MASTER_ADDR: "127.0.0.1", envnames.MASTER_PORT: str(free_port)}
     base.pop(envnames.TORCHELASTIC_USE_AGENT_STORE, None)
-    procs = [
-        subprocess.Popen([sys.executable, str(BIN / "ckpt_grad_sync.py")], cwd=REPO, env={**base, envnames.RANK: str(rank)},
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for rank in range(2)
-    ]
-    try:
-        outputs = [proc.communicate(timeout=60) for proc in procs]
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
-    for proc, (out, err) in zip(procs, outputs):
-        assert proc.returncode == 0, err
+    results = run_together([[sys.executable, str(BIN / "ckpt_grad_sync.py")]] * 2, timeout=60,
+                           envs=[{**base, envnames.RANK: str(rank)} for rank in range(2)])
+    for status, out, err in results:
+        assert status == 0, err
         # Rank 0 had 1x, rank 1 had 2x the pattern: the average is 1.5x, on both.
         assert json.loads(out) == [
             [1.5 * i for i in range(6)], [1.5 * i for i in range(4)], None, [1.5 * i for i in range(5)],

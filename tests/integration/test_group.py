@@ -4,29 +4,21 @@ collective blocked in it, never hold a process back from the next generation."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
-from support import BIN, REPO
+from support import BIN, run_together
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def test_a_failed_rendezvous_and_a_blocked_collective_do_not_stop_the_next_generations(
         free_port: int) -> None:
-    procs = [subprocess.Popen([sys.executable, str(BIN / "group_cycle.py"), str(rank), str(free_port)],
-                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for rank in range(2)]
-    try:
-        outputs = [proc.communicate(timeout=90) for proc in procs]
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
-    for proc, (_, err) in zip(procs, outputs):
-        assert proc.returncode == 0, err[-3000:]
-    seen = json.loads(outputs[0][0])
+    results = run_together([[sys.executable, str(BIN / "group_cycle.py"), str(rank), str(free_port)]
+                            for rank in range(2)], timeout=90)
+    for status, _, err in results:
+        assert status == 0, err[-3000:]
+    seen = json.loads(results[0][1])
     # gen0: the missing peer fails the rendezvous at its 1 s bound, not the group's 60 s.
     assert seen["gen0_formed"] is False
     assert seen["gen0_seconds"] < 10
