@@ -5,10 +5,12 @@
 The same script runs under torchrun and under tftrun, so that both launch the very same
 training. It replaces the template's ``ElasticTrainer`` with a subclass that appends one
 line to ``DIR/steps_<rank>.txt`` (format: step_log.py) every time a step
-*completes* — the moment the trainer reports the step to the cluster (``report_step``),
-which it does only for a step whose gradient all-reduce succeeded, never for one a peer
-failure voided. Rank R, once step S is complete and only the first time (a marker file
-``DIR/killed`` holds the kill time), ``kill -9``s itself. The product's code is untouched.
+*completes* — when the trainer hands the step to its checkpoint saver (``step_end``),
+which it does only for a step whose gradient all-reduce succeeded, never for one a fault
+voided. (Not on ``report_step``: the trainer also reports a step when it merely reaches
+the step's all-reduce, so that a hung rank stays behind.) Rank R, once step S is complete
+and only the first time (a marker file ``DIR/killed`` holds the kill time), ``kill -9``s
+itself. The product's code is untouched.
 """
 
 from __future__ import annotations
@@ -55,16 +57,16 @@ def timed_trainer(options: argparse.Namespace) -> type[ElasticTrainer]:
     class TimedTrainer(ElasticTrainer):
         def __init__(self, ctx: Any, *args: Any, **kwargs: Any) -> None:
             super().__init__(ctx, *args, **kwargs)
-            report_step = ctx.report_step
+            step_end = self.saver.step_end
             log = steps_file(options.timing_dir, ctx.rank).open("a", buffering=1)
 
-            def report_and_log(step: int) -> None:
-                log.write(StepRecord(ctx.rank, step, time.time(), os.getpid()).line())
-                if ctx.rank == options.kill_rank and step == options.kill_step:
+            def log_and_step_end(epoch: int, step: int, global_step: int) -> Path | None:
+                log.write(StepRecord(ctx.rank, global_step, time.time(), os.getpid()).line())
+                if ctx.rank == options.kill_rank and global_step == options.kill_step:
                     kill_self_once(options.timing_dir)
-                report_step(step)
+                return step_end(epoch, step, global_step)
 
-            ctx.report_step = report_and_log
+            self.saver.step_end = log_and_step_end  # type: ignore[method-assign]
 
     return TimedTrainer
 
