@@ -10,7 +10,7 @@ from support import REPO
 
 sys.path.insert(0, str(REPO / "bench"))
 from fault_recovery import recovery, steady_rate  # noqa: E402 - bench/ is not a package
-from jobs.step_log import KILL_FILE, StepRecord, read_kill_time, read_steps, steps_file  # noqa: E402
+from jobs.step_log import FAULT_FILE, StepRecord, read_fault_time, read_steps, steps_file  # noqa: E402
 
 KILLED_AT = 100.0
 
@@ -67,6 +67,6 @@ def test_steady_rate_leaves_out_the_warm_up_and_takes_the_median_rank(tmp_path: 
     assert steady_rate(read_steps(tmp_path), warmup_steps=20) == pytest.approx(1 / 0.2)
 
 
-def test_kill_time_round_trips(tmp_path: Path) -> None:
-    (tmp_path / KILL_FILE).write_text(repr(1795432853.5401275))
-    assert read_kill_time(tmp_path) == 1795432853.5401275
+def test_fault_time_round_trips(tmp_path: Path) -> None:
+    (tmp_path / FAULT_FILE).write_text(repr(1795432853.5401275))
+    assert read_fault_time(tmp_path) == 1795432853.5401275
