@@ -212,7 +212,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--mode", choices=MODES, default="rollback",
                         help="the tftrun recovery mode measured after a kill")
     parser.add_argument("--tftrun_arg", action="append", default=[],
-                        help="an extra tftrun option, e.g. --tftrun_arg=--heartbeat_interval=0.5 (repeatable)")
+                        help="an extra tftrun option, e.g. --tftrun_arg=--heartbeat_timeout=10 (repeatable)")
     args = parser.parse_args()
     if not 0 <= args.fault_rank < args.workers or not args.warmup_steps < args.fault_step < args.max_steps:
         parser.error("need 0 <= fault_rank < workers and warmup_steps < fault_step < max_steps")
