@@ -1,7 +1,7 @@
 """The record the timed bench job writes and the bench reads: one file of completed steps per rank.
 
 ``<dir>/steps_<rank>.txt`` holds one line ``rank global_step unix_time pid`` per completed
-step, appended in order; ``<dir>/killed`` holds the unix time of the one self-kill.
+step, appended in order; ``<dir>/fault`` holds the unix time of the one fault.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-KILL_FILE = "killed"
+FAULT_FILE = "fault"
 
 
 @dataclass(frozen=True)
@@ -52,5 +52,5 @@ def read_steps(directory: Path) -> dict[int, list[StepRecord]]:
     return ranks
 
 
-def read_kill_time(directory: Path) -> float:
-    return float((directory / KILL_FILE).read_text())
+def read_fault_time(directory: Path) -> float:
+    return float((directory / FAULT_FILE).read_text())
