@@ -37,6 +37,8 @@ EXIT_SIGTERM = 128 + signal.SIGTERM
 SUMMARY_LOG_LINES = 10
 VERDICT_INTERVAL = 0.5
 """Seconds between asking the scheduler which workers it declares dead or hung."""
+_STATUS_WAIT = 10.0
+_STATUS_RETRY_PAUSE = 0.1
 
 
 class _Stop(Exception):
@@ -75,6 +77,8 @@ class Supervisor:
         self._restart_why = ""
         self._next_verdicts = 0.0
         self._hung: set[int] = set()
+        self._registered: set[str] = set()
+        """Node ids seen registered with the scheduler: capable of per-rank recovery."""
 
     # ----------------------------------------------------------------- lifecycle
     def run(self) -> int:
@@ -301,7 +305,7 @@ class Supervisor:
         group in which one worker failed, the whole group is restarted instead, and
         resumes from its checkpoints (docs/recovery.md).
         """
-        registered = self._registered_nodes()
+        registered = self._registered_nodes(failed)
         for failure in failed:
             cause = "hang" if failure.rank in self._hung else (
                 failure.signal_name or f"exit code {failure.returncode}")
@@ -320,9 +324,26 @@ class Supervisor:
             why += f" after ranks {finished} finished: a relaunched rank could not rejoin them"
         self._schedule_restart_all(failed, registered, why)
 
-    def _registered_nodes(self) -> set[str]:
-        status = self._control.status()
-        return set() if status is None else {str(m["node_id"]) for m in status["members"]}
+    def _registered_nodes(self, failed: list[ExitInfo]) -> set[str]:
+        """The node ids that registered with the scheduler, the ``failed`` ones included
+        if they did.
+
+        A node id that registered once stays capable (every incarnation runs the same
+        script). A scheduler slowed down by a loaded host may not answer at once: while
+        its process runs it is asked again, up to :data:`_STATUS_WAIT` seconds, rather
+        than taking no answer for "nobody registered" and restarting every worker.
+        """
+        deadline = time.monotonic() + _STATUS_WAIT
+        while not {str(f.rank) for f in failed} <= self._registered:
+            status = self._control.status()
+            if status is not None:
+                self._registered |= {str(m["node_id"]) for m in status["members"]}
+                break
+            if self._scheduler is None or self._scheduler.poll() is not None \
+                    or time.monotonic() > deadline:
+                break
+            time.sleep(_STATUS_RETRY_PAUSE)
+        return self._registered
 
     def _cooldown(self, failed: list[ExitInfo], registered: set[str]) -> float:
         """Seconds to wait before the dead workers' node ids may register again.

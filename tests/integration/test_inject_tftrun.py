@@ -117,7 +117,9 @@ def test_kill_and_term_relaunch_the_rank_and_a_hang_is_killed_by_the_progress_ve
         relaunched = wait_for_event(log_dir, 60, "generation 1", event="generation",
                                     generation=1)
         second = {m["rank"]: m["pid"] for m in relaunched["members"]}
-        assert second[0] == first[0] and second[1] != first[1]
+        assert second[0] == first[0] and second[1] != first[1], (
+            [e for e in events(log_dir) if e["event"] in ("verdict", "exit", "fault")],
+            log(log_dir, 0)[-3000:])
 
         shown = run(tftctl_cmd("status", "--log_dir", str(log_dir)), timeout=60)
         assert shown.returncode == 0, shown.stderr
