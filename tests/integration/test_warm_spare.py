@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,7 +12,8 @@ from pathlib import Path
 
 import pytest
 from support import (
-    REPO, TFT_OFF, events, log_has, spawn, spawned_pids, terminate, wait_for, wait_for_event,
+    REPO, TFT_OFF, events, kill_rank_and_wait, log_has, spawn, spawned_pids, terminate, wait_for,
+    wait_for_event,
 )
 from support_mnist import final_digests, mnist_job
 
@@ -108,9 +108,7 @@ def test_kill_9_of_rank_2_is_relaunched_in_the_warm_spare_and_ends_bitwise_equal
                                  role="spare")
         wait_for(lambda: log_has(log_dir, 2, "step=25 "), 120, "rank 2 past step 25")
         assert not log_has(log_dir, 2, "step=80 "), "the job ended before the kill"
-        first = spawned_pids(log_dir)
-        os.kill(first[2], signal.SIGKILL)
-        proc.communicate(timeout=200)
+        first = kill_rank_and_wait(proc, log_dir, 2)
     finally:
         terminate(proc)
     assert proc.returncode == 0
