@@ -66,7 +66,7 @@ class SparePool:
 
     def __init__(self, size: int, start: Callable[[int, int], Child],
                  delay: float = SPARE_DELAY) -> None:
-        self.size = size
+        self._size = size
         self._start = start
         self._delay = delay
         self._idle: list[Spare] = []
@@ -82,7 +82,7 @@ class SparePool:
             spare.retire()
             self._idle.remove(spare)
         now = time.monotonic()
-        self._due.extend([now + self._delay] * (self.size - len(self._idle) - len(self._due)))
+        self._due.extend([now + self._delay] * (self._size - len(self._idle) - len(self._due)))
         while self._due and self._due[0] <= now:
             self._due.pop(0)
             self._idle.append(self._spawn())

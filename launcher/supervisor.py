@@ -23,7 +23,7 @@ from launcher.logs import LogFollower, last_lines
 from launcher.process import Child, spawn, stop_all
 from launcher.render import Row, SummaryRow, View, print_summary
 from launcher.rendezvous import RendezvousStore
-from launcher.spares import SparePool
+from launcher.spares import Spare, SparePool
 from launcher.spec import (
     ProcessSpec, Role, error_file, scheduler_spec, script_argv, spare_spec, worker_spec,
 )
@@ -208,8 +208,10 @@ class Supervisor:
                            self.restart_count, self._rendezvous_port)
         spare = self._spares.hand_over(spec, script_argv(self.config),
                                        self._header(spec, worker.incarnation)) if warm else None
-        worker.child = (self._spawn(spec, worker.incarnation) if spare is None else
-                        self._started(spec, spare, worker.incarnation, warm=True))
+        if spare is None:
+            worker.child = self._spawn(spec, worker.incarnation)
+        else:
+            worker.child = self._started(spec, spare, worker.incarnation, warm=True)
         worker.launches += 1
         worker.transition(WorkerState.RUNNING)
 
@@ -219,9 +221,11 @@ class Supervisor:
 
     def _tend_spares(self) -> None:
         """Keep ``--warm_spare`` spares started; one that died idle is replaced, no fault."""
-        for spare, returncode in self._spares.tend():
-            self._exit_info(Role.SPARE, None, spare.child, spare.serial, returncode,
-                            expected=False)
+        self._record_spare_exits(self._spares.tend(), expected=False)
+
+    def _record_spare_exits(self, ended: list[tuple[Spare, int]], expected: bool) -> None:
+        for spare, returncode in ended:
+            self._exit_info(Role.SPARE, None, spare.child, spare.serial, returncode, expected)
 
     def _exit_info(self, role: Role, rank: int | None, child: Child, incarnation: int,
                    returncode: int, expected: bool) -> ExitInfo:
@@ -305,9 +309,7 @@ class Supervisor:
     def _shutdown(self, sig: int) -> None:
         """Stop the workers and the spares, then the scheduler."""
         self._stop_workers(sig)
-        for spare, returncode in self._spares.stop(sig, self.config.grace_period):
-            self._exit_info(Role.SPARE, None, spare.child, spare.serial, returncode,
-                            expected=True)
+        self._record_spare_exits(self._spares.stop(sig, self.config.grace_period), expected=True)
         child, self._scheduler = self._scheduler, None
         if child is not None:
             stop_all([child], signal.SIGTERM, self.config.grace_period)
