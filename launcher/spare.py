@@ -56,12 +56,14 @@ def become(message: dict[str, Any]) -> None:
     script = message["argv"][0]
     sys.argv = list(message["argv"])
     # What `python script.py` puts first on sys.path: the script's (real) folder.
-    sys.path[0] = os.path.dirname(os.path.realpath(script))
+    sys.path.insert(0, os.path.dirname(os.path.realpath(script)))
     runpy.run_path(script, run_name="__main__")
 
 
 def main() -> None:
     started = time.monotonic()
+    # This file's folder (launcher/) must not shadow a module that torch imports.
+    sys.path.pop(0)
     warm_up()
     print(f"tftrun spare pid={os.getpid()}: {READY} after {time.monotonic() - started:.2f}s",
           flush=True)

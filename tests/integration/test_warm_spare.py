@@ -67,6 +67,7 @@ def test_the_spare_becomes_the_script_with_its_env_argv_cwd_log_and_exit_status(
         "print('mark', os.environ.get('TFT_TEST_MARK'), 'home', os.environ.get('HOME'))\n"
         "print('argv', sys.argv[1:], 'path0', sys.path[0], 'cwd', os.getcwd())\n"
         "print('main', __name__, file=sys.stderr)\n"
+        f"print('spare folder on path', {str(SPARE_PROGRAM.parent)!r} in sys.path)\n"
         "sys.exit(3)\n")
     log = tmp_path / "worker_0.log"
     with spare(tmp_path) as (proc, write_fd):
@@ -76,6 +77,7 @@ def test_the_spare_becomes_the_script_with_its_env_argv_cwd_log_and_exit_status(
     assert "mark from-go home None" in lines  # the environment was replaced, not merged
     assert f"argv ['--epochs', '2'] path0 {script.parent} cwd {script.parent}" in lines
     assert "main __main__" in lines  # stderr too
+    assert "spare folder on path False" in lines
     assert "mark" not in (tmp_path / "spare.log").read_text()
 
 
