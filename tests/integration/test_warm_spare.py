@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,8 +13,8 @@ from pathlib import Path
 
 import pytest
 from support import (
-    REPO, TFT_OFF, events, kill_rank_and_wait, log_has, spawn, spawned_pids, terminate, wait_for,
-    wait_for_event,
+    BIN, REPO, TFT_OFF, events, kill_rank_and_wait, log_has, pid_gone, spawn, spawned_pids,
+    terminate, tftrun_cmd, wait_for, wait_for_event,
 )
 from support_mnist import final_digests, mnist_job
 
@@ -129,3 +130,33 @@ def test_kill_9_of_rank_2_is_relaunched_in_the_warm_spare_and_ends_bitwise_equal
     relaunched = log[log.index("==== tftrun: worker rank=2 incarnation=1 "):]
     assert "step=80 " in relaunched
     assert "step=" not in (log_dir / "spare.log").read_text()
+
+
+def test_a_restart_of_all_workers_spawns_them_and_leaves_the_spare_until_the_job_ends(
+        tmp_path: Path, free_port: int) -> None:
+    log_dir, ckpt = tmp_path / "logs", tmp_path / "ckpt"
+    ckpt.mkdir()
+    # A plain torchrun script: a dead rank restarts every worker.
+    proc = spawn(tftrun_cmd("--worker_num=2", f"--log_dir={log_dir}",
+                            f"--master_port={free_port}", "--grace_period=5", "--warm_spare=1",
+                            str(BIN / "plain_resumable.py"), "100000", str(ckpt)))
+    try:
+        started = wait_for_event(log_dir, WARM_TIMEOUT, "a spare to start", event="spawn",
+                                 role="spare")
+        wait_for(lambda: spare_is_warm(log_dir, started["pid"]), WARM_TIMEOUT,
+                 "the spare to be warm")
+        os.kill(spawned_pids(log_dir)[1], signal.SIGKILL)
+        wait_for(lambda: len(events(log_dir, "spawn")) == 6, 60, "both workers spawned again")
+        assert not pid_gone(started["pid"])
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        terminate(proc)
+    assert proc.returncode == 143
+    respawned = events(log_dir, "spawn")[-2:]
+    assert [(e["role"], e["restart_count"], "warm" in e) for e in respawned] == [
+        ("worker", 1, False), ("worker", 1, False)]
+    assert started["pid"] not in [e["pid"] for e in respawned]
+    [spare_exit] = [e for e in events(log_dir, "exit") if e["role"] == "spare"]
+    assert (spare_exit["pid"], spare_exit["expected"]) == (started["pid"], True)
+    assert pid_gone(started["pid"])
