@@ -12,7 +12,8 @@ from pathlib import Path
 from launcher.config import LaunchConfig
 from recovery import env as names
 
-__all__ = ["Role", "ProcessSpec", "worker_spec", "scheduler_spec", "spare_spec", "script_argv"]
+__all__ = ["Role", "ProcessSpec", "worker_spec", "scheduler_spec", "spare_spec", "script_argv",
+           "SPARE_PROGRAM"]
 
 SPARE_PROGRAM = Path(__file__).with_name("spare.py")
 
@@ -106,15 +107,15 @@ def scheduler_spec(config: LaunchConfig, listen_fd: int,
     return ProcessSpec(Role.SCHEDULER, None, argv, env, config.log_dir / "scheduler.log")
 
 
-def spare_spec(config: LaunchConfig, go_fd: int, restart_count: int, rendezvous_port: int,
-               base_env: Mapping[str, str] | None = None) -> ProcessSpec:
+def spare_spec(config: LaunchConfig, go_fd: int, restart_count: int,
+               rendezvous_port: int) -> ProcessSpec:
     """A warm spare (launcher/spare.py), waiting for its go on the inherited pipe ``go_fd``.
 
     It gets a worker's environment, so that what torch reads at import time (e.g.
     ``OMP_NUM_THREADS``) is what a worker would read; the rank-specific variables are
     placeholders, replaced with the whole environment when it is handed a rank.
     """
-    env = worker_spec(config, 0, 0, restart_count, rendezvous_port, base_env).env
+    env = worker_spec(config, 0, 0, restart_count, rendezvous_port).env
     argv = (sys.executable, "-u", str(SPARE_PROGRAM), str(go_fd))
     return ProcessSpec(Role.SPARE, None, argv, env, config.log_dir / "spare.log")
 

@@ -18,6 +18,7 @@ from support import (
 )
 from support_mnist import final_digests, mnist_job
 
+from launcher.spare import READY
 from launcher.spec import SPARE_PROGRAM
 
 pytestmark = pytest.mark.timeout(300)
@@ -29,7 +30,7 @@ WARM_TIMEOUT = 120
 def spare_is_warm(log_dir: Path, pid: int) -> bool:
     """Whether the spare ``pid`` printed, in ``log_dir/spare.log``, that it is warm."""
     path = log_dir / "spare.log"
-    return path.exists() and f"pid={pid}: warm" in path.read_text()
+    return path.exists() and f"pid={pid}: {READY}" in path.read_text()
 
 
 @contextmanager
