@@ -107,6 +107,9 @@ def launch(
     enable_tft: Annotated[str | None, _opt(
         "enable_tft", "Lose-nothing modes in msrun's MS_ENABLE_TFT syntax, e.g. "
         "'{TTP:1,UCE:1,ARF:1}' (the default); a mode left out is off.")] = None,
+    warm_spare: Annotated[int, _opt(
+        "warm_spare", "Spare processes kept ready on this node, torch imported, to take a "
+        "relaunched rank's place without a cold start; 0: none.")] = 0,
 ) -> int:
     """Launch SCRIPT as WORKER_NUM data-parallel workers and keep the job alive."""
     local = local_worker_num if local_worker_num is not None else nproc_per_node
@@ -120,7 +123,7 @@ def launch(
         rejoin_cooldown=rejoin_cooldown, monitor_interval=monitor_interval,
         heartbeat_timeout=heartbeat_timeout, progress_timeout=progress_timeout,
         grace_period=grace_period, restart_policy=restart_policy, is_recover=parse_bool(is_recover, "--is_recover"),
-        recovery_path=recovery_path, enable_tft=enable_tft,
+        recovery_path=recovery_path, enable_tft=enable_tft, warm_spare=warm_spare,
     )
     config.validate()
     lock = FileLock(str(config.log_dir / LOCK_FILE))

@@ -53,6 +53,8 @@ class LaunchConfig:
     is_recover: bool = False
     recovery_path: Path = Path("tft_recovery")
     enable_tft: str | None = None
+    warm_spare: int = 0
+    """Spare processes kept warm on this node for relaunched ranks (launcher/spares.py)."""
     run_id: str = field(default_factory=lambda: time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3))
     job_token: str = field(default_factory=lambda: secrets.token_hex(16))
 
@@ -85,7 +87,8 @@ class LaunchConfig:
         if not 1 <= self.master_port <= 65535:
             raise ConfigError(f"--master_port must be in 1..65535, got {self.master_port}")
         for name, value in (("--max_restarts", self.max_restarts),
-                            ("--rejoin_cooldown", self.rejoin_cooldown)):
+                            ("--rejoin_cooldown", self.rejoin_cooldown),
+                            ("--warm_spare", self.warm_spare)):
             if value < 0:
                 raise ConfigError(f"{name} must not be negative, got {value}")
         for name, value in (("--monitor_interval", self.monitor_interval),

@@ -15,8 +15,9 @@ import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
-__all__ = ["Child", "spawn", "stop_all"]
+__all__ = ["Child", "open_log", "spawn", "stop_all"]
 
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -55,6 +56,13 @@ def _die_with(parent_pid: int) -> None:
         os._exit(1)
 
 
+def open_log(log_path: Path, header: str) -> BinaryIO:
+    """Open ``log_path`` to append, unbuffered, with ``header`` written as a line first."""
+    log = open(log_path, "ab", buffering=0)
+    log.write(header.encode() + b"\n")
+    return log
+
+
 def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: Path, header: str,
           pass_fds: Iterable[int] = ()) -> Child:
     """Start ``argv`` with stdout and stderr appended to ``log_path``.
@@ -64,8 +72,7 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: Path, header: s
     signal fires when the *thread* that forked the child ends.
     """
     parent_pid = os.getpid()
-    with open(log_path, "ab", buffering=0) as log:
-        log.write(header.encode() + b"\n")
+    with open_log(log_path, header) as log:
         popen = subprocess.Popen(
             list(argv), env=dict(env), stdin=subprocess.DEVNULL, stdout=log,
             stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,

@@ -12,12 +12,16 @@ from pathlib import Path
 from launcher.config import LaunchConfig
 from recovery import env as names
 
-__all__ = ["Role", "ProcessSpec", "worker_spec", "scheduler_spec"]
+__all__ = ["Role", "ProcessSpec", "worker_spec", "scheduler_spec", "spare_spec", "script_argv",
+           "SPARE_PROGRAM"]
+
+SPARE_PROGRAM = Path(__file__).with_name("spare.py")
 
 
 class Role(str, Enum):
     SCHEDULER = "scheduler"
     WORKER = "worker"
+    SPARE = "spare"
 
 
 @dataclass(frozen=True)
@@ -30,7 +34,7 @@ class ProcessSpec:
 
     def __post_init__(self) -> None:
         if (self.role is Role.WORKER) != (self.rank is not None):
-            raise ValueError("a worker has a rank and the scheduler has none")
+            raise ValueError("a worker has a rank; the scheduler and a spare have none")
 
 
 def _common_env(config: LaunchConfig, base: Mapping[str, str]) -> dict[str, str]:
@@ -90,7 +94,7 @@ def worker_spec(config: LaunchConfig, local_rank: int, incarnation: int, restart
         names.TFT_RESTART_COUNT: str(restart_count),
         names.TFT_GENERATION: str(restart_count),
     })
-    argv = (sys.executable, "-u", str(config.script), *config.script_args)
+    argv = (sys.executable, "-u", *script_argv(config))
     return ProcessSpec(Role.WORKER, rank, argv, env, config.log_dir / f"worker_{rank}.log")
 
 
@@ -101,6 +105,24 @@ def scheduler_spec(config: LaunchConfig, listen_fd: int,
     env.update({names.MS_ROLE: names.ROLE_SCHEDULER, names.TFT_STORE_FD: str(listen_fd)})
     argv = (sys.executable, "-u", "-m", "recovery.scheduler")
     return ProcessSpec(Role.SCHEDULER, None, argv, env, config.log_dir / "scheduler.log")
+
+
+def spare_spec(config: LaunchConfig, go_fd: int, restart_count: int,
+               rendezvous_port: int) -> ProcessSpec:
+    """A warm spare (launcher/spare.py), waiting for its go on the inherited pipe ``go_fd``.
+
+    It gets a worker's environment, so that what torch reads at import time (e.g.
+    ``OMP_NUM_THREADS``) is what a worker would read; the rank-specific variables are
+    placeholders, replaced with the whole environment when it is handed a rank.
+    """
+    env = worker_spec(config, 0, 0, restart_count, rendezvous_port).env
+    argv = (sys.executable, "-u", str(SPARE_PROGRAM), str(go_fd))
+    return ProcessSpec(Role.SPARE, None, argv, env, config.log_dir / "spare.log")
+
+
+def script_argv(config: LaunchConfig) -> tuple[str, ...]:
+    """The worker's script and its arguments (``sys.argv`` in the worker)."""
+    return (str(config.script), *config.script_args)
 
 
 def error_file(config: LaunchConfig, rank: int) -> Path:

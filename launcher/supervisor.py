@@ -23,7 +23,10 @@ from launcher.logs import LogFollower, last_lines
 from launcher.process import Child, spawn, stop_all
 from launcher.render import Row, SummaryRow, View, print_summary
 from launcher.rendezvous import RendezvousStore
-from launcher.spec import ProcessSpec, Role, error_file, scheduler_spec, worker_spec
+from launcher.spares import Spare, SparePool
+from launcher.spec import (
+    ProcessSpec, Role, error_file, scheduler_spec, script_argv, spare_spec, worker_spec,
+)
 from launcher.state import Worker, WorkerState
 from recovery.control import SchedulerControl
 from recovery.events import EventLog
@@ -79,6 +82,7 @@ class Supervisor:
         self._hung: set[int] = set()
         self._registered: set[str] = set()
         """Node ids seen registered with the scheduler: capable of per-rank recovery."""
+        self._spares = SparePool(config.warm_spare, self._start_spare)
 
     # ----------------------------------------------------------------- lifecycle
     def run(self) -> int:
@@ -158,6 +162,7 @@ class Supervisor:
                     return self._give_up(failed[0])
                 self._handle_failures(failed)
             self._launch_due()
+            self._tend_spares()
             if all(w.state is WorkerState.SUCCEEDED for w in self.workers):
                 self._shutdown(signal.SIGTERM)
                 return self._finish(0, "all workers succeeded")
@@ -167,14 +172,22 @@ class Supervisor:
     def _emit(self, event: str, **fields: object) -> None:
         self.view.on_event(self.events.emit(event, **fields))
 
+    def _header(self, spec: ProcessSpec, incarnation: int) -> str:
+        return (f"==== tftrun: {spec.role.value} rank={spec.rank} incarnation={incarnation} "
+                f"restart_count={self.restart_count} at {time.strftime('%Y-%m-%d %H:%M:%S')} ====")
+
     def _spawn(self, spec: ProcessSpec, incarnation: int, pass_fds: tuple[int, ...] = ()) -> Child:
-        header = (f"==== tftrun: {spec.role.value} rank={spec.rank} incarnation={incarnation} "
-                  f"restart_count={self.restart_count} at {time.strftime('%Y-%m-%d %H:%M:%S')} ====")
-        child = spawn(spec.argv, spec.env, spec.log_path, header, pass_fds)
+        child = spawn(spec.argv, spec.env, spec.log_path, self._header(spec, incarnation),
+                      pass_fds)
+        return self._started(spec, child, incarnation)
+
+    def _started(self, spec: ProcessSpec, child: Child, incarnation: int,
+                 **fields: object) -> Child:
+        """Record that ``child`` now runs as ``spec``: its ``spawn`` event, its log followed."""
         self._emit("spawn", role=spec.role.value, rank=spec.rank, pid=child.pid,
-                   incarnation=incarnation, restart_count=self.restart_count)
+                   incarnation=incarnation, restart_count=self.restart_count, **fields)
         if self._follower is not None:
-            label = "scheduler" if spec.role is Role.SCHEDULER else f"rank {spec.rank}"
+            label = f"rank {spec.rank}" if spec.role is Role.WORKER else spec.role.value
             self._follower.follow(spec.log_path, label)
         return child
 
@@ -192,14 +205,31 @@ class Supervisor:
         # After the spawns: importing torch here overlaps with the workers doing the same.
         self._rendezvous.serve()
 
-    def _launch(self, worker: Worker) -> None:
-        """Start ``worker``'s next incarnation."""
+    def _launch(self, worker: Worker, warm: bool = False) -> None:
+        """Start ``worker``'s next incarnation; ``warm``: in an idle spare, if there is one."""
         worker.incarnation += 1
         spec = worker_spec(self.config, worker.local_rank, worker.incarnation,
                            self.restart_count, self._rendezvous_port)
-        worker.child = self._spawn(spec, worker.incarnation)
+        spare = self._spares.hand_over(spec, script_argv(self.config),
+                                       self._header(spec, worker.incarnation)) if warm else None
+        if spare is None:
+            worker.child = self._spawn(spec, worker.incarnation)
+        else:
+            worker.child = self._started(spec, spare, worker.incarnation, warm=True)
         worker.launches += 1
         worker.transition(WorkerState.RUNNING)
+
+    def _start_spare(self, go_fd: int, serial: int) -> Child:
+        spec = spare_spec(self.config, go_fd, self.restart_count, self._rendezvous_port)
+        return self._spawn(spec, serial, pass_fds=(go_fd,))
+
+    def _tend_spares(self) -> None:
+        """Keep ``--warm_spare`` spares started; one that died idle is replaced, no fault."""
+        self._record_spare_exits(self._spares.tend(), expected=False)
+
+    def _record_spare_exits(self, ended: list[tuple[Spare, int]], expected: bool) -> None:
+        for spare, returncode in ended:
+            self._exit_info(Role.SPARE, None, spare.child, spare.serial, returncode, expected)
 
     def _exit_info(self, role: Role, rank: int | None, child: Child, incarnation: int,
                    returncode: int, expected: bool) -> ExitInfo:
@@ -281,8 +311,9 @@ class Supervisor:
             worker.transition(WorkerState.STOPPED)
 
     def _shutdown(self, sig: int) -> None:
-        """Stop the workers, then the scheduler."""
+        """Stop the workers and the spares, then the scheduler."""
         self._stop_workers(sig)
+        self._record_spare_exits(self._spares.stop(sig, self.config.grace_period), expected=True)
         child, self._scheduler = self._scheduler, None
         if child is not None:
             stop_all([child], signal.SIGTERM, self.config.grace_period)
@@ -375,7 +406,7 @@ class Supervisor:
                 self._emit("restart", what="rank", why=worker.relaunch_why,
                            restart_count=self.restart_count + self.relaunches,
                            ranks=[worker.rank])
-                self._launch(worker)
+                self._launch(worker, warm=True)
 
     def _schedule_restart_all(self, failed: list[ExitInfo], registered: set[str],
                               why: str) -> None:

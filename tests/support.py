@@ -69,6 +69,18 @@ def spawned_pids(log_dir: Path, role: str = "worker") -> dict[int | None, int]:
     return {e["rank"]: e["pid"] for e in events(log_dir, "spawn") if e["role"] == role}
 
 
+def kill_rank_and_wait(proc: subprocess.Popen[str], log_dir: Path, rank: int,
+                       timeout: float = 200) -> dict[int | None, int]:
+    """``kill -9`` the running process of ``rank``, then wait for the job ``proc`` to end.
+
+    Returns each rank's pid as it was before the kill.
+    """
+    before = spawned_pids(log_dir)
+    os.kill(before[rank], signal.SIGKILL)
+    proc.communicate(timeout=timeout)
+    return before
+
+
 def log_has(log_dir: Path, rank: int, text: str) -> bool:
     """Whether ``worker_<rank>.log`` in ``log_dir`` holds ``text``."""
     path = log_dir / f"worker_{rank}.log"

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import signal
 from pathlib import Path
 
 import pytest
-from support import TFT_OFF, events, log_has, spawn, spawned_pids, terminate, wait_for
+from support import (
+    TFT_OFF, events, kill_rank_and_wait, log_has, spawn, terminate, wait_for,
+)
 from support_mnist import final_digests, mnist_job
 
 pytestmark = pytest.mark.timeout(300)
@@ -19,9 +19,7 @@ def test_kill_9_of_rank_2_mid_epoch_rolls_back_and_ends_bitwise_equal(
     proc = spawn(mnist_job(tmp_path, "faulty", free_port), env=TFT_OFF)
     try:
         wait_for(lambda: log_has(log_dir, 2, "step=45 "), 120, "rank 2 past step 45")
-        first = spawned_pids(log_dir)
-        os.kill(first[2], signal.SIGKILL)
-        proc.communicate(timeout=200)
+        first = kill_rank_and_wait(proc, log_dir, 2)
     finally:
         terminate(proc)
     assert proc.returncode == 0

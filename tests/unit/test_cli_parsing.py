@@ -63,3 +63,14 @@ def test_unknown_option_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert "--no_such_option" in err[0]
+
+
+def test_warm_spare_defaults_to_none_and_takes_a_count() -> None:
+    assert parse("train.py")["warm_spare"] == 0
+    assert parse("--warm-spare", "2", "train.py")["warm_spare"] == 2
+
+
+def test_negative_warm_spare_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--warm_spare=-1", "train.py"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["tftrun: error: --warm_spare must not be negative, got -1"]

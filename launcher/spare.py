@@ -1,0 +1,76 @@
+"""A warm spare worker (``tftrun --warm_spare``), run as ``python -u spare.py GO_FD``.
+
+It pays a worker's cold start ahead of need (``import torch``, and the first optimizer
+step, which imports ``torch._dynamo``), then blocks reading one JSON message from the
+pipe ``GO_FD`` until EOF: ``env``, ``argv`` (the script and its arguments), ``cwd`` and
+``log``. On it, the process becomes that rank's worker: its output goes to the rank's
+log, ``os.environ`` is replaced by the rank's, and the script runs as ``__main__``, so
+its exit status is the script's (``sys.exit(n)`` gives n, an uncaught exception a
+traceback and 1). An empty pipe (the supervisor is gone, or retired the spare) ends it
+quietly with status 0.
+
+Started by path, not with ``-m``, and importing nothing but the standard library and
+torch: the script finds ``sys.modules`` and ``sys.path`` as a fresh ``python -u
+script.py`` would, apart from torch being imported already.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+import time
+from typing import Any
+
+READY = "warm"
+"""Printed (with the pid) to the spare's own log once the cold start is paid."""
+
+
+def warm_up() -> None:
+    """Import what every worker imports, and build and step an optimizer once."""
+    import torch
+    import torch.distributed  # noqa: F401
+
+    param = torch.nn.Parameter(torch.zeros(1))
+    param.grad = torch.zeros(1)
+    torch.optim.SGD([param], lr=0.1).step()
+
+
+def wait_for_go(fd: int) -> dict[str, Any] | None:
+    """The supervisor's message, or None at EOF without one."""
+    with os.fdopen(fd, "rb") as pipe:
+        data = pipe.read()
+    return json.loads(data) if data else None
+
+
+def become(message: dict[str, Any]) -> None:
+    """Turn this process into the worker that ``message`` describes and run its script."""
+    log_fd = os.open(message["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    os.environ.clear()
+    os.environ.update(message["env"])
+    os.chdir(message["cwd"])
+    script = message["argv"][0]
+    sys.argv = list(message["argv"])
+    # What `python script.py` puts first on sys.path: the script's (real) folder.
+    sys.path.insert(0, os.path.dirname(os.path.realpath(script)))
+    runpy.run_path(script, run_name="__main__")
+
+
+def main() -> None:
+    started = time.monotonic()
+    # This file's folder (launcher/) must not shadow a module that torch imports.
+    sys.path.pop(0)
+    warm_up()
+    print(f"tftrun spare pid={os.getpid()}: {READY} after {time.monotonic() - started:.2f}s",
+          flush=True)
+    message = wait_for_go(int(sys.argv[1]))
+    if message is not None:
+        become(message)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""The supervisor's warm spares (``--warm_spare=N``): kept started, handed a relaunched rank.
+
+A relaunched rank's cold start (``python``, ``import torch``, the first optimizer) is
+most of a per-rank recovery. A spare (launcher/spare.py) has paid it ahead; handing it
+the rank is a JSON message on a pipe. See docs/warm-spare.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from launcher.process import Child, open_log, stop_all
+from launcher.spec import ProcessSpec
+
+__all__ = ["Spare", "SparePool", "SPARE_DELAY"]
+
+SPARE_DELAY = 5.0
+"""Seconds between the need for a spare (the workers' start, a hand-over, an idle spare's
+death) and starting it: a cold start competes for the cores with the job's launch or
+with the recovery that just used a spare."""
+
+
+@dataclass
+class Spare:
+    """A started spare and the write end of the pipe it waits on."""
+
+    child: Child
+    serial: int
+    go_fd: int
+
+    def hand_over(self, spec: ProcessSpec, argv: tuple[str, ...], header: str) -> bool:
+        """Make the spare ``spec``'s worker; False when it is gone (it was not handed over).
+
+        The header goes into the worker's log first, as for a spawned worker.
+        """
+        with open_log(spec.log_path, header):
+            pass
+        message = {"env": dict(spec.env), "argv": list(argv), "cwd": os.getcwd(),
+                   "log": str(spec.log_path.resolve())}
+        try:
+            with os.fdopen(self.go_fd, "wb") as pipe:
+                pipe.write(json.dumps(message).encode())
+        except BrokenPipeError:
+            return False
+        finally:
+            self.go_fd = -1
+        return True
+
+    def retire(self) -> None:
+        """Close the pipe: an idle spare reads EOF and exits 0."""
+        if self.go_fd >= 0:
+            os.close(self.go_fd)
+            self.go_fd = -1
+
+
+class SparePool:
+    """Keeps ``size`` spares started, each no sooner than ``delay`` after it was needed.
+
+    ``start(read_fd, serial)`` starts one spare process on its end of a fresh pipe.
+    """
+
+    def __init__(self, size: int, start: Callable[[int, int], Child],
+                 delay: float = SPARE_DELAY) -> None:
+        self._size = size
+        self._start = start
+        self._delay = delay
+        self._idle: list[Spare] = []
+        self._due: list[float] = []
+        """Monotonic times at which the missing spares are to be started."""
+        self._started = 0
+
+    def tend(self) -> list[tuple[Spare, int]]:
+        """Forget idle spares that died (returned with their returncodes), plan their
+        replacements and those of spares handed over, and start the spares now due."""
+        dead = [(s, rc) for s in self._idle if (rc := s.child.poll()) is not None]
+        for spare, _ in dead:
+            spare.retire()
+            self._idle.remove(spare)
+        now = time.monotonic()
+        self._due.extend([now + self._delay] * (self._size - len(self._idle) - len(self._due)))
+        while self._due and self._due[0] <= now:
+            self._due.pop(0)
+            self._idle.append(self._spawn())
+        return dead
+
+    def _spawn(self) -> Spare:
+        read_fd, write_fd = os.pipe()
+        try:
+            child = self._start(read_fd, self._started)
+        except BaseException:
+            os.close(write_fd)
+            raise
+        finally:
+            os.close(read_fd)
+        self._started += 1
+        return Spare(child, self._started - 1, write_fd)
+
+    def hand_over(self, spec: ProcessSpec, argv: tuple[str, ...], header: str) -> Child | None:
+        """Make an idle spare ``spec``'s worker; its Child, or None when no spare could be.
+
+        A spare that died unseen fails its hand-over and is reaped here; the caller then
+        spawns the worker (its log holds two headers for this launch).
+        """
+        spare = next((s for s in self._idle if s.child.poll() is None), None)
+        if spare is None:
+            return None
+        self._idle.remove(spare)
+        if spare.hand_over(spec, argv, header):
+            return spare.child
+        stop_all([spare.child], signal.SIGKILL, 0)
+        return None
+
+    def stop(self, sig: int, grace_period: float) -> list[tuple[Spare, int]]:
+        """Stop every idle spare (retired, then ``sig``); each with its returncode."""
+        idle, self._idle, self._due = self._idle, [], []
+        for spare in idle:
+            spare.retire()
+        stop_all([s.child for s in idle], sig, grace_period)
+        return [(s, s.child.popen.returncode) for s in idle]

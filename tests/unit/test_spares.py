@@ -1,0 +1,88 @@
+"""The supervisor's pool of warm spares, with stand-in spares that need no torch."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+from support import wait_for
+
+from launcher.process import Child, spawn
+from launcher.spares import SparePool
+from launcher.spec import ProcessSpec, Role
+
+DELAY = 0.3
+STAND_IN = "import os, sys; print(os.read(int(sys.argv[1]), 65536).decode(), flush=True)"
+"""Echoes what it reads from its go pipe to its log, then exits 0."""
+
+
+class Starter:
+    """``SparePool``'s start callback: stand-in spares logging to ``tmp_path/spare.log``."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.log = tmp_path / "spare.log"
+        self.started: list[Child] = []
+
+    def __call__(self, go_fd: int, serial: int) -> Child:
+        child = spawn([sys.executable, "-c", STAND_IN, str(go_fd)], os.environ, self.log,
+                      f"spare {serial}", pass_fds=(go_fd,))
+        self.started.append(child)
+        return child
+
+
+def tended(pool: SparePool, starter: Starter, count: int) -> bool:
+    """Tend the pool once; whether ``count`` spares were started by now."""
+    pool.tend()
+    return len(starter.started) >= count
+
+
+def worker(tmp_path: Path) -> ProcessSpec:
+    return ProcessSpec(Role.WORKER, 1, ("python", "-u", "train.py"), {"RANK": "1"},
+                       tmp_path / "worker_1.log")
+
+
+def test_spares_start_after_the_delay_and_a_used_one_is_replaced_later(tmp_path: Path) -> None:
+    starter = Starter(tmp_path)
+    pool = SparePool(1, starter, delay=DELAY)
+    pool.tend()
+    assert not starter.started  # not at once: the job's own start comes first
+    assert pool.hand_over(worker(tmp_path), ("train.py",), "header") is None
+    wait_for(lambda: tended(pool, starter, 1), 10, "the first spare")
+    [first] = starter.started
+    child = pool.hand_over(worker(tmp_path), ("train.py", "--epochs", "2"), "==== header ====")
+    assert child is first
+    assert child.popen.wait(timeout=30) == 0
+    log = (tmp_path / "worker_1.log").read_text()
+    assert log.startswith("==== header ====\n")
+    assert '"argv": ["train.py", "--epochs", "2"]' in (tmp_path / "spare.log").read_text()
+    assert '"env": {"RANK": "1"}' in (tmp_path / "spare.log").read_text()
+    pool.tend()
+    assert len(starter.started) == 1  # the replacement waits its delay too
+    wait_for(lambda: tended(pool, starter, 2), 10, "the replacement spare")
+    [(stopped, returncode)] = pool.stop(signal.SIGTERM, 5)
+    assert stopped.child is starter.started[1] and returncode is not None
+
+
+def test_an_idle_spare_that_dies_is_reported_once_and_replaced(tmp_path: Path) -> None:
+    starter = Starter(tmp_path)
+    pool = SparePool(1, starter, delay=DELAY)
+    wait_for(lambda: tended(pool, starter, 1), 10, "the first spare")
+    starter.started[0].signal_group(signal.SIGKILL)
+    [(dead, returncode)] = wait_for(pool.tend, 10, "the dead spare reported")
+    assert dead.child is starter.started[0] and returncode == -signal.SIGKILL
+    wait_for(lambda: tended(pool, starter, 2), 10, "its replacement")
+    assert pool.hand_over(worker(tmp_path), ("train.py",), "header") is starter.started[1]
+    assert starter.started[1].popen.wait(timeout=30) == 0
+    assert pool.stop(signal.SIGTERM, 5) == []
+
+
+@pytest.mark.parametrize("size", [0, 2])
+def test_the_pool_keeps_size_spares(tmp_path: Path, size: int) -> None:
+    starter = Starter(tmp_path)
+    pool = SparePool(size, starter, delay=0)
+    pool.tend()
+    assert len(starter.started) == size
+    assert len(pool.stop(signal.SIGTERM, 5)) == size
