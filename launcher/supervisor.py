@@ -441,7 +441,8 @@ class Supervisor:
             failing=failure)
 
     def _finish(self, status: int, reason: str, failing: ExitInfo | None = None) -> int:
-        self._emit("job_end", exitcode=status, reason=reason, restarts=self.restart_count)
+        self._emit("job_end", exitcode=status, reason=reason, restarts=self.restart_count,
+                   relaunches=self.relaunches)
         self._refresh()
         self.view.close()
         rows = [SummaryRow(w.rank, w.pid, w.last_exit.describe() if w.last_exit else w.state.value,

@@ -68,7 +68,8 @@ def assert_recovered(log_dir: Path, first: dict[int, int], killed: list[int],
         assert len(set(pids)) == len(pids)
     assert not any(e["what"] == "workers" for e in events(log_dir, "restart"))
     assert final_digests(log_dir) == reference
-    assert events(log_dir, "job_end")[-1]["exitcode"] == 0
+    [end] = events(log_dir, "job_end")
+    assert (end["exitcode"], end["restarts"], end["relaunches"]) == (0, 0, len(killed))
 
 
 def kill(pid: int) -> None:
