@@ -200,13 +200,14 @@ class Member:
 
     def to_json(self) -> dict[str, Any]:
         return {**self.fields(), "host": self.host, "state": self.state.value, "step": self.step,
-                "phase": self.phase}
+                "phase": self.phase, "generation_step": self.generation_step}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Member:
         return cls(str(data["node_id"]), int(data["rank"]), int(data["pid"]),
                    int(data["incarnation"]), str(data["host"]), MemberState(data["state"]),
-                   data.get("step"), data.get("phase"))
+                   data.get("step"), data.get("phase"),
+                   generation_step=data.get("generation_step"))
 
 
 @dataclass(frozen=True)
@@ -478,8 +479,9 @@ class Membership:
         """Take over a persisted state; return why it does not fit this job, or ``None``.
 
         Live members come back UNCONFIRMED, with fresh heartbeat and progress clocks: they
-        have until the heartbeat timeout to show up again, and progress is compared from
-        the steps they report from now on, as in a generation just formed.
+        have until the heartbeat timeout to show up again. A restart forms no generation:
+        the steps reported in the current one still count, and a member behind another is
+        judged after ``progress_timeout`` from now.
         """
         if data.get("version") != STATE_VERSION:
             return f"state version {data.get('version')} is not {STATE_VERSION}"

@@ -409,6 +409,13 @@ class Cluster:
     def stop(self, node: str) -> None:
         self.procs[node].stopped = True
 
+    def restart_scheduler(self) -> None:
+        """kill -9 of the scheduler: a new one takes over the persisted state."""
+        fresh = make(worker_num=self.ms.worker_num, cooldown=0.0, clock=self.clock,
+                     progress_timeout=self.timeout)
+        assert fresh.load(json.loads(json.dumps(self.ms.to_json()))) is None
+        self.ms = fresh
+
     def wait(self, seconds: float) -> None:
         for _ in range(round(seconds / TICK)):
             self.clock.advance(TICK)
@@ -483,6 +490,17 @@ HANG_SCENARIOS = {
     ], [(2, "heartbeat"), (1, "progress", None, 121)]),
     # A rank without a step yet is measured from the generation forming, not from its
     # registration while the others were still starting.
+    # A scheduler restart forms no generation: what was reported in this one still counts,
+    # and what was reported before it still does not.
+    "a hung rank is still found after a scheduler restart": (2, [
+        ("join", "0", "1"), ("report", {"0": 3, "1": 3}), ("wait", 1.0), ("report", {"0": 4}),
+        ("wait", 1.0), ("restart_scheduler",), ("wait", 6.0),
+    ], [(1, "progress", 3, 4)]),
+    "steps of a previous generation stay out of it across a scheduler restart": (3, [
+        ("join", "0", "1", "2"), ("report", {"0": 140, "1": 140, "2": 140}), ("wait", 1.0),
+        ("stop", "2"), ("wait", 6.0), ("join", "2"), ("report", {"0": 121, "2": 121}),
+        ("wait", 1.0), ("restart_scheduler",), ("wait", 6.0),
+    ], [(2, "heartbeat"), (1, "progress", None, 121)]),
     "a rank without a step is not judged before progress_timeout after the generation": (2, [
         ("join", "0"), ("wait", 4.0), ("join", "1"), ("report", {"1": 1}), ("wait", 4.5),
         ("report", {"0": 1}), ("wait", 0.5), ("report", {"0": 2, "1": 2}), ("wait", 1.0),
@@ -537,7 +555,7 @@ def others_progressed_in_this_generation(cluster: Cluster, verdict: dict[str, An
 @st.composite
 def scenarios(draw: st.DrawFn) -> tuple[int, list[tuple[Any, ...]]]:
     """A worker count and what its workers do: join (or relaunch), report a step (one
-    rank, or all in step), stop (SIGSTOP), and time passing."""
+    rank, or all in step), stop (SIGSTOP); the scheduler's restarts, and time passing."""
     worker_num = draw(st.integers(2, 4))
     node = st.sampled_from([str(rank) for rank in range(worker_num)])
     step = st.integers(0, 6)
@@ -546,6 +564,7 @@ def scenarios(draw: st.DrawFn) -> tuple[int, list[tuple[Any, ...]]]:
         st.tuples(st.just("report"), node, step),
         st.tuples(st.just("report_all"), step),
         st.tuples(st.just("stop"), node),
+        st.just(("restart_scheduler",)),
         st.tuples(st.just("wait"), st.sampled_from([0.5, 1.0, 2.0, 3.0, 5.0, 8.0])),
     ), max_size=30))
     return worker_num, actions
@@ -566,5 +585,5 @@ def test_a_member_that_progressed_within_the_timeout_of_its_generation_is_never_
             cluster.report(**{args[0]: args[1]})
         elif action == "stop" and args[0] in live:
             cluster.stop(args[0])
-        elif action in ("join", "wait"):
+        elif action in ("join", "wait", "restart_scheduler"):
             getattr(cluster, action)(*args)
