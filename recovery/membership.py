@@ -71,7 +71,7 @@ class MemberState(str, Enum):
     ::
 
         (new) ──register──► ALIVE ◄──step advances── HUNG
-                              │ └──behind the others' step for progress_timeout──┘
+                              │ └──behind its generation for progress_timeout──┘
                               ├──no heartbeat for heartbeat_timeout──► LOST (cooldown)
                               ├──abnormal exit──► DEAD (cooldown)
                               ├──stopped by the supervisor──► LEFT
@@ -178,7 +178,11 @@ class Member:
     step: int | None = None
     phase: str | None = None  # what the training loop says it is doing, as it says it
     heartbeat_at: float = 0.0  # monotonic
-    progress_at: float = 0.0  # monotonic
+    progress_at: float = 0.0  # monotonic: its start, its generation forming or its new step
+    # The step it reported since its generation formed (None: none yet), and since when
+    # another member of the generation has reported a higher one (monotonic).
+    generation_step: int | None = None
+    behind_since: float | None = None
 
     def is_process(self, pid: int, incarnation: int, host: str | None = None) -> bool:
         return (self.pid == pid and self.incarnation == incarnation
@@ -196,13 +200,14 @@ class Member:
 
     def to_json(self) -> dict[str, Any]:
         return {**self.fields(), "host": self.host, "state": self.state.value, "step": self.step,
-                "phase": self.phase}
+                "phase": self.phase, "generation_step": self.generation_step}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Member:
         return cls(str(data["node_id"]), int(data["rank"]), int(data["pid"]),
                    int(data["incarnation"]), str(data["host"]), MemberState(data["state"]),
-                   data.get("step"), data.get("phase"))
+                   data.get("step"), data.get("phase"),
+                   generation_step=data.get("generation_step"))
 
 
 @dataclass(frozen=True)
@@ -326,8 +331,9 @@ class Membership:
         if phase is not None:
             member.phase = phase
         if step is not None and step != member.step:
-            member.step = step
+            member.step = member.generation_step = step
             member.progress_at = self.clock.monotonic()
+            member.behind_since = None
             if member.state is MemberState.HUNG:
                 logger.info("node %s progresses again (step %d)", member.node_id, step)
                 member.transition(MemberState.ALIVE)
@@ -373,16 +379,39 @@ class Membership:
                 self._start_cooldown(member.node_id, member.rank,
                                      f"no heartbeat for {silent:.1f}s")
         self._update_completeness()
-        steps = {m.node_id: -1 if m.step is None else m.step for m in self._live()}
-        for member in self._live():
+        self._check_progress(now)
+
+    def _check_progress(self, now: float) -> None:
+        """The progress rule, within the current generation (docs/scheduler.md).
+
+        Only steps reported since the generation formed count: a step of an earlier
+        generation (before a rollback) is no evidence of anything, and a member that has
+        reported none yet is behind only a member that has, never "at step -1". A member
+        is hung once it has been behind for ``progress_timeout``. That clock starts when
+        another member's higher step is seen, so never before the generation formed, nor
+        before the member started; and a member the others only seem to be ahead of
+        because its own heartbeat is up to one interval old is never judged on it.
+        """
+        members = [m for m in self._live() if (m.node_id, m.incarnation) in self._formed]
+        reported = {m.node_id: m.generation_step for m in members
+                    if m.generation_step is not None}
+        for member in members:
             if member.state is not MemberState.ALIVE:
                 continue
-            stalled = now - member.progress_at
-            ahead = max((s for n, s in steps.items() if n != member.node_id), default=-1)
-            if stalled > self.timeouts.progress_timeout and ahead > steps[member.node_id]:
+            ahead = max((s for n, s in reported.items() if n != member.node_id), default=None)
+            if ahead is None or (member.generation_step is not None
+                                 and ahead <= member.generation_step):
+                member.behind_since = None
+                continue
+            if member.behind_since is None:
+                member.behind_since = now
+            behind = now - member.behind_since
+            if behind > self.timeouts.progress_timeout:
                 member.transition(MemberState.HUNG)
                 self._emit("verdict", **member.fields(), verdict=Verdict.PROGRESS.value,
-                           step=member.step, others_step=ahead, stalled_s=round(stalled, 3))
+                           step=member.generation_step, others_step=ahead,
+                           stalled_s=round(now - member.progress_at, 3),
+                           behind_s=round(behind, 3))
 
     # ----------------------------------------------------------------- queries
     def cooldown_left(self, node_id: str) -> float:
@@ -450,7 +479,9 @@ class Membership:
         """Take over a persisted state; return why it does not fit this job, or ``None``.
 
         Live members come back UNCONFIRMED, with fresh heartbeat and progress clocks: they
-        have until the heartbeat timeout to show up again.
+        have until the heartbeat timeout to show up again. A restart forms no generation:
+        the steps reported in the current one still count, and a member behind another is
+        judged after ``progress_timeout`` from now.
         """
         if data.get("version") != STATE_VERSION:
             return f"state version {data.get('version')} is not {STATE_VERSION}"
@@ -559,7 +590,7 @@ class Membership:
             member.transition(MemberState.ALIVE)
             member.pid, member.incarnation, member.host = (identity.pid, identity.incarnation,
                                                            identity.host)
-            member.step = member.phase = None
+            member.step = member.phase = member.generation_step = member.behind_since = None
         member.heartbeat_at = member.progress_at = now
         self._last_refusal.pop(identity.node_id, None)
         self._emit(event, **member.fields(), host=member.host,
@@ -604,6 +635,9 @@ class Membership:
             return
         self.generation += 1
         self._formed = processes
+        now = self.clock.monotonic()
+        for member in live:  # every member's stall clock starts now
+            member.progress_at, member.generation_step, member.behind_since = now, None, None
         self._emit("generation", generation=self.generation, world_size=self.worker_num,
                    members=[m.fields() for m in sorted(live, key=lambda m: m.rank)])
 

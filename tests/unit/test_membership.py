@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from recovery.membership import (
     Accepted,
@@ -40,9 +44,9 @@ class FakeClock:
 
 
 def make(worker_num: int = 2, cooldown: float = 30.0, clock: FakeClock | None = None,
-         token: str = TOKEN) -> Membership:
+         token: str = TOKEN, progress_timeout: float = 20.0) -> Membership:
     timeouts = Timeouts(rejoin_cooldown=cooldown, cluster_time_out=60.0, heartbeat_timeout=5.0,
-                        progress_timeout=20.0)
+                        progress_timeout=progress_timeout)
     return Membership(worker_num, token, timeouts, clock or FakeClock())
 
 
@@ -224,7 +228,7 @@ def test_a_worker_behind_the_others_for_the_progress_timeout_is_hung() -> None:
     join_all(ms, {"0": 100, "1": 101, "2": 102})
     for node, pid in (("0", 100), ("1", 101), ("2", 102)):
         ms.heartbeat(ident(node, pid), TOKEN, step=3)
-    for _ in range(5):
+    for _ in range(6):  # behind from 4.5 s on: more than 20 s at 27 s
         clock.advance(4.5)
         for node, pid, step in (("0", 100, 4), ("1", 101, 3), ("2", 102, 4)):
             accepted(ms.heartbeat(ident(node, pid), TOKEN, step=step))
@@ -345,3 +349,241 @@ def test_a_malformed_state_is_not_loaded_and_changes_nothing() -> None:
     data["members"] = [{"node_id": "0"}]
     assert "malformed" in (ms.load(data) or "")
     assert ms.members == {} and ms.generation == -1
+
+
+# ----------------------------------------------------------------- hang verdicts in a generation
+TICK = 0.5
+"""How often the simulated workers heartbeat (seconds of the fake clock)."""
+
+
+@dataclass
+class Process:
+    """One simulated worker process: what its heartbeat thread would send."""
+
+    node_id: str
+    incarnation: int
+    joined_at: float
+    step: int | None = None  # what ``report_step`` set last
+    sent: int | None = None  # the step its last beat carried
+    changed_at: float | None = None  # when a beat last carried a new step
+    stopped: bool = False  # SIGSTOP: no beats
+    gone: bool = False  # killed after a verdict
+
+    @property
+    def identity(self) -> Identity:
+        return ident(self.node_id, 1000 * self.incarnation + int(self.node_id), self.incarnation)
+
+
+class Cluster:
+    """Workers heartbeating every TICK and a supervisor that kills a worker on a verdict,
+    around the membership rules, as tftrun runs them. Records every verdict, and when
+    the current generation formed and which members reported a new step since."""
+
+    def __init__(self, worker_num: int, progress_timeout: float = 5.0) -> None:
+        self.clock = FakeClock()
+        self.ms = make(worker_num=worker_num, cooldown=0.0, clock=self.clock,
+                       progress_timeout=progress_timeout)
+        self.timeout = progress_timeout
+        self.procs: dict[str, Process] = {}
+        self.verdicts: list[tuple[Any, ...]] = []
+        self.formed_at: float | None = None
+        self.reported_in_generation: set[str] = set()
+        self.checks: list[Callable[[Cluster, dict[str, Any]], None]] = []
+
+    def join(self, *nodes: str) -> None:
+        """Start (or relaunch) the process of each node; it registers at once."""
+        for node in nodes:
+            old = self.procs.get(node)
+            if old is not None and not old.gone:
+                continue
+            proc = Process(node, 0 if old is None else old.incarnation + 1, self.clock.mono)
+            self.procs[node] = proc
+            accepted(self.ms.register(proc.identity, TOKEN))
+            self._after_request()
+
+    def report(self, **steps: int) -> None:
+        """``report_step``: the new step goes out with the next beat."""
+        for node, step in steps.items():
+            self.procs[node].step = step
+
+    def stop(self, node: str) -> None:
+        self.procs[node].stopped = True
+
+    def restart_scheduler(self) -> None:
+        """kill -9 of the scheduler: a new one takes over the persisted state."""
+        fresh = make(worker_num=self.ms.worker_num, cooldown=0.0, clock=self.clock,
+                     progress_timeout=self.timeout)
+        assert fresh.load(json.loads(json.dumps(self.ms.to_json()))) is None
+        self.ms = fresh
+
+    def wait(self, seconds: float) -> None:
+        for _ in range(round(seconds / TICK)):
+            self.clock.advance(TICK)
+            for proc in sorted(self.procs.values(), key=lambda p: p.node_id):
+                if not proc.gone and not proc.stopped:
+                    self._beat(proc)
+            self._after_request()  # the scheduler's ticker
+
+    def _beat(self, proc: Process) -> None:
+        accepted(self.ms.heartbeat(proc.identity, TOKEN, proc.step))
+        if proc.step is not None and proc.step != proc.sent:
+            proc.sent, proc.changed_at = proc.step, self.clock.mono
+            self.reported_in_generation.add(proc.node_id)
+        self._after_request()
+
+    def _after_request(self) -> None:
+        """What the scheduler does after each request, then the supervisor's kills."""
+        self.ms.check()
+        for name, fields in self.ms.drain_events():
+            if name == "generation":
+                self.formed_at = self.clock.mono
+                self.reported_in_generation = set()
+            elif name == "verdict":
+                for check in self.checks:
+                    check(self, fields)
+                self.verdicts.append((fields["rank"], fields["verdict"]) if
+                                     fields["verdict"] == "heartbeat" else
+                                     (fields["rank"], "progress", fields["step"],
+                                      fields["others_step"]))
+        for rank in self.ms.verdicts():
+            proc = self.procs[str(rank)]
+            proc.gone = True
+            self.ms.report_exit(proc.node_id, proc.identity.pid, proc.incarnation,
+                                abnormal=True, reason="killed after a verdict", by="supervisor")
+
+
+def run_scenario(worker_num: int, script: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    cluster = Cluster(worker_num)
+    for action, *args in script:
+        if action == "report":
+            cluster.report(**args[0])
+        else:
+            getattr(cluster, action)(*args)
+    return cluster.verdicts
+
+
+HANG_SCENARIOS = {
+    # issue 13: both timeouts 5 s, SIGSTOP of rank 3. The survivors wait in the step's
+    # collective; their last new step is from before the pause, but their stall is counted
+    # from the generation the relaunched rank forms with them, not from then.
+    "a SIGSTOPped rank is replaced and the survivors are not judged by their wait": (4, [
+        ("join", "0", "1", "2", "3"), ("report", {"0": 116, "1": 116, "2": 116, "3": 116}),
+        ("wait", 1.0), ("stop", "3"), ("wait", 7.0),
+        ("join", "3"), ("wait", 1.0), ("report", {"3": 117}), ("wait", 0.5),
+        ("report", {"0": 117, "1": 117, "2": 117}), ("wait", 2.0),
+        ("report", {"0": 118, "1": 118, "2": 118, "3": 118}), ("wait", 6.0),
+    ], [(3, "heartbeat")]),
+    # The same with the relaunched rank slow to start (6 s to its first step): the survivors
+    # wait for it in the collective without a new step, so nobody is behind anybody.
+    "a relaunched rank slow to start is not judged while the others wait for it": (3, [
+        ("join", "0", "1", "2"), ("report", {"0": 31, "1": 31, "2": 31}), ("wait", 1.0),
+        ("stop", "2"), ("wait", 6.0), ("join", "2"), ("wait", 6.0), ("report", {"2": 31}),
+        ("wait", 0.5), ("report", {"0": 32, "1": 32, "2": 32}), ("wait", 6.0),
+    ], [(2, "heartbeat")]),
+    # After a rollback to step 120, a member's step 140 of the previous generation is not
+    # "ahead": the ones that report 121 are not hung; the one that reports nothing in the
+    # new generation for progress_timeout after they did is.
+    "steps of a previous generation are not compared": (3, [
+        ("join", "0", "1", "2"), ("report", {"0": 140, "1": 140, "2": 140}), ("wait", 1.0),
+        ("stop", "2"), ("wait", 6.0), ("join", "2"), ("report", {"0": 121, "2": 121}),
+        ("wait", 6.0),
+    ], [(2, "heartbeat"), (1, "progress", None, 121)]),
+    # A rank without a step yet is measured from the generation forming, not from its
+    # registration while the others were still starting.
+    # A scheduler restart forms no generation: what was reported in this one still counts,
+    # and what was reported before it still does not.
+    "a hung rank is still found after a scheduler restart": (2, [
+        ("join", "0", "1"), ("report", {"0": 3, "1": 3}), ("wait", 1.0), ("report", {"0": 4}),
+        ("wait", 1.0), ("restart_scheduler",), ("wait", 6.0),
+    ], [(1, "progress", 3, 4)]),
+    "steps of a previous generation stay out of it across a scheduler restart": (3, [
+        ("join", "0", "1", "2"), ("report", {"0": 140, "1": 140, "2": 140}), ("wait", 1.0),
+        ("stop", "2"), ("wait", 6.0), ("join", "2"), ("report", {"0": 121, "2": 121}),
+        ("wait", 1.0), ("restart_scheduler",), ("wait", 6.0),
+    ], [(2, "heartbeat"), (1, "progress", None, 121)]),
+    "a rank without a step is not judged before progress_timeout after the generation": (2, [
+        ("join", "0"), ("wait", 4.0), ("join", "1"), ("report", {"1": 1}), ("wait", 4.5),
+        ("report", {"0": 1}), ("wait", 0.5), ("report", {"0": 2, "1": 2}), ("wait", 1.0),
+    ], []),
+    "a rank without a step is hung once another has been ahead for progress_timeout": (2, [
+        ("join", "0"), ("wait", 4.0), ("join", "1"), ("report", {"1": 1}), ("wait", 6.0),
+    ], [(0, "progress", None, 1)]),
+    # All ranks take 6 s to their first step. Rank 0's beat is the first to carry one
+    # (13: the others stepped with it); theirs, sent just before, still carry none.
+    "a heartbeat one interval old is not evidence of a hang": (3, [
+        ("join", "0", "1", "2"), ("wait", 6.0), ("report", {"0": 13, "1": 13, "2": 13}),
+        ("wait", 3.0),
+    ], []),
+    "a script that reports no step is never hung": (2, [
+        ("join", "0"), ("wait", 3.0), ("join", "1"), ("wait", 30.0),
+    ], []),
+    "a rank behind the others' step of this generation for progress_timeout is hung": (3, [
+        ("join", "0", "1", "2"), ("report", {"0": 3, "1": 3, "2": 3}), ("wait", 1.0),
+        ("report", {"0": 4, "2": 4}), ("wait", 6.0),
+    ], [(1, "progress", 3, 4)]),
+    "everyone stalled at the same step is not a hang": (3, [
+        ("join", "0", "1", "2"), ("report", {"0": 7, "1": 7, "2": 7}), ("wait", 30.0),
+    ], []),
+}
+
+
+@pytest.mark.parametrize(("worker_num", "script", "expected"), HANG_SCENARIOS.values(),
+                         ids=HANG_SCENARIOS.keys())
+def test_hang_verdicts(worker_num: int, script: list[tuple[Any, ...]],
+                       expected: list[tuple[Any, ...]]) -> None:
+    assert run_scenario(worker_num, script) == expected
+
+
+def stalled_for_the_timeout(cluster: Cluster, verdict: dict[str, Any]) -> None:
+    """A member judged hung had neither a new generation, nor its start, nor a new step of
+    its own within progress_timeout."""
+    if verdict["verdict"] != "progress":
+        return
+    proc = cluster.procs[verdict["node_id"]]
+    assert cluster.formed_at is not None
+    last = max(cluster.formed_at, proc.joined_at, proc.changed_at or 0.0)
+    assert cluster.clock.mono - last > cluster.timeout, verdict
+
+
+def others_progressed_in_this_generation(cluster: Cluster, verdict: dict[str, Any]) -> None:
+    """A member is judged hung only when another member reported a new step since the
+    generation formed."""
+    if verdict["verdict"] == "progress":
+        assert cluster.reported_in_generation - {verdict["node_id"]}, verdict
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> tuple[int, list[tuple[Any, ...]]]:
+    """A worker count and what its workers do: join (or relaunch), report a step (one
+    rank, or all in step), stop (SIGSTOP); the scheduler's restarts, and time passing."""
+    worker_num = draw(st.integers(2, 4))
+    node = st.sampled_from([str(rank) for rank in range(worker_num)])
+    step = st.integers(0, 6)
+    actions = draw(st.lists(st.one_of(
+        st.tuples(st.just("join"), node),
+        st.tuples(st.just("report"), node, step),
+        st.tuples(st.just("report_all"), step),
+        st.tuples(st.just("stop"), node),
+        st.just(("restart_scheduler",)),
+        st.tuples(st.just("wait"), st.sampled_from([0.5, 1.0, 2.0, 3.0, 5.0, 8.0])),
+    ), max_size=30))
+    return worker_num, actions
+
+
+@settings(max_examples=200, deadline=None)
+@given(scenario=scenarios())
+def test_a_member_that_progressed_within_the_timeout_of_its_generation_is_never_hung(
+        scenario: tuple[int, list[tuple[Any, ...]]]) -> None:
+    worker_num, actions = scenario
+    cluster = Cluster(worker_num)
+    cluster.checks = [stalled_for_the_timeout, others_progressed_in_this_generation]
+    for action, *args in actions:
+        live = [n for n, p in cluster.procs.items() if not p.gone]
+        if action == "report_all":
+            cluster.report(**{n: args[0] for n in live})
+        elif action == "report" and args[0] in live:
+            cluster.report(**{args[0]: args[1]})
+        elif action == "stop" and args[0] in live:
+            cluster.stop(args[0])
+        elif action in ("join", "wait", "restart_scheduler"):
+            getattr(cluster, action)(*args)
