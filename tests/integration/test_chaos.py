@@ -11,8 +11,9 @@ frozen rank is found, and so that a healthy one wrongly judged hung would show.
 Every trial must end as the fault-free run did: tftrun exits 0, every rank's parameters
 are bitwise equal to the reference, each survivor (a rank the trial did not strike) kept
 its first process, and no process of the job is left. Every trial prints the seed and
-its own description; ``TFT_CHAOS_SEED=<seed> pytest tests/integration/test_chaos.py``
-replays the schedule, and ``-k <trial>`` one trial of it. Faults are injected at steps
+its own description, and the seed is in every trial's test id:
+``TFT_CHAOS_SEED=<seed> pytest tests/integration/test_chaos.py`` replays the schedule,
+``-k <kind>`` one trial of it. Faults are injected at steps
 read from the workers' logs and at moments read from ``events.jsonl``, never after a sleep.
 """
 
@@ -21,12 +22,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
-from support import events, log_has, pid_gone, spawn, spawned_pids, terminate, wait_for, wait_for_event
+from support import events, log_has, pid_gone, spawn, spawned_pids, terminate, wait_for
 from support_chaos import (
     FAULTS, KILL_ONE, KILL_SCHEDULER, KILL_TWO, KILL_WHILE_REJOINING, SEED_VARIABLE, SIGSTOP,
     Trial, chaos_schedule, chaos_seed,
@@ -49,6 +51,8 @@ JOB_END = 150
 NOTABLE = ("scheduler_start", "generation", "verdict", "hang", "exit", "fault", "restart",
            "last_words_claim", "rollback", "recovered", "job_end")
 """The events a failing trial prints, to tell what went wrong at a glance."""
+
+T = TypeVar("T")
 
 pytestmark = pytest.mark.timeout(START + 2 * EVENT + JOB_END + 30)
 
@@ -76,42 +80,65 @@ def timeline(log_dir: Path) -> str:
         for e in found if e["event"] in NOTABLE)
 
 
-def at_step(log_dir: Path, rank: int, step: int) -> dict[int | None, int]:
-    """Wait until ``rank`` logs ``step``; return each rank's pid then."""
-    wait_for(lambda: log_has(log_dir, rank, f"step={step} "), START, f"rank {rank} at step {step}")
-    return spawned_pids(log_dir)
+class Job:
+    """Waits on a running trial's job that fail at once, with the reason, if it ends."""
+
+    def __init__(self, proc: subprocess.Popen[str], log_dir: Path) -> None:
+        self.proc, self.log_dir = proc, log_dir
+
+    def wait(self, predicate: Callable[[], T], timeout: float, what: str) -> T:
+        def check() -> T:
+            found = predicate()
+            if not found and self.proc.poll() is not None:
+                pytest.fail(f"the job ended (exit {self.proc.returncode}) while waiting for {what}")
+            return found
+        return wait_for(check, timeout, what)
+
+    def at_step(self, rank: int, step: int) -> dict[int | None, int]:
+        """Wait until ``rank`` logs ``step``; return each rank's pid then."""
+        self.wait(lambda: log_has(self.log_dir, rank, f"step={step} "), START,
+                  f"rank {rank} at step {step}")
+        return spawned_pids(self.log_dir)
+
+    def event(self, what: str, **match: Any) -> dict[str, Any]:
+        """Wait for an event whose fields equal ``match``."""
+        def find() -> dict[str, Any] | None:
+            return next((e for e in events(self.log_dir)
+                         if all(e.get(k) == v for k, v in match.items())), None)
+        return self.wait(find, EVENT, what)
+
+    def relaunched(self, rank: int, pid: int) -> int:
+        """Wait until ``rank`` runs in a process other than ``pid``; return its pid."""
+        return self.wait(lambda: spawned_pids(self.log_dir)[rank] != pid
+                         and spawned_pids(self.log_dir)[rank], EVENT, f"rank {rank} relaunched")
 
 
 def kill(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
-def inject(trial: Trial, log_dir: Path) -> None:
+def inject(trial: Trial, job: Job) -> None:
     """Strike as ``trial`` says, each fault once the one before it has shown its effect."""
     victims = trial.victims
-    pids = at_step(log_dir, victims[0] if victims else 0, trial.step)
+    pids = job.at_step(victims[0] if victims else 0, trial.step)
     if trial.kind in (KILL_ONE, KILL_TWO):
         for rank in victims:
             kill(pids[rank])
     elif trial.kind == KILL_SCHEDULER:
-        kill(spawned_pids(log_dir, "scheduler")[None])
-        wait_for_event(log_dir, EVENT, "the scheduler reloaded", event="scheduler_start",
-                       reloaded=True)
+        kill(spawned_pids(job.log_dir, "scheduler")[None])
+        job.event("the scheduler reloaded", event="scheduler_start", reloaded=True)
     elif trial.kind == KILL_WHILE_REJOINING:
         rejoining, other = victims
         kill(pids[rejoining])
-        replacement = wait_for(lambda: spawned_pids(log_dir)[rejoining] != pids[rejoining]
-                               and spawned_pids(log_dir)[rejoining], EVENT,
-                               f"rank {rejoining} relaunched")
+        replacement = job.relaunched(rejoining, pids[rejoining])
         if trial.moment == "register":
-            wait_for_event(log_dir, EVENT, f"rank {rejoining}'s replacement registered",
-                           event="register", pid=replacement)
+            job.event(f"rank {rejoining}'s replacement registered", event="register",
+                      pid=replacement)
         kill(pids[other])
     elif trial.kind == SIGSTOP:
         [rank] = victims
         os.kill(pids[rank], signal.SIGSTOP)
-        wait_for_event(log_dir, EVENT, f"rank {rank} declared hung", event="hang",
-                       rank=rank, pid=pids[rank])
+        job.event(f"rank {rank} declared hung", event="hang", rank=rank, pid=pids[rank])
     else:
         raise AssertionError(f"unknown fault kind {trial.kind!r}")
 
@@ -129,13 +156,13 @@ def test_the_schedule_has_at_least_five_faults_of_every_kind() -> None:
     assert chaos_schedule(SEED, WORKERS, STEPS) == TRIALS  # one seed, one schedule
 
 
-@pytest.mark.parametrize("trial", TRIALS, ids=str)
+@pytest.mark.parametrize("trial", TRIALS, ids=lambda trial: f"seed{SEED}-{trial}")
 def test_chaos_trial(tmp_path: Path, free_port: int, mnist_reference: dict[int, str],
                      trial: Trial) -> None:
     replay = f"{SEED_VARIABLE}={SEED}, trial {trial}"
     print(f"chaos: {replay}")
     with chaos_job(tmp_path, free_port, trial) as (proc, log_dir):
-        inject(trial, log_dir)
+        inject(trial, Job(proc, log_dir))
         stdout, stderr = proc.communicate(timeout=JOB_END)
     workers = [(e["rank"], e["pid"]) for e in events(log_dir, "spawn") if e["role"] == "worker"]
     context = f"[{replay}]\nworker spawns (rank, pid): {workers}\n{stdout}{stderr}"
