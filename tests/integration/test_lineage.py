@@ -16,7 +16,9 @@ import pytest
 from support import TFT_OFF, events, kill_rank_and_wait, log_has, run, spawn, terminate, wait_for
 from support_mnist import JOB, final_digests, mnist_job
 
+from launcher import ctl
 from recovery import layout
+from recovery.lineage import read_lineage
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -26,7 +28,8 @@ JOB_A = ("--epochs", "1", "--max_steps", "100", "--save_steps", "20", "--synthet
 
 
 def test_a_fresh_job_never_rolls_back_to_an_earlier_jobs_checkpoints(
-        tmp_path: Path, free_port: int, mnist_reference: dict[int, str]) -> None:
+        tmp_path: Path, free_port: int, mnist_reference: dict[int, str],
+        capsys: pytest.CaptureFixture[str]) -> None:
     log_dir = tmp_path / "job"
     recovery_path = tmp_path / "job_recovery"
     first = run(mnist_job(tmp_path, "job", free_port, job=JOB_A), timeout=240, env=TFT_OFF)
@@ -45,6 +48,11 @@ def test_a_fresh_job_never_rolls_back_to_an_earlier_jobs_checkpoints(
     [rollback] = events(log_dir, "rollback")
     assert rollback["source"] == "checkpoint" and 20 <= rollback["step"] <= 40, rollback
     assert final_digests(log_dir) == mnist_reference
-    # A's checkpoints were moved aside, not deleted.
+    # A's checkpoints were moved aside, not deleted; B runs in a lineage of its own.
     archived = recovery_path / "previous" / "1"
     assert (layout.rank_dir(archived, 0) / "mnist-1_100.ckpt").is_file()
+    [start] = events(log_dir, "job_start")
+    assert read_lineage(recovery_path) == start["lineage"] != read_lineage(archived)
+    assert ctl.main(["ckpt", "ls", str(recovery_path)]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if ".ckpt" in line]
+    assert rows and all(start["lineage"] in row and "previous" not in row for row in rows)

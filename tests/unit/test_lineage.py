@@ -1,0 +1,160 @@
+"""Job lineage: only the current lineage's checkpoints are candidates, and a recovery path
+moves an earlier job's state aside instead of mixing it in."""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from recovery import env as names
+from recovery import last_words, layout
+from recovery.checkpoint import CheckpointSaver
+from recovery.lineage import (
+    LineageError, adopt_lineage, job_lineage, open_lineage, read_lineage, record_lineage,
+)
+from recovery.manifest import CheckpointKind, Manifest, candidates, newest_valid
+from recovery.restore import TrainPosition, load_checkpoint, resume
+
+
+def saver_of(directory: Path, lineage: str, seed: int = 0) -> CheckpointSaver:
+    torch.manual_seed(seed)
+    return CheckpointSaver(torch.nn.Linear(4, 2), directory=directory, prefix="net", lineage=lineage)
+
+
+def strip_lineage(directory: Path) -> None:
+    """Rewrite the manifest as tftrun wrote it before lineages existed: no lineage, no kind."""
+    manifest = layout.manifest_path(directory)
+    content = json.loads(manifest.read_text())
+    for entry in content["entries"]:
+        del entry["lineage"], entry["kind"]
+    manifest.write_text(json.dumps(content))
+
+
+# ------------------------------------------------------------------ candidates, resume
+def test_candidates_of_a_lineage_leave_out_every_other_and_the_pre_lineage_ones(tmp_path: Path) -> None:
+    legacy = tmp_path / "legacy"
+    saver_of(legacy, "old").save(1, 9, 9)
+    strip_lineage(legacy)
+    [entry] = Manifest(legacy).entries().values()
+    assert entry.lineage is None and entry.kind is CheckpointKind.PERIODIC
+
+    shared = tmp_path / "shared"
+    saver_of(shared, "aaaa").save(1, 30, 30)
+    saver_of(shared, "bbbb").save(1, 10, 10)
+    (shared / "stray-1_50.ckpt").write_bytes(b"never listed")
+    assert [c.step for c in candidates(shared)] == [50, 30, 10]
+    assert [(c.step, c.entry and c.entry.lineage) for c in candidates(shared, "bbbb")] == [(50, None), (10, "bbbb")]
+    assert candidates(legacy, "old") == []
+
+
+def test_newest_valid_and_resume_pick_the_current_lineage_even_when_another_is_newer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mine = saver_of(tmp_path, "mine", seed=1)
+    mine.save(1, 4, 4)
+    saver_of(tmp_path, "theirs", seed=2).save(1, 120, 120)
+    found = newest_valid(tmp_path, "mine")
+    assert found is not None and found[0].step == 4 and found[1]["lineage"] == "mine"
+    other = saver_of(tmp_path, "mine", seed=3)
+    assert other.resume().global_step == 4
+    assert torch.equal(other.model.weight, mine.model.weight)
+    # A resume with no lineage given uses this process's: TFT_LINEAGE here.
+    monkeypatch.setenv(names.TFT_LINEAGE, "theirs")
+    assert resume(tmp_path, torch.nn.Linear(4, 2)).global_step == 120
+
+
+def test_a_checkpoint_and_its_manifest_entry_carry_the_lineage_and_kind(tmp_path: Path) -> None:
+    path = saver_of(tmp_path, "cafe01").save(1, 2, 2)
+    assert load_checkpoint(path)["lineage"] == "cafe01"
+    [candidate] = candidates(tmp_path)
+    assert candidate.entry is not None and candidate.entry.lineage == "cafe01"
+    assert candidate.kind is CheckpointKind.PERIODIC
+
+
+# ------------------------------------------------------------------ last words
+def test_last_words_are_of_their_kind_and_their_step_directory_records_the_lineage(tmp_path: Path) -> None:
+    saver = saver_of(tmp_path / "periodic", "cafe02")
+    step_dir = last_words.save_last_words(saver, tmp_path, TrainPosition(1, 7, 7), world_size=2)
+    assert read_lineage(step_dir) == "cafe02"
+    for rank in range(2):
+        [candidate] = candidates(layout.ttp_checkpoint_path(tmp_path, 7, rank, 1, 7).parent, "cafe02")
+        assert candidate.kind is CheckpointKind.LAST_WORDS
+
+
+def test_another_lineages_last_words_of_the_same_step_are_moved_aside_not_reused(tmp_path: Path) -> None:
+    position = TrainPosition(1, 7, 7)
+    theirs = last_words.save_last_words(saver_of(tmp_path / "a", "theirs"), tmp_path, position, 1)
+    mine = last_words.save_last_words(saver_of(tmp_path / "b", "mine"), tmp_path, position, 1)
+    assert mine == theirs and read_lineage(mine) == "mine"
+    moved = layout.previous_dir(tmp_path) / "1" / mine.relative_to(tmp_path)
+    assert read_lineage(moved) == "theirs"
+    # Saved again at the same step by the same job: the complete directory is kept.
+    assert last_words.save_last_words(saver_of(tmp_path / "b", "mine"), tmp_path, position, 1) == mine
+    assert len(os.listdir(layout.previous_dir(tmp_path))) == 1
+
+
+# ------------------------------------------------------------------ the recovery path
+def test_processes_started_together_by_hand_adopt_one_lineage(tmp_path: Path) -> None:
+    with ThreadPoolExecutor(8) as pool:
+        adopted = set(pool.map(lambda _: adopt_lineage(tmp_path), range(32)))
+    assert adopted == {read_lineage(tmp_path)}
+    assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
+
+
+def test_the_lineage_tftrun_passes_wins_and_a_malformed_one_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    record_lineage(tmp_path, "on-disk")
+    monkeypatch.setenv(names.MS_RECOVERY_PATH, str(tmp_path))
+    assert job_lineage() == "on-disk"
+    monkeypatch.setenv(names.TFT_LINEAGE, "from-tftrun")
+    assert job_lineage() == "from-tftrun"
+    monkeypatch.setenv(names.TFT_LINEAGE, "../etc")
+    with pytest.raises(LineageError, match="TFT_LINEAGE does not hold a lineage id"):
+        job_lineage()
+
+
+def _earlier_job(recovery_path: Path) -> str:
+    lineage = adopt_lineage(recovery_path)
+    saver_of(layout.rank_dir(recovery_path, 0), lineage).save(1, 5, 5)
+    last_words.save_last_words(saver_of(layout.rank_dir(recovery_path, 0), lineage), recovery_path,
+                               TrainPosition(1, 6, 6), 1)
+    (recovery_path / "scheduler").mkdir()
+    (recovery_path / "scheduler" / "state.json").write_text("{}")
+    (recovery_path / "notes.txt").write_text("the user's own file")
+    return lineage
+
+
+def test_a_fresh_launch_moves_the_earlier_job_to_previous_and_starts_a_new_lineage(tmp_path: Path) -> None:
+    earlier = _earlier_job(tmp_path)
+    opened = open_lineage(tmp_path, resume=False)
+    assert opened.lineage != earlier and read_lineage(tmp_path) == opened.lineage
+    assert opened.archived == tmp_path / "previous" / "1"
+    assert sorted(os.listdir(opened.archived)) == ["checkpoints", "lineage", "scheduler", "ttp_checkpoints"]
+    assert read_lineage(opened.archived) == earlier
+    assert (layout.rank_dir(opened.archived, 0) / "net-1_5.ckpt").is_file()
+    assert sorted(os.listdir(tmp_path)) == ["lineage", "notes.txt", "previous"]
+    # The next fresh launch, with nothing written in between, has nothing to move.
+    unused = open_lineage(tmp_path, resume=False)
+    assert unused.archived is None and unused.lineage != opened.lineage
+    saver_of(layout.rank_dir(tmp_path, 0), unused.lineage).save(1, 1, 1)
+    assert open_lineage(tmp_path, resume=False).archived == tmp_path / "previous" / "2"
+
+
+def test_a_resume_keeps_the_lineage(tmp_path: Path) -> None:
+    earlier = _earlier_job(tmp_path)
+    opened = open_lineage(tmp_path, resume=True)
+    assert (opened.lineage, opened.archived) == (earlier, None)
+    assert newest_valid(layout.rank_dir(tmp_path, 0), opened.lineage) is not None
+
+
+def test_a_resume_of_checkpoints_without_a_lineage_is_refused_and_of_nothing_starts_one(tmp_path: Path) -> None:
+    assert open_lineage(tmp_path / "empty", resume=True).lineage == read_lineage(tmp_path / "empty")
+    _earlier_job(tmp_path)
+    layout.lineage_file(tmp_path).unlink()
+    with pytest.raises(LineageError, match="holds checkpoints but records no lineage"):
+        open_lineage(tmp_path, resume=True)
+    assert (layout.rank_dir(tmp_path, 0) / "net-1_5.ckpt").is_file()
