@@ -9,10 +9,11 @@ job's state moves that state to ``<recovery_path>/previous/<n>/`` (never deletes
 records a new lineage. Checkpoints written before lineages existed carry none: they are
 another lineage's.
 
-tftrun hands the id to its workers in ``TFT_LINEAGE``. A process started without it (by
-hand, torchrun-style, or with templates/run.sh) adopts the lineage its recovery path
-records, and records a new one if there is none: started by hand, the recovery path is
-the job.
+tftrun hands the id to its workers in ``TFT_LINEAGE``; so does templates/run.sh, which
+opens the lineage as tftrun does (``python -m recovery.lineage new|resume PATH``). A
+process started without it (torchrun-style, by hand, templates/recover.sh) adopts the
+lineage its recovery path records, and records a new one if there is none: started by
+hand, the recovery path is the job.
 
 This module imports no torch: the launcher uses it before anything starts.
 """
@@ -22,6 +23,8 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import sys
+from collections.abc import Sequence
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +45,7 @@ __all__ = [
     "job_state",
     "set_aside",
     "open_lineage",
+    "main",
 ]
 
 _LINEAGE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -173,3 +177,25 @@ def open_lineage(recovery_path: str | os.PathLike[str], *, resume: bool) -> Laun
     earlier = job_state(recovery_path)
     archived = set_aside(recovery_path, earlier) if set(earlier) - {layout.lineage_file(recovery_path)} else None
     return LaunchLineage(record_lineage(recovery_path, new_lineage_id(), replace=True), archived)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m recovery.lineage new|resume RECOVERY_PATH``: open the lineage of a launch
+    by hand (templates/run.sh) as tftrun does, and print its id."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 2 or args[0] not in ("new", "resume"):
+        print("usage: python -m recovery.lineage new|resume RECOVERY_PATH", file=sys.stderr)
+        return 2
+    try:
+        opened = open_lineage(args[1], resume=args[0] == "resume")
+    except (LineageError, OSError) as err:
+        print(f"recovery.lineage: error: {err}", file=sys.stderr)
+        return 2
+    if opened.archived is not None:
+        print(f"an earlier job's checkpoints in {args[1]} were moved to {opened.archived}", file=sys.stderr)
+    print(opened.lineage)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

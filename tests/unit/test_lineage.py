@@ -15,7 +15,7 @@ from recovery import env as names
 from recovery import last_words, layout
 from recovery.checkpoint import CheckpointSaver
 from recovery.lineage import (
-    LineageError, adopt_lineage, job_lineage, open_lineage, read_lineage, record_lineage,
+    LineageError, adopt_lineage, job_lineage, main, open_lineage, read_lineage, record_lineage,
 )
 from recovery.manifest import CheckpointKind, Manifest, candidates, newest_valid
 from recovery.restore import TrainPosition, load_checkpoint, resume
@@ -158,3 +158,16 @@ def test_a_resume_of_checkpoints_without_a_lineage_is_refused_and_of_nothing_sta
     with pytest.raises(LineageError, match="holds checkpoints but records no lineage"):
         open_lineage(tmp_path, resume=True)
     assert (layout.rank_dir(tmp_path, 0) / "net-1_5.ckpt").is_file()
+
+
+def test_launch_scripts_open_the_lineage_as_tftrun_does(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    earlier = _earlier_job(tmp_path)
+    assert main(["resume", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == f"{earlier}\n"
+    assert main(["new", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert out == f"{read_lineage(tmp_path)}\n" != f"{earlier}\n"
+    assert err.strip() == f"an earlier job's checkpoints in {tmp_path} were moved to {tmp_path / 'previous' / '1'}"
+    assert main(["again", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith("usage: python -m recovery.lineage new|resume")
