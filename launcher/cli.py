@@ -23,9 +23,9 @@ from launcher.logs import archive_previous_run
 from launcher.render import make_view
 from launcher.supervisor import Supervisor
 from recovery.env import DEFAULT_RECOVERY_PATH
+from recovery.events import EventLog
 from recovery.layout import previous_dir
 from recovery.lineage import LineageError, adopt_lineage, open_lineage
-from recovery.events import EventLog
 from recovery.timeouts import (
     DEFAULT_CLUSTER_TIME_OUT, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_PROGRESS_TIMEOUT,
     DEFAULT_REJOIN_COOLDOWN,
@@ -108,7 +108,7 @@ def launch(
         "lineage).")] = "0",
     recovery_path: Annotated[Path, _opt(
         "recovery_path", "Folder for checkpoints and the scheduler's state; a fresh launch "
-        "moves an earlier job's there to previous/<n>/.")
+        "first moves an earlier job's state in it to previous/<n>/.")
     ] = Path(DEFAULT_RECOVERY_PATH),
     enable_tft: Annotated[str | None, _opt(
         "enable_tft", "Lose-nothing modes in msrun's MS_ENABLE_TFT syntax, e.g. "
@@ -176,6 +176,8 @@ def _open_lineage(config: LaunchConfig) -> str:
             return adopt_lineage(config.recovery_path)
         opened = open_lineage(config.recovery_path, resume=config.is_recover)
     except LineageError as err:
+        if not config.is_recover:
+            raise ConfigError(f"--recovery_path: {err}") from None
         raise ConfigError(
             f"--is_recover=1: {err}; start without --is_recover (they move to "
             f"{previous_dir(config.recovery_path)}/<n>/ and training starts over), or give "
