@@ -141,8 +141,8 @@ def launch(
                         if config.hosts_scheduler else None)
         if store_socket is not None:
             held.callback(store_socket.close)
-        archive_previous_run(config.log_dir)
         config = replace(config, lineage=_open_lineage(config))
+        archive_previous_run(config.log_dir)
         supervisor = Supervisor(config, store_socket, make_view(), EventLog(config.log_dir))
         return supervisor.run()
 

@@ -36,12 +36,14 @@ def tftrun(tmp_path: Path, *options: str) -> list[str]:
 def test_resuming_checkpoints_that_predate_lineages_is_one_line_and_exit_2(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     written = save(tmp_path / "recovery", 0, 5, "unrecorded")  # no lineage file: as before lineages
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "worker_0.log").write_text("the earlier run's log")
     assert cli.main(tftrun(tmp_path, "--is_recover=1")) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("tftrun: error: --is_recover=1: ")
     assert "records no lineage" in line and "start without --is_recover" in line
     assert "another --recovery_path" in line
-    assert written.is_file()
+    assert written.is_file() and (tmp_path / "logs" / "worker_0.log").is_file()  # nothing moved
 
 
 def test_a_recovery_path_in_use_by_another_tftrun_is_one_line_and_exit_2(
