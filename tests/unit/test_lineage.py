@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from recovery import env as names
 from recovery import last_words, layout
@@ -17,7 +20,7 @@ from recovery.checkpoint import CheckpointSaver
 from recovery.lineage import (
     LineageError, adopt_lineage, job_lineage, main, open_lineage, read_lineage, record_lineage,
 )
-from recovery.manifest import CheckpointKind, Manifest, candidates, newest_valid
+from recovery.manifest import CheckpointEntry, CheckpointKind, Manifest, candidates, newest_valid
 from recovery.restore import TrainPosition, load_checkpoint, resume
 
 
@@ -50,6 +53,29 @@ def test_candidates_of_a_lineage_leave_out_every_other_and_the_pre_lineage_ones(
     assert [c.step for c in candidates(shared)] == [50, 30, 10]
     assert [(c.step, c.entry and c.entry.lineage) for c in candidates(shared, "bbbb")] == [(50, None), (10, "bbbb")]
     assert candidates(legacy, "old") == []
+
+
+_LINEAGES = st.sampled_from(["aaaa", "bbbb", None])  # None: written before lineages existed
+
+
+@settings(max_examples=40, deadline=None)
+@given(files=st.lists(st.tuples(st.integers(0, 50), _LINEAGES, st.booleans()), max_size=6),
+       wanted=st.sampled_from(["aaaa", "bbbb"]))
+def test_a_lineages_candidates_are_exactly_its_entries_and_the_unlisted_files(
+        files: list[tuple[int, str | None, bool]], wanted: str) -> None:
+    with tempfile.TemporaryDirectory() as name:
+        directory = Path(name)
+        for index, (step, lineage, listed) in enumerate(files):
+            file = f"net{index}-1_{step}.ckpt"
+            (directory / file).write_bytes(b"x")
+            if listed:
+                Manifest(directory).add(CheckpointEntry(file, 1, step, step, 0, 1, 1, "0" * 64, 0.0,
+                                                        lineage=lineage))
+        every = candidates(directory)
+        chosen = candidates(directory, wanted)
+        assert chosen == [c for c in every if c.entry is None or c.entry.lineage == wanted]
+        assert [c.order for c in chosen] == sorted((c.order for c in chosen), reverse=True)
+        assert all(c.kind is (None if c.entry is None else CheckpointKind.PERIODIC) for c in chosen)
 
 
 def test_newest_valid_and_resume_pick_the_current_lineage_even_when_another_is_newer(
