@@ -157,8 +157,9 @@ def open_lineage(recovery_path: str | os.PathLike[str], *, resume: bool) -> Laun
     Args:
         recovery_path: the job's recovery path (created if missing).
         resume: the launch resumes a job (``--is_recover=1``): its recorded lineage is
-            kept. Otherwise the launch starts a new job: the state of an earlier one is
-            moved to ``previous/<n>/`` and a new lineage is recorded.
+            kept. Otherwise the launch starts a new job: if the path holds checkpoints,
+            they are moved to ``previous/<n>/`` with the rest of the earlier job's state,
+            and a new lineage is recorded.
 
     Raises:
         LineageError: ``resume`` was asked, and the path holds checkpoints but records no
@@ -169,14 +170,19 @@ def open_lineage(recovery_path: str | os.PathLike[str], *, resume: bool) -> Laun
         found = read_lineage(recovery_path)
         if found is not None:
             return LaunchLineage(found)
-        if any((recovery_path / name).exists() for name in _CHECKPOINT_STATE):
+        if _holds_checkpoints(recovery_path):
             raise LineageError(f"{recovery_path} holds checkpoints but records no lineage "
                                f"(written before tftrun kept lineages, or {layout.LINEAGE_FILE} "
                                "was removed): they cannot be told from another job's")
         return LaunchLineage(adopt_lineage(recovery_path))
-    earlier = job_state(recovery_path)
-    archived = set_aside(recovery_path, earlier) if set(earlier) - {layout.lineage_file(recovery_path)} else None
+    # Without checkpoints there is nothing to mix in: a scheduler state left behind is
+    # one a new scheduler ignores anyway (another run id), so nothing is moved.
+    archived = set_aside(recovery_path, job_state(recovery_path)) if _holds_checkpoints(recovery_path) else None
     return LaunchLineage(record_lineage(recovery_path, new_lineage_id(), replace=True), archived)
+
+
+def _holds_checkpoints(recovery_path: Path) -> bool:
+    return any((recovery_path / name).exists() for name in _CHECKPOINT_STATE)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -170,6 +170,15 @@ def test_a_fresh_launch_moves_the_earlier_job_to_previous_and_starts_a_new_linea
     assert open_lineage(tmp_path, resume=False).archived == tmp_path / "previous" / "2"
 
 
+def test_a_fresh_launch_after_a_job_without_checkpoints_moves_nothing(tmp_path: Path) -> None:
+    earlier = adopt_lineage(tmp_path)
+    (tmp_path / "scheduler").mkdir()
+    (tmp_path / "scheduler" / "state.json").write_text("{}")
+    opened = open_lineage(tmp_path, resume=False)
+    assert opened.archived is None and opened.lineage != earlier
+    assert sorted(os.listdir(tmp_path)) == ["lineage", "scheduler"]
+
+
 def test_a_resume_keeps_the_lineage(tmp_path: Path) -> None:
     earlier = _earlier_job(tmp_path)
     opened = open_lineage(tmp_path, resume=True)
