@@ -2,7 +2,9 @@
 
 ``ls`` and ``verify`` take one rank's directory or any folder above such directories (a
 ``checkpoints/`` folder, a whole recovery path); both check every file fully: manifest,
-size, sha256 and ``weights_only`` loading.
+size, sha256 and ``weights_only`` loading. ``ls`` lists the checkpoints a job would
+consider: those of the lineage recorded in the recovery path the folder belongs to
+(``--all``: every lineage's, earlier jobs' moved to ``previous/<n>/`` included).
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ from rich.table import Table
 from launcher.cliutil import new_app
 from launcher.errors import TftrunError
 from recovery.layout import rank_of_dir
-from recovery.manifest import Candidate, CheckpointError, find_checkpoint_dirs, verify_dir
+from recovery.lineage import LineageError, read_lineage
+from recovery.manifest import (
+    Candidate, CheckpointError, candidates, find_checkpoint_dirs, verify_dir,
+)
 from recovery.restore import load_checkpoint
 
 __all__ = ["app"]
@@ -32,9 +37,28 @@ _Dir = Annotated[Path, typer.Argument(help="A rank's checkpoint directory, or a 
 _File = Annotated[Path, typer.Argument(help="A checkpoint file (<prefix>-<epoch>_<step>.ckpt).", exists=True, dir_okay=False)]
 
 
-def _verified(root: Path) -> list[tuple[Candidate, str | None]]:
-    results = [result for directory in find_checkpoint_dirs(root) for result in verify_dir(directory)]
+_All = Annotated[bool, typer.Option("--all", help="List the checkpoints of every lineage, not only the current one.")]
+_LINEAGE_LEVELS = 3
+"""How far above a folder its recovery path may be: rank_<r> -> checkpoints -> recovery path,
+or rank_<r> -> last-words step directory (which records its lineage too)."""
+
+
+def _verified(root: Path, lineage: str | None = None) -> list[tuple[Candidate, str | None]]:
+    results = [result for directory in find_checkpoint_dirs(root) for result in verify_dir(directory, lineage)]
     return sorted(results, key=lambda r: (_rank(r[0]), str(r[0].path.parent), r[0].epoch, r[0].step))
+
+
+def current_lineage(root: Path) -> str | None:
+    """The lineage recorded at ``root`` or just above it; ``None`` if none is."""
+    root = root.resolve()
+    for directory in (root, *root.parents[:_LINEAGE_LEVELS]):
+        try:
+            found = read_lineage(directory)
+        except LineageError:
+            found = None
+        if found is not None:
+            return found
+    return None
 
 
 def _rank(candidate: Candidate) -> int:
@@ -52,18 +76,30 @@ def _size(candidate: Candidate) -> str:
 
 
 @app.command("ls")
-def ls(directory: _Dir) -> None:
-    """List checkpoints: rank, epoch, step, size, time written, valid (or why not)."""
-    table = Table("rank", "epoch", "step", "size", "time", "valid", "file")
-    for candidate, reason in _verified(directory):
+def ls(directory: _Dir, every_lineage: _All = False) -> None:
+    """List checkpoints: rank, epoch, step, size, time written, valid (or why not), lineage."""
+    lineage = None if every_lineage else current_lineage(directory)
+    shown = _verified(directory, lineage)
+    table = Table("rank", "epoch", "step", "size", "time", "valid", "lineage", "file")
+    for candidate, reason in shown:
         rank = _rank(candidate)
         written = "-" if candidate.entry is None else datetime.fromtimestamp(candidate.entry.time).strftime("%Y-%m-%d %H:%M:%S")
         table.add_row(
             "?" if rank < 0 else str(rank), str(candidate.epoch), str(candidate.step), _size(candidate),
-            written, "yes" if reason is None else f"no: {reason}", str(candidate.path),
+            written, "yes" if reason is None else f"no: {reason}", _lineage(candidate), str(candidate.path),
         )
     # Off a terminal (pipes, tests) rich would squeeze the table into 80 columns.
     Console(width=None if sys.stdout.isatty() else 240).print(table)
+    if lineage is not None:
+        hidden = sum(len(candidates(d)) for d in find_checkpoint_dirs(directory)) - len(shown)
+        print(f"lineage {lineage}" + (f"; {hidden} checkpoint(s) of other lineages not listed "
+                                      "(--all lists them)" if hidden else ""))
+
+
+def _lineage(candidate: Candidate) -> str:
+    if candidate.entry is None:
+        return "?"
+    return candidate.entry.lineage or "none"
 
 
 @app.command("verify")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -22,6 +24,8 @@ from launcher.render import make_view
 from launcher.supervisor import Supervisor
 from recovery.env import DEFAULT_RECOVERY_PATH
 from recovery.events import EventLog
+from recovery.layout import previous_dir
+from recovery.lineage import LineageError, adopt_lineage, open_lineage
 from recovery.timeouts import (
     DEFAULT_CLUSTER_TIME_OUT, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_PROGRESS_TIMEOUT,
     DEFAULT_REJOIN_COOLDOWN,
@@ -100,9 +104,11 @@ def launch(
         "'rank' relaunches only the dead ones (scripts using recovery), 'auto' picks per "
         "script.")] = "auto",
     is_recover: Annotated[str, _opt(
-        "is_recover", "1: resume a dead job from its newest valid checkpoints.")] = "0",
+        "is_recover", "1: resume a dead job from its newest valid checkpoints (of its "
+        "lineage).")] = "0",
     recovery_path: Annotated[Path, _opt(
-        "recovery_path", "Folder for checkpoints and the scheduler's state.")
+        "recovery_path", "Folder for checkpoints and the scheduler's state; a fresh launch "
+        "first moves an earlier job's state in it to previous/<n>/.")
     ] = Path(DEFAULT_RECOVERY_PATH),
     enable_tft: Annotated[str | None, _opt(
         "enable_tft", "Lose-nothing modes in msrun's MS_ENABLE_TFT syntax, e.g. "
@@ -126,23 +132,62 @@ def launch(
         recovery_path=recovery_path, enable_tft=enable_tft, warm_spare=warm_spare,
     )
     config.validate()
-    lock = FileLock(str(config.log_dir / LOCK_FILE))
+    with ExitStack() as held:
+        _hold_lock(held, config.log_dir, f"another tftrun job is running with --log_dir {config.log_dir}")
+        if config.hosts_scheduler:
+            _hold_lock(held, _writable(config.recovery_path),
+                       f"another tftrun job is using --recovery_path {config.recovery_path}")
+        store_socket = (bind_listener(config.master_addr, config.master_port)
+                        if config.hosts_scheduler else None)
+        if store_socket is not None:
+            held.callback(store_socket.close)
+        config = replace(config, lineage=_open_lineage(config))
+        archive_previous_run(config.log_dir)
+        supervisor = Supervisor(config, store_socket, make_view(), EventLog(config.log_dir))
+        return supervisor.run()
+
+
+def _hold_lock(held: ExitStack, directory: Path, busy: str) -> None:
+    """Hold ``directory``'s tftrun lock until ``held`` closes; ConfigError(busy) if taken."""
+    lock = FileLock(str(directory / LOCK_FILE))
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        raise ConfigError(f"another tftrun job is running with --log_dir {config.log_dir}") from None
+        raise ConfigError(busy) from None
+    held.callback(lock.release)
+
+
+def _writable(recovery_path: Path) -> Path:
     try:
-        store_socket = (bind_listener(config.master_addr, config.master_port)
-                        if config.hosts_scheduler else None)
-        archive_previous_run(config.log_dir)
-        try:
-            supervisor = Supervisor(config, store_socket, make_view(), EventLog(config.log_dir))
-            return supervisor.run()
-        finally:
-            if store_socket is not None:
-                store_socket.close()
-    finally:
-        lock.release()
+        recovery_path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"--recovery_path {recovery_path} is not writable: {err.strerror}") from None
+    return recovery_path
+
+
+def _open_lineage(config: LaunchConfig) -> str:
+    """The job's lineage; a fresh launch first moves an earlier job's state aside.
+
+    Only node 0 decides; another node adopts what the (shared) recovery path records.
+    See docs/checkpoints.md#lineage.
+    """
+    try:
+        if not config.hosts_scheduler:
+            return adopt_lineage(config.recovery_path)
+        opened = open_lineage(config.recovery_path, resume=config.is_recover)
+    except LineageError as err:
+        if not config.is_recover:
+            raise ConfigError(f"--recovery_path: {err}") from None
+        raise ConfigError(
+            f"--is_recover=1: {err}; start without --is_recover (they move to "
+            f"{previous_dir(config.recovery_path)}/<n>/ and training starts over), or give "
+            "another --recovery_path") from None
+    except OSError as err:
+        raise ConfigError(f"--recovery_path {config.recovery_path}: {err}") from None
+    if opened.archived is not None:
+        print(f"tftrun: an earlier job's checkpoints in {config.recovery_path} were moved to "
+              f"{opened.archived}", file=sys.stderr)
+    return opened.lineage
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -57,6 +57,8 @@ class LaunchConfig:
     """Spare processes kept warm on this node for relaunched ranks (launcher/spares.py)."""
     run_id: str = field(default_factory=lambda: time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3))
     job_token: str = field(default_factory=lambda: secrets.token_hex(16))
+    lineage: str = ""
+    """The job's lineage id (recovery/lineage.py), set once the recovery path is opened."""
 
     @property
     def nproc(self) -> int:

@@ -6,6 +6,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from recovery.durable import create_numbered_dir
 from recovery.events import EVENTS_FILE
 
 __all__ = ["archive_previous_run", "last_lines", "LogFollower", "PREVIOUS_DIR"]
@@ -24,11 +25,7 @@ def archive_previous_run(log_dir: Path) -> Path | None:
     found = [p for pattern in _RUN_FILES for p in sorted(log_dir.glob(pattern))]
     if not found:
         return None
-    previous = log_dir / PREVIOUS_DIR
-    previous.mkdir(exist_ok=True)
-    taken = [int(p.name) for p in previous.iterdir() if p.name.isdigit()]
-    target = previous / str(max(taken, default=0) + 1)
-    target.mkdir()
+    target = create_numbered_dir(log_dir / PREVIOUS_DIR)
     for path in found:
         path.rename(target / path.name)
     return target

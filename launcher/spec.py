@@ -56,6 +56,8 @@ def _common_env(config: LaunchConfig, base: Mapping[str, str]) -> dict[str, str]
     })
     if config.enable_tft is not None:
         env[names.MS_ENABLE_TFT] = config.enable_tft
+    if config.lineage:
+        env[names.TFT_LINEAGE] = config.lineage
     return env
 
 

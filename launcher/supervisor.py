@@ -92,7 +92,8 @@ class Supervisor:
                        worker_num=self.config.worker_num, local_worker_num=self.config.nproc,
                        node_rank=self.config.node_rank, master_addr=self.config.master_addr,
                        master_port=self.config.master_port, log_dir=str(self.config.log_dir),
-                       max_restarts=self.config.max_restarts, is_recover=self.config.is_recover)
+                       max_restarts=self.config.max_restarts, is_recover=self.config.is_recover,
+                       lineage=self.config.lineage)
             if self._follower is not None:
                 self._follower.start()
             try:

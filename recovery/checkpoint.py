@@ -30,7 +30,8 @@ import torch
 from recovery import layout
 from recovery.durable import fsync_dir, remove_stale_temps, write_atomic
 from recovery.env import WorkerEnv
-from recovery.manifest import CheckpointEntry, CheckpointError, Manifest
+from recovery.lineage import job_lineage
+from recovery.manifest import CheckpointEntry, CheckpointError, CheckpointKind, Manifest
 from recovery.restore import FORMAT, FORMAT_VERSION, ResumePoint, TrainPosition, job_rank_and_world_size, resume
 from recovery.rng import capture_rng_state
 from recovery.sampler import ResumableDistributedSampler
@@ -169,17 +170,20 @@ def _plain(obj: Any, where: str, copy: bool, reuse: Any = None) -> Any:
 def write_checkpoint(
     directory: Path, name: str, state: dict[str, Any], position: TrainPosition, manifest: Manifest,
     keep: Callable[[Iterable[CheckpointEntry]], list[str]] = lambda entries: [],
+    kind: CheckpointKind = CheckpointKind.PERIODIC,
 ) -> list[str]:
     """Write ``state`` as ``directory/name`` durably and list it in the directory's manifest.
 
     Args:
         directory: the rank's checkpoint directory.
         name: the file name (``layout.checkpoint_name``).
-        state: what the file holds (:meth:`CheckpointSaver.state`).
+        state: what the file holds (:meth:`CheckpointSaver.state`); its ``lineage`` is
+            recorded in the manifest too.
         position: the step it holds.
         manifest: the directory's manifest.
         keep: given every entry (the new one included), the names to drop; they leave the
             manifest in the same update that lists the new, durable file, then are deleted.
+        kind: why it is written.
 
     Returns:
         The names dropped.
@@ -187,7 +191,7 @@ def write_checkpoint(
     digest = write_atomic(directory / name, lambda file: torch.save(state, file))
     entry = CheckpointEntry(
         name, position.epoch, position.step, position.global_step, state["rank"], state["world_size"],
-        digest.size, digest.sha256, time.time(),
+        digest.size, digest.sha256, time.time(), lineage=state.get("lineage"), kind=kind,
     )
     stale = keep({**manifest.entries(), name: entry}.values())
     manifest.add(entry, remove=stale)
@@ -263,6 +267,10 @@ class CheckpointSaver:
             ``<recovery path>/checkpoints/rank_<rank>`` (``MS_RECOVERY_PATH``).
         sampler: the resumable sampler whose seed and batch size are recorded with the
             data position, and which :meth:`resume` puts back at that position.
+        lineage: the job's lineage, stamped into every checkpoint; by default the one
+            tftrun passed (``TFT_LINEAGE``), else the recovery path's
+            (:func:`recovery.lineage.job_lineage`). :meth:`resume` considers only its
+            checkpoints.
     """
 
     def __init__(
@@ -275,6 +283,7 @@ class CheckpointSaver:
         prefix: str = "checkpoint",
         directory: str | os.PathLike[str] | None = None,
         sampler: ResumableDistributedSampler | None = None,
+        lineage: str | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -282,6 +291,7 @@ class CheckpointSaver:
         self.sampler = sampler
         self.config = config or CheckpointConfig()
         self.rank, self.world_size = job_rank_and_world_size()
+        self.lineage = lineage or job_lineage()
         if directory is None:
             directory = layout.rank_dir(WorkerEnv.from_env().recovery_path, self.rank)
         self.directory = Path(directory)
@@ -378,11 +388,13 @@ class CheckpointSaver:
     def resume(self, *, allow_world_size_change: bool = False) -> ResumePoint:
         """Restore this saver's objects from the newest valid checkpoint of its directory.
 
-        See :func:`recovery.restore.resume`; checkpoints of every prefix are considered.
+        See :func:`recovery.restore.resume`; checkpoints of every prefix, but only of this
+        saver's lineage, are considered.
         """
         point = resume(
             self.directory, self.model, self.optimizer, self.lr_scheduler,
             sampler=self.sampler, allow_world_size_change=allow_world_size_change,
+            lineage=self.lineage,
         )
         if point.path is not None:
             self._last_saved = point.global_step
@@ -428,6 +440,7 @@ class CheckpointSaver:
             "append_info": self.config.append_values(position),
             "rank": self.rank,
             "world_size": self.world_size,
+            "lineage": self.lineage,
         }
         return _plain(state, "checkpoint", copy=copy, reuse=self._host if copy else None)
 

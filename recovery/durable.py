@@ -12,6 +12,7 @@ import hashlib
 import logging
 import os
 import shutil
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,8 @@ from typing import BinaryIO
 
 from recovery.layout import temp_owner_pid, temp_path
 
-__all__ = ["FileDigest", "write_atomic", "fsync_dir", "file_digest", "remove_stale_temps"]
+__all__ = ["FileDigest", "write_atomic", "create_atomic", "fsync_dir", "file_digest",
+           "remove_stale_temps", "create_numbered_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +93,49 @@ def write_atomic(path: str | os.PathLike[str], write: Callable[[BinaryIO], objec
         raise
     fsync_dir(path.parent)
     return writer.digest()
+
+
+def create_atomic(path: str | os.PathLike[str], data: bytes) -> bool:
+    """Create ``path`` holding ``data``, durably and atomically, unless it exists already.
+
+    Several processes (or threads) may race to create the same file: exactly one wins, and every
+    reader sees either no file or the winner's complete content (the file is written
+    under a temporary name, then hard-linked, which never replaces an existing name).
+
+    Returns:
+        Whether this call created the file.
+    """
+    path = Path(path)
+    temp = temp_path(path, tag=str(threading.get_ident()))
+    try:
+        with open(temp, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.link(temp, path)
+    except FileExistsError:
+        return False
+    finally:
+        temp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+    return True
+
+
+def create_numbered_dir(parent: str | os.PathLike[str]) -> Path:
+    """Create and return ``parent/<n>/``, ``n`` one more than the largest number there.
+
+    Safe against a concurrent caller: each gets a folder of its own.
+    """
+    parent = Path(parent)
+    parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        taken = [int(p.name) for p in parent.iterdir() if p.name.isdigit()]
+        target = parent / str(max(taken, default=0) + 1)
+        try:
+            target.mkdir()
+        except FileExistsError:
+            continue
+        return target
 
 
 def _alive(pid: int) -> bool:

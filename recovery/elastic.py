@@ -61,7 +61,7 @@ from recovery.faults import is_recoverable_device_error
 from recovery.grad_sync import all_reduce_gradients
 from recovery.inject import Injection, deliver
 from recovery.last_words import save_last_words
-from recovery.manifest import Candidate, candidates, problem
+from recovery.manifest import Candidate, CheckpointKind, candidates, problem
 from recovery.modes import TftModes, parse_enable_tft
 from recovery.phase import phase_of
 from recovery.replica import ReplicaReport, broadcast_state, choose_source, gather_reports
@@ -121,27 +121,27 @@ def checkpoint_dirs(saver: CheckpointSaver, recovery_path: str, rank: int) -> li
     return [saver.directory, *layout.ttp_rank_dirs(recovery_path, rank)]
 
 
-def _valid(directories: list[Path]) -> list[Candidate]:
-    return [c for d in directories for c in candidates(d) if problem(c) is None]
+def _valid(directories: list[Path], lineage: str) -> list[Candidate]:
+    return [c for d in directories for c in candidates(d, lineage) if problem(c) is None]
 
 
-def agree_rollback_point(directories: list[Path]) -> tuple[int, int] | None:
+def agree_rollback_point(directories: list[Path], lineage: str) -> tuple[int, int] | None:
     """The newest (epoch, step) for which *every* rank of the group has a valid checkpoint.
 
-    Each rank lists its own valid checkpoints (periodic and last-words); the lists are
-    gathered over the current process group, so every rank computes the same answer.
-    ``None`` when there is none.
+    Each rank lists its own valid checkpoints (periodic and last-words) of the job's
+    ``lineage``; the lists are gathered over the current process group, so every rank
+    computes the same answer. ``None`` when there is none.
     """
-    mine = sorted({(c.epoch, c.step) for c in _valid(directories)})
+    mine = sorted({(c.epoch, c.step) for c in _valid(directories, lineage)})
     everyone: list[list[tuple[int, int]] | None] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     common = set.intersection(*(set(map(tuple, points or [])) for points in everyone))
     return max(common) if common else None  # type: ignore[return-value]
 
 
-def _candidate_at(directories: list[Path], point: tuple[int, int]) -> Candidate:
+def _candidate_at(directories: list[Path], point: tuple[int, int], lineage: str) -> Candidate:
     """A valid checkpoint at ``point``: a periodic one if there is, else a last-words one."""
-    for candidate in _valid(directories):
+    for candidate in _valid(directories, lineage):
         if (candidate.epoch, candidate.step) == point:
             return candidate
     raise FileNotFoundError(f"no valid checkpoint for epoch {point[0]} step {point[1]} in {directories}")
@@ -418,21 +418,21 @@ class ElasticTrainer:
     def _roll_back(self) -> None:
         """Restore the newest checkpoint every rank holds (or the start, if none)."""
         directories = checkpoint_dirs(self.saver, self._recovery_path, self.ctx.rank)
-        point = agree_rollback_point(directories)
+        point = agree_rollback_point(directories, self.saver.lineage)
         if point is None:
             if self.ctx.generation == 0:
                 logger.info("no checkpoint common to every rank: starting from the beginning")
                 return
             raise RuntimeError("the ranks hold no checkpoint in common: cannot roll back")
-        candidate = _candidate_at(directories, point)
+        candidate = _candidate_at(directories, point, self.saver.lineage)
         self.position = restore_checkpoint(
             load_checkpoint(candidate.path), self.model, self.optimizer, self.lr_scheduler,
             sampler=self.sampler, path=candidate.path,
             allow_world_size_change=self._allow_world_size_change)
         logger.info("resumed from %s (epoch %d, step %d, global step %d)", candidate.path,
                     self.position.epoch, self.position.step, self.position.global_step)
-        ttp = candidate.path.parent.parent.parent.name == layout.TTP_DIR
-        self._after_restore("last_words" if ttp else "checkpoint", epoch=point[0],
+        last_words = candidate.kind is CheckpointKind.LAST_WORDS
+        self._after_restore("last_words" if last_words else "checkpoint", epoch=point[0],
                             step_in_epoch=point[1])
 
     def _after_restore(self, source: str, **fields: Any) -> None:

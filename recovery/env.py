@@ -63,6 +63,8 @@ TFT_CLUSTER_TIME_OUT = "TFT_CLUSTER_TIME_OUT"
 TFT_REJOIN_COOLDOWN = "TFT_REJOIN_COOLDOWN"
 TFT_HEARTBEAT_TIMEOUT = "TFT_HEARTBEAT_TIMEOUT"
 TFT_PROGRESS_TIMEOUT = "TFT_PROGRESS_TIMEOUT"
+TFT_LINEAGE = "TFT_LINEAGE"
+"""The job's lineage id (recovery/lineage.py): the checkpoints this job may restore."""
 TFT_STORE_FD = "TFT_STORE_FD"
 """Set for the scheduler only: an inherited listening socket to host the store on."""
 
@@ -118,6 +120,8 @@ class WorkerEnv:
     enable_recovery: bool
     recovery_path: str
     enable_tft: str
+    lineage: str
+    """The launcher's lineage id; empty when started without tftrun (see recovery/lineage.py)."""
 
     @property
     def is_scheduler(self) -> bool:
@@ -157,4 +161,5 @@ class WorkerEnv:
             enable_recovery=_flag(env, MS_ENABLE_RECOVERY),
             recovery_path=env.get(MS_RECOVERY_PATH) or DEFAULT_RECOVERY_PATH,
             enable_tft=env.get(MS_ENABLE_TFT, ""),
+            lineage=env.get(TFT_LINEAGE, "").strip(),
         )

@@ -8,9 +8,11 @@ sampler computes from the checkpoint's epoch and step), so the files differ only
 ``rank`` field.
 
 The files follow the seeds' layout (:func:`recovery.layout.ttp_checkpoint_path`), each in
-a rank directory with its own manifest, so they verify and load like periodic ones. The
-whole step directory is written under a hidden temporary name and renamed when complete:
-a saver killed half-way leaves nothing that looks like a checkpoint.
+a rank directory with its own manifest, so they verify and load like periodic ones; their
+manifest entries say they are last words. The step directory records the job's lineage
+(:mod:`recovery.lineage`), as every file in it does. The whole step directory is written
+under a hidden temporary name and renamed when complete: a saver killed half-way leaves
+nothing that looks like a checkpoint.
 """
 
 from __future__ import annotations
@@ -23,12 +25,20 @@ from pathlib import Path
 from recovery import layout
 from recovery.checkpoint import CheckpointSaver, write_checkpoint
 from recovery.durable import fsync_dir, remove_stale_temps
-from recovery.manifest import Manifest
+from recovery.lineage import LineageError, read_lineage, record_lineage, set_aside
+from recovery.manifest import CheckpointKind, Manifest
 from recovery.restore import TrainPosition
 
 __all__ = ["save_last_words"]
 
 logger = logging.getLogger(__name__)
+
+
+def _lineage_of(step_dir: Path) -> str | None:
+    try:
+        return read_lineage(step_dir)
+    except LineageError:
+        return None
 
 
 def save_last_words(saver: CheckpointSaver, recovery_path: str | os.PathLike[str],
@@ -42,12 +52,16 @@ def save_last_words(saver: CheckpointSaver, recovery_path: str | os.PathLike[str
         world_size: how many ranks to write files for.
 
     Returns:
-        The step directory. If a complete one for that step exists already (an earlier
-        fault at the same step), it is kept as it is.
+        The step directory. If a complete one of this job's lineage exists already for
+        that step (an earlier fault at the same step), it is kept as it is; another
+        lineage's is moved to ``previous/<n>/`` first.
     """
     final = layout.ttp_step_dir(recovery_path, position.global_step)
     if final.is_dir():
-        return final
+        if _lineage_of(final) == saver.lineage:
+            return final
+        moved = set_aside(recovery_path, [final])
+        logger.warning("moved %s, another job's last words, to %s", final, moved)
     final.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(final.parent)
     temp = layout.ttp_temp_dir(recovery_path, position.global_step)
@@ -57,7 +71,9 @@ def save_last_words(saver: CheckpointSaver, recovery_path: str | os.PathLike[str
             directory = temp / f"rank_{rank}"
             directory.mkdir(parents=True)
             name = layout.ttp_checkpoint_name(rank, position.epoch, position.step)
-            write_checkpoint(directory, name, {**state, "rank": rank}, position, Manifest(directory))
+            write_checkpoint(directory, name, {**state, "rank": rank}, position, Manifest(directory),
+                             kind=CheckpointKind.LAST_WORDS)
+        record_lineage(temp, saver.lineage)
         fsync_dir(temp)
         os.rename(temp, final)
     except BaseException:

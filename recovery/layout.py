@@ -14,6 +14,14 @@ Last-words checkpoints (TTP) use the same file-name pattern with the prefix
 
     <recovery_path>/ttp_checkpoints/tft_saved_checkpoints-step_<n>/rank_<r>/ttp_rank_<r>-<epoch>_<step>.ckpt
 
+Each step directory holds a ``lineage`` file: the id of the job that saved it.
+
+The recovery path itself records the job's lineage (:mod:`recovery.lineage`), and keeps the
+checkpoints of earlier jobs that a fresh launch moved aside::
+
+    <recovery_path>/lineage                 the lineage id of the job the path belongs to
+    <recovery_path>/previous/<n>/           an earlier job's checkpoints, state and lineage
+
 A file name is a checkpoint name only if :func:`parse_checkpoint_name` accepts it; temporary
 names never end in ``.ckpt``, so a half-written file can never be mistaken for one.
 """
@@ -44,12 +52,19 @@ __all__ = [
     "ttp_step_dir",
     "ttp_temp_dir",
     "ttp_rank_dirs",
+    "lineage_file",
+    "previous_dir",
+    "LINEAGE_FILE",
+    "CHECKPOINTS_DIR",
+    "TTP_DIR",
 ]
 
 CHECKPOINT_SUFFIX = ".ckpt"
 MANIFEST_NAME = "manifest.json"
 CHECKPOINTS_DIR = "checkpoints"
 TTP_DIR = "ttp_checkpoints"
+LINEAGE_FILE = "lineage"
+PREVIOUS_DIR = "previous"
 _TTP_STEP_PREFIX = "tft_saved_checkpoints-step_"
 _TEMP_SUFFIX = ".tmp"
 
@@ -133,10 +148,14 @@ def manifest_lock_path(directory: str | os.PathLike[str]) -> Path:
     return Path(directory) / f"{MANIFEST_NAME}.lock"
 
 
-def temp_path(final: str | os.PathLike[str]) -> Path:
-    """Where ``final`` is written before its atomic rename (hidden, owner pid, ``.tmp``)."""
+def temp_path(final: str | os.PathLike[str], tag: str = "") -> Path:
+    """Where ``final`` is written before its atomic rename (hidden, owner pid, ``.tmp``).
+
+    ``tag`` tells apart the temporary files of several writers in one process.
+    """
     final = Path(final)
-    return final.with_name(f".{final.name}.{os.getpid()}{_TEMP_SUFFIX}")
+    tagged = f"{final.name}.{tag}" if tag else final.name
+    return final.with_name(f".{tagged}.{os.getpid()}{_TEMP_SUFFIX}")
 
 
 def temp_owner_pid(name: str) -> int | None:
@@ -187,3 +206,13 @@ def ttp_rank_dirs(recovery_path: str | os.PathLike[str], rank: int) -> list[Path
         return []
     return [root / name / f"rank_{rank}" for name in os.listdir(root)
             if name.startswith(_TTP_STEP_PREFIX) and (root / name / f"rank_{rank}").is_dir()]
+
+
+def lineage_file(directory: str | os.PathLike[str]) -> Path:
+    """Where a recovery path, or a last-words step directory, records its lineage id."""
+    return Path(directory) / LINEAGE_FILE
+
+
+def previous_dir(recovery_path: str | os.PathLike[str]) -> Path:
+    """The folder of earlier jobs' state moved aside: ``previous/<n>/`` below it."""
+    return Path(recovery_path) / PREVIOUS_DIR

@@ -8,6 +8,11 @@ completely, with its size and sha256. A file is *valid* only if all of these hol
 3. its sha256 is the recorded one (catches bit flips);
 4. it loads with ``torch.load(weights_only=True)`` (no arbitrary unpickling).
 
+Each entry also records the job's lineage (:mod:`recovery.lineage`) and the kind of
+checkpoint (periodic or last words). Whatever chooses a checkpoint to restore asks for one
+lineage's candidates: entries of any other lineage, and entries written before lineages
+existed (they have none), are left out.
+
 "Newest" is the highest ``(epoch, step)``, never a file time. An invalid candidate newer
 than the chosen one is reported with one warning line naming the file and the reason.
 The manifest is rewritten atomically under a file lock, so concurrent writers and a
@@ -22,6 +27,7 @@ import os
 import pickle
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +41,7 @@ __all__ = [
     "CheckpointError",
     "InvalidCheckpointError",
     "CheckpointEntry",
+    "CheckpointKind",
     "Candidate",
     "Manifest",
     "candidates",
@@ -63,12 +70,23 @@ class InvalidCheckpointError(CheckpointError):
         self.reason = reason
 
 
+class CheckpointKind(str, Enum):
+    """Why a checkpoint was written."""
+
+    PERIODIC = "periodic"
+    """By the saver, every N steps or epochs, at the start and at the end of training."""
+    LAST_WORDS = "last_words"
+    """By a healthy replica after a fault, for every rank (TTP, :mod:`recovery.last_words`)."""
+
+
 @dataclass(frozen=True)
 class CheckpointEntry:
     """One complete checkpoint as the manifest records it.
 
     ``seq`` orders entries by the time they were recorded; it only breaks a tie between
     two files of the same ``(epoch, step)`` (two runs with different prefixes).
+    ``lineage`` is the id of the job that wrote it; ``None`` in a manifest written before
+    lineages existed.
     """
 
     name: str
@@ -81,16 +99,25 @@ class CheckpointEntry:
     sha256: str
     time: float
     seq: int = 0
+    lineage: str | None = None
+    kind: CheckpointKind = CheckpointKind.PERIODIC
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", CheckpointKind(self.kind))  # a str when read from JSON
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """A file that may be a checkpoint: listed in the manifest, present on disk, or both."""
+    """A file that may be a checkpoint: listed in the manifest, present on disk, or both.
+
+    ``kind`` is the manifest's; ``None`` for a file the manifest does not list.
+    """
 
     path: Path
     epoch: int
     step: int
     entry: CheckpointEntry | None
+    kind: CheckpointKind | None = None
 
     @property
     def order(self) -> tuple[int, int, int]:
@@ -145,17 +172,24 @@ class Manifest:
         write_atomic(self.path, lambda file: file.write(data))
 
 
-def candidates(directory: str | os.PathLike[str]) -> list[Candidate]:
-    """Every checkpoint the manifest lists or the directory holds, newest first."""
+def candidates(directory: str | os.PathLike[str], lineage: str | None = None) -> list[Candidate]:
+    """Every checkpoint the manifest lists or the directory holds, newest first.
+
+    Args:
+        directory: one checkpoint directory.
+        lineage: list only this lineage's entries; files the manifest does not list stay
+            (they are invalid whatever their lineage). ``None``: every lineage's.
+    """
     directory = Path(directory)
     entries = Manifest(directory).entries()
     found = {
-        name: Candidate(directory / name, entry.epoch, entry.step, entry) for name, entry in entries.items()
+        name: Candidate(directory / name, entry.epoch, entry.step, entry, entry.kind)
+        for name, entry in entries.items() if lineage is None or entry.lineage == lineage
     }
     if directory.is_dir():
         for name in os.listdir(directory):
             parsed = layout.parse_checkpoint_name(name)
-            if parsed is not None and name not in found:
+            if parsed is not None and name not in entries:
                 found[name] = Candidate(directory / name, parsed.epoch, parsed.step, None)
     return sorted(found.values(), key=lambda c: c.order, reverse=True)
 
@@ -217,18 +251,20 @@ def load_verified(path: str | os.PathLike[str]) -> Any:
     if parsed is None and entry is None:
         raise InvalidCheckpointError(path, "not a checkpoint file name (<prefix>-<epoch>_<step>.ckpt)")
     epoch, step = (entry.epoch, entry.step) if entry is not None else (parsed.epoch, parsed.step)  # type: ignore[union-attr]
-    return _checked(Candidate(path, epoch, step, entry))
+    return _checked(Candidate(path, epoch, step, entry, None if entry is None else entry.kind))
 
 
-def newest_valid(directory: str | os.PathLike[str]) -> tuple[Candidate, Any] | None:
+def newest_valid(directory: str | os.PathLike[str],
+                 lineage: str | None = None) -> tuple[Candidate, Any] | None:
     """The newest valid checkpoint of a directory, loaded; ``None`` if there is none.
 
-    Every newer candidate that fails a check is skipped with one warning line.
+    Every newer candidate that fails a check is skipped with one warning line. With
+    ``lineage``, only that lineage's checkpoints are candidates (:func:`candidates`).
 
     Returns:
         ``(candidate, state)`` where ``state`` is what the file holds.
     """
-    for candidate in candidates(directory):
+    for candidate in candidates(directory, lineage):
         try:
             return candidate, _checked(candidate)
         except InvalidCheckpointError as err:
@@ -236,14 +272,16 @@ def newest_valid(directory: str | os.PathLike[str]) -> tuple[Candidate, Any] | N
     return None
 
 
-def verify_dir(directory: str | os.PathLike[str]) -> list[tuple[Candidate, str | None]]:
-    """Check every candidate of a directory fully (load included), newest first.
+def verify_dir(directory: str | os.PathLike[str],
+               lineage: str | None = None) -> list[tuple[Candidate, str | None]]:
+    """Check every candidate of a directory (of ``lineage`` if given) fully, load included,
+    newest first.
 
     Returns:
         ``(candidate, reason)`` pairs; ``reason`` is ``None`` for a valid checkpoint.
     """
     results = []
-    for candidate in candidates(directory):
+    for candidate in candidates(directory, lineage):
         try:
             _checked(candidate)
             results.append((candidate, None))

@@ -10,6 +10,7 @@ data and tensors::
     data                       the sampler's seed and batch size, or None
     append_info                the config's epoch_num / step_num and user values
     rank, world_size           who wrote it, in a job of which size
+    lineage                    the id of the job that wrote it (recovery/lineage.py)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from recovery.env import WorkerEnv
+from recovery.lineage import job_lineage
 from recovery.manifest import CheckpointError, load_verified, newest_valid
 from recovery.rng import restore_rng_state
 from recovery.sampler import ResumableDistributedSampler
@@ -176,11 +178,14 @@ def resume(
     *,
     sampler: ResumableDistributedSampler | None = None,
     allow_world_size_change: bool = False,
+    lineage: str | None = None,
 ) -> ResumePoint:
     """Restore the newest valid checkpoint of ``directory`` into the user's objects.
 
-    Invalid checkpoints newer than the one chosen are skipped, each with one warning line.
-    With no valid checkpoint nothing is touched and the start of training is returned.
+    Only the checkpoints of one job's lineage are considered: another job's, or one
+    written before lineages existed, is never resumed. Invalid checkpoints newer than
+    the one chosen are skipped, each with one warning line. With no valid checkpoint
+    nothing is touched and the start of training is returned.
 
     Args:
         directory: this rank's checkpoint directory.
@@ -189,6 +194,8 @@ def resume(
         lr_scheduler: see :func:`restore_checkpoint`.
         sampler: see :func:`restore_checkpoint`.
         allow_world_size_change: see :func:`restore_checkpoint`.
+        lineage: the lineage to resume; by default this job's
+            (:func:`recovery.lineage.job_lineage`).
 
     Returns:
         Where to continue; ``ResumePoint()`` (epoch 1, step 0) when nothing was restored.
@@ -196,9 +203,11 @@ def resume(
     Raises:
         WorldSizeMismatchError: see :func:`restore_checkpoint`.
     """
-    found = newest_valid(directory)
+    lineage = lineage or job_lineage()
+    found = newest_valid(directory, lineage)
     if found is None:
-        logger.info("no valid checkpoint in %s: starting from the beginning", directory)
+        logger.info("no valid checkpoint of lineage %s in %s: starting from the beginning",
+                    lineage, directory)
         return ResumePoint()
     candidate, state = found
     point = restore_checkpoint(

@@ -10,6 +10,8 @@
 #   MS_RECOVERY_PATH=./tft_recovery  TFT_LOG_DIR=./device  PYTHON=python
 #   TFT_REJOIN_COOLDOWN=30  TFT_CLUSTER_TIME_OUT=600  TFT_HEARTBEAT_TIMEOUT=30
 #   TFT_PROGRESS_TIMEOUT=300  TFT_JOB_TOKEN (none)
+# Like tftrun, it starts a new job: an earlier job's checkpoints in MS_RECOVERY_PATH move
+# to previous/<n>/ (TFT_IS_RECOVER=1: resume that job instead; docs/checkpoints.md#lineage).
 # Watch it with: tftctl status --log_dir "$TFT_LOG_DIR"
 set -euo pipefail
 
@@ -27,6 +29,9 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}    # many processes share the cores
 PYTHON=${PYTHON:-python}
 
 mkdir -p "$TFT_LOG_DIR"
+if [ "${TFT_IS_RECOVER:-0}" = 1 ]; then LINEAGE_MODE=resume; else LINEAGE_MODE=new; fi
+TFT_LINEAGE=$("$PYTHON" -m recovery.lineage "$LINEAGE_MODE" "$MS_RECOVERY_PATH")
+export TFT_LINEAGE                              # the job's lineage: what it may restore
 echo "start training: $MS_WORKER_NUM workers, scheduler at $MS_SCHED_HOST:$MS_SCHED_PORT, logs in $TFT_LOG_DIR"
 
 for ((i = 0; i < MS_WORKER_NUM; i++)); do

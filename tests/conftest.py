@@ -11,10 +11,13 @@ import ctypes
 import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
 from support import free_tcp_port
+
+from recovery import env as names
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -75,3 +78,14 @@ def no_leftover_processes() -> Iterator[None]:
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     return free_tcp_port()
+
+
+@pytest.fixture(autouse=True)
+def own_recovery_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test is a job of its own: its default recovery path (``MS_RECOVERY_PATH``,
+    where a process started without tftrun keeps its lineage) is in its tmp dir, never
+    ``./tft_recovery`` in the repository. Subprocesses inherit it."""
+    path = tmp_path / "tft_recovery"
+    monkeypatch.setenv(names.MS_RECOVERY_PATH, str(path))
+    monkeypatch.delenv(names.TFT_LINEAGE, raising=False)
+    return path
