@@ -14,9 +14,9 @@ scheduler hears of it with the next heartbeat), so the step pays nothing measura
 The wrapper also lets the trainer void a step: when the step's gradient exchange failed
 (a peer died, or a rank's device failed), ``optimizer.step()`` does nothing, so that every
 rank stays at the state of its last completed step. Whether the step is void is the
-trainer's to answer (:attr:`StepPhase.void_when`, from its state): the wrapper only asks. A recoverable device error raised by
-the update itself is caught and recorded: the rank's state is then half-updated
-(inconsistent) until it is repaired from a replica.
+trainer's to answer (:attr:`StepPhase.void_when`, from its state): the wrapper only asks.
+A recoverable device error raised by the update itself is caught and recorded: the rank's
+state is then half-updated (inconsistent) until it is repaired from a replica.
 """
 
 from __future__ import annotations
