@@ -45,7 +45,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -58,6 +58,7 @@ from recovery import layout
 from recovery.checkpoint import CheckpointSaver
 from recovery.abort import Aborted, ShouldAbort, never
 from recovery.cluster import ClusterContext
+from recovery.collectives import Wait, all_gather_rows, blocking
 from recovery.digest import params_sha256
 from recovery.env import WorkerEnv
 from recovery.events import EventLog, read_events
@@ -146,7 +147,7 @@ def _valid(directories: list[Path]) -> list[Candidate]:
     return [c for d in directories for c in candidates(d) if problem(c) is None]
 
 
-def agree_rollback_point(directories: list[Path]) -> tuple[int, int] | None:
+def agree_rollback_point(directories: list[Path], wait: Wait = blocking) -> tuple[int, int] | None:
     """The newest (epoch, step) for which *every* rank of the group has a valid checkpoint.
 
     Each rank lists its own valid checkpoints (periodic and last-words); the lists are
@@ -154,9 +155,8 @@ def agree_rollback_point(directories: list[Path]) -> tuple[int, int] | None:
     ``None`` when there is none.
     """
     mine = sorted({(c.epoch, c.step) for c in _valid(directories)})
-    everyone: list[list[tuple[int, int]] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
-    common = set.intersection(*(set(map(tuple, points or [])) for points in everyone))
+    everyone = all_gather_rows(mine, 2, wait)
+    common = set.intersection(*(set(points) for points in everyone))
     return max(common) if common else None  # type: ignore[return-value]
 
 
@@ -233,12 +233,13 @@ class ElasticTrainer:
             if self.ctx.generation > 0 or self._resume:
                 # A relaunched rank, or a resumed job: take the state the others can give.
                 self._machine.move(TrainerState.RESYNCING)
-                self._resync(newcomer=True)
-            if self.position.global_step == 0:
-                # A checkpoint of the initial state, so that a fault before the first
-                # periodic save still has a common point to roll back to.
-                self.saver.save(self.position.epoch, 0, 0)
-            self._machine.move(TrainerState.TRAINING)
+                self._unless_stopped(self._resync, newcomer=True)
+            if self._machine.state is not TrainerState.STOPPING:
+                if self.position.global_step == 0:
+                    # A checkpoint of the initial state, so that a fault before the first
+                    # periodic save still has a common point to roll back to.
+                    self.saver.save(self.position.epoch, 0, 0)
+                self._machine.move(TrainerState.TRAINING)
             schedule = self._schedule(epochs, max_steps)
             while (state := self._machine.state) is not TrainerState.FINISHED:
                 if state is TrainerState.TRAINING:
@@ -248,11 +249,18 @@ class ElasticTrainer:
                     else:
                         yield from self._run(step)
                 else:
-                    handlers[state]()  # back to TRAINING at a new position, or exits
-                    schedule = self._schedule(epochs, max_steps)
+                    self._unless_stopped(handlers[state])  # to TRAINING at a new position,
+                    schedule = self._schedule(epochs, max_steps)  # or STOPPING, or exits
             self.saver.train_end(self.position.epoch, self.position.step, self.position.global_step)
         self._events.emit("train_end", rank=self.ctx.rank, step=self.position.global_step,
                           params_sha256=params_sha256(self.model))
+
+    def _unless_stopped(self, handler: Callable[..., None], **args: Any) -> None:
+        """Run a state's handler; a wait it gives up on a stop signal leads to STOPPING."""
+        try:
+            handler(**args)
+        except Aborted as err:
+            self._machine.fail(TrainerState.STOPPING, f"the job is being stopped: {err}")
 
     def _schedule(self, epochs: int, max_steps: int) -> Iterator[Step]:
         """The steps from the current position on."""
@@ -310,9 +318,7 @@ class ElasticTrainer:
         flags = torch.zeros(self.ctx.world_size)
         flags[self.ctx.rank] = 1.0 if damaged else 0.0
         try:
-            all_reduce_gradients(
-                self.model.parameters(), flags=flags,
-                wait=lambda work: wait_collective(work, self.ctx, self._should_abort))
+            all_reduce_gradients(self.model.parameters(), flags=flags, wait=self._wait)
         except PeerFailure as failure:
             self._pause(str(failure))
             return
@@ -330,6 +336,10 @@ class ElasticTrainer:
         self._machine.fail(TrainerState.PAUSED, cause)
         logger.warning("[rank %d] peer failure in generation %d: %s", self.ctx.rank,
                        self.ctx.generation, cause)
+
+    def _wait(self, work: Any) -> None:
+        """How the trainer waits for a collective (see :func:`wait_collective`)."""
+        wait_collective(work, self.ctx, self._should_abort)
 
     def _should_abort(self) -> bool:
         """Whether a wait should give up: a stop signal was noted :data:`STOP_PATIENCE` ago."""
@@ -374,11 +384,7 @@ class ElasticTrainer:
             if self._stop_request is not None:
                 self._exit("the job is being stopped")
         self._machine.move(TrainerState.REFORMING)
-        try:
-            self.ctx.rejoin(self._should_abort)
-        except Aborted as err:
-            self._machine.fail(TrainerState.STOPPING, f"the job is being stopped: {err}")
-            return
+        self.ctx.rejoin(self._should_abort)
         self._machine.move(TrainerState.RESYNCING)
         self._resync(newcomer=False)
         self._machine.move(TrainerState.TRAINING)
@@ -389,13 +395,16 @@ class ElasticTrainer:
         consistent = self.phase.consistent
         reason = "" if consistent else "mid-update: its state is half-updated"
         step = self.position.global_step
+        if step == 0:
+            # The initial checkpoint holds step 0 already; and a rank still at step 0 (a
+            # relaunched rank stopped before it took a state) leaves the claim to one
+            # that holds more.
+            return
         if not self.ctx.claim_last_words(step, consistent, reason):
             if not consistent:
                 self._events.emit("last_words_skipped", rank=self.ctx.rank, step=step,
                                   reason=reason)
             return
-        if step == 0:
-            return  # the initial checkpoint holds step 0 already
         self.saver.wait()
         started = time.monotonic()
         path = save_last_words(self.saver, self._recovery_path, self.position, self.ctx.world_size)
@@ -432,7 +441,8 @@ class ElasticTrainer:
         """In a freshly joined group: take the newest consistent replica's state, or roll back."""
         self.saver.wait()
         consistent = not newcomer and self.phase.consistent
-        reports = gather_reports(ReplicaReport(self.ctx.rank, consistent, self.position.global_step))
+        reports = gather_reports(ReplicaReport(self.ctx.rank, consistent, self.position.global_step),
+                                 self._wait)
         source = choose_source(reports) if self.modes.arf else None
         if source is not None:
             self._copy_from_replica(source, reports, "replica")
@@ -451,7 +461,7 @@ class ElasticTrainer:
         state = self.saver.state(self.position) if self.ctx.rank == source.rank else None
         if receive and self.ctx.rank in damaged:
             self._discard_state()
-        state = broadcast_state(state, source.rank)
+        state = broadcast_state(state, source.rank, self._wait)
         if receive:
             self.position = restore_checkpoint(
                 state, self.model, self.optimizer, self.lr_scheduler, sampler=self.sampler,
@@ -473,7 +483,7 @@ class ElasticTrainer:
         damaged = fault.ranks
         reports = gather_reports(ReplicaReport(self.ctx.rank, self.phase.consistent
                                                and self.ctx.rank not in damaged,
-                                               self.position.global_step))
+                                               self.position.global_step), self._wait)
         source = choose_source(reports, excluded=damaged)
         if source is not None:
             self._copy_from_replica(source, reports, "in_place", damaged)
@@ -488,7 +498,7 @@ class ElasticTrainer:
     def _roll_back(self) -> None:
         """Restore the newest checkpoint every rank holds (or the start, if none)."""
         directories = checkpoint_dirs(self.saver, self._recovery_path, self.ctx.rank)
-        point = agree_rollback_point(directories)
+        point = agree_rollback_point(directories, self._wait)
         if point is None:
             if self.ctx.generation == 0:
                 logger.info("no checkpoint common to every rank: starting from the beginning")

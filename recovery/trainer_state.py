@@ -51,10 +51,10 @@ class TrainerState(enum.Enum):
 S = TrainerState
 TRANSITIONS: dict[TrainerState, frozenset[TrainerState]] = {
     S.STARTING: frozenset({S.RESYNCING, S.TRAINING}),
-    S.RESYNCING: frozenset({S.TRAINING}),
+    S.RESYNCING: frozenset({S.TRAINING, S.STOPPING}),
     S.TRAINING: frozenset({S.PAUSED, S.REPAIRING, S.STOPPING, S.FINISHED}),
     S.PAUSED: frozenset({S.SAVING_LAST_WORDS, S.REFORMING}),
-    S.REPAIRING: frozenset({S.TRAINING}),
+    S.REPAIRING: frozenset({S.TRAINING, S.STOPPING}),
     S.SAVING_LAST_WORDS: frozenset({S.REFORMING, S.STOPPED}),
     S.REFORMING: frozenset({S.RESYNCING, S.STOPPING}),
     S.STOPPING: frozenset({S.SAVING_LAST_WORDS, S.STOPPED}),
