@@ -29,6 +29,7 @@ from typing import Any
 
 from recovery import env as names
 from recovery import group
+from recovery.abort import Aborted, ShouldAbort, never
 from recovery.env import WorkerEnv
 from recovery.heartbeat import Heartbeat
 from recovery.inject import Injection
@@ -52,6 +53,8 @@ _LEAVE_WAIT = 2.0
 _RETRY_PAUSE = 0.1
 _REJOIN_POLL = 0.1
 _RETIRED_GROUP_WAIT = 5.0
+_GENERATION_POLL = 0.05
+"""Seconds between two looks at whether the generation a worker waits for is formed."""
 
 
 class ClusterError(RuntimeError):
@@ -91,6 +94,8 @@ class ClusterContext:
         self.backend = backend
         self._session = session
         self._failed = False
+        self.stop_status: int | None = None
+        """128 + N when a stop signal N ends this process (set by the trainer)."""
 
     def report_step(self, step: int) -> None:
         """Tell the scheduler (with the next heartbeat) that training reached ``step``."""
@@ -149,7 +154,7 @@ class ClusterContext:
             return self.generation
         return max(self.generation, self._session.heartbeat.generation)
 
-    def rejoin(self) -> None:
+    def rejoin(self, should_abort: ShouldAbort = never) -> None:
         """Leave this generation's process group and join the next one the scheduler forms.
 
         For a survivor of a peer's death: call it once every reference to the old
@@ -162,17 +167,27 @@ class ClusterContext:
         Raises:
             ClusterError: no newer generation formed within ``cluster_time_out``, or this
                 worker runs without a scheduler.
+            Aborted: ``should_abort()`` said so while waiting (the old group is left).
         """
-        import torch.distributed as dist
-
         session = self._session
         if session is None:
             raise ClusterError("rejoin() needs a scheduler (MS_SCHED_PORT)")
+        self.leave_group()
+        deadline = time.monotonic() + session.timeouts.cluster_time_out
+        self._init_group(self._newer_generation(self.generation, deadline, should_abort),
+                         deadline, should_abort)
+
+    def leave_group(self) -> None:
+        """Leave this generation's process group at once, even with a collective of this
+        process still in flight (recovery/group.py); nothing when there is none.
+
+        Call it once every reference to the group's objects is dropped (DESIGN.md §9).
+        """
+        import torch.distributed as dist
+
         gc.collect()
         if dist.is_initialized():
             group.retire()
-        deadline = time.monotonic() + session.timeouts.cluster_time_out
-        self._init_group(self._newer_generation(self.generation, deadline), deadline)
 
     def finish(self, abnormal: bool = False, reason: str = "finished") -> None:
         """Stop heartbeating and tell the scheduler this process ends.
@@ -193,7 +208,8 @@ class ClusterContext:
                 logger.warning("could not tell the scheduler this worker ends: %s", err)
         session.link.close()
 
-    def _init_group(self, generation: int, deadline: float) -> None:
+    def _init_group(self, generation: int, deadline: float,
+                    should_abort: ShouldAbort = never) -> None:
         """Initialise the default process group of ``generation`` once it is formed, or of
         the newest one after it when a member dies before the group is up."""
         import torch.distributed as dist
@@ -204,10 +220,11 @@ class ClusterContext:
         while True:
             store = dist.PrefixStore(f"gen{generation}/", _wait_for_generation(
                 session.link, generation, deadline, session.timeouts, self.world_size,
-                self.rank))
+                self.rank, should_abort))
             try:
                 if group.meet(store, self.rank, self.world_size,
-                              lambda: session.heartbeat.generation > generation, deadline) \
+                              lambda: session.heartbeat.generation > generation, deadline,
+                              should_abort) \
                         and group.connect(self.backend, store, self.rank, self.world_size,
                                           session.timeouts.heartbeat_timeout,
                                           session.group_timeout):
@@ -216,16 +233,19 @@ class ClusterContext:
                 continue  # the scheduler died: its relaunch announces the generation again
             logger.warning("[worker %s/%d] generation %d did not form; waiting for the next",
                            self.node_id, self.incarnation, generation)
-            generation = self._newer_generation(generation, deadline)
+            generation = self._newer_generation(generation, deadline, should_abort)
         self.generation = generation
         logger.info("[worker %s/%d] rank %d of %d in generation %d", self.node_id,
                     self.incarnation, self.rank, self.world_size, generation)
 
-    def _newer_generation(self, generation: int, deadline: float) -> int:
+    def _newer_generation(self, generation: int, deadline: float,
+                          should_abort: ShouldAbort) -> int:
         """Wait until the scheduler has put this worker in a generation after ``generation``."""
         session = self._session
         assert session is not None
         while session.heartbeat.generation <= generation:
+            if should_abort():
+                raise Aborted(f"stopped waiting for a generation after {generation}")
             if time.monotonic() > deadline:
                 message = (f"no generation after {generation} formed within "
                            f"cluster_time_out={session.timeouts.cluster_time_out:g}s")
@@ -238,20 +258,30 @@ class ClusterContext:
     def _finish_at_exit(self) -> None:
         abnormal = self._failed
         self.finish(abnormal, "uncaught exception" if abnormal else "finished")
+        if self.stop_status is not None and not abnormal:
+            # A stopped worker may have left its step's collective in flight on a stuck
+            # peer; torch would free that group during the interpreter's teardown and wait
+            # there for the peer, past the launcher's grace period. Nothing is left to do.
+            _exit_now(self.stop_status)
         if group.exit_blocked(_RETIRED_GROUP_WAIT):
             # Exiting normally would abort in the C++ runtime (recovery/group.py).
             logger.warning("an old process group is still blocked on a peer; exiting "
                            "without waiting for it")
-            logging.shutdown()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(1 if abnormal else 0)
+            _exit_now(1 if abnormal else 0)
 
     def _note_uncaught(self, hook: Any) -> Any:
         def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
             self._failed = True
             hook(kind, value, tb)
         return excepthook
+
+
+def _exit_now(status: int) -> None:
+    """End the process with ``status`` without the interpreter's teardown."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def init(backend: str | None = None, timeout: timedelta | None = None) -> ClusterContext:
@@ -369,27 +399,35 @@ def _say_once(said: str, message: str) -> str:
 
 
 def _wait_for_generation(link: SchedulerLink, generation: int, deadline: float,
-                         timeouts: Timeouts, world_size: int, rank: int) -> Any:
+                         timeouts: Timeouts, world_size: int, rank: int,
+                         should_abort: ShouldAbort = never) -> Any:
     """A store client, once the scheduler says ``generation`` is formed.
 
     The client is the one the process group rendezvous through; a scheduler that dies
-    meanwhile breaks it, so a new one is made once the port answers again.
-    """
-    from torch.distributed import DistNetworkError, DistStoreError
+    meanwhile breaks it, so a new one is made once the port answers again. The ready key
+    is polled (``check``, not a blocking ``wait``: a timed-out wait logs a C++ warning),
+    and ``should_abort()`` is asked between polls.
 
+    Raises:
+        Aborted: ``should_abort()`` said so.
+    """
+    from torch.distributed import DistNetworkError
+
+    store = None
     while (left := deadline - time.monotonic()) > 0:
-        if not port_open(link.host, link.port):
+        if should_abort():
+            raise Aborted(f"stopped waiting for generation {generation} to form")
+        if store is None and not port_open(link.host, link.port):
             time.sleep(_RETRY_PAUSE)
             continue
         try:
             # The rendezvous of the group waits on this client too: as long as we may.
-            store = open_client(link.host, link.port, max(left, REPLY_TIMEOUT))
-            store.wait([ready_key(generation)], timedelta(seconds=left))
-            return store
+            store = store or open_client(link.host, link.port, max(left, REPLY_TIMEOUT))
+            if store.check([ready_key(generation)]):
+                return store
         except DistNetworkError:
-            continue  # the scheduler died: wait for its relaunch
-        except DistStoreError:
-            break  # the wait timed out
+            store = None  # the scheduler died: wait for its relaunch
+        time.sleep(_GENERATION_POLL)
     missing = _missing_ranks(link, world_size, rank)
     message = describe_incomplete(timeouts.cluster_time_out, world_size, missing)
     logger.error("%s", message)

@@ -29,9 +29,12 @@ its last completed step.
   the step, the faulty rank discards its state and receives a healthy replica's over the
   same group, and all redo the step (UCE). No process restarts, no group is rebuilt.
 * **The job is stopped** (SIGTERM). Each rank finishes its step; one consistent rank saves
-  the last words, and all exit.
+  the last words, and all exit. A rank whose step cannot finish (its all-reduce is stuck
+  on a frozen peer) gives up waiting :data:`STOP_PATIENCE` after the signal, voids the
+  step and stops the same way; so does a rank waiting for a new generation.
 
-The states are drawn in docs/recovery.md.
+The trainer is always in one :class:`recovery.trainer_state.TrainerState` and moves only
+along :data:`recovery.trainer_state.TRANSITIONS`; docs/recovery.md draws them.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -53,7 +56,9 @@ import torch.distributed as dist
 
 from recovery import layout
 from recovery.checkpoint import CheckpointSaver
+from recovery.abort import Aborted, ShouldAbort, never
 from recovery.cluster import ClusterContext
+from recovery.collectives import Wait, all_gather_rows, blocking
 from recovery.digest import params_sha256
 from recovery.env import WorkerEnv
 from recovery.events import EventLog, read_events
@@ -67,17 +72,29 @@ from recovery.phase import phase_of
 from recovery.replica import ReplicaReport, broadcast_state, choose_source, gather_reports
 from recovery.restore import ResumePoint, load_checkpoint, restore_checkpoint
 from recovery.sampler import ResumableDistributedSampler
+from recovery.trainer_state import TrainerMachine, TrainerState
 
-__all__ = ["ElasticTrainer", "Step", "PeerFailure", "agree_rollback_point"]
+__all__ = ["ElasticTrainer", "Step", "PeerFailure", "TrainerState", "agree_rollback_point"]
 
 logger = logging.getLogger(__name__)
 
 POLL = timedelta(milliseconds=100)
 """How long one wait on a collective lasts before the generation is checked again."""
+STOP_PATIENCE = 1.0
+"""Seconds a noted stop signal leaves a wait before it gives up: peers stopped at the same
+moment still complete the step's collective; a collective stuck on a frozen peer is left."""
 
 
 class PeerFailure(RuntimeError):
     """A collective of the current generation cannot complete: a member is gone."""
+
+
+@dataclass(frozen=True)
+class _StopRequest:
+    """A stop signal the handler noted, and when (``time.monotonic()``)."""
+
+    signum: int
+    at: float
 
 
 @dataclass(frozen=True)
@@ -94,7 +111,7 @@ def _is_timeout(err: RuntimeError) -> bool:
     return "timed out" in str(err).lower()
 
 
-def wait_collective(work: Any, ctx: ClusterContext) -> None:
+def wait_collective(work: Any, ctx: ClusterContext, should_abort: ShouldAbort = never) -> None:
     """Wait for an async collective, polling, so that a new generation interrupts it.
 
     A timed-out ``wait`` does not cancel the operation; waiting again completes it if the
@@ -102,17 +119,22 @@ def wait_collective(work: Any, ctx: ClusterContext) -> None:
 
     Raises:
         PeerFailure: a peer is gone, or the scheduler formed a newer generation.
+        Aborted: ``should_abort()`` said so between two polls (the collective is left in
+            flight: the caller must leave the group).
     """
     while True:
         try:
             work.wait(timeout=POLL)
             return
         except RuntimeError as err:
-            if _is_timeout(err) and ctx.latest_generation == ctx.generation:
-                continue
-            cause = "a newer generation was formed" if _is_timeout(err) else str(err).splitlines()[0]
+            timed_out = _is_timeout(err)
+            cause = "a newer generation was formed" if timed_out else str(err).splitlines()[0]
         # Outside the except block: the exception and its traceback (which hold the
         # broken group's buffers) are released before anyone re-forms.
+        if timed_out and should_abort():
+            raise Aborted("gave up waiting for the collective")
+        if timed_out and ctx.latest_generation == ctx.generation:
+            continue
         raise PeerFailure(cause)
 
 
@@ -125,7 +147,8 @@ def _valid(directories: list[Path], lineage: str) -> list[Candidate]:
     return [c for d in directories for c in candidates(d, lineage) if problem(c) is None]
 
 
-def agree_rollback_point(directories: list[Path], lineage: str) -> tuple[int, int] | None:
+def agree_rollback_point(directories: list[Path], lineage: str,
+                         wait: Wait = blocking) -> tuple[int, int] | None:
     """The newest (epoch, step) for which *every* rank of the group has a valid checkpoint.
 
     Each rank lists its own valid checkpoints (periodic and last-words) of the job's
@@ -133,9 +156,8 @@ def agree_rollback_point(directories: list[Path], lineage: str) -> tuple[int, in
     computes the same answer. ``None`` when there is none.
     """
     mine = sorted({(c.epoch, c.step) for c in _valid(directories, lineage)})
-    everyone: list[list[tuple[int, int]] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
-    common = set.intersection(*(set(map(tuple, points or [])) for points in everyone))
+    everyone = all_gather_rows(mine, 2, wait)
+    common = set.intersection(*(set(points) for points in everyone))
     return max(common) if common else None  # type: ignore[return-value]
 
 
@@ -180,18 +202,22 @@ class ElasticTrainer:
         self.rollbacks = 0
         worker_env = WorkerEnv.from_env()
         self.modes = modes or parse_enable_tft(worker_env.enable_tft)
+        self._machine = TrainerMachine(ctx.rank)
         self.phase = phase_of(optimizer)
         self.phase.listener = ctx.report_phase
+        self.phase.void_when = lambda: self._machine.state is not TrainerState.TRAINING
         self._recovery_path = worker_env.recovery_path
         self._events = EventLog(worker_env.log_dir)
         self._resume = resume or worker_env.is_recover or worker_env.restart_count > 0
         self._allow_world_size_change = allow_world_size_change
-        self._fault: str | None = None
-        self._fault_at = 0.0
-        self._device_fault: BaseException | None = None
+        # Inputs, not states: what arrived from outside, for the loop to act on.
+        self._stop_request: _StopRequest | None = None
         self._injected_uce: Injection | None = None
-        self._faulty_ranks: frozenset[int] = frozenset()
-        self._stop_signal: int | None = None
+
+    @property
+    def state(self) -> TrainerState:
+        """Where the trainer is (docs/recovery.md draws the states and their moves)."""
+        return self._machine.state
 
     # ------------------------------------------------------------------ the loop
     def steps(self, epochs: int, max_steps: int = 0) -> Iterator[Step]:
@@ -201,36 +227,44 @@ class ElasticTrainer:
             epochs: train epochs 1..``epochs``.
             max_steps: stop after this global step (0: no limit).
         """
+        handlers = {TrainerState.PAUSED: self._recover,
+                    TrainerState.REPAIRING: self._repair_in_place,
+                    TrainerState.STOPPING: self._stop}
         with self._stop_signals_noted():
             if self.ctx.generation > 0 or self._resume:
                 # A relaunched rank, or a resumed job: take the state the others can give.
-                self._resync(newcomer=True)
-            if self.position.global_step == 0:
-                # A checkpoint of the initial state, so that a fault before the first
-                # periodic save still has a common point to roll back to.
-                self.saver.save(self.position.epoch, 0, 0)
-            while True:
-                for step in self._schedule(epochs, max_steps):
-                    self._take_injection(step.global_step)
-                    self.phase.start_step(step.global_step)
-                    if self.ctx.latest_generation != self.ctx.generation:
-                        self._note_fault("the scheduler formed a new generation")
+                self._machine.move(TrainerState.RESYNCING)
+                self._unless_stopped(self._resync, newcomer=True)
+            if self._machine.state is not TrainerState.STOPPING:
+                if self.position.global_step == 0:
+                    # A checkpoint of the initial state, so that a fault before the first
+                    # periodic save still has a common point to roll back to.
+                    self.saver.save(self.position.epoch, 0, 0)
+                self._machine.move(TrainerState.TRAINING)
+            schedule = self._schedule(epochs, max_steps)
+            while (state := self._machine.state) is not TrainerState.FINISHED:
+                if state is TrainerState.TRAINING:
+                    step = next(schedule, None)
+                    if step is None:
+                        self._machine.move(TrainerState.FINISHED)
                     else:
-                        yield step
-                    if self._faulty_ranks:
-                        self._repair_in_place()
-                        break
-                    if self._fault is not None:
-                        self._recover()
-                        break
-                    self._complete(step)
+                        yield from self._run(step)
                 else:
-                    break
+                    self._unless_stopped(handlers[state])  # to TRAINING at a new position,
+                    schedule = self._schedule(epochs, max_steps)  # or STOPPING, or exits
             self.saver.train_end(self.position.epoch, self.position.step, self.position.global_step)
         self._events.emit("train_end", rank=self.ctx.rank, step=self.position.global_step,
                           params_sha256=params_sha256(self.model))
 
+    def _unless_stopped(self, handler: Callable[..., None], **args: Any) -> None:
+        """Run a state's handler; a wait it gives up on a stop signal leads to STOPPING."""
+        try:
+            handler(**args)
+        except Aborted as err:
+            self._machine.fail(TrainerState.STOPPING, f"the job is being stopped: {err}")
+
     def _schedule(self, epochs: int, max_steps: int) -> Iterator[Step]:
+        """The steps from the current position on."""
         start = self.position
         global_step = start.global_step
         for epoch in range(start.epoch, epochs + 1):
@@ -243,13 +277,24 @@ class ElasticTrainer:
                 global_step += 1
                 yield Step(epoch, step, global_step, indices)
 
+    def _run(self, step: Step) -> Iterator[Step]:
+        """Hand ``step`` to the user's loop body; complete it if the trainer still trains."""
+        self._take_injection(step.global_step)
+        self.phase.start_step(step.global_step)
+        if self.ctx.latest_generation != self.ctx.generation:
+            self._pause("the scheduler formed a new generation")
+        else:
+            yield step
+        if self._machine.state is TrainerState.TRAINING:
+            self._complete(step)
+
     def _complete(self, step: Step) -> None:
         """The step is done on this rank: record it, checkpoint, stop if asked to."""
         self.position = ResumePoint(step.epoch, step.step, step.global_step)
         self.ctx.report_step(step.global_step)
         self.saver.step_end(step.epoch, step.step, step.global_step)
-        if self._stop_signal is not None:
-            self._stop("the job is being stopped")
+        if self._stop_request is not None:
+            self._machine.fail(TrainerState.STOPPING, "the job is being stopped")
 
     # ------------------------------------------------------------------ collectives
     def all_reduce_gradients(self) -> None:
@@ -259,38 +304,48 @@ class ElasticTrainer:
         update that follows does nothing), and the loop recovers before the next step. A
         recoverable device error of this rank (or an injected ``uce``) is flagged to every
         rank in the same all-reduce; the step is then void everywhere and the loop repairs
-        the faulty ranks in place.
+        the faulty ranks in place. A stop signal noted while the all-reduce is stuck
+        voids the step too, and the loop stops (last words, exit).
         """
-        if self._fault is not None:
+        if self._machine.state is not TrainerState.TRAINING:
             return
         # Reaching the step's collective is progress: a rank stuck before it (hung) stays
         # behind the others in the scheduler's eyes, so its progress verdict names it.
         self.ctx.report_step(self.phase.step)
         self._raise_injected_uce()
-        damaged = self._device_fault or self.phase.device_error
+        damaged = self.phase.device_error
         if damaged is not None and not self.modes.uce:
             raise damaged  # in-place recovery is off: the rank dies and is relaunched
         flags = torch.zeros(self.ctx.world_size)
         flags[self.ctx.rank] = 1.0 if damaged else 0.0
         try:
-            all_reduce_gradients(self.model.parameters(),
-                                 wait=lambda work: wait_collective(work, self.ctx),
-                                 flags=flags)
+            all_reduce_gradients(self.model.parameters(), flags=flags, wait=self._wait)
         except PeerFailure as failure:
-            self._note_fault(str(failure))
-        else:
-            self._faulty_ranks = frozenset(int(r) for r in torch.nonzero(flags).flatten())
-            if damaged is not None and dist.get_world_size() == 1:
-                self._faulty_ranks = frozenset({self.ctx.rank})
-        if self._fault is not None or self._faulty_ranks:
-            self.phase.void = True
+            self._pause(str(failure))
+            return
+        except Aborted:
+            self._machine.fail(TrainerState.STOPPING,
+                               "the job is being stopped, and the step's collective is stuck")
+            return
+        faulty = frozenset(int(r) for r in torch.nonzero(flags).flatten())
+        if damaged is not None and dist.get_world_size() == 1:
+            faulty = frozenset({self.ctx.rank})
+        if faulty:
+            self._machine.fail(TrainerState.REPAIRING, "a device failed", faulty)
 
-    def _note_fault(self, cause: str) -> None:
-        if self._fault is None:
-            self._fault, self._fault_at = cause, time.time()
-            self.phase.void = True
-            logger.warning("[rank %d] peer failure in generation %d: %s", self.ctx.rank,
-                           self.ctx.generation, cause)
+    def _pause(self, cause: str) -> None:
+        self._machine.fail(TrainerState.PAUSED, cause)
+        logger.warning("[rank %d] peer failure in generation %d: %s", self.ctx.rank,
+                       self.ctx.generation, cause)
+
+    def _wait(self, work: Any) -> None:
+        """How the trainer waits for a collective (see :func:`wait_collective`)."""
+        wait_collective(work, self.ctx, self._should_abort)
+
+    def _should_abort(self) -> bool:
+        """Whether a wait should give up: a stop signal was noted :data:`STOP_PATIENCE` ago."""
+        request = self._stop_request
+        return request is not None and time.monotonic() - request.at >= STOP_PATIENCE
 
     # ------------------------------------------------------------------ injected faults
     def _take_injection(self, global_step: int) -> None:
@@ -314,22 +369,26 @@ class ElasticTrainer:
         except Exception as err:  # noqa: BLE001 - only a recoverable one is kept
             if not is_recoverable_device_error(err):
                 raise
-            self._device_fault = err
+            self.phase.device_error = err
         self._events.emit("fault", rank=self.ctx.rank, pid=os.getpid(),
                           incarnation=self.ctx.incarnation, cause="uce",
-                          step=self.phase.step, error=str(self._device_fault))
-        self._fault_at = time.time()
+                          step=self.phase.step, error=str(self.phase.device_error))
 
     # ------------------------------------------------------------------ recovery
     def _recover(self) -> None:
-        """After a peer's death: last words, join the next generation, resynchronise."""
+        """PAUSED: last words, join the next generation, resynchronise (or stop)."""
+        fault = self._machine.fault
+        assert fault is not None
         if self.modes.ttp:
-            self._save_last_words(self._fault or "a peer failed")
-        if self._stop_signal is not None:
-            self._stop("the job is being stopped")
-        self.ctx.rejoin()
+            self._machine.move(TrainerState.SAVING_LAST_WORDS)
+            self._save_last_words(fault.cause)
+            if self._stop_request is not None:
+                self._exit("the job is being stopped")
+        self._machine.move(TrainerState.REFORMING)
+        self.ctx.rejoin(self._should_abort)
+        self._machine.move(TrainerState.RESYNCING)
         self._resync(newcomer=False)
-        self._fault = None
+        self._machine.move(TrainerState.TRAINING)
         self.rollbacks += 1
 
     def _save_last_words(self, why: str) -> None:
@@ -337,13 +396,16 @@ class ElasticTrainer:
         consistent = self.phase.consistent
         reason = "" if consistent else "mid-update: its state is half-updated"
         step = self.position.global_step
+        if step == 0:
+            # The initial checkpoint holds step 0 already; and a rank still at step 0 (a
+            # relaunched rank stopped before it took a state) leaves the claim to one
+            # that holds more.
+            return
         if not self.ctx.claim_last_words(step, consistent, reason):
             if not consistent:
                 self._events.emit("last_words_skipped", rank=self.ctx.rank, step=step,
                                   reason=reason)
             return
-        if step == 0:
-            return  # the initial checkpoint holds step 0 already
         self.saver.wait()
         started = time.monotonic()
         path = save_last_words(self.saver, self._recovery_path, self.position, self.ctx.world_size)
@@ -352,20 +414,36 @@ class ElasticTrainer:
                           path=str(path), ranks=self.ctx.world_size, why=why,
                           seconds=round(time.monotonic() - started, 3))
 
-    def _stop(self, why: str) -> None:
-        """End this process on a stop signal, after the last words if it may save them."""
+    def _stop(self) -> None:
+        """STOPPING: save the last words if this rank may, and exit."""
+        fault = self._machine.fault
+        why = fault.cause if fault is not None else "the job is being stopped"
         if self.modes.ttp:
+            self._machine.move(TrainerState.SAVING_LAST_WORDS)
             self._save_last_words(why)
-        signum = self._stop_signal or signal.SIGTERM
+        self._exit(why)
+
+    def _exit(self, why: str) -> None:
+        """End this process on the stop signal (status 128 + signal).
+
+        The group is left first: the step's collective may still be in flight on a stuck
+        peer, and leaving never waits for it, so the exit is not held up either.
+        """
+        self._machine.move(TrainerState.STOPPED)
+        self.ctx.leave_group()
+        request = self._stop_request
+        status = 128 + (request.signum if request is not None else signal.SIGTERM)
+        self.ctx.stop_status = status
         logger.warning("[rank %d] stopping at step %d: %s", self.ctx.rank,
                        self.position.global_step, why)
-        raise SystemExit(128 + signum)
+        raise SystemExit(status)
 
     def _resync(self, newcomer: bool) -> None:
         """In a freshly joined group: take the newest consistent replica's state, or roll back."""
         self.saver.wait()
         consistent = not newcomer and self.phase.consistent
-        reports = gather_reports(ReplicaReport(self.ctx.rank, consistent, self.position.global_step))
+        reports = gather_reports(ReplicaReport(self.ctx.rank, consistent, self.position.global_step),
+                                 self._wait)
         source = choose_source(reports) if self.modes.arf else None
         if source is not None:
             self._copy_from_replica(source, reports, "replica")
@@ -384,7 +462,7 @@ class ElasticTrainer:
         state = self.saver.state(self.position) if self.ctx.rank == source.rank else None
         if receive and self.ctx.rank in damaged:
             self._discard_state()
-        state = broadcast_state(state, source.rank)
+        state = broadcast_state(state, source.rank, self._wait)
         if receive:
             self.position = restore_checkpoint(
                 state, self.model, self.optimizer, self.lr_scheduler, sampler=self.sampler,
@@ -399,11 +477,14 @@ class ElasticTrainer:
         self.optimizer.state.clear()
 
     def _repair_in_place(self) -> None:
-        """Every rank voided this step; repair the faulty ranks from a healthy one, redo it."""
-        damaged, self._faulty_ranks = self._faulty_ranks, frozenset()
+        """REPAIRING: every rank voided this step; repair the faulty ranks from a healthy
+        one, and redo it."""
+        fault = self._machine.fault
+        assert fault is not None
+        damaged = fault.ranks
         reports = gather_reports(ReplicaReport(self.ctx.rank, self.phase.consistent
                                                and self.ctx.rank not in damaged,
-                                               self.position.global_step))
+                                               self.position.global_step), self._wait)
         source = choose_source(reports, excluded=damaged)
         if source is not None:
             self._copy_from_replica(source, reports, "in_place", damaged)
@@ -411,14 +492,14 @@ class ElasticTrainer:
             self._emit_as_leader("fallback", mode="in_place", to="checkpoint",
                                  reason="no healthy replica: every rank's device failed")
             self._roll_back()
-        self._device_fault = None
         self.phase.device_error = None
+        self._machine.move(TrainerState.TRAINING)
         self.rollbacks += 1
 
     def _roll_back(self) -> None:
         """Restore the newest checkpoint every rank holds (or the start, if none)."""
         directories = checkpoint_dirs(self.saver, self._recovery_path, self.ctx.rank)
-        point = agree_rollback_point(directories, self.saver.lineage)
+        point = agree_rollback_point(directories, self.saver.lineage, self._wait)
         if point is None:
             if self.ctx.generation == 0:
                 logger.info("no checkpoint common to every rank: starting from the beginning")
@@ -452,18 +533,23 @@ class ElasticTrainer:
         """When the fault happened: the newest ``fault`` event, else when this rank saw it."""
         faults = ([e["ts"] for e in read_events(self._events.path) if e["event"] == "fault"]
                   if self._events.path else [])
-        return max(faults, default=self._fault_at or time.time())
+        fault = self._machine.fault
+        return max(faults, default=fault.at if fault is not None else time.time())
 
     # ------------------------------------------------------------------ stop signals
     @contextlib.contextmanager
     def _stop_signals_noted(self) -> Iterator[None]:
-        """While training, SIGTERM ends the current step first (then last words, exit)."""
+        """While training, SIGTERM ends the current step first (then last words, exit).
+
+        The handler only notes the signal; the loop acts on it after the step, or a wait
+        gives up on it (:meth:`_should_abort`) when the step cannot complete."""
         if not self.modes.ttp or threading.current_thread() is not threading.main_thread():
             yield
             return
 
         def note(signum: int, _frame: Any) -> None:
-            self._stop_signal = signum
+            if self._stop_request is None:
+                self._stop_request = _StopRequest(signum, time.monotonic())
 
         previous = signal.signal(signal.SIGTERM, note)
         try:

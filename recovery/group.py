@@ -28,6 +28,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from recovery.abort import Aborted, ShouldAbort, never
+
 __all__ = ["meet", "connect", "retire", "exit_blocked"]
 
 logger = logging.getLogger(__name__)
@@ -41,7 +43,7 @@ def _arrival_key(rank: int) -> str:
 
 
 def meet(store: Any, rank: int, world_size: int, newer: Callable[[], bool],
-         deadline: float) -> bool:
+         deadline: float, should_abort: ShouldAbort = never) -> bool:
     """Announce this rank in the generation's ``store`` and wait for all ``world_size``.
 
     Returns:
@@ -50,10 +52,13 @@ def meet(store: Any, rank: int, world_size: int, newer: Callable[[], bool],
 
     Raises:
         DistNetworkError: the store's server (the scheduler) went away.
+        Aborted: ``should_abort()`` said so.
     """
     store.set(_arrival_key(rank), "1")
     keys = [_arrival_key(r) for r in range(world_size)]
     while not store.check(keys):
+        if should_abort():
+            raise Aborted(f"rank {rank} stopped waiting for the members of its generation")
         if newer() or time.monotonic() > deadline:
             return False
         time.sleep(_MEET_POLL)
@@ -76,20 +81,19 @@ def connect(backend: str, store: Any, rank: int, world_size: int,
     from torch.distributed import DistNetworkError
     from torch.distributed.constants import default_pg_timeout
 
+    from recovery import torch_compat
+
     try:
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=rendezvous_timeout))
     except RuntimeError as err:
-        # The failed attempt used up a group name (torch numbers the groups it makes and
-        # only destroy_process_group resets the count): without the reset, this rank's
-        # rendezvous keys in the next attempt would not match its peers'.
-        dist.distributed_c10d._world.group_count = 0
+        torch_compat.reset_group_count()  # the failed attempt used up a group name
         if isinstance(err, DistNetworkError):
             raise
         logger.warning("rank %d: the process group did not form: %s", rank,
                        str(err).splitlines()[0] if str(err) else type(err).__name__)
         return False
-    dist.distributed_c10d._set_pg_timeout(group_timeout or default_pg_timeout)
+    torch_compat.set_default_group_timeout(group_timeout or default_pg_timeout)
     return True
 
 

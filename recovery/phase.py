@@ -13,13 +13,15 @@ scheduler hears of it with the next heartbeat), so the step pays nothing measura
 
 The wrapper also lets the trainer void a step: when the step's gradient exchange failed
 (a peer died, or a rank's device failed), ``optimizer.step()`` does nothing, so that every
-rank stays at the state of its last completed step. A recoverable device error raised by
-the update itself is caught and recorded: the rank's state is then half-updated
-(inconsistent) until it is repaired from a replica.
+rank stays at the state of its last completed step. Whether the step is void is the
+trainer's to answer (:attr:`StepPhase.void_when`, from its state): the wrapper only asks.
+A recoverable device error raised by the update itself is caught and recorded: the rank's
+state is then half-updated (inconsistent) until it is repaired from a replica.
 """
 
 from __future__ import annotations
 
+import enum
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -28,11 +30,18 @@ import torch
 
 from recovery.faults import is_recoverable_device_error
 
-__all__ = ["COMPUTING", "UPDATING", "DONE", "StepPhase", "wrap_optimizer", "phase_of"]
+__all__ = ["Phase", "COMPUTING", "UPDATING", "DONE", "StepPhase", "wrap_optimizer", "phase_of"]
 
-COMPUTING = "computing"
-UPDATING = "updating"
-DONE = "done"
+
+class Phase(enum.StrEnum):
+    """The phases of a step; the values are what the heartbeat and ``tftctl status`` show."""
+
+    COMPUTING = "computing"
+    UPDATING = "updating"
+    DONE = "done"
+
+
+COMPUTING, UPDATING, DONE = Phase.COMPUTING, Phase.UPDATING, Phase.DONE
 
 _ATTRIBUTE = "_tft_phase"
 
@@ -41,28 +50,28 @@ class StepPhase:
     """The phase of one rank's current step, and what the trainer decided about it."""
 
     def __init__(self) -> None:
-        self.phase = DONE
+        self.phase = Phase.DONE
         self.step = 0
-        self.void = False
-        """The current step's update must not happen (its gradients are not the average)."""
+        self.void_when: Callable[[], bool] = lambda: False
+        """Asked by ``optimizer.step()``: True when the current step's update must not
+        happen (its gradients are not the average). The trainer answers from its state."""
         self.device_error: BaseException | None = None
-        """A recoverable device error the update raised: the state is half-updated."""
+        """A recoverable device error this rank's step raised: its state is damaged."""
         self.listener: Callable[[str], None] = lambda phase: None
 
     @property
     def consistent(self) -> bool:
         """Not mid-update and not damaged by a device error."""
-        return self.phase != UPDATING and self.device_error is None
+        return self.phase is not Phase.UPDATING and self.device_error is None
 
-    def mark(self, phase: str, step: int | None = None) -> None:
+    def mark(self, phase: Phase, step: int | None = None) -> None:
         self.phase = phase
         if step is not None:
             self.step = step
         self.listener(phase)
 
     def start_step(self, step: int) -> None:
-        self.void = False
-        self.mark(COMPUTING, step)
+        self.mark(Phase.COMPUTING, step)
 
 
 def wrap_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -78,9 +87,9 @@ def wrap_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
 
     @functools.wraps(original)
     def step(*args: Any, **kwargs: Any) -> Any:
-        if tracker.void:
+        if tracker.void_when():
             return None
-        tracker.mark(UPDATING)
+        tracker.mark(Phase.UPDATING)
         try:
             result = original(*args, **kwargs)
         except Exception as err:
@@ -88,7 +97,7 @@ def wrap_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
                 raise
             tracker.device_error = err  # stays UPDATING: half-updated
             return None
-        tracker.mark(DONE)
+        tracker.mark(Phase.DONE)
         return result
 
     optimizer.step = step  # type: ignore[method-assign]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch.distributed as dist
+from recovery.collectives import Wait, all_gather_rows, blocking, broadcast_object
 
 __all__ = ["ReplicaReport", "gather_reports", "choose_source", "broadcast_state"]
 
@@ -28,11 +28,11 @@ class ReplicaReport:
     global_step: int
 
 
-def gather_reports(mine: ReplicaReport) -> list[ReplicaReport]:
+def gather_reports(mine: ReplicaReport, wait: Wait = blocking) -> list[ReplicaReport]:
     """Every rank's report, in rank order (a collective: every rank calls it)."""
-    everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, (mine.rank, mine.consistent, mine.global_step))
-    return [ReplicaReport(*report) for report in everyone]
+    row = (mine.rank, int(mine.consistent), mine.global_step)
+    everyone = all_gather_rows([row], 3, wait)
+    return [ReplicaReport(rank, bool(consistent), step) for [(rank, consistent, step)] in everyone]
 
 
 def choose_source(reports: list[ReplicaReport], excluded: frozenset[int] = frozenset()) -> ReplicaReport | None:
@@ -43,11 +43,10 @@ def choose_source(reports: list[ReplicaReport], excluded: frozenset[int] = froze
     return min(healthy, key=lambda r: (-r.global_step, r.rank))
 
 
-def broadcast_state(state: dict[str, Any] | None, source: int) -> dict[str, Any]:
+def broadcast_state(state: dict[str, Any] | None, source: int,
+                    wait: Wait = blocking) -> dict[str, Any]:
     """Send ``state`` from ``source`` to every rank; returns it on every rank.
 
     ``state`` is only read on the source (pass ``None`` elsewhere).
     """
-    box = [state if dist.get_rank() == source else None]
-    dist.broadcast_object_list(box, src=source)
-    return box[0]
+    return broadcast_object(state, source, wait)

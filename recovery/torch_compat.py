@@ -1,0 +1,58 @@
+"""The private torch.distributed calls recovery needs, in one place, for one torch version.
+
+Each call here reaches into ``torch.distributed.distributed_c10d`` for something torch has
+no public API for (measured traps: DESIGN.md §9, recovery/group.py). Private names change
+between torch releases without notice, so importing this module checks that torch is the
+version these calls were written and tested for, and fails with one clear message
+otherwise, instead of an ``AttributeError`` deep inside a recovery.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch
+import torch.distributed.distributed_c10d as c10d
+
+__all__ = ["WRITTEN_FOR", "TorchVersionError", "check_version", "reset_group_count",
+           "set_default_group_timeout"]
+
+WRITTEN_FOR = (2, 13)
+"""The torch release (major, minor) whose private API this module uses."""
+
+
+class TorchVersionError(ImportError):
+    """torch is not the release recovery's private calls were written for."""
+
+
+def check_version(version: str) -> None:
+    """Raise :class:`TorchVersionError` unless ``version`` (e.g. ``2.13.0+cpu``) is
+    :data:`WRITTEN_FOR`."""
+    try:
+        major, minor = (int(part) for part in version.split("+")[0].split(".")[:2])
+    except ValueError:
+        major, minor = -1, -1
+    if (major, minor) != WRITTEN_FOR:
+        wanted = ".".join(map(str, WRITTEN_FOR))
+        raise TorchVersionError(
+            f"recovery uses private torch.distributed calls written for torch {wanted}.x, "
+            f"but torch {version} is installed: install torch {wanted}, or port "
+            f"recovery/torch_compat.py to this release")
+
+
+check_version(torch.__version__)
+
+
+def reset_group_count() -> None:
+    """Forget the process groups torch has numbered so far.
+
+    torch names each group it makes by a counter that only ``destroy_process_group``
+    resets; a failed ``init_process_group`` still uses up a name, after which this rank's
+    rendezvous keys in the next attempt would not match its peers'.
+    """
+    c10d._world.group_count = 0
+
+
+def set_default_group_timeout(timeout: timedelta) -> None:
+    """Set the default group's timeout after it formed (the rendezvous used another)."""
+    c10d._set_pg_timeout(timeout)

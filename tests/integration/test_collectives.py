@@ -1,0 +1,25 @@
+"""recovery.collectives over real gloo ranks: ragged integer rows gathered, an object broadcast."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from support import BIN, run_together
+
+from recovery import env as envnames
+
+
+def test_rows_are_gathered_and_an_object_is_broadcast(free_port: int) -> None:
+    base = {**os.environ, envnames.WORLD_SIZE: "3", envnames.MASTER_ADDR: "127.0.0.1",
+            envnames.MASTER_PORT: str(free_port)}
+    base.pop(envnames.TORCHELASTIC_USE_AGENT_STORE, None)
+    results = run_together([[sys.executable, str(BIN / "collectives_rank.py")]] * 3, timeout=90,
+                           envs=[{**base, envnames.RANK: str(rank)} for rank in range(3)])
+    for rank, (status, out, err) in enumerate(results):
+        assert status == 0, err
+        got = json.loads(out)
+        assert got["rows"] == [[], [[1, 0]], [[2, 0], [2, 1]]]
+        assert got["weights"] == [0.0, 1.5, 3.0, 4.5, 6.0] and got["step"] == 39
+        assert got["same_object"] == (rank == 1)
