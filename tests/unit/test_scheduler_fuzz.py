@@ -1,21 +1,24 @@
 """Any request, any JSON, any bytes, to the scheduler's request handler (in this process): it
 answers or ignores them, never raises, and what it answers ``bad_request`` changes nothing,
-in memory or persisted."""
+in memory or persisted. Then the same through the real store, to a serving scheduler."""
 
 from __future__ import annotations
 
 import json
 import math
+import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sched_inprocess import TOKEN, scheduler_config
+from sched_inprocess import TOKEN, running_scheduler, scheduler_config
+from support import free_tcp_port
 
 from recovery.inject import FAULTS
-from recovery.rpc import Op
+from recovery.rpc import REQUESTS, Op, open_client, reply_key
 from recovery.sched_files import StateFile
 from recovery.scheduler import Scheduler
 
@@ -41,25 +44,25 @@ json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
     lambda inner: st.lists(inner, max_size=3)
     | st.dictionaries(st.text(max_size=3), inner, max_size=3), max_leaves=4)
-weird = st.one_of(
-    st.sampled_from([math.inf, -math.inf, math.nan, 2**64, -1, True, "", "x" * 300, [], {}]),
-    st.floats(), st.integers(), st.text(max_size=5), st.lists(st.integers(), max_size=2),
-    st.dictionaries(st.text(max_size=2), st.integers(), max_size=2))
-"""What a field is made into: edge values first (the scheduler has to refuse them)."""
+EDGES = [math.inf, -math.inf, math.nan, 1e300, 2**64, True, "x" * 300, []]
+"""Values a field must refuse, drawn for half the fields made weird."""
+others = st.one_of(st.floats(), st.integers(), st.text(max_size=5),
+                   st.lists(st.integers(), max_size=2),
+                   st.dictionaries(st.text(max_size=2), st.integers(), max_size=2))
 
 
 @st.composite
 def requests(draw: st.DrawFn) -> bytes:
-    """A request as a client sends it, with one or two fields dropped, made weird or added."""
+    """A request as a client sends it, with one or two fields made weird, added or dropped."""
     op = draw(st.sampled_from(list(Op)))
-    request: dict[str, Any] = {"op": op.value, "rid": "r1", "token": TOKEN,
+    request: dict[str, Any] = {"op": op.value, "rid": draw(st.uuids()).hex, "token": TOKEN,
                                **{name: draw(PLAUSIBLE[name]) for name in FIELDS[op]}}
     for name in draw(st.lists(st.sampled_from([*request, "extra"]), min_size=1, max_size=2,
                               unique=True)):
-        if draw(st.booleans()):
+        if draw(st.integers(0, 3)) == 0:
             request.pop(name, None)
         else:
-            request[name] = draw(weird)
+            request[name] = draw(st.sampled_from(EDGES) if draw(st.booleans()) else others)
     return json.dumps(request).encode()  # inf and NaN as Python writes them: Infinity, NaN
 
 
@@ -114,3 +117,21 @@ def test_any_bytes_are_answered_or_ignored(scheduler: Scheduler, raw: bytes) -> 
 def test_the_fuzzed_scheduler_still_serves(scheduler: Scheduler) -> None:
     rid, reply = scheduler._handle(json.dumps({"op": "status", "rid": "last"}).encode())
     assert rid == "last" and reply is not None and reply["ok"]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A store client of a scheduler serving on its real store (in this process)."""
+    port = free_tcp_port()
+    with running_scheduler(tmp_path_factory.mktemp("served"), port):
+        yield open_client("127.0.0.1", port, 10)
+
+
+@settings(max_examples=50, deadline=None)
+@given(raw=requests() | any_bytes)
+def test_through_the_store_no_request_stops_the_scheduler(served: Any, raw: bytes) -> None:
+    served.queue_push(REQUESTS, raw)
+    rid = uuid.uuid4().hex  # then a request of this test's: answered, so still serving
+    served.queue_push(REQUESTS, json.dumps({"op": "status", "rid": rid}))
+    served.wait([reply_key(rid)], timedelta(seconds=10))
+    assert json.loads(served.get(reply_key(rid)))["ok"]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sched_inprocess import TOKEN, running_scheduler, scheduler_stalled
+from sched_inprocess import TOKEN, running_scheduler, scheduler_config, scheduler_stalled
 from support import events, wait_for, wait_for_event
 
 from recovery import replies
@@ -22,6 +22,7 @@ from recovery.heartbeat import Heartbeat
 from recovery.membership import Identity
 from recovery.rpc import REQUESTS, Op, SchedulerLink, open_client, reply_key
 from recovery.sched_files import StateFile
+from recovery.scheduler import Scheduler
 from recovery.timeouts import Timeouts
 
 pytestmark = pytest.mark.timeout(60)
@@ -123,3 +124,21 @@ def test_malformed_requests_are_answered_bad_request_and_change_nothing_persiste
         assert ask(store, json.dumps({**status, "rid": "after"}), "after")["ok"]
         assert state.path.read_bytes() == saved
         assert events(tmp_path / "logs", "scheduler_stop") == []
+
+
+def test_a_retry_reaching_a_relaunched_scheduler_is_answered_as_the_first_attempt_was(
+        tmp_path: Path) -> None:
+    """The first attempt was carried out and persisted, then the scheduler was killed
+    before it replied: its relaunch answers the retry and does not count the exit again."""
+    report = json.dumps({"op": "exit", "rid": "exit-1", "token": TOKEN, "node_id": "1",
+                         "rank": 1, "pid": 4242, "incarnation": 3, "abnormal": True,
+                         "reason": "SIGKILL"}).encode()
+    killed = Scheduler(scheduler_config(tmp_path, port=0))
+    _rid, first = killed._handle(report)
+    killed._after_request()  # persisted; the reply is never sent
+
+    relaunched = Scheduler(scheduler_config(tmp_path, port=0))
+    assert relaunched._reload()
+    assert relaunched._handle(report) == ("exit-1", first)
+    relaunched._after_request()
+    assert len(events(tmp_path / "logs", "cooldown")) == 1
