@@ -142,3 +142,26 @@ def test_a_retry_reaching_a_relaunched_scheduler_is_answered_as_the_first_attemp
     assert relaunched._handle(report) == ("exit-1", first)
     relaunched._after_request()
     assert len(events(tmp_path / "logs", "cooldown")) == 1
+
+
+def test_a_scheduler_failing_on_its_own_leaves_its_state_to_its_relaunch(
+        tmp_path: Path, free_port: int) -> None:
+    state = StateFile(tmp_path / "recovery")
+    with running_scheduler(tmp_path, free_port):
+        link = SchedulerLink("127.0.0.1", free_port, TOKEN, reply_timeout=5.0)
+        assert link.wait_connected(10)
+        assert link.call(Op.REGISTER, node_id="0", pid=100, incarnation=0, host="h")["ok"]
+        # Its disk fails: the state's directory is a file now.
+        saved = state.path.parent.rename(state.path.parent.with_name("saved"))
+        state.path.parent.write_text("")
+        store = open_client("127.0.0.1", free_port, 10)
+        store.queue_push(REQUESTS, json.dumps({"op": "register", "token": TOKEN, "node_id": "1",
+                                               "pid": 101, "incarnation": 0}))
+        stop = wait_for_event(tmp_path / "logs", 10, "the scheduler stopping",
+                              event="scheduler_stop")
+        assert stop["exitcode"] == 1 and "internal error" in stop["reason"]
+        link.close()
+    state.path.parent.unlink()
+    saved.rename(state.path.parent)
+    relaunched = Scheduler(scheduler_config(tmp_path, free_port))
+    assert relaunched._reload() and list(relaunched.membership.members) == ["0"]
