@@ -145,7 +145,8 @@ class SchedulerLink:
                 ask again.
 
         Raises:
-            NoReply: no reply within the reply timeout; the connection is kept.
+            NoReply: no reply within the reply timeout (it may come later: ask again
+                under the same ``rid``).
             SchedulerUnavailable: not connected now, or the connection broke (a new one
                 is being made in the background).
         """
@@ -164,11 +165,14 @@ class SchedulerLink:
                 client.wait([reply_key(rid)], timedelta(seconds=self._reply_timeout))
                 reply = client.get(reply_key(rid))
                 client.delete_key(reply_key(rid))
-            except DistStoreError:  # a timeout: the client stays usable (torch 2.13)
-                raise NoReply(f"no answer to {op.value} from the scheduler at {self.where} "
-                              f"within {self._reply_timeout:g}s") from None
             except DistError as err:
+                # Also after a timeout (DistStoreError), though the client would stay
+                # usable: the new connection's on_connect delivers what waits for it
+                # (SchedulerControl's exit reports), under the same request ids.
                 self._drop()
+                if isinstance(err, DistStoreError):
+                    raise NoReply(f"no answer to {op.value} from the scheduler at "
+                                  f"{self.where} within {self._reply_timeout:g}s") from None
                 raise SchedulerUnavailable(f"scheduler at {self.where}: {err}") from None
         return json.loads(reply)
 
