@@ -126,17 +126,18 @@ class ClusterContext:
 
         True for the first claim with ``consistent=True`` of that generation, False for
         every other claim, and when there is no scheduler or it does not answer within
-        a few seconds. Needs no process group: a survivor calls it with its group broken.
+        ``cluster_time_out``. It asks until answered, under one request id: a claim the
+        scheduler grants is learned by this rank, even when the answer comes late.
+        Needs no process group: a survivor calls it with its group broken.
         """
         session = self._session
         if session is None:
             return False
         try:
-            if not session.link.wait_connected(REPLY_TIMEOUT):
-                raise SchedulerUnavailable(f"no connection to the scheduler at "
-                                           f"{session.link.where}")
-            reply = session.link.call(Op.LAST_WORDS, rank=self.rank, generation=self.generation,
-                                      step=global_step, consistent=consistent, reason=reason)
+            reply = session.link.call_until(
+                Op.LAST_WORDS, time.monotonic() + session.timeouts.cluster_time_out,
+                rank=self.rank, generation=self.generation, step=global_step,
+                consistent=consistent, reason=reason)
         except SchedulerUnavailable as err:
             logger.warning("last-words claim for step %d not decided: %s", global_step, err)
             return False

@@ -4,7 +4,8 @@ The scheduler is the single source of truth about membership (docs/scheduler.md)
 supervisor tells it which worker processes ended and asks it what to do next. No method
 blocks longer than about ``timeout`` seconds, and each returns a safe value while the
 scheduler is down or being relaunched: exit reports are queued and delivered, in order,
-as soon as it is back; ``cooldown_left`` falls back to what the scheduler said last (or
+as soon as it is back (a report that got no answer is sent again under its request id, so
+the scheduler counts it once); ``cooldown_left`` falls back to what the scheduler said last (or
 to ``rejoin_cooldown`` counted locally from a queued report); ``verdicts`` to none.
 
 Constructing one does not import torch in the caller's thread: the connection (and the
@@ -19,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from recovery.rpc import Op, SchedulerLink, SchedulerUnavailable
+from recovery.rpc import Op, SchedulerLink, SchedulerUnavailable, new_request_id
 
 __all__ = ["SchedulerControl", "ExitReport"]
 
@@ -53,7 +54,7 @@ class SchedulerControl:
     def __init__(self, host: str, port: int, token: str, timeout: float = 1.0,
                  rejoin_cooldown: float = 0.0) -> None:
         self._rejoin_cooldown = rejoin_cooldown
-        self._pending: list[ExitReport] = []
+        self._pending: list[tuple[str, ExitReport]] = []  # with its request id
         self._until: dict[str, float] = {}
         self._lock = threading.Lock()
         self._link = SchedulerLink(host, port, token, timeout, on_connect=self._flush)
@@ -62,7 +63,8 @@ class SchedulerControl:
                     abnormal: bool, reason: str) -> None:
         """A worker process ended; ``abnormal=True`` starts the cooldown for ``node_id``."""
         with self._lock:
-            self._pending.append(ExitReport(node_id, rank, pid, incarnation, abnormal, reason))
+            self._pending.append((new_request_id(),
+                                  ExitReport(node_id, rank, pid, incarnation, abnormal, reason)))
             if abnormal:
                 self._until[node_id] = time.time() + self._rejoin_cooldown
         self._flush()
@@ -113,9 +115,9 @@ class SchedulerControl:
         """Deliver the queued exit reports, oldest first; True when none is left."""
         with self._lock:
             while self._pending:
-                report = self._pending[0]
+                rid, report = self._pending[0]
                 try:
-                    reply = self._link.call(Op.EXIT, **asdict(report))
+                    reply = self._link.call(Op.EXIT, rid=rid, **asdict(report))
                 except SchedulerUnavailable:
                     return False
                 self._pending.pop(0)

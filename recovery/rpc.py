@@ -9,6 +9,13 @@ needed (docs/scheduler.md):
   :func:`reply_key` of the request's ``rid``;
 * the client waits for that key, reads it and deletes it.
 
+A request whose reply does not come in time may still be carried out (it waits in the
+queue, or the scheduler is busy with it). Asking again under the same ``rid`` is safe:
+the scheduler keeps its replies to requests that changed something and answers a retry
+with the reply it gave, without carrying the request out twice; it removes the replies
+nobody read from the store (recovery/replies.py). :meth:`SchedulerLink.call_until` asks
+this way until it has the answer.
+
 Measured on torch 2.13 (DESIGN.md §9): a store client whose server died never
 reconnects (every call fails fast with ``DistNetworkError``), so :class:`SchedulerLink`
 drops it and builds a new one in a background thread. A new client blocks, ignoring its
@@ -23,6 +30,7 @@ import json
 import logging
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -36,6 +44,8 @@ __all__ = [
     "ready_key",
     "SchedulerLink",
     "SchedulerUnavailable",
+    "NoReply",
+    "new_request_id",
     "open_client",
     "port_open",
 ]
@@ -73,6 +83,15 @@ def ready_key(generation: int) -> str:
 
 class SchedulerUnavailable(ConnectionError):
     """The scheduler cannot be reached now (down, being relaunched, or not started yet)."""
+
+
+class NoReply(SchedulerUnavailable):
+    """The request was sent but not answered in time: it may still be carried out. Ask
+    again under the same request id to learn what came of it."""
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
 
 
 def open_client(host: str, port: int, timeout: float) -> Any:
@@ -118,14 +137,20 @@ class SchedulerLink:
         self._connector_lock = threading.Lock()
         self._start_connecting()
 
-    def call(self, op: Op, **fields: Any) -> dict[str, Any]:
+    def call(self, op: Op, rid: str | None = None, **fields: Any) -> dict[str, Any]:
         """Send one request and return the scheduler's reply.
 
+        Args:
+            rid: the request's id: a new one by default; the id of an earlier attempt to
+                ask again.
+
         Raises:
+            NoReply: no reply within the reply timeout (it may come later: ask again
+                under the same ``rid``).
             SchedulerUnavailable: not connected now, or the connection broke (a new one
                 is being made in the background).
         """
-        rid = uuid.uuid4().hex
+        rid = rid or new_request_id()
         request = json.dumps({"op": op.value, "rid": rid, "token": self._token, **fields})
         with self._lock:
             client = self._client
@@ -133,7 +158,7 @@ class SchedulerLink:
                 raise SchedulerUnavailable(f"no connection to the scheduler at {self.where}")
             # Only now: torch is imported once a client exists (by the connecting thread);
             # a caller of an unconnected link must not wait for that import.
-            from torch.distributed import DistError
+            from torch.distributed import DistError, DistStoreError
 
             try:
                 client.queue_push(REQUESTS, request)
@@ -141,9 +166,35 @@ class SchedulerLink:
                 reply = client.get(reply_key(rid))
                 client.delete_key(reply_key(rid))
             except DistError as err:
+                # Also after a timeout (DistStoreError), though the client would stay
+                # usable: the new connection's on_connect delivers what waits for it
+                # (SchedulerControl's exit reports), under the same request ids.
                 self._drop()
+                if isinstance(err, DistStoreError):
+                    raise NoReply(f"no answer to {op.value} from the scheduler at "
+                                  f"{self.where} within {self._reply_timeout:g}s") from None
                 raise SchedulerUnavailable(f"scheduler at {self.where}: {err}") from None
         return json.loads(reply)
+
+    def call_until(self, op: Op, deadline: float, **fields: Any) -> dict[str, Any]:
+        """Ask until the scheduler answers or ``deadline`` (``time.monotonic()``) passes.
+
+        Every attempt carries the same request id, so the request is carried out at most
+        once, and an answer given after an attempt stopped waiting is the next attempt's.
+
+        Raises:
+            SchedulerUnavailable: no answer by ``deadline``.
+        """
+        rid = new_request_id()
+        while (left := deadline - time.monotonic()) > 0:
+            if not self.wait_connected(left):
+                break
+            try:
+                return self.call(op, rid=rid, **fields)
+            except SchedulerUnavailable as err:
+                logger.debug("asking the scheduler again (%s)", err)
+        raise SchedulerUnavailable(f"no answer to {op.value} from the scheduler at "
+                                   f"{self.where} in time")
 
     @property
     def where(self) -> str:

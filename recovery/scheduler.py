@@ -8,13 +8,16 @@ the same port at once and no other process can take the port in between.
 
 One thread handles requests (recovery/rpc.py) one at a time and applies the rules of
 recovery/membership.py; a ticker wakes it every :data:`TICK` seconds so that silence is
-noticed too. After each request it writes the decided events to ``events.jsonl``,
-publishes a newly formed generation, and persists its state, so that a ``kill -9``
-loses nothing the workers were told.
+noticed too. Each request is checked first (recovery/requests.py): a malformed one is
+answered ``bad_request`` and decides nothing. A retry of a request already carried out
+is answered as the first attempt was (recovery/replies.py). After each request it writes
+the decided events to ``events.jsonl``, publishes a newly formed generation, and persists
+its state, so that a ``kill -9`` loses nothing the workers were told.
 
 It ends on SIGTERM/SIGINT (tftrun's job end), and, when nothing supervises it (started by
 hand), by itself: exit 0 once every worker finished, exit 1 when the cluster stays short
-of workers for ``cluster_time_out``.
+of workers for ``cluster_time_out``. Only such an orderly end marks the persisted state
+finished; after a failure of its own, a relaunch takes the state over.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ from recovery.membership import (
     Membership,
     describe_incomplete,
 )
+from recovery.replies import KeptReplies, SentReplies
+from recovery.requests import BadRequest, Request, parse_request
 from recovery.rpc import REQUESTS, Op, open_client, ready_key, reply_key
 from recovery.sched_files import Endpoint, StateFile
 from recovery.timeouts import Timeouts
@@ -57,6 +62,9 @@ EXIT_CLUSTER_TIMEOUT = 1
 _LOOP_TIMEOUT = timedelta(days=1)  # the ticker wakes the loop long before
 _JOIN_TIMEOUT = 5.0
 _WRONG_TOKEN = {"ok": False, "reason": "token", "message": "wrong job token"}
+_KEPT = frozenset({Op.EXIT, Op.LEAVE, Op.INJECT, Op.LAST_WORDS})
+"""The ops whose replies are kept for a retry: carried out twice, they would not do the
+same (a second cooldown, a second injection, a claim granted but never learned)."""
 
 
 def host_store(host: str, port: int, listen_fd: int | None) -> Any:
@@ -118,6 +126,8 @@ class Scheduler:
         self.events = EventLog(config.log_dir)
         self.injections = InjectionQueue()
         self.last_words = LastWords()
+        self.replies = KeptReplies()
+        self._sent = SentReplies()
         self._decided: list[tuple[str, dict[str, Any]]] = []
         self._changed = False
         self._state = StateFile(config.recovery_path)
@@ -125,6 +135,7 @@ class Scheduler:
         self._loop_exited = threading.Event()
         self._done = threading.Event()
         self._stop_reason: str | None = None
+        self._failed = False
         self._exit = (0, "")
         self._client: Any = None
         self._published = NO_GENERATION
@@ -132,7 +143,7 @@ class Scheduler:
         self._saved_at = 0.0
         self._overdue_reported = False
         self._started = time.time()
-        self._handlers: dict[Op, Callable[[dict[str, Any]], dict[str, Any] | None]] = {
+        self._handlers: dict[Op, Callable[[Request], dict[str, Any] | None]] = {
             Op.TICK: lambda _request: None,
             Op.STATUS: self._on_status,
             Op.REGISTER: self._on_register,
@@ -172,7 +183,7 @@ class Scheduler:
         self._stopping.set()
         loop.join(_JOIN_TIMEOUT)  # the ticker wakes it until it has left
         ticker.join(_JOIN_TIMEOUT)
-        if not loop.is_alive():
+        if not loop.is_alive() and not self._failed:
             self._save(finished=True)
         if cfg.log_dir is not None:
             endpoint.remove(cfg.log_dir)
@@ -196,9 +207,11 @@ class Scheduler:
             return False
         if data.get("finished") or data.get("run_id") != self.config.run_id:
             return False
+        replies = KeptReplies()
         try:  # parsed before the membership is taken over: all or nothing
             injections = InjectionQueue.parse(data.get("injections", []))
             grants = LastWords.parse(data.get("last_words", {}))
+            replies.load(data.get("replies", []))
             problem = self.membership.load(data.get("membership", {}))
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             problem = f"it is malformed ({err!r})"
@@ -206,6 +219,7 @@ class Scheduler:
             logger.warning("not reloading %s: %s", self._state.path, problem)
             return False
         self.injections.pending, self.last_words.grants = injections, grants
+        self.replies = replies
         self._saved = json.dumps(self._snapshot(finished=False), sort_keys=True)
         return True
 
@@ -230,28 +244,40 @@ class Scheduler:
                 # kill -9 of this process.
                 if rid is not None and reply is not None:
                     self._client.set(reply_key(rid), json.dumps(reply))
+                    self._sent.sent(rid)
+                for expired in self._sent.expired():
+                    self._client.delete_key(reply_key(expired))
         except Exception:
+            # Not a request's fault (each is checked first): the store or the disk failed.
             logger.exception("the scheduler's loop failed")
+            self._failed = True
             self._finish(1, "internal error (see scheduler.log)")
         finally:
             self._loop_exited.set()
 
     # ----------------------------------------------------------------- requests
     def _handle(self, raw: bytes) -> tuple[str | None, dict[str, Any] | None]:
-        """Decide on one request: its id (to reply under) and the reply."""
-        try:
-            request = json.loads(raw)
-            rid = None if request.get("rid") is None else str(request["rid"])
-        except (ValueError, AttributeError):
-            logger.warning("ignoring a request that is not a JSON object: %r", raw[:200])
-            return None, None
-        try:
-            return rid, self._handlers[Op(request["op"])](request)
-        except (ValueError, KeyError, TypeError) as err:
-            logger.warning("bad request %r: %r", raw[:200], err)
-            return rid, {"ok": False, "reason": "bad_request", "message": repr(err)}
+        """Decide on one request: its id (to reply under, ``None``: no reply) and the reply.
 
-    def _on_status(self, _request: dict[str, Any]) -> dict[str, Any]:
+        A retry of a request carried out already gets the same reply, and nothing is done
+        again.
+        """
+        try:
+            request = parse_request(raw)
+        except BadRequest as err:
+            logger.warning("bad request %r: %s", raw[:200], err)
+            return err.rid, {"ok": False, "reason": "bad_request", "message": str(err)}
+        rid = request.rid
+        kept = None if rid is None else self.replies.get(rid)
+        if kept is not None:
+            return rid, kept
+        reply = self._handlers[request.op](request)
+        if rid is not None and reply is not None and reply["ok"] and request.op in _KEPT:
+            self.replies.keep(rid, reply)
+            self._changed = True  # persisted before the reply, as what it answers
+        return rid, reply
+
+    def _on_status(self, _request: Request) -> dict[str, Any]:
         cfg = self.config
         return {"ok": True, **self.membership.status(), "run_id": cfg.run_id,
                 "pid": os.getpid(), "host": cfg.host, "started": self._started,
@@ -261,29 +287,26 @@ class Scheduler:
                 "progress_timeout": cfg.timeouts.progress_timeout,
                 "cluster_time_out": cfg.timeouts.cluster_time_out}
 
-    def _on_register(self, request: dict[str, Any]) -> dict[str, Any]:
-        return self.membership.register(Identity.from_json(request),
-                                        str(request.get("token", ""))).to_json()
+    def _on_register(self, request: Request) -> dict[str, Any]:
+        return self.membership.register(Identity.from_json(request.fields),
+                                        request.token).to_json()
 
-    def _on_heartbeat(self, request: dict[str, Any]) -> dict[str, Any]:
+    def _on_heartbeat(self, request: Request) -> dict[str, Any]:
         """A beat; the reply hands the member the injections queued for its rank."""
-        step, phase = request.get("step"), request.get("phase")
-        answer = self.membership.heartbeat(Identity.from_json(request),
-                                           str(request.get("token", "")),
-                                           None if step is None else int(step),
-                                           None if phase is None else str(phase))
+        fields = request.fields
+        answer = self.membership.heartbeat(Identity.from_json(fields), request.token,
+                                           fields["step"], fields["phase"])
         reply = answer.to_json()
         if isinstance(answer, Accepted) and (taken := self.injections.take(answer.rank)):
             reply["inject"] = [i.to_json() for i in taken]
             self._changed = True  # handed out: persisted before the reply, never again
         return reply
 
-    def _on_inject(self, request: dict[str, Any]) -> dict[str, Any]:
+    def _on_inject(self, request: Request) -> dict[str, Any]:
         if not self._authorized(request):
             return _WRONG_TOKEN
-        at_step = request.get("at_step")
-        injection = Injection(new_id(), int(request["rank"]), str(request["fault"]),
-                              None if at_step is None else int(at_step))
+        fields = request.fields
+        injection = Injection(new_id(), fields["rank"], fields["fault"], fields["at_step"])
         problem = check(injection.rank, injection.fault, injection.at_step,
                         self.config.worker_num)
         if problem is not None:
@@ -292,16 +315,16 @@ class Scheduler:
         self._decide("inject", **injection.to_json(), via="scheduler")
         return {"ok": True, "id": injection.id}
 
-    def _on_last_words(self, request: dict[str, Any]) -> dict[str, Any]:
+    def _on_last_words(self, request: Request) -> dict[str, Any]:
         """A survivor of a fault claims the last-words save (recovery/claims.py)."""
         if not self._authorized(request):
             return _WRONG_TOKEN
-        rank, generation, step = (int(request["rank"]), int(request["generation"]),
-                                  int(request["step"]))
-        consistent = bool(request["consistent"])
-        save = self.last_words.claim(generation, rank, step, consistent)
-        self._decide("last_words_claim", rank=rank, generation=generation, step=step,
-                     consistent=consistent, granted=save, reason=str(request.get("reason", "")))
+        claim = request.fields
+        save = self.last_words.claim(claim["generation"], claim["rank"], claim["step"],
+                                     claim["consistent"])
+        self._decide("last_words_claim", rank=claim["rank"], generation=claim["generation"],
+                     step=claim["step"], consistent=claim["consistent"], granted=save,
+                     reason=claim["reason"] or "")
         return {"ok": True, "save": save}
 
     def _decide(self, event: str, **fields: Any) -> None:
@@ -309,30 +332,30 @@ class Scheduler:
         self._decided.append((event, fields))
         self._changed = True
 
-    def _authorized(self, request: dict[str, Any]) -> bool:
-        if self.membership.token_ok(str(request.get("token", ""))):
+    def _authorized(self, request: Request) -> bool:
+        if self.membership.token_ok(request.token):
             return True
-        logger.warning("refused a %s request with a wrong job token", request.get("op"))
+        logger.warning("refused a %s request with a wrong job token", request.op.value)
         return False
 
-    def _on_exit(self, request: dict[str, Any], by: str) -> dict[str, Any]:
+    def _on_exit(self, request: Request, by: str) -> dict[str, Any]:
         if not self._authorized(request):
             return _WRONG_TOKEN
-        node_id = str(request["node_id"])
-        abnormal = bool(request["abnormal"])
+        ended = request.fields
+        node_id, abnormal = ended["node_id"], ended["abnormal"]
         until = self.membership.report_exit(
-            node_id, int(request["pid"]), int(request["incarnation"]), abnormal,
-            str(request.get("reason", "")), by, finished=by == "worker" and not abnormal)
+            node_id, ended["pid"], ended["incarnation"], abnormal, ended["reason"] or "", by,
+            finished=by == "worker" and not abnormal)
         return {"ok": True, "until": until, "left": self.membership.cooldown_left(node_id)}
 
-    def _on_cooldown(self, request: dict[str, Any]) -> dict[str, Any]:
+    def _on_cooldown(self, request: Request) -> dict[str, Any]:
         if not self._authorized(request):
             return _WRONG_TOKEN
-        node_id = str(request["node_id"])
+        node_id = request.fields["node_id"]
         return {"ok": True, "left": self.membership.cooldown_left(node_id),
                 "until": self.membership.cooldowns.get(node_id, 0.0)}
 
-    def _on_verdicts(self, request: dict[str, Any]) -> dict[str, Any]:
+    def _on_verdicts(self, request: Request) -> dict[str, Any]:
         if not self._authorized(request):
             return _WRONG_TOKEN
         return {"ok": True, "verdicts": {str(r): v for r, v in self.membership.verdicts().items()}}
@@ -361,7 +384,8 @@ class Scheduler:
         return {"run_id": self.config.run_id, "finished": finished,
                 "membership": self.membership.to_json(),
                 "injections": self.injections.to_json(),
-                "last_words": self.last_words.to_json()}
+                "last_words": self.last_words.to_json(),
+                "replies": self.replies.to_json()}
 
     def _save(self, finished: bool, now: bool = True) -> None:
         """Persist the state when it changed: at once after a decision, else at most every

@@ -21,7 +21,7 @@ from recovery.heartbeat import Heartbeat
 from recovery.inject import Inbox, InjectedError, Injection, check, deliver
 from recovery.claims import LastWords
 from recovery.membership import Identity
-from recovery.rpc import Op, SchedulerUnavailable
+from recovery.rpc import Op, SchedulerUnavailable, new_request_id
 from recovery.scheduler import Scheduler, SchedulerConfig
 from recovery.timeouts import Timeouts
 
@@ -39,7 +39,7 @@ def scheduler(tmp_path: Path) -> Scheduler:
 
 def ask(sched: Scheduler, op: str, token: str = TOKEN, **fields: Any) -> dict[str, Any]:
     """One request through the scheduler's loop body: decide, persist, then reply."""
-    _rid, reply = sched._handle(json.dumps({"op": op, "rid": "1", "token": token,
+    _rid, reply = sched._handle(json.dumps({"op": op, "rid": new_request_id(), "token": token,
                                             **fields}).encode())
     sched._after_request()
     assert reply is not None
@@ -198,6 +198,11 @@ class FakeLink:
         if isinstance(self.reply, Exception):
             raise self.reply
         return self.reply
+
+    def call_until(self, op: Op, deadline: float, **fields: Any) -> dict[str, Any]:
+        if not self.connected:
+            raise SchedulerUnavailable("no connection")
+        return self.call(op, **fields)
 
 
 def context(link: FakeLink) -> ClusterContext:

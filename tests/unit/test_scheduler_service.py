@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from sched_inprocess import TOKEN, running_scheduler
 from support import events, wait_for, wait_for_event
 
 from recovery.cluster import ClusterContext, ClusterError, _register, _Session
@@ -19,29 +17,9 @@ from recovery.heartbeat import Heartbeat
 from recovery.membership import Identity
 from recovery.rpc import Op, SchedulerLink
 from recovery.sched_files import Endpoint, StateFile
-from recovery.scheduler import Scheduler, SchedulerConfig
 from recovery.timeouts import Timeouts
 
 pytestmark = pytest.mark.timeout(60)
-
-TOKEN = "job-token"
-
-
-@contextmanager
-def running_scheduler(tmp_path: Path, port: int) -> Iterator[Scheduler]:
-    config = SchedulerConfig(
-        host="127.0.0.1", port=port, listen_fd=None, worker_num=2, token=TOKEN, run_id="r1",
-        log_dir=str(tmp_path / "logs"), recovery_path=str(tmp_path / "recovery"),
-        timeouts=Timeouts(rejoin_cooldown=30.0, cluster_time_out=60.0))
-    scheduler = Scheduler(config)
-    thread = threading.Thread(target=scheduler.run, daemon=True)
-    thread.start()
-    try:
-        wait_for_event(tmp_path / "logs", 30, "the scheduler serving", event="scheduler_start")
-        yield scheduler
-    finally:
-        scheduler.request_stop("the test is over")
-        thread.join(10)
 
 
 def register(link: SchedulerLink, node_id: str, pid: int) -> dict[str, object]:

@@ -1,0 +1,205 @@
+"""What a request to the scheduler may hold: every request it pops is checked here first.
+
+The request queue is open to anyone who reaches the store's port (docs/scheduler.md, threat
+model), so a request is untrusted bytes until :func:`parse_request` accepts it: at most
+:data:`MAX_REQUEST_BYTES`, UTF-8, JSON nested at most :data:`MAX_DEPTH` deep (checked before
+parsing: deep nesting would exhaust Python's recursion), one object, no NaN or infinity,
+and for its op, every field of the right type: integers (a JSON number with an integral
+value) within 64 bits and their field's range, strings of bounded length, booleans.
+Fields an op does not have are ignored. What fails is a :class:`BadRequest`, answered
+``bad_request`` before anything is decided: under the request's id, or, when the request
+cannot be read, the first id-like ``"rid"`` found in its text (none: it is not answered).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from recovery.rpc import Op
+
+__all__ = ["BadRequest", "Request", "parse_request", "MAX_REQUEST_BYTES", "MAX_DEPTH"]
+
+MAX_REQUEST_BYTES = 16_384
+MAX_DEPTH = 4
+_INT64 = 2**63 - 1
+_NAME = 256
+"""Characters of a name: node id, host, fault, token."""
+_TEXT = 4096
+"""Characters of free text: a reason, a phase."""
+_RID = re.compile(r"[0-9A-Za-z_-]{1,64}")
+_RID_FIELD = re.compile(r'"rid"\s*:\s*"([0-9A-Za-z_-]{1,64})"')
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]')
+"""A string (to the end of the text when unterminated: linear time) or a bracket."""
+
+
+class BadRequest(ValueError):
+    """A request that is not one; ``rid`` is its id when it has a usable one (to answer)."""
+
+    def __init__(self, message: str, rid: str | None = None) -> None:
+        super().__init__(message)
+        self.rid = rid
+
+
+class _NotFinite:
+    """What NaN, Infinity or an overflowing number parse to: no field's type."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True)
+class Int:
+    low: int = -_INT64
+    high: int = _INT64
+    optional: bool = False
+
+    def check(self, name: str, value: Any) -> int | None:
+        if value is None and self.optional:
+            return None
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            value = int(value)
+        if type(value) is not int or not self.low <= value <= self.high:
+            raise BadRequest(f"{name} must be an integer in [{self.low}, {self.high}]"
+                             f"{' or null' if self.optional else ''}, not {_show(value)}")
+        return value
+
+
+@dataclass(frozen=True)
+class Text:
+    length: int = _NAME
+    optional: bool = False
+
+    def check(self, name: str, value: Any) -> str | None:
+        if value is None and self.optional:
+            return None
+        if not isinstance(value, str) or len(value) > self.length or not _encodable(value):
+            raise BadRequest(f"{name} must be a string of at most {self.length} characters"
+                             f"{' or null' if self.optional else ''}, not {_show(value)}")
+        return value
+
+
+@dataclass(frozen=True)
+class Flag:
+    def check(self, name: str, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise BadRequest(f"{name} must be true or false, not {_show(value)}")
+        return value
+
+
+Field = Int | Text | Flag
+
+_IDENTITY: dict[str, Field] = {
+    "node_id": Text(optional=True), "pid": Int(low=0), "incarnation": Int(low=0),
+    "host": Text(optional=True), "rank": Int(optional=True),
+}
+_ENDED: dict[str, Field] = {
+    "node_id": Text(), "rank": Int(optional=True), "pid": Int(low=0), "incarnation": Int(low=0),
+    "abnormal": Flag(), "reason": Text(_TEXT, optional=True),
+}
+SCHEMAS: dict[Op, dict[str, Field]] = {
+    Op.TICK: {},
+    Op.STATUS: {},
+    Op.VERDICTS: {},
+    Op.REGISTER: _IDENTITY,
+    Op.HEARTBEAT: {**_IDENTITY, "step": Int(optional=True),
+                   "phase": Text(_TEXT, optional=True)},
+    Op.LEAVE: _ENDED,
+    Op.EXIT: _ENDED,
+    Op.COOLDOWN: {"node_id": Text()},
+    Op.INJECT: {"rank": Int(), "fault": Text(), "at_step": Int(optional=True)},
+    Op.LAST_WORDS: {"rank": Int(), "generation": Int(), "step": Int(),
+                    "consistent": Flag(), "reason": Text(_TEXT, optional=True)},
+}
+"""The fields of each op; an optional field left out is ``None``."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """A checked request: ``fields`` holds exactly its op's fields, each of its type."""
+
+    op: Op
+    rid: str | None
+    token: str
+    fields: dict[str, Any]
+
+
+def parse_request(raw: bytes | str) -> Request:
+    """The request in ``raw``.
+
+    Raises:
+        BadRequest: anything else; its ``rid`` is set once the request's id was read.
+    """
+    if len(raw) > MAX_REQUEST_BYTES:
+        raise BadRequest(f"larger than {MAX_REQUEST_BYTES} bytes",
+                         _rid_in(raw[:MAX_REQUEST_BYTES]))
+    try:
+        text = raw.decode() if isinstance(raw, bytes) else raw
+    except UnicodeDecodeError:
+        raise BadRequest("not UTF-8", _rid_in(raw)) from None
+    if _deeper_than(MAX_DEPTH, text):
+        raise BadRequest(f"nested deeper than {MAX_DEPTH}", _rid_in(text))
+    try:
+        data = json.loads(text, parse_constant=_NotFinite, parse_float=_number)
+    except ValueError as err:  # JSONDecodeError, an integer of too many digits
+        raise BadRequest(f"not JSON: {err}", _rid_in(text)) from None
+    if not isinstance(data, dict):
+        raise BadRequest("not a JSON object", _rid_in(text))
+    rid = data.get("rid")
+    if rid is not None and not (isinstance(rid, str) and _RID.fullmatch(rid)):
+        raise BadRequest(f"rid must be 1 to 64 letters, digits, _ or -, not {_show(rid)}")
+    try:
+        op = Op(data.get("op"))
+    except (ValueError, TypeError):
+        raise BadRequest(f"unknown op {_show(data.get('op'))}", rid) from None
+    try:
+        token = Text(optional=True).check("token", data.get("token")) or ""
+        fields = {name: kind.check(name, data.get(name)) for name, kind in SCHEMAS[op].items()}
+    except BadRequest as err:
+        raise BadRequest(f"{op.value}: {err}", rid) from None
+    return Request(op, rid, token, fields)
+
+
+def _deeper_than(limit: int, text: str) -> bool:
+    """Whether the arrays and objects of the JSON ``text`` nest deeper than ``limit``."""
+    depth = 0
+    for token in _TOKEN.finditer(text):
+        first = text[token.start()]
+        if first in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif first in "]}":
+            depth -= 1
+    return False
+
+
+def _number(text: str) -> float | _NotFinite:
+    value = float(text)
+    return value if math.isfinite(value) else _NotFinite(text)
+
+
+def _rid_in(raw: bytes | str) -> str | None:
+    """The first id-like ``"rid"`` of a request that cannot be read otherwise."""
+    found = _RID_FIELD.search(raw.decode(errors="replace") if isinstance(raw, bytes) else raw)
+    return None if found is None else found.group(1)
+
+
+def _encodable(text: str) -> bool:
+    """Whether ``text`` can be written as UTF-8 (JSON may carry lone surrogates)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _show(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 40 else shown[:37] + "..."

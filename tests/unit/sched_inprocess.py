@@ -1,0 +1,50 @@
+"""A real scheduler (its c10d TCPStore included) serving in a thread of the test process."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from filelock import FileLock
+from support import wait_for_event
+
+from recovery.sched_files import StateFile
+from recovery.scheduler import Scheduler, SchedulerConfig
+from recovery.timeouts import Timeouts
+
+TOKEN = "job-token"
+
+
+def scheduler_config(tmp_path: Path, port: int, worker_num: int = 2) -> SchedulerConfig:
+    return SchedulerConfig(
+        host="127.0.0.1", port=port, listen_fd=None, worker_num=worker_num, token=TOKEN,
+        run_id="r1", log_dir=str(tmp_path / "logs"), recovery_path=str(tmp_path / "recovery"),
+        timeouts=Timeouts(rejoin_cooldown=30.0, cluster_time_out=60.0))
+
+
+@contextmanager
+def running_scheduler(tmp_path: Path, port: int) -> Iterator[Scheduler]:
+    scheduler = Scheduler(scheduler_config(tmp_path, port))
+    thread = threading.Thread(target=scheduler.run, daemon=True)
+    thread.start()
+    try:
+        wait_for_event(tmp_path / "logs", 30, "the scheduler serving", event="scheduler_start")
+        yield scheduler
+    finally:
+        scheduler.request_stop("the test is over")
+        thread.join(10)
+
+
+@contextmanager
+def scheduler_stalled(tmp_path: Path) -> Iterator[None]:
+    """Hold the lock of the scheduler's state file, as a slow disk or a reader would.
+
+    The scheduler persists every decision before it replies, so while this holds, a
+    request that decides something is carried out but not answered.
+    """
+    path = StateFile(tmp_path / "recovery").path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock"):
+        yield

@@ -1,0 +1,167 @@
+"""Requests to a real scheduler (in this process, over its real TCPStore) that arrive late,
+twice, or malformed: each is carried out at most once, answered, and none ends the scheduler.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sched_inprocess import TOKEN, running_scheduler, scheduler_config, scheduler_stalled
+from support import events, wait_for, wait_for_event
+
+from recovery import replies
+from recovery.cluster import ClusterContext, _Session
+from recovery.control import SchedulerControl
+from recovery.heartbeat import Heartbeat
+from recovery.membership import Identity
+from recovery.rpc import REQUESTS, Op, SchedulerLink, open_client, reply_key
+from recovery.sched_files import StateFile
+from recovery.scheduler import Scheduler
+from recovery.timeouts import Timeouts
+
+pytestmark = pytest.mark.timeout(60)
+
+REPLY_TIMEOUT = 0.5
+"""The clients' wait for one answer: short, so that a stalled scheduler outlasts it."""
+
+
+def claimant(port: int, rank: int) -> ClusterContext:
+    """Rank ``rank`` of generation 3, as a survivor of a fault claims last words."""
+    link = SchedulerLink("127.0.0.1", port, TOKEN, reply_timeout=REPLY_TIMEOUT)
+    assert link.wait_connected(10)
+    identity = Identity(str(rank), os.getpid(), rank, "h", rank)
+    session = _Session(link, Heartbeat(link, identity, 1.0, 3), Timeouts(cluster_time_out=30.0),
+                       None)
+    return ClusterContext(rank, 2, 3, str(rank), rank, "gloo", session)
+
+
+def test_a_last_words_grant_carried_out_after_its_claimant_timed_out_is_learned_by_it(
+        tmp_path: Path, free_port: int) -> None:
+    with running_scheduler(tmp_path, free_port):
+        first, second = claimant(free_port, 0), claimant(free_port, 1)
+        learned: list[bool] = []
+        asking = threading.Thread(target=lambda: learned.append(first.claim_last_words(7, True)))
+        with scheduler_stalled(tmp_path):
+            asking.start()
+            # What the scheduler must get over: its answer comes after the claimant's
+            # wait for it ended. Only time tells that a timeout passed.
+            asking.join(REPLY_TIMEOUT * 3)
+        asking.join(30)
+        assert (learned, second.claim_last_words(7, True)) == ([True], False)
+        claims = events(tmp_path / "logs", "last_words_claim")
+        assert [(c["rank"], c["granted"]) for c in claims] == [(0, True), (1, False)]
+
+
+def test_an_exit_report_re_sent_after_a_timeout_is_counted_once(
+        tmp_path: Path, free_port: int) -> None:
+    control = SchedulerControl("127.0.0.1", free_port, TOKEN, timeout=REPLY_TIMEOUT,
+                               rejoin_cooldown=30.0)
+    try:
+        with running_scheduler(tmp_path, free_port) as scheduler:
+            wait_for(lambda: control.status() is not None, 10, "the control connected")
+            with scheduler_stalled(tmp_path):
+                control.report_exit("1", 1, 4242, 3, abnormal=True, reason="SIGKILL")
+            first = wait_for_event(tmp_path / "logs", 10, "the report carried out late",
+                                   event="cooldown", node_id="1")
+            assert control.cooldown_left("1") > 0  # the report is re-sent first
+            assert [e["until"] for e in events(tmp_path / "logs", "cooldown")] == [first["until"]]
+            assert scheduler.membership.cooldowns["1"] == first["until"]
+    finally:
+        control.close()
+
+
+def test_a_reply_nobody_reads_is_removed_from_the_store(
+        tmp_path: Path, free_port: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(replies, "REPLY_KEEP", 0.5)
+    with running_scheduler(tmp_path, free_port):
+        store = open_client("127.0.0.1", free_port, 10)
+        store.queue_push(REQUESTS, json.dumps({"op": "status", "rid": "abandoned"}))
+        wait_for(lambda: store.check([reply_key("abandoned")]), 10, "the reply set")
+        wait_for(lambda: not store.check([reply_key("abandoned")]), 10, "the reply removed")
+
+
+def ask(store: Any, raw: bytes | str, rid: str) -> dict[str, Any]:
+    """Push ``raw`` as a request and return the reply set under ``rid``."""
+    store.queue_push(REQUESTS, raw)
+    store.wait([reply_key(rid)], timedelta(seconds=10))
+    return json.loads(store.get(reply_key(rid)))
+
+
+MALFORMED = {
+    "overflow": '{"op": "register", "rid": "overflow", "token": "%s", "node_id": "0", '
+                '"pid": 1e999, "incarnation": 0}' % TOKEN,
+    "nan": '{"op": "last_words", "rid": "nan", "token": "%s", "rank": 0, "generation": NaN, '
+           '"step": 1, "consistent": true}' % TOKEN,
+    "deep": '{"op": "status", "rid": "deep", "x": %s}' % ("[" * 5000 + "]" * 5000),
+    "huge": '{"op": "inject", "rid": "huge", "token": "%s", "rank": 0, "fault": "%s"}'
+            % (TOKEN, "k" * 100_000),
+    "bool_rank": '{"op": "inject", "rid": "bool_rank", "token": "%s", "rank": true, '
+                 '"fault": "kill"}' % TOKEN,
+}
+
+
+def test_malformed_requests_are_answered_bad_request_and_change_nothing_persisted(
+        tmp_path: Path, free_port: int) -> None:
+    state = StateFile(tmp_path / "recovery")
+    with running_scheduler(tmp_path, free_port):
+        store = open_client("127.0.0.1", free_port, 10)
+        status = {"op": "status", "rid": "before"}
+        assert ask(store, json.dumps(status), "before")["ok"]
+        saved = wait_for(lambda: state.path.exists() and state.path.read_bytes(), 10,
+                         "the state persisted")
+        # Without an id to answer under: ignored.
+        for raw in (b"\xff\xfe not json", "[" * 100_000 + "]" * 100_000, "[]", '"op"'):
+            store.queue_push(REQUESTS, raw)
+        for rid, raw in MALFORMED.items():
+            reply = ask(store, raw, rid)
+            assert (reply["ok"], reply["reason"]) == (False, "bad_request"), rid
+        assert ask(store, json.dumps({**status, "rid": "after"}), "after")["ok"]
+        assert state.path.read_bytes() == saved
+        assert events(tmp_path / "logs", "scheduler_stop") == []
+
+
+def test_a_retry_reaching_a_relaunched_scheduler_is_answered_as_the_first_attempt_was(
+        tmp_path: Path) -> None:
+    """The first attempt was carried out and persisted, then the scheduler was killed
+    before it replied: its relaunch answers the retry and does not count the exit again."""
+    report = json.dumps({"op": "exit", "rid": "exit-1", "token": TOKEN, "node_id": "1",
+                         "rank": 1, "pid": 4242, "incarnation": 3, "abnormal": True,
+                         "reason": "SIGKILL"}).encode()
+    killed = Scheduler(scheduler_config(tmp_path, port=0))
+    _rid, first = killed._handle(report)
+    killed._after_request()  # persisted; the reply is never sent
+
+    relaunched = Scheduler(scheduler_config(tmp_path, port=0))
+    assert relaunched._reload()
+    assert relaunched._handle(report) == ("exit-1", first)
+    relaunched._after_request()
+    assert len(events(tmp_path / "logs", "cooldown")) == 1
+
+
+def test_a_scheduler_failing_on_its_own_leaves_its_state_to_its_relaunch(
+        tmp_path: Path, free_port: int) -> None:
+    state = StateFile(tmp_path / "recovery")
+    with running_scheduler(tmp_path, free_port):
+        link = SchedulerLink("127.0.0.1", free_port, TOKEN, reply_timeout=5.0)
+        assert link.wait_connected(10)
+        assert link.call(Op.REGISTER, node_id="0", pid=100, incarnation=0, host="h")["ok"]
+        # Its disk fails: the state's directory is a file now.
+        saved = state.path.parent.rename(state.path.parent.with_name("saved"))
+        state.path.parent.write_text("")
+        store = open_client("127.0.0.1", free_port, 10)
+        store.queue_push(REQUESTS, json.dumps({"op": "register", "token": TOKEN, "node_id": "1",
+                                               "pid": 101, "incarnation": 0}))
+        stop = wait_for_event(tmp_path / "logs", 10, "the scheduler stopping",
+                              event="scheduler_stop")
+        assert stop["exitcode"] == 1 and "internal error" in stop["reason"]
+        link.close()
+    state.path.parent.unlink()
+    saved.rename(state.path.parent)
+    relaunched = Scheduler(scheduler_config(tmp_path, free_port))
+    assert relaunched._reload() and list(relaunched.membership.members) == ["0"]
