@@ -115,10 +115,16 @@ class SparePool:
         stop_all([spare.child], signal.SIGKILL, 0)
         return None
 
-    def stop(self, sig: int, grace_period: float) -> list[tuple[Spare, int]]:
-        """Stop every idle spare (retired, then ``sig``); each with its returncode."""
+    def retire_all(self) -> list[Spare]:
+        """Retire every idle spare (it reads EOF and exits 0) and forget the pool's plans;
+        the spares are returned for the caller to stop and reap."""
         idle, self._idle, self._due = self._idle, [], []
         for spare in idle:
             spare.retire()
+        return idle
+
+    def stop(self, sig: int, grace_period: float) -> list[tuple[Spare, int]]:
+        """Stop every idle spare (retired, then ``sig``); each with its returncode."""
+        idle = self.retire_all()
         stop_all([s.child for s in idle], sig, grace_period)
         return [(s, s.child.popen.returncode) for s in idle]
