@@ -9,6 +9,7 @@ generation the scheduler forms with the peer's replacement and goes on in it. Wi
 killed (at most a minute), so that it dies after every other worker finished. With
 ``--teardown R:CODE:DELAY`` (repeatable), rank R of the first launch waits DELAY seconds
 after its last step and exits CODE at once (``os._exit``: a crash in its teardown).
+With ``--wrong-token-rank R``, rank R registers with a wrong job token (refused for good).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 import recovery
+from recovery import env as names
 from recovery.env import WorkerEnv
 
 LINGER = 60.0
@@ -46,7 +48,10 @@ def main() -> None:
     parser.add_argument("--rejoin", action="store_true")
     parser.add_argument("--linger-rank", type=int, default=-1)
     parser.add_argument("--teardown", action="append", default=[], metavar="R:CODE:DELAY")
+    parser.add_argument("--wrong-token-rank", type=int, default=-1)
     args = parser.parse_args()
+    if WorkerEnv.from_env().rank == args.wrong_token_rank:
+        os.environ[names.TFT_JOB_TOKEN] = "not-this-job"
     ctx = recovery.init()
     print(f"rank {ctx.rank} of {ctx.world_size} in generation {ctx.generation}", flush=True)
     stall: list[bool] = []

@@ -156,3 +156,22 @@ def test_an_exception_in_the_loop_stops_every_process_in_order(
     assert end["exitcode"] == EXIT_SUPERVISOR_ERROR
     assert end["reason"] == "supervisor error: _Broken: injected"
     assert events(log_dir)[-1]["event"] == "job_end"
+
+
+@pytest.mark.parametrize(("script", "status", "why"), [
+    (("--no-such-option",), 2, "a usage error of the script"),
+    (("--wrong-token-rank", "1"), 77, "its registration was refused for good"),
+])
+def test_an_exit_no_restart_can_fix_ends_the_job_at_once(
+        tmp_path: Path, free_port: int, script: tuple[str, ...], status: int, why: str) -> None:
+    """A usage error (argparse's exit 2) or a registration refused for good (exit 77):
+    no restart is spent on it; tftrun stops the others and exits with that status."""
+    log_dir = tmp_path / "logs"
+    proc = spawn(sched_job(tmp_path, free_port, "--rejoin_cooldown=0", script=script),
+                 env=TFT_OFF)
+    output = finish(proc)
+    assert proc.returncode == status, output
+    assert not events(log_dir, "restart")
+    [end] = events(log_dir, "job_end")
+    assert end["exitcode"] == status and why in end["reason"], end
+    assert "no restart can fix it" in end["reason"]
