@@ -264,7 +264,7 @@ class PolicyMachine(RuleBasedStateMachine):
 
 
 
-SETTINGS = settings(max_examples=100, stateful_step_count=40, deadline=None,
+SETTINGS = settings(max_examples=80, stateful_step_count=30, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -281,3 +281,30 @@ def test_an_exit_no_restart_can_fix_ends_the_job_at_once(code: int) -> None:
     [give_up] = decide(view, 1.0)
     assert isinstance(give_up, GiveUp) and give_up.failure is failure
     assert UNFIXABLE[code] in give_up.reason
+
+
+def _failed(rank: int, at: float = 0.0) -> Failure:
+    return Failure(rank, 40 + rank, 0, at, 1, "exited with code 1", "exit code 1", 1)
+
+
+def test_a_relaunch_waiting_when_a_peer_finishes_becomes_a_group_restart() -> None:
+    """The teardown case: rank 1 died first and waits out its cooldown; rank 0 then exits
+    0. Relaunched alone, rank 1 would wait for peers that are gone."""
+    view = JobView((RankView(0, WorkerState.SUCCEEDED),
+                    RankView(1, WorkerState.COOLDOWN, deadline=5.0, failure=_failed(1),
+                             registered=True, relaunch_why="rank 1 exited with code 1"),
+                    RankView(2, WorkerState.RUNNING)), max_restarts=1)
+    [restart] = decide(view, 1.0)
+    assert restart == RestartAll(5.0, "rank 1 exited with code 1 after ranks [0] finished: "
+                                      "a relaunched rank could not rejoin them")
+
+
+def test_two_deaths_at_once_are_charged_two_relaunches_when_decided() -> None:
+    view = JobView(tuple(RankView(r, WorkerState.FAILED, failure=_failed(r), registered=True)
+                         for r in (0, 1)) + (RankView(2, WorkerState.RUNNING),),
+                   max_restarts=1, restart_policy="rank")
+    [give_up] = decide(view, 1.0)
+    assert isinstance(give_up, GiveUp) and "restart budget (1) spent" in give_up.reason
+    relaunches = decide(JobView(view.ranks, max_restarts=2, restart_policy="rank"), 1.0)
+    assert relaunches[:2] == [ScheduleRelaunch(0, 1.0, "rank 0 exited with code 1"),
+                              ScheduleRelaunch(1, 1.0, "rank 1 exited with code 1")]
