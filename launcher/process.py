@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["Child", "open_log", "spawn", "stop_all"]
+__all__ = ["Child", "Stopping", "open_log", "spawn", "stop_all"]
 
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -81,16 +81,30 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: Path, header: s
     return Child(popen, time.time())
 
 
+class Stopping:
+    """Children being stopped the one way, without blocking: ``sig`` to each group now,
+    SIGKILL to what is left once ``grace_period`` has passed.
+
+    The caller calls :meth:`poll` until it returns True (every child reaped).
+    """
+
+    def __init__(self, children: Iterable[Child], sig: int, grace_period: float) -> None:
+        self.children = [c for c in children if c.poll() is None]
+        for child in self.children:
+            child.signal_group(sig)
+        self.deadline = time.monotonic() + grace_period
+
+    def poll(self) -> bool:
+        """Reap what ended; SIGKILL the rest past the deadline; True once all ended."""
+        pending = [c for c in self.children if c.poll() is None]
+        if pending and time.monotonic() >= self.deadline:
+            for child in pending:
+                child.signal_group(signal.SIGKILL)
+        return not pending
+
+
 def stop_all(children: Iterable[Child], sig: int, grace_period: float) -> None:
-    """Stop children the one way: ``sig`` to each group, wait to a deadline, SIGKILL, reap."""
-    pending = [c for c in children if c.poll() is None]
-    for child in pending:
-        child.signal_group(sig)
-    deadline = time.monotonic() + grace_period
-    while pending and time.monotonic() < deadline:
+    """Stop children and wait until every one is reaped (see :class:`Stopping`)."""
+    stopping = Stopping(children, sig, grace_period)
+    while not stopping.poll():
         time.sleep(0.01)
-        pending = [c for c in pending if c.poll() is None]
-    for child in pending:
-        child.signal_group(signal.SIGKILL)
-    for child in pending:
-        child.popen.wait()

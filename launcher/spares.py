@@ -104,21 +104,32 @@ class SparePool:
         """Make an idle spare ``spec``'s worker; its Child, or None when no spare could be.
 
         A spare that died unseen fails its hand-over and is reaped here; the caller then
-        spawns the worker (its log holds two headers for this launch).
+        spawns the worker (its log holds two headers for this launch). A spare whose
+        hand-over raised (the worker's log cannot be opened) is killed before it raises on.
         """
         spare = next((s for s in self._idle if s.child.poll() is None), None)
         if spare is None:
             return None
         self._idle.remove(spare)
-        if spare.hand_over(spec, argv, header):
-            return spare.child
-        stop_all([spare.child], signal.SIGKILL, 0)
-        return None
+        handed = False
+        try:
+            handed = spare.hand_over(spec, argv, header)
+        finally:
+            if not handed:  # gone, or the worker's log could not be opened (OSError)
+                spare.retire()
+                stop_all([spare.child], signal.SIGKILL, 0)
+        return spare.child if handed else None
 
-    def stop(self, sig: int, grace_period: float) -> list[tuple[Spare, int]]:
-        """Stop every idle spare (retired, then ``sig``); each with its returncode."""
+    def retire_all(self) -> list[Spare]:
+        """Retire every idle spare (it reads EOF and exits 0) and forget the pool's plans;
+        the spares are returned for the caller to stop and reap."""
         idle, self._idle, self._due = self._idle, [], []
         for spare in idle:
             spare.retire()
+        return idle
+
+    def stop(self, sig: int, grace_period: float) -> list[tuple[Spare, int]]:
+        """Stop every idle spare (retired, then ``sig``); each with its returncode."""
+        idle = self.retire_all()
         stop_all([s.child for s in idle], sig, grace_period)
         return [(s, s.child.popen.returncode) for s in idle]

@@ -1,4 +1,8 @@
-"""The supervisor's view of one worker process: its state and its launches."""
+"""The supervisor's view of one worker process: its state, its deadline, its last failure.
+
+The restart policy (launcher/policy.py) reads these; the supervisor moves them, only
+through :meth:`Worker.transition`, so that the table below is what the code does.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +12,18 @@ from enum import Enum
 from launcher.failures import ExitInfo
 from launcher.process import Child
 
-__all__ = ["WorkerState", "Worker"]
+__all__ = ["WorkerState", "Worker", "Failure", "LEGAL_MOVES", "SPAWN_FAILED"]
 
 
 class WorkerState(str, Enum):
     """Where a worker is, as the supervisor sees it.
 
-    ``PENDING`` → ``RUNNING`` → ``SUCCEEDED`` (exit 0) | ``FAILED`` (any other end).
-    Stopping on purpose: ``RUNNING`` → ``STOPPING`` → ``STOPPED``. A worker about to be
-    launched again waits in ``COOLDOWN`` (from ``FAILED`` or ``STOPPED``) and goes back
-    to ``RUNNING`` with a new incarnation.
+    ``PENDING`` → ``RUNNING`` → ``SUCCEEDED`` (exit 0) | ``FAILED`` (any other end, or a
+    launch that could not be started). Two states wait for a deadline
+    (:attr:`Worker.deadline`): ``COOLDOWN``, a relaunch decided and charged to the
+    budget, waiting out the rank's re-registration cooldown; and ``STOPPING``, signalled
+    by the supervisor, SIGKILLed at the deadline. ``STOPPED``: stopped on purpose, or a
+    relaunch withdrawn because the whole group restarts or the job ends.
     """
 
     PENDING = "pending"
@@ -29,15 +35,54 @@ class WorkerState(str, Enum):
     COOLDOWN = "cooldown"
 
 
-_LEGAL = {
-    WorkerState.PENDING: {WorkerState.RUNNING},
-    WorkerState.RUNNING: {WorkerState.SUCCEEDED, WorkerState.FAILED, WorkerState.STOPPING},
-    WorkerState.STOPPING: {WorkerState.STOPPED, WorkerState.SUCCEEDED, WorkerState.FAILED},
-    WorkerState.SUCCEEDED: {WorkerState.COOLDOWN, WorkerState.RUNNING},
-    WorkerState.FAILED: {WorkerState.COOLDOWN, WorkerState.RUNNING},
-    WorkerState.STOPPED: {WorkerState.COOLDOWN, WorkerState.RUNNING},
-    WorkerState.COOLDOWN: {WorkerState.RUNNING},
+_LAUNCHED = {WorkerState.RUNNING, WorkerState.FAILED}
+"""A launch ends in RUNNING, or in FAILED when the process could not be started."""
+
+LEGAL_MOVES: dict[WorkerState, frozenset[WorkerState]] = {
+    WorkerState.PENDING: frozenset(_LAUNCHED),
+    WorkerState.RUNNING: frozenset({WorkerState.SUCCEEDED, WorkerState.FAILED,
+                                    WorkerState.STOPPING}),
+    WorkerState.STOPPING: frozenset({WorkerState.STOPPED}),
+    WorkerState.SUCCEEDED: frozenset(_LAUNCHED),
+    WorkerState.FAILED: frozenset({WorkerState.COOLDOWN, *_LAUNCHED}),
+    WorkerState.STOPPED: frozenset(_LAUNCHED),
+    WorkerState.COOLDOWN: frozenset({WorkerState.STOPPED, *_LAUNCHED}),
 }
+
+
+SPAWN_FAILED = 127
+"""tftrun's exit status when the job ends on a worker that could not be started (the
+shell's "cannot execute")."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a worker is FAILED: its process ended unexpectedly, or could not be started."""
+
+    rank: int
+    pid: int | None
+    incarnation: int
+    at: float
+    returncode: int | None
+    """Popen's (negative for a signal); None when the process could not be started."""
+    reason: str
+    """One phrase: ``killed by SIGKILL (...)``, ``could not be started: ...``."""
+    cause: str
+    """The ``fault`` event's cause: a signal name, ``exit code N``, ``hang``, ``spawn``."""
+    exit_status: int
+    """The status tftrun exits with when this failure ends the job."""
+
+    @classmethod
+    def of_exit(cls, info: ExitInfo, hung: bool) -> Failure:
+        assert info.rank is not None
+        cause = "hang" if hung else (info.signal_name or f"exit code {info.returncode}")
+        return cls(info.rank, info.pid, info.incarnation, info.at, info.returncode,
+                   info.describe(), cause, info.exit_status)
+
+    @classmethod
+    def of_spawn(cls, rank: int, incarnation: int, at: float, error: OSError) -> Failure:
+        return cls(rank, None, incarnation, at, None, f"could not be started: {error}",
+                   "spawn", SPAWN_FAILED)
 
 
 @dataclass
@@ -51,7 +96,12 @@ class Worker:
     incarnation: int = -1
     launches: int = 0
     last_exit: ExitInfo | None = None
-    cooldown_until: float = 0.0
+    failure: Failure | None = None
+    """Set while FAILED (and kept while a relaunch waits in COOLDOWN)."""
+    deadline: float = 0.0
+    """COOLDOWN: when the relaunch is due; STOPPING: when it is SIGKILLed."""
+    hung: bool = False
+    """The scheduler declared this incarnation dead or hung and it was SIGKILLed."""
     relaunch_why: str = ""
 
     @property
@@ -62,7 +112,31 @@ class Worker:
     def restarts(self) -> int:
         return max(0, self.launches - 1)
 
-    def transition(self, to: WorkerState) -> None:
-        if to not in _LEGAL[self.state]:
+    def transition(self, to: WorkerState, deadline: float = 0.0) -> None:
+        if to not in LEGAL_MOVES[self.state]:
             raise RuntimeError(f"rank {self.rank}: illegal move {self.state.value} -> {to.value}")
         self.state = to
+        self.deadline = deadline
+
+    def launched(self, child: Child) -> None:
+        """A new incarnation runs as ``child``."""
+        self.transition(WorkerState.RUNNING)
+        self.child, self.failure, self.hung = child, None, False
+        self.launches += 1
+
+    def launch_failed(self, failure: Failure) -> None:
+        """The new incarnation's process could not be started: a failed launch."""
+        self.transition(WorkerState.FAILED)
+        self.child, self.failure, self.hung = None, failure, False
+        self.launches += 1
+
+    def ended(self, info: ExitInfo) -> None:
+        """Its process ended: SUCCEEDED, FAILED (unexpected), or STOPPED (we stopped it)."""
+        self.last_exit = info
+        if self.state is WorkerState.STOPPING:
+            self.transition(WorkerState.STOPPED)
+        elif info.succeeded:
+            self.transition(WorkerState.SUCCEEDED)
+        else:
+            self.transition(WorkerState.FAILED)
+            self.failure = Failure.of_exit(info, self.hung)

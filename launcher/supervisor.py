@@ -1,8 +1,11 @@
 """The per-node supervisor: start the scheduler and the workers, watch them, restart, stop.
 
 One loop, woken by SIGCHLD (so a death is seen at once, not at the next poll) or every
-``monitor_interval``: drain the signal queue, reap and classify exits, apply the failure
-policy, redraw the view. Signal handlers only queue the signal number.
+``monitor_interval``: observe (queued signals, exits, the scheduler's verdicts and
+registrations), ask the restart policy (launcher/policy.py) what to do, carry out its
+actions, redraw the view. The loop never sleeps inside a decision and never blocks on a
+stop: stopping is a state with a deadline. Signal handlers only queue the signal number.
+An unexpected exception still ends in the orderly stop (:meth:`Supervisor._stop_on_error`).
 """
 
 from __future__ import annotations
@@ -15,41 +18,39 @@ import signal
 import socket
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 from launcher.config import LaunchConfig
 from launcher.failures import ExitInfo, read_error_file
 from launcher.logs import LogFollower, last_lines
-from launcher.process import Child, spawn, stop_all
+from launcher.policy import (
+    Action, Close, Ending, GiveUp, Hang, JobView, Kill, RankView, Relaunch, RestartAll,
+    ScheduleRelaunch, StartAll, Stop, WaitUntil, decide,
+)
+from launcher.process import Child, Stopping, spawn, stop_all
 from launcher.render import Row, SummaryRow, View, print_summary
 from launcher.rendezvous import RendezvousStore
 from launcher.spares import Spare, SparePool
 from launcher.spec import (
     ProcessSpec, Role, error_file, scheduler_spec, script_argv, spare_spec, worker_spec,
 )
-from launcher.state import Worker, WorkerState
+from launcher.state import Failure, Worker, WorkerState
 from recovery.control import SchedulerControl
 from recovery.events import EventLog
 
-__all__ = ["Supervisor", "EXIT_SIGINT", "EXIT_SIGTERM"]
+__all__ = ["Supervisor", "EXIT_SIGINT", "EXIT_SIGTERM", "EXIT_SUPERVISOR_ERROR"]
 
 logger = logging.getLogger(__name__)
 
 EXIT_SIGINT = 128 + signal.SIGINT
 EXIT_SIGTERM = 128 + signal.SIGTERM
+EXIT_SUPERVISOR_ERROR = 70
+"""tftrun's status when its own loop failed (sysexits' EX_SOFTWARE); it stopped every
+process in order first."""
 SUMMARY_LOG_LINES = 10
 VERDICT_INTERVAL = 0.5
 """Seconds between asking the scheduler which workers it declares dead or hung."""
-_STATUS_WAIT = 10.0
-_STATUS_RETRY_PAUSE = 0.1
-
-
-class _Stop(Exception):
-    """Raised inside the loop when a SIGINT/SIGTERM asks the job to stop."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
+_ALIVE = (WorkerState.RUNNING, WorkerState.STOPPING)
 
 
 class Supervisor:
@@ -79,7 +80,12 @@ class Supervisor:
         self._rendezvous_port = 0
         self._restart_why = ""
         self._next_verdicts = 0.0
-        self._hung: set[int] = set()
+        self._signal: int | None = None
+        self._ending: Ending | None = None
+        self._closing: Stopping | None = None
+        """The spares and the scheduler being stopped, once the workers are."""
+        self._closing_spares: list[Spare] = []
+        self._closing_scheduler: Child | None = None
         self._registered: set[str] = set()
         """Node ids seen registered with the scheduler: capable of per-rank recovery."""
         self._spares = SparePool(config.warm_spare, self._start_spare)
@@ -97,14 +103,13 @@ class Supervisor:
             if self._follower is not None:
                 self._follower.start()
             try:
-                if self._store_socket is not None:
-                    self._start_scheduler()
-                self._start_workers()
-                status = self._loop(wakeup)
-            except _Stop as stop:
-                status = 128 + stop.signum
-                self._shutdown(signal.SIGTERM)
-                self._finish(status, f"received {stop}")
+                try:
+                    if self._store_socket is not None:
+                        self._start_scheduler()
+                    self._start_workers()
+                    status = self._loop(wakeup)
+                except Exception as error:  # noqa: BLE001 - any bug still stops in order
+                    status = self._stop_on_error(error)
             finally:
                 if self._follower is not None:
                     self._follower.stop()
@@ -134,8 +139,9 @@ class Supervisor:
             os.close(read_fd)
             os.close(write_fd)
 
-    def _wait(self, wakeup: int, timeout: float) -> None:
-        """Sleep until a signal arrives or ``timeout`` passes; then act on queued signals."""
+    @staticmethod
+    def _wait(wakeup: int, timeout: float) -> None:
+        """Sleep until a signal (SIGCHLD included) arrives or ``timeout`` passes."""
         readable, _, _ = select.select([wakeup], [], [], timeout)
         if readable:
             try:
@@ -143,31 +149,24 @@ class Supervisor:
                     pass
             except BlockingIOError:
                 pass
-        self._check_signals()
-
-    def _check_signals(self) -> None:
-        try:
-            signum = self._signals.get_nowait()
-        except queue.Empty:
-            return
-        raise _Stop(signum)
 
     def _loop(self, wakeup: int) -> int:
+        """Observe, let the policy decide, carry out its actions; until the job ended."""
         while True:
-            self._wait(wakeup, self.config.monitor_interval)
-            self._watch_scheduler()
-            self._kill_declared_dead()
-            failed = self._reap_workers()
-            if failed:
-                if self.restart_count + self.relaunches >= self.config.max_restarts:
-                    return self._give_up(failed[0])
-                self._handle_failures(failed)
-            self._launch_due()
-            self._tend_spares()
-            if all(w.state is WorkerState.SUCCEEDED for w in self.workers):
-                self._shutdown(signal.SIGTERM)
-                return self._finish(0, "all workers succeeded")
+            now = time.time()
+            wait = self.config.monitor_interval
+            for action in decide(self._observe(now), now):
+                if isinstance(action, WaitUntil):
+                    wait = min(wait, max(0.0, action.at - time.time()))
+                else:
+                    self._carry_out(action, now)
+            if self._closing is not None and self._closing.poll():
+                self._record_closed()
+                return self._finish()
+            if self._ending is None:
+                self._tend_spares()
             self._refresh()
+            self._wait(wakeup, wait)
 
     # ----------------------------------------------------------------- children
     def _emit(self, event: str, **fields: object) -> None:
@@ -207,18 +206,28 @@ class Supervisor:
         self._rendezvous.serve()
 
     def _launch(self, worker: Worker, warm: bool = False) -> None:
-        """Start ``worker``'s next incarnation; ``warm``: in an idle spare, if there is one."""
+        """Start ``worker``'s next incarnation; ``warm``: in an idle spare, if there is one.
+
+        A launch whose process cannot be started (an OSError: no memory, no pids, a log
+        that cannot be opened) is a failed launch: the worker is FAILED, and the policy
+        decides about it like any failure, with the budget it charges.
+        """
         worker.incarnation += 1
         spec = worker_spec(self.config, worker.local_rank, worker.incarnation,
                            self.restart_count, self._rendezvous_port)
-        spare = self._spares.hand_over(spec, script_argv(self.config),
-                                       self._header(spec, worker.incarnation)) if warm else None
-        if spare is None:
-            worker.child = self._spawn(spec, worker.incarnation)
-        else:
-            worker.child = self._started(spec, spare, worker.incarnation, warm=True)
-        worker.launches += 1
-        worker.transition(WorkerState.RUNNING)
+        try:
+            spare = self._spares.hand_over(spec, script_argv(self.config),
+                                           self._header(spec, worker.incarnation)) if warm else None
+            if spare is None:
+                child = self._spawn(spec, worker.incarnation)
+            else:
+                child = self._started(spec, spare, worker.incarnation, warm=True)
+        except OSError as err:
+            worker.launch_failed(Failure.of_spawn(worker.rank, worker.incarnation, time.time(), err))
+            self._emit("fault", rank=worker.rank, pid=None, incarnation=worker.incarnation,
+                       cause="spawn", error=str(err))
+            return
+        worker.launched(child)
 
     def _start_spare(self, go_fd: int, serial: int) -> Child:
         spec = spare_spec(self.config, go_fd, self.restart_count, self._rendezvous_port)
@@ -226,7 +235,13 @@ class Supervisor:
 
     def _tend_spares(self) -> None:
         """Keep ``--warm_spare`` spares started; one that died idle is replaced, no fault."""
-        self._record_spare_exits(self._spares.tend(), expected=False)
+        try:
+            ended = self._spares.tend()
+        except OSError as err:
+            # Planned again at the next pass; a missing spare only means a cold start.
+            logger.warning("a warm spare could not be started: %s", err)
+            return
+        self._record_spare_exits(ended, expected=False)
 
     def _record_spare_exits(self, ended: list[tuple[Spare, int]], expected: bool) -> None:
         for spare, returncode in ended:
@@ -243,26 +258,6 @@ class Supervisor:
                 abnormal=not (expected or info.succeeded), reason=info.describe())
         return info
 
-    def _kill_declared_dead(self) -> None:
-        """Kill the workers the scheduler declares dead (no heartbeat) or hung (no progress).
-
-        Their exit is then seen like any other death. SIGKILL, because a hung or stopped
-        process may never act on a gentler signal.
-        """
-        now = time.monotonic()
-        if now < self._next_verdicts:
-            return
-        self._next_verdicts = now + VERDICT_INTERVAL
-        running = {w.rank: w for w in self.workers if w.state is WorkerState.RUNNING}
-        for rank, reason in self._control.verdicts().items():
-            worker = running.get(rank)
-            if worker is None or worker.child is None:
-                continue
-            self._emit("hang", rank=rank, pid=worker.pid, incarnation=worker.incarnation,
-                       reason=reason)
-            self._hung.add(rank)
-            worker.child.signal_group(signal.SIGKILL)
-
     def _watch_scheduler(self) -> None:
         """Relaunch a dead scheduler at once, on the same (inherited) socket."""
         child = self._scheduler
@@ -278,152 +273,127 @@ class Supervisor:
                    restart_count=self._scheduler_launches)
         self._start_scheduler()
 
-    def _reap_workers(self) -> list[ExitInfo]:
-        """Record every worker that ended; return the failures, earliest first."""
-        failed = []
+    def _reap_workers(self) -> None:
+        """Record every worker whose process ended; a ``fault`` for each unexpected end."""
         for worker in self.workers:
-            if worker.state is not WorkerState.RUNNING or worker.child is None:
+            if worker.state not in _ALIVE or worker.child is None:
                 continue
             returncode = worker.child.poll()
             if returncode is None:
                 continue
-            info = self._exit_info(Role.WORKER, worker.rank, worker.child, worker.incarnation,
-                                   returncode, expected=False)
-            worker.last_exit = info
-            if info.succeeded:
-                worker.transition(WorkerState.SUCCEEDED)
-            else:
-                worker.transition(WorkerState.FAILED)
-                failed.append(info)
-        return failed
-
-    def _stop_workers(self, sig: int) -> None:
-        """Stop every running worker (signal, grace period, SIGKILL) and record the exits."""
-        running = [w for w in self.workers if w.state is WorkerState.RUNNING and w.child]
-        for worker in running:
-            worker.transition(WorkerState.STOPPING)
-        stop_all([w.child for w in running if w.child], sig, self.config.grace_period)
-        for worker in running:
-            assert worker.child is not None
-            returncode = worker.child.poll()
-            assert returncode is not None
-            worker.last_exit = self._exit_info(Role.WORKER, worker.rank, worker.child,
-                                               worker.incarnation, returncode, expected=True)
-            worker.transition(WorkerState.STOPPED)
-
-    def _shutdown(self, sig: int) -> None:
-        """Stop the workers and the spares, then the scheduler."""
-        self._stop_workers(sig)
-        self._record_spare_exits(self._spares.stop(sig, self.config.grace_period), expected=True)
-        child, self._scheduler = self._scheduler, None
-        if child is not None:
-            stop_all([child], signal.SIGTERM, self.config.grace_period)
-            returncode = child.poll()
-            assert returncode is not None
-            self._exit_info(Role.SCHEDULER, None, child, self._scheduler_launches - 1,
-                            returncode, expected=True)
+            worker.ended(self._exit_info(Role.WORKER, worker.rank, worker.child,
+                                         worker.incarnation, returncode,
+                                         expected=worker.state is WorkerState.STOPPING))
+            if worker.failure is not None and worker.state is WorkerState.FAILED:
+                failure = worker.failure
+                self._emit("fault", rank=failure.rank, pid=failure.pid,
+                           incarnation=failure.incarnation, cause=failure.cause)
 
     # ----------------------------------------------------------------- policy
-    def _handle_failures(self, failed: list[ExitInfo]) -> None:
-        """Emit a ``fault`` per dead worker and choose: relaunch those ranks, or restart all.
+    def _observe(self, now: float) -> JobView:
+        """What the policy needs to see; the only place the loop asks the outside world."""
+        self._take_signal()
+        self._watch_scheduler()
+        self._reap_workers()
+        verdicts = self._verdicts(now) if self._ending is None else {}
+        undecided = [w for w in self.workers if w.state is WorkerState.FAILED
+                     and self._restart_at is None and self._ending is None]
+        unknown = self._learn_registrations(undecided)
+        ranks = tuple(self._rank_view(w, w in undecided, unknown, now) for w in self.workers)
+        return JobView(ranks, self.config.max_restarts, self.config.restart_policy,
+                       self.restart_count, self.relaunches, self._restart_at, self._ending,
+                       self._signal, verdicts)
 
-        Per-rank relaunch needs workers that recover by themselves (the ``recovery``
-        library); with ``--restart_policy=auto`` a worker that registered with the
-        scheduler is taken to be one. The others get torchrun's restart-all.
+    def _rank_view(self, worker: Worker, undecided: bool, unknown: bool,
+                   now: float) -> RankView:
+        node_id = str(worker.rank)
+        registered: bool | None = node_id in self._registered or (None if unknown else False)
+        cooldown_until = (now + self._control.cooldown_left(node_id)
+                          if undecided and registered else 0.0)
+        return RankView(worker.rank, worker.state, worker.deadline, worker.failure, registered,
+                        cooldown_until, worker.hung, worker.relaunch_why)
 
-        Whatever the policy, a rank is not relaunched alone once another rank has
-        finished: it would wait for a generation that can never form (the finished
-        rank's process is gone) until ``--cluster_time_out``. As torchrun does with a
-        group in which one worker failed, the whole group is restarted instead, and
-        resumes from its checkpoints (docs/recovery.md).
-        """
-        registered = self._registered_nodes(failed)
-        for failure in failed:
-            cause = "hang" if failure.rank in self._hung else (
-                failure.signal_name or f"exit code {failure.returncode}")
-            self._hung.discard(failure.rank)  # type: ignore[arg-type]
-            self._emit("fault", rank=failure.rank, pid=failure.pid,
-                       incarnation=failure.incarnation, cause=cause)
-        policy = self.config.restart_policy
-        per_rank = policy == "rank" or (
-            policy == "auto" and all(str(f.rank) in registered for f in failed))
-        finished = [w.rank for w in self.workers if w.state is WorkerState.SUCCEEDED]
-        if per_rank and not finished:
-            self._schedule_relaunches(failed)
-            return
-        why = "; ".join(f"rank {f.rank} {f.describe()}" for f in failed)
-        if per_rank:
-            why += f" after ranks {finished} finished: a relaunched rank could not rejoin them"
-        self._schedule_restart_all(failed, registered, why)
+    def _verdicts(self, now: float) -> dict[int, str]:
+        """The workers the scheduler declares dead (no heartbeat) or hung (no progress),
+        asked at most every :data:`VERDICT_INTERVAL`."""
+        if now < self._next_verdicts:
+            return {}
+        self._next_verdicts = now + VERDICT_INTERVAL
+        return self._control.verdicts()
 
-    def _registered_nodes(self, failed: list[ExitInfo]) -> set[str]:
-        """The node ids that registered with the scheduler, the ``failed`` ones included
-        if they did.
+    def _learn_registrations(self, failed: list[Worker]) -> bool:
+        """Ask the scheduler which node ids registered, when a failed one is not known to.
 
         A node id that registered once stays capable (every incarnation runs the same
-        script). A scheduler slowed down by a loaded host may not answer at once: while
-        its process runs it is asked again, up to :data:`_STATUS_WAIT` seconds, rather
-        than taking no answer for "nobody registered" and restarting every worker.
+        script). True when the answer is still unknown: the scheduler process runs but
+        did not answer (the policy then waits up to ``STATUS_WAIT`` rather than taking
+        no answer for "nobody registered" and restarting every worker).
         """
-        deadline = time.monotonic() + _STATUS_WAIT
-        while not {str(f.rank) for f in failed} <= self._registered:
-            status = self._control.status()
-            if status is not None:
-                self._registered |= {str(m["node_id"]) for m in status["members"]}
-                break
-            if self._scheduler is None or self._scheduler.poll() is not None \
-                    or time.monotonic() > deadline:
-                break
-            time.sleep(_STATUS_RETRY_PAUSE)
-        return self._registered
+        if all(str(w.rank) in self._registered for w in failed):
+            return False
+        status = self._control.status()
+        if status is not None:
+            self._registered |= {str(m["node_id"]) for m in status["members"]}
+            return False
+        return self._scheduler is not None and self._scheduler.poll() is None
 
-    def _cooldown(self, failed: list[ExitInfo], registered: set[str]) -> float:
-        """Seconds to wait before the dead workers' node ids may register again.
-
-        Only a node id that registered has a registration to refuse: a plain torchrun
-        script restarts at once, as under torchrun.
-        """
-        return max((self._control.cooldown_left(str(f.rank)) for f in failed
-                    if str(f.rank) in registered), default=0.0)
-
-    def _schedule_relaunches(self, failed: list[ExitInfo]) -> None:
-        """Per-rank recovery: the survivors keep running; each dead rank waits its cooldown."""
-        for failure in failed:
-            worker = next(w for w in self.workers if w.rank == failure.rank)
-            worker.transition(WorkerState.COOLDOWN)
-            worker.cooldown_until = time.time() + self._cooldown([failure], {str(failure.rank)})
-            worker.relaunch_why = f"rank {failure.rank} {failure.describe()}"
-
-    def _launch_due(self) -> None:
-        """Start what waited out its cooldown: the whole group, or single ranks."""
-        now = time.time()
-        if self._restart_at is not None:
-            if now >= self._restart_at:
-                self._restart_all()
+    def _take_signal(self) -> None:
+        try:
+            signum = self._signals.get_nowait()
+        except queue.Empty:
             return
-        for worker in self.workers:
-            if worker.state is WorkerState.COOLDOWN and now >= worker.cooldown_until:
+        if self._signal is None:
+            self._signal = signum
+
+    def _carry_out(self, action: Action, now: float) -> None:
+        """Do what the policy decided; the state moves go through ``Worker.transition``."""
+        match action:
+            case Hang(rank, reason):
+                worker = self._worker(rank)
+                assert worker.child is not None
+                self._emit("hang", rank=rank, pid=worker.pid, incarnation=worker.incarnation,
+                           reason=reason)
+                worker.hung = True
+                # SIGKILL: a hung or stopped process may never act on a gentler signal.
+                worker.child.signal_group(signal.SIGKILL)
+            case ScheduleRelaunch(rank, at, why):
+                worker = self._worker(rank)
+                worker.transition(WorkerState.COOLDOWN, deadline=at)
+                worker.relaunch_why = why
+            case Relaunch(rank):
+                worker = self._worker(rank)
                 self.relaunches += 1
                 self._emit("restart", what="rank", why=worker.relaunch_why,
-                           restart_count=self.restart_count + self.relaunches,
-                           ranks=[worker.rank])
+                           restart_count=self.restart_count + self.relaunches, ranks=[rank])
                 self._launch(worker, warm=True)
+            case RestartAll(at, why):
+                self._restart_at, self._restart_why = at, why
+                self._stop_workers(now)
+            case StartAll():
+                self._restart_all()
+            case Stop(status, reason):
+                self._end(Ending(status, reason), now)
+            case GiveUp(failure, reason):
+                self._end(Ending(failure.exit_status, reason, failure), now)
+            case Kill(rank):
+                child = self._worker(rank).child
+                assert child is not None
+                child.signal_group(signal.SIGKILL)
+            case Close():
+                self._close()
 
-    def _schedule_restart_all(self, failed: list[ExitInfo], registered: set[str],
-                              why: str) -> None:
-        """torchrun's policy: restart everyone (scripts that do not use ``recovery``, or a
-        rank that died after another finished).
+    def _worker(self, rank: int) -> Worker:
+        return next(w for w in self.workers if w.rank == rank)
 
-        Every other worker is stopped now; the restart waits out the re-registration
-        cooldown of the dead workers' node ids, which the scheduler keeps, while the loop
-        goes on watching (and the live view counts it down).
-        """
-        self._stop_workers(signal.SIGTERM)
-        self._restart_at = time.time() + self._cooldown(failed, registered)
-        self._restart_why = why
+    def _stop_workers(self, now: float) -> None:
+        """SIGTERM every running worker (STOPPING until its grace period ends, then the
+        policy SIGKILLs it); withdraw every relaunch waiting in COOLDOWN."""
         for worker in self.workers:
-            worker.transition(WorkerState.COOLDOWN)
-            worker.cooldown_until = self._restart_at
+            if worker.state is WorkerState.RUNNING and worker.child is not None:
+                worker.transition(WorkerState.STOPPING, deadline=now + self.config.grace_period)
+                worker.child.signal_group(signal.SIGTERM)
+            elif worker.state is WorkerState.COOLDOWN:
+                worker.transition(WorkerState.STOPPED)
 
     def _restart_all(self) -> None:
         self._restart_at = None
@@ -432,30 +402,85 @@ class Supervisor:
                    restart_count=self.restart_count, ranks=[w.rank for w in self.workers])
         self._start_workers()
 
-    def _give_up(self, failure: ExitInfo) -> int:
-        """The budget is spent: stop everything and exit with the failing rank's status."""
-        self._shutdown(signal.SIGTERM)
-        return self._finish(
-            failure.exit_status,
-            f"rank {failure.rank} {failure.describe()}; restart budget "
-            f"({self.config.max_restarts}) spent",
-            failing=failure)
+    def _end(self, ending: Ending, now: float) -> None:
+        """The job ends: stop the workers; the spares and the scheduler follow (Close)."""
+        self._ending, self._restart_at = ending, None
+        self._stop_workers(now)
 
-    def _finish(self, status: int, reason: str, failing: ExitInfo | None = None) -> int:
-        self._emit("job_end", exitcode=status, reason=reason, restarts=self.restart_count,
-                   relaunches=self.relaunches)
+    def _close(self) -> None:
+        """Stop the idle spares and the scheduler, once no worker is left to need it."""
+        if self._closing is not None:
+            return
+        self._closing_spares = self._spares.retire_all()
+        self._closing_scheduler, self._scheduler = self._scheduler, None
+        children = [s.child for s in self._closing_spares]
+        if self._closing_scheduler is not None:
+            children.append(self._closing_scheduler)
+        self._closing = Stopping(children, signal.SIGTERM, self.config.grace_period)
+
+    def _record_closed(self) -> None:
+        """Record the exits of the spares and the scheduler that were stopped."""
+        self._record_spare_exits([(s, s.child.popen.returncode) for s in self._closing_spares],
+                                 expected=True)
+        self._closing_spares = []
+        child, self._closing_scheduler = self._closing_scheduler, None
+        if child is not None:
+            self._exit_info(Role.SCHEDULER, None, child, self._scheduler_launches - 1,
+                            child.popen.returncode, expected=True)
+
+    def _stop_on_error(self, error: Exception) -> int:
+        """The loop raised: stop every process in order anyway, then end the job.
+
+        SIGTERM, grace period, SIGKILL, as on any stop, so that the workers get their
+        chance to save last words: the workers and the spares first, then the scheduler
+        (which the workers' last words need). ``job_end`` says why. The traceback goes to
+        tftrun's log for the bug report; tftrun exits with :data:`EXIT_SUPERVISOR_ERROR`.
+        """
+        logger.error("internal error; stopping every process in order", exc_info=error)
+        failing = self._ending.failing if self._ending is not None else None
+        self._ending = Ending(EXIT_SUPERVISOR_ERROR,
+                              f"supervisor error: {type(error).__name__}: {error}", failing)
+        with suppress(Exception):
+            self._stop_everything_now()
+        return self._finish()
+
+    def _stop_everything_now(self) -> None:
+        """The blocking stop of the error path: workers and spares, then the scheduler."""
+        running = [w for w in self.workers if w.child is not None and w.child.poll() is None]
+        self._closing_spares += self._spares.retire_all()
+        stop_all([*(w.child for w in running if w.child),
+                  *(s.child for s in self._closing_spares)],
+                 signal.SIGTERM, self.config.grace_period)
+        for worker in running:
+            assert worker.child is not None
+            worker.last_exit = self._exit_info(Role.WORKER, worker.rank, worker.child,
+                                               worker.incarnation, worker.child.popen.returncode,
+                                               expected=True)
+        if self._scheduler is not None:
+            self._closing_scheduler, self._scheduler = self._scheduler, None
+        if self._closing_scheduler is not None:
+            stop_all([self._closing_scheduler], signal.SIGTERM, self.config.grace_period)
+        self._record_closed()
+
+    def _finish(self) -> int:
+        """Emit ``job_end`` and print the summary; tftrun's exit status."""
+        ending = self._ending
+        assert ending is not None
+        self._emit("job_end", exitcode=ending.status, reason=ending.reason,
+                   restarts=self.restart_count, relaunches=self.relaunches)
         self._refresh()
         self.view.close()
         rows = [SummaryRow(w.rank, w.pid, w.last_exit.describe() if w.last_exit else w.state.value,
                            w.restarts) for w in self.workers]
+        failing = ending.failing
         if failing is None:
             print_summary(rows, None, [], None)
         else:
             log = self.config.log_dir / f"worker_{failing.rank}.log"
-            root_cause = read_error_file(error_file(self.config, failing.rank or 0))
-            print_summary(rows, f"rank {failing.rank} (pid {failing.pid}) {failing.describe()}",
+            root_cause = read_error_file(error_file(self.config, failing.rank))
+            print_summary(rows, f"rank {failing.rank} (pid {failing.pid}) {failing.reason}",
                           last_lines(log, SUMMARY_LOG_LINES), root_cause)
-        return status
+        return ending.status
 
     def _refresh(self) -> None:
         if not self.view.wants_rows:
@@ -465,8 +490,10 @@ class Supervisor:
                 (last_lines(self.config.log_dir / f"worker_{w.rank}.log", 1) or [""])[0])
             for w in self.workers])
 
-    @staticmethod
-    def _state_text(worker: Worker) -> str:
-        if worker.state is WorkerState.COOLDOWN:
-            return f"cooldown {max(0.0, worker.cooldown_until - time.time()):.0f}s"
+    def _state_text(self, worker: Worker) -> str:
+        """The live view's state; a relaunch or a group restart counts its wait down."""
+        due = worker.deadline if worker.state is WorkerState.COOLDOWN else (
+            self._restart_at if worker.state is not WorkerState.STOPPING else None)
+        if due is not None:
+            return f"cooldown {max(0.0, due - time.time()):.0f}s"
         return worker.state.value

@@ -31,6 +31,7 @@ from recovery import env as names
 from recovery import group
 from recovery.abort import Aborted, ShouldAbort, never
 from recovery.env import WorkerEnv
+from recovery.exit_codes import REGISTRATION_REFUSED
 from recovery.heartbeat import Heartbeat
 from recovery.inject import Injection
 from recovery.membership import Identity, describe_incomplete
@@ -59,6 +60,16 @@ _GENERATION_POLL = 0.05
 
 class ClusterError(RuntimeError):
     """This worker could not join the cluster (refused, or the cluster never completed)."""
+
+
+class RegistrationRefused(ClusterError, SystemExit):
+    """The scheduler refused this worker for good. Uncaught, it ends the process with
+    status :data:`recovery.exit_codes.REGISTRATION_REFUSED`, which tells tftrun that no
+    restart can fix it (its message is logged before it is raised)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.code = REGISTRATION_REFUSED
 
 
 @dataclass
@@ -297,9 +308,10 @@ def init(backend: str | None = None, timeout: timedelta | None = None) -> Cluste
         return: the process runs the scheduler and exits.
 
     Raises:
-        ClusterError: the registration was refused for good (wrong token, rank beyond
-            ``worker_num``, ...), or the cluster did not complete within
-            ``cluster_time_out``.
+        RegistrationRefused: a :class:`ClusterError`: the registration was refused for
+            good (wrong token, rank beyond ``worker_num``, ...); uncaught, the process
+            exits 77 (recovery/exit_codes.py).
+        ClusterError: the cluster did not complete within ``cluster_time_out``.
     """
     worker_env = WorkerEnv.from_env()
     if worker_env.is_scheduler:
@@ -384,7 +396,7 @@ def _register(link: SchedulerLink, identity: Identity, deadline: float) -> dict[
         message = f"registration refused ({reply.get('reason')}): {reply.get('message')}"
         if reply.get("retry_after") is None:
             logger.error("%s", message)
-            raise ClusterError(message)
+            raise RegistrationRefused(message)
         said = _say_once(said, message + "; retrying")
         time.sleep(min(float(reply["retry_after"]), max(deadline - time.monotonic(), 0.0)))
     message = f"not admitted within cluster_time_out: {said or 'no answer'}"

@@ -6,19 +6,25 @@ SIGUSR2 to any worker makes every worker finish after the same step (the flag tr
 in the step's all_reduce). With ``--rejoin``, a worker whose peer died waits for the
 generation the scheduler forms with the peer's replacement and goes on in it. With
 ``--linger-rank R``, rank R of the first launch stays up after the last step until it is
-killed (at most a minute), so that it dies after every other worker finished.
+killed (at most a minute), so that it dies after every other worker finished. With
+``--teardown R:CODE:DELAY`` (repeatable), rank R of the first launch waits DELAY seconds
+after its last step and exits CODE at once (``os._exit``: a crash in its teardown).
+With ``--wrong-token-rank R``, rank R registers with a wrong job token (refused for good).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
+import sys
 import time
 
 import torch
 import torch.distributed as dist
 
 import recovery
+from recovery import env as names
 from recovery.env import WorkerEnv
 
 LINGER = 60.0
@@ -41,7 +47,11 @@ def main() -> None:
     parser.add_argument("--step-time", type=float, default=0.05)
     parser.add_argument("--rejoin", action="store_true")
     parser.add_argument("--linger-rank", type=int, default=-1)
+    parser.add_argument("--teardown", action="append", default=[], metavar="R:CODE:DELAY")
+    parser.add_argument("--wrong-token-rank", type=int, default=-1)
     args = parser.parse_args()
+    if WorkerEnv.from_env().rank == args.wrong_token_rank:
+        os.environ[names.TFT_JOB_TOKEN] = "not-this-job"
     ctx = recovery.init()
     print(f"rank {ctx.rank} of {ctx.world_size} in generation {ctx.generation}", flush=True)
     stall: list[bool] = []
@@ -69,9 +79,16 @@ def main() -> None:
         time.sleep(args.step_time)
     print(f"rank {ctx.rank} finished at step {step}", flush=True)
     dist.destroy_process_group()
-    if ctx.rank == args.linger_rank and WorkerEnv.from_env().restart_count == 0:
+    first_launch = WorkerEnv.from_env().restart_count == 0
+    if ctx.rank == args.linger_rank and first_launch:
         print(f"rank {ctx.rank} lingers", flush=True)
         time.sleep(LINGER)
+    for rank, code, delay in (spec.split(":") for spec in args.teardown):
+        if int(rank) == ctx.rank and first_launch:
+            time.sleep(float(delay))
+            print(f"rank {ctx.rank} exits {code} in its teardown", flush=True)
+            sys.stdout.flush()
+            os._exit(int(code))
 
 
 if __name__ == "__main__":
