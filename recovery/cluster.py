@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from recovery import env as names
 from recovery import group
@@ -52,6 +52,18 @@ _LEAVE_WAIT = 2.0
 _RETRY_PAUSE = 0.1
 _REJOIN_POLL = 0.1
 _RETIRED_GROUP_WAIT = 5.0
+_LINK_CLOSE_WAIT = 2.0
+
+
+def _exit_now(abnormal: bool, why: str) -> NoReturn:
+    """End the process now, without finalizing the interpreter: ``why`` names a thread
+    still blocked in torch, which makes the C++ runtime abort a normal exit. Status 0, or
+    1 after an uncaught exception."""
+    logger.warning("%s; exiting without waiting for it", why)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1 if abnormal else 0)
 
 
 class ClusterError(RuntimeError):
@@ -235,17 +247,16 @@ class ClusterContext:
             session.heartbeat.beat()
         return session.heartbeat.generation
 
-    def _finish_at_exit(self) -> None:
+    def _finish_at_exit(self, link: SchedulerLink) -> None:
+        """Finish, then end the process at once if a thread is still blocked in torch:
+        exiting normally would abort in the C++ runtime (recovery/group.py, recovery/rpc.py)."""
         abnormal = self._failed
         self.finish(abnormal, "uncaught exception" if abnormal else "finished")
         if group.exit_blocked(_RETIRED_GROUP_WAIT):
-            # Exiting normally would abort in the C++ runtime (recovery/group.py).
-            logger.warning("an old process group is still blocked on a peer; exiting "
-                           "without waiting for it")
-            logging.shutdown()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(1 if abnormal else 0)
+            _exit_now(abnormal, "an old process group is still blocked on a peer")
+        if not link.wait_closed(_LINK_CLOSE_WAIT):
+            _exit_now(abnormal, f"the scheduler at {link.where} is down and a connection to "
+                                "it is still being made")
 
     def _note_uncaught(self, hook: Any) -> Any:
         def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
@@ -330,7 +341,7 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None) -> Clu
                          identity.node_id, identity.incarnation, backend,
                          _Session(link, heartbeat, timeouts, timeout))
     sys.excepthook = ctx._note_uncaught(sys.excepthook)
-    atexit.register(ctx._finish_at_exit)
+    atexit.register(ctx._finish_at_exit, link)
     ctx._init_group(generation, deadline)
     return ctx
 
