@@ -102,6 +102,8 @@ class ClusterContext:
         self.incarnation = incarnation
         self.backend = backend
         self._session = session
+        # Kept after finish(): the exit path checks that its connecting thread has ended.
+        self._link = session.link if session is not None else None
         self._failed = False
 
     def report_step(self, step: int) -> None:
@@ -247,16 +249,16 @@ class ClusterContext:
             session.heartbeat.beat()
         return session.heartbeat.generation
 
-    def _finish_at_exit(self, link: SchedulerLink) -> None:
+    def _finish_at_exit(self) -> None:
         """Finish, then end the process at once if a thread is still blocked in torch:
         exiting normally would abort in the C++ runtime (recovery/group.py, recovery/rpc.py)."""
         abnormal = self._failed
         self.finish(abnormal, "uncaught exception" if abnormal else "finished")
         if group.exit_blocked(_RETIRED_GROUP_WAIT):
             _exit_now(abnormal, "an old process group is still blocked on a peer")
-        if not link.wait_closed(_LINK_CLOSE_WAIT):
-            _exit_now(abnormal, f"the scheduler at {link.where} is down and a connection to "
-                                "it is still being made")
+        if self._link is not None and not self._link.wait_closed(_LINK_CLOSE_WAIT):
+            _exit_now(abnormal, f"the scheduler at {self._link.where} is down and a "
+                                "connection to it is still being made")
 
     def _note_uncaught(self, hook: Any) -> Any:
         def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
@@ -341,7 +343,7 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None) -> Clu
                          identity.node_id, identity.incarnation, backend,
                          _Session(link, heartbeat, timeouts, timeout))
     sys.excepthook = ctx._note_uncaught(sys.excepthook)
-    atexit.register(ctx._finish_at_exit, link)
+    atexit.register(ctx._finish_at_exit)
     ctx._init_group(generation, deadline)
     return ctx
 
