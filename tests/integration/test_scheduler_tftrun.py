@@ -63,8 +63,8 @@ def test_workers_that_finish_while_the_scheduler_is_down_exit_0_in_their_first_p
     """
     log_dir, gate = tmp_path / "down", tmp_path / "gate"
     gate.mkdir()
-    env = {**os.environ, "FINALIZATION_GATE": str(gate),
-           "PYTHONPATH": os.pathsep.join([str(FINALIZATION_GATE), os.environ.get("PYTHONPATH", "")])}
+    path = os.pathsep.join([str(FINALIZATION_GATE), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "FINALIZATION_GATE": str(gate), "PYTHONPATH": path}
     tftrun = spawn(mnist_job(tmp_path, "down", free_port), env=env)
     relaunched = None
     try:
@@ -90,9 +90,10 @@ def test_workers_that_finish_while_the_scheduler_is_down_exit_0_in_their_first_p
             os.kill(relaunched, signal.SIGCONT)
     try:
         stdout, stderr = tftrun.communicate(timeout=60)
-        exits = [(e["rank"], e.get("exitcode"), e.get("signal"))
-                 for e in events(log_dir, "exit") if e["role"] == "worker"]
-        assert sorted(exits, key=lambda exit: exit[0]) == [(rank, 0, None) for rank in range(WORKERS)], \
+        exits = sorted(((e["rank"], e.get("exitcode"), e.get("signal"))
+                        for e in events(log_dir, "exit") if e["role"] == "worker"),
+                       key=lambda exit: exit[0])
+        assert exits == [(rank, 0, None) for rank in range(WORKERS)], \
             f"worker exits (rank, exitcode, signal): {exits}\n{stdout}{stderr}"
         assert tftrun.returncode == 0, stdout + stderr
         assert final_digests(log_dir) == mnist_reference
