@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from recovery import env as names
 from recovery import group
@@ -56,6 +56,7 @@ _REJOIN_POLL = 0.1
 _RETIRED_GROUP_WAIT = 5.0
 _GENERATION_POLL = 0.05
 """Seconds between two looks at whether the generation a worker waits for is formed."""
+_LINK_CLOSE_WAIT = 2.0
 
 
 class ClusterError(RuntimeError):
@@ -104,6 +105,8 @@ class ClusterContext:
         self.incarnation = incarnation
         self.backend = backend
         self._session = session
+        # Kept after finish(): the exit path checks that its connecting thread has ended.
+        self._link = session.link if session is not None else None
         self._failed = False
         self.stop_status: int | None = None
         """128 + N when a stop signal N ends this process (set by the trainer)."""
@@ -268,6 +271,8 @@ class ClusterContext:
         return session.heartbeat.generation
 
     def _finish_at_exit(self) -> None:
+        """Finish, then end the process at once if a thread is still blocked in torch:
+        exiting normally would abort in the C++ runtime (recovery/group.py, recovery/rpc.py)."""
         abnormal = self._failed
         self.finish(abnormal, "uncaught exception" if abnormal else "finished")
         if self.stop_status is not None and not abnormal:
@@ -277,9 +282,11 @@ class ClusterContext:
             _exit_now(self.stop_status)
         if group.exit_blocked(_RETIRED_GROUP_WAIT):
             # Exiting normally would abort in the C++ runtime (recovery/group.py).
-            logger.warning("an old process group is still blocked on a peer; exiting "
-                           "without waiting for it")
-            _exit_now(1 if abnormal else 0)
+            _exit_abandoning(abnormal, "an old process group is still blocked on a peer")
+        if self._link is not None and not self._link.wait_closed(_LINK_CLOSE_WAIT):
+            # So would a scheduler link still inside torch's store constructor (rpc.py).
+            _exit_abandoning(abnormal, f"the scheduler at {self._link.where} is down and a "
+                                       "connection to it is still being made")
 
     def _note_uncaught(self, hook: Any) -> Any:
         def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
@@ -288,12 +295,19 @@ class ClusterContext:
         return excepthook
 
 
-def _exit_now(status: int) -> None:
+def _exit_now(status: int) -> NoReturn:
     """End the process with ``status`` without the interpreter's teardown."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
+
+
+def _exit_abandoning(abnormal: bool, why: str) -> NoReturn:
+    """End the process now: ``why`` names a thread still blocked in torch, which makes the
+    C++ runtime abort a normal exit. Status 0, or 1 after an uncaught exception."""
+    logger.warning("%s; exiting without waiting for it", why)
+    _exit_now(1 if abnormal else 0)
 
 
 def init(backend: str | None = None, timeout: timedelta | None = None) -> ClusterContext:

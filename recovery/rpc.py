@@ -21,7 +21,10 @@ reconnects (every call fails fast with ``DistNetworkError``), so :class:`Schedul
 drops it and builds a new one in a background thread. A new client blocks, ignoring its
 timeout, while the port is listening but nobody serves it (tftrun keeps the scheduler's
 socket open across its relaunch), and logs a C++ stack trace for every refused connect:
-hence the thread, and a plain socket probe before each attempt.
+hence the thread, and a plain socket probe before each attempt. Nothing interrupts that
+block, and a thread that comes back from it while the interpreter is finalizing aborts
+the process (``terminate called without an active exception``): see
+:meth:`SchedulerLink.wait_closed`.
 """
 
 from __future__ import annotations
@@ -209,6 +212,20 @@ class SchedulerLink:
             self._client = None
             self._connected.clear()
 
+    def wait_closed(self, timeout: float) -> bool:
+        """After :meth:`close`, wait up to ``timeout`` seconds for the connecting thread to end.
+
+        False when it is still blocked making a client: it comes back only once the
+        scheduler serves its port again, and if that happens while the interpreter is
+        finalizing, the C++ runtime aborts the process. A process about to exit must then
+        leave with ``os._exit``. A thread not blocked there ends within a probe's timeout.
+        """
+        with self._connector_lock:
+            connector = self._connector
+        if connector is not None:
+            connector.join(timeout)
+        return connector is None or not connector.is_alive()
+
     def _drop(self) -> None:
         """Forget a broken client (it never recovers) and start making a new one."""
         self._client = None
@@ -245,7 +262,7 @@ class SchedulerLink:
     def _open(self) -> Any:
         from torch.distributed import DistError
 
-        if not port_open(self.host, self.port):
+        if not port_open(self.host, self.port) or self._closed.is_set():
             return None
         try:
             return open_client(self.host, self.port, self._reply_timeout)

@@ -1,4 +1,5 @@
-"""The scheduler under tftrun: its kill -9 restarts no worker and the job finishes."""
+"""The scheduler under tftrun: its kill -9 restarts no worker and the job finishes, even
+when the workers finish while it is down."""
 
 from __future__ import annotations
 
@@ -8,9 +9,16 @@ from pathlib import Path
 
 import pytest
 from sched_cluster import SCRIPT
-from support import events, spawn, terminate, tftrun_cmd, wait_for, wait_for_event
+from support import (
+    BIN, events, log_has, pid_gone, spawn, spawned_pids, terminate, tftrun_cmd, wait_for,
+    wait_for_event,
+)
+from support_mnist import WORKERS, final_digests, mnist_job
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(240)
+
+FINALIZATION_GATE = BIN / "finalization_gate"
+"""Holds a worker's interpreter in its finalization until a test lets it go."""
 
 
 def test_kill_9_of_the_scheduler_under_tftrun_restarts_no_worker_and_the_job_finishes(
@@ -38,5 +46,58 @@ def test_kill_9_of_the_scheduler_under_tftrun_restarts_no_worker_and_the_job_fin
         assert [e["what"] for e in events(log_dir, "restart")] == ["scheduler"]
         finished = {e["pid"] for e in events(log_dir, "leave") if e["state"] == "finished"}
         assert finished == set(workers.values())
+    finally:
+        terminate(tftrun)
+
+
+def test_workers_that_finish_while_the_scheduler_is_down_exit_0_in_their_first_process(
+        tmp_path: Path, free_port: int, mnist_reference: dict[int, str]) -> None:
+    """The main job's workers finish between a kill -9 of the scheduler and its relaunch:
+    each exits 0 in its first process, and the job ends as a fault-free one.
+
+    The relaunched scheduler is held stopped (SIGSTOP: its port listens and nobody serves
+    it, as while it imports torch) until every worker has exited or is finalizing its
+    interpreter, where tests/bin/finalization_gate holds it until the scheduler is up. That
+    is the moment the chaos test's kill_scheduler trial met by chance, when every worker
+    aborted with "terminate called without an active exception".
+    """
+    log_dir, gate = tmp_path / "down", tmp_path / "gate"
+    gate.mkdir()
+    path = os.pathsep.join([str(FINALIZATION_GATE), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "FINALIZATION_GATE": str(gate), "PYTHONPATH": path}
+    tftrun = spawn(mnist_job(tmp_path, "down", free_port), env=env)
+    relaunched = None
+    try:
+        wait_for(lambda: tftrun.poll() is None and log_has(log_dir, 0, "step=50 "), 120,
+                 "rank 0 at step 50 of 80")
+        workers = list(spawned_pids(log_dir).values())
+        os.kill(spawned_pids(log_dir, "scheduler")[None], signal.SIGKILL)
+        relaunched = wait_for(lambda: [e["pid"] for e in events(log_dir, "spawn")
+                                       if e["role"] == "scheduler"][1:], 60,
+                              "the scheduler relaunched")[0]
+        os.kill(relaunched, signal.SIGSTOP)
+        assert len(events(log_dir, "scheduler_start")) == 1, "the relaunch was up before SIGSTOP"
+        wait_for(lambda: all(pid_gone(pid) or (gate / f"{pid}.finalizing").exists()
+                             for pid in workers), 30,
+                 "every worker ended or finalizing while the scheduler is down")
+        os.kill(relaunched, signal.SIGCONT)
+        wait_for(lambda: all(pid_gone(pid) for pid in workers)
+                 or events(log_dir, "scheduler_start")[1:], 60,
+                 "the relaunched scheduler up, or every worker gone")
+    finally:
+        (gate / "go").touch()
+        if relaunched is not None and not pid_gone(relaunched):
+            os.kill(relaunched, signal.SIGCONT)
+    try:
+        stdout, stderr = tftrun.communicate(timeout=60)
+        exits = sorted(((e["rank"], e.get("exitcode"), e.get("signal"))
+                        for e in events(log_dir, "exit") if e["role"] == "worker"),
+                       key=lambda exit: exit[0])
+        assert exits == [(rank, 0, None) for rank in range(WORKERS)], \
+            f"worker exits (rank, exitcode, signal): {exits}\n{stdout}{stderr}"
+        assert tftrun.returncode == 0, stdout + stderr
+        assert final_digests(log_dir) == mnist_reference
+        for rank in range(WORKERS):
+            assert not log_has(log_dir, rank, "terminate called"), f"worker_{rank}.log"
     finally:
         terminate(tftrun)
