@@ -176,7 +176,9 @@ class ElasticTrainer:
         ctx: what :func:`recovery.init` returned.
         model: the model (its parameters' gradients are averaged in one fixed layout).
         optimizer: its optimizer (wrapped to report its phase).
-        saver: the checkpoint saver of this rank (it decides when to save).
+        saver: the checkpoint saver of this rank (it decides when to save); given a
+            :class:`~recovery.rng.GlobalRngState` if it has no ``rng``, so that every
+            restore puts the generators back as the step left them.
         sampler: the resumable sampler that orders this rank's data.
         lr_scheduler: the LR scheduler, if any (restored with the rest).
         resume: start from the newest state every rank can reach, as after a failure
