@@ -32,9 +32,9 @@ from recovery.durable import fsync_dir, remove_stale_temps, write_atomic
 from recovery.env import WorkerEnv
 from recovery.lineage import job_lineage
 from recovery.manifest import CheckpointEntry, CheckpointError, CheckpointKind, Manifest
-from recovery.restore import FORMAT, FORMAT_VERSION, ResumePoint, TrainPosition, job_rank_and_world_size, resume
-from recovery.rng import capture_rng_state
-from recovery.sampler import ResumableDistributedSampler
+from recovery.position import TrainPosition
+from recovery.restore import FORMAT, FORMAT_VERSION, ResumePoint, job_rank_and_world_size, resume
+from recovery.stateful import Stateful
 
 __all__ = ["CheckpointConfig", "CheckpointSaver", "write_checkpoint"]
 
@@ -190,8 +190,8 @@ def write_checkpoint(
     """
     digest = write_atomic(directory / name, lambda file: torch.save(state, file))
     entry = CheckpointEntry(
-        name, position.epoch, position.step, position.global_step, state["rank"], state["world_size"],
-        digest.size, digest.sha256, time.time(), lineage=state.get("lineage"), kind=kind,
+        name, *position, state["rank"], state["world_size"], digest.size, digest.sha256, time.time(),
+        lineage=state.get("lineage"), kind=kind,
     )
     stale = keep({**manifest.entries(), name: entry}.values())
     manifest.add(entry, remove=stale)
@@ -265,8 +265,13 @@ class CheckpointSaver:
             directory writes ``<prefix>_<n>-...`` instead (MindSpore's rule).
         directory: this rank's checkpoint directory; by default
             ``<recovery path>/checkpoints/rank_<rank>`` (``MS_RECOVERY_PATH``).
-        sampler: the resumable sampler whose seed and batch size are recorded with the
-            data position, and which :meth:`resume` puts back at that position.
+        sampler: the sampler whose state (a ``ResumableDistributedSampler``'s seed and
+            batch size) is recorded with the data position, and which :meth:`resume`
+            puts back at that position; any :class:`~recovery.stateful.Stateful`.
+        rng: the random generators to record and restore: pass
+            ``recovery.GlobalRngState()`` for python's, numpy's and torch's global ones
+            (:class:`~recovery.elastic.ElasticTrainer` gives its saver one if it has
+            none); any :class:`~recovery.stateful.Stateful`. ``None``: no RNG state.
         lineage: the job's lineage, stamped into every checkpoint; by default the one
             tftrun passed (``TFT_LINEAGE``), else the recovery path's
             (:func:`recovery.lineage.job_lineage`). :meth:`resume` considers only its
@@ -282,13 +287,15 @@ class CheckpointSaver:
         config: CheckpointConfig | None = None,
         prefix: str = "checkpoint",
         directory: str | os.PathLike[str] | None = None,
-        sampler: ResumableDistributedSampler | None = None,
+        sampler: Stateful | None = None,
+        rng: Stateful | None = None,
         lineage: str | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
         self.sampler = sampler
+        self.rng = rng
         self.config = config or CheckpointConfig()
         self.rank, self.world_size = job_rank_and_world_size()
         self.lineage = lineage or job_lineage()
@@ -298,8 +305,7 @@ class CheckpointSaver:
         self.directory.mkdir(parents=True, exist_ok=True)
         remove_stale_temps(self.directory)
         self.manifest = Manifest(self.directory)
-        layout.checkpoint_name(prefix, 0, 0)  # rejects a bad prefix now rather than at the first save
-        self.prefix = layout.run_prefix(prefix, [*os.listdir(self.directory), *self.manifest.entries()])
+        self.prefix = layout.run_prefix(layout.check_prefix(prefix), [*os.listdir(self.directory), *self.manifest.entries()])
         self._writer = _AsyncWriter() if self.config.async_save else None
         self._host: dict[str, Any] | None = None  # the last async snapshot, reused as buffers
         self._last_saved: int | None = None
@@ -323,7 +329,7 @@ class CheckpointSaver:
         self._raise_writer_error()
         every = self.config.save_checkpoint_steps
         if every and global_step % every == 0:
-            return self.save(epoch, step, global_step)
+            return self.save(TrainPosition(epoch, step, global_step))
         return None
 
     def epoch_end(self, epoch: int, step: int, global_step: int) -> Path | None:
@@ -334,7 +340,7 @@ class CheckpointSaver:
         self._raise_writer_error()
         every = self.config.save_checkpoint_epochs
         if every and epoch % every == 0 and global_step != self._last_saved:
-            return self.save(epoch, step, global_step)
+            return self.save(TrainPosition(epoch, step, global_step))
         return None
 
     def train_end(self, epoch: int, step: int, global_step: int) -> Path | None:
@@ -343,20 +349,19 @@ class CheckpointSaver:
         Arguments, return value and errors as for :meth:`step_end`; the write is finished
         when it returns.
         """
-        saved = None if global_step == self._last_saved else self.save(epoch, step, global_step)
+        saved = None if global_step == self._last_saved else self.save(TrainPosition(epoch, step, global_step))
         self.close()
         return saved
 
-    def save(self, epoch: int, step: int, global_step: int) -> Path:
-        """Save a checkpoint of the current state now.
+    def save(self, position: TrainPosition) -> Path:
+        """Save a checkpoint of the current state, the result of ``position``, now.
 
-        Arguments and errors as for :meth:`step_end`.
+        Errors as for :meth:`step_end`.
 
         Returns:
             The checkpoint's path (with ``async_save``, the write may still be going on).
         """
-        position = TrainPosition(epoch, step, global_step)
-        name = layout.checkpoint_name(self.prefix, epoch, step)
+        name = layout.checkpoint_name(self.prefix, position)
         if self._writer is None:
             state = self._snapshot(position)
             try:
@@ -368,7 +373,7 @@ class CheckpointSaver:
             self._writer.wait()
             state = self._host = self._snapshot(position)
             self._writer.submit(lambda: self._write(state, name, position), str(self.directory / name))
-        self._last_saved = global_step
+        self._last_saved = position.global_step
         return self.directory / name
 
     def wait(self) -> None:
@@ -393,7 +398,7 @@ class CheckpointSaver:
         """
         point = resume(
             self.directory, self.model, self.optimizer, self.lr_scheduler,
-            sampler=self.sampler, allow_world_size_change=allow_world_size_change,
+            sampler=self.sampler, rng=self.rng, allow_world_size_change=allow_world_size_change,
             lineage=self.lineage,
         )
         if point.path is not None:
@@ -403,13 +408,13 @@ class CheckpointSaver:
     # -- as a callback ---------------------------------------------------------------------
 
     def on_train_step_end(self, position: TrainPosition) -> None:
-        self.step_end(position.epoch, position.step, position.global_step)
+        self.step_end(*position)
 
     def on_train_epoch_end(self, position: TrainPosition) -> None:
-        self.epoch_end(position.epoch, position.step, position.global_step)
+        self.epoch_end(*position)
 
     def on_train_end(self, position: TrainPosition) -> None:
-        self.train_end(position.epoch, position.step, position.global_step)
+        self.train_end(*position)
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -427,15 +432,15 @@ class CheckpointSaver:
         """
         data = None
         if self.sampler is not None:
-            data = {"seed": self.sampler.seed, "batch_size": self.sampler.batch_size, "epoch": position.epoch, "step": position.step}
+            data = {**self.sampler.state_dict(), "epoch": position.epoch, "step": position.step}
         state = {
             "format": FORMAT,
             "version": FORMAT_VERSION,
             "model": self.model.state_dict(),
             "optimizer": None if self.optimizer is None else self.optimizer.state_dict(),
             "lr_scheduler": None if self.lr_scheduler is None else self.lr_scheduler.state_dict(),
-            "rng": capture_rng_state(),
-            "position": {"epoch": position.epoch, "step": position.step, "global_step": position.global_step},
+            "rng": None if self.rng is None else self.rng.state_dict(),
+            "position": position.as_dict(),
             "data": data,
             "append_info": self.config.append_values(position),
             "rank": self.rank,
@@ -463,5 +468,5 @@ class CheckpointSaver:
             entry for entry in entries
             if (parsed := layout.parse_checkpoint_name(entry.name)) is not None and parsed.prefix == self.prefix
         ]
-        own.sort(key=lambda e: (e.epoch, e.step))
+        own.sort(key=lambda e: e.position)
         return [entry.name for entry in own[: max(0, len(own) - self.config.keep_checkpoint_max)]]

@@ -46,7 +46,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -70,7 +70,9 @@ from recovery.manifest import Candidate, CheckpointKind, candidates, problem
 from recovery.modes import TftModes, parse_enable_tft
 from recovery.phase import phase_of
 from recovery.replica import ReplicaReport, broadcast_state, choose_source, gather_reports
+from recovery.position import TrainPosition
 from recovery.restore import ResumePoint, load_checkpoint, restore_checkpoint
+from recovery.rng import GlobalRngState
 from recovery.sampler import ResumableDistributedSampler
 from recovery.trainer_state import TrainerMachine, TrainerState
 
@@ -98,13 +100,11 @@ class _StopRequest:
 
 
 @dataclass(frozen=True)
-class Step:
-    """One training step to run: ``global_step`` counts from 1 over the whole run."""
+class Step(TrainPosition):
+    """One training step to run, and the position once it is done (``global_step`` counts
+    from 1 over the whole run); ``indices`` are this rank's samples of it."""
 
-    epoch: int
-    step: int
-    global_step: int
-    indices: torch.Tensor
+    indices: torch.Tensor = field(kw_only=True)
 
 
 def _is_timeout(err: RuntimeError) -> bool:
@@ -176,7 +176,9 @@ class ElasticTrainer:
         ctx: what :func:`recovery.init` returned.
         model: the model (its parameters' gradients are averaged in one fixed layout).
         optimizer: its optimizer (wrapped to report its phase).
-        saver: the checkpoint saver of this rank (it decides when to save).
+        saver: the checkpoint saver of this rank (it decides when to save); given a
+            :class:`~recovery.rng.GlobalRngState` if it has no ``rng``, so that every
+            restore puts the generators back as the step left them.
         sampler: the resumable sampler that orders this rank's data.
         lr_scheduler: the LR scheduler, if any (restored with the rest).
         resume: start from the newest state every rank can reach, as after a failure
@@ -196,9 +198,11 @@ class ElasticTrainer:
         self.model = model
         self.optimizer = optimizer
         self.saver = saver
+        if saver.rng is None:  # a resume must find the generators as the step left them
+            saver.rng = GlobalRngState()
         self.sampler = sampler
         self.lr_scheduler = lr_scheduler
-        self.position = ResumePoint()
+        self.position: TrainPosition = ResumePoint()
         self.rollbacks = 0
         worker_env = WorkerEnv.from_env()
         self.modes = modes or parse_enable_tft(worker_env.enable_tft)
@@ -239,7 +243,7 @@ class ElasticTrainer:
                 if self.position.global_step == 0:
                     # A checkpoint of the initial state, so that a fault before the first
                     # periodic save still has a common point to roll back to.
-                    self.saver.save(self.position.epoch, 0, 0)
+                    self.saver.save(TrainPosition(self.position.epoch, 0, 0))
                 self._machine.move(TrainerState.TRAINING)
             schedule = self._schedule(epochs, max_steps)
             while (state := self._machine.state) is not TrainerState.FINISHED:
@@ -252,7 +256,7 @@ class ElasticTrainer:
                 else:
                     self._unless_stopped(handlers[state])  # to TRAINING at a new position,
                     schedule = self._schedule(epochs, max_steps)  # or STOPPING, or exits
-            self.saver.train_end(self.position.epoch, self.position.step, self.position.global_step)
+            self.saver.train_end(*self.position)
         self._events.emit("train_end", rank=self.ctx.rank, step=self.position.global_step,
                           params_sha256=params_sha256(self.model))
 
@@ -275,7 +279,7 @@ class ElasticTrainer:
                 if max_steps and global_step >= max_steps:
                     return
                 global_step += 1
-                yield Step(epoch, step, global_step, indices)
+                yield Step(epoch, step, global_step, indices=indices)
 
     def _run(self, step: Step) -> Iterator[Step]:
         """Hand ``step`` to the user's loop body; complete it if the trainer still trains."""
@@ -290,9 +294,9 @@ class ElasticTrainer:
 
     def _complete(self, step: Step) -> None:
         """The step is done on this rank: record it, checkpoint, stop if asked to."""
-        self.position = ResumePoint(step.epoch, step.step, step.global_step)
+        self.position = TrainPosition(*step)
         self.ctx.report_step(step.global_step)
-        self.saver.step_end(step.epoch, step.step, step.global_step)
+        self.saver.step_end(*step)
         if self._stop_request is not None:
             self._machine.fail(TrainerState.STOPPING, "the job is being stopped")
 
@@ -466,7 +470,7 @@ class ElasticTrainer:
         if receive:
             self.position = restore_checkpoint(
                 state, self.model, self.optimizer, self.lr_scheduler, sampler=self.sampler,
-                allow_world_size_change=self._allow_world_size_change)
+                rng=self.saver.rng, allow_world_size_change=self._allow_world_size_change)
         self._after_restore(label, from_rank=source.rank)
 
     def _discard_state(self) -> None:
@@ -508,7 +512,7 @@ class ElasticTrainer:
         candidate = _candidate_at(directories, point, self.saver.lineage)
         self.position = restore_checkpoint(
             load_checkpoint(candidate.path), self.model, self.optimizer, self.lr_scheduler,
-            sampler=self.sampler, path=candidate.path,
+            sampler=self.sampler, rng=self.saver.rng, path=candidate.path,
             allow_world_size_change=self._allow_world_size_change)
         logger.info("resumed from %s (epoch %d, step %d, global step %d)", candidate.path,
                     self.position.epoch, self.position.step, self.position.global_step)

@@ -27,7 +27,7 @@ from recovery.checkpoint import CheckpointSaver, write_checkpoint
 from recovery.durable import fsync_dir, remove_stale_temps
 from recovery.lineage import LineageError, read_lineage, record_lineage, set_aside
 from recovery.manifest import CheckpointKind, Manifest
-from recovery.restore import TrainPosition
+from recovery.position import TrainPosition
 
 __all__ = ["save_last_words"]
 
@@ -56,7 +56,7 @@ def save_last_words(saver: CheckpointSaver, recovery_path: str | os.PathLike[str
         that step (an earlier fault at the same step), it is kept as it is; another
         lineage's is moved to ``previous/<n>/`` first.
     """
-    final = layout.ttp_step_dir(recovery_path, position.global_step)
+    final = layout.ttp_step_dir(recovery_path, position)
     if final.is_dir():
         if _lineage_of(final) == saver.lineage:
             return final
@@ -64,13 +64,13 @@ def save_last_words(saver: CheckpointSaver, recovery_path: str | os.PathLike[str
         logger.warning("moved %s, another job's last words, to %s", final, moved)
     final.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(final.parent)
-    temp = layout.ttp_temp_dir(recovery_path, position.global_step)
+    temp = layout.ttp_temp_dir(recovery_path, position)
     try:
         state = saver.state(position)
         for rank in range(world_size):
             directory = temp / f"rank_{rank}"
             directory.mkdir(parents=True)
-            name = layout.ttp_checkpoint_name(rank, position.epoch, position.step)
+            name = layout.ttp_checkpoint_name(rank, position)
             write_checkpoint(directory, name, {**state, "rank": rank}, position, Manifest(directory),
                              kind=CheckpointKind.LAST_WORDS)
         record_lineage(temp, saver.lineage)

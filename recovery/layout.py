@@ -20,8 +20,10 @@ The recovery path itself records the job's lineage (:mod:`recovery.lineage`), an
 checkpoints of earlier jobs that a fresh launch moved aside::
 
     <recovery_path>/lineage                 the lineage id of the job the path belongs to
+    <recovery_path>/scheduler/              the scheduler's state (recovery.sched_files)
     <recovery_path>/previous/<n>/           an earlier job's checkpoints, state and lineage
 
+Names are made from a :class:`~recovery.position.TrainPosition` here and nowhere else.
 A file name is a checkpoint name only if :func:`parse_checkpoint_name` accepts it; temporary
 names never end in ``.ckpt``, so a half-written file can never be mistaken for one.
 """
@@ -34,10 +36,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from recovery.position import TrainPosition
+
 __all__ = [
     "CHECKPOINT_SUFFIX",
     "MANIFEST_NAME",
     "CheckpointName",
+    "check_prefix",
     "checkpoint_name",
     "parse_checkpoint_name",
     "run_prefix",
@@ -57,6 +62,7 @@ __all__ = [
     "LINEAGE_FILE",
     "CHECKPOINTS_DIR",
     "TTP_DIR",
+    "SCHEDULER_DIR",
 ]
 
 CHECKPOINT_SUFFIX = ".ckpt"
@@ -64,6 +70,7 @@ MANIFEST_NAME = "manifest.json"
 CHECKPOINTS_DIR = "checkpoints"
 TTP_DIR = "ttp_checkpoints"
 LINEAGE_FILE = "lineage"
+SCHEDULER_DIR = "scheduler"
 PREVIOUS_DIR = "previous"
 _TTP_STEP_PREFIX = "tft_saved_checkpoints-step_"
 _TEMP_SUFFIX = ".tmp"
@@ -84,17 +91,27 @@ class CheckpointName:
     step: int
 
 
-def checkpoint_name(prefix: str, epoch: int, step: int) -> str:
-    """Return ``<prefix>-<epoch>_<step>.ckpt``.
+def check_prefix(prefix: str) -> str:
+    """Return ``prefix`` if checkpoint names can start with it.
 
     Raises:
-        ValueError: the prefix is empty or holds a path separator, or a number is negative.
+        ValueError: it is empty, holds a path separator or starts with ``.``.
     """
     if not prefix or os.sep in prefix or prefix.startswith("."):
         raise ValueError(f"checkpoint prefix {prefix!r} must be a non-empty file name not starting with '.'")
-    if epoch < 0 or step < 0:
-        raise ValueError(f"epoch and step must be >= 0, got epoch={epoch} step={step}")
-    return f"{prefix}-{epoch}_{step}{CHECKPOINT_SUFFIX}"
+    return prefix
+
+
+def checkpoint_name(prefix: str, position: TrainPosition) -> str:
+    """Return ``<prefix>-<epoch>_<step>.ckpt`` for a checkpoint at ``position``.
+
+    Raises:
+        ValueError: a bad prefix (:func:`check_prefix`), or a negative epoch or step.
+    """
+    check_prefix(prefix)
+    if position.epoch < 0 or position.step < 0:
+        raise ValueError(f"epoch and step must be >= 0, got epoch={position.epoch} step={position.step}")
+    return f"{prefix}-{position.epoch}_{position.step}{CHECKPOINT_SUFFIX}"
 
 
 def parse_checkpoint_name(name: str) -> CheckpointName | None:
@@ -164,38 +181,28 @@ def temp_owner_pid(name: str) -> int | None:
     return None if match is None else int(match["pid"])
 
 
-def ttp_checkpoint_path(
-    recovery_path: str | os.PathLike[str], global_step: int, rank: int, epoch: int, step: int
-) -> Path:
-    """Where a last-words (TTP) checkpoint of ``rank`` at ``global_step`` is written.
-
-    Args:
-        recovery_path: the job's recovery path.
-        global_step: the step the checkpoint holds, counted over all epochs.
-        rank: the rank whose state it holds.
-        epoch: the epoch of that step (from 1).
-        step: the step within that epoch.
-    """
-    return ttp_step_dir(recovery_path, global_step) / f"rank_{rank}" / ttp_checkpoint_name(rank, epoch, step)
+def ttp_checkpoint_path(recovery_path: str | os.PathLike[str], rank: int, position: TrainPosition) -> Path:
+    """Where ``rank``'s last-words (TTP) checkpoint at ``position`` is written."""
+    return ttp_step_dir(recovery_path, position) / f"rank_{rank}" / ttp_checkpoint_name(rank, position)
 
 
-def ttp_checkpoint_name(rank: int, epoch: int, step: int) -> str:
+def ttp_checkpoint_name(rank: int, position: TrainPosition) -> str:
     """The file name of ``rank``'s last-words checkpoint: ``ttp_rank_<r>-<epoch>_<step>.ckpt``."""
-    return checkpoint_name(f"ttp_rank_{rank}", epoch, step)
+    return checkpoint_name(f"ttp_rank_{rank}", position)
 
 
-def ttp_step_dir(recovery_path: str | os.PathLike[str], global_step: int) -> Path:
-    """The directory of every rank's last-words checkpoint of one step."""
-    return Path(recovery_path) / TTP_DIR / f"{_TTP_STEP_PREFIX}{global_step}"
+def ttp_step_dir(recovery_path: str | os.PathLike[str], position: TrainPosition) -> Path:
+    """The directory of every rank's last-words checkpoint of one step (its global step)."""
+    return Path(recovery_path) / TTP_DIR / f"{_TTP_STEP_PREFIX}{position.global_step}"
 
 
-def ttp_temp_dir(recovery_path: str | os.PathLike[str], global_step: int) -> Path:
+def ttp_temp_dir(recovery_path: str | os.PathLike[str], position: TrainPosition) -> Path:
     """Where a step's last-words checkpoints are written before the directory is renamed.
 
     A hidden name with the writer's pid, never matched by :func:`ttp_rank_dirs`: a save
     cut short leaves no directory that looks like a checkpoint.
     """
-    final = ttp_step_dir(recovery_path, global_step)
+    final = ttp_step_dir(recovery_path, position)
     return final.with_name(f".{final.name}.{os.getpid()}{_TEMP_SUFFIX}")
 
 

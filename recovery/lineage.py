@@ -32,7 +32,6 @@ from pathlib import Path
 from recovery import layout
 from recovery.durable import create_atomic, create_numbered_dir, fsync_dir, write_atomic
 from recovery.env import TFT_LINEAGE, WorkerEnv
-from recovery.sched_files import STATE_DIR
 
 __all__ = [
     "LineageError",
@@ -49,7 +48,7 @@ __all__ = [
 ]
 
 _LINEAGE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_JOB_STATE = (layout.CHECKPOINTS_DIR, layout.TTP_DIR, STATE_DIR, layout.LINEAGE_FILE)
+_JOB_STATE = (layout.CHECKPOINTS_DIR, layout.TTP_DIR, layout.SCHEDULER_DIR, layout.LINEAGE_FILE)
 """What of a recovery path belongs to one job: moved aside together, never split."""
 _CHECKPOINT_STATE = (layout.CHECKPOINTS_DIR, layout.TTP_DIR)
 

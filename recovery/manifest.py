@@ -36,6 +36,7 @@ from filelock import FileLock
 
 from recovery import layout
 from recovery.durable import file_digest, write_atomic
+from recovery.position import TrainPosition
 
 __all__ = [
     "CheckpointError",
@@ -104,6 +105,11 @@ class CheckpointEntry:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", CheckpointKind(self.kind))  # a str when read from JSON
+
+    @property
+    def position(self) -> TrainPosition:
+        """The training position the checkpoint holds."""
+        return TrainPosition(self.epoch, self.step, self.global_step)
 
 
 @dataclass(frozen=True)

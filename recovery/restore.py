@@ -5,9 +5,11 @@ data and tensors::
 
     format, version            "tftrun-checkpoint", 1
     model, optimizer, lr_scheduler   state dicts (the last two may be None)
-    rng                        python, numpy, torch (and CUDA) generator states
+    rng                        the RNG stateful's state (python, numpy, torch, CUDA
+                               generators: recovery.rng.GlobalRngState), or None
     position                   epoch (from 1), step (done in that epoch), global_step
-    data                       the sampler's seed and batch size, or None
+    data                       the sampler's state (seed, batch size) and the position's
+                               epoch and step, or None
     append_info                the config's epoch_num / step_num and user values
     rank, world_size           who wrote it, in a job of which size
     lineage                    the id of the job that wrote it (recovery/lineage.py)
@@ -27,12 +29,11 @@ import torch.distributed as dist
 from recovery.env import WorkerEnv
 from recovery.lineage import job_lineage
 from recovery.manifest import CheckpointError, load_verified, newest_valid
-from recovery.rng import restore_rng_state
-from recovery.sampler import ResumableDistributedSampler
+from recovery.position import TrainPosition
+from recovery.stateful import Stateful
 
 __all__ = [
     "FORMAT",
-    "TrainPosition",
     "ResumePoint",
     "WorldSizeMismatchError",
     "job_rank_and_world_size",
@@ -49,19 +50,6 @@ FORMAT_VERSION = 1
 
 class WorldSizeMismatchError(CheckpointError):
     """The checkpoint was written by a job of another world size."""
-
-
-@dataclass(frozen=True)
-class TrainPosition:
-    """Where training is: ``step`` steps of epoch ``epoch`` are done, ``global_step`` in all.
-
-    Epochs count from 1 and steps within an epoch from 1, as in MindSpore's checkpoint
-    names; ``TrainPosition()`` is the start of training.
-    """
-
-    epoch: int = 1
-    step: int = 0
-    global_step: int = 0
 
 
 @dataclass(frozen=True)
@@ -118,7 +106,8 @@ def restore_checkpoint(
     optimizer: torch.optim.Optimizer | None = None,
     lr_scheduler: Any = None,
     *,
-    sampler: ResumableDistributedSampler | None = None,
+    sampler: Stateful | None = None,
+    rng: Stateful | None = None,
     path: Path | None = None,
     allow_world_size_change: bool = False,
 ) -> ResumePoint:
@@ -132,7 +121,11 @@ def restore_checkpoint(
         model: the model to load the parameters into (strictly: same keys and shapes).
         optimizer: the optimizer, if its state is to be restored.
         lr_scheduler: the LR scheduler, if its state is to be restored.
-        sampler: the resumable sampler to put at the checkpoint's data position.
+        sampler: the sampler to put at the checkpoint's data position: it loads the
+            checkpoint's ``data`` with the position's ``epoch`` and ``step``
+            (:class:`recovery.sampler.ResumableDistributedSampler`).
+        rng: the RNG stateful to load the checkpoint's ``rng`` into
+            (:class:`recovery.rng.GlobalRngState`).
         path: the file it came from, for messages.
         allow_world_size_change: resume even if the checkpoint's job had another world size.
 
@@ -141,7 +134,8 @@ def restore_checkpoint(
 
     Raises:
         WorldSizeMismatchError: the world sizes differ and that was not allowed.
-        CheckpointError: an optimizer or scheduler was given but the checkpoint has none.
+        CheckpointError: an optimizer, scheduler or RNG stateful was given but the
+            checkpoint has no state for it.
     """
     where = path or Path("the checkpoint")
     state = _checked_format(state, where)
@@ -155,19 +149,12 @@ def restore_checkpoint(
     model.load_state_dict(state["model"])
     _load_state(optimizer, state["optimizer"], "optimizer", where)
     _load_state(lr_scheduler, state["lr_scheduler"], "lr_scheduler", where)
-    restore_rng_state(state["rng"])
-    position = state["position"]
+    _load_state(rng, state["rng"], "rng", where)
+    point = ResumePoint(*TrainPosition.from_dict(state["position"]), path=path,
+                        append_info=state["append_info"])
     if sampler is not None:
-        data = state["data"] or {}
-        if data.get("seed", sampler.seed) != sampler.seed or data.get("batch_size", sampler.batch_size) != sampler.batch_size:
-            logger.warning(
-                "%s was written with sampler seed %s and batch size %s, the sampler has %s and %s: "
-                "the data order will not continue exactly", where, data.get("seed"), data.get("batch_size"),
-                sampler.seed, sampler.batch_size,
-            )
-        sampler.set_epoch(position["epoch"])
-        sampler.set_init_step(position["step"])
-    return ResumePoint(position["epoch"], position["step"], position["global_step"], path, state["append_info"])
+        sampler.load_state_dict({**(state["data"] or {}), "epoch": point.epoch, "step": point.step})
+    return point
 
 
 def resume(
@@ -176,7 +163,8 @@ def resume(
     optimizer: torch.optim.Optimizer | None = None,
     lr_scheduler: Any = None,
     *,
-    sampler: ResumableDistributedSampler | None = None,
+    sampler: Stateful | None = None,
+    rng: Stateful | None = None,
     allow_world_size_change: bool = False,
     lineage: str | None = None,
 ) -> ResumePoint:
@@ -193,6 +181,7 @@ def resume(
         optimizer: see :func:`restore_checkpoint`.
         lr_scheduler: see :func:`restore_checkpoint`.
         sampler: see :func:`restore_checkpoint`.
+        rng: see :func:`restore_checkpoint`.
         allow_world_size_change: see :func:`restore_checkpoint`.
         lineage: the lineage to resume; by default this job's
             (:func:`recovery.lineage.job_lineage`).
@@ -212,7 +201,7 @@ def resume(
     candidate, state = found
     point = restore_checkpoint(
         state, model, optimizer, lr_scheduler,
-        sampler=sampler, path=candidate.path, allow_world_size_change=allow_world_size_change,
+        sampler=sampler, rng=rng, path=candidate.path, allow_world_size_change=allow_world_size_change,
     )
     logger.info("resumed from %s (epoch %d, step %d, global step %d)", candidate.path, point.epoch, point.step, point.global_step)
     return point

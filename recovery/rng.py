@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["capture_rng_state", "restore_rng_state"]
+__all__ = ["GlobalRngState", "capture_rng_state", "restore_rng_state"]
 
 
 def capture_rng_state() -> dict[str, Any]:
@@ -48,3 +48,18 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class GlobalRngState:
+    """The process's global generators as a stateful object that a checkpoint saves.
+
+    Hand one to :class:`recovery.checkpoint.CheckpointSaver` (``rng=GlobalRngState()``) so
+    that every checkpoint holds the RNG states and a resume puts them back;
+    :class:`recovery.elastic.ElasticTrainer` gives its saver one if it has none.
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        return capture_rng_state()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        restore_rng_state(state_dict)

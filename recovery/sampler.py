@@ -7,12 +7,16 @@ samples the uninterrupted job would have seen, on every rank.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import Sampler
 
 __all__ = ["ResumableDistributedSampler"]
+
+logger = logging.getLogger(__name__)
 
 
 class ResumableDistributedSampler(Sampler[int]):
@@ -83,6 +87,30 @@ class ResumableDistributedSampler(Sampler[int]):
         if not 0 <= step <= self.steps_per_epoch:
             raise ValueError(f"init step {step} is not in [0, {self.steps_per_epoch}]")
         self.init_step = step
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint records of the data order: ``seed`` and ``batch_size``.
+
+        The data position is the checkpoint's own (its epoch and step): a checkpoint adds
+        it as ``epoch`` and ``step`` (:class:`recovery.checkpoint.CheckpointSaver`).
+        """
+        return {"seed": self.seed, "batch_size": self.batch_size}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue after step ``state_dict["step"]`` of epoch ``state_dict["epoch"]``.
+
+        A ``seed`` or ``batch_size`` other than this sampler's (when recorded) is allowed,
+        with one warning: the data order will not continue exactly.
+        """
+        seed = state_dict.get("seed", self.seed)
+        batch_size = state_dict.get("batch_size", self.batch_size)
+        if seed != self.seed or batch_size != self.batch_size:
+            logger.warning(
+                "the checkpoint was written with sampler seed %s and batch size %s, the sampler has %s and %s: "
+                "the data order will not continue exactly", seed, batch_size, self.seed, self.batch_size,
+            )
+        self.set_epoch(state_dict["epoch"])
+        self.set_init_step(state_dict["step"])
 
     def epoch_indices(self) -> torch.Tensor:
         """This rank's indices of the whole current epoch, skipped steps included."""

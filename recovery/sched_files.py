@@ -20,12 +20,12 @@ from typing import Any
 from filelock import FileLock
 
 from recovery.durable import write_atomic
+from recovery.layout import SCHEDULER_DIR as STATE_DIR
 
 __all__ = ["StateFile", "Endpoint", "ENDPOINT_FILE", "STATE_DIR"]
 
 logger = logging.getLogger(__name__)
 
-STATE_DIR = "scheduler"
 STATE_FILE = "state.json"
 ENDPOINT_FILE = "scheduler.json"
 

@@ -14,15 +14,16 @@ import sys
 import torch
 
 from recovery.checkpoint import CheckpointConfig, CheckpointSaver
+from recovery.position import TrainPosition
 
 
 def main(directory: str, mode: str, megabytes: int) -> None:
     model = torch.nn.Linear(4, 2)
     saver = CheckpointSaver(model, directory=directory, prefix="net", config=CheckpointConfig(async_save=mode == "async"))
-    saver.save(epoch=1, step=1, global_step=1)
+    saver.save(TrainPosition(1, 1, 1))
     saver.wait()
     model.register_buffer("big", torch.ones(megabytes * 2**20 // 4))
-    saver.save(epoch=1, step=2, global_step=2)
+    saver.save(TrainPosition(1, 2, 2))
     print("save requested", flush=True)
 
 

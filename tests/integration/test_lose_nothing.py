@@ -28,6 +28,7 @@ from support import (
 from launcher import ctl
 from recovery import layout
 from recovery.manifest import candidates, problem
+from recovery.position import TrainPosition
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -108,7 +109,7 @@ def test_last_words_of_the_last_completed_step_are_saved_and_resumed(
     [saved] = events(log_dir, "last_words_saved")
     assert saved["step"] == n and saved["rank"] != rank
     for r in range(3):
-        path = layout.ttp_checkpoint_path(tmp_path / "recovery", n, r, 1, n)
+        path = layout.ttp_checkpoint_path(tmp_path / "recovery", r, TrainPosition(1, n, n))
         assert path.is_file(), path
         [candidate] = candidates(path.parent)
         assert candidate.path == path and problem(candidate) is None

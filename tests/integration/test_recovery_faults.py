@@ -25,6 +25,7 @@ from support import (
 from support_mnist import final_digests, mnist_job
 
 from recovery.layout import checkpoint_name, rank_dir
+from recovery.position import TrainPosition
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -99,7 +100,7 @@ def test_rank_0_killed_during_a_checkpoint_save(
         wait_for(lambda: log_has(log_dir, 0, "step=35 "), EVENT, "rank 0 past step 35")
         first = spawned_pids(log_dir)
         temp = (rank_dir(tmp_path / "faulty_recovery", 0)
-                / f".{checkpoint_name('mnist', 1, 40)}.{first[0]}.tmp")
+                / f".{checkpoint_name('mnist', TrainPosition(1, 40, 40))}.{first[0]}.tmp")
         wait_for(temp.exists, EVENT, f"{temp.name} being written", interval=0)
         kill(first[0])
         assert temp.exists(), "the kill came after the save had finished"

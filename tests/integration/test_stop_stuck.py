@@ -18,6 +18,7 @@ from support import events, spawn, spawned_pids, terminate, tftrun_cmd, wait_for
 from support_mnist import TRAIN
 
 from recovery import layout
+from recovery.position import TrainPosition
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -51,6 +52,6 @@ def test_sigterm_during_a_stuck_collective_saves_last_words_and_exits_in_the_gra
     [saved] = events(log_dir, "last_words_saved")
     assert saved["rank"] != FROZEN and saved["step"] >= 20
     for rank in range(3):
-        path = layout.ttp_checkpoint_path(tmp_path / "recovery", saved["step"], rank,
-                                          saved["epoch"], saved["step_in_epoch"])
+        path = layout.ttp_checkpoint_path(tmp_path / "recovery", rank, TrainPosition(
+            saved["epoch"], saved["step_in_epoch"], saved["step"]))
         assert path.is_file(), path

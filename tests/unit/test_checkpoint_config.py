@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from recovery.checkpoint import CheckpointConfig
-from recovery.restore import TrainPosition
+from recovery.position import TrainPosition
 
 
 def test_append_info_takes_epoch_num_step_num_and_user_values() -> None:

@@ -6,14 +6,45 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from recovery import layout
+from recovery.position import TrainPosition
+
+positions = st.builds(TrainPosition, st.integers(0, 10**6), st.integers(0, 10**6), st.integers(0, 10**9))
 
 
 def test_name_round_trips_with_dashes_and_underscores_in_the_prefix() -> None:
-    name = layout.checkpoint_name("my-net_v2", 3, 1875)
+    name = layout.checkpoint_name("my-net_v2", TrainPosition(3, 1875, 5625))
     assert name == "my-net_v2-3_1875.ckpt"
     assert layout.parse_checkpoint_name(name) == layout.CheckpointName("my-net_v2", 3, 1875)
+
+
+@given(position=positions, prefix=st.sampled_from(["net", "my-net_v2", "lenet_3", "a-1_2"]))
+def test_a_position_round_trips_through_its_name(position: TrainPosition, prefix: str) -> None:
+    parsed = layout.parse_checkpoint_name(layout.checkpoint_name(prefix, position))
+    assert parsed == layout.CheckpointName(prefix, position.epoch, position.step)
+
+
+@given(positions, positions)
+def test_positions_order_as_their_epoch_step_global_step(a: TrainPosition, b: TrainPosition) -> None:
+    assert (a < b) == (tuple(a) < tuple(b)) and (a <= b) == (tuple(a) <= tuple(b))
+    assert (a > b) == (tuple(a) > tuple(b)) and (a >= b) == (tuple(a) >= tuple(b))
+    assert sorted([a, b]) == sorted([b, a])
+
+
+def test_a_position_unpacks_and_records_as_epoch_step_global_step() -> None:
+    position = TrainPosition(2, 7, 57)
+    assert tuple(position) == (2, 7, 57)
+    assert TrainPosition.from_dict(position.as_dict()) == position
+    assert position.as_dict() == {"epoch": 2, "step": 7, "global_step": 57}
+    assert TrainPosition() == TrainPosition(1, 0, 0)
+
+
+def test_negative_positions_have_no_name() -> None:
+    with pytest.raises(ValueError, match="epoch and step"):
+        layout.checkpoint_name("net", TrainPosition(1, -1, 0))
 
 
 @pytest.mark.parametrize(
@@ -26,7 +57,7 @@ def test_other_names_are_not_checkpoints(name: str) -> None:
 @pytest.mark.parametrize("prefix", ["", "a/b", ".hidden"])
 def test_bad_prefixes_are_refused(prefix: str) -> None:
     with pytest.raises(ValueError, match="prefix"):
-        layout.checkpoint_name(prefix, 1, 1)
+        layout.checkpoint_name(prefix, TrainPosition(1, 1, 1))
 
 
 @pytest.mark.parametrize(
@@ -55,6 +86,6 @@ def test_rank_dirs_and_ttp_paths(tmp_path: Path) -> None:
     assert layout.rank_dir(tmp_path, 3) == tmp_path / "checkpoints" / "rank_3"
     assert layout.rank_of_dir(tmp_path / "checkpoints" / "rank_3") == 3
     assert layout.rank_of_dir(tmp_path / "checkpoints") is None
-    assert layout.ttp_checkpoint_path(tmp_path, 1990, 1, 2, 115) == (
+    assert layout.ttp_checkpoint_path(tmp_path, 1, TrainPosition(2, 115, 1990)) == (
         tmp_path / "ttp_checkpoints" / "tft_saved_checkpoints-step_1990" / "rank_1" / "ttp_rank_1-2_115.ckpt"
     )

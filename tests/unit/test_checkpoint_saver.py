@@ -15,7 +15,9 @@ import torch
 from recovery import env as envnames
 from recovery.checkpoint import CheckpointConfig, CheckpointSaver
 from recovery.manifest import CheckpointError
-from recovery.restore import ResumePoint, TrainPosition, WorldSizeMismatchError, load_checkpoint, resume
+from recovery.position import TrainPosition
+from recovery.restore import ResumePoint, WorldSizeMismatchError, load_checkpoint, resume
+from recovery.rng import GlobalRngState
 from recovery.sampler import ResumableDistributedSampler
 
 
@@ -38,7 +40,7 @@ class Job:
     def saver(self, directory: Path, **config: Any) -> CheckpointSaver:
         return CheckpointSaver(
             self.model, self.optimizer, self.scheduler, config=CheckpointConfig(**config),
-            prefix="net", directory=directory, sampler=self.sampler,
+            prefix="net", directory=directory, sampler=self.sampler, rng=GlobalRngState(),
         )
 
 
@@ -78,12 +80,13 @@ def test_resume_restores_model_optimizer_scheduler_rng_and_data_position(tmp_pat
     random.seed(11)
     np.random.seed(12)
     torch.manual_seed(13)
-    saver.save(epoch=2, step=3, global_step=8)
+    saver.save(TrainPosition(2, 3, 8))
     saver.close()
     expected_draws = draws()
 
     other = Job(seed=99)
-    point = resume(tmp_path, other.model, other.optimizer, other.scheduler, sampler=other.sampler)
+    point = resume(tmp_path, other.model, other.optimizer, other.scheduler, sampler=other.sampler,
+                   rng=GlobalRngState())
     assert (point.epoch, point.step, point.global_step) == (2, 3, 8)
     assert point.path == tmp_path / "net-2_3.ckpt"
     assert point.append_info == {"epoch_num": 2, "step_num": 8, "note": "x"}
@@ -101,7 +104,7 @@ def test_async_save_writes_the_state_of_the_moment_it_was_called(tmp_path: Path)
     job = Job()
     saver = job.saver(tmp_path, async_save=True)
     before = {k: v.clone() for k, v in job.model.state_dict().items()}
-    path = saver.save(epoch=1, step=1, global_step=1)
+    path = saver.save(TrainPosition(1, 1, 1))
     with torch.no_grad():
         for param in job.model.parameters():
             param.add_(1.0)  # training goes on while the writer writes
@@ -120,9 +123,9 @@ def test_keep_max_keeps_the_newest_and_saves_on_schedule(tmp_path: Path) -> None
 def test_saving_the_same_step_again_replaces_it(tmp_path: Path) -> None:
     job = Job()
     saver = job.saver(tmp_path, keep_checkpoint_max=1)
-    saver.save(epoch=1, step=3, global_step=3)
+    saver.save(TrainPosition(1, 3, 3))
     job.step()
-    saver.save(epoch=1, step=3, global_step=3)
+    saver.save(TrainPosition(1, 3, 3))
     assert ckpt_names(tmp_path) == manifest_names(tmp_path) == ["net-1_3.ckpt"]
     assert_same_state(load_checkpoint(tmp_path / "net-1_3.ckpt")["model"], job.model.state_dict())
 
@@ -134,7 +137,7 @@ def test_consecutive_async_saves_each_hold_their_own_moment(tmp_path: Path) -> N
     for global_step in (1, 2, 3):
         job.step()
         moments.append({k: v.clone() for k, v in job.model.state_dict().items()})
-        saver.save(epoch=1, step=global_step, global_step=global_step)
+        saver.save(TrainPosition(1, global_step, global_step))
     saver.close()
     for global_step, moment in zip((1, 2, 3), moments):
         assert_same_state(load_checkpoint(tmp_path / f"net-1_{global_step}.ckpt")["model"], moment)
@@ -155,11 +158,11 @@ def test_the_last_step_is_saved_when_training_ends_and_only_once(tmp_path: Path)
 def test_a_second_run_writes_a_new_prefix_and_never_prunes_the_first(tmp_path: Path) -> None:
     job = Job()
     first = job.saver(tmp_path, keep_checkpoint_max=1)
-    first.save(epoch=1, step=5, global_step=5)
+    first.save(TrainPosition(1, 5, 5))
     second = job.saver(tmp_path, keep_checkpoint_max=1)
     assert second.prefix == "net_1"
-    second.save(epoch=1, step=6, global_step=6)
-    second.save(epoch=1, step=7, global_step=7)
+    second.save(TrainPosition(1, 6, 6))
+    second.save(TrainPosition(1, 7, 7))
     assert ckpt_names(tmp_path) == ["net-1_5.ckpt", "net_1-1_7.ckpt"]
     assert job.saver(tmp_path).prefix == "net_2"
     # A resume considers every prefix: the highest (epoch, step) wins.
@@ -189,12 +192,12 @@ def test_default_directory_is_per_rank_under_the_recovery_path(tmp_path: Path, m
     monkeypatch.setenv(envnames.WORLD_SIZE, "4")
     saver = CheckpointSaver(Job().model)
     assert saver.directory == tmp_path / "checkpoints" / "rank_3"
-    assert load_checkpoint(saver.save(1, 1, 1))["world_size"] == 4
+    assert load_checkpoint(saver.save(TrainPosition(1, 1, 1)))["world_size"] == 4
 
 
 def test_resuming_with_another_world_size_is_refused_unless_allowed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(envnames.WORLD_SIZE, "4")
-    Job().saver(tmp_path).save(epoch=1, step=2, global_step=2)
+    Job().saver(tmp_path).save(TrainPosition(1, 2, 2))
     monkeypatch.setenv(envnames.WORLD_SIZE, "2")
     job = Job(seed=5)
     with pytest.raises(WorldSizeMismatchError, match="world size 4, this job has world size 2.*allow_world_size_change"):
@@ -204,7 +207,7 @@ def test_resuming_with_another_world_size_is_refused_unless_allowed(tmp_path: Pa
 
 def test_restoring_an_optimizer_the_checkpoint_does_not_hold_is_an_error(tmp_path: Path) -> None:
     job = Job()
-    CheckpointSaver(job.model, directory=tmp_path).save(1, 1, 1)
+    CheckpointSaver(job.model, directory=tmp_path).save(TrainPosition(1, 1, 1))
     with pytest.raises(CheckpointError, match="holds no optimizer state"):
         resume(tmp_path, job.model, job.optimizer)
 
@@ -219,7 +222,7 @@ class OpaqueScheduler:
 def test_state_that_would_need_unpickling_is_refused_when_saving(tmp_path: Path) -> None:
     saver = CheckpointSaver(Job().model, lr_scheduler=OpaqueScheduler(), directory=tmp_path)
     with pytest.raises(CheckpointError, match=r"checkpoint\['lr_scheduler'\]\['fn'\] has type OpaqueScheduler"):
-        saver.save(1, 1, 1)
+        saver.save(TrainPosition(1, 1, 1))
     assert ckpt_names(tmp_path) == []
 
 
@@ -227,7 +230,7 @@ def test_a_failed_sync_write_raises(tmp_path: Path) -> None:
     saver = Job().saver(tmp_path / "ckpt")
     shutil.rmtree(tmp_path / "ckpt")
     with pytest.raises(CheckpointError, match="writing checkpoint .*net-1_1.ckpt failed"):
-        saver.save(1, 1, 1)
+        saver.save(TrainPosition(1, 1, 1))
 
 
 def test_a_failed_background_write_surfaces_in_the_training_thread(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import torch
 from recovery import layout
 from recovery.checkpoint import CheckpointSaver
 from recovery.durable import file_digest, write_atomic
+from recovery.position import TrainPosition
 from recovery.manifest import CheckpointEntry, InvalidCheckpointError, Manifest, newest_valid, verify_dir
 from recovery.restore import load_checkpoint, resume
 
@@ -21,7 +22,7 @@ from recovery.restore import load_checkpoint, resume
 def three(tmp_path: Path) -> list[Path]:
     """Checkpoints at global steps 10, 20, 30 in ``tmp_path``, oldest first."""
     saver = CheckpointSaver(torch.nn.Linear(4, 2), directory=tmp_path, prefix="net")
-    return [saver.save(epoch=1, step=g, global_step=g) for g in (10, 20, 30)]
+    return [saver.save(TrainPosition(1, g, g)) for g in (10, 20, 30)]
 
 
 def skipped(caplog: pytest.LogCaptureFixture) -> list[str]:

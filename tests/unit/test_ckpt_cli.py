@@ -10,6 +10,7 @@ import torch
 from launcher import ctl
 from recovery import layout
 from recovery.checkpoint import CheckpointConfig, CheckpointSaver
+from recovery.position import TrainPosition
 
 
 @pytest.fixture
@@ -21,7 +22,7 @@ def tree(tmp_path: Path) -> Path:
             config=CheckpointConfig(append_info=["step_num", {"lr": 0.01}]),
         )
         for step in (5, 10):
-            saver.save(epoch=1, step=step, global_step=step)
+            saver.save(TrainPosition(1, step, step))
     return tmp_path
 
 

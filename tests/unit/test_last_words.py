@@ -12,7 +12,8 @@ import recovery.last_words as last_words
 from recovery import layout
 from recovery.checkpoint import CheckpointSaver
 from recovery.manifest import candidates, problem
-from recovery.restore import TrainPosition, load_checkpoint
+from recovery.position import TrainPosition
+from recovery.restore import load_checkpoint
 
 POSITION = TrainPosition(epoch=2, step=7, global_step=57)
 
@@ -28,7 +29,7 @@ def test_every_rank_gets_a_verifiable_file_in_the_seeds_layout(tmp_path: Path) -
     step_dir = last_words.save_last_words(saver, tmp_path, POSITION, world_size=3)
     assert step_dir == tmp_path / "ttp_checkpoints" / "tft_saved_checkpoints-step_57"
     for rank in range(3):
-        path = layout.ttp_checkpoint_path(tmp_path, 57, rank, 2, 7)
+        path = layout.ttp_checkpoint_path(tmp_path, rank, POSITION)
         assert path.name == f"ttp_rank_{rank}-2_7.ckpt"
         [candidate] = candidates(path.parent)
         assert candidate.path == path and problem(candidate) is None

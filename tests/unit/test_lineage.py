@@ -21,7 +21,8 @@ from recovery.lineage import (
     LineageError, adopt_lineage, job_lineage, main, open_lineage, read_lineage, record_lineage,
 )
 from recovery.manifest import CheckpointEntry, CheckpointKind, Manifest, candidates, newest_valid
-from recovery.restore import TrainPosition, load_checkpoint, resume
+from recovery.position import TrainPosition
+from recovery.restore import load_checkpoint, resume
 
 
 def saver_of(directory: Path, lineage: str, seed: int = 0) -> CheckpointSaver:
@@ -41,14 +42,14 @@ def strip_lineage(directory: Path) -> None:
 # ------------------------------------------------------------------ candidates, resume
 def test_candidates_of_a_lineage_leave_out_every_other_and_the_pre_lineage_ones(tmp_path: Path) -> None:
     legacy = tmp_path / "legacy"
-    saver_of(legacy, "old").save(1, 9, 9)
+    saver_of(legacy, "old").save(TrainPosition(1, 9, 9))
     strip_lineage(legacy)
     [entry] = Manifest(legacy).entries().values()
     assert entry.lineage is None and entry.kind is CheckpointKind.PERIODIC
 
     shared = tmp_path / "shared"
-    saver_of(shared, "aaaa").save(1, 30, 30)
-    saver_of(shared, "bbbb").save(1, 10, 10)
+    saver_of(shared, "aaaa").save(TrainPosition(1, 30, 30))
+    saver_of(shared, "bbbb").save(TrainPosition(1, 10, 10))
     (shared / "stray-1_50.ckpt").write_bytes(b"never listed")
     assert [c.step for c in candidates(shared)] == [50, 30, 10]
     assert [(c.step, c.entry and c.entry.lineage) for c in candidates(shared, "bbbb")] == [(50, None), (10, "bbbb")]
@@ -81,8 +82,8 @@ def test_a_lineages_candidates_are_exactly_its_entries_and_the_unlisted_files(
 def test_newest_valid_and_resume_pick_the_current_lineage_even_when_another_is_newer(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     mine = saver_of(tmp_path, "mine", seed=1)
-    mine.save(1, 4, 4)
-    saver_of(tmp_path, "theirs", seed=2).save(1, 120, 120)
+    mine.save(TrainPosition(1, 4, 4))
+    saver_of(tmp_path, "theirs", seed=2).save(TrainPosition(1, 120, 120))
     found = newest_valid(tmp_path, "mine")
     assert found is not None and found[0].step == 4 and found[1]["lineage"] == "mine"
     other = saver_of(tmp_path, "mine", seed=3)
@@ -94,7 +95,7 @@ def test_newest_valid_and_resume_pick_the_current_lineage_even_when_another_is_n
 
 
 def test_a_checkpoint_and_its_manifest_entry_carry_the_lineage_and_kind(tmp_path: Path) -> None:
-    path = saver_of(tmp_path, "cafe01").save(1, 2, 2)
+    path = saver_of(tmp_path, "cafe01").save(TrainPosition(1, 2, 2))
     assert load_checkpoint(path)["lineage"] == "cafe01"
     [candidate] = candidates(tmp_path)
     assert candidate.entry is not None and candidate.entry.lineage == "cafe01"
@@ -107,7 +108,7 @@ def test_last_words_are_of_their_kind_and_their_step_directory_records_the_linea
     step_dir = last_words.save_last_words(saver, tmp_path, TrainPosition(1, 7, 7), world_size=2)
     assert read_lineage(step_dir) == "cafe02"
     for rank in range(2):
-        [candidate] = candidates(layout.ttp_checkpoint_path(tmp_path, 7, rank, 1, 7).parent, "cafe02")
+        [candidate] = candidates(layout.ttp_checkpoint_path(tmp_path, rank, TrainPosition(1, 7, 7)).parent, "cafe02")
         assert candidate.kind is CheckpointKind.LAST_WORDS
 
 
@@ -145,7 +146,7 @@ def test_the_lineage_tftrun_passes_wins_and_a_malformed_one_is_refused(
 
 def _earlier_job(recovery_path: Path) -> str:
     lineage = adopt_lineage(recovery_path)
-    saver_of(layout.rank_dir(recovery_path, 0), lineage).save(1, 5, 5)
+    saver_of(layout.rank_dir(recovery_path, 0), lineage).save(TrainPosition(1, 5, 5))
     last_words.save_last_words(saver_of(layout.rank_dir(recovery_path, 0), lineage), recovery_path,
                                TrainPosition(1, 6, 6), 1)
     (recovery_path / "scheduler").mkdir()
@@ -166,7 +167,7 @@ def test_a_fresh_launch_moves_the_earlier_job_to_previous_and_starts_a_new_linea
     # The next fresh launch, with nothing written in between, has nothing to move.
     unused = open_lineage(tmp_path, resume=False)
     assert unused.archived is None and unused.lineage != opened.lineage
-    saver_of(layout.rank_dir(tmp_path, 0), unused.lineage).save(1, 1, 1)
+    saver_of(layout.rank_dir(tmp_path, 0), unused.lineage).save(TrainPosition(1, 1, 1))
     assert open_lineage(tmp_path, resume=False).archived == tmp_path / "previous" / "2"
 
 

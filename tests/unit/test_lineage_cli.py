@@ -18,12 +18,13 @@ from recovery import layout
 from recovery.checkpoint import CheckpointSaver
 from recovery.env import WorkerEnv
 from recovery.lineage import adopt_lineage, open_lineage
+from recovery.position import TrainPosition
 
 
 def save(recovery_path: Path, rank: int, step: int, lineage: str) -> Path:
     saver = CheckpointSaver(torch.nn.Linear(3, 2), directory=layout.rank_dir(recovery_path, rank),
                             prefix="mnist", lineage=lineage)
-    return saver.save(1, step, step)
+    return saver.save(TrainPosition(1, step, step))
 
 
 def tftrun(tmp_path: Path, *options: str) -> list[str]:

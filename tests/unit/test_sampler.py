@@ -72,3 +72,14 @@ def test_bad_arguments_are_refused(kwargs: dict[str, int], message: str) -> None
 def test_init_step_beyond_the_epoch_is_refused() -> None:
     with pytest.raises(ValueError, match=r"init step 6 is not in \[0, 5\]"):
         ResumableDistributedSampler(10, 2).set_init_step(6)
+
+
+def test_its_state_dict_with_a_position_continues_exactly_there(caplog: pytest.LogCaptureFixture) -> None:
+    full = ResumableDistributedSampler(64, 4, num_replicas=2, seed=9)
+    full.set_epoch(3)
+    resumed = ResumableDistributedSampler(64, 4, num_replicas=2, seed=9)
+    resumed.load_state_dict({**full.state_dict(), "epoch": 3, "step": 5})
+    assert resumed.epoch == 3 and list(resumed) == list(full)[5 * 4 :]
+    assert not caplog.records
+    ResumableDistributedSampler(64, 4, num_replicas=2, seed=10).load_state_dict({**full.state_dict(), "epoch": 3, "step": 5})
+    assert "will not continue exactly" in caplog.text

@@ -1,0 +1,55 @@
+"""The training position: the one value that says how far training has come.
+
+It travels unchanged from the trainer's loop (:class:`recovery.elastic.Step` extends it)
+through the checkpoint saver, the manifest and the last words to the file name, which
+only :mod:`recovery.layout` makes from it. This module imports nothing of the project.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["TrainPosition"]
+
+
+@dataclass(frozen=True)
+class TrainPosition:
+    """Where training is: ``step`` steps of epoch ``epoch`` are done, ``global_step`` in all.
+
+    Epochs count from 1 and steps within an epoch from 1, as in MindSpore's checkpoint
+    names; ``TrainPosition()`` is the start of training.
+
+    A position unpacks as ``(epoch, step, global_step)`` (so ``saver.step_end(*position)``
+    works) and orders by that triple; extensions (:class:`recovery.restore.ResumePoint`,
+    :class:`recovery.elastic.Step`) unpack and order as the position they extend.
+    """
+
+    epoch: int = 1
+    step: int = 0
+    global_step: int = 0
+
+    def __iter__(self) -> Iterator[int]:
+        return iter((self.epoch, self.step, self.global_step))
+
+    def as_dict(self) -> dict[str, int]:
+        """``{"epoch", "step", "global_step"}``: how a checkpoint file records it."""
+        return {"epoch": self.epoch, "step": self.step, "global_step": self.global_step}
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> TrainPosition:
+        """The position :meth:`as_dict` wrote (other keys are ignored)."""
+        return cls(values["epoch"], values["step"], values["global_step"])
+
+    def __lt__(self, other: TrainPosition) -> bool:
+        return tuple(self) < tuple(other) if isinstance(other, TrainPosition) else NotImplemented
+
+    def __le__(self, other: TrainPosition) -> bool:
+        return tuple(self) <= tuple(other) if isinstance(other, TrainPosition) else NotImplemented
+
+    def __gt__(self, other: TrainPosition) -> bool:
+        return tuple(self) > tuple(other) if isinstance(other, TrainPosition) else NotImplemented
+
+    def __ge__(self, other: TrainPosition) -> bool:
+        return tuple(self) >= tuple(other) if isinstance(other, TrainPosition) else NotImplemented
