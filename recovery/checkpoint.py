@@ -33,6 +33,7 @@ from recovery.env import WorkerEnv
 from recovery.lineage import job_lineage
 from recovery.manifest import CheckpointEntry, CheckpointError, CheckpointKind, Manifest
 from recovery.position import TrainPosition
+from recovery.rng import GlobalRngState
 from recovery.restore import FORMAT, FORMAT_VERSION, ResumePoint, job_rank_and_world_size, resume
 from recovery.stateful import Stateful
 
@@ -268,10 +269,10 @@ class CheckpointSaver:
         sampler: the sampler whose state (a ``ResumableDistributedSampler``'s seed and
             batch size) is recorded with the data position, and which :meth:`resume`
             puts back at that position; any :class:`~recovery.stateful.Stateful`.
-        rng: the random generators to record and restore: pass
-            ``recovery.GlobalRngState()`` for python's, numpy's and torch's global ones
-            (:class:`~recovery.elastic.ElasticTrainer` gives its saver one if it has
-            none); any :class:`~recovery.stateful.Stateful`. ``None``: no RNG state.
+        rng: the random generators to record and restore, any
+            :class:`~recovery.stateful.Stateful`; by default
+            :class:`~recovery.rng.GlobalRngState` (python's, numpy's and torch's
+            global generators).
         lineage: the job's lineage, stamped into every checkpoint; by default the one
             tftrun passed (``TFT_LINEAGE``), else the recovery path's
             (:func:`recovery.lineage.job_lineage`). :meth:`resume` considers only its
@@ -295,7 +296,7 @@ class CheckpointSaver:
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
         self.sampler = sampler
-        self.rng = rng
+        self.rng = rng if rng is not None else GlobalRngState()
         self.config = config or CheckpointConfig()
         self.rank, self.world_size = job_rank_and_world_size()
         self.lineage = lineage or job_lineage()

@@ -72,7 +72,6 @@ from recovery.phase import phase_of
 from recovery.replica import ReplicaReport, broadcast_state, choose_source, gather_reports
 from recovery.position import TrainPosition
 from recovery.restore import ResumePoint, load_checkpoint, restore_checkpoint
-from recovery.rng import GlobalRngState
 from recovery.sampler import ResumableDistributedSampler
 from recovery.trainer_state import TrainerMachine, TrainerState
 
@@ -176,9 +175,7 @@ class ElasticTrainer:
         ctx: what :func:`recovery.init` returned.
         model: the model (its parameters' gradients are averaged in one fixed layout).
         optimizer: its optimizer (wrapped to report its phase).
-        saver: the checkpoint saver of this rank (it decides when to save); given a
-            :class:`~recovery.rng.GlobalRngState` if it has no ``rng``, so that every
-            restore puts the generators back as the step left them.
+        saver: the checkpoint saver of this rank (it decides when to save).
         sampler: the resumable sampler that orders this rank's data.
         lr_scheduler: the LR scheduler, if any (restored with the rest).
         resume: start from the newest state every rank can reach, as after a failure
@@ -198,8 +195,6 @@ class ElasticTrainer:
         self.model = model
         self.optimizer = optimizer
         self.saver = saver
-        if saver.rng is None:  # a resume must find the generators as the step left them
-            saver.rng = GlobalRngState()
         self.sampler = sampler
         self.lr_scheduler = lr_scheduler
         self.position: TrainPosition = ResumePoint()

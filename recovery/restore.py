@@ -30,6 +30,7 @@ from recovery.env import WorkerEnv
 from recovery.lineage import job_lineage
 from recovery.manifest import CheckpointError, load_verified, newest_valid
 from recovery.position import TrainPosition
+from recovery.rng import GlobalRngState
 from recovery.stateful import Stateful
 
 __all__ = [
@@ -124,8 +125,8 @@ def restore_checkpoint(
         sampler: the sampler to put at the checkpoint's data position: it loads the
             checkpoint's ``data`` with the position's ``epoch`` and ``step``
             (:class:`recovery.sampler.ResumableDistributedSampler`).
-        rng: the RNG stateful to load the checkpoint's ``rng`` into
-            (:class:`recovery.rng.GlobalRngState`).
+        rng: the RNG stateful to load the checkpoint's ``rng`` into; by default the
+            global generators (:class:`recovery.rng.GlobalRngState`).
         path: the file it came from, for messages.
         allow_world_size_change: resume even if the checkpoint's job had another world size.
 
@@ -149,7 +150,7 @@ def restore_checkpoint(
     model.load_state_dict(state["model"])
     _load_state(optimizer, state["optimizer"], "optimizer", where)
     _load_state(lr_scheduler, state["lr_scheduler"], "lr_scheduler", where)
-    _load_state(rng, state["rng"], "rng", where)
+    _load_state(rng if rng is not None else GlobalRngState(), state["rng"], "rng", where)
     point = ResumePoint(*TrainPosition.from_dict(state["position"]), path=path,
                         append_info=state["append_info"])
     if sampler is not None:

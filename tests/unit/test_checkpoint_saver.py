@@ -17,7 +17,6 @@ from recovery.checkpoint import CheckpointConfig, CheckpointSaver
 from recovery.manifest import CheckpointError
 from recovery.position import TrainPosition
 from recovery.restore import ResumePoint, WorldSizeMismatchError, load_checkpoint, resume
-from recovery.rng import GlobalRngState
 from recovery.sampler import ResumableDistributedSampler
 
 
@@ -40,7 +39,7 @@ class Job:
     def saver(self, directory: Path, **config: Any) -> CheckpointSaver:
         return CheckpointSaver(
             self.model, self.optimizer, self.scheduler, config=CheckpointConfig(**config),
-            prefix="net", directory=directory, sampler=self.sampler, rng=GlobalRngState(),
+            prefix="net", directory=directory, sampler=self.sampler,
         )
 
 
@@ -85,8 +84,7 @@ def test_resume_restores_model_optimizer_scheduler_rng_and_data_position(tmp_pat
     expected_draws = draws()
 
     other = Job(seed=99)
-    point = resume(tmp_path, other.model, other.optimizer, other.scheduler, sampler=other.sampler,
-                   rng=GlobalRngState())
+    point = resume(tmp_path, other.model, other.optimizer, other.scheduler, sampler=other.sampler)
     assert (point.epoch, point.step, point.global_step) == (2, 3, 8)
     assert point.path == tmp_path / "net-2_3.ckpt"
     assert point.append_info == {"epoch_num": 2, "step_num": 8, "note": "x"}
