@@ -23,7 +23,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "templates" / "mnist"))
 from train import build_model  # noqa: E402 - the template's model, found through its folder
 
-from recovery.checkpoint import CheckpointConfig, CheckpointSaver  # noqa: E402
+from recovery.ckpt.checkpoint import CheckpointConfig, CheckpointSaver  # noqa: E402
 
 MODES = ("none", "sync", "async")
 

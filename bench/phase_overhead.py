@@ -42,8 +42,8 @@ import torch
 from common import median, tftrun_cmd
 from jobs.phase_steps import VARIANTS, PhaseBench
 
-from recovery.cluster import ClusterContext
-from recovery.phase import phase_of
+from recovery.runtime.cluster import ClusterContext
+from recovery.train.phase import phase_of
 
 JOB = Path(__file__).resolve().parent / "jobs" / "phase_loop.py"
 

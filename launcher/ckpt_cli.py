@@ -22,12 +22,12 @@ from rich.table import Table
 
 from launcher.cliutil import new_app
 from launcher.errors import TftrunError
-from recovery.layout import rank_of_dir
-from recovery.lineage import LineageError, read_lineage
-from recovery.manifest import (
+from recovery.ckpt.layout import rank_of_dir
+from recovery.ckpt.lineage import LineageError, read_lineage
+from recovery.ckpt.manifest import (
     Candidate, CheckpointError, candidates, find_checkpoint_dirs, verify_dir,
 )
-from recovery.restore import load_checkpoint
+from recovery.ckpt.restore import load_checkpoint
 
 __all__ = ["app"]
 

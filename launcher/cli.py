@@ -24,8 +24,8 @@ from launcher.render import make_view
 from launcher.supervisor import Supervisor
 from recovery.env import DEFAULT_RECOVERY_PATH
 from recovery.events import EventLog
-from recovery.layout import previous_dir
-from recovery.lineage import LineageError, adopt_lineage, open_lineage
+from recovery.ckpt.layout import previous_dir
+from recovery.ckpt.lineage import LineageError, adopt_lineage, open_lineage
 from recovery.timeouts import (
     DEFAULT_CLUSTER_TIME_OUT, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_PROGRESS_TIMEOUT,
     DEFAULT_REJOIN_COOLDOWN,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from launcher.errors import ConfigError
 from recovery import env as names
-from recovery.modes import parse_enable_tft
+from recovery.train.modes import parse_enable_tft
 from recovery.timeouts import (
     DEFAULT_CLUSTER_TIME_OUT, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_PROGRESS_TIMEOUT,
     DEFAULT_REJOIN_COOLDOWN,
@@ -58,7 +58,7 @@ class LaunchConfig:
     run_id: str = field(default_factory=lambda: time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3))
     job_token: str = field(default_factory=lambda: secrets.token_hex(16))
     lineage: str = ""
-    """The job's lineage id (recovery/lineage.py), set once the recovery path is opened."""
+    """The job's lineage id (recovery/ckpt/lineage.py), set once the recovery path is opened."""
 
     @property
     def nproc(self) -> int:

@@ -3,7 +3,7 @@
 ``kill`` and ``term`` without ``--at_step`` are plain signals to the rank's process, sent
 from here at once (as a user's ``kill`` would be). Everything else goes through the
 scheduler (``Op.INJECT``), which hands it to the rank's process with its next heartbeat;
-the training loop carries it out (recovery/inject.py, docs/fault-injection.md).
+the training loop carries it out (recovery/control/inject.py, docs/fault-injection.md).
 
 The scheduler checks the job token on an injection. The token is written nowhere
 (docs/scheduler.md, threat model), so this reads it from the scheduler process's
@@ -26,10 +26,10 @@ from launcher.status_cli import NoJobError, connect, query
 from recovery import env as names
 from recovery.env import WorkerEnv
 from recovery.events import EventLog
-from recovery.inject import FAULTS, Injection, check, check_fault, new_id
-from recovery.membership import LIVE_STATES
-from recovery.rpc import Op
-from recovery.sched_files import Endpoint
+from recovery.control.inject import FAULTS, Injection, check, check_fault, new_id
+from recovery.control.membership import LIVE_STATES
+from recovery.control.rpc import Op
+from recovery.control.files import Endpoint
 
 __all__ = ["inject"]
 

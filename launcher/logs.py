@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from recovery.durable import create_numbered_dir
+from recovery.ckpt.durable import create_numbered_dir
 from recovery.events import EVENTS_FILE
 
 __all__ = ["archive_previous_run", "last_lines", "LogFollower", "PREVIOUS_DIR"]

@@ -105,7 +105,7 @@ def scheduler_spec(config: LaunchConfig, listen_fd: int,
     """The scheduler, serving the cluster store on the inherited socket ``listen_fd``."""
     env = _common_env(config, os.environ if base_env is None else base_env)
     env.update({names.MS_ROLE: names.ROLE_SCHEDULER, names.TFT_STORE_FD: str(listen_fd)})
-    argv = (sys.executable, "-u", "-m", "recovery.scheduler")
+    argv = (sys.executable, "-u", "-m", "recovery.control.scheduler")
     return ProcessSpec(Role.SCHEDULER, None, argv, env, config.log_dir / "scheduler.log")
 
 

@@ -1,6 +1,6 @@
 """``tftctl status --log_dir DIR``: the membership table of the job running there.
 
-The scheduler writes where it serves to ``DIR/scheduler.json`` (recovery/sched_files.py);
+The scheduler writes where it serves to ``DIR/scheduler.json`` (recovery/control/files.py);
 this asks it for its table over the store. A dead scheduler pid, a missing file or no
 answer all mean the same thing to the user: no job is running in DIR. Below the table, the
 newest fault and how it was recovered, from ``DIR/events.jsonl``.
@@ -20,8 +20,8 @@ import typer
 
 from launcher.errors import TftrunError
 from recovery.events import read_events
-from recovery.rpc import Op, SchedulerLink, SchedulerUnavailable
-from recovery.sched_files import Endpoint
+from recovery.control.rpc import Op, SchedulerLink, SchedulerUnavailable
+from recovery.control.files import Endpoint
 
 __all__ = ["status", "query", "connect", "format_status", "describe_last_fault", "NoJobError"]
 

@@ -35,7 +35,7 @@ from launcher.spec import (
     ProcessSpec, Role, error_file, scheduler_spec, script_argv, spare_spec, worker_spec,
 )
 from launcher.state import Failure, Worker, WorkerState
-from recovery.control import SchedulerControl
+from recovery.control.client import SchedulerControl
 from recovery.events import EventLog
 
 __all__ = ["Supervisor", "EXIT_SIGINT", "EXIT_SIGTERM", "EXIT_SUPERVISOR_ERROR"]

@@ -8,32 +8,35 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from recovery import moved
 from recovery.env import WorkerEnv
+
+moved.install()
 
 # Imported on first use (PEP 562), so that the launcher, which imports recovery.env,
 # does not pay for importing torch.
 _LAZY = {
-    "CheckpointConfig": "recovery.checkpoint",
-    "CheckpointSaver": "recovery.checkpoint",
-    "CheckpointError": "recovery.manifest",
-    "InvalidCheckpointError": "recovery.manifest",
-    "WorldSizeMismatchError": "recovery.restore",
+    "CheckpointConfig": "recovery.ckpt.checkpoint",
+    "CheckpointSaver": "recovery.ckpt.checkpoint",
+    "CheckpointError": "recovery.ckpt.manifest",
+    "InvalidCheckpointError": "recovery.ckpt.manifest",
+    "WorldSizeMismatchError": "recovery.ckpt.restore",
     "TrainPosition": "recovery.position",
     "Stateful": "recovery.stateful",
     "GlobalRngState": "recovery.rng",
-    "ResumePoint": "recovery.restore",
-    "load_checkpoint": "recovery.restore",
-    "restore_checkpoint": "recovery.restore",
-    "resume": "recovery.restore",
-    "ResumableDistributedSampler": "recovery.sampler",
-    "all_reduce_gradients": "recovery.grad_sync",
-    "init": "recovery.cluster",
-    "ClusterContext": "recovery.cluster",
-    "ClusterError": "recovery.cluster",
-    "ElasticTrainer": "recovery.elastic",
-    "wrap_optimizer": "recovery.phase",
+    "ResumePoint": "recovery.ckpt.restore",
+    "load_checkpoint": "recovery.ckpt.restore",
+    "restore_checkpoint": "recovery.ckpt.restore",
+    "resume": "recovery.ckpt.restore",
+    "ResumableDistributedSampler": "recovery.train.sampler",
+    "all_reduce_gradients": "recovery.train.grad_sync",
+    "init": "recovery.runtime.cluster",
+    "ClusterContext": "recovery.runtime.cluster",
+    "ClusterError": "recovery.runtime.cluster",
+    "ElasticTrainer": "recovery.train.elastic",
+    "wrap_optimizer": "recovery.train.phase",
     "DeviceError": "recovery.faults",
-    "TftModes": "recovery.modes",
+    "TftModes": "recovery.train.modes",
 }
 
 __all__ = ["WorkerEnv", *_LAZY]

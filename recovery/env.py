@@ -64,7 +64,7 @@ TFT_REJOIN_COOLDOWN = "TFT_REJOIN_COOLDOWN"
 TFT_HEARTBEAT_TIMEOUT = "TFT_HEARTBEAT_TIMEOUT"
 TFT_PROGRESS_TIMEOUT = "TFT_PROGRESS_TIMEOUT"
 TFT_LINEAGE = "TFT_LINEAGE"
-"""The job's lineage id (recovery/lineage.py): the checkpoints this job may restore."""
+"""The job's lineage id (recovery/ckpt/lineage.py): the checkpoints this job may restore."""
 TFT_STORE_FD = "TFT_STORE_FD"
 """Set for the scheduler only: an inherited listening socket to host the store on."""
 
@@ -121,7 +121,7 @@ class WorkerEnv:
     recovery_path: str
     enable_tft: str
     lineage: str
-    """The launcher's lineage id; empty when started without tftrun (see recovery/lineage.py)."""
+    """The launcher's lineage id; empty when started without tftrun (see recovery/ckpt/lineage.py)."""
 
     @property
     def is_scheduler(self) -> bool:

@@ -1,8 +1,8 @@
 """The training position: the one value that says how far training has come.
 
-It travels unchanged from the trainer's loop (:class:`recovery.elastic.Step` extends it)
+It travels unchanged from the trainer's loop (:class:`recovery.train.elastic.Step` extends it)
 through the checkpoint saver, the manifest and the last words to the file name, which
-only :mod:`recovery.layout` makes from it. This module imports nothing of the project.
+only :mod:`recovery.ckpt.layout` makes from it. This module imports nothing of the project.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ class TrainPosition:
     names; ``TrainPosition()`` is the start of training.
 
     A position unpacks as ``(epoch, step, global_step)`` (so ``saver.step_end(*position)``
-    works) and orders by that triple; extensions (:class:`recovery.restore.ResumePoint`,
-    :class:`recovery.elastic.Step`) unpack and order as the position they extend.
+    works) and orders by that triple; extensions (:class:`recovery.ckpt.restore.ResumePoint`,
+    :class:`recovery.train.elastic.Step`) unpack and order as the position they extend.
     """
 
     epoch: int = 1

@@ -53,9 +53,9 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 class GlobalRngState:
     """The process's global generators as a stateful object that a checkpoint saves.
 
-    Hand one to :class:`recovery.checkpoint.CheckpointSaver` (``rng=GlobalRngState()``) so
+    Hand one to :class:`recovery.ckpt.checkpoint.CheckpointSaver` (``rng=GlobalRngState()``) so
     that every checkpoint holds the RNG states and a resume puts them back;
-    :class:`recovery.elastic.ElasticTrainer` gives its saver one if it has none.
+    :class:`recovery.train.elastic.ElasticTrainer` gives its saver one if it has none.
     """
 
     def state_dict(self) -> dict[str, Any]:

@@ -30,7 +30,7 @@ PYTHON=${PYTHON:-python}
 
 mkdir -p "$TFT_LOG_DIR"
 if [ "${TFT_IS_RECOVER:-0}" = 1 ]; then LINEAGE_MODE=resume; else LINEAGE_MODE=new; fi
-TFT_LINEAGE=$("$PYTHON" -m recovery.lineage "$LINEAGE_MODE" "$MS_RECOVERY_PATH")
+TFT_LINEAGE=$("$PYTHON" -m recovery.ckpt.lineage "$LINEAGE_MODE" "$MS_RECOVERY_PATH")
 export TFT_LINEAGE                              # the job's lineage: what it may restore
 echo "start training: $MS_WORKER_NUM workers, scheduler at $MS_SCHED_HOST:$MS_SCHED_PORT, logs in $TFT_LOG_DIR"
 

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from phase_steps import PhaseBench
 
 import recovery
-from recovery.grad_sync import all_reduce_gradients
+from recovery.train.grad_sync import all_reduce_gradients
 
 
 def main() -> int:

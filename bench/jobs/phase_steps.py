@@ -27,7 +27,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "templates" / "mnist"))
 from train import build_model  # noqa: E402 - the template's model, found through its folder
 
-from recovery.phase import phase_of  # noqa: E402
+from recovery.train.phase import phase_of  # noqa: E402
 
 VARIANTS = ("plain", "wrapped", "plain again")
 BATCH = 32

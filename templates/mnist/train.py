@@ -13,7 +13,7 @@ step), RNG states are checkpointed and gradients are averaged in one fixed layou
 (``recovery.all_reduce_gradients``, not DDP), so a resumed run ends bitwise equal to an
 uninterrupted one. Under tftrun, the loop survives ``kill -9`` of any rank: the dead rank
 is relaunched, every rank rolls back to the newest checkpoint they all hold, and training
-goes on (``recovery.elastic.ElasticTrainer``). Output: ``step=<n> loss=<x>`` every ``--log_every`` steps, and on rank 0
+goes on (``recovery.train.elastic.ElasticTrainer``). Output: ``step=<n> loss=<x>`` every ``--log_every`` steps, and on rank 0
 at the end ``final step=<n> params_sha256=<hex>``.
 """
 
@@ -34,12 +34,12 @@ import torch.nn.functional as F
 from mnist_data import load_dataset
 
 import recovery
-from recovery.checkpoint import CheckpointConfig, CheckpointSaver
-from recovery.digest import params_sha256
-from recovery.elastic import ElasticTrainer
+from recovery.ckpt.checkpoint import CheckpointConfig, CheckpointSaver
+from recovery.ckpt.digest import params_sha256
+from recovery.train.elastic import ElasticTrainer
 from recovery.env import DATA_PATH, WorkerEnv
-from recovery.manifest import CheckpointError
-from recovery.sampler import ResumableDistributedSampler
+from recovery.ckpt.manifest import CheckpointError
+from recovery.train.sampler import ResumableDistributedSampler
 
 logger = logging.getLogger("mnist")
 

@@ -11,7 +11,7 @@ import json
 import torch
 import torch.distributed as dist
 
-from recovery.grad_sync import all_reduce_gradients
+from recovery.train.grad_sync import all_reduce_gradients
 
 
 def main() -> None:

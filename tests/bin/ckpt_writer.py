@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from recovery.checkpoint import CheckpointConfig, CheckpointSaver
+from recovery.ckpt.checkpoint import CheckpointConfig, CheckpointSaver
 from recovery.position import TrainPosition
 
 

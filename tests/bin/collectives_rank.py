@@ -1,4 +1,4 @@
-"""Test helper: one rank of recovery.collectives over gloo; prints what it received.
+"""Test helper: one rank of recovery.train.collectives over gloo; prints what it received.
 
 Started with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set. Rank r offers r rows
 (r, i) for i < r; rank 1 broadcasts a dict holding a tensor.
@@ -11,7 +11,7 @@ import json
 import torch
 import torch.distributed as dist
 
-from recovery.collectives import all_gather_rows, broadcast_object
+from recovery.train.collectives import all_gather_rows, broadcast_object
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Test helper: one of two ranks going through three generations with recovery/group.py.
+"""Test helper: one of two ranks going through three generations with recovery/runtime/group.py.
 
     group_cycle.py RANK PORT
 
@@ -24,7 +24,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from recovery import group
+from recovery.runtime import group
 
 GROUP_TIMEOUT = timedelta(seconds=60)
 

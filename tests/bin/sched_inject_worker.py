@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 import recovery
 from recovery.faults import DeviceError
-from recovery.inject import deliver
+from recovery.control.inject import deliver
 
 
 def main() -> None:

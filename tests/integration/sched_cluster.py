@@ -12,7 +12,7 @@ from typing import Any
 from support import BIN, REPO, wait_for
 
 from recovery import env as names
-from recovery.control import SchedulerControl
+from recovery.control.client import SchedulerControl
 
 SCRIPT = BIN / "sched_train.py"
 

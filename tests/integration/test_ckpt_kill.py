@@ -11,10 +11,10 @@ from pathlib import Path
 import torch
 from support import BIN, REPO, wait_for
 
-from recovery import layout
-from recovery.checkpoint import CheckpointSaver
-from recovery.manifest import newest_valid, verify_dir
-from recovery.restore import resume
+from recovery.ckpt import layout
+from recovery.ckpt.checkpoint import CheckpointSaver
+from recovery.ckpt.manifest import newest_valid, verify_dir
+from recovery.ckpt.restore import resume
 
 
 def writer(directory: Path, mode: str, megabytes: int) -> subprocess.Popen[str]:

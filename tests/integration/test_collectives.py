@@ -1,4 +1,4 @@
-"""recovery.collectives over real gloo ranks: ragged integer rows gathered, an object broadcast."""
+"""recovery.train.collectives over real gloo ranks: ragged integer rows gathered, an object broadcast."""
 
 from __future__ import annotations
 

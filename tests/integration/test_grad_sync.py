@@ -10,7 +10,7 @@ import torch
 from support import BIN, run_together
 
 from recovery import env as envnames
-from recovery.grad_sync import all_reduce_gradients
+from recovery.train.grad_sync import all_reduce_gradients
 
 
 def test_gradients_are_averaged_across_ranks(free_port: int) -> None:

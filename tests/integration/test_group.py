@@ -1,4 +1,4 @@
-"""recovery/group.py on real gloo groups: a failed rendezvous, and leaving a group with a
+"""recovery/runtime/group.py on real gloo groups: a failed rendezvous, and leaving a group with a
 collective blocked in it, never hold a process back from the next generation."""
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ def test_uce_arrives_at_its_step_one_claim_wins_and_an_exception_ends_the_job(
     assert tftrun.returncode == 1
     assert f"Root cause (first observed failure): rank 1 (pid {pid}) exited with code 1" \
         in out, out
-    assert "recovery.inject.InjectedError: injected exception" in log(log_dir, 1)
+    assert "recovery.control.inject.InjectedError: injected exception" in log(log_dir, 1)
     assert "got exception (injection " in log(log_dir, 1)
     assert f"at step {at}\n" in log(log_dir, 1).split("got exception")[1]
     assert [(e["rank"], e.get("exitcode")) for e in events(log_dir, "exit")

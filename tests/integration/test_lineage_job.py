@@ -17,8 +17,8 @@ from support import TFT_OFF, events, kill_rank_and_wait, log_has, run, spawn, te
 from support_mnist import JOB, final_digests, mnist_job
 
 from launcher import ctl
-from recovery import layout
-from recovery.lineage import read_lineage
+from recovery.ckpt import layout
+from recovery.ckpt.lineage import read_lineage
 
 pytestmark = pytest.mark.timeout(400)
 

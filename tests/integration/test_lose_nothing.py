@@ -26,8 +26,8 @@ from support import (
 )
 
 from launcher import ctl
-from recovery import layout
-from recovery.manifest import candidates, problem
+from recovery.ckpt import layout
+from recovery.ckpt.manifest import candidates, problem
 from recovery.position import TrainPosition
 
 pytestmark = pytest.mark.timeout(300)

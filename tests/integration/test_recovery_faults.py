@@ -24,7 +24,7 @@ from support import (
 )
 from support_mnist import final_digests, mnist_job
 
-from recovery.layout import checkpoint_name, rank_dir
+from recovery.ckpt.layout import checkpoint_name, rank_dir
 from recovery.position import TrainPosition
 
 pytestmark = pytest.mark.timeout(240)
@@ -90,7 +90,7 @@ def test_rank_0_killed_during_a_checkpoint_save(
 
     The save is caught in the act: once rank 0 is near step 40, the test polls its
     checkpoint folder without pause for the temporary file of that checkpoint
-    (``.mnist-1_40.ckpt.<pid>.tmp``, recovery/layout.py) and kills rank 0 the moment it
+    (``.mnist-1_40.ckpt.<pid>.tmp``, recovery/ckpt/layout.py) and kills rank 0 the moment it
     appears. That the kill landed inside the save is checked, not assumed: the temporary
     file is still there after the kill (a finished save renames it away), and the
     relaunched rank 0 removes it as a dead writer's leftover. The step-40 checkpoint then

@@ -22,8 +22,8 @@ from support import REPO, tftrun_cmd
 from support_mnist import TEMPLATE, write_mnist
 
 from recovery import env as envnames
-from recovery import layout
-from recovery.restore import load_checkpoint
+from recovery.ckpt import layout
+from recovery.ckpt.restore import load_checkpoint
 
 TRAIN = str(TEMPLATE / "train.py")
 COMMON = ["--epochs", "2", "--synthetic_size", "4096", "--save_steps", "20", "--momentum", "0.9"]

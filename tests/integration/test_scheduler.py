@@ -13,7 +13,7 @@ from support import events, run, tftctl_cmd, wait_for, wait_for_event
 
 from launcher.status_cli import format_status, query
 from recovery import env as names
-from recovery.heartbeat import EXIT_EVICTED
+from recovery.runtime.heartbeat import EXIT_EVICTED
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -13,7 +13,7 @@ import pytest
 from sched_cluster import SCRIPT, cluster_env
 from support import REPO, events, pid_gone, run, wait_for, wait_for_event
 
-from recovery.control import SchedulerControl
+from recovery.control.client import SchedulerControl
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -17,7 +17,7 @@ import pytest
 from support import events, spawn, spawned_pids, terminate, tftrun_cmd, wait_for
 from support_mnist import TRAIN
 
-from recovery import layout
+from recovery.ckpt import layout
 from recovery.position import TrainPosition
 
 pytestmark = pytest.mark.timeout(240)

@@ -10,8 +10,8 @@ from pathlib import Path
 from filelock import FileLock
 from support import wait_for_event
 
-from recovery.sched_files import StateFile
-from recovery.scheduler import Scheduler, SchedulerConfig
+from recovery.control.files import StateFile
+from recovery.control.scheduler import Scheduler, SchedulerConfig
 from recovery.timeouts import Timeouts
 
 TOKEN = "job-token"

@@ -11,7 +11,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from jobs.phase_steps import VARIANTS, WARMUP_STEPS, PhaseBench  # noqa: E402 - bench/ is not a package
 from phase_overhead import paired_ratios, report  # noqa: E402
 
-from recovery.phase import COMPUTING, DONE, UPDATING  # noqa: E402
+from recovery.train.phase import COMPUTING, DONE, UPDATING  # noqa: E402
 
 
 def test_only_the_wrapped_variant_reports_phases_and_every_variant_trains() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from recovery.checkpoint import CheckpointConfig
+from recovery.ckpt.checkpoint import CheckpointConfig
 from recovery.position import TrainPosition
 
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from recovery import layout
+from recovery.ckpt import layout
 from recovery.position import TrainPosition
 
 positions = st.builds(TrainPosition, st.integers(0, 10**6), st.integers(0, 10**6), st.integers(0, 10**9))

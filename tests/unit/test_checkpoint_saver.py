@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from recovery import env as envnames
-from recovery.checkpoint import CheckpointConfig, CheckpointSaver
-from recovery.manifest import CheckpointError
+from recovery.ckpt.checkpoint import CheckpointConfig, CheckpointSaver
+from recovery.ckpt.manifest import CheckpointError
 from recovery.position import TrainPosition
-from recovery.restore import ResumePoint, WorldSizeMismatchError, load_checkpoint, resume
-from recovery.sampler import ResumableDistributedSampler
+from recovery.ckpt.restore import ResumePoint, WorldSizeMismatchError, load_checkpoint, resume
+from recovery.train.sampler import ResumableDistributedSampler
 
 
 class Job:

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from recovery import layout
-from recovery.checkpoint import CheckpointSaver
-from recovery.durable import file_digest, write_atomic
+from recovery.ckpt import layout
+from recovery.ckpt.checkpoint import CheckpointSaver
+from recovery.ckpt.durable import file_digest, write_atomic
 from recovery.position import TrainPosition
-from recovery.manifest import CheckpointEntry, InvalidCheckpointError, Manifest, newest_valid, verify_dir
-from recovery.restore import load_checkpoint, resume
+from recovery.ckpt.manifest import CheckpointEntry, InvalidCheckpointError, Manifest, newest_valid, verify_dir
+from recovery.ckpt.restore import load_checkpoint, resume
 
 
 @pytest.fixture

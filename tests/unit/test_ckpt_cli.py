@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from launcher import ctl
-from recovery import layout
-from recovery.checkpoint import CheckpointConfig, CheckpointSaver
+from recovery.ckpt import layout
+from recovery.ckpt.checkpoint import CheckpointConfig, CheckpointSaver
 from recovery.position import TrainPosition
 
 

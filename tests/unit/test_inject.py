@@ -15,14 +15,14 @@ from support import REPO, events
 
 from launcher.inject_cli import _signal_target
 from recovery import env as names
-from recovery.cluster import ClusterContext, _Session
+from recovery.runtime.cluster import ClusterContext, _Session
 from recovery.faults import DeviceError, is_recoverable_device_error
-from recovery.heartbeat import Heartbeat
-from recovery.inject import Inbox, InjectedError, Injection, check, deliver
-from recovery.claims import LastWords
-from recovery.membership import Identity
-from recovery.rpc import Op, SchedulerUnavailable, new_request_id
-from recovery.scheduler import Scheduler, SchedulerConfig
+from recovery.runtime.heartbeat import Heartbeat
+from recovery.control.inject import Inbox, InjectedError, Injection, check, deliver
+from recovery.control.claims import LastWords
+from recovery.control.membership import Identity
+from recovery.control.rpc import Op, SchedulerUnavailable, new_request_id
+from recovery.control.scheduler import Scheduler, SchedulerConfig
 from recovery.timeouts import Timeouts
 
 TOKEN = "job-token"
@@ -252,7 +252,7 @@ def test_uce_raises_a_recoverable_device_error_and_exception_an_ordinary_one() -
 
 
 def run_delivered(fault: str) -> subprocess.Popen[str]:
-    code = ("import logging; logging.basicConfig(); from recovery.inject import *; "
+    code = ("import logging; logging.basicConfig(); from recovery.control.inject import *; "
             f"deliver(Injection('x', 0, {fault!r}, None)); print('returned', flush=True)")
     return subprocess.Popen([sys.executable, "-c", code], cwd=REPO, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import recovery.last_words as last_words
-from recovery import layout
-from recovery.checkpoint import CheckpointSaver
-from recovery.manifest import candidates, problem
+import recovery.ckpt.last_words as last_words
+from recovery.ckpt import layout
+from recovery.ckpt.checkpoint import CheckpointSaver
+from recovery.ckpt.manifest import candidates, problem
 from recovery.position import TrainPosition
-from recovery.restore import load_checkpoint
+from recovery.ckpt.restore import load_checkpoint
 
 POSITION = TrainPosition(epoch=2, step=7, global_step=57)
 

@@ -15,14 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from recovery import env as names
-from recovery import last_words, layout
-from recovery.checkpoint import CheckpointSaver
-from recovery.lineage import (
+from recovery.ckpt import last_words, layout
+from recovery.ckpt.checkpoint import CheckpointSaver
+from recovery.ckpt.lineage import (
     LineageError, adopt_lineage, job_lineage, main, open_lineage, read_lineage, record_lineage,
 )
-from recovery.manifest import CheckpointEntry, CheckpointKind, Manifest, candidates, newest_valid
+from recovery.ckpt.manifest import CheckpointEntry, CheckpointKind, Manifest, candidates, newest_valid
 from recovery.position import TrainPosition
-from recovery.restore import load_checkpoint, resume
+from recovery.ckpt.restore import load_checkpoint, resume
 
 
 def saver_of(directory: Path, lineage: str, seed: int = 0) -> CheckpointSaver:
@@ -206,4 +206,4 @@ def test_launch_scripts_open_the_lineage_as_tftrun_does(
     assert out == f"{read_lineage(tmp_path)}\n" != f"{earlier}\n"
     assert err.strip() == f"an earlier job's checkpoints in {tmp_path} were moved to {tmp_path / 'previous' / '1'}"
     assert main(["again", str(tmp_path)]) == 2
-    assert capsys.readouterr().err.startswith("usage: python -m recovery.lineage new|resume")
+    assert capsys.readouterr().err.startswith("usage: python -m recovery.ckpt.lineage new|resume")

@@ -14,10 +14,10 @@ from launcher import cli, ctl
 from launcher.config import LaunchConfig
 from launcher.spec import worker_spec
 from recovery import env as names
-from recovery import layout
-from recovery.checkpoint import CheckpointSaver
+from recovery.ckpt import layout
+from recovery.ckpt.checkpoint import CheckpointSaver
 from recovery.env import WorkerEnv
-from recovery.lineage import adopt_lineage, open_lineage
+from recovery.ckpt.lineage import adopt_lineage, open_lineage
 from recovery.position import TrainPosition
 
 

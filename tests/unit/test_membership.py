@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recovery.membership import (
+from recovery.control.membership import (
     Accepted,
     Identity,
     IllegalTransition,

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from recovery.faults import DeviceError, is_recoverable_device_error
-from recovery.modes import ALL_ON, TftModes, parse_enable_tft
-from recovery.phase import COMPUTING, DONE, UPDATING, phase_of, wrap_optimizer
-from recovery.replica import ReplicaReport, choose_source
+from recovery.train.modes import ALL_ON, TftModes, parse_enable_tft
+from recovery.train.phase import COMPUTING, DONE, UPDATING, phase_of, wrap_optimizer
+from recovery.train.replica import ReplicaReport, choose_source
 
 
 @pytest.mark.parametrize(("text", "modes"), [

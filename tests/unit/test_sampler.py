@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from recovery.sampler import ResumableDistributedSampler
+from recovery.train.sampler import ResumableDistributedSampler
 
 
 def test_ranks_split_an_epoch_into_disjoint_equal_shares() -> None:

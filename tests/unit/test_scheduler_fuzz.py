@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from sched_inprocess import TOKEN, running_scheduler, scheduler_config
 from support import free_tcp_port
 
-from recovery.inject import FAULTS
-from recovery.rpc import REQUESTS, Op, open_client, reply_key
-from recovery.sched_files import StateFile
-from recovery.scheduler import Scheduler
+from recovery.control.inject import FAULTS
+from recovery.control.rpc import REQUESTS, Op, open_client, reply_key
+from recovery.control.files import StateFile
+from recovery.control.scheduler import Scheduler
 
 PLAUSIBLE = {
     "node_id": st.sampled_from(["0", "1", ""]), "pid": st.integers(1, 5000),

@@ -13,7 +13,7 @@ import psutil
 import pytest
 from support import wait_for
 
-from recovery.rpc import SchedulerLink
+from recovery.control.rpc import SchedulerLink
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,14 +15,14 @@ import pytest
 from sched_inprocess import TOKEN, running_scheduler, scheduler_config, scheduler_stalled
 from support import events, wait_for, wait_for_event
 
-from recovery import replies
-from recovery.cluster import ClusterContext, _Session
-from recovery.control import SchedulerControl
-from recovery.heartbeat import Heartbeat
-from recovery.membership import Identity
-from recovery.rpc import REQUESTS, Op, SchedulerLink, open_client, reply_key
-from recovery.sched_files import StateFile
-from recovery.scheduler import Scheduler
+from recovery.control import replies
+from recovery.runtime.cluster import ClusterContext, _Session
+from recovery.control.client import SchedulerControl
+from recovery.runtime.heartbeat import Heartbeat
+from recovery.control.membership import Identity
+from recovery.control.rpc import REQUESTS, Op, SchedulerLink, open_client, reply_key
+from recovery.control.files import StateFile
+from recovery.control.scheduler import Scheduler
 from recovery.timeouts import Timeouts
 
 pytestmark = pytest.mark.timeout(60)

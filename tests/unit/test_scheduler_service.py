@@ -11,12 +11,12 @@ import pytest
 from sched_inprocess import TOKEN, running_scheduler
 from support import events, wait_for, wait_for_event
 
-from recovery.cluster import ClusterContext, ClusterError, _register, _Session
-from recovery.control import SchedulerControl
-from recovery.heartbeat import Heartbeat
-from recovery.membership import Identity
-from recovery.rpc import Op, SchedulerLink
-from recovery.sched_files import Endpoint, StateFile
+from recovery.runtime.cluster import ClusterContext, ClusterError, _register, _Session
+from recovery.control.client import SchedulerControl
+from recovery.runtime.heartbeat import Heartbeat
+from recovery.control.membership import Identity
+from recovery.control.rpc import Op, SchedulerLink
+from recovery.control.files import Endpoint, StateFile
 from recovery.timeouts import Timeouts
 
 pytestmark = pytest.mark.timeout(60)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from launcher.status_cli import NoJobError, describe_last_fault, format_status, query
-from recovery.sched_files import Endpoint
+from recovery.control.files import Endpoint
 
 STATUS = {
     "ok": True, "run_id": "r1", "generation": 2, "worker_num": 3, "missing": [2],

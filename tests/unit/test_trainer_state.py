@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from recovery import group
-from recovery.abort import Aborted
-from recovery.torch_compat import TorchVersionError, check_version
-from recovery.trainer_state import TRANSITIONS, IllegalTransition, TrainerMachine, TrainerState
+from recovery.runtime import group
+from recovery.runtime.abort import Aborted
+from recovery.runtime.torch_compat import TorchVersionError, check_version
+from recovery.train.state import TRANSITIONS, IllegalTransition, TrainerMachine, TrainerState
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "recovery.md"
 EDGE = re.compile(r"^\s*(\w+|\[\*\])\s*-->\s*(\w+|\[\*\])\s*(?::.*)?$")

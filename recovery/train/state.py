@@ -1,4 +1,4 @@
-"""The states of :class:`recovery.elastic.ElasticTrainer` and their legal moves.
+"""The states of :class:`recovery.train.elastic.ElasticTrainer` and their legal moves.
 
 The trainer is always in exactly one :class:`TrainerState`; every change goes through
 :meth:`TrainerMachine.move`, which checks it against :data:`TRANSITIONS` (drawn in

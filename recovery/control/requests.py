@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from recovery.rpc import Op
+from recovery.control.rpc import Op
 
 __all__ = ["BadRequest", "Request", "parse_request", "MAX_REQUEST_BYTES", "MAX_DEPTH"]
 

@@ -9,7 +9,7 @@ A user writes an ordinary loop around :meth:`ElasticTrainer.steps`::
         trainer.all_reduce_gradients()
         optimizer.step()
 
-The trainer wraps the optimizer (:func:`recovery.phase.wrap_optimizer`), so it knows
+The trainer wraps the optimizer (:func:`recovery.train.phase.wrap_optimizer`), so it knows
 whether this rank's state is that of a completed step, and can void a step whose
 gradient exchange failed: ``optimizer.step()`` then does nothing and every rank stays at
 its last completed step.
@@ -18,10 +18,10 @@ its last completed step.
   once; the others see the scheduler announce a new generation between polls of the
   collective). The trainer remembers it instead of raising. Before the next step each
   survivor, if it is consistent and the scheduler picks it, saves the last-words
-  checkpoint of its last completed step for every rank (TTP, :mod:`recovery.last_words`);
+  checkpoint of its last completed step for every rank (TTP, :mod:`recovery.ckpt.last_words`);
   then it drops the broken group and joins the generation the scheduler forms once the
   dead rank is relaunched. There every member reports its state; the newest consistent
-  one sends its state to the others over the new group (ARF, :mod:`recovery.replica`), or,
+  one sends its state to the others over the new group (ARF, :mod:`recovery.train.replica`), or,
   without such a replica, every rank restores the newest checkpoint all ranks hold,
   last-words ones included. The relaunched rank does the same from its first step.
 * **A rank's device fails** (a :class:`recovery.faults.DeviceError` in its step). The
@@ -33,8 +33,8 @@ its last completed step.
   on a frozen peer) gives up waiting :data:`STOP_PATIENCE` after the signal, voids the
   step and stops the same way; so does a rank waiting for a new generation.
 
-The trainer is always in one :class:`recovery.trainer_state.TrainerState` and moves only
-along :data:`recovery.trainer_state.TRANSITIONS`; docs/recovery.md draws them.
+The trainer is always in one :class:`recovery.train.state.TrainerState` and moves only
+along :data:`recovery.train.state.TRANSITIONS`; docs/recovery.md draws them.
 """
 
 from __future__ import annotations
@@ -54,26 +54,26 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from recovery import layout
-from recovery.checkpoint import CheckpointSaver
-from recovery.abort import Aborted, ShouldAbort, never
-from recovery.cluster import ClusterContext
-from recovery.collectives import Wait, all_gather_rows, blocking
-from recovery.digest import params_sha256
+from recovery.ckpt import layout
+from recovery.ckpt.checkpoint import CheckpointSaver
+from recovery.runtime.abort import Aborted, ShouldAbort, never
+from recovery.runtime.cluster import ClusterContext
+from recovery.train.collectives import Wait, all_gather_rows, blocking
+from recovery.ckpt.digest import params_sha256
 from recovery.env import WorkerEnv
 from recovery.events import EventLog, read_events
 from recovery.faults import is_recoverable_device_error
-from recovery.grad_sync import all_reduce_gradients
-from recovery.inject import Injection, deliver
-from recovery.last_words import save_last_words
-from recovery.manifest import Candidate, CheckpointKind, candidates, problem
-from recovery.modes import TftModes, parse_enable_tft
-from recovery.phase import phase_of
-from recovery.replica import ReplicaReport, broadcast_state, choose_source, gather_reports
+from recovery.train.grad_sync import all_reduce_gradients
+from recovery.control.inject import Injection, deliver
+from recovery.ckpt.last_words import save_last_words
+from recovery.ckpt.manifest import Candidate, CheckpointKind, candidates, problem
+from recovery.train.modes import TftModes, parse_enable_tft
+from recovery.train.phase import phase_of
+from recovery.train.replica import ReplicaReport, broadcast_state, choose_source, gather_reports
 from recovery.position import TrainPosition
-from recovery.restore import ResumePoint, load_checkpoint, restore_checkpoint
-from recovery.sampler import ResumableDistributedSampler
-from recovery.trainer_state import TrainerMachine, TrainerState
+from recovery.ckpt.restore import ResumePoint, load_checkpoint, restore_checkpoint
+from recovery.train.sampler import ResumableDistributedSampler
+from recovery.train.state import TrainerMachine, TrainerState
 
 __all__ = ["ElasticTrainer", "Step", "PeerFailure", "TrainerState", "agree_rollback_point"]
 
@@ -183,7 +183,7 @@ class ElasticTrainer:
             restart of the whole group).
         allow_world_size_change: resume from checkpoints of another world size.
         modes: the lose-nothing modes; by default from ``MS_ENABLE_TFT``
-            (:mod:`recovery.modes`).
+            (:mod:`recovery.train.modes`).
     """
 
     def __init__(self, ctx: ClusterContext, model: torch.nn.Module,

@@ -16,11 +16,11 @@ Last-words checkpoints (TTP) use the same file-name pattern with the prefix
 
 Each step directory holds a ``lineage`` file: the id of the job that saved it.
 
-The recovery path itself records the job's lineage (:mod:`recovery.lineage`), and keeps the
+The recovery path itself records the job's lineage (:mod:`recovery.ckpt.lineage`), and keeps the
 checkpoints of earlier jobs that a fresh launch moved aside::
 
     <recovery_path>/lineage                 the lineage id of the job the path belongs to
-    <recovery_path>/scheduler/              the scheduler's state (recovery.sched_files)
+    <recovery_path>/scheduler/              the scheduler's state (recovery.control.files)
     <recovery_path>/previous/<n>/           an earlier job's checkpoints, state and lineage
 
 Names are made from a :class:`~recovery.position.TrainPosition` here and nowhere else.

@@ -8,7 +8,7 @@ completely, with its size and sha256. A file is *valid* only if all of these hol
 3. its sha256 is the recorded one (catches bit flips);
 4. it loads with ``torch.load(weights_only=True)`` (no arbitrary unpickling).
 
-Each entry also records the job's lineage (:mod:`recovery.lineage`) and the kind of
+Each entry also records the job's lineage (:mod:`recovery.ckpt.lineage`) and the kind of
 checkpoint (periodic or last words). Whatever chooses a checkpoint to restore asks for one
 lineage's candidates: entries of any other lineage, and entries written before lineages
 existed (they have none), are left out.
@@ -34,8 +34,8 @@ from typing import Any
 import torch
 from filelock import FileLock
 
-from recovery import layout
-from recovery.durable import file_digest, write_atomic
+from recovery.ckpt import layout
+from recovery.ckpt.durable import file_digest, write_atomic
 from recovery.position import TrainPosition
 
 __all__ = [
@@ -77,7 +77,7 @@ class CheckpointKind(str, Enum):
     PERIODIC = "periodic"
     """By the saver, every N steps or epochs, at the start and at the end of training."""
     LAST_WORDS = "last_words"
-    """By a healthy replica after a fault, for every rank (TTP, :mod:`recovery.last_words`)."""
+    """By a healthy replica after a fault, for every rank (TTP, :mod:`recovery.ckpt.last_words`)."""
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ records a new lineage. Checkpoints written before lineages existed carry none: t
 another lineage's.
 
 tftrun hands the id to its workers in ``TFT_LINEAGE``; so does templates/run.sh, which
-opens the lineage as tftrun does (``python -m recovery.lineage new|resume PATH``). A
+opens the lineage as tftrun does (``python -m recovery.ckpt.lineage new|resume PATH``). A
 process started without it (torchrun-style, by hand, templates/recover.sh) adopts the
 lineage its recovery path records, and records a new one if there is none: started by
 hand, the recovery path is the job.
@@ -29,8 +29,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from recovery import layout
-from recovery.durable import create_atomic, create_numbered_dir, fsync_dir, write_atomic
+from recovery.ckpt import layout
+from recovery.ckpt.durable import create_atomic, create_numbered_dir, fsync_dir, write_atomic
 from recovery.env import TFT_LINEAGE, WorkerEnv
 
 __all__ = [
@@ -185,16 +185,16 @@ def _holds_checkpoints(recovery_path: Path) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m recovery.lineage new|resume RECOVERY_PATH``: open the lineage of a launch
+    """``python -m recovery.ckpt.lineage new|resume RECOVERY_PATH``: open the lineage of a launch
     by hand (templates/run.sh) as tftrun does, and print its id."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 2 or args[0] not in ("new", "resume"):
-        print("usage: python -m recovery.lineage new|resume RECOVERY_PATH", file=sys.stderr)
+        print("usage: python -m recovery.ckpt.lineage new|resume RECOVERY_PATH", file=sys.stderr)
         return 2
     try:
         opened = open_lineage(args[1], resume=args[0] == "resume")
     except (LineageError, OSError) as err:
-        print(f"recovery.lineage: error: {err}", file=sys.stderr)
+        print(f"recovery.ckpt.lineage: error: {err}", file=sys.stderr)
         return 2
     if opened.archived is not None:
         print(f"an earlier job's checkpoints in {args[1]} were moved to {opened.archived}", file=sys.stderr)

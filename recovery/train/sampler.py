@@ -92,7 +92,7 @@ class ResumableDistributedSampler(Sampler[int]):
         """What a checkpoint records of the data order: ``seed`` and ``batch_size``.
 
         The data position is the checkpoint's own (its epoch and step): a checkpoint adds
-        it as ``epoch`` and ``step`` (:class:`recovery.checkpoint.CheckpointSaver`).
+        it as ``epoch`` and ``step`` (:class:`recovery.ckpt.checkpoint.CheckpointSaver`).
         """
         return {"seed": self.seed, "batch_size": self.batch_size}
 

@@ -2,7 +2,7 @@
 
 Everything here is a pure function of the requests it is given and of an injected
 clock, so that the rules are tested exactly and fast (tests/unit/test_membership.py).
-The scheduler process (recovery/scheduler.py) feeds it requests from the store, emits
+The scheduler process (recovery/control/scheduler.py) feeds it requests from the store, emits
 the events it collects and persists :meth:`Membership.to_json`.
 
 Two clocks: cooldowns are wall-clock times (unix seconds), because they are persisted

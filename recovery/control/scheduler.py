@@ -1,16 +1,16 @@
 """The scheduler process: the cluster's single source of truth about membership.
 
-Started by tftrun as ``python -m recovery.scheduler``, or by a training script's
+Started by tftrun as ``python -m recovery.control.scheduler``, or by a training script's
 ``recovery.init()`` under ``MS_ROLE=MS_SCHED`` (msrun's dynamic-cluster style). It hosts
 the cluster's c10d ``TCPStore`` at MS_SCHED_HOST:MS_SCHED_PORT; when tftrun starts it, the
 listening socket is inherited (``TFT_STORE_FD``), so that a relaunched scheduler serves on
 the same port at once and no other process can take the port in between.
 
-One thread handles requests (recovery/rpc.py) one at a time and applies the rules of
-recovery/membership.py; a ticker wakes it every :data:`TICK` seconds so that silence is
-noticed too. Each request is checked first (recovery/requests.py): a malformed one is
+One thread handles requests (recovery/control/rpc.py) one at a time and applies the rules of
+recovery/control/membership.py; a ticker wakes it every :data:`TICK` seconds so that silence is
+noticed too. Each request is checked first (recovery/control/requests.py): a malformed one is
 answered ``bad_request`` and decides nothing. A retry of a request already carried out
-is answered as the first attempt was (recovery/replies.py). After each request it writes
+is answered as the first attempt was (recovery/control/replies.py). After each request it writes
 the decided events to ``events.jsonl``, publishes a newly formed generation, and persists
 its state, so that a ``kill -9`` loses nothing the workers were told.
 
@@ -37,19 +37,19 @@ from typing import Any
 from recovery import env as names
 from recovery.env import WorkerEnv
 from recovery.events import EventLog
-from recovery.inject import Injection, InjectionQueue, check, new_id
-from recovery.claims import LastWords
-from recovery.membership import (
+from recovery.control.inject import Injection, InjectionQueue, check, new_id
+from recovery.control.claims import LastWords
+from recovery.control.membership import (
     NO_GENERATION,
     Accepted,
     Identity,
     Membership,
     describe_incomplete,
 )
-from recovery.replies import KeptReplies, SentReplies
-from recovery.requests import BadRequest, Request, parse_request
-from recovery.rpc import REQUESTS, Op, open_client, ready_key, reply_key
-from recovery.sched_files import Endpoint, StateFile
+from recovery.control.replies import KeptReplies, SentReplies
+from recovery.control.requests import BadRequest, Request, parse_request
+from recovery.control.rpc import REQUESTS, Op, open_client, ready_key, reply_key
+from recovery.control.files import Endpoint, StateFile
 from recovery.timeouts import Timeouts
 
 __all__ = ["SchedulerConfig", "Scheduler", "host_store", "main", "EXIT_CLUSTER_TIMEOUT"]
@@ -316,7 +316,7 @@ class Scheduler:
         return {"ok": True, "id": injection.id}
 
     def _on_last_words(self, request: Request) -> dict[str, Any]:
-        """A survivor of a fault claims the last-words save (recovery/claims.py)."""
+        """A survivor of a fault claims the last-words save (recovery/control/claims.py)."""
         if not self._authorized(request):
             return _WRONG_TOKEN
         claim = request.fields
@@ -374,7 +374,7 @@ class Scheduler:
         self._check_end()
 
     def _publish_generation(self) -> None:
-        """Let the members of a newly formed generation rendezvous (recovery/cluster.py)."""
+        """Let the members of a newly formed generation rendezvous (recovery/runtime/cluster.py)."""
         generation = self.membership.generation
         if generation > self._published:
             self._client.set(ready_key(generation), str(generation))

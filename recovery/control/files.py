@@ -19,8 +19,8 @@ from typing import Any
 
 from filelock import FileLock
 
-from recovery.durable import write_atomic
-from recovery.layout import SCHEDULER_DIR as STATE_DIR
+from recovery.ckpt.durable import write_atomic
+from recovery.ckpt.layout import SCHEDULER_DIR as STATE_DIR
 
 __all__ = ["StateFile", "Endpoint", "ENDPOINT_FILE", "STATE_DIR"]
 

@@ -77,7 +77,7 @@ class StepPhase:
 def wrap_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """Make ``optimizer.step()`` report its phase; returns the same optimizer.
 
-    Wrapping twice is harmless. :class:`recovery.elastic.ElasticTrainer` wraps the
+    Wrapping twice is harmless. :class:`recovery.train.elastic.ElasticTrainer` wraps the
     optimizer it is given, so a script that uses the trainer need not call this.
     """
     if hasattr(optimizer, _ATTRIBUTE):

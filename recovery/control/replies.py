@@ -1,6 +1,6 @@
 """What the scheduler remembers of its answers: for retries, and to clear the store of them.
 
-A client that gets no answer in time asks again under the same request id (recovery/rpc.py).
+A client that gets no answer in time asks again under the same request id (recovery/control/rpc.py).
 The scheduler may have carried the first attempt out meanwhile, so :class:`KeptReplies`
 keeps the answer to every request that changed something, by id, and answers the retry
 with it instead of doing the request twice. It is persisted with the scheduler's state: a

@@ -1,6 +1,6 @@
 """Reading checkpoints back: verified loading and a one-call resume into the user's objects.
 
-A checkpoint (written by :class:`recovery.checkpoint.CheckpointSaver`) is a dict of plain
+A checkpoint (written by :class:`recovery.ckpt.checkpoint.CheckpointSaver`) is a dict of plain
 data and tensors::
 
     format, version            "tftrun-checkpoint", 1
@@ -12,7 +12,7 @@ data and tensors::
                                epoch and step, or None
     append_info                the config's epoch_num / step_num and user values
     rank, world_size           who wrote it, in a job of which size
-    lineage                    the id of the job that wrote it (recovery/lineage.py)
+    lineage                    the id of the job that wrote it (recovery/ckpt/lineage.py)
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 
 from recovery.env import WorkerEnv
-from recovery.lineage import job_lineage
-from recovery.manifest import CheckpointError, load_verified, newest_valid
+from recovery.ckpt.lineage import job_lineage
+from recovery.ckpt.manifest import CheckpointError, load_verified, newest_valid
 from recovery.position import TrainPosition
 from recovery.rng import GlobalRngState
 from recovery.stateful import Stateful
@@ -124,7 +124,7 @@ def restore_checkpoint(
         lr_scheduler: the LR scheduler, if its state is to be restored.
         sampler: the sampler to put at the checkpoint's data position: it loads the
             checkpoint's ``data`` with the position's ``epoch`` and ``step``
-            (:class:`recovery.sampler.ResumableDistributedSampler`).
+            (:class:`recovery.train.sampler.ResumableDistributedSampler`).
         rng: the RNG stateful to load the checkpoint's ``rng`` into; by default the
             global generators (:class:`recovery.rng.GlobalRngState`).
         path: the file it came from, for messages.
@@ -185,7 +185,7 @@ def resume(
         rng: see :func:`restore_checkpoint`.
         allow_world_size_change: see :func:`restore_checkpoint`.
         lineage: the lineage to resume; by default this job's
-            (:func:`recovery.lineage.job_lineage`).
+            (:func:`recovery.ckpt.lineage.job_lineage`).
 
     Returns:
         Where to continue; ``ResumePoint()`` (epoch 1, step 0) when nothing was restored.

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from recovery.abort import Aborted, ShouldAbort, never
+from recovery.runtime.abort import Aborted, ShouldAbort, never
 
 __all__ = ["meet", "connect", "retire", "exit_blocked"]
 
@@ -81,7 +81,7 @@ def connect(backend: str, store: Any, rank: int, world_size: int,
     from torch.distributed import DistNetworkError
     from torch.distributed.constants import default_pg_timeout
 
-    from recovery import torch_compat
+    from recovery.runtime import torch_compat
 
     try:
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,

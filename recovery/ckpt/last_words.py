@@ -1,16 +1,16 @@
 """The last-words checkpoint (TTP): a healthy replica saves every rank's state of step n.
 
 In data parallelism every rank holds the same parameters and optimizer state, so when one
-rank dies, any consistent survivor (not mid-update, see :mod:`recovery.phase`) can write
+rank dies, any consistent survivor (not mid-update, see :mod:`recovery.train.phase`) can write
 the state of its last completed step n for *every* rank, the dead one included. Ranks
 differ only in what is derived from the rank and the position (the data shard, which the
 sampler computes from the checkpoint's epoch and step), so the files differ only in their
 ``rank`` field.
 
-The files follow the seeds' layout (:func:`recovery.layout.ttp_checkpoint_path`), each in
+The files follow the seeds' layout (:func:`recovery.ckpt.layout.ttp_checkpoint_path`), each in
 a rank directory with its own manifest, so they verify and load like periodic ones; their
 manifest entries say they are last words. The step directory records the job's lineage
-(:mod:`recovery.lineage`), as every file in it does. The whole step directory is written
+(:mod:`recovery.ckpt.lineage`), as every file in it does. The whole step directory is written
 under a hidden temporary name and renamed when complete: a saver killed half-way leaves
 nothing that looks like a checkpoint.
 """
@@ -22,11 +22,11 @@ import os
 import shutil
 from pathlib import Path
 
-from recovery import layout
-from recovery.checkpoint import CheckpointSaver, write_checkpoint
-from recovery.durable import fsync_dir, remove_stale_temps
-from recovery.lineage import LineageError, read_lineage, record_lineage, set_aside
-from recovery.manifest import CheckpointKind, Manifest
+from recovery.ckpt import layout
+from recovery.ckpt.checkpoint import CheckpointSaver, write_checkpoint
+from recovery.ckpt.durable import fsync_dir, remove_stale_temps
+from recovery.ckpt.lineage import LineageError, read_lineage, record_lineage, set_aside
+from recovery.ckpt.manifest import CheckpointKind, Manifest
 from recovery.position import TrainPosition
 
 __all__ = ["save_last_words"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from recovery.collectives import Wait, all_gather_rows, blocking, broadcast_object
+from recovery.train.collectives import Wait, all_gather_rows, blocking, broadcast_object
 
 __all__ = ["ReplicaReport", "gather_reports", "choose_source", "broadcast_state"]
 

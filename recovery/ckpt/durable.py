@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from recovery.layout import temp_owner_pid, temp_path
+from recovery.ckpt.layout import temp_owner_pid, temp_path
 
 __all__ = ["FileDigest", "write_atomic", "create_atomic", "fsync_dir", "file_digest",
            "remove_stale_temps", "create_numbered_dir"]

@@ -1,6 +1,6 @@
 """Who saves the last-words checkpoint of a fault: the scheduler's arbitration, free of I/O.
 
-The saving itself is :mod:`recovery.last_words`.
+The saving itself is :mod:`recovery.ckpt.last_words`.
 
 When a worker dies, every survivor of its generation may hold a state consistent enough
 to save (not caught in the middle of an optimizer update). One copy is enough, and two

@@ -13,7 +13,7 @@ A request whose reply does not come in time may still be carried out (it waits i
 queue, or the scheduler is busy with it). Asking again under the same ``rid`` is safe:
 the scheduler keeps its replies to requests that changed something and answers a retry
 with the reply it gave, without carrying the request out twice; it removes the replies
-nobody read from the store (recovery/replies.py). :meth:`SchedulerLink.call_until` asks
+nobody read from the store (recovery/control/replies.py). :meth:`SchedulerLink.call_until` asks
 this way until it has the answer.
 
 Measured on torch 2.13 (DESIGN.md §9): a store client whose server died never

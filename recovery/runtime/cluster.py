@@ -3,7 +3,7 @@
 The same ``python train.py`` plays either role, as in msrun's dynamic-cluster mode:
 
 * ``MS_ROLE=MS_SCHED``: ``init()`` runs the scheduler and exits the process when the job
-  ends (recovery/scheduler.py);
+  ends (recovery/control/scheduler.py);
 * a worker (``MS_ROLE=MS_WORKER`` or unset) with ``MS_SCHED_PORT`` set registers with the
   scheduler (retrying while it is unreachable or refuses for a cooldown, until
   ``cluster_time_out``), starts its heartbeat, waits for all ``worker_num`` workers, and
@@ -28,14 +28,14 @@ from datetime import timedelta
 from typing import Any, NoReturn
 
 from recovery import env as names
-from recovery import group
-from recovery.abort import Aborted, ShouldAbort, never
+from recovery.runtime import group
+from recovery.runtime.abort import Aborted, ShouldAbort, never
 from recovery.env import WorkerEnv
 from recovery.exit_codes import REGISTRATION_REFUSED
-from recovery.heartbeat import Heartbeat
-from recovery.inject import Injection
-from recovery.membership import Identity, describe_incomplete
-from recovery.rpc import (
+from recovery.runtime.heartbeat import Heartbeat
+from recovery.control.inject import Injection
+from recovery.control.membership import Identity, describe_incomplete
+from recovery.control.rpc import (
     Op,
     SchedulerLink,
     SchedulerUnavailable,
@@ -136,7 +136,7 @@ class ClusterContext:
 
     def claim_last_words(self, global_step: int, consistent: bool, reason: str = "") -> bool:
         """Ask the scheduler whether this rank saves the last-words checkpoint of the
-        fault that broke generation :attr:`generation` (recovery/claims.py).
+        fault that broke generation :attr:`generation` (recovery/control/claims.py).
 
         True for the first claim with ``consistent=True`` of that generation, False for
         every other claim, and when there is no scheduler or it does not answer within
@@ -175,7 +175,7 @@ class ClusterContext:
         For a survivor of a peer's death: call it once every reference to the old
         group's objects is dropped (DESIGN.md §9), so that the peers' collectives blocked
         on this process are released. Leaving does not wait for a collective of this
-        process still in flight (recovery/group.py). It waits until the scheduler has
+        process still in flight (recovery/runtime/group.py). It waits until the scheduler has
         formed a newer generation with this process in it (the dead peer relaunched
         after its cooldown), then joins that generation's group.
 
@@ -194,7 +194,7 @@ class ClusterContext:
 
     def leave_group(self) -> None:
         """Leave this generation's process group at once, even with a collective of this
-        process still in flight (recovery/group.py); nothing when there is none.
+        process still in flight (recovery/runtime/group.py); nothing when there is none.
 
         Call it once every reference to the group's objects is dropped (DESIGN.md §9).
         """
@@ -272,7 +272,7 @@ class ClusterContext:
 
     def _finish_at_exit(self) -> None:
         """Finish, then end the process at once if a thread is still blocked in torch:
-        exiting normally would abort in the C++ runtime (recovery/group.py, recovery/rpc.py)."""
+        exiting normally would abort in the C++ runtime (recovery/runtime/group.py, recovery/control/rpc.py)."""
         abnormal = self._failed
         self.finish(abnormal, "uncaught exception" if abnormal else "finished")
         if self.stop_status is not None and not abnormal:
@@ -281,7 +281,7 @@ class ClusterContext:
             # there for the peer, past the launcher's grace period. Nothing is left to do.
             _exit_now(self.stop_status)
         if group.exit_blocked(_RETIRED_GROUP_WAIT):
-            # Exiting normally would abort in the C++ runtime (recovery/group.py).
+            # Exiting normally would abort in the C++ runtime (recovery/runtime/group.py).
             _exit_abandoning(abnormal, "an old process group is still blocked on a peer")
         if self._link is not None and not self._link.wait_closed(_LINK_CLOSE_WAIT):
             # So would a scheduler link still inside torch's store constructor (rpc.py).
@@ -329,7 +329,7 @@ def init(backend: str | None = None, timeout: timedelta | None = None) -> Cluste
     """
     worker_env = WorkerEnv.from_env()
     if worker_env.is_scheduler:
-        from recovery import scheduler
+        from recovery.control import scheduler
 
         sys.exit(scheduler.main())
     backend = _backend(backend)

@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from recovery.rpc import Op, SchedulerLink, SchedulerUnavailable, new_request_id
+from recovery.control.rpc import Op, SchedulerLink, SchedulerUnavailable, new_request_id
 
 __all__ = ["SchedulerControl", "ExitReport"]
 

@@ -1,8 +1,8 @@
 """Periodic checkpoints in the spirit of MindSpore's ``CheckpointConfig``/``ModelCheckpoint``.
 
 A :class:`CheckpointSaver` writes ``<prefix>-<epoch>_<step>.ckpt`` files into one rank's
-directory (see :mod:`recovery.layout`), durably (:mod:`recovery.durable`) and recorded in
-the directory's manifest (:mod:`recovery.manifest`), keeping at most
+directory (see :mod:`recovery.ckpt.layout`), durably (:mod:`recovery.ckpt.durable`) and recorded in
+the directory's manifest (:mod:`recovery.ckpt.manifest`), keeping at most
 ``keep_checkpoint_max`` of its own files. It is driven from a plain loop
 (:meth:`~CheckpointSaver.step_end`, :meth:`~CheckpointSaver.epoch_end`,
 :meth:`~CheckpointSaver.train_end`) or as a callback (the ``on_train_*`` methods).
@@ -27,14 +27,14 @@ from typing import Any
 
 import torch
 
-from recovery import layout
-from recovery.durable import fsync_dir, remove_stale_temps, write_atomic
+from recovery.ckpt import layout
+from recovery.ckpt.durable import fsync_dir, remove_stale_temps, write_atomic
 from recovery.env import WorkerEnv
-from recovery.lineage import job_lineage
-from recovery.manifest import CheckpointEntry, CheckpointError, CheckpointKind, Manifest
+from recovery.ckpt.lineage import job_lineage
+from recovery.ckpt.manifest import CheckpointEntry, CheckpointError, CheckpointKind, Manifest
 from recovery.position import TrainPosition
 from recovery.rng import GlobalRngState
-from recovery.restore import FORMAT, FORMAT_VERSION, ResumePoint, job_rank_and_world_size, resume
+from recovery.ckpt.restore import FORMAT, FORMAT_VERSION, ResumePoint, job_rank_and_world_size, resume
 from recovery.stateful import Stateful
 
 __all__ = ["CheckpointConfig", "CheckpointSaver", "write_checkpoint"]
@@ -275,7 +275,7 @@ class CheckpointSaver:
             global generators).
         lineage: the job's lineage, stamped into every checkpoint; by default the one
             tftrun passed (``TFT_LINEAGE``), else the recovery path's
-            (:func:`recovery.lineage.job_lineage`). :meth:`resume` considers only its
+            (:func:`recovery.ckpt.lineage.job_lineage`). :meth:`resume` considers only its
             checkpoints.
     """
 
@@ -394,7 +394,7 @@ class CheckpointSaver:
     def resume(self, *, allow_world_size_change: bool = False) -> ResumePoint:
         """Restore this saver's objects from the newest valid checkpoint of its directory.
 
-        See :func:`recovery.restore.resume`; checkpoints of every prefix, but only of this
+        See :func:`recovery.ckpt.restore.resume`; checkpoints of every prefix, but only of this
         saver's lineage, are considered.
         """
         point = resume(

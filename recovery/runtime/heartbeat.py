@@ -2,7 +2,7 @@
 
 Each beat carries the process's identity, its latest step and phase (``report_step`` and
 ``report_phase`` only set an attribute, so the training loop pays nothing). A reply may
-carry fault injections for this rank (recovery/inject.py): they go to :attr:`Heartbeat.inbox`
+carry fault injections for this rank (recovery/control/inject.py): they go to :attr:`Heartbeat.inbox`
 for the training loop to take. When the scheduler dies, beats fail;
 the link reconnects by itself and the next beat re-attaches the worker to the relaunched
 scheduler: training goes on meanwhile, since gloo does not use the store after its
@@ -22,9 +22,9 @@ import sys
 import threading
 from collections.abc import Callable
 
-from recovery.inject import Inbox, Injection
-from recovery.membership import Identity
-from recovery.rpc import Op, SchedulerLink, SchedulerUnavailable
+from recovery.control.inject import Inbox, Injection
+from recovery.control.membership import Identity
+from recovery.control.rpc import Op, SchedulerLink, SchedulerUnavailable
 
 __all__ = ["Heartbeat", "EXIT_EVICTED"]
 
