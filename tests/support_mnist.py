@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import struct
+import subprocess
 from pathlib import Path
 from types import ModuleType
 
@@ -63,3 +64,36 @@ def mnist_job(tmp_path: Path, name: str, port: int, *options: str,
 def final_digests(log_dir: Path) -> dict[int, str]:
     """Each rank's ``params_sha256`` from its ``train_end`` event (its last, if several)."""
     return {e["rank"]: e["params_sha256"] for e in events(log_dir, "train_end")}
+
+
+JOB_END = 150
+"""Seconds a faulty job may take to end (a fault-free one takes about 10 s alone)."""
+EVENT = 45
+"""Seconds to wait for one event of a recovery (one takes 3 to 10 s on 2 busy cores)."""
+
+
+def wait_job(proc: subprocess.Popen[str]) -> str:
+    """Wait for tftrun to end; return its output (to show when an assertion fails)."""
+    stdout, stderr = proc.communicate(timeout=JOB_END)
+    return stdout + stderr
+
+
+def worker_launches(log_dir: Path) -> list[tuple[int, int]]:
+    """(rank, pid) of every worker process tftrun started, in order."""
+    return [(e["rank"], e["pid"]) for e in events(log_dir, "spawn") if e["role"] == "worker"]
+
+
+def assert_recovered(log_dir: Path, first: dict[int, int], killed: list[int],
+                     reference: dict[int, str]) -> None:
+    """Only the ``killed`` ranks were started again (each once more per kill), the other
+    ranks kept their first process, and every rank ended bitwise equal to ``reference``."""
+    launches = worker_launches(log_dir)
+    for rank, pid in first.items():
+        pids = [p for r, p in launches if r == rank]
+        assert pids[0] == pid
+        assert len(pids) == 1 + killed.count(rank), (rank, pids)
+        assert len(set(pids)) == len(pids)
+    assert not any(e["what"] == "workers" for e in events(log_dir, "restart"))
+    assert final_digests(log_dir) == reference
+    [end] = events(log_dir, "job_end")
+    assert (end["exitcode"], end["restarts"], end["relaunches"]) == (0, 0, len(killed))

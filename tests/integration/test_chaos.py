@@ -33,7 +33,7 @@ from support_chaos import (
     FAULTS, KILL_ONE, KILL_SCHEDULER, KILL_TWO, KILL_WHILE_REJOINING, SEED_VARIABLE, SIGSTOP,
     Trial, chaos_schedule, chaos_seed,
 )
-from support_mnist import WORKERS, final_digests, mnist_job
+from support_mnist import EVENT, JOB_END, WORKERS, final_digests, mnist_job
 
 SEED = chaos_seed()
 STEPS = range(10, 61, 5)
@@ -44,10 +44,6 @@ HANG_TIMEOUTS = ("--heartbeat_timeout=5", "--progress_timeout=5")
 START = 120
 """Seconds to wait for the first struck rank to reach the trial's step (the job starts in
 8 s on 2 idle cores, 20 s on busy ones, then runs 8 to 10 steps a second)."""
-EVENT = 45
-"""Seconds to wait for one event of a recovery (one takes 3 to 10 s on 2 busy cores)."""
-JOB_END = 150
-"""Seconds a trial's job may take to end (a fault-free one takes 10 to 20 s)."""
 NOTABLE = ("scheduler_start", "generation", "verdict", "hang", "exit", "fault", "restart",
            "last_words_claim", "rollback", "recovered", "job_end")
 """The events a failing trial prints, to tell what went wrong at a glance."""

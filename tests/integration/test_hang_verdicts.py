@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 from support import TFT_OFF, events, log_has, spawn, spawned_pids, terminate, wait_for
-from support_mnist import WORKERS, mnist_job
-from test_recovery_faults import EVENT, assert_recovered, wait_job
+from support_mnist import EVENT, WORKERS, assert_recovered, mnist_job, wait_job
 
 from recovery import env as names
 

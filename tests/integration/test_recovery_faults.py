@@ -22,17 +22,13 @@ from support import (
     BIN, TFT_OFF, events, log_has, spawn, spawned_pids, terminate, tftrun_cmd, wait_for,
     wait_for_event,
 )
-from support_mnist import final_digests, mnist_job
+from support_mnist import EVENT, assert_recovered, final_digests, mnist_job, wait_job
 
 from recovery.ckpt.layout import checkpoint_name, rank_dir
 from recovery.position import TrainPosition
 
 pytestmark = pytest.mark.timeout(240)
 
-JOB_END = 150
-"""Seconds a faulty job may take to end (a fault-free one takes about 10 s alone)."""
-EVENT = 45
-"""Seconds to wait for one event of a recovery (one takes 3 to 10 s on 2 busy cores)."""
 
 
 @contextmanager
@@ -44,33 +40,6 @@ def faulty_job(tmp_path: Path, port: int,
         yield proc, tmp_path / "faulty"
     finally:
         terminate(proc)
-
-
-def wait_job(proc: subprocess.Popen[str]) -> str:
-    """Wait for tftrun to end; return its output (to show when an assertion fails)."""
-    stdout, stderr = proc.communicate(timeout=JOB_END)
-    return stdout + stderr
-
-
-def worker_launches(log_dir: Path) -> list[tuple[int, int]]:
-    """(rank, pid) of every worker process tftrun started, in order."""
-    return [(e["rank"], e["pid"]) for e in events(log_dir, "spawn") if e["role"] == "worker"]
-
-
-def assert_recovered(log_dir: Path, first: dict[int, int], killed: list[int],
-                     reference: dict[int, str]) -> None:
-    """Only the ``killed`` ranks were started again (each once more per kill), the other
-    ranks kept their first process, and every rank ended bitwise equal to ``reference``."""
-    launches = worker_launches(log_dir)
-    for rank, pid in first.items():
-        pids = [p for r, p in launches if r == rank]
-        assert pids[0] == pid
-        assert len(pids) == 1 + killed.count(rank), (rank, pids)
-        assert len(set(pids)) == len(pids)
-    assert not any(e["what"] == "workers" for e in events(log_dir, "restart"))
-    assert final_digests(log_dir) == reference
-    [end] = events(log_dir, "job_end")
-    assert (end["exitcode"], end["restarts"], end["relaunches"]) == (0, 0, len(killed))
 
 
 def kill(pid: int) -> None:
