@@ -95,8 +95,8 @@ def launch(
         "heartbeat_timeout", "Seconds without a heartbeat before a worker is declared dead.")
     ] = DEFAULT_HEARTBEAT_TIMEOUT,
     progress_timeout: Annotated[float, _opt(
-        "progress_timeout", "Seconds without step progress (while others progress) before "
-        "a worker is declared hung.")] = DEFAULT_PROGRESS_TIMEOUT,
+        "progress_timeout", "Seconds a worker may stay behind another worker's step of its "
+        "generation before it is declared hung.")] = DEFAULT_PROGRESS_TIMEOUT,
     grace_period: Annotated[float, _opt(
         "grace_period", "Seconds between SIGTERM and SIGKILL when stopping processes.")] = 10.0,
     restart_policy: Annotated[str, _opt(
