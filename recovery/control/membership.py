@@ -109,6 +109,11 @@ _TRANSITIONS: dict[MemberState, frozenset[MemberState]] = {
     MemberState.FINISHED: frozenset({MemberState.ALIVE, MemberState.DEAD}),
 }
 LIVE_STATES = frozenset({MemberState.ALIVE, MemberState.HUNG, MemberState.UNCONFIRMED})
+_IN_GENERATION = frozenset({MemberState.ALIVE, MemberState.UNCONFIRMED})
+"""The states of a member that keeps its generation whole (a HUNG one is about to be killed)."""
+_QUIET_BEATS = 2
+"""Heartbeat intervals of silence after which a member may have stopped: no progress
+verdict is passed until the heartbeat rule has judged it or it is heard again."""
 
 
 class RefuseReason(str, Enum):
@@ -392,6 +397,8 @@ class Membership:
         before the member started; and a member the others only seem to be ahead of
         because its own heartbeat is up to one interval old is never judged on it.
         """
+        if not self._generation_whole_and_heard(now):
+            return
         members = [m for m in self._live() if (m.node_id, m.incarnation) in self._formed]
         reported = {m.node_id: m.generation_step for m in members
                     if m.generation_step is not None}
@@ -412,6 +419,25 @@ class Membership:
                            step=member.generation_step, others_step=ahead,
                            stalled_s=round(now - member.progress_at, 3),
                            behind_s=round(behind, 3))
+
+    def _generation_whole_and_heard(self, now: float) -> bool:
+        """Whether progress may be judged: every process of the formed generation is still
+        a member (alive or finished) and none has been silent for more than
+        ``_QUIET_BEATS`` heartbeat intervals. Otherwise a member is gone, judged, or
+        perhaps stopped: the others lag because of it (a stopped rank can leave one peer a
+        step behind another in the collective it was in), the heartbeat rule judges it,
+        and the others wait for the next generation, whose forming restarts their clocks.
+        """
+        quiet = _QUIET_BEATS * self.timeouts.heartbeat_interval
+        for node_id, incarnation in self._formed:
+            member = self.members.get(node_id)
+            if member is None or member.incarnation != incarnation:
+                return False
+            if member.state is MemberState.FINISHED:
+                continue
+            if member.state not in _IN_GENERATION or now - member.heartbeat_at > quiet:
+                return False
+        return True
 
     # ----------------------------------------------------------------- queries
     def cooldown_left(self, node_id: str) -> float:

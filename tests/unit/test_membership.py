@@ -480,6 +480,21 @@ HANG_SCENARIOS = {
         ("stop", "2"), ("wait", 6.0), ("join", "2"), ("wait", 6.0), ("report", {"2": 31}),
         ("wait", 0.5), ("report", {"0": 32, "1": 32, "2": 32}), ("wait", 6.0),
     ], [(2, "heartbeat")]),
+    # Seen in CI: the stopped rank had sent its share of step 32's all-reduce to rank 0
+    # but not to rank 1, so rank 0 got one step ahead of rank 1 as rank 2 stopped. Rank 1
+    # lags because of rank 2: while a member is silent or gone, nobody is judged by progress.
+    "a survivor left one step behind by the stopped rank is not judged": (3, [
+        ("join", "0", "1", "2"), ("report", {"0": 31, "1": 31, "2": 31}), ("wait", 1.0),
+        ("stop", "2"), ("report", {"0": 32}), ("wait", 12.0), ("join", "2"), ("wait", 1.0),
+        ("report", {"0": 32, "1": 32, "2": 32}), ("wait", 2.0),
+    ], [(2, "heartbeat")]),
+    # The same when rank 0's step is seen before the stopped rank's last beat has aged:
+    # the progress clocks run out before the heartbeat timeout does.
+    "a survivor behind before the stopped rank is found dead is not judged first": (3, [
+        ("join", "0", "1", "2"), ("report", {"0": 31, "1": 31, "2": 31}), ("wait", 1.0),
+        ("report", {"0": 32}), ("wait", 0.5), ("stop", "2"), ("wait", 12.0),
+        ("join", "2"), ("wait", 1.0), ("report", {"0": 32, "1": 32, "2": 32}), ("wait", 2.0),
+    ], [(2, "heartbeat")]),
     # After a rollback to step 120, a member's step 140 of the previous generation is not
     # "ahead": the ones that report 121 are not hung; the one that reports nothing in the
     # new generation for progress_timeout after they did is.
