@@ -51,6 +51,10 @@ def _every_process() -> list[ProcStat]:
     return stats
 
 
+_NEVER = 2**63
+"""A start time no process has."""
+
+
 @dataclass(frozen=True)
 class Session:
     """The session that a child leads: its id (the leader's pid) and the leader's start.
@@ -64,9 +68,10 @@ class Session:
 
     @classmethod
     def led_by(cls, pid: int) -> Session:
-        """The session of a child started with ``setsid`` and not reaped yet."""
+        """The session of a child started with ``setsid`` and not reaped yet (one that
+        matches no process if ``/proc`` does not show the child)."""
         stat = proc_stat(pid)
-        return cls(pid, stat.starttime if stat is not None else 0)
+        return cls(pid, stat.starttime if stat is not None else _NEVER)
 
 
 def members(sessions: Iterable[Session]) -> list[ProcStat]:
