@@ -11,12 +11,12 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from filelock import FileLock, Timeout
 
-from launcher.cliutil import new_app, run_app
+from launcher.cliutil import finite_float, new_app, run_app
 from launcher.config import LaunchConfig, bind_listener
 from launcher.errors import ConfigError
 from launcher.logs import archive_previous_run
@@ -38,10 +38,15 @@ LOCK_FILE = "tftrun.lock"
 app = new_app("tftrun", "Launch a fault-tolerant distributed PyTorch job on this node.")
 
 
-def _opt(name: str, help_text: str) -> typer.models.OptionInfo:
+def _opt(name: str, help_text: str, **settings: Any) -> typer.models.OptionInfo:
     """An option under both spellings: ``--name_with_underscores`` and ``--name-with-dashes``."""
     spellings = dict.fromkeys((f"--{name}", f"--{name.replace('_', '-')}"))
-    return typer.Option(*spellings, help=help_text)
+    return typer.Option(*spellings, help=help_text, **settings)
+
+
+def _float_opt(name: str, help_text: str) -> typer.models.OptionInfo:
+    """A float option (see :func:`_opt`) that refuses NaN and the infinities."""
+    return _opt(name, help_text, parser=finite_float)
 
 
 def parse_bool(value: str, option: str) -> bool:
@@ -81,23 +86,23 @@ def launch(
     join: Annotated[str, _opt(
         "join", "True: also stream every worker's output here, prefixed with its rank.")
     ] = "False",
-    cluster_time_out: Annotated[float, _opt(
+    cluster_time_out: Annotated[float, _float_opt(
         "cluster_time_out", "Seconds to wait for the cluster to form.")] = DEFAULT_CLUSTER_TIME_OUT,
     max_restarts: Annotated[int, _opt(
         "max_restarts", "Restarts allowed after worker failures before the job stops.")] = 3,
-    rejoin_cooldown: Annotated[float, _opt(
+    rejoin_cooldown: Annotated[float, _float_opt(
         "rejoin_cooldown", "Seconds a dead worker's node id may not re-register "
         "(msrun's 30 s).")] = DEFAULT_REJOIN_COOLDOWN,
-    monitor_interval: Annotated[float, _opt(
+    monitor_interval: Annotated[float, _float_opt(
         "monitor_interval", "Seconds between checks of the workers (deaths are seen at "
         "once regardless).")] = 0.1,
-    heartbeat_timeout: Annotated[float, _opt(
+    heartbeat_timeout: Annotated[float, _float_opt(
         "heartbeat_timeout", "Seconds without a heartbeat before a worker is declared dead.")
     ] = DEFAULT_HEARTBEAT_TIMEOUT,
-    progress_timeout: Annotated[float, _opt(
+    progress_timeout: Annotated[float, _float_opt(
         "progress_timeout", "Seconds a worker may stay behind another worker's step of its "
         "generation before it is declared hung.")] = DEFAULT_PROGRESS_TIMEOUT,
-    grace_period: Annotated[float, _opt(
+    grace_period: Annotated[float, _float_opt(
         "grace_period", "Seconds between SIGTERM and SIGKILL when stopping processes.")] = 10.0,
     restart_policy: Annotated[str, _opt(
         "restart_policy", "On a worker failure: 'all' restarts every worker (torchrun), "

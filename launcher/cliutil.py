@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Sequence
 
@@ -9,7 +10,7 @@ import typer
 
 from launcher.errors import TftrunError
 
-__all__ = ["new_app", "run_app", "fail"]
+__all__ = ["new_app", "run_app", "fail", "finite_float"]
 
 
 def new_app(name: str, help_text: str) -> typer.Typer:
@@ -21,6 +22,18 @@ def new_app(name: str, help_text: str) -> typer.Typer:
         rich_markup_mode=None,
         no_args_is_help=False,
     )
+
+
+def finite_float(value: str | float) -> float:
+    """A float option's value; NaN and the infinities are usage errors (a NaN timeout
+    compares false with everything, so every check against it would pass)."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is not a number") from None
+    if not math.isfinite(number):
+        raise typer.BadParameter(f"{value!r} is not a finite number")
+    return number
 
 
 def fail(prog: str, message: str, code: int) -> int:

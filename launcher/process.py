@@ -3,25 +3,72 @@
 Every child is started in a session of its own (so a signal to its process group reaches
 whatever it started) and with ``PR_SET_PDEATHSIG=SIGKILL``, so that a ``kill -9`` of the
 supervisor takes its children with it instead of leaving them running as orphans (which
-is what msrun and torchrun do).
+is what msrun and torchrun do). What the children start in turn is handled so that no
+process outlives its place in the job (docs/cli.md#no-stray-processes):
+
+* tftrun is a child subreaper (:func:`become_subreaper`): what a dead child orphans is
+  given to tftrun, not to init;
+* when a child is seen ended, every process left in its session is killed at once, before
+  it can be relaunched, and :func:`sweep` reaps them;
+* the :class:`Watchdog`, a process of its own, kills every child's session once tftrun is
+  gone, ``kill -9`` included.
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["Child", "Stopping", "open_log", "spawn", "stop_all"]
+from launcher.sessions import Session, kill_members
+
+__all__ = ["Child", "Stopping", "Watchdog", "become_subreaper", "open_log", "spawn", "stop_all",
+           "sweep"]
+
+logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 _libc = ctypes.CDLL(None, use_errno=True)
 _prctl = _libc.prctl
+WATCHDOG_CLOSE_WAIT = 5.0
+"""Seconds tftrun waits, as it exits, for the watchdog's last sweep."""
+
+_ended_sessions: list[Session] = []
+"""Sessions whose leader was reaped and that may still hold processes (see :func:`sweep`)."""
+
+
+def become_subreaper() -> None:
+    """Make this process a child subreaper (``PR_SET_CHILD_SUBREAPER``): a process that
+    its descendants orphan is re-parented to it rather than to init, so that it stays
+    within reach to be killed and reaped."""
+    if _prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(err)}")
+
+
+def sweep() -> None:
+    """Kill what ended children left in their sessions, reap those of it that this
+    process adopted (as a subreaper), and forget each session once it is empty."""
+    if not _ended_sessions:
+        return
+    found = kill_members(_ended_sessions)
+    me = os.getpid()
+    for member in found:
+        if member.state == "Z" and member.ppid == me:
+            try:
+                os.waitpid(member.pid, os.WNOHANG)
+            except ChildProcessError:
+                pass  # reaped meanwhile
+    occupied = {member.session for member in found}
+    _ended_sessions[:] = [s for s in _ended_sessions if s.sid in occupied]
 
 
 class Child:
@@ -30,14 +77,28 @@ class Child:
     def __init__(self, popen: subprocess.Popen[bytes], started_at: float) -> None:
         self.popen = popen
         self.started_at = started_at
+        self.session = Session.led_by(popen.pid)
+        # Its pid is free again, so a session of that id that ended is empty now: forget
+        # it, lest the sweep take this child for one of its members.
+        _ended_sessions[:] = [s for s in _ended_sessions if s.sid != self.session.sid]
 
     @property
     def pid(self) -> int:
         return self.popen.pid
 
     def poll(self) -> int | None:
-        """Reap the process if it has ended; its returncode, or None while it runs."""
-        return self.popen.poll()
+        """Reap the process if it has ended; its returncode, or None while it runs.
+
+        When it is first seen ended, every process it left in its session is killed at
+        once: none outlives it into its relaunch.
+        """
+        if self.popen.returncode is not None:
+            return self.popen.returncode
+        returncode = self.popen.poll()
+        if returncode is not None:
+            _ended_sessions.append(self.session)
+            sweep()
+        return returncode
 
     def signal_group(self, sig: int) -> None:
         """Send ``sig`` to the child's whole process group; a gone group is not an error."""
@@ -108,3 +169,41 @@ def stop_all(children: Iterable[Child], sig: int, grace_period: float) -> None:
     stopping = Stopping(children, sig, grace_period)
     while not stopping.poll():
         time.sleep(0.01)
+
+
+class Watchdog:
+    """launcher/watchdog.py, started: told each child's session, it kills them all once
+    this process is gone, however it went (the pipe's EOF tells it)."""
+
+    def __init__(self) -> None:
+        read_fd, self._write_fd = os.pipe()
+        try:
+            self._popen = subprocess.Popen(
+                [sys.executable, "-m", "launcher.watchdog", str(read_fd)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True, close_fds=True, pass_fds=(read_fd,))
+        except BaseException:
+            os.close(self._write_fd)
+            raise
+        finally:
+            os.close(read_fd)
+        self._lost = False
+
+    def watch(self, child: Child) -> None:
+        """Have ``child``'s session killed once this process is gone."""
+        try:
+            os.write(self._write_fd, f"{child.session.sid} {child.session.since}\n".encode())
+        except BrokenPipeError:
+            if not self._lost:
+                logger.warning("the watchdog (pid %d) is gone: after a kill -9 of tftrun, "
+                               "what its workers started may outlive them", self._popen.pid)
+            self._lost = True
+
+    def close(self) -> None:
+        """Let the watchdog make its last sweep and exit; wait for it (bounded)."""
+        os.close(self._write_fd)
+        try:
+            self._popen.wait(WATCHDOG_CLOSE_WAIT)
+        except subprocess.TimeoutExpired:
+            self._popen.kill()
+            self._popen.wait()

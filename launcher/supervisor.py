@@ -27,7 +27,7 @@ from launcher.policy import (
     Action, Close, Ending, GiveUp, Hang, JobView, Kill, RankView, Relaunch, RestartAll,
     ScheduleRelaunch, StartAll, Stop, WaitUntil, decide,
 )
-from launcher.process import Child, Stopping, spawn, stop_all
+from launcher.process import Child, Stopping, Watchdog, become_subreaper, spawn, stop_all, sweep
 from launcher.render import Row, SummaryRow, View, print_summary
 from launcher.rendezvous import RendezvousStore
 from launcher.spares import Spare, SparePool
@@ -89,9 +89,13 @@ class Supervisor:
         self._registered: set[str] = set()
         """Node ids seen registered with the scheduler: capable of per-rank recovery."""
         self._spares = SparePool(config.warm_spare, self._start_spare)
+        self._watchdog: Watchdog | None = None
+        """Kills what this supervisor started once it is gone (started by :meth:`run`)."""
 
     # ----------------------------------------------------------------- lifecycle
     def run(self) -> int:
+        become_subreaper()
+        watchdog = self._watchdog = Watchdog()
         with self._signal_handlers() as wakeup:
             self._emit("job_start", run_id=self.config.run_id, pid=os.getpid(),
                        script=str(self.config.script), script_args=list(self.config.script_args),
@@ -116,6 +120,7 @@ class Supervisor:
                 self._control.close()
                 self._rendezvous.close()
                 self.view.close()
+                watchdog.close()
         return status
 
     @contextmanager
@@ -179,6 +184,8 @@ class Supervisor:
     def _spawn(self, spec: ProcessSpec, incarnation: int, pass_fds: tuple[int, ...] = ()) -> Child:
         child = spawn(spec.argv, spec.env, spec.log_path, self._header(spec, incarnation),
                       pass_fds)
+        assert self._watchdog is not None
+        self._watchdog.watch(child)
         return self._started(spec, child, incarnation)
 
     def _started(self, spec: ProcessSpec, child: Child, incarnation: int,
@@ -295,6 +302,7 @@ class Supervisor:
         self._take_signal()
         self._watch_scheduler()
         self._reap_workers()
+        sweep()
         verdicts = self._verdicts(now) if self._ending is None else {}
         undecided = [w for w in self.workers if w.state is WorkerState.FAILED
                      and self._restart_at is None and self._ending is None]

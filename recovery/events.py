@@ -1,25 +1,36 @@
 """``log_dir/events.jsonl``: one JSON object per lifecycle event, appended by any process.
 
 The supervisor, the scheduler and the workers all append to the same file. Each event is
-one ``write()`` of one line under a file lock, so lines from different processes never
-interleave and a reader never sees half an object (a torn last line from a writer killed
-mid-write is skipped by :func:`read_events`). The schema is in docs/events.md.
+one ``O_APPEND`` ``write()`` of one line under a file lock, so lines from different
+processes never interleave and a reader never sees half an object (a torn last line from
+a writer killed mid-write is skipped by :func:`read_events`). The schema is in
+docs/events.md.
+
+The record is best-effort, and never worth the job: the lock is waited for at most
+:data:`LOCK_TIMEOUT` (a writer stopped while holding it must not stall the supervisor),
+after which the line is written without it, and a write that fails (ENOSPC, EIO on the
+log volume) costs a warning, not the process.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
-__all__ = ["EVENTS_FILE", "EventLog", "read_events"]
+__all__ = ["EVENTS_FILE", "LOCK_TIMEOUT", "EventLog", "read_events"]
+
+logger = logging.getLogger(__name__)
 
 EVENTS_FILE = "events.jsonl"
+LOCK_TIMEOUT = 2.0
+"""Seconds an event waits for the file lock before it is written without it."""
 
 
 class EventLog:
@@ -27,7 +38,10 @@ class EventLog:
 
     def __init__(self, log_dir: str | os.PathLike[str] | None) -> None:
         self.path = None if log_dir is None else Path(log_dir) / EVENTS_FILE
-        self._lock = None if self.path is None else FileLock(str(self.path) + ".lock")
+        self._lock = None if self.path is None else FileLock(str(self.path) + ".lock",
+                                                             timeout=LOCK_TIMEOUT)
+        self._failing: str | None = None
+        """Why the last write failed, warned about once until a write succeeds."""
 
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
         """Append one event and return it. ``ts`` (unix seconds) and ``event`` come first."""
@@ -35,13 +49,32 @@ class EventLog:
         if self.path is None or self._lock is None:
             return record
         line = (json.dumps(record, default=str) + "\n").encode()
-        with self._lock:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
             try:
-                os.write(fd, line)
-            finally:
-                os.close(fd)
+                with self._lock:
+                    self._append(line)
+                self._failing = None
+            except Timeout:
+                self._warn("lock", f"its lock was held for over {LOCK_TIMEOUT:g}s: "
+                           "events are written without it")
+                self._append(line)
+        except OSError as err:
+            self._warn(err.strerror or str(err), f"events are not recorded ({err})")
         return record
+
+    def _append(self, line: bytes) -> None:
+        assert self.path is not None
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+
+    def _warn(self, kind: str, message: str) -> None:
+        """Warn of a problem once, until a write goes through without one."""
+        if kind != self._failing:
+            logger.warning("%s: %s", self.path, message)
+        self._failing = kind
 
 
 def read_events(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:

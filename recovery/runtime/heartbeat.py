@@ -8,6 +8,10 @@ the link reconnects by itself and the next beat re-attaches the worker to the re
 scheduler: training goes on meanwhile, since gloo does not use the store after its
 rendezvous (DESIGN.md §9).
 
+The thread never dies silently: what it sends is coerced (a step given as a tensor or a
+numpy integer goes out as an ``int``; one that is no integer at all goes out as ``None``,
+with a warning), and whatever else a beat raises is logged and the next beat tried.
+
 A beat that is refused means the scheduler no longer counts this process as the holder
 of its node id (declared dead, or replaced). Such a process must not go on talking to
 the group, and nothing can interrupt a gloo call from another thread, so it exits.
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import operator
 import os
 import sys
 import threading
@@ -61,6 +66,7 @@ class Heartbeat:
         self._interval = interval
         self._on_evicted = on_evicted
         self._lost = False
+        self._unsendable_step_reported = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tft-heartbeat", daemon=True)
         self._prefix = f"[worker {identity.node_id}/{identity.incarnation}]"
@@ -80,8 +86,8 @@ class Heartbeat:
         or, while one is being formed with it, that one.
         """
         try:
-            reply = self._link.call(Op.HEARTBEAT, **self._fields, step=self.step,
-                                    phase=self.phase)
+            reply = self._link.call(Op.HEARTBEAT, **self._fields, step=self._sendable_step(),
+                                    phase=None if self.phase is None else str(self.phase))
         except SchedulerUnavailable as err:
             if not self._lost:
                 logger.warning("%s lost the scheduler (%s); training goes on, reconnecting",
@@ -101,6 +107,26 @@ class Heartbeat:
         self._on_evicted(message)
         return False
 
+    def _sendable_step(self) -> int | None:
+        """:attr:`step` as an ``int`` (``None`` with a warning when it is not an integer)."""
+        step = self.step
+        if step is None:
+            return None
+        try:
+            return operator.index(step)
+        except TypeError:
+            pass
+        try:
+            if float(step).is_integer():
+                return int(step)  # a 0-d tensor or a float that holds an integer
+        except (TypeError, ValueError, OverflowError):
+            pass
+        if not self._unsendable_step_reported:
+            logger.warning("%s cannot send step %r (%s): not an integer; sending none",
+                           self._prefix, step, type(step).__name__)
+            self._unsendable_step_reported = True
+        return None
+
     def _receive(self, injections: list[dict[str, object]]) -> None:
         received = [Injection.from_json(raw) for raw in injections]
         for injection in received:
@@ -109,6 +135,16 @@ class Heartbeat:
         self.inbox.add(received)
 
     def _run(self) -> None:
+        failing: str | None = None  # the last beat's error: reported once, until a beat gets through
         while not self._stop.wait(self._interval):
-            if not self.beat():
+            try:
+                sent = self.beat()
+            except Exception as err:  # noqa: BLE001 - the thread must outlive any beat
+                if failing != repr(err):
+                    logger.error("%s a heartbeat failed (beating on): %r", self._prefix, err,
+                                 exc_info=err)
+                failing, sent = repr(err), False
+            else:
+                failing = None if sent else failing
+            if not sent:
                 self._link.wait_connected(self._interval)

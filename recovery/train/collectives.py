@@ -2,25 +2,32 @@
 
 torch's object collectives (``all_gather_object``, ``broadcast_object_list``) block until
 they complete, so a member that freezes in the middle of a resynchronisation holds the
-others for the whole group timeout, deaf to a newer generation and to a stop signal.
-These run the same exchanges as asynchronous tensor collectives and hand each one to a
-:data:`Wait` (the trainer's polls the generation and ``should_abort()``, like the
-gradient all-reduce's).
+others for the whole group timeout, deaf to a newer generation and to a stop signal. They
+also unpickle what a peer sends, which runs whatever code that peer chose. These run the
+same exchanges as asynchronous tensor collectives and hand each one to a :data:`Wait`
+(the trainer's polls the generation and ``should_abort()``, like the gradient
+all-reduce's), and nothing received is unpickled: integers travel as integer tensors,
+state as ``torch.save`` bytes read back with ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
 
-import pickle
+import io
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["Wait", "blocking", "all_gather_rows", "broadcast_object"]
+__all__ = ["Wait", "RefusedPayload", "blocking", "all_gather_rows", "broadcast_bytes",
+           "broadcast_plain"]
 
 Wait = Callable[[Any], None]
 """Waits for an asynchronous collective's work (it may raise to give up on it)."""
+
+
+class RefusedPayload(Exception):
+    """A peer sent state that does not load as tensors and plain data: it was not loaded."""
 
 
 def blocking(work: Any) -> None:
@@ -46,19 +53,47 @@ def all_gather_rows(rows: list[tuple[int, ...]], width: int,
     return [[tuple(row) for row in table[:int(n)].tolist()] for table, n in zip(everyone, counts)]
 
 
-def broadcast_object(value: Any, source: int, wait: Wait = blocking) -> Any:
-    """Send a picklable ``value`` from rank ``source`` to every rank; returns it everywhere.
+def broadcast_bytes(data: bytes | None, source: int, wait: Wait = blocking) -> bytes:
+    """Send ``data`` from rank ``source`` to every rank, as its length then a uint8 tensor.
 
-    ``value`` is only read on the source (pass ``None`` elsewhere); the source gets back
-    the very object it passed.
+    ``data`` is only read on the source (pass ``None`` elsewhere).
     """
     if dist.get_rank() == source:
-        payload = torch.frombuffer(bytearray(pickle.dumps(value)), dtype=torch.uint8)
-        size = torch.tensor([payload.numel()], dtype=torch.int64)
+        assert data is not None
+        buffer = bytearray(data)
+        size = torch.tensor([len(buffer)], dtype=torch.int64)
     else:
         size = torch.zeros(1, dtype=torch.int64)
     wait(dist.broadcast(size, src=source, async_op=True))
     if dist.get_rank() != source:
-        payload = torch.empty(int(size), dtype=torch.uint8)
-    wait(dist.broadcast(payload, src=source, async_op=True))
-    return value if dist.get_rank() == source else pickle.loads(payload.numpy().tobytes())
+        if int(size) <= 0:
+            raise RefusedPayload(f"rank {source} announced {int(size)} bytes")
+        buffer = bytearray(int(size))
+    wait(dist.broadcast(torch.frombuffer(buffer, dtype=torch.uint8), src=source, async_op=True))
+    return bytes(buffer)
+
+
+def broadcast_plain(value: Any, source: int, wait: Wait = blocking) -> Any:
+    """Send ``value`` (tensors and plain data, as a checkpoint holds) from rank ``source``
+    to every rank; returns it everywhere.
+
+    ``value`` is only read on the source (pass ``None`` elsewhere); the source gets back
+    the very object it passed. The others load what arrives with
+    ``torch.load(weights_only=True)``: a payload that needs any other object rebuilt
+    (a pickle whose ``__reduce__`` would run code) raises :class:`RefusedPayload`
+    unloaded.
+    """
+    data = None
+    if dist.get_rank() == source:
+        out = io.BytesIO()
+        torch.save(value, out)
+        data = out.getvalue()
+    received = broadcast_bytes(data, source, wait)
+    if dist.get_rank() == source:
+        return value
+    try:
+        return torch.load(io.BytesIO(received), map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - whatever fails to load is refused the same
+        first_line = (str(err).splitlines() or [type(err).__name__])[0]
+        raise RefusedPayload(f"rank {source} sent state that does not load as tensors and "
+                             f"plain data (weights_only=True): {first_line}") from None

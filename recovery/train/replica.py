@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from recovery.train.collectives import Wait, all_gather_rows, blocking, broadcast_object
+from recovery.train.collectives import Wait, all_gather_rows, blocking, broadcast_plain
 
 __all__ = ["ReplicaReport", "gather_reports", "choose_source", "broadcast_state"]
 
@@ -47,6 +47,9 @@ def broadcast_state(state: dict[str, Any] | None, source: int,
                     wait: Wait = blocking) -> dict[str, Any]:
     """Send ``state`` from ``source`` to every rank; returns it on every rank.
 
-    ``state`` is only read on the source (pass ``None`` elsewhere).
+    ``state`` is only read on the source (pass ``None`` elsewhere). It travels as
+    ``torch.save`` bytes and is loaded with ``weights_only=True``: a peer's payload that
+    would need arbitrary unpickling raises
+    :class:`~recovery.train.collectives.RefusedPayload` instead of running.
     """
-    return broadcast_object(state, source, wait)
+    return broadcast_plain(state, source, wait)

@@ -1,7 +1,7 @@
 """Test helper: one rank of recovery.train.collectives over gloo; prints what it received.
 
 Started with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set. Rank r offers r rows
-(r, i) for i < r; rank 1 broadcasts a dict holding a tensor.
+(r, i) for i < r; rank 1 broadcasts a dict holding a tensor (as a replica sends its state).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 import torch
 import torch.distributed as dist
 
-from recovery.train.collectives import all_gather_rows, broadcast_object
+from recovery.train.collectives import all_gather_rows, broadcast_plain
 
 
 def main() -> None:
@@ -19,7 +19,7 @@ def main() -> None:
     rank = dist.get_rank()
     rows = all_gather_rows([(rank, i) for i in range(rank)], 2)
     mine = {"weights": torch.arange(5, dtype=torch.float64) * 1.5, "step": 39} if rank == 1 else None
-    state = broadcast_object(mine, source=1)
+    state = broadcast_plain(mine, source=1)
     print(json.dumps({"rows": rows, "weights": state["weights"].tolist(), "step": state["step"],
                       "same_object": state is mine}), flush=True)
     dist.destroy_process_group()

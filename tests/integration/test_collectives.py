@@ -1,17 +1,18 @@
-"""recovery.train.collectives over real gloo ranks: ragged integer rows gathered, an object broadcast."""
+"""recovery.train.collectives over real gloo ranks: ragged integer rows gathered, state broadcast, a malicious payload refused."""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
+from pathlib import Path
 
 from support import BIN, run_together
 
 from recovery import env as envnames
 
 
-def test_rows_are_gathered_and_an_object_is_broadcast(free_port: int) -> None:
+def test_rows_are_gathered_and_state_is_broadcast(free_port: int) -> None:
     base = {**os.environ, envnames.WORLD_SIZE: "3", envnames.MASTER_ADDR: "127.0.0.1",
             envnames.MASTER_PORT: str(free_port)}
     base.pop(envnames.TORCHELASTIC_USE_AGENT_STORE, None)
@@ -23,3 +24,17 @@ def test_rows_are_gathered_and_an_object_is_broadcast(free_port: int) -> None:
         assert got["rows"] == [[], [[1, 0]], [[2, 0], [2, 1]]]
         assert got["weights"] == [0.0, 1.5, 3.0, 4.5, 6.0] and got["step"] == 39
         assert got["same_object"] == (rank == 1)
+
+
+def test_a_peer_sending_a_pickle_that_runs_code_is_refused_not_executed(
+        free_port: int, tmp_path: Path) -> None:
+    marker = tmp_path / "the payload ran"
+    base = {**os.environ, envnames.WORLD_SIZE: "2", envnames.MASTER_ADDR: "127.0.0.1",
+            envnames.MASTER_PORT: str(free_port)}
+    base.pop(envnames.TORCHELASTIC_USE_AGENT_STORE, None)
+    results = run_together([[sys.executable, str(BIN / "pickle_attack.py"), str(marker)]] * 2,
+                           timeout=90, envs=[{**base, envnames.RANK: str(rank)} for rank in range(2)])
+    for status, _, err in results:
+        assert status == 0, err
+    assert not marker.exists()
+    assert json.loads(results[1][1]) == ["refused RefusedPayload"] * 2

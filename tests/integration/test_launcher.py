@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
 from pathlib import Path
 
+import psutil
 import pytest
 from support import (
     BIN, events, log_has, pid_gone, run, spawn, spawned_pids, terminate, tftrun_cmd, wait_for,
@@ -204,3 +206,31 @@ def test_master_port_in_use_is_refused_before_anything_starts(tmp_path: Path) ->
     assert result.stderr.strip() == (
         f"tftrun: error: --master_port {port} on 127.0.0.1: already in use")
     assert not (tmp_path / "logs" / "events.jsonl").exists()
+
+
+def test_no_grandchild_outlives_its_worker_nor_tftrun(tmp_path: Path, free_port: int) -> None:
+    """A worker's own children (a DataLoader's processes, a plain ``sleep``) are gone by
+    the time its relaunch runs; after a ``kill -9`` of tftrun, every process it started,
+    at any depth, is gone within 2 s."""
+    log_dir, out = tmp_path / "logs", tmp_path / "out"
+    out.mkdir()
+
+    def grandchildren(incarnation: int) -> list[int]:
+        path = out / f"{incarnation}.json"
+        return json.loads(path.read_text()) if path.exists() else []
+
+    proc = spawn(tftrun_cmd(*launch_args(log_dir, free_port, 1, "--restart_policy=all"),
+                            str(BIN / "grandchildren.py"), str(out)))
+    try:
+        first = wait_for(lambda: grandchildren(0), 60, "the first worker's grandchildren")
+        os.kill(spawned_pids(log_dir)[0], signal.SIGKILL)
+        second = wait_for(lambda: grandchildren(1), 60, "the relaunched worker's grandchildren")
+        assert [pid for pid in first if psutil.pid_exists(pid)] == []
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+        assert set(second) <= {p.pid for p in descendants}
+        proc.kill()
+        proc.wait(timeout=10)
+        wait_for(lambda: all(pid_gone(p.pid) for p in descendants), 2.0,
+                 "every descendant of tftrun gone in 2 s")
+    finally:
+        terminate(proc)

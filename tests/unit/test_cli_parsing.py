@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import io
+from contextlib import redirect_stderr
 from pathlib import Path
 
 import pytest
 import typer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from launcher import cli
 from launcher.errors import ConfigError
@@ -74,3 +78,28 @@ def test_negative_warm_spare_is_one_line_and_exit_2(capsys: pytest.CaptureFixtur
     assert cli.main(["--warm_spare=-1", "train.py"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["tftrun: error: --warm_spare must not be negative, got -1"]
+
+
+FLOAT_OPTIONS = ["cluster_time_out", "rejoin_cooldown", "monitor_interval", "heartbeat_timeout",
+                 "progress_timeout", "grace_period"]
+NOT_FINITE = st.builds(
+    lambda sign, word, upper: sign + (word.upper() if upper else word),
+    st.sampled_from(["", "+", "-"]), st.sampled_from(["nan", "inf", "infinity", "1e999", "9e400"]),
+    st.booleans())
+
+
+@settings(max_examples=40, deadline=None)
+@given(option=st.sampled_from(FLOAT_OPTIONS), value=NOT_FINITE)
+def test_a_float_option_refuses_nan_and_the_infinities(option: str, value: str) -> None:
+    with redirect_stderr(io.StringIO()) as err:
+        assert cli.main([f"--{option}={value}", "train.py"]) == 2
+    assert err.getvalue().splitlines() == [
+        f"tftrun: error: Invalid value for '--{option}' / '--{option.replace('_', '-')}': "
+        f"{value!r} is not a finite number (see 'tftrun --help')"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(option=st.sampled_from(FLOAT_OPTIONS),
+       value=st.floats(allow_nan=False, allow_infinity=False))
+def test_a_float_option_takes_every_finite_float(option: str, value: float) -> None:
+    assert parse(f"--{option}={value!r}", "train.py")[option] == value

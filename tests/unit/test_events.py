@@ -1,0 +1,55 @@
+"""events.jsonl is best-effort: a full or failing log volume and a lock held by a stopped
+writer cost a warning, never the process and never an unbounded wait."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from recovery.events import EVENTS_FILE, LOCK_TIMEOUT, EventLog, read_events
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_a_full_log_volume_costs_one_warning_and_the_next_good_write_records_again(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """``/dev/full`` answers every write with ENOSPC, as a full volume does."""
+    (tmp_path / EVENTS_FILE).symlink_to("/dev/full")
+    log = EventLog(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="recovery.events"):
+        assert log.emit("spawn", rank=0)["event"] == "spawn"
+        assert log.emit("spawn", rank=1)["rank"] == 1
+    assert [r.getMessage().split(": ", 1)[1] for r in caplog.records] == [
+        "events are not recorded ([Errno 28] No space left on device)"]
+    (tmp_path / EVENTS_FILE).unlink()
+    log.emit("exit", rank=0)
+    assert [e["event"] for e in read_events(tmp_path)] == ["exit"]
+
+
+def test_a_lock_held_by_a_stopped_writer_delays_an_event_but_loses_it_not(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    log = EventLog(tmp_path)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from filelock import FileLock; "
+         f"lock = FileLock({str(tmp_path / EVENTS_FILE) + '.lock'!r}); lock.acquire(); "
+         "print('held', flush=True); "
+         "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        holder.send_signal(signal.SIGSTOP)  # a writer frozen while it holds the lock
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="recovery.events"):
+            log.emit("fault", rank=1)
+        waited = time.monotonic() - started
+    finally:
+        holder.kill()
+        holder.communicate()
+    assert LOCK_TIMEOUT <= waited < LOCK_TIMEOUT + 5
+    assert "written without it" in caplog.text
+    assert [e["event"] for e in read_events(tmp_path)] == ["fault"]

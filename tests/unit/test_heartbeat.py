@@ -1,0 +1,45 @@
+"""The heartbeat thread against a real scheduler (in this process, over its real TCPStore):
+what it is given to send is coerced, and nothing it meets ends it silently."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from sched_inprocess import TOKEN, running_scheduler
+
+from recovery.control.membership import Identity
+from recovery.control.rpc import SchedulerLink
+from recovery.runtime.heartbeat import Heartbeat
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_a_step_of_any_type_goes_out_and_the_beat_is_answered(
+        tmp_path: Path, free_port: int, caplog: pytest.LogCaptureFixture) -> None:
+    """A beat from a process the scheduler never admitted is answered with a refusal:
+    that answer proves the beat was sent. A step that cannot be sent as JSON (a tensor,
+    a numpy integer) used to end the thread in ``json.dumps``, and no beat ever went out."""
+    with running_scheduler(tmp_path, free_port):
+        link = SchedulerLink("127.0.0.1", free_port, TOKEN, reply_timeout=5.0)
+        try:
+            assert link.wait_connected(10)
+            for step, reported in [(torch.tensor(7), False), (np.int64(7), False),
+                                   (torch.tensor(7.0), False), (object(), True)]:
+                answered = threading.Event()
+                heartbeat = Heartbeat(link, Identity("9", os.getpid(), 1, "h", 9), 0.02, 0,
+                                      on_evicted=lambda _message, done=answered: done.set())
+                heartbeat.step = step
+                caplog.clear()
+                with caplog.at_level(logging.WARNING, logger="recovery.runtime.heartbeat"):
+                    heartbeat.start()
+                    assert answered.wait(20), f"no beat answered with step {step!r}"
+                    heartbeat.stop()
+                assert ("cannot send step" in caplog.text) == reported, caplog.text
+        finally:
+            link.close()
