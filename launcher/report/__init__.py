@@ -1,0 +1,2 @@
+"""``tftctl report``: a job's timeline from its events (timeline.py, read by sources.py),
+drawn as HTML with inline SVG (svg.py, page.py) or as a Chrome trace (trace.py)."""
