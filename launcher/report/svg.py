@@ -157,7 +157,7 @@ def _bars(timeline: Timeline, scale: _Scale, rows: dict[int, float]) -> list[str
         parts.append(
             f'<rect class="phase" data-phase="{span.phase.value}" data-rank="{span.rank}" '
             f'x="{x0:.1f}" y="{rows[span.rank] + pad - 2:.1f}" width="{max(x1 - x0, 1):.1f}" '
-            f'height="{BAR + 4}" fill="{PHASE_COLOURS[span.phase]}" fill-opacity="0.8">'
+            f'height="{BAR + 4}" fill="{PHASE_COLOURS[span.phase]}">'
             f'<title>rank {span.rank}: {span.phase.value}{generation}, '
             f'{_seconds(span.end - span.start)}</title></rect>')
     return parts

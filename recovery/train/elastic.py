@@ -74,7 +74,7 @@ from recovery.position import TrainPosition
 from recovery.ckpt.restore import ResumePoint, load_checkpoint, restore_checkpoint
 from recovery.train.sampler import ResumableDistributedSampler
 from recovery.train.state import TrainerMachine, TrainerState
-from recovery.train.step_events import StepEvents
+from recovery.train.step_events import PAUSED, RESTORED, StepEvents
 
 __all__ = ["ElasticTrainer", "Step", "PeerFailure", "TrainerState", "agree_rollback_point"]
 
@@ -344,7 +344,7 @@ class ElasticTrainer:
 
     def _pause(self, cause: str) -> None:
         self._machine.fail(TrainerState.PAUSED, cause)
-        self._step_events.reached(self.position.global_step, self.ctx.generation)
+        self._step_events.reached(self.position.global_step, self.ctx.generation, PAUSED)
         logger.warning("[rank %d] peer failure in generation %d: %s", self.ctx.rank,
                        self.ctx.generation, cause)
 
@@ -529,7 +529,7 @@ class ElasticTrainer:
     def _after_restore(self, source: str, **fields: Any) -> None:
         """Record where training goes on: this rank's ``step``, and (rank 0) the
         ``rollback``/``recovered`` events."""
-        self._step_events.reached(self.position.global_step, self.ctx.generation)
+        self._step_events.reached(self.position.global_step, self.ctx.generation, RESTORED)
         self._emit_as_leader("rollback", step=self.position.global_step, source=source,
                              generation=self.ctx.generation, **fields)
         self._emit_as_leader("recovered", generation=self.ctx.generation,

@@ -15,9 +15,13 @@ from collections.abc import Callable
 
 from recovery.events import EventLog
 
-__all__ = ["StepEvents", "step_event_interval", "JOB_STEP_EVENTS_PER_SECOND", "STEP_EVENT"]
+__all__ = ["StepEvents", "step_event_interval", "JOB_STEP_EVENTS_PER_SECOND", "STEP_EVENT",
+           "STEADY", "PAUSED", "RESTORED"]
 
 STEP_EVENT = "step"
+STEADY, PAUSED, RESTORED = "interval", "paused", "restored"
+"""The ``why`` of a step event: written while training goes on, when a fault stopped the
+rank, when a rollback or a replica put it at its step."""
 JOB_STEP_EVENTS_PER_SECOND = 8.0
 """About how many ``step`` events the whole job writes per second, once it has 8 ranks or
 more; a smaller job writes one per rank and second."""
@@ -30,7 +34,10 @@ def step_event_interval(world_size: int) -> float:
 
 class StepEvents:
     """Writes this rank's ``step`` events: ``rank``, ``step`` (global, completed), ``total``
-    (the steps the loop runs in all; None when unknown) and ``generation``."""
+    (the steps the loop runs in all; None when unknown), ``generation`` and ``why``:
+    ``interval`` while training, ``paused`` when a fault stopped this rank, ``restored``
+    when a rollback or a replica put it at ``step`` (a speed is measured only between
+    events of steady training)."""
 
     def __init__(self, events: EventLog, rank: int, world_size: int,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -44,10 +51,10 @@ class StepEvents:
     def completed(self, step: int, generation: int) -> None:
         """``step`` is done: written if this rank wrote none for the interval."""
         if self._clock() >= self._next_at:
-            self.reached(step, generation)
+            self.reached(step, generation, STEADY)
 
-    def reached(self, step: int, generation: int) -> None:
-        """Write that this rank is at ``step`` now (a fault stopped it there)."""
+    def reached(self, step: int, generation: int, why: str) -> None:
+        """Write that this rank is at ``step`` now, whatever the interval."""
         self._next_at = self._clock() + self._interval
         self._events.emit(STEP_EVENT, rank=self._rank, step=step, total=self.total,
-                          generation=generation)
+                          generation=generation, why=why)
