@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from launcher.progress import EventTail, Progress, progress_bar
 
@@ -152,7 +153,8 @@ class LiveView:
         caption = progress_bar(progress) if progress.step is not None else None
         if progress.recovering:
             caption = f"{caption}  {progress.recovering}" if caption else progress.recovering
-        table = Table(title="tftrun", caption=caption, expand=False)
+        table = Table(title="tftrun", caption=None if caption is None else Text(caption),
+                      expand=False)
         for column in ("rank", "pid", "state", "restarts", "step", "steps/s", "last log line"):
             table.add_column(column, no_wrap=column != "last log line", overflow="ellipsis")
         for row in rows:

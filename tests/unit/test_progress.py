@@ -7,8 +7,10 @@ import io
 import json
 from pathlib import Path
 
+from rich.console import Console
+
 from launcher.progress import EventTail, Progress, format_eta, progress_bar
-from launcher.render import PlainView, Row, progress_line
+from launcher.render import LiveView, PlainView, Row, progress_line
 
 
 def step(ts: float, rank: int, at: int, generation: int = 0,
@@ -77,3 +79,16 @@ def test_the_plain_progress_line_counts_a_cooldown_down(tmp_path: Path) -> None:
 def test_no_progress_lines_when_the_interval_is_zero(tmp_path: Path) -> None:
     view = PlainView(io.StringIO(), tmp_path / "events.jsonl", progress_interval=0)
     assert not view.wants_rows
+
+
+def test_the_live_table_shows_steps_and_the_bar_under_it(tmp_path: Path) -> None:
+    """The bar is shown as text: rich would take ``[####...]`` for markup and drop it."""
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in (step(1.0, 0, 10), step(2.0, 0, 30))))
+    console = Console(file=io.StringIO(), force_terminal=True, width=120)
+    view = LiveView(console, path)
+    view.show_rows([Row(0, 11, "running", 0, "step=30 loss=0.5")])
+    view.close()
+    shown = console.file.getvalue()
+    assert "[#######" in shown and "30/100 30% 20.0 steps/s ETA 0:04" in shown
+    assert "│ 30   │ 20.0    │" in shown
