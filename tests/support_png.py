@@ -33,12 +33,18 @@ def _paeth(a: int, b: int, c: int) -> int:
 
 
 def _unfilter(kind: int, line: bytearray, prior: bytes, bpp: int) -> bytes:
+    """Undo one row's PNG filter (0 none, 1 sub, 2 up, 3 average, 4 Paeth)."""
+    if kind == 2:
+        return bytes((a + b) & 0xFF for a, b in zip(line, prior))
     for i in range(len(line)):
         left = line[i - bpp] if i >= bpp else 0
-        up = prior[i]
-        corner = prior[i - bpp] if i >= bpp else 0
-        add = (0, left, up, (left + up) // 2, _paeth(left, up, corner))[kind]
-        line[i] = (line[i] + add) & 0xFF
+        if kind == 1:
+            line[i] = (line[i] + left) & 0xFF
+        elif kind == 3:
+            line[i] = (line[i] + (left + prior[i]) // 2) & 0xFF
+        elif kind == 4:
+            corner = prior[i - bpp] if i >= bpp else 0
+            line[i] = (line[i] + _paeth(left, prior[i], corner)) & 0xFF
     return bytes(line)
 
 
