@@ -29,8 +29,10 @@ from launcher.logs import archive_previous_run
 
 pytestmark = pytest.mark.timeout(200)
 
-STEPS = 100
+STEPS = 200
 KILL_AFTER = 25
+"""The kill lands before the checkpoint of step 40 (so steps are redone), and the 175 steps
+after the rollback give the speed and the ETA time to show in the progress lines."""
 JOB = ("--epochs", "1", "--max_steps", str(STEPS), "--save_steps", "20",
        "--synthetic_size", "12000", "--log_every", "5")
 
