@@ -70,6 +70,13 @@ def _step(progress: Progress, rank: int) -> str:
     return "-" if known is None else str(known.step)
 
 
+def _rank_text(progress: Progress, row: Row) -> str:
+    """``rank 0 step 40 12.4/s``, or its state while it has no step or waits to relaunch."""
+    if row.state.startswith("cooldown") or row.rank not in progress.ranks:
+        return f"rank {row.rank} {row.state}"
+    return f"rank {row.rank} step {_step(progress, row.rank)} {_rate(progress, row.rank)}/s"
+
+
 def progress_line(progress: Progress, rows: list[Row]) -> str | None:
     """The plain view's progress line; None when nothing is known yet.
 
@@ -83,10 +90,7 @@ def progress_line(progress: Progress, rows: list[Row]) -> str | None:
     if progress.recovering:
         parts.append(progress.recovering)
     if len(rows) <= 8:
-        parts.append(", ".join(
-            f"rank {r.rank} {r.state}" if r.state.startswith("cooldown") or r.rank not in
-            progress.ranks else f"rank {r.rank} step {_step(progress, r.rank)} "
-            f"{_rate(progress, r.rank)}/s" for r in rows))
+        parts.append(", ".join(_rank_text(progress, row) for row in rows))
     else:
         steps = [p.step for p in progress.ranks.values()]
         if steps:
