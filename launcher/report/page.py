@@ -57,7 +57,9 @@ def _faults_table(timeline: Timeline) -> str:
             rows.append(
                 "<tr>" + _cell(number, True) + _cell(_seconds(fault.ts - timeline.start), True)
                 + _cell(fault.rank, True) + _cell(node, True) + _cell(fault.cause)
-                + _cell(recovery.source or ("not recovered" if recovery.end is None else None))
+                + _cell(recovery.source or ("–" if recovery.end is not None else
+                                            "recovering" if timeline.running else
+                                            "no recovered event"))
                 + _cell(_seconds(took), True) + _cell(recovery.step, True)
                 + _cell(recovery.steps_redone, True) + _cell(recovery.restart) + "</tr>")
     if not rows:

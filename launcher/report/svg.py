@@ -84,9 +84,10 @@ def _step_path(points: Sequence[StepPoint], scale: _Scale, y: Callable[[float], 
     return " ".join(f"{x:.1f},{v:.1f}" for x, v in coords)
 
 
-def _recovery_label(recovery: Recovery) -> str:
+def _recovery_label(recovery: Recovery, running: bool) -> str:
     if recovery.end is None:
-        return "not recovered" + (f" (restart: {recovery.restart})" if recovery.restart else "")
+        said = "recovering" if running else "no recovered event"
+        return said + (f" (tftrun restarted: {recovery.restart})" if recovery.restart else "")
     seconds = recovery.seconds if recovery.seconds is not None else recovery.end - recovery.start
     where = f" → step {recovery.step}" if recovery.step is not None else ""
     return f"{recovery.source or 'recovered'}{where} · {_seconds(seconds)}"
@@ -99,7 +100,7 @@ def _recoveries(timeline: Timeline, scale: _Scale, top: float) -> list[str]:
         x1 = scale.x(recovery.end if recovery.end is not None else timeline.end)
         y = top + 26
         causes = ", ".join(f"rank {f.rank} {f.cause}" for f in recovery.faults)
-        label = _recovery_label(recovery)
+        label = _recovery_label(recovery, timeline.running)
         parts.append(
             f'<g class="recovery" data-index="{index}" data-source="{_attr(recovery.source or "")}">'
             f'<title>{escape(causes)}: {escape(label)}</title>'

@@ -64,7 +64,7 @@ def trace_events(timeline: Timeline) -> dict[str, Any]:
     for recovery in timeline.recoveries:
         end = recovery.end if recovery.end is not None else timeline.end
         label = (f"recovery: {recovery.source}, {recovery.seconds} s" if recovery.end is not None
-                 else "not recovered")
+                 else "recovering" if timeline.running else "no recovered event")
         events.append(span(label, "recovery", 0, RECOVERIES_TID, recovery.start, end,
                            source=recovery.source, seconds=recovery.seconds,
                            step=recovery.step, steps_redone=recovery.steps_redone,
