@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from html import escape
 
 from launcher.report.svg import steps_svg, timeline_svg
-from launcher.report.timeline import Timeline
+from launcher.report.model import Timeline
 
 __all__ = ["render_html"]
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from html import escape
 
-from launcher.report.timeline import Ending, Phase, Recovery, StepPoint, Timeline
+from launcher.report.model import Ending, Phase, Recovery, StepPoint, Timeline
 
 __all__ = ["timeline_svg", "steps_svg", "ENDING_COLOURS", "PHASE_COLOURS", "WIDTH"]
 

@@ -1,8 +1,8 @@
 """A job's timeline, built from its events: what ``tftctl report`` draws.
 
 Pure: events in (merged from every node's ``events.jsonl``, each carrying ``node_rank``),
-a :class:`Timeline` out, in unix seconds. No files, no clock: the caller says where the
-timeline ends (``now`` for a job still running). The renderers (svg.py, page.py,
+a :class:`~launcher.report.model.Timeline` out, in unix seconds. No files, no clock: the
+caller says where the timeline ends (``now`` for a job still running). The renderers (svg.py, page.py,
 trace.py) only draw what is here, so they agree with each other.
 
 How a fault becomes a recovery: the first ``fault`` opens an episode (faults that follow
@@ -18,146 +18,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
-__all__ = ["Ending", "Phase", "Lane", "Incarnation", "Fault", "PhaseSpan", "GenerationMark",
-           "Recovery", "StepPoint", "Timeline", "build_timeline"]
+from launcher.report.model import (
+    Ending, Fault, GenerationMark, Incarnation, Lane, Phase, PhaseSpan, Recovery, StepPoint,
+    Timeline,
+)
 
-
-class Ending(str, Enum):
-    """How an incarnation (one process of a rank) ended."""
-
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    HUNG = "hung"
-    """Declared hung or dead by the scheduler, and killed by tftrun."""
-    STOPPED = "stopped"
-    """Stopped by tftrun itself (a restart of the group, the end of the job)."""
-    RUNNING = "running"
-    UNKNOWN = "no exit recorded"
-    """The job is over, but its events never recorded this process's end."""
-
-
-class Phase(str, Enum):
-    COOLDOWN = "cooldown"
-    REFORMING = "re-forming"
-    RESYNCING = "resynchronising"
-
-
-@dataclass(frozen=True, order=True)
-class Lane:
-    node: int
-    rank: int
-
-
-@dataclass(frozen=True)
-class Incarnation:
-    rank: int
-    incarnation: int
-    pid: int
-    start: float
-    end: float
-    ending: Ending
-    exit: str = ""
-    """How it ended, as the ``exit`` event says: ``SIGKILL``, ``exit code 1``, or ''."""
-
-
-@dataclass(frozen=True)
-class Fault:
-    ts: float
-    rank: int | None
-    cause: str
-    pid: int | None = None
-    incarnation: int | None = None
-
-
-@dataclass(frozen=True)
-class PhaseSpan:
-    rank: int
-    phase: Phase
-    start: float
-    end: float
-    generation: int | None = None
-    """For re-forming: the generation being formed; for resynchronising: the one formed."""
-
-
-@dataclass(frozen=True)
-class GenerationMark:
-    ts: float
-    generation: int
-
-
-@dataclass(frozen=True)
-class Recovery:
-    """One episode: faults, and how training went on after them."""
-
-    faults: tuple[Fault, ...]
-    end: float | None
-    """The ``recovered`` event; None: not recovered (yet, or ever: a plain script)."""
-    source: str | None = None
-    seconds: float | None = None
-    """As the ``recovered`` event says (since the newest fault)."""
-    step: int | None = None
-    """The step training went on from."""
-    reached: int | None = None
-    """The highest step reported before the rollback."""
-    restart: str | None = None
-    """What tftrun did: ``rank`` (relaunched the dead ranks) or ``workers`` (all)."""
-
-    @property
-    def start(self) -> float:
-        return self.faults[0].ts
-
-    @property
-    def steps_redone(self) -> int | None:
-        if self.step is None or self.reached is None:
-            return None
-        return max(0, self.reached - self.step)
-
-
-@dataclass(frozen=True)
-class StepPoint:
-    ts: float
-    step: int
-    incarnation: int = 0
-    """The rank's incarnation that reported it (the newest spawned by then)."""
-
-
-@dataclass(frozen=True)
-class Timeline:
-    run_id: str
-    start: float
-    end: float
-    ended: bool
-    """Whether a ``job_end`` was seen (on every node given)."""
-    running: bool
-    """Whether the job still runs (the timeline ends now)."""
-    exitcode: int | None
-    reason: str
-    lanes: tuple[Lane, ...]
-    incarnations: tuple[Incarnation, ...]
-    faults: tuple[Fault, ...]
-    phases: tuple[PhaseSpan, ...]
-    generations: tuple[GenerationMark, ...]
-    recoveries: tuple[Recovery, ...]
-    steps: dict[int, tuple[StepPoint, ...]]
-    total_steps: int | None
-    digests: dict[int, str]
-    restarts: int
-    relaunches: int
-
-    @property
-    def nodes(self) -> list[int]:
-        return sorted({lane.node for lane in self.lanes})
-
-    @property
-    def digests_agree(self) -> bool | None:
-        """Whether every rank ended with the same parameters; None before any ended."""
-        return None if not self.digests else len(set(self.digests.values())) == 1
-
-    def node_of(self, rank: int) -> int:
-        return next((lane.node for lane in self.lanes if lane.rank == rank), 0)
+__all__ = ["build_timeline"]
 
 
 @dataclass

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from launcher.report.timeline import Timeline
+from launcher.report.model import Timeline
 
 __all__ = ["trace_events", "RECOVERIES_TID"]
 

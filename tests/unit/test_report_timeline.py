@@ -16,7 +16,8 @@ from support_report import SvgElements, check_trace
 
 from launcher.report.page import render_html
 from launcher.report.sources import read_job
-from launcher.report.timeline import Ending, Phase, build_timeline
+from launcher.report.model import Ending, Phase
+from launcher.report.timeline import build_timeline
 from launcher.report.trace import trace_events
 
 T0 = 1_800_000_000.0
