@@ -28,6 +28,9 @@ ENDING_COLOURS = {
 PHASE_COLOURS = {Phase.COOLDOWN: "#fdd835", Phase.REFORMING: "#8e24aa",
                  Phase.RESYNCING: "#00acc1"}
 FAULT_COLOUR = "#b71c1c"
+_ROUND_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600,
+                43200, 86400)
+"""Seconds between two ticks of the time axis, as a person would count them."""
 RANK_COLOURS = ("#1e88e5", "#43a047", "#fb8c00", "#8e24aa", "#00acc1", "#6d4c41", "#d81b60",
                 "#3949ab", "#7cb342", "#546e7a")
 
@@ -52,15 +55,26 @@ class _Scale:
         return LEFT + (min(max(ts, self.start), self.end) - self.start) / span * (WIDTH - LEFT - RIGHT)
 
     def ticks(self) -> Iterator[tuple[float, str]]:
-        """About ten round ticks, as (unix seconds, label in seconds since the start)."""
+        """About ten round ticks, as (unix seconds, time since the start: ``30s``, ``5m``,
+        ``2h``)."""
         span = max(self.end - self.start, 1e-6)
         raw = span / 10
-        power = 10 ** math.floor(math.log10(raw))
-        step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
-        value = 0.0
-        while value <= span + 1e-9:
-            yield self.start + value, f"{value:g}s"
-            value += step
+        if raw < 1:
+            power = 10 ** math.floor(math.log10(raw))
+            step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+        else:
+            step = next((s for s in _ROUND_STEPS if s >= raw), math.ceil(raw / 86400) * 86400)
+        for index in range(int(span / step + 1e-9) + 1):
+            value = index * step
+            yield self.start + value, _since(value, step)
+
+
+def _since(value: float, step: float) -> str:
+    if step >= 3600:
+        return f"{value / 3600:g}h"
+    if step >= 60:
+        return f"{value / 60:g}m"
+    return f"{value:g}s"
 
 
 def _axis(scale: _Scale, top: float, bottom: float, label_y: float) -> list[str]:
