@@ -17,13 +17,13 @@ import typer
 from filelock import FileLock, Timeout
 
 from launcher.cliutil import finite_float, new_app, run_app
-from launcher.config import LaunchConfig, bind_listener
+from launcher.config import DEFAULT_PROGRESS_INTERVAL, LaunchConfig, bind_listener
 from launcher.errors import ConfigError
 from launcher.logs import archive_previous_run
 from launcher.render import make_view
 from launcher.supervisor import Supervisor
 from recovery.env import DEFAULT_RECOVERY_PATH
-from recovery.events import EventLog
+from recovery.events import EVENTS_FILE, EventLog
 from recovery.ckpt.layout import previous_dir
 from recovery.ckpt.lineage import LineageError, adopt_lineage, open_lineage
 from recovery.timeouts import (
@@ -121,6 +121,10 @@ def launch(
     warm_spare: Annotated[int, _opt(
         "warm_spare", "Spare processes kept ready on this node, torch imported, to take a "
         "relaunched rank's place without a cold start; 0: none.")] = 0,
+    progress_interval: Annotated[float, _float_opt(
+        "progress_interval", "Off a terminal (CI, a pipe): seconds between two progress "
+        "lines (each rank's step and steps/s, the ETA, a recovery under way); 0: none.")
+    ] = DEFAULT_PROGRESS_INTERVAL,
 ) -> int:
     """Launch SCRIPT as WORKER_NUM data-parallel workers and keep the job alive."""
     local = local_worker_num if local_worker_num is not None else nproc_per_node
@@ -135,6 +139,7 @@ def launch(
         heartbeat_timeout=heartbeat_timeout, progress_timeout=progress_timeout,
         grace_period=grace_period, restart_policy=restart_policy, is_recover=parse_bool(is_recover, "--is_recover"),
         recovery_path=recovery_path, enable_tft=enable_tft, warm_spare=warm_spare,
+        progress_interval=progress_interval,
     )
     config.validate()
     with ExitStack() as held:
@@ -148,7 +153,8 @@ def launch(
             held.callback(store_socket.close)
         config = replace(config, lineage=_open_lineage(config))
         archive_previous_run(config.log_dir)
-        supervisor = Supervisor(config, store_socket, make_view(), EventLog(config.log_dir))
+        view = make_view(config.log_dir / EVENTS_FILE, config.progress_interval)
+        supervisor = Supervisor(config, store_socket, view, EventLog(config.log_dir))
         return supervisor.run()
 
 

@@ -23,9 +23,11 @@ from recovery.timeouts import (
     DEFAULT_REJOIN_COOLDOWN,
 )
 
-__all__ = ["LaunchConfig", "bind_listener", "RESTART_POLICIES"]
+__all__ = ["LaunchConfig", "bind_listener", "RESTART_POLICIES", "DEFAULT_PROGRESS_INTERVAL"]
 
 RESTART_POLICIES = ("auto", "all", "rank")
+DEFAULT_PROGRESS_INTERVAL = 30.0
+"""Off a terminal, seconds between two progress lines."""
 """``all``: torchrun's restart of every worker; ``rank``: relaunch only the dead ranks
 (the survivors recover in-process through ``recovery``); ``auto``: ``rank`` for workers
 that registered with the scheduler, else ``all``."""
@@ -55,6 +57,8 @@ class LaunchConfig:
     enable_tft: str | None = None
     warm_spare: int = 0
     """Spare processes kept warm on this node for relaunched ranks (launcher/spares.py)."""
+    progress_interval: float = DEFAULT_PROGRESS_INTERVAL
+    """Off a terminal, seconds between two progress lines (0: none)."""
     run_id: str = field(default_factory=lambda: time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3))
     job_token: str = field(default_factory=lambda: secrets.token_hex(16))
     lineage: str = ""
@@ -90,7 +94,8 @@ class LaunchConfig:
             raise ConfigError(f"--master_port must be in 1..65535, got {self.master_port}")
         for name, value in (("--max_restarts", self.max_restarts),
                             ("--rejoin_cooldown", self.rejoin_cooldown),
-                            ("--warm_spare", self.warm_spare)):
+                            ("--warm_spare", self.warm_spare),
+                            ("--progress_interval", self.progress_interval)):
             if value < 0:
                 raise ConfigError(f"{name} must not be negative, got {value}")
         for name, value in (("--monitor_interval", self.monitor_interval),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from launcher import ckpt_cli, inject_cli, new_cli, status_cli
+from launcher import ckpt_cli, inject_cli, new_cli, report_cli, status_cli
 from launcher.cliutil import new_app, run_app
 
 __all__ = ["app", "main"]
@@ -15,6 +15,7 @@ app.add_typer(ckpt_cli.app, name="ckpt")
 app.command(name="new")(new_cli.new)
 app.command(name="status")(status_cli.status)
 app.command(name="inject")(inject_cli.inject)
+app.command(name="report")(report_cli.report)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

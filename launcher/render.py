@@ -1,7 +1,10 @@
 """The only module that draws: the live table, plain status lines, and the final summary.
 
-On a terminal, a rich live table (rank, pid, state, restarts, last log line); off a
-terminal (CI, pipes), one timestamped line per lifecycle event.
+On a terminal, a rich live table (rank, pid, state, restarts, step, steps/s, last log
+line) under a progress bar with an ETA and what a recovery is doing; off a terminal (CI,
+pipes), one timestamped line per lifecycle event, and every ``--progress_interval``
+seconds one line with the same figures. The figures come from the node's events.jsonl
+(launcher/progress.py).
 """
 
 from __future__ import annotations
@@ -9,13 +12,17 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
-__all__ = ["Row", "View", "make_view", "SummaryRow", "print_summary"]
+from launcher.progress import EventTail, Progress, progress_bar
+
+__all__ = ["Row", "View", "make_view", "SummaryRow", "print_summary", "progress_line"]
 
 
 @dataclass(frozen=True)
@@ -49,23 +56,81 @@ def _describe(record: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in fields.items() if v is not None and v != "")
 
 
+def _stamp(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def _rate(progress: Progress, rank: int) -> str:
+    known = progress.ranks.get(rank)
+    return "-" if known is None or known.rate is None else f"{known.rate:.1f}"
+
+
+def _step(progress: Progress, rank: int) -> str:
+    known = progress.ranks.get(rank)
+    return "-" if known is None else str(known.step)
+
+
+def _rank_text(progress: Progress, row: Row) -> str:
+    """``rank 0 step 40 12.4/s``, or its state while it has no step or waits to relaunch."""
+    if row.state.startswith("cooldown") or row.rank not in progress.ranks:
+        return f"rank {row.rank} {row.state}"
+    return f"rank {row.rank} step {_step(progress, row.rank)} {_rate(progress, row.rank)}/s"
+
+
+def progress_line(progress: Progress, rows: list[Row]) -> str | None:
+    """The plain view's progress line; None when nothing is known yet.
+
+    ``progress [####....] 40/100 40% 12.5 steps/s ETA 0:05; re-forming generation 1;
+    rank 0 step 40 12.4/s, rank 1 cooldown 3s, ...`` (ranks summarised beyond 8).
+    """
+    waiting = [r for r in rows if r.state.startswith("cooldown")]
+    if progress.step is None and progress.recovering is None and not waiting:
+        return None
+    parts = [progress_bar(progress)]
+    if progress.recovering:
+        parts.append(progress.recovering)
+    if len(rows) <= 8:
+        parts.append(", ".join(_rank_text(progress, row) for row in rows))
+    else:
+        steps = [p.step for p in progress.ranks.values()]
+        if steps:
+            parts.append(f"ranks at steps {min(steps)}..{max(steps)}")
+        parts += [f"rank {r.rank} {r.state}" for r in waiting]
+    return "progress " + "; ".join(parts)
+
+
 class PlainView:
-    """One line per event: ``2026-11-23 10:00:01 tftrun: exit role=worker rank=2 ...``."""
+    """One line per event: ``2026-11-23 10:00:01 tftrun: exit role=worker rank=2 ...``,
+    and a ``progress`` line every ``progress_interval`` seconds (0: never)."""
 
-    wants_rows = False
-
-    def __init__(self, stream: Any = None) -> None:
+    def __init__(self, stream: Any = None, events_path: Path | None = None,
+                 progress_interval: float = 0.0) -> None:
         self._stream = stream or sys.stdout
+        self._tail = EventTail(events_path) if events_path is not None else None
+        self._progress = Progress()
+        self._interval = progress_interval
+        self._next_line = time.monotonic() + progress_interval
+
+    @property
+    def wants_rows(self) -> bool:
+        """Rows are only worth building when a progress line is due."""
+        return (self._tail is not None and self._interval > 0
+                and time.monotonic() >= self._next_line)
 
     def _print(self, text: str) -> None:
         print(text, file=self._stream, flush=True)
 
     def on_event(self, record: dict[str, Any]) -> None:
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record["ts"]))
-        self._print(f"{stamp} tftrun: {record['event']} {_describe(record)}")
+        self._print(f"{_stamp(record['ts'])} tftrun: {record['event']} {_describe(record)}")
 
     def show_rows(self, rows: list[Row]) -> None:
-        return None
+        if self._tail is None:
+            return
+        self._next_line = time.monotonic() + self._interval
+        self._progress.feed(self._tail.read())
+        line = progress_line(self._progress, rows)
+        if line is not None:
+            self._print(f"{_stamp(time.time())} tftrun: {line}")
 
     def output(self, label: str, line: str) -> None:
         self._print(f"[{label}] {line}")
@@ -79,19 +144,26 @@ class LiveView:
 
     wants_rows = True
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, events_path: Path | None = None) -> None:
         self._console = console
+        self._tail = EventTail(events_path) if events_path is not None else None
+        self._progress = Progress()
         self._live = Live(self._table([]), console=console, refresh_per_second=4,
                           transient=False)
         self._live.start()
 
-    @staticmethod
-    def _table(rows: list[Row]) -> Table:
-        table = Table(title="tftrun", expand=False)
-        for column in ("rank", "pid", "state", "restarts", "last log line"):
+    def _table(self, rows: list[Row]) -> Table:
+        progress = self._progress
+        caption = progress_bar(progress) if progress.step is not None else None
+        if progress.recovering:
+            caption = f"{caption}  {progress.recovering}" if caption else progress.recovering
+        table = Table(title="tftrun", caption=None if caption is None else Text(caption),
+                      expand=False)
+        for column in ("rank", "pid", "state", "restarts", "step", "steps/s", "last log line"):
             table.add_column(column, no_wrap=column != "last log line", overflow="ellipsis")
         for row in rows:
             table.add_row(str(row.rank), str(row.pid or "-"), row.state, str(row.restarts),
+                          _step(progress, row.rank), _rate(progress, row.rank),
                           row.last_line[-100:])
         return table
 
@@ -101,6 +173,8 @@ class LiveView:
                                 highlight=False)
 
     def show_rows(self, rows: list[Row]) -> None:
+        if self._tail is not None:
+            self._progress.feed(self._tail.read())
         self._live.update(self._table(rows))
 
     def output(self, label: str, line: str) -> None:
@@ -110,9 +184,13 @@ class LiveView:
         self._live.stop()
 
 
-def make_view() -> View:
+def make_view(events_path: Path | None = None, progress_interval: float = 0.0) -> View:
+    """The live table on a terminal, else plain lines (progress every ``progress_interval``
+    seconds); both follow ``events_path`` for the workers' progress."""
     console = Console()
-    return LiveView(console) if console.is_terminal else PlainView()
+    if console.is_terminal:
+        return LiveView(console, events_path)
+    return PlainView(None, events_path, progress_interval)
 
 
 def print_summary(rows: list[SummaryRow], failing: str | None, failing_log: list[str],

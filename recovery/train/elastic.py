@@ -74,6 +74,7 @@ from recovery.position import TrainPosition
 from recovery.ckpt.restore import ResumePoint, load_checkpoint, restore_checkpoint
 from recovery.train.sampler import ResumableDistributedSampler
 from recovery.train.state import TrainerMachine, TrainerState
+from recovery.train.step_events import PAUSED, RESTORED, StepEvents
 
 __all__ = ["ElasticTrainer", "Step", "PeerFailure", "TrainerState", "agree_rollback_point"]
 
@@ -207,6 +208,7 @@ class ElasticTrainer:
         self.phase.void_when = lambda: self._machine.state is not TrainerState.TRAINING
         self._recovery_path = worker_env.recovery_path
         self._events = EventLog(worker_env.log_dir)
+        self._step_events = StepEvents(self._events, ctx.rank, ctx.world_size)
         self._resume = resume or worker_env.is_recover or worker_env.restart_count > 0
         self._allow_world_size_change = allow_world_size_change
         # Inputs, not states: what arrived from outside, for the loop to act on.
@@ -229,6 +231,7 @@ class ElasticTrainer:
         handlers = {TrainerState.PAUSED: self._recover,
                     TrainerState.REPAIRING: self._repair_in_place,
                     TrainerState.STOPPING: self._stop}
+        self._step_events.total = self._total_steps(epochs, max_steps)
         with self._stop_signals_noted():
             if self.ctx.generation > 0 or self._resume:
                 # A relaunched rank, or a resumed job: take the state the others can give.
@@ -262,6 +265,12 @@ class ElasticTrainer:
         except Aborted as err:
             self._machine.fail(TrainerState.STOPPING, f"the job is being stopped: {err}")
 
+    def _total_steps(self, epochs: int, max_steps: int) -> int:
+        """The global step the loop ends at: every step of epochs 1..``epochs``, or
+        ``max_steps`` if fewer."""
+        total = self.sampler.steps_per_epoch * epochs
+        return min(total, max_steps) if max_steps else total
+
     def _schedule(self, epochs: int, max_steps: int) -> Iterator[Step]:
         """The steps from the current position on."""
         start = self.position
@@ -291,6 +300,7 @@ class ElasticTrainer:
         """The step is done on this rank: record it, checkpoint, stop if asked to."""
         self.position = TrainPosition(*step)
         self.ctx.report_step(step.global_step)
+        self._step_events.completed(step.global_step, self.ctx.generation)
         self.saver.step_end(*step)
         if self._stop_request is not None:
             self._machine.fail(TrainerState.STOPPING, "the job is being stopped")
@@ -334,6 +344,7 @@ class ElasticTrainer:
 
     def _pause(self, cause: str) -> None:
         self._machine.fail(TrainerState.PAUSED, cause)
+        self._step_events.reached(self.position.global_step, self.ctx.generation, PAUSED)
         logger.warning("[rank %d] peer failure in generation %d: %s", self.ctx.rank,
                        self.ctx.generation, cause)
 
@@ -516,7 +527,9 @@ class ElasticTrainer:
                             step_in_epoch=point[1])
 
     def _after_restore(self, source: str, **fields: Any) -> None:
-        """Record where training goes on, and (rank 0) the ``rollback``/``recovered`` events."""
+        """Record where training goes on: this rank's ``step``, and (rank 0) the
+        ``rollback``/``recovered`` events."""
+        self._step_events.reached(self.position.global_step, self.ctx.generation, RESTORED)
         self._emit_as_leader("rollback", step=self.position.global_step, source=source,
                              generation=self.ctx.generation, **fields)
         self._emit_as_leader("recovered", generation=self.ctx.generation,

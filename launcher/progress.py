@@ -1,0 +1,150 @@
+"""How far training is, for the live view: each rank's step and speed, the ETA, and what a
+recovery is doing, read from the node's ``events.jsonl`` as it grows.
+
+The workers' ``step`` events (recovery/train/step_events.py) say each rank's step and the
+total; the ``fault``, ``generation``, ``rollback`` and ``recovered`` events say when a
+generation is being re-formed and resynchronised. Nothing here asks any process: a node
+without the scheduler learns that a generation formed from its workers' next ``step``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from recovery.train.step_events import PAUSED, STEADY
+
+__all__ = ["EventTail", "RankProgress", "Progress", "progress_bar", "format_eta"]
+
+
+class EventTail:
+    """The events appended to an ``events.jsonl`` since the last call; only whole lines."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._offset = 0
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with open(self._path, "rb") as file:
+                file.seek(self._offset)
+                data = file.read()
+        except OSError:
+            return []
+        end = data.rfind(b"\n") + 1
+        self._offset += end
+        events = []
+        for line in data[:end].splitlines():
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue
+        return events
+
+
+@dataclass(frozen=True)
+class RankProgress:
+    step: int
+    at: float
+    rate: float | None
+    """Steps per second between its last two reports of steady training (None before)."""
+    why: str = STEADY
+    """Why the last report was written (the step event's ``why``)."""
+
+
+@dataclass
+class Progress:
+    """What the events read so far say about training."""
+
+    ranks: dict[int, RankProgress] = field(default_factory=dict)
+    total: int | None = None
+    generation: int | None = None
+    """The newest generation known to have formed (or to train)."""
+    recovering: str | None = None
+    """``re-forming generation g`` or ``resynchronising generation g`` while it lasts."""
+    _target: int | None = None
+
+    def feed(self, events: list[dict[str, Any]]) -> None:
+        for event in events:
+            handler = getattr(self, "_on_" + str(event.get("event")), None)
+            if handler is not None:
+                handler(event)
+
+    def _on_step(self, event: dict[str, Any]) -> None:
+        rank, step, ts = int(event["rank"]), int(event["step"]), float(event["ts"])
+        before = self.ranks.get(rank)
+        rate = before.rate if before is not None else None
+        why = str(event.get("why", STEADY))
+        # A speed needs steady training from the last report to this one: none paused between.
+        if (before is not None and before.step < step and before.at < ts and why == STEADY
+                and before.why != PAUSED):
+            rate = (step - before.step) / (ts - before.at)
+        self.ranks[rank] = RankProgress(step, ts, rate, why)
+        if event.get("total") is not None:
+            self.total = int(event["total"])
+        generation = event.get("generation")
+        if generation is not None:
+            self._trains_in(int(generation))
+
+    def _on_fault(self, event: dict[str, Any]) -> None:
+        if event.get("cause") == "uce" or self.generation is None or self._target is not None:
+            return  # repaired in place; a job without generations; one already re-forming
+        self._target = self.generation + 1
+        self.recovering = f"re-forming generation {self._target}"
+
+    def _on_generation(self, event: dict[str, Any]) -> None:
+        generation = int(event["generation"])
+        self.generation = generation
+        if self._target is not None:
+            self._target = generation
+            self.recovering = f"resynchronising generation {generation}"
+
+    def _on_recovered(self, event: dict[str, Any]) -> None:
+        self._trains_in(int(event.get("generation") or 0))
+
+    def _trains_in(self, generation: int) -> None:
+        """A rank trains (or rolled back) in ``generation``: a recovery up to it is over."""
+        self.generation = max(self.generation or 0, generation)
+        if self._target is not None and generation >= self._target:
+            self._target = self.recovering = None
+
+    @property
+    def step(self) -> int | None:
+        """The job's step: the furthest rank's."""
+        return max((r.step for r in self.ranks.values()), default=None)
+
+    @property
+    def rate(self) -> float | None:
+        rates = [r.rate for r in self.ranks.values() if r.rate]
+        return sum(rates) / len(rates) if rates else None
+
+    def eta(self) -> float | None:
+        """Seconds left at the current speed; None when unknown or while recovering."""
+        step, rate = self.step, self.rate
+        if self.total is None or step is None or not rate or self.recovering:
+            return None
+        return max(0, self.total - step) / rate
+
+
+def format_eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "ETA –"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"ETA {hours}:{minutes:02d}:{secs:02d}" if hours else f"ETA {minutes}:{secs:02d}"
+
+
+def progress_bar(progress: Progress, width: int = 24) -> str:
+    """``[#########...............] 40/100 40% 12.5 steps/s ETA 0:05`` (what is known)."""
+    step = progress.step
+    if step is None:
+        return "no step reported yet"
+    rate = f" {progress.rate:.1f} steps/s" if progress.rate else ""
+    if not progress.total:
+        return f"step {step}{rate}"
+    done = min(1.0, step / progress.total)
+    filled = int(done * width)
+    return (f"[{'#' * filled}{'.' * (width - filled)}] {step}/{progress.total} "
+            f"{done:.0%}{rate} {format_eta(progress.eta())}")

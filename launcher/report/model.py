@@ -1,0 +1,145 @@
+"""What a report shows of a job: the types of its timeline (built by timeline.py, drawn
+by svg.py, page.py and trace.py). Times are unix seconds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+__all__ = ["Ending", "Phase", "Lane", "Incarnation", "Fault", "PhaseSpan", "GenerationMark",
+           "Recovery", "StepPoint", "Timeline"]
+
+
+class Ending(str, Enum):
+    """How an incarnation (one process of a rank) ended."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    HUNG = "hung"
+    """Declared hung or dead by the scheduler, and killed by tftrun."""
+    STOPPED = "stopped"
+    """Stopped by tftrun itself (a restart of the group, the end of the job)."""
+    RUNNING = "running"
+    UNKNOWN = "no exit recorded"
+    """The job is over, but its events never recorded this process's end."""
+
+
+class Phase(str, Enum):
+    COOLDOWN = "cooldown"
+    REFORMING = "re-forming"
+    RESYNCING = "resynchronising"
+
+
+@dataclass(frozen=True, order=True)
+class Lane:
+    node: int
+    rank: int
+
+
+@dataclass(frozen=True)
+class Incarnation:
+    rank: int
+    incarnation: int
+    pid: int
+    start: float
+    end: float
+    ending: Ending
+    exit: str = ""
+    """How it ended, as the ``exit`` event says: ``SIGKILL``, ``exit code 1``, or ''."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    ts: float
+    rank: int | None
+    cause: str
+    pid: int | None = None
+    incarnation: int | None = None
+
+
+@dataclass(frozen=True)
+class PhaseSpan:
+    rank: int
+    phase: Phase
+    start: float
+    end: float
+    generation: int | None = None
+    """For re-forming: the generation being formed; for resynchronising: the one formed."""
+
+
+@dataclass(frozen=True)
+class GenerationMark:
+    ts: float
+    generation: int
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """One episode: faults, and how training went on after them."""
+
+    faults: tuple[Fault, ...]
+    end: float | None
+    """The ``recovered`` event; None: not recovered (yet, or ever: a plain script)."""
+    source: str | None = None
+    seconds: float | None = None
+    """As the ``recovered`` event says (since the newest fault)."""
+    step: int | None = None
+    """The step training went on from."""
+    reached: int | None = None
+    """The highest step reported before the rollback."""
+    restart: str | None = None
+    """What tftrun did: ``rank`` (relaunched the dead ranks) or ``workers`` (all)."""
+
+    @property
+    def start(self) -> float:
+        return self.faults[0].ts
+
+    @property
+    def steps_redone(self) -> int | None:
+        if self.step is None or self.reached is None:
+            return None
+        return max(0, self.reached - self.step)
+
+
+@dataclass(frozen=True)
+class StepPoint:
+    ts: float
+    step: int
+    incarnation: int = 0
+    """The rank's incarnation that reported it (the newest spawned by then)."""
+
+
+@dataclass(frozen=True)
+class Timeline:
+    run_id: str
+    start: float
+    end: float
+    ended: bool
+    """Whether a ``job_end`` was seen (on every node given)."""
+    running: bool
+    """Whether the job still runs (the timeline ends now)."""
+    exitcode: int | None
+    reason: str
+    lanes: tuple[Lane, ...]
+    incarnations: tuple[Incarnation, ...]
+    faults: tuple[Fault, ...]
+    phases: tuple[PhaseSpan, ...]
+    generations: tuple[GenerationMark, ...]
+    recoveries: tuple[Recovery, ...]
+    steps: dict[int, tuple[StepPoint, ...]]
+    total_steps: int | None
+    digests: dict[int, str]
+    restarts: int
+    relaunches: int
+
+    @property
+    def nodes(self) -> list[int]:
+        return sorted({lane.node for lane in self.lanes})
+
+    @property
+    def digests_agree(self) -> bool | None:
+        """Whether every rank ended with the same parameters; None before any ended."""
+        return None if not self.digests else len(set(self.digests.values())) == 1
+
+    def node_of(self, rank: int) -> int:
+        return next((lane.node for lane in self.lanes if lane.rank == rank), 0)

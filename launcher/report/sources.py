@@ -1,0 +1,64 @@
+"""Reading the events of one job from its nodes' log dirs (or from archived runs).
+
+Each node's tftrun writes its own ``events.jsonl``; the scheduler's events are in node 0's.
+An event without ``node_rank`` belongs to the node whose dir it was read from (its
+``job_start`` says which; 0 if none). An archived run, ``LOG_DIR/previous/<n>``, is a log
+dir like any other.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from launcher.errors import ConfigError
+from launcher.logs import PREVIOUS_DIR
+from recovery.events import EVENTS_FILE, read_events
+
+__all__ = ["read_job", "job_is_running", "timeline_end"]
+
+
+def _archived(log_dir: Path) -> list[str]:
+    folder = log_dir / PREVIOUS_DIR
+    runs = [p for p in folder.iterdir() if (p / EVENTS_FILE).exists()] if folder.is_dir() else []
+    return [str(p) for p in sorted(runs, key=lambda p: (len(p.name), p.name))]
+
+
+def _read_node(log_dir: Path) -> list[dict[str, Any]]:
+    if not (log_dir / EVENTS_FILE).is_file():
+        archived = _archived(log_dir)
+        hint = f" (archived runs: {', '.join(archived)})" if archived else ""
+        raise ConfigError(f"no {EVENTS_FILE} in {log_dir}{hint}")
+    events = list(read_events(log_dir))
+    start = next((e for e in events if e.get("event") == "job_start"), {})
+    node = int(start.get("node_rank") or 0)
+    return [{**e, "node_rank": e.get("node_rank", node)} for e in events]
+
+
+def read_job(log_dirs: Sequence[Path]) -> list[dict[str, Any]]:
+    """Every event of the job whose nodes logged to ``log_dirs``, each with its
+    ``node_rank``; a ConfigError (usage, exit 2) for a dir without events."""
+    return [event for log_dir in log_dirs for event in _read_node(log_dir)]
+
+
+def job_is_running(events: list[dict[str, Any]]) -> bool:
+    """Whether some node's tftrun has started and not ended, and still runs here."""
+    ended = {e["node_rank"] for e in events if e.get("event") == "job_end"}
+    for start in (e for e in events if e.get("event") == "job_start"):
+        if start["node_rank"] in ended or not isinstance(start.get("pid"), int):
+            continue
+        try:
+            if psutil.Process(start["pid"]).create_time() <= start["ts"]:
+                return True
+        except psutil.Error:
+            continue
+    return False
+
+
+def timeline_end(events: list[dict[str, Any]]) -> float | None:
+    """Where a timeline of ``events`` ends: now for a running job, else its last event."""
+    return time.time() if job_is_running(events) else None

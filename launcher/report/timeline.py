@@ -1,0 +1,247 @@
+"""A job's timeline, built from its events: what ``tftctl report`` draws.
+
+Pure: events in (merged from every node's ``events.jsonl``, each carrying ``node_rank``),
+a :class:`~launcher.report.model.Timeline` out, in unix seconds. No files, no clock: the
+caller says where the timeline ends (``now`` for a job still running). The renderers (svg.py, page.py,
+trace.py) only draw what is here, so they agree with each other.
+
+How a fault becomes a recovery: the first ``fault`` opens an episode (faults that follow
+before it closes join it); the ``recovered`` event closes it, and the ``rollback`` next to
+it says where training went on. The steps redone are the highest step the job reported
+before the rollback minus the step rolled back to. While an episode is open, the time
+from its first fault to the next ``generation`` event is *re-forming*, and from there to
+the rollback *resynchronising*; both are drawn on every incarnation alive then.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from launcher.report.model import (
+    Ending, Fault, GenerationMark, Incarnation, Lane, Phase, PhaseSpan, Recovery, StepPoint,
+    Timeline,
+)
+
+__all__ = ["build_timeline"]
+
+
+@dataclass
+class _Episode:
+    faults: list[Fault]
+    formed_before: int | None
+    """The newest generation when the first fault came (None: the job had none)."""
+    reached: int | None
+    generation_at: float | None = None
+    generation: int | None = None
+    restart: str | None = None
+    rollback: dict[str, Any] | None = None
+
+
+@dataclass
+class _Builder:
+    """Walks the events in time order; :meth:`timeline` assembles what it saw."""
+
+    end: float
+    live: bool
+    start: float | None = None
+    run_id: str = ""
+    node_ends: dict[int, dict[str, Any]] = field(default_factory=dict)
+    node_starts: set[int] = field(default_factory=set)
+    lanes: set[Lane] = field(default_factory=set)
+    running: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
+    """(rank, pid) -> its spawn event, until its exit."""
+    hung: set[tuple[int, int]] = field(default_factory=set)
+    incarnations: list[Incarnation] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+    cooldowns: list[tuple[int, float, float]] = field(default_factory=list)
+    spawns: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
+    current: dict[int, int] = field(default_factory=dict)
+    """rank -> its newest incarnation."""
+    generations: list[GenerationMark] = field(default_factory=list)
+    episode: _Episode | None = None
+    episodes: list[_Episode] = field(default_factory=list)
+    recoveries: list[Recovery] = field(default_factory=list)
+    high: int | None = None
+    steps: dict[int, list[StepPoint]] = field(default_factory=lambda: defaultdict(list))
+    total: int | None = None
+    digests: dict[int, str] = field(default_factory=dict)
+    restarts: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    relaunches: int = 0
+
+    def feed(self, event: dict[str, Any]) -> None:
+        handler = getattr(self, "_on_" + str(event.get("event")), None)
+        if handler is not None:
+            handler(event, int(event.get("node_rank") or 0))
+
+    # ------------------------------------------------------------------ supervisor
+    def _on_job_start(self, event: dict[str, Any], node: int) -> None:
+        self.start = event["ts"] if self.start is None else min(self.start, event["ts"])
+        self.run_id = self.run_id or str(event.get("run_id", ""))
+        self.node_starts.add(node)
+
+    def _on_job_end(self, event: dict[str, Any], node: int) -> None:
+        self.node_ends[node] = event
+
+    def _on_spawn(self, event: dict[str, Any], node: int) -> None:
+        if event.get("role") != "worker" or event.get("rank") is None:
+            return
+        rank = int(event["rank"])
+        self.lanes.add(Lane(node, rank))
+        self.running[(rank, event["pid"])] = event
+        self.spawns[rank].append(event["ts"])
+        self.current[rank] = int(event.get("incarnation") or 0)
+
+    def _on_hang(self, event: dict[str, Any], node: int) -> None:
+        self.hung.add((event["rank"], event["pid"]))
+
+    def _on_exit(self, event: dict[str, Any], node: int) -> None:
+        if event.get("role") != "worker" or event.get("rank") is None:
+            return
+        key = (int(event["rank"]), event["pid"])
+        spawn = self.running.pop(key, None)
+        if spawn is None:
+            return
+        if event.get("expected"):
+            ending = Ending.STOPPED
+        elif event.get("exitcode") == 0:
+            ending = Ending.SUCCEEDED
+        else:
+            ending = Ending.HUNG if key in self.hung else Ending.FAILED
+        how = event.get("signal") or f"exit code {event.get('exitcode')}"
+        self.incarnations.append(Incarnation(key[0], int(spawn.get("incarnation") or 0),
+                                             key[1], spawn["ts"], event["ts"], ending, how))
+
+    def _on_fault(self, event: dict[str, Any], node: int) -> None:
+        rank = event.get("rank")
+        fault = Fault(event["ts"], None if rank is None else int(rank), str(event.get("cause")),
+                      event.get("pid"), event.get("incarnation"))
+        self.faults.append(fault)
+        if self.episode is None:
+            formed = self.generations[-1].generation if self.generations else None
+            self.episode = _Episode([], formed, self.high)
+            self.episodes.append(self.episode)
+        self.episode.faults.append(fault)
+
+    def _on_restart(self, event: dict[str, Any], node: int) -> None:
+        what = event.get("what")
+        if what == "workers":
+            self.restarts[node] += 1
+        elif what == "rank":
+            self.relaunches += 1
+        if self.episode is not None and what in ("workers", "rank") and self.episode.restart != "workers":
+            self.episode.restart = what
+
+    # ------------------------------------------------------------------ scheduler
+    def _on_cooldown(self, event: dict[str, Any], node: int) -> None:
+        if event.get("rank") is not None and float(event.get("seconds") or 0) > 0:
+            self.cooldowns.append((int(event["rank"]), event["ts"], float(event["until"])))
+
+    def _on_generation(self, event: dict[str, Any], node: int) -> None:
+        mark = GenerationMark(event["ts"], int(event["generation"]))
+        self.generations.append(mark)
+        if self.episode is not None and self.episode.generation_at is None:
+            self.episode.generation_at, self.episode.generation = mark.ts, mark.generation
+
+    # ------------------------------------------------------------------ workers
+    def _on_step(self, event: dict[str, Any], node: int) -> None:
+        rank, step = int(event["rank"]), int(event["step"])
+        self.steps[rank].append(StepPoint(event["ts"], step, self.current.get(rank, 0)))
+        self.high = step if self.high is None else max(self.high, step)
+        if event.get("total") is not None:
+            self.total = int(event["total"])
+
+    def _on_train_end(self, event: dict[str, Any], node: int) -> None:
+        rank = int(event["rank"])
+        self.steps[rank].append(StepPoint(event["ts"], int(event["step"]),
+                                          self.current.get(rank, 0)))
+        if event.get("params_sha256"):
+            self.digests[rank] = str(event["params_sha256"])
+
+    def _on_rollback(self, event: dict[str, Any], node: int) -> None:
+        if self.episode is not None and self.episode.rollback is None:
+            self.episode.rollback = event
+
+    def _on_recovered(self, event: dict[str, Any], node: int) -> None:
+        episode = self.episode
+        if episode is None:
+            return
+        self.episode = None
+        step = int(event["step"]) if event.get("step") is not None else None
+        self.recoveries.append(Recovery(tuple(episode.faults), event["ts"], event.get("source"),
+                                        event.get("seconds"), step, episode.reached,
+                                        episode.restart))
+        self.high = step
+
+    # ------------------------------------------------------------------ assembly
+    def _open_incarnations(self) -> list[Incarnation]:
+        ending = Ending.RUNNING if self.live else Ending.UNKNOWN
+        return [Incarnation(rank, int(spawn.get("incarnation") or 0), pid, spawn["ts"],
+                            self.end, ending) for (rank, pid), spawn in self.running.items()]
+
+    def _phases(self, incarnations: list[Incarnation]) -> list[PhaseSpan]:
+        spans = []
+        for rank, start, until in self.cooldowns:
+            later = [ts for ts in self.spawns[rank] if ts >= start]
+            end = min([until, self.end, *later])
+            if end > start:
+                spans.append(PhaseSpan(rank, Phase.COOLDOWN, start, end))
+        for episode in self.episodes:
+            if episode.formed_before is None:
+                continue  # a job without generations (a plain script): nothing re-forms
+            formed = episode.generation_at if episode.generation_at is not None else self.end
+            resynced = (episode.rollback["ts"] if episode.rollback is not None
+                        else self._episode_end(episode))
+            target = episode.generation if episode.generation is not None else episode.formed_before + 1
+            windows = [(Phase.REFORMING, episode.faults[0].ts, formed, target)]
+            if episode.generation_at is not None:
+                windows.append((Phase.RESYNCING, formed, resynced, episode.generation))
+            for phase, start, end, generation in windows:
+                for life in incarnations:
+                    lo, hi = max(start, life.start), min(end, life.end)
+                    if hi > lo:
+                        spans.append(PhaseSpan(life.rank, phase, lo, hi, generation))
+        return spans
+
+    def _episode_end(self, episode: _Episode) -> float:
+        done = next((r.end for r in self.recoveries if r.faults[0] is episode.faults[0]), None)
+        return done if done is not None else self.end
+
+    def timeline(self) -> Timeline:
+        incarnations = sorted(self.incarnations + self._open_incarnations(),
+                              key=lambda i: (i.rank, i.start))
+        if self.episode is not None:
+            episode = self.episode
+            self.recoveries.append(Recovery(tuple(episode.faults), None, reached=episode.reached,
+                                            restart=episode.restart))
+        ends = list(self.node_ends.values())
+        ended = bool(ends) and set(self.node_ends) >= self.node_starts
+        exitcode = max((int(e.get("exitcode") or 0) for e in ends), default=None)
+        reason = "; ".join(sorted({str(e.get("reason", "")) for e in ends})) if ends else ""
+        start = self.start if self.start is not None else min(
+            (i.start for i in incarnations), default=self.end)
+        return Timeline(
+            run_id=self.run_id, start=start, end=self.end, ended=ended, running=self.live, exitcode=exitcode,
+            reason=reason, lanes=tuple(sorted(self.lanes)), incarnations=tuple(incarnations),
+            faults=tuple(self.faults), phases=tuple(self._phases(incarnations)),
+            generations=tuple(self.generations), recoveries=tuple(self.recoveries),
+            steps={rank: tuple(points) for rank, points in sorted(self.steps.items())},
+            total_steps=self.total, digests=dict(sorted(self.digests.items())),
+            restarts=max(self.restarts.values(), default=0), relaunches=self.relaunches)
+
+
+def build_timeline(events: Iterable[dict[str, Any]], now: float | None = None) -> Timeline:
+    """The timeline of ``events`` (any order; each may carry ``node_rank``, default 0).
+
+    ``now``: the job is still running, and the timeline ends now (processes without an
+    exit are running); None: it ends at the last event.
+    """
+    ordered = sorted((e for e in events if isinstance(e.get("ts"), (int, float))),
+                     key=lambda e: e["ts"])
+    last = ordered[-1]["ts"] if ordered else 0.0
+    builder = _Builder(end=max(last, now) if now is not None else last, live=now is not None)
+    for event in ordered:
+        builder.feed(event)
+    return builder.timeline()

@@ -1,0 +1,60 @@
+"""The ``step`` events: where each rank's training is, for the live view and ``tftctl report``.
+
+A step event is one line in ``events.jsonl`` under a file lock, so they are rate-limited:
+each rank writes one at most every :func:`step_event_interval` seconds, which keeps the
+whole job near :data:`JOB_STEP_EVENTS_PER_SECOND` lines a second whatever its size (a
+64-rank job writing one per rank and second would add ~250 MB a day). A rank that sees a
+fault writes its step at once, whatever the limit: it is the step the job reached before
+it rolls back, which is what the steps redone are counted from.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from recovery.events import EventLog
+
+__all__ = ["StepEvents", "step_event_interval", "JOB_STEP_EVENTS_PER_SECOND", "STEP_EVENT",
+           "STEADY", "PAUSED", "RESTORED"]
+
+STEP_EVENT = "step"
+STEADY, PAUSED, RESTORED = "interval", "paused", "restored"
+"""The ``why`` of a step event: written while training goes on, when a fault stopped the
+rank, when a rollback or a replica put it at its step."""
+JOB_STEP_EVENTS_PER_SECOND = 8.0
+"""About how many ``step`` events the whole job writes per second, once it has 8 ranks or
+more; a smaller job writes one per rank and second."""
+
+
+def step_event_interval(world_size: int) -> float:
+    """Seconds between two ``step`` events of one rank of a ``world_size``-rank job."""
+    return max(1.0, world_size / JOB_STEP_EVENTS_PER_SECOND)
+
+
+class StepEvents:
+    """Writes this rank's ``step`` events: ``rank``, ``step`` (global, completed), ``total``
+    (the steps the loop runs in all; None when unknown), ``generation`` and ``why``:
+    ``interval`` while training, ``paused`` when a fault stopped this rank, ``restored``
+    when a rollback or a replica put it at ``step`` (a speed is measured only between
+    events of steady training)."""
+
+    def __init__(self, events: EventLog, rank: int, world_size: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.total: int | None = None
+        self._events = events
+        self._rank = rank
+        self._interval = step_event_interval(world_size)
+        self._clock = clock
+        self._next_at = 0.0
+
+    def completed(self, step: int, generation: int) -> None:
+        """``step`` is done: written if this rank wrote none for the interval."""
+        if self._clock() >= self._next_at:
+            self.reached(step, generation, STEADY)
+
+    def reached(self, step: int, generation: int, why: str) -> None:
+        """Write that this rank is at ``step`` now, whatever the interval."""
+        self._next_at = self._clock() + self._interval
+        self._events.emit(STEP_EVENT, rank=self._rank, step=step, total=self.total,
+                          generation=generation, why=why)

@@ -1,0 +1,94 @@
+"""The live view's figures (launcher/progress.py, launcher/render.py's progress line) from
+events as a node's events.jsonl holds them."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from rich.console import Console
+
+from launcher.progress import EventTail, Progress, format_eta, progress_bar
+from launcher.render import LiveView, PlainView, Row, progress_line
+
+
+def step(ts: float, rank: int, at: int, generation: int = 0,
+         why: str = "interval") -> dict[str, object]:
+    return {"ts": ts, "event": "step", "rank": rank, "step": at, "total": 100,
+            "generation": generation, "why": why}
+
+
+def test_steps_give_speed_and_eta_and_a_recovery_shows_what_it_is_doing() -> None:
+    progress = Progress()
+    progress.feed([{"ts": 0.0, "event": "generation", "generation": 0},
+                   step(1.0, 0, 10), step(1.0, 1, 10), step(2.0, 0, 30), step(2.0, 1, 30)])
+    assert (progress.step, progress.rate, progress.total) == (30, 20.0, 100)
+    assert progress.eta() == 3.5
+    assert progress_bar(progress, width=10) == "[###.......] 30/100 30% 20.0 steps/s ETA 0:04"
+
+    progress.feed([{"ts": 2.5, "event": "fault", "rank": 1, "cause": "SIGKILL"}])
+    assert progress.recovering == "re-forming generation 1" and progress.eta() is None
+    progress.feed([step(2.6, 0, 31, generation=0, why="paused"),
+                   {"ts": 4.0, "event": "generation", "generation": 1}])
+    assert progress.recovering == "resynchronising generation 1"
+    progress.feed([step(5.0, 0, 20, generation=1, why="restored")])
+    assert progress.recovering is None and progress.ranks[0].step == 20
+    assert progress.ranks[0].rate == 20.0  # neither the pause nor the rollback is a speed
+    progress.feed([step(6.0, 0, 30, generation=1)])
+    assert progress.ranks[0].rate == 10.0
+
+
+def test_a_device_fault_or_a_job_without_generations_forms_nothing() -> None:
+    progress = Progress()
+    progress.feed([{"ts": 1.0, "event": "fault", "rank": 0, "cause": "SIGKILL"}])
+    assert progress.recovering is None
+    progress.feed([{"ts": 2.0, "event": "generation", "generation": 0},
+                   {"ts": 3.0, "event": "fault", "rank": 0, "cause": "uce"}])
+    assert progress.recovering is None
+
+
+def test_the_tail_reads_only_whole_new_lines(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    tail = EventTail(path)
+    assert tail.read() == []
+    path.write_text(json.dumps(step(1.0, 0, 1)) + "\n" + '{"ts": 2.0, "ev')
+    assert [e["step"] for e in tail.read()] == [1]
+    with open(path, "a") as file:
+        file.write('ent": "step", "rank": 0, "step": 2}\n')
+    assert [e["step"] for e in tail.read()] == [2]
+    assert tail.read() == []
+
+
+def test_the_plain_progress_line_counts_a_cooldown_down(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in (
+        {"ts": 0.0, "event": "generation", "generation": 0}, step(1.0, 0, 10), step(2.0, 0, 20),
+        {"ts": 2.5, "event": "fault", "rank": 1, "cause": "SIGKILL"})))
+    out = io.StringIO()
+    view = PlainView(out, path, progress_interval=0.001)
+    rows = [Row(0, 11, "running", 0, ""), Row(1, None, "cooldown 3s", 1, "")]
+    view.show_rows(rows)
+    line = out.getvalue()
+    assert "tftrun: progress [" in line and "20/100" in line
+    assert "re-forming generation 1; rank 0 step 20 10.0/s, rank 1 cooldown 3s" in line
+    assert progress_line(Progress(), [Row(0, 1, "running", 0, "")]) is None
+    assert format_eta(3725) == "ETA 1:02:05"
+
+
+def test_no_progress_lines_when_the_interval_is_zero(tmp_path: Path) -> None:
+    view = PlainView(io.StringIO(), tmp_path / "events.jsonl", progress_interval=0)
+    assert not view.wants_rows
+
+
+def test_the_live_table_shows_steps_and_the_bar_under_it(tmp_path: Path) -> None:
+    """The bar is shown as text: rich would take ``[####...]`` for markup and drop it."""
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in (step(1.0, 0, 10), step(2.0, 0, 30))))
+    console = Console(file=io.StringIO(), force_terminal=True, width=120)
+    view = LiveView(console, path)
+    view.show_rows([Row(0, 11, "running", 0, "step=30 loss=0.5")])
+    view.close()
+    shown = console.file.getvalue()
+    assert "[#######" in shown and "30/100 30% 20.0 steps/s ETA 0:04" in shown
+    assert "│ 30   │ 20.0    │" in shown
