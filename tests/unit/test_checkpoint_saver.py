@@ -153,18 +153,21 @@ def test_the_last_step_is_saved_when_training_ends_and_only_once(tmp_path: Path)
     assert ckpt_names(tmp_path) == ["net-1_4.ckpt", "net-1_6.ckpt", "net_1-1_8.ckpt"]
 
 
-def test_a_second_run_writes_a_new_prefix_and_never_prunes_the_first(tmp_path: Path) -> None:
+def test_a_second_run_writes_a_new_prefix_and_never_prunes_another_jobs(tmp_path: Path) -> None:
     job = Job()
     first = job.saver(tmp_path, keep_checkpoint_max=1)
     first.save(TrainPosition(1, 5, 5))
-    second = job.saver(tmp_path, keep_checkpoint_max=1)
+    second = CheckpointSaver(job.model, config=CheckpointConfig(keep_checkpoint_max=1), prefix="net",
+                             directory=tmp_path, lineage="another-job")
     assert second.prefix == "net_1"
     second.save(TrainPosition(1, 6, 6))
     second.save(TrainPosition(1, 7, 7))
     assert ckpt_names(tmp_path) == ["net-1_5.ckpt", "net_1-1_7.ckpt"]
-    assert job.saver(tmp_path).prefix == "net_2"
-    # A resume considers every prefix: the highest (epoch, step) wins.
-    assert resume(tmp_path, Job().model).path == tmp_path / "net_1-1_7.ckpt"
+    third = job.saver(tmp_path, keep_checkpoint_max=2)
+    assert third.prefix == "net_2"
+    third.save(TrainPosition(1, 4, 4))
+    # A resume considers every prefix of its job: the highest (epoch, step) wins.
+    assert resume(tmp_path, Job().model).path == tmp_path / "net-1_5.ckpt"
 
 
 def test_epoch_interval_and_callback_hooks(tmp_path: Path) -> None:
