@@ -11,7 +11,8 @@ incarnations (``<prefix>_<n>``) included (:class:`~recovery.ckpt.manifest.KeepRu
 With ``async_save`` the training thread only copies the tensors into a shared-memory
 buffer (:mod:`recovery.ckpt.staging`); a writer process of the saver's own
 (:mod:`recovery.ckpt.writer_process`) serialises, hashes, writes and fsyncs, off the
-training process's GIL. A failed write is raised in the training thread by the next call
+training process's GIL. It starts with the saver; a save made before it is up (it
+imports torch, a second or two) is written synchronously instead of waiting. A failed write is raised in the training thread by the next call
 into the saver. At interpreter exit an in-flight write is finished (the writer's pipe is
 closed and the process waited for); a process killed mid-write leaves only a temporary file.
 """
@@ -310,7 +311,7 @@ class CheckpointSaver:
         """
         name = layout.checkpoint_name(self.prefix, position)
         state = self.state(position)
-        if self._writer is None or self._stage is None:
+        if self._writer is None or self._stage is None or not self._writer.ready():
             try:
                 self._write(state, name, position)
             except OSError as err:
@@ -333,6 +334,11 @@ class CheckpointSaver:
         """
         if self._writer is not None:
             self._writer.wait()
+
+    def wait_writer_ready(self, timeout: float = 60.0) -> bool:
+        """Wait until the background writer process is up; whether it is (always, without
+        ``async_save``). Saves made before it is up are written synchronously."""
+        return self._writer is None or self._writer.ready(timeout)
 
     def close(self) -> None:
         """Wait for the in-flight write and stop the writer process; errors as :meth:`wait`."""

@@ -7,8 +7,9 @@ message over a pipe; this process rebuilds the state and writes it exactly as a
 synchronous save would (:func:`recovery.ckpt.checkpoint.write_checkpoint`: durable,
 hashed, listed in the manifest, the oldest pruned), then answers ``done`` or the error.
 
-It is started once (``python -m recovery.ckpt.writer_process FD``), runs at a lower CPU
-priority, and never outlives the training process: it gets ``SIGKILL`` when the thread
+It is started once (``python -m recovery.ckpt.writer_process FD``) and says ``ready``
+once it has imported torch (until then the saver writes synchronously rather than wait
+for it), runs at a lower CPU priority, and never outlives the training process: it gets ``SIGKILL`` when the thread
 that started it ends (``PR_SET_PDEATHSIG``), which leaves at most a temporary file that
 the next saver removes, and it exits when its pipe closes.
 """
@@ -79,11 +80,26 @@ class WriterProcess:
             )
         self._conn = Connection(ours.detach())
         self._pending: str | None = None
+        self._ready = False
         self._finalizer = weakref.finalize(self, _shut_down, self._conn, self._popen)
 
     @property
     def pid(self) -> int:
         return self._popen.pid
+
+    def ready(self, timeout: float = 0.0) -> bool:
+        """Whether the process is up to take writes; waits at most ``timeout`` seconds.
+
+        Raises:
+            CheckpointError: it died before it was ready.
+        """
+        if not self._ready and self._conn.poll(timeout):
+            try:
+                self._ready = self._conn.recv() == ("ready", None)
+            except (EOFError, OSError) as err:
+                raise CheckpointError(f"the checkpoint writer process {self._popen.pid} died "
+                                      f"before it was ready ({self._popen.poll()})") from err
+        return self._ready
 
     def submit(self, request: WriteRequest, what: str) -> None:
         """Wait for the previous write (raising its error), then send this one."""
@@ -185,6 +201,7 @@ def main(fd: int) -> None:
     os.nice(_NICENESS)  # training comes first; this runs in what it leaves idle
     conn = Connection(fd)
     mapping = _Mapping()
+    conn.send(("ready", None))
     while True:
         try:
             request = conn.recv()

@@ -37,10 +37,12 @@ class Job:
         self.scheduler.step()
 
     def saver(self, directory: Path, **config: Any) -> CheckpointSaver:
-        return CheckpointSaver(
+        saver = CheckpointSaver(
             self.model, self.optimizer, self.scheduler, config=CheckpointConfig(**config),
             prefix="net", directory=directory, sampler=self.sampler,
         )
+        assert saver.wait_writer_ready()  # so that async saves go to the writer process
+        return saver
 
 
 def ckpt_names(directory: Path) -> list[str]:
