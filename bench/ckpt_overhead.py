@@ -40,7 +40,6 @@ def step_time(mode: str, steps: int, every: int, directory: Path, device: str) -
     if mode != "none":
         config = CheckpointConfig(save_checkpoint_steps=every, keep_checkpoint_max=2, async_save=mode == "async")
         saver = CheckpointSaver(model, optimizer, config=config, prefix=mode, directory=directory)
-        saver.wait_writer_ready()  # the steady state: the writer process has imported torch
     inputs, labels = torch.randn(32, 784, device=device), torch.randint(0, 10, (32,), device=device)
     warmup = 10
     for global_step in range(1, warmup + steps + 1):

@@ -11,8 +11,7 @@ incarnations (``<prefix>_<n>``) included (:class:`~recovery.ckpt.manifest.KeepRu
 With ``async_save`` the training thread only copies the tensors into a shared-memory
 buffer (:mod:`recovery.ckpt.staging`); a writer process of the saver's own
 (:mod:`recovery.ckpt.writer_process`) serialises, hashes, writes and fsyncs, off the
-training process's GIL. It starts with the saver; a save made before it is up (it
-imports torch, a second or two) is written synchronously instead of waiting. A failed write is raised in the training thread by the next call
+training process's GIL. It is forked when the saver is made. A failed write is raised in the training thread by the next call
 into the saver. At interpreter exit an in-flight write is finished (the writer's pipe is
 closed and the process waited for); a process killed mid-write leaves only a temporary file.
 """
@@ -200,6 +199,13 @@ def write_checkpoint(
     return stale
 
 
+def _write_request(request: WriteRequest, buffer: Any) -> list[str]:
+    """In the writer process: write one staged checkpoint as :func:`write_checkpoint` does."""
+    state = staging.rebuild(buffer, request.specs, request.skeleton)
+    return write_checkpoint(request.directory, request.name, state, request.position,
+                            Manifest(request.directory), keep=request.keep)
+
+
 class CheckpointSaver:
     """Saves checkpoints of a model (and optimizer, scheduler, RNGs, data position).
 
@@ -254,7 +260,7 @@ class CheckpointSaver:
         self.manifest = Manifest(self.directory)
         self.prefix = layout.run_prefix(layout.check_prefix(prefix), [*os.listdir(self.directory), *self.manifest.entries()])
         self.keep_rule = KeepRule(prefix, self.lineage, self.config.keep_checkpoint_max)
-        self._writer = WriterProcess() if self.config.async_save else None
+        self._writer = WriterProcess(_write_request) if self.config.async_save else None
         self._stage = staging.SharedStage() if self.config.async_save else None
         self._last_saved: int | None = None
 
@@ -311,7 +317,7 @@ class CheckpointSaver:
         """
         name = layout.checkpoint_name(self.prefix, position)
         state = self.state(position)
-        if self._writer is None or self._stage is None or not self._writer.ready():
+        if self._writer is None or self._stage is None:
             try:
                 self._write(state, name, position)
             except OSError as err:
@@ -334,11 +340,6 @@ class CheckpointSaver:
         """
         if self._writer is not None:
             self._writer.wait()
-
-    def wait_writer_ready(self, timeout: float = 60.0) -> bool:
-        """Wait until the background writer process is up; whether it is (always, without
-        ``async_save``). Saves made before it is up are written synchronously."""
-        return self._writer is None or self._writer.ready(timeout)
 
     def close(self) -> None:
         """Wait for the in-flight write and stop the writer process; errors as :meth:`wait`."""

@@ -118,7 +118,7 @@ class SharedStage:
         The caller must know that no reader uses the buffer any more.
         """
         specs, size = _specs(tensors)
-        if specs != self._specs:
+        if self._fd is None or specs != self._specs:
             self._allocate(specs, size)
         for view, tensor in zip(self._views, tensors):
             view.copy_(tensor.detach())

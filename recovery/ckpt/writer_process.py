@@ -4,14 +4,20 @@ A writer *thread* holds the GIL while ``torch.save`` pickles, hashes and writes,
 slows the training loop it shares the interpreter with. So the training process only
 stages the state in shared memory (:mod:`recovery.ckpt.staging`) and sends a small
 message over a pipe; this process rebuilds the state and writes it exactly as a
-synchronous save would (:func:`recovery.ckpt.checkpoint.write_checkpoint`: durable,
-hashed, listed in the manifest, the oldest pruned), then answers ``done`` or the error.
+synchronous save would (the saver's ``write``: durable, hashed, listed in the manifest,
+the oldest pruned), then answers ``done`` or the error.
 
-It is started once (``python -m recovery.ckpt.writer_process FD``) and says ``ready``
-once it has imported torch (until then the saver writes synchronously rather than wait
-for it), runs at a lower CPU priority, and never outlives the training process: it gets ``SIGKILL`` when the thread
-that started it ends (``PR_SET_PDEATHSIG``), which leaves at most a temporary file that
-the next saver removes, and it exits when its pipe closes.
+It is forked from the training process when the saver is made, so it is ready at once,
+torch already imported (no second import competing with training for the CPU). Right
+after the fork it keeps only its pipe (every other inherited fd, the process group's
+sockets among them, is closed, so that no peer's connection outlives the training
+process), restores the default signal handlers (the training process's own, such as a
+last-words handler, must not run here), ignores ``SIGINT`` (a Ctrl-C lets the write in
+flight finish), uses one torch thread (as a ``DataLoader`` worker does after a fork) and
+runs at a lower CPU priority. It never outlives the training process: it gets ``SIGKILL``
+when the thread that made the saver ends (``PR_SET_PDEATHSIG``), which leaves at most a
+temporary file that the next saver removes, and it exits when its pipe closes. It leaves
+with ``os._exit``: nothing of the training process's (atexit handlers, finalizers) runs.
 """
 
 from __future__ import annotations
@@ -23,20 +29,20 @@ import os
 import pickle
 import signal
 import socket
-import subprocess
-import sys
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-import recovery
+import torch
+
 from recovery.ckpt.manifest import CheckpointError, KeepRule
 from recovery.ckpt.staging import SharedBuffer, TensorSpec
 from recovery.position import TrainPosition
 
-__all__ = ["WriteRequest", "WriterProcess"]
+__all__ = ["Write", "WriteRequest", "WriterProcess"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,47 +65,39 @@ class WriteRequest:
     keep: KeepRule
 
 
+Write = Callable[["WriteRequest", mmap.mmap], object]
+"""Writes one request, given the staging buffer mapped; returns what to answer."""
+
+
 class WriterProcess:
     """The training process's end: at most one write in flight.
 
     A new write first waits for the previous one, so the staging buffer is never
     overwritten while being read. When the object is collected, or the interpreter
-    exits, the pipe is closed and the process waited for: an in-flight write finishes.
+    exits, the pipe is closed and the process reaped: an in-flight write finishes first.
+
+    Args:
+        write: what the process calls with each request. It is imported before the
+            fork: the child imports nothing, since another thread of the training
+            process may have held the import lock when it forked.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, write: Write) -> None:
         ours, theirs = socket.socketpair()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(Path(recovery.__file__).resolve().parent.parent), *filter(None, [os.environ.get("PYTHONPATH")])])}
         parent = os.getpid()
-        with theirs:
-            self._popen = subprocess.Popen(
-                [sys.executable, "-m", __name__, str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL,
-                preexec_fn=lambda: _die_with(parent),
-            )
+        pid = os.fork()
+        if pid == 0:  # the writer process
+            try:
+                ours.close()
+                _become_writer(parent, theirs.fileno())
+                _serve(Connection(theirs.detach()), write)
+            finally:
+                os._exit(0)
+        theirs.close()
+        self.pid = pid
         self._conn = Connection(ours.detach())
         self._pending: str | None = None
-        self._ready = False
-        self._finalizer = weakref.finalize(self, _shut_down, self._conn, self._popen)
-
-    @property
-    def pid(self) -> int:
-        return self._popen.pid
-
-    def ready(self, timeout: float = 0.0) -> bool:
-        """Whether the process is up to take writes; waits at most ``timeout`` seconds.
-
-        Raises:
-            CheckpointError: it died before it was ready.
-        """
-        if not self._ready and self._conn.poll(timeout):
-            try:
-                self._ready = self._conn.recv() == ("ready", None)
-            except (EOFError, OSError) as err:
-                raise CheckpointError(f"the checkpoint writer process {self._popen.pid} died "
-                                      f"before it was ready ({self._popen.poll()})") from err
-        return self._ready
+        self._finalizer = weakref.finalize(self, _shut_down, self._conn, pid)
 
     def submit(self, request: WriteRequest, what: str) -> None:
         """Wait for the previous write (raising its error), then send this one."""
@@ -126,8 +124,7 @@ class WriterProcess:
         try:
             status, detail = self._conn.recv()
         except (EOFError, OSError) as err:
-            raise CheckpointError(f"writing checkpoint {what} failed: the writer process "
-                                  f"{self._popen.pid} died ({self._popen.poll()})") from err
+            raise CheckpointError(f"writing checkpoint {what} failed: the writer process {self.pid} died") from err
         if status != "done":
             raise CheckpointError(f"writing checkpoint {what} failed: {detail}") from detail
 
@@ -139,23 +136,33 @@ class WriterProcess:
             self._finalizer()
 
 
-def _shut_down(conn: Connection, popen: subprocess.Popen[bytes]) -> None:
+def _shut_down(conn: Connection, pid: int) -> None:
     conn.close()  # the writer finishes what it is writing, then sees the end of its pipe
     try:
-        popen.wait(timeout=600)
-    except subprocess.TimeoutExpired:
-        popen.kill()
-        popen.wait()
-
-
-def _die_with(parent_pid: int) -> None:
-    """Runs in the child between fork and exec: no allocation, no locks, no logging."""
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent_pid:
-        os._exit(1)
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass  # already reaped (by a subreaper's sweep)
 
 
 # -- the writer process ----------------------------------------------------------------------
+
+
+def _become_writer(parent: int, keep_fd: int) -> None:
+    """Right after the fork: die with the parent, keep only the pipe, default signals."""
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)  # the parent died before the prctl took effect
+    for signum in signal.valid_signals():
+        try:
+            if callable(signal.getsignal(signum)):
+                signal.signal(signum, signal.SIG_DFL)
+        except (OSError, ValueError):
+            continue
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.closerange(3, keep_fd)
+    os.closerange(keep_fd + 1, os.sysconf("SC_OPEN_MAX"))
+    torch.set_num_threads(1)
+    os.nice(_NICENESS)  # training comes first; this runs in what it leaves idle
 
 
 class _Mapping:
@@ -175,17 +182,6 @@ class _Mapping:
         return self._map
 
 
-def _write(request: WriteRequest, mapping: _Mapping) -> list[str]:
-    # Imported here: recovery.ckpt.checkpoint imports this module for WriterProcess.
-    from recovery.ckpt.checkpoint import write_checkpoint
-    from recovery.ckpt.manifest import Manifest
-    from recovery.ckpt.staging import rebuild
-
-    state = rebuild(mapping.of(request.buffer), request.specs, request.skeleton)
-    return write_checkpoint(request.directory, request.name, state, request.position,
-                            Manifest(request.directory), keep=request.keep)
-
-
 def _picklable(error: BaseException) -> BaseException:
     try:
         pickle.loads(pickle.dumps(error))
@@ -194,26 +190,15 @@ def _picklable(error: BaseException) -> BaseException:
     return error
 
 
-def main(fd: int) -> None:
-    import torch
-
-    torch.set_num_threads(1)
-    os.nice(_NICENESS)  # training comes first; this runs in what it leaves idle
-    conn = Connection(fd)
+def _serve(conn: Connection, write: Write) -> None:
     mapping = _Mapping()
-    conn.send(("ready", None))
     while True:
         try:
             request = conn.recv()
         except EOFError:
             return
         try:
-            conn.send(("done", _write(request, mapping)))
+            conn.send(("done", write(request, mapping.of(request.buffer))))
         except Exception as err:  # noqa: BLE001 - every failure is the training process's to raise
             logger.exception("background write of checkpoint %s failed", request.directory / request.name)
             conn.send(("failed", _picklable(err)))
-
-
-if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="[tftrun ckpt writer] %(levelname)s %(message)s")
-    main(int(sys.argv[1]))
