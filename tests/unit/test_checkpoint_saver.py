@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import socket
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 import torch
 
@@ -247,3 +249,16 @@ def test_a_failed_background_write_surfaces_in_the_training_thread(tmp_path: Pat
     with pytest.raises(CheckpointError, match="net-1_2.ckpt failed"):
         saver.step_end(1, 3, 3)
     saver.close()
+
+
+def test_the_writer_process_keeps_none_of_the_training_processs_sockets(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        saver = Job().saver(tmp_path, async_save=True)
+        saver.save(TrainPosition(1, 1, 1))
+        saver.wait()  # the writer has answered: it is past its set-up
+        [writer] = psutil.Process().children()
+        ports = {conn.laddr.port for conn in writer.net_connections(kind="inet")}
+        assert listener.getsockname()[1] not in ports and not ports
+        assert writer.num_fds() <= 5  # stdin, stdout, stderr, its pipe, its map of the stage
+        saver.close()
+    assert not writer.is_running() or writer.status() == psutil.STATUS_ZOMBIE
