@@ -1,19 +1,20 @@
 """Periodic checkpoints in the spirit of MindSpore's ``CheckpointConfig``/``ModelCheckpoint``.
 
 A :class:`CheckpointSaver` writes ``<prefix>-<epoch>_<step>.ckpt`` files into one rank's
-directory (see :mod:`recovery.ckpt.layout`), durably (:mod:`recovery.ckpt.durable`) and recorded in
-the directory's manifest (:mod:`recovery.ckpt.manifest`), keeping at most
+directory (see :mod:`recovery.ckpt.layout`), durably (:mod:`recovery.ckpt.durable`) and
+recorded in the directory's manifest (:mod:`recovery.ckpt.manifest`), keeping at most
 ``keep_checkpoint_max`` of its job's files of that prefix, those of the rank's earlier
-incarnations (``<prefix>_<n>``) included (:class:`~recovery.ckpt.manifest.KeepRule`). It is driven from a plain loop
-(:meth:`~CheckpointSaver.step_end`, :meth:`~CheckpointSaver.epoch_end`,
+incarnations (``<prefix>_<n>``) included (:class:`~recovery.ckpt.manifest.KeepRule`). It is
+driven from a plain loop (:meth:`~CheckpointSaver.step_end`, :meth:`~CheckpointSaver.epoch_end`,
 :meth:`~CheckpointSaver.train_end`) or as a callback (the ``on_train_*`` methods).
 
 With ``async_save`` the training thread only copies the tensors into a shared-memory
-buffer (:mod:`recovery.ckpt.staging`); a writer process of the saver's own
-(:mod:`recovery.ckpt.writer_process`) serialises, hashes, writes and fsyncs, off the
-training process's GIL. It is forked when the saver is made. A failed write is raised in the training thread by the next call
-into the saver. At interpreter exit an in-flight write is finished (the writer's pipe is
-closed and the process waited for); a process killed mid-write leaves only a temporary file.
+buffer (:mod:`recovery.ckpt.staging`); a writer process of the saver's own, forked when
+the saver is made (:mod:`recovery.ckpt.writer_process`), serialises, hashes, writes and
+fsyncs, off the training process's GIL. A failed write is raised in the training thread
+by the next call into the saver. At interpreter exit an in-flight write is finished (the
+writer's pipe is closed and the process waited for); a process killed mid-write leaves
+only a temporary file.
 """
 
 from __future__ import annotations
