@@ -45,7 +45,7 @@ class TensorSpec:
         numel = 1
         for size in self.shape:
             numel *= size
-        return numel * torch.empty((), dtype=self.dtype).element_size()
+        return numel * _itemsize(self.dtype)
 
 
 @dataclass(frozen=True)
@@ -97,9 +97,17 @@ def _specs(tensors: list[torch.Tensor]) -> tuple[list[TensorSpec], int]:
 
 
 def _views(buffer: Any, specs: list[TensorSpec]) -> list[torch.Tensor]:
-    """One tensor per spec, each a view of its own bytes of ``buffer``."""
-    flat = torch.frombuffer(buffer, dtype=torch.uint8)
-    return [flat[s.offset:s.offset + s.nbytes].view(s.dtype).view(s.shape) for s in specs]
+    """One tensor per spec on its bytes of ``buffer``, each with a storage of its own
+    (so that ``torch.save`` writes each one's bytes, as it would the original's)."""
+    return [
+        torch.frombuffer(buffer, dtype=s.dtype, count=s.nbytes // _itemsize(s.dtype), offset=s.offset).view(s.shape)
+        if s.nbytes else torch.empty(s.shape, dtype=s.dtype)
+        for s in specs
+    ]
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
 
 
 class SharedStage:
@@ -141,6 +149,6 @@ class SharedStage:
 
 
 def rebuild(buffer: Any, specs: list[TensorSpec], skeleton: Any) -> Any:
-    """The state again, each tensor a copy with storage of its own (as ``torch.save`` of
-    the original would have written it), from a mapping of the staged buffer."""
-    return join(skeleton, [view.clone() for view in _views(buffer, specs)])
+    """The state again, from a mapping of the staged buffer; its tensors are the buffer's
+    bytes, not copies: valid until the buffer is staged again."""
+    return join(skeleton, _views(buffer, specs))
