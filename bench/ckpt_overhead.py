@@ -1,17 +1,20 @@
 """What checkpointing every N steps costs the training loop: sync against async saving.
 
-    python bench/ckpt_overhead.py [--steps 300] [--every 10] [--rounds 5] [--dir DIR] [--device cuda]
+    python bench/ckpt_overhead.py [--steps 300] [--every 10] [--rounds 5] [--dir DIR] [--device cuda] [--json]
 
 Trains the main job's MLP (784-512-512-10, SGD with momentum, batch 32) in one process
 with no saving, with synchronous saving and with background (async) saving, the three
 interleaved round after round, and prints each one's best step time (as ``timeit`` does:
 the round least disturbed by other load) and its ratio to no saving. The design target
-is an async ratio of at most 1.05. Run by hand; not a test.
+is an async ratio of at most 1.05. The machine's load average before and after, and each
+mode's spread over the rounds, say how quiet the machine was. Run by hand; not a test.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import tempfile
 import time
@@ -61,18 +64,34 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temporary folder)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
     times: dict[str, list[float]] = {mode: [] for mode in MODES}
     with tempfile.TemporaryDirectory(dir=args.dir) as scratch:
         for round_ in range(args.rounds):
             for mode in MODES:
                 times[mode].append(step_time(mode, args.steps, args.every, Path(scratch) / f"{mode}{round_}", args.device))
     base = min(times["none"])
+    result = {
+        "bench": "ckpt_overhead", "torch": torch.__version__, "device": args.device,
+        "threads": torch.get_num_threads(), "steps": args.steps, "every": args.every, "rounds": args.rounds,
+        "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2),
+        **{f"{mode}_ms": round(min(times[mode]) * 1e3, 4) for mode in MODES},
+        **{f"{mode}_ratio": round(min(times[mode]) / base, 4) for mode in MODES},
+        "spread": {mode: round(max(times[mode]) / min(times[mode]), 3) for mode in MODES},
+        "target": "async_ratio <= 1.05",
+    }
+    if args.json:
+        print(json.dumps(result))
+        return
     print(f"step time, best of {args.rounds} rounds of {args.steps} steps, checkpoint every {args.every} steps "
           f"(torch {torch.__version__}, {args.device}, {torch.get_num_threads()} threads)")
     for mode in MODES:
         best = min(times[mode])
-        print(f"  {mode:<6} {best * 1e3:8.3f} ms/step   ratio {best / base:5.3f}")
+        print(f"  {mode:<6} {best * 1e3:8.3f} ms/step   ratio {best / base:5.3f}   "
+              f"spread over rounds {result['spread'][mode]:.2f}x")
+    print(f"  load average {result['load_before']} before, {result['load_after']} after")
 
 
 if __name__ == "__main__":

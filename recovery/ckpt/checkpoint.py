@@ -1,16 +1,20 @@
 """Periodic checkpoints in the spirit of MindSpore's ``CheckpointConfig``/``ModelCheckpoint``.
 
 A :class:`CheckpointSaver` writes ``<prefix>-<epoch>_<step>.ckpt`` files into one rank's
-directory (see :mod:`recovery.ckpt.layout`), durably (:mod:`recovery.ckpt.durable`) and recorded in
-the directory's manifest (:mod:`recovery.ckpt.manifest`), keeping at most
-``keep_checkpoint_max`` of its own files. It is driven from a plain loop
-(:meth:`~CheckpointSaver.step_end`, :meth:`~CheckpointSaver.epoch_end`,
+directory (see :mod:`recovery.ckpt.layout`), durably (:mod:`recovery.ckpt.durable`) and
+recorded in the directory's manifest (:mod:`recovery.ckpt.manifest`), keeping at most
+``keep_checkpoint_max`` of its job's files of that prefix, those of the rank's earlier
+incarnations (``<prefix>_<n>``) included (:class:`~recovery.ckpt.manifest.KeepRule`). It is
+driven from a plain loop (:meth:`~CheckpointSaver.step_end`, :meth:`~CheckpointSaver.epoch_end`,
 :meth:`~CheckpointSaver.train_end`) or as a callback (the ``on_train_*`` methods).
 
-With ``async_save`` the training thread only snapshots (copies tensors to host memory);
-one background thread writes. A failed write is raised in the training thread by the next
-call into the saver. At interpreter exit an in-flight write is finished (the writer's
-thread pool is joined); a process killed mid-write leaves only a temporary file.
+With ``async_save`` the training thread only copies the tensors into a shared-memory
+buffer (:mod:`recovery.ckpt.staging`); a writer process of the saver's own, forked when
+the saver is made (:mod:`recovery.ckpt.writer_process`), serialises, hashes, writes and
+fsyncs, off the training process's GIL. A failed write is raised in the training thread
+by the next call into the saver. At interpreter exit an in-flight write is finished (the
+writer's pipe is closed and the process waited for); a process killed mid-write leaves
+only a temporary file.
 """
 
 from __future__ import annotations
@@ -20,21 +24,21 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from recovery.ckpt import layout
+from recovery.ckpt import layout, staging
 from recovery.ckpt.durable import fsync_dir, remove_stale_temps, write_atomic
 from recovery.env import WorkerEnv
 from recovery.ckpt.lineage import job_lineage
-from recovery.ckpt.manifest import CheckpointEntry, CheckpointError, CheckpointKind, Manifest
+from recovery.ckpt.manifest import CheckpointEntry, CheckpointError, CheckpointKind, KeepRule, Manifest
 from recovery.position import TrainPosition
 from recovery.rng import GlobalRngState
 from recovery.ckpt.restore import FORMAT, FORMAT_VERSION, ResumePoint, job_rank_and_world_size, resume
+from recovery.ckpt.writer_process import WriteRequest, WriterProcess
 from recovery.stateful import Stateful
 
 __all__ = ["CheckpointConfig", "CheckpointSaver", "write_checkpoint"]
@@ -92,12 +96,13 @@ class CheckpointConfig:
         save_checkpoint_steps: save when the global step is a multiple of this (0: never).
         save_checkpoint_epochs: save at the end of an epoch whose number is a multiple of
             this (0: never).
-        keep_checkpoint_max: how many of this run's checkpoints to keep; the oldest is
-            deleted only once a newer one is durable.
+        keep_checkpoint_max: how many of the job's checkpoints of the prefix to keep (the
+            rank's earlier incarnations' included), and how many last-words saves; the
+            oldest is deleted only once a newer one is durable.
         append_info: a list of ``"epoch_num"``, ``"step_num"`` (the global step) and at most
             one dict of user values (str keys; int, float, bool, str or tensor values),
             stored in every checkpoint under ``append_info``.
-        async_save: write checkpoints on a background thread.
+        async_save: write checkpoints from a background writer process.
 
     Raises:
         ValueError: a negative interval, both intervals 0, ``keep_checkpoint_max < 1``, or
@@ -135,33 +140,25 @@ class CheckpointConfig:
         return values
 
 
-def _plain(obj: Any, where: str, copy: bool, reuse: Any = None) -> Any:
-    """Check that ``obj`` holds only tensors and plain data; copy its tensors to host if asked.
+def _plain(obj: Any, where: str) -> Any:
+    """Check that ``obj`` holds only tensors and plain data; return it as a fresh tree.
 
     Checked when saving, so that no checkpoint is written that ``weights_only`` loading
-    would refuse later, when it is needed. When copying, a tensor of the same shape and
-    dtype at the same place in ``reuse`` (the previous snapshot) is overwritten rather
-    than a new one allocated: filling fresh memory costs page faults, ten times the copy.
+    would refuse later, when it is needed. The tensors are the caller's own, not copies.
     """
     if isinstance(obj, torch.Tensor):
-        if not copy:
-            return obj
-        if isinstance(reuse, torch.Tensor) and reuse.shape == obj.shape and reuse.dtype == obj.dtype:
-            return reuse.copy_(obj.detach())
-        return obj.detach().to("cpu", copy=True)
+        return obj
     if isinstance(obj, _PLAIN_TYPES):
         return obj
     if isinstance(obj, dict):
         kind = OrderedDict if isinstance(obj, OrderedDict) else dict
-        old = reuse if isinstance(reuse, dict) else {}
         out = kind()
         for key, value in obj.items():
-            _plain(key, f"{where} key", copy=False)
-            out[key] = _plain(value, f"{where}[{key!r}]", copy, old.get(key))
+            _plain(key, f"{where} key")
+            out[key] = _plain(value, f"{where}[{key!r}]")
         return out
     if type(obj) in (list, tuple):
-        old = reuse if type(reuse) is type(obj) and len(reuse) == len(obj) else [None] * len(obj)
-        return type(obj)(_plain(v, f"{where}[{i}]", copy, r) for i, (v, r) in enumerate(zip(obj, old)))
+        return type(obj)(_plain(v, f"{where}[{i}]") for i, v in enumerate(obj))
     raise CheckpointError(
         f"{where} has type {type(obj).__name__}: a checkpoint holds only tensors and plain data "
         "(so that it loads with weights_only=True)"
@@ -203,55 +200,11 @@ def write_checkpoint(
     return stale
 
 
-class _AsyncWriter:
-    """One background writer thread with at most one write in flight.
-
-    A new write first waits for the previous one, so snapshots never pile up in memory.
-    Its pool's thread is joined at interpreter exit, which finishes an in-flight write.
-    """
-
-    def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tft-ckpt-writer")
-        self._pending: Future[None] | None = None
-        self._what = ""
-
-    def submit(self, write: Callable[[], None], what: str) -> None:
-        self.wait()
-        self._pending = self._pool.submit(self._logged, write, what)
-        self._what = what
-
-    @staticmethod
-    def _logged(write: Callable[[], None], what: str) -> None:
-        try:
-            write()
-        except BaseException:
-            # Also raised in the training thread; logged here in case it exits first.
-            logger.exception("background write of checkpoint %s failed", what)
-            raise
-
-    def raise_if_failed(self) -> None:
-        """Raise a finished write's error now; never blocks."""
-        if self._pending is not None and self._pending.done():
-            self.wait()
-
-    def wait(self) -> None:
-        """Wait for the in-flight write.
-
-        Raises:
-            CheckpointError: it failed.
-        """
-        pending, self._pending = self._pending, None
-        if pending is None:
-            return
-        error = pending.exception()
-        if error is not None:
-            raise CheckpointError(f"writing checkpoint {self._what} failed: {error}") from error
-
-    def close(self) -> None:
-        try:
-            self.wait()
-        finally:
-            self._pool.shutdown(wait=True)
+def _write_request(request: WriteRequest, buffer: Any) -> list[str]:
+    """In the writer process: write one staged checkpoint as :func:`write_checkpoint` does."""
+    state = staging.rebuild(buffer, request.specs, request.skeleton)
+    return write_checkpoint(request.directory, request.name, state, request.position,
+                            Manifest(request.directory), keep=request.keep)
 
 
 class CheckpointSaver:
@@ -307,8 +260,9 @@ class CheckpointSaver:
         remove_stale_temps(self.directory)
         self.manifest = Manifest(self.directory)
         self.prefix = layout.run_prefix(layout.check_prefix(prefix), [*os.listdir(self.directory), *self.manifest.entries()])
-        self._writer = _AsyncWriter() if self.config.async_save else None
-        self._host: dict[str, Any] | None = None  # the last async snapshot, reused as buffers
+        self.keep_rule = KeepRule(prefix, self.lineage, self.config.keep_checkpoint_max)
+        self._writer = WriterProcess(_write_request) if self.config.async_save else None
+        self._stage = staging.SharedStage() if self.config.async_save else None
         self._last_saved: int | None = None
 
     # -- a plain training loop ------------------------------------------------------------
@@ -363,17 +317,19 @@ class CheckpointSaver:
             The checkpoint's path (with ``async_save``, the write may still be going on).
         """
         name = layout.checkpoint_name(self.prefix, position)
-        if self._writer is None:
-            state = self._snapshot(position)
+        state = self.state(position)
+        if self._writer is None or self._stage is None:
             try:
                 self._write(state, name, position)
             except OSError as err:
                 raise CheckpointError(f"writing checkpoint {self.directory / name} failed: {err}") from err
         else:
-            # The previous write must be done before its host buffers are reused.
+            # The previous write must be done before the staging buffer is reused.
             self._writer.wait()
-            state = self._host = self._snapshot(position)
-            self._writer.submit(lambda: self._write(state, name, position), str(self.directory / name))
+            skeleton, tensors = staging.split(state)
+            buffer, specs = self._stage.stage(tensors)
+            request = WriteRequest(buffer, specs, skeleton, self.directory, name, position, self.keep_rule)
+            self._writer.submit(request, str(self.directory / name))
         self._last_saved = position.global_step
         return self.directory / name
 
@@ -387,9 +343,11 @@ class CheckpointSaver:
             self._writer.wait()
 
     def close(self) -> None:
-        """Wait for the in-flight write and stop the writer thread; errors as :meth:`wait`."""
+        """Wait for the in-flight write and stop the writer process; errors as :meth:`wait`."""
         if self._writer is not None:
             self._writer.close()
+        if self._stage is not None:
+            self._stage.close()
 
     def resume(self, *, allow_world_size_change: bool = False) -> ResumePoint:
         """Restore this saver's objects from the newest valid checkpoint of its directory.
@@ -423,13 +381,10 @@ class CheckpointSaver:
         if self._writer is not None:
             self._writer.raise_if_failed()
 
-    def state(self, position: TrainPosition, *, copy: bool = False) -> dict[str, Any]:
+    def state(self, position: TrainPosition) -> dict[str, Any]:
         """Everything a checkpoint of ``position`` holds, as the file would hold it.
 
-        Args:
-            position: the step the current state is the result of.
-            copy: copy the tensors to host memory (for a background write); otherwise
-                the model's and optimizer's own tensors are referenced.
+        The model's and optimizer's own tensors are referenced, not copied.
         """
         data = None
         if self.sampler is not None:
@@ -448,26 +403,8 @@ class CheckpointSaver:
             "world_size": self.world_size,
             "lineage": self.lineage,
         }
-        return _plain(state, "checkpoint", copy=copy, reuse=self._host if copy else None)
-
-    def _snapshot(self, position: TrainPosition) -> dict[str, Any]:
-        """The state to write; tensors copied to host memory for a background write."""
-        return self.state(position, copy=self._writer is not None)
+        return _plain(state, "checkpoint")
 
     def _write(self, state: dict[str, Any], name: str, position: TrainPosition) -> None:
-        stale = write_checkpoint(self.directory, name, state, position, self.manifest,
-                                 keep=self._beyond_keep_max)
+        stale = write_checkpoint(self.directory, name, state, position, self.manifest, keep=self.keep_rule)
         logger.debug("saved checkpoint %s (dropped %s)", self.directory / name, stale or "none")
-
-    def _beyond_keep_max(self, entries: Iterable[CheckpointEntry]) -> list[str]:
-        """This run's checkpoints beyond ``keep_checkpoint_max``, oldest first.
-
-        Only files with this run's prefix count, so a run never deletes another's. They
-        leave the manifest in the same update that lists the newer, durable checkpoint.
-        """
-        own = [
-            entry for entry in entries
-            if (parsed := layout.parse_checkpoint_name(entry.name)) is not None and parsed.prefix == self.prefix
-        ]
-        own.sort(key=lambda e: e.position)
-        return [entry.name for entry in own[: max(0, len(own) - self.config.keep_checkpoint_max)]]

@@ -13,6 +13,10 @@ manifest entries say they are last words. The step directory records the job's l
 (:mod:`recovery.ckpt.lineage`), as every file in it does. The whole step directory is written
 under a hidden temporary name and renamed when complete: a saver killed half-way leaves
 nothing that looks like a checkpoint.
+
+Each save then prunes the job's older step directories by the saver's keep rule: the
+newest ``keep_checkpoint_max`` stay. A pruned directory is renamed to a hidden name
+first, so it vanishes whole, and then deleted.
 """
 
 from __future__ import annotations
@@ -84,4 +88,21 @@ def save_last_words(saver: CheckpointSaver, recovery_path: str | os.PathLike[str
     fsync_dir(final.parent)
     logger.info("saved last-words checkpoints of step %d for %d ranks in %s",
                 position.global_step, world_size, final)
+    _prune(recovery_path, saver.lineage, saver.config.keep_checkpoint_max)
     return final
+
+
+def _prune(recovery_path: str | os.PathLike[str], lineage: str, keep_max: int) -> None:
+    """Delete all but the newest ``keep_max`` of ``lineage``'s last-words step directories."""
+    step_dirs = layout.ttp_step_dirs(recovery_path)
+    ours = sorted(step for step, path in step_dirs.items() if _lineage_of(path) == lineage)
+    for step in ours[: max(0, len(ours) - keep_max)]:
+        path = step_dirs[step]
+        doomed = layout.removal_path(path)
+        try:
+            os.rename(path, doomed)
+        except FileNotFoundError:
+            continue  # another survivor pruned it first
+        fsync_dir(path.parent)
+        shutil.rmtree(doomed, ignore_errors=True)
+        logger.info("pruned last-words checkpoints %s (keeping the newest %d)", path, keep_max)

@@ -46,6 +46,7 @@ __all__ = [
     "checkpoint_name",
     "parse_checkpoint_name",
     "run_prefix",
+    "run_number",
     "rank_dir",
     "rank_of_dir",
     "manifest_path",
@@ -57,6 +58,8 @@ __all__ = [
     "ttp_step_dir",
     "ttp_temp_dir",
     "ttp_rank_dirs",
+    "ttp_step_dirs",
+    "removal_path",
     "lineage_file",
     "previous_dir",
     "LINEAGE_FILE",
@@ -136,14 +139,20 @@ def run_prefix(prefix: str, existing_names: Iterable[str]) -> str:
     Returns:
         ``prefix`` or ``f"{prefix}_{n}"``.
     """
-    suffix = re.compile(re.escape(prefix) + r"(?:_(?P<n>\d+))?")
     highest = -1
     for name in existing_names:
         parsed = parse_checkpoint_name(name)
-        match = None if parsed is None else suffix.fullmatch(parsed.prefix)
-        if match is not None:
-            highest = max(highest, int(match["n"] or 0))
+        run = None if parsed is None else run_number(parsed.prefix, prefix)
+        if run is not None:
+            highest = max(highest, run)
     return prefix if highest < 0 else f"{prefix}_{highest + 1}"
+
+
+def run_number(prefix: str, asked: str) -> int | None:
+    """Which run of ``asked`` writes with ``prefix`` (:func:`run_prefix`): 0 for ``asked``
+    itself, ``n`` for ``<asked>_<n>``, ``None`` for a prefix of another family."""
+    match = re.fullmatch(re.escape(asked) + r"(?:_(?P<n>\d+))?", prefix)
+    return None if match is None else int(match["n"] or 0)
 
 
 def rank_dir(recovery_path: str | os.PathLike[str], rank: int) -> Path:
@@ -213,6 +222,21 @@ def ttp_rank_dirs(recovery_path: str | os.PathLike[str], rank: int) -> list[Path
         return []
     return [root / name / f"rank_{rank}" for name in os.listdir(root)
             if name.startswith(_TTP_STEP_PREFIX) and (root / name / f"rank_{rank}").is_dir()]
+
+
+def ttp_step_dirs(recovery_path: str | os.PathLike[str]) -> dict[int, Path]:
+    """Every complete last-words step directory, by its global step."""
+    root = Path(recovery_path) / TTP_DIR
+    if not root.is_dir():
+        return {}
+    return {int(name[len(_TTP_STEP_PREFIX):]): root / name for name in os.listdir(root)
+            if name.startswith(_TTP_STEP_PREFIX) and name[len(_TTP_STEP_PREFIX):].isdigit()}
+
+
+def removal_path(path: str | os.PathLike[str]) -> Path:
+    """Where a directory is renamed to before it is deleted, so that it vanishes at once
+    under its own name (a hidden temporary name, see :func:`temp_path`)."""
+    return temp_path(path, tag="removed")
 
 
 def lineage_file(directory: str | os.PathLike[str]) -> Path:

@@ -13,6 +13,12 @@ checkpoint (periodic or last words). Whatever chooses a checkpoint to restore as
 lineage's candidates: entries of any other lineage, and entries written before lineages
 existed (they have none), are left out.
 
+Check 3 reads the whole file, so its result is remembered for the life of the process,
+keyed by the file's path, size, modification time and inode: a rollback hashes each
+candidate at most once, and a later rollback hashes only the files written or changed
+since. (A bit flip on disk that leaves the file's times alone is caught by the next
+process that verifies the file; ``tftctl ckpt verify`` is one.)
+
 "Newest" is the highest ``(epoch, step)``, never a file time. An invalid candidate newer
 than the chosen one is reported with one warning line naming the file and the reason.
 The manifest is rewritten atomically under a file lock, so concurrent writers and a
@@ -41,6 +47,7 @@ from recovery.position import TrainPosition
 __all__ = [
     "CheckpointError",
     "InvalidCheckpointError",
+    "KeepRule",
     "CheckpointEntry",
     "CheckpointKind",
     "Candidate",
@@ -130,6 +137,34 @@ class Candidate:
         return (self.epoch, self.step, -1 if self.entry is None else self.entry.seq)
 
 
+@dataclass(frozen=True)
+class KeepRule:
+    """Which periodic checkpoints a saver drops: all but the newest ``keep_max`` of its
+    family (the prefix it was asked for and every ``<prefix>_<n>`` of a relaunch, see
+    :func:`recovery.ckpt.layout.run_prefix`) of its job's ``lineage``.
+
+    Another job's checkpoints, those written before lineages existed and those of
+    another prefix are never dropped. The checkpoints of an earlier incarnation of the
+    rank are: the job resumes from the newest, and the rest would pile up with every
+    relaunch.
+    """
+
+    prefix: str
+    lineage: str
+    keep_max: int
+
+    def __call__(self, entries: Iterable[CheckpointEntry]) -> list[str]:
+        """The names to drop of ``entries``, oldest first."""
+        family = [
+            entry for entry in entries
+            if entry.lineage == self.lineage
+            and (parsed := layout.parse_checkpoint_name(entry.name)) is not None
+            and layout.run_number(parsed.prefix, self.prefix) is not None
+        ]
+        family.sort(key=lambda e: (e.position, e.seq))
+        return [entry.name for entry in family[: max(0, len(family) - self.keep_max)]]
+
+
 class Manifest:
     """The manifest of one checkpoint directory.
 
@@ -213,17 +248,36 @@ def find_checkpoint_dirs(root: str | os.PathLike[str]) -> list[Path]:
     return sorted(found)
 
 
+_FileVersion = tuple[int, int, int]
+_verified: dict[str, tuple[_FileVersion, str]] = {}
+"""By path: the (size, mtime_ns, inode) of the file this process last hashed there, and its sha256."""
+_VERIFIED_MAX = 1024
+
+
+def _sha256(path: Path, stat: os.stat_result) -> str:
+    version = (stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    known = _verified.get(str(path))
+    if known is not None and known[0] == version:
+        return known[1]
+    sha256 = file_digest(path).sha256
+    if len(_verified) >= _VERIFIED_MAX:  # forget the files pruned since
+        for gone in [name for name in _verified if not os.path.exists(name)]:
+            del _verified[gone]
+    _verified[str(path)] = (version, sha256)
+    return sha256
+
+
 def problem(candidate: Candidate) -> str | None:
     """Why ``candidate`` fails the manifest checks (1-3), or ``None`` if it passes them."""
     if candidate.entry is None:
         return "not in the manifest (never completely written)"
     try:
-        size = candidate.path.stat().st_size
+        stat = candidate.path.stat()
     except FileNotFoundError:
         return "missing: listed in the manifest but not on disk"
-    if size != candidate.entry.size:
-        return f"truncated or torn: {size} bytes, the manifest says {candidate.entry.size}"
-    if file_digest(candidate.path).sha256 != candidate.entry.sha256:
+    if stat.st_size != candidate.entry.size:
+        return f"truncated or torn: {stat.st_size} bytes, the manifest says {candidate.entry.size}"
+    if _sha256(candidate.path, stat) != candidate.entry.sha256:
         return "corrupt: sha256 differs from the manifest"
     return None
 

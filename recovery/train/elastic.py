@@ -76,7 +76,8 @@ from recovery.train.sampler import ResumableDistributedSampler
 from recovery.train.state import TrainerMachine, TrainerState
 from recovery.train.step_events import PAUSED, RESTORED, StepEvents
 
-__all__ = ["ElasticTrainer", "Step", "PeerFailure", "TrainerState", "agree_rollback_point"]
+__all__ = ["ElasticTrainer", "Step", "PeerFailure", "TrainerState", "agree_rollback_point",
+           "choose_rollback"]
 
 logger = logging.getLogger(__name__)
 
@@ -167,6 +168,16 @@ def _candidate_at(directories: list[Path], point: tuple[int, int], lineage: str)
         if (candidate.epoch, candidate.step) == point:
             return candidate
     raise FileNotFoundError(f"no valid checkpoint for epoch {point[0]} step {point[1]} in {directories}")
+
+
+def choose_rollback(directories: list[Path], lineage: str,
+                    wait: Wait = blocking) -> tuple[Candidate, dict[str, Any]] | None:
+    """This rank's checkpoint at the point every rank agrees on, loaded; ``None`` if none."""
+    point = agree_rollback_point(directories, lineage, wait)
+    if point is None:
+        return None
+    candidate = _candidate_at(directories, point, lineage)
+    return candidate, load_checkpoint(candidate.path)
 
 
 class ElasticTrainer:
@@ -509,22 +520,22 @@ class ElasticTrainer:
     def _roll_back(self) -> None:
         """Restore the newest checkpoint every rank holds (or the start, if none)."""
         directories = checkpoint_dirs(self.saver, self._recovery_path, self.ctx.rank)
-        point = agree_rollback_point(directories, self.saver.lineage, self._wait)
-        if point is None:
+        chosen = choose_rollback(directories, self.saver.lineage, self._wait)
+        if chosen is None:
             if self.ctx.generation == 0:
                 logger.info("no checkpoint common to every rank: starting from the beginning")
                 return
             raise RuntimeError("the ranks hold no checkpoint in common: cannot roll back")
-        candidate = _candidate_at(directories, point, self.saver.lineage)
+        candidate, state = chosen
         self.position = restore_checkpoint(
-            load_checkpoint(candidate.path), self.model, self.optimizer, self.lr_scheduler,
+            state, self.model, self.optimizer, self.lr_scheduler,
             sampler=self.sampler, rng=self.saver.rng, path=candidate.path,
             allow_world_size_change=self._allow_world_size_change)
         logger.info("resumed from %s (epoch %d, step %d, global step %d)", candidate.path,
                     self.position.epoch, self.position.step, self.position.global_step)
         last_words = candidate.kind is CheckpointKind.LAST_WORDS
-        self._after_restore("last_words" if last_words else "checkpoint", epoch=point[0],
-                            step_in_epoch=point[1])
+        self._after_restore("last_words" if last_words else "checkpoint", epoch=candidate.epoch,
+                            step_in_epoch=candidate.step)
 
     def _after_restore(self, source: str, **fields: Any) -> None:
         """Record where training goes on: this rank's ``step``, and (rank 0) the

@@ -1,4 +1,5 @@
-"""A writer killed mid-save leaves the previous checkpoint valid and chosen; exit waits for a write."""
+"""A writer killed mid-save leaves the previous checkpoint valid and chosen; exit waits for a write;
+an async saver's writer process dies with it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import torch
 from support import BIN, REPO, wait_for
 
@@ -55,3 +57,23 @@ def test_process_exit_waits_for_an_in_flight_background_write(tmp_path: Path) ->
     results = {c.path.name: reason for c, reason in verify_dir(tmp_path)}
     assert results == {"net-1_1.ckpt": None, "net-1_2.ckpt": None}
     assert not [name for name in os.listdir(tmp_path) if layout.temp_owner_pid(name) is not None]
+
+
+def test_kill_9_of_an_async_saver_mid_write_takes_its_writer_process_along(tmp_path: Path) -> None:
+    proc = writer(tmp_path, "async", 384)
+    try:
+        wait_for(lambda: any(tmp_path.glob(".net-1_2.ckpt.*.tmp")) or proc.poll() is not None, 60,
+                 "the writer process's temporary file of the big checkpoint")
+        [temp] = tmp_path.glob(".net-1_2.ckpt.*.tmp")
+        writer_pid = layout.temp_owner_pid(temp.name)
+        assert writer_pid is not None and writer_pid != proc.pid
+        writer_process = psutil.Process(writer_pid)
+    finally:
+        proc.kill()
+        proc.wait(30)
+    assert proc.returncode == -signal.SIGKILL
+    writer_process.wait(30)  # PR_SET_PDEATHSIG: it does not outlive the training process
+
+    assert [(c.path.name, reason) for c, reason in verify_dir(tmp_path)] == [("net-1_1.ckpt", None)]
+    CheckpointSaver(torch.nn.Linear(4, 2), directory=tmp_path)
+    assert not list(tmp_path.glob(".*.tmp"))

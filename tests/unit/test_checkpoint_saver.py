@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import socket
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 import torch
 
@@ -37,10 +39,11 @@ class Job:
         self.scheduler.step()
 
     def saver(self, directory: Path, **config: Any) -> CheckpointSaver:
-        return CheckpointSaver(
+        saver = CheckpointSaver(
             self.model, self.optimizer, self.scheduler, config=CheckpointConfig(**config),
             prefix="net", directory=directory, sampler=self.sampler,
         )
+        return saver
 
 
 def ckpt_names(directory: Path) -> list[str]:
@@ -153,18 +156,21 @@ def test_the_last_step_is_saved_when_training_ends_and_only_once(tmp_path: Path)
     assert ckpt_names(tmp_path) == ["net-1_4.ckpt", "net-1_6.ckpt", "net_1-1_8.ckpt"]
 
 
-def test_a_second_run_writes_a_new_prefix_and_never_prunes_the_first(tmp_path: Path) -> None:
+def test_a_second_run_writes_a_new_prefix_and_never_prunes_another_jobs(tmp_path: Path) -> None:
     job = Job()
     first = job.saver(tmp_path, keep_checkpoint_max=1)
     first.save(TrainPosition(1, 5, 5))
-    second = job.saver(tmp_path, keep_checkpoint_max=1)
+    second = CheckpointSaver(job.model, config=CheckpointConfig(keep_checkpoint_max=1), prefix="net",
+                             directory=tmp_path, lineage="another-job")
     assert second.prefix == "net_1"
     second.save(TrainPosition(1, 6, 6))
     second.save(TrainPosition(1, 7, 7))
     assert ckpt_names(tmp_path) == ["net-1_5.ckpt", "net_1-1_7.ckpt"]
-    assert job.saver(tmp_path).prefix == "net_2"
-    # A resume considers every prefix: the highest (epoch, step) wins.
-    assert resume(tmp_path, Job().model).path == tmp_path / "net_1-1_7.ckpt"
+    third = job.saver(tmp_path, keep_checkpoint_max=2)
+    assert third.prefix == "net_2"
+    third.save(TrainPosition(1, 4, 4))
+    # A resume considers every prefix of its job: the highest (epoch, step) wins.
+    assert resume(tmp_path, Job().model).path == tmp_path / "net-1_5.ckpt"
 
 
 def test_epoch_interval_and_callback_hooks(tmp_path: Path) -> None:
@@ -243,3 +249,16 @@ def test_a_failed_background_write_surfaces_in_the_training_thread(tmp_path: Pat
     with pytest.raises(CheckpointError, match="net-1_2.ckpt failed"):
         saver.step_end(1, 3, 3)
     saver.close()
+
+
+def test_the_writer_process_keeps_none_of_the_training_processs_sockets(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        saver = Job().saver(tmp_path, async_save=True)
+        saver.save(TrainPosition(1, 1, 1))
+        saver.wait()  # the writer has answered: it is past its set-up
+        [writer] = psutil.Process().children()
+        ports = {conn.laddr.port for conn in writer.net_connections(kind="inet")}
+        assert listener.getsockname()[1] not in ports and not ports
+        assert writer.num_fds() <= 5  # stdin, stdout, stderr, its pipe, its map of the stage
+        saver.close()
+    assert not writer.is_running() or writer.status() == psutil.STATUS_ZOMBIE

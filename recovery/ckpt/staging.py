@@ -1,0 +1,154 @@
+"""Staging a checkpoint's tensors in shared memory, for another process to write.
+
+The training process splits a checkpoint's state into a *skeleton* (the same nesting of
+dicts, lists and plain values, each tensor replaced by a :class:`Slot`) and its tensors,
+which it copies into one shared-memory buffer (a ``memfd``). The buffer is kept and
+reused while the tensors keep their shapes and dtypes, so a save costs the training
+process one ``memcpy`` of the state and a small pickle. The writer process
+(:mod:`recovery.ckpt.writer_process`) maps the same buffer through ``/proc/<pid>/fd`` and
+rebuilds the state with :func:`rebuild`.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["Slot", "TensorSpec", "SharedBuffer", "SharedStage", "split", "join", "rebuild"]
+
+_ALIGN = 64
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where the skeleton had a tensor: its index in the tensor list."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor's place in the buffer: byte offset, dtype and shape."""
+
+    offset: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        numel = 1
+        for size in self.shape:
+            numel *= size
+        return numel * _itemsize(self.dtype)
+
+
+@dataclass(frozen=True)
+class SharedBuffer:
+    """How the writer finds the buffer: the owner's pid, its fd, and a generation that
+    changes whenever the buffer is replaced (an fd number may be reused)."""
+
+    pid: int
+    fd: int
+    generation: int
+    size: int
+
+
+def _map(obj: Any, leaf: Callable[[Any], Any]) -> Any:
+    """``obj`` with every tensor (or slot) replaced by ``leaf(it)``, containers rebuilt."""
+    if isinstance(obj, (torch.Tensor, Slot)):
+        return leaf(obj)
+    if isinstance(obj, dict):
+        kind = OrderedDict if isinstance(obj, OrderedDict) else dict
+        return kind((key, _map(value, leaf)) for key, value in obj.items())
+    if type(obj) in (list, tuple):
+        return type(obj)(_map(value, leaf) for value in obj)
+    return obj
+
+
+def split(state: Any) -> tuple[Any, list[torch.Tensor]]:
+    """The skeleton of ``state`` and its tensors, in slot order."""
+    tensors: list[torch.Tensor] = []
+
+    def take(tensor: torch.Tensor) -> Slot:
+        tensors.append(tensor)
+        return Slot(len(tensors) - 1)
+
+    return _map(state, take), tensors
+
+
+def join(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
+    """The inverse of :func:`split`."""
+    return _map(skeleton, lambda slot: tensors[slot.index])
+
+
+def _specs(tensors: list[torch.Tensor]) -> tuple[list[TensorSpec], int]:
+    specs, offset = [], 0
+    for tensor in tensors:
+        spec = TensorSpec(offset, tensor.dtype, tuple(tensor.shape))
+        specs.append(spec)
+        offset += -(-spec.nbytes // _ALIGN) * _ALIGN
+    return specs, max(offset, _ALIGN)
+
+
+def _views(buffer: Any, specs: list[TensorSpec]) -> list[torch.Tensor]:
+    """One tensor per spec on its bytes of ``buffer``, each with a storage of its own
+    (so that ``torch.save`` writes each one's bytes, as it would the original's)."""
+    return [
+        torch.frombuffer(buffer, dtype=s.dtype, count=s.nbytes // _itemsize(s.dtype), offset=s.offset).view(s.shape)
+        if s.nbytes else torch.empty(s.shape, dtype=s.dtype)
+        for s in specs
+    ]
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+class SharedStage:
+    """One shared-memory buffer, reused from save to save while the layout stays."""
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        self._generation = 0
+        self._specs: list[TensorSpec] = []
+        self._views: list[torch.Tensor] = []
+        self._size = 0
+
+    def stage(self, tensors: list[torch.Tensor]) -> tuple[SharedBuffer, list[TensorSpec]]:
+        """Copy ``tensors`` into the buffer (a new one if their layout changed).
+
+        The caller must know that no reader uses the buffer any more.
+        """
+        specs, size = _specs(tensors)
+        if self._fd is None or specs != self._specs:
+            self._allocate(specs, size)
+        for view, tensor in zip(self._views, tensors):
+            view.copy_(tensor.detach())
+        assert self._fd is not None
+        return SharedBuffer(os.getpid(), self._fd, self._generation, self._size), self._specs
+
+    def _allocate(self, specs: list[TensorSpec], size: int) -> None:
+        fd = os.memfd_create("tftrun-ckpt-stage", os.MFD_CLOEXEC)
+        os.ftruncate(fd, size)
+        self._views = _views(mmap.mmap(fd, size), specs)  # the views keep the mapping alive
+        self.close()
+        self._fd, self._specs, self._size = fd, specs, size
+        self._generation += 1
+
+    def close(self) -> None:
+        """Let go of the buffer's fd (the mapping goes with the last view)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def rebuild(buffer: Any, specs: list[TensorSpec], skeleton: Any) -> Any:
+    """The state again, from a mapping of the staged buffer; its tensors are the buffer's
+    bytes, not copies: valid until the buffer is staged again."""
+    return join(skeleton, _views(buffer, specs))

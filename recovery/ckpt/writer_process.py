@@ -1,0 +1,204 @@
+"""The background checkpoint writer: a process of its own, one per saver.
+
+A writer *thread* holds the GIL while ``torch.save`` pickles, hashes and writes, and that
+slows the training loop it shares the interpreter with. So the training process only
+stages the state in shared memory (:mod:`recovery.ckpt.staging`) and sends a small
+message over a pipe; this process rebuilds the state and writes it exactly as a
+synchronous save would (the saver's ``write``: durable, hashed, listed in the manifest,
+the oldest pruned), then answers ``done`` or the error.
+
+It is forked from the training process when the saver is made, so it is ready at once,
+torch already imported (no second import competing with training for the CPU). Right
+after the fork it keeps only its pipe (every other inherited fd, the process group's
+sockets among them, is closed, so that no peer's connection outlives the training
+process), restores the default signal handlers (the training process's own, such as a
+last-words handler, must not run here), ignores ``SIGINT`` (a Ctrl-C lets the write in
+flight finish), uses one torch thread (as a ``DataLoader`` worker does after a fork) and
+runs at a lower CPU priority. It never outlives the training process: it gets ``SIGKILL``
+when the thread that made the saver ends (``PR_SET_PDEATHSIG``), which leaves at most a
+temporary file that the next saver removes, and it exits when its pipe closes. It leaves
+with ``os._exit``: nothing of the training process's (atexit handlers, finalizers) runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import mmap
+import os
+import pickle
+import signal
+import socket
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from recovery.ckpt.manifest import CheckpointError, KeepRule
+from recovery.ckpt.staging import SharedBuffer, TensorSpec
+from recovery.position import TrainPosition
+
+__all__ = ["Write", "WriteRequest", "WriterProcess"]
+
+logger = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+_prctl = ctypes.CDLL(None, use_errno=True).prctl
+_NICENESS = 10
+
+
+@dataclass(frozen=True)
+class WriteRequest:
+    """One checkpoint to write: where the tensors are, the rest of the state, where it
+    goes, and the saver's keep rule."""
+
+    buffer: SharedBuffer
+    specs: list[TensorSpec]
+    skeleton: Any
+    directory: Path
+    name: str
+    position: TrainPosition
+    keep: KeepRule
+
+
+Write = Callable[["WriteRequest", mmap.mmap], object]
+"""Writes one request, given the staging buffer mapped; returns what to answer."""
+
+
+class WriterProcess:
+    """The training process's end: at most one write in flight.
+
+    A new write first waits for the previous one, so the staging buffer is never
+    overwritten while being read. When the object is collected, or the interpreter
+    exits, the pipe is closed and the process reaped: an in-flight write finishes first.
+
+    Args:
+        write: what the process calls with each request. It is imported before the
+            fork: the child imports nothing, since another thread of the training
+            process may have held the import lock when it forked.
+    """
+
+    def __init__(self, write: Write) -> None:
+        ours, theirs = socket.socketpair()
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # the writer process
+            try:
+                ours.close()
+                _become_writer(parent, theirs.fileno())
+                _serve(Connection(theirs.detach()), write)
+            finally:
+                os._exit(0)
+        theirs.close()
+        self.pid = pid
+        self._conn = Connection(ours.detach())
+        self._pending: str | None = None
+        self._finalizer = weakref.finalize(self, _shut_down, self._conn, pid)
+
+    def submit(self, request: WriteRequest, what: str) -> None:
+        """Wait for the previous write (raising its error), then send this one."""
+        self.wait()
+        if not self._finalizer.alive:
+            raise CheckpointError(f"writing checkpoint {what} failed: the saver was closed")
+        self._conn.send(request)
+        self._pending = what
+
+    def raise_if_failed(self) -> None:
+        """Raise a finished write's error now; never blocks."""
+        if self._pending is not None and self._conn.poll(0):
+            self.wait()
+
+    def wait(self) -> None:
+        """Wait for the in-flight write.
+
+        Raises:
+            CheckpointError: it failed, or the writer process died.
+        """
+        what, self._pending = self._pending, None
+        if what is None:
+            return
+        try:
+            status, detail = self._conn.recv()
+        except (EOFError, OSError) as err:
+            raise CheckpointError(f"writing checkpoint {what} failed: the writer process {self.pid} died") from err
+        if status != "done":
+            raise CheckpointError(f"writing checkpoint {what} failed: {detail}") from detail
+
+    def close(self) -> None:
+        """Wait for the in-flight write, then stop the process; errors as :meth:`wait`."""
+        try:
+            self.wait()
+        finally:
+            self._finalizer()
+
+
+def _shut_down(conn: Connection, pid: int) -> None:
+    conn.close()  # the writer finishes what it is writing, then sees the end of its pipe
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass  # already reaped (by a subreaper's sweep)
+
+
+# -- the writer process ----------------------------------------------------------------------
+
+
+def _become_writer(parent: int, keep_fd: int) -> None:
+    """Right after the fork: die with the parent, keep only the pipe, default signals."""
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)  # the parent died before the prctl took effect
+    for signum in signal.valid_signals():
+        try:
+            if callable(signal.getsignal(signum)):
+                signal.signal(signum, signal.SIG_DFL)
+        except (OSError, ValueError):
+            continue
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.closerange(3, keep_fd)
+    os.closerange(keep_fd + 1, os.sysconf("SC_OPEN_MAX"))
+    torch.set_num_threads(1)
+    os.nice(_NICENESS)  # training comes first; this runs in what it leaves idle
+
+
+class _Mapping:
+    """The staging buffer as this process maps it, remapped when it is replaced."""
+
+    def __init__(self) -> None:
+        self._key: tuple[int, int, int] | None = None
+        self._map: mmap.mmap | None = None
+
+    def of(self, buffer: SharedBuffer) -> mmap.mmap:
+        key = (buffer.pid, buffer.fd, buffer.generation)
+        if key != self._key:
+            with open(f"/proc/{buffer.pid}/fd/{buffer.fd}", "r+b") as file:
+                self._map = mmap.mmap(file.fileno(), buffer.size)
+            self._key = key
+        assert self._map is not None
+        return self._map
+
+
+def _picklable(error: BaseException) -> BaseException:
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:  # noqa: BLE001 - any error can be raised; its text always travels
+        return CheckpointError(f"{type(error).__name__}: {error}")
+    return error
+
+
+def _serve(conn: Connection, write: Write) -> None:
+    mapping = _Mapping()
+    while True:
+        try:
+            request = conn.recv()
+        except EOFError:
+            return
+        try:
+            conn.send(("done", write(request, mapping.of(request.buffer))))
+        except Exception as err:  # noqa: BLE001 - every failure is the training process's to raise
+            logger.exception("background write of checkpoint %s failed", request.directory / request.name)
+            conn.send(("failed", _picklable(err)))
