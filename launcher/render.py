@@ -39,7 +39,7 @@ class View(Protocol):
     wants_rows: bool
 
     def on_event(self, record: dict[str, Any]) -> None: ...
-    def show_rows(self, rows: list[Row]) -> None: ...
+    def show_rows(self, rows: list[Row], caption: str = "") -> None: ...
     def output(self, label: str, line: str) -> None: ...
     def close(self) -> None: ...
 
@@ -64,7 +64,7 @@ class PlainView:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record["ts"]))
         self._print(f"{stamp} tftrun: {record['event']} {_describe(record)}")
 
-    def show_rows(self, rows: list[Row]) -> None:
+    def show_rows(self, rows: list[Row], caption: str = "") -> None:
         return None
 
     def output(self, label: str, line: str) -> None:
@@ -81,13 +81,14 @@ class LiveView:
 
     def __init__(self, console: Console) -> None:
         self._console = console
-        self._live = Live(self._table([]), console=console, refresh_per_second=4,
+        self._live = Live(self._table([], ""), console=console, refresh_per_second=4,
                           transient=False)
         self._live.start()
 
     @staticmethod
-    def _table(rows: list[Row]) -> Table:
-        table = Table(title="tftrun", expand=False)
+    def _table(rows: list[Row], caption: str) -> Table:
+        """The ranks, one row each; the caption says what else runs (the warm spares)."""
+        table = Table(title="tftrun", caption=caption or None, expand=False)
         for column in ("rank", "pid", "state", "restarts", "last log line"):
             table.add_column(column, no_wrap=column != "last log line", overflow="ellipsis")
         for row in rows:
@@ -100,8 +101,8 @@ class LiveView:
             self._console.print(f"[bold]{record['event']}[/] {_describe(record)}",
                                 highlight=False)
 
-    def show_rows(self, rows: list[Row]) -> None:
-        self._live.update(self._table(rows))
+    def show_rows(self, rows: list[Row], caption: str = "") -> None:
+        self._live.update(self._table(rows, caption))
 
     def output(self, label: str, line: str) -> None:
         self._console.print(f"[dim]\\[{label}][/] {line}", highlight=False, markup=True)

@@ -103,8 +103,9 @@ def test_a_spare_whose_pipe_closes_without_a_go_exits_0_quietly(tmp_path: Path) 
 
 def test_kill_9_of_rank_2_is_relaunched_in_the_warm_spare_and_ends_bitwise_equal(
         tmp_path: Path, free_port: int, mnist_reference: dict[int, str]) -> None:
+    """With tftrun's defaults: a script that uses recovery gets one warm spare."""
     log_dir = tmp_path / "warm"
-    proc = spawn(mnist_job(tmp_path, "warm", free_port, "--warm_spare=1"), env=TFT_OFF)
+    proc = spawn(mnist_job(tmp_path, "warm", free_port, spare=True), env=TFT_OFF)
     try:
         # The spare may still be warming up when the kill lands (an 80-step job on 2 busy
         # cores can end before it is warm): it is handed the rank all the same.
