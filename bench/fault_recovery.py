@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -164,6 +165,10 @@ def run_job(column: Column, args: argparse.Namespace, faulty: bool) -> Run:
         started = time.time()
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
         wall = time.time() - started
+        if args.keep_events and faulty and column.system == "tftrun":
+            args.keep_events.mkdir(parents=True, exist_ok=True)
+            kept = args.keep_events / f"{column.mode}-{int(started)}.jsonl"
+            shutil.copyfile(Path(tmp) / "logs" / "events.jsonl", kept)
         if done.returncode != 0:
             raise RuntimeError(f"{column.label} exited {done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}")
         steps = read_steps(timing)
@@ -221,6 +226,9 @@ def parse_args() -> argparse.Namespace:
                         help="the tftrun recovery mode measured after a kill")
     parser.add_argument("--tftrun_arg", action="append", default=[],
                         help="an extra tftrun option, e.g. --tftrun_arg=--heartbeat_timeout=10 (repeatable)")
+    parser.add_argument("--keep_events", type=Path, default=None,
+                        help="copy each faulty tftrun run's events.jsonl into this folder "
+                             "(to see where its recovery time went)")
     add_json_flag(parser)
     args = parser.parse_args()
     if not 0 <= args.fault_rank < args.workers or not args.warmup_steps < args.fault_step < args.max_steps:
