@@ -42,6 +42,7 @@ docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -134,6 +135,30 @@ def steady_rate(steps: Mapping[int, Sequence[StepRecord]], warmup_steps: int) ->
     return median(rates)
 
 
+MILESTONES = ("spawn", "register", "generation", "rollback")
+"""The relaunched rank's way back in events.jsonl: its process (``warm`` when a spare),
+its registration with the scheduler, the generation formed with it, the state restored."""
+
+
+def where_the_time_goes(events_file: Path, fault_rank: int, fault_at: float) -> dict[str, float]:
+    """Seconds from the fault to the first of each milestone after it (NaN when absent)."""
+    found: dict[str, float] = {}
+    for line in events_file.read_text().splitlines():
+        record = json.loads(line)
+        name, ts = record.get("event"), float(record.get("ts", 0.0))
+        if ts < fault_at or name not in MILESTONES or name in found:
+            continue
+        if name in ("spawn", "register") and record.get("rank") != fault_rank:
+            continue
+        if name == "spawn" and record.get("role") != "worker":
+            continue
+        found[name] = ts - fault_at
+        if name == "spawn":
+            found["warm"] = 1.0 if record.get("warm") else 0.0
+    return {f"{name} s": found.get(name, float("nan")) for name in MILESTONES} | {
+        "warm": found.get("warm", float("nan"))}
+
+
 @dataclass(frozen=True)
 class Run:
     wall_seconds: float
@@ -141,6 +166,8 @@ class Run:
     fault_at: float | None
     load: tuple[float, float]
     """The 1-minute load average before and after the run: how quiet the machine was."""
+    milestones: dict[str, float]
+    """tftrun's faulty runs: :func:`where_the_time_goes`; empty otherwise."""
 
 
 def run_job(column: Column, args: argparse.Namespace, faulty: bool) -> Run:
@@ -175,8 +202,11 @@ def run_job(column: Column, args: argparse.Namespace, faulty: bool) -> Run:
         if sorted(steps) != list(range(args.workers)) or any(
                 records[-1].step != args.max_steps for records in steps.values()):
             raise RuntimeError(f"{column.label}: not every rank reached step {args.max_steps}")
-        return Run(wall, steps, read_fault_time(timing) if faulty else None,
-                   (load_before, os.getloadavg()[0]))
+        fault_at = read_fault_time(timing) if faulty else None
+        milestones = (where_the_time_goes(Path(tmp) / "logs" / "events.jsonl", args.fault_rank,
+                                          fault_at)
+                      if fault_at is not None and column.system == "tftrun" else {})
+        return Run(wall, steps, fault_at, (load_before, os.getloadavg()[0]), milestones)
 
 
 def measure(column: Column, args: argparse.Namespace, clean: Run) -> dict[str, float]:
@@ -189,7 +219,8 @@ def measure(column: Column, args: argparse.Namespace, clean: Run) -> dict[str, f
             "job time without s": clean.wall_seconds,
             "steady-state steps/s": steady_rate(clean.steps, args.warmup_steps),
             "load min": min(*faulty.load, *clean.load),
-            "load max": max(*faulty.load, *clean.load)}
+            "load max": max(*faulty.load, *clean.load),
+            **{f"after the fault: {name}": value for name, value in faulty.milestones.items()}}
 
 
 def table(measured: Sequence[Column], figures: Mapping[str, Mapping[str, float]],
@@ -267,12 +298,15 @@ def main() -> None:
     baseline = measured[0].label
     result = {"bench": "fault_recovery", "title": title, "args": vars(args),
               "medians": medians, "rounds": figures,
-              "ratios": {c.label: {name: ratio(value, medians[baseline][name])
-                                   for name, value in medians[c.label].items()
-                                   if not name.startswith("load")} for c in measured[1:]},
+              "ratios": {c.label: {name: ratio(medians[c.label][name], medians[baseline][name])
+                                   for name in targets} for c in measured[1:]},
               "targets": {"recovery s": 0.3, "steady-state steps/s": 0.98},
               "load_average_1min": [min(loads), max(loads)]}
-    emit(result, args.json, ["", title, *table(measured, medians, targets),
+    where = [f"{c.label}: after the fault, median s: " + ", ".join(
+        f"{name.removeprefix('after the fault: ')} {value:.3f}"
+        for name, value in medians[c.label].items() if name.startswith("after the fault"))
+        for c in measured[1:]]
+    emit(result, args.json, ["", title, *table(measured, medians, targets), *where,
                               f"load average (1 min) during the runs: {min(loads):.1f}-{max(loads):.1f}"])
 
 
