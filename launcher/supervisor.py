@@ -52,8 +52,9 @@ VERDICT_INTERVAL = 0.5
 """Seconds between asking the scheduler which workers it declares dead or hung."""
 AUTOMATIC_SPARES = 1
 """Spares kept without ``--warm_spare`` once this node's script is seen using recovery."""
-SPARE_PROBE_INTERVAL = 1.0
-"""Seconds between asking the scheduler whether a worker registered, for that spare."""
+SPARE_PROBE_INTERVALS = (1.0, 30.0)
+"""Seconds between asking the scheduler whether a worker registered, for that spare: the
+first, doubled after every answer up to the second (a plain script never registers)."""
 _ALIVE = (WorkerState.RUNNING, WorkerState.STOPPING)
 
 
@@ -96,6 +97,7 @@ class Supervisor:
         """Node ids seen registered with the scheduler: capable of per-rank recovery."""
         self._spares = SparePool(config.warm_spare or 0, self._start_spare)
         self._next_spare_probe = 0.0
+        self._spare_probe_interval = SPARE_PROBE_INTERVALS[0]
 
     # ----------------------------------------------------------------- lifecycle
     def run(self) -> int:
@@ -262,11 +264,13 @@ class Supervisor:
         now = time.monotonic()
         if now < self._next_spare_probe:
             return
-        self._next_spare_probe = now + SPARE_PROBE_INTERVAL
+        self._next_spare_probe = now + self._spare_probe_interval
         if not any(str(w.rank) in self._registered for w in self.workers):
             status = self._control.status()
-            if status is None:
+            if status is None:  # not connected yet: ask again as soon
                 return
+            self._spare_probe_interval = min(2 * self._spare_probe_interval,
+                                             SPARE_PROBE_INTERVALS[1])
             self._registered |= {str(m["node_id"]) for m in status["members"]}
         if any(str(w.rank) in self._registered for w in self.workers):
             self._spares.keep(AUTOMATIC_SPARES)
