@@ -267,7 +267,7 @@ class Supervisor:
         self._next_spare_probe = now + self._spare_probe_interval
         if not any(str(w.rank) in self._registered for w in self.workers):
             status = self._control.status()
-            if status is None:  # not connected yet: ask again a second later
+            if status is None:  # no answer: ask again, not backing off
                 return
             self._spare_probe_interval = min(2 * self._spare_probe_interval,
                                              SPARE_PROBE_INTERVALS[1])
