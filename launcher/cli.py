@@ -118,9 +118,10 @@ def launch(
     enable_tft: Annotated[str | None, _opt(
         "enable_tft", "Lose-nothing modes in msrun's MS_ENABLE_TFT syntax, e.g. "
         "'{TTP:1,UCE:1,ARF:1}' (the default); a mode left out is off.")] = None,
-    warm_spare: Annotated[int, _opt(
+    warm_spare: Annotated[int | None, _opt(
         "warm_spare", "Spare processes kept ready on this node, torch imported, to take a "
-        "relaunched rank's place without a cold start; 0: none.")] = 0,
+        "relaunched rank's place without a cold start; 0: none. Default: 1 once a worker "
+        "registers (its script uses recovery), unless --restart_policy=all.")] = None,
     progress_interval: Annotated[float, _float_opt(
         "progress_interval", "Off a terminal (CI, a pipe): seconds between two progress "
         "lines (each rank's step and steps/s, the ETA, a recovery under way); 0: none.")

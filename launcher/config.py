@@ -55,8 +55,11 @@ class LaunchConfig:
     is_recover: bool = False
     recovery_path: Path = Path("tft_recovery")
     enable_tft: str | None = None
-    warm_spare: int = 0
-    """Spare processes kept warm on this node for relaunched ranks (launcher/spares.py)."""
+    warm_spare: int | None = None
+    """Spare processes kept warm on this node for relaunched ranks (launcher/spares.py);
+    None (the default): one, once a worker of this node registers with the scheduler (its
+    script uses recovery, so a dead rank is relaunched alone) and unless
+    ``--restart_policy=all``; 0: none."""
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL
     """Off a terminal, seconds between two progress lines (0: none)."""
     run_id: str = field(default_factory=lambda: time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3))
@@ -96,7 +99,7 @@ class LaunchConfig:
                             ("--rejoin_cooldown", self.rejoin_cooldown),
                             ("--warm_spare", self.warm_spare),
                             ("--progress_interval", self.progress_interval)):
-            if value < 0:
+            if value is not None and value < 0:
                 raise ConfigError(f"{name} must not be negative, got {value}")
         for name, value in (("--monitor_interval", self.monitor_interval),
                             ("--heartbeat_timeout", self.heartbeat_timeout),

@@ -46,7 +46,7 @@ class View(Protocol):
     wants_rows: bool
 
     def on_event(self, record: dict[str, Any]) -> None: ...
-    def show_rows(self, rows: list[Row]) -> None: ...
+    def show_rows(self, rows: list[Row], caption: str = "") -> None: ...
     def output(self, label: str, line: str) -> None: ...
     def close(self) -> None: ...
 
@@ -123,7 +123,7 @@ class PlainView:
     def on_event(self, record: dict[str, Any]) -> None:
         self._print(f"{_stamp(record['ts'])} tftrun: {record['event']} {_describe(record)}")
 
-    def show_rows(self, rows: list[Row]) -> None:
+    def show_rows(self, rows: list[Row], caption: str = "") -> None:
         if self._tail is None:
             return
         self._next_line = time.monotonic() + self._interval
@@ -148,15 +148,17 @@ class LiveView:
         self._console = console
         self._tail = EventTail(events_path) if events_path is not None else None
         self._progress = Progress()
-        self._live = Live(self._table([]), console=console, refresh_per_second=4,
+        self._live = Live(self._table([], ""), console=console, refresh_per_second=4,
                           transient=False)
         self._live.start()
 
-    def _table(self, rows: list[Row]) -> Table:
+    def _table(self, rows: list[Row], spares: str) -> Table:
+        """The ranks, one row each; the caption: progress, a recovery under way and what
+        else runs on the node (the warm spares)."""
         progress = self._progress
-        caption = progress_bar(progress) if progress.step is not None else None
-        if progress.recovering:
-            caption = f"{caption}  {progress.recovering}" if caption else progress.recovering
+        parts = [progress_bar(progress) if progress.step is not None else "",
+                 progress.recovering or "", spares]
+        caption = "  ".join(part for part in parts if part) or None
         table = Table(title="tftrun", caption=None if caption is None else Text(caption),
                       expand=False)
         for column in ("rank", "pid", "state", "restarts", "step", "steps/s", "last log line"):
@@ -172,10 +174,10 @@ class LiveView:
             self._console.print(f"[bold]{record['event']}[/] {_describe(record)}",
                                 highlight=False)
 
-    def show_rows(self, rows: list[Row]) -> None:
+    def show_rows(self, rows: list[Row], caption: str = "") -> None:
         if self._tail is not None:
             self._progress.feed(self._tail.read())
-        self._live.update(self._table(rows))
+        self._live.update(self._table(rows, caption))
 
     def output(self, label: str, line: str) -> None:
         self._console.print(f"[dim]\\[{label}][/] {line}", highlight=False, markup=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from launcher.process import Child, open_log, stop_all
 from launcher.spec import ProcessSpec
 
-__all__ = ["Spare", "SparePool", "SPARE_DELAY"]
+__all__ = ["Spare", "SparePool", "SPARE_DELAY", "resident_mib"]
 
 SPARE_DELAY = 5.0
 """Seconds between the need for a spare (the workers' start, a hand-over, an idle spare's
@@ -74,6 +74,17 @@ class SparePool:
         """Monotonic times at which the missing spares are to be started."""
         self._started = 0
 
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def keep(self, size: int) -> None:
+        """From now on keep ``size`` spares; the missing ones are due at once (the
+        automatic spare starts when it becomes useful, not ``delay`` later)."""
+        now = time.monotonic()
+        self._due.extend([now] * (size - self._size))
+        self._size = size
+
     def tend(self) -> list[tuple[Spare, int]]:
         """Forget idle spares that died (returned with their returncodes), plan their
         replacements and those of spares handed over, and start the spares now due."""
@@ -120,6 +131,16 @@ class SparePool:
                 stop_all([spare.child], signal.SIGKILL, 0)
         return spare.child if handed else None
 
+    def describe(self) -> str:
+        """The idle spares and what they cost, for the live view: ``1 warm spare: pid 12
+        (290 MiB resident)``; empty without spares."""
+        alive = [s for s in self._idle if s.child.poll() is None]
+        if not alive:
+            return ""
+        sizes = ", ".join(f"pid {s.child.pid} ({_mib(resident_mib(s.child.pid))} resident)"
+                          for s in alive)
+        return f"{len(alive)} warm spare{'s' if len(alive) > 1 else ''}: {sizes}"
+
     def retire_all(self) -> list[Spare]:
         """Retire every idle spare (it reads EOF and exits 0) and forget the pool's plans;
         the spares are returned for the caller to stop and reap."""
@@ -133,3 +154,19 @@ class SparePool:
         idle = self.retire_all()
         stop_all([s.child for s in idle], sig, grace_period)
         return [(s, s.child.popen.returncode) for s in idle]
+
+
+def resident_mib(pid: int) -> float | None:
+    """The resident memory of process ``pid`` in MiB (``VmRSS``); None when unknown."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _mib(value: float | None) -> str:
+    return "? MiB" if value is None else f"{value:.0f} MiB"

@@ -50,6 +50,11 @@ process in order first."""
 SUMMARY_LOG_LINES = 10
 VERDICT_INTERVAL = 0.5
 """Seconds between asking the scheduler which workers it declares dead or hung."""
+AUTOMATIC_SPARES = 1
+"""Spares kept without ``--warm_spare`` once this node's script is seen using recovery."""
+SPARE_PROBE_INTERVALS = (1.0, 30.0)
+"""Seconds between asking the scheduler whether a worker registered, for that spare: the
+first, doubled after every answer up to the second (a plain script never registers)."""
 _ALIVE = (WorkerState.RUNNING, WorkerState.STOPPING)
 
 
@@ -73,9 +78,11 @@ class Supervisor:
         self._rendezvous = RendezvousStore(config.master_addr)
         self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._follower = LogFollower(view.output) if config.join else None
+        # Connected once the workers are started: connecting imports torch, in a thread
+        # that would hold the GIL while the loop forks the workers.
         self._control = SchedulerControl(config.master_addr, config.master_port,
                                          config.job_token,
-                                         rejoin_cooldown=config.rejoin_cooldown)
+                                         rejoin_cooldown=config.rejoin_cooldown, connect=False)
         self._restart_at: float | None = None
         self._rendezvous_port = 0
         self._restart_why = ""
@@ -88,9 +95,11 @@ class Supervisor:
         self._closing_scheduler: Child | None = None
         self._registered: set[str] = set()
         """Node ids seen registered with the scheduler: capable of per-rank recovery."""
-        self._spares = SparePool(config.warm_spare, self._start_spare)
+        self._spares = SparePool(config.warm_spare or 0, self._start_spare)
         self._watchdog: Watchdog | None = None
         """Kills what this supervisor started once it is gone (started by :meth:`run`)."""
+        self._next_spare_probe = 0.0
+        self._spare_probe_interval = SPARE_PROBE_INTERVALS[0]
 
     # ----------------------------------------------------------------- lifecycle
     def run(self) -> int:
@@ -211,6 +220,7 @@ class Supervisor:
             self._launch(worker)
         # After the spawns: importing torch here overlaps with the workers doing the same.
         self._rendezvous.serve()
+        self._control.connect()
 
     def _launch(self, worker: Worker, warm: bool = False) -> None:
         """Start ``worker``'s next incarnation; ``warm``: in an idle spare, if there is one.
@@ -242,6 +252,7 @@ class Supervisor:
 
     def _tend_spares(self) -> None:
         """Keep ``--warm_spare`` spares started; one that died idle is replaced, no fault."""
+        self._start_automatic_spare()
         try:
             ended = self._spares.tend()
         except OSError as err:
@@ -249,6 +260,27 @@ class Supervisor:
             logger.warning("a warm spare could not be started: %s", err)
             return
         self._record_spare_exits(ended, expected=False)
+
+    def _start_automatic_spare(self) -> None:
+        """Without ``--warm_spare``: keep :data:`AUTOMATIC_SPARES` from the time a worker
+        of this node is seen registered with the scheduler (its script uses recovery, so a
+        dead rank is relaunched alone), unless every failure restarts all workers."""
+        if (self.config.warm_spare is not None or self._spares.size
+                or self.config.restart_policy == "all"):
+            return
+        now = time.monotonic()
+        if now < self._next_spare_probe:
+            return
+        self._next_spare_probe = now + self._spare_probe_interval
+        if not any(str(w.rank) in self._registered for w in self.workers):
+            status = self._control.status()
+            if status is None:  # no answer: ask again, not backing off
+                return
+            self._spare_probe_interval = min(2 * self._spare_probe_interval,
+                                             SPARE_PROBE_INTERVALS[1])
+            self._registered |= {str(m["node_id"]) for m in status["members"]}
+        if any(str(w.rank) in self._registered for w in self.workers):
+            self._spares.keep(AUTOMATIC_SPARES)
 
     def _record_spare_exits(self, ended: list[tuple[Spare, int]], expected: bool) -> None:
         for spare, returncode in ended:
@@ -496,7 +528,7 @@ class Supervisor:
         self.view.show_rows([
             Row(w.rank, w.pid, self._state_text(w), w.restarts,
                 (last_lines(self.config.log_dir / f"worker_{w.rank}.log", 1) or [""])[0])
-            for w in self.workers])
+            for w in self.workers], caption=self._spares.describe())
 
     def _state_text(self, worker: Worker) -> str:
         """The live view's state; a relaunch or a group restart counts its wait down."""

@@ -9,7 +9,8 @@ the scheduler counts it once); ``cooldown_left`` falls back to what the schedule
 to ``rejoin_cooldown`` counted locally from a queued report); ``verdicts`` to none.
 
 Constructing one does not import torch in the caller's thread: the connection (and the
-import) is made in the background.
+import) is made in the background, from construction or, with ``connect=False``, from
+:meth:`SchedulerControl.connect`.
 """
 
 from __future__ import annotations
@@ -49,15 +50,21 @@ class SchedulerControl:
         timeout: how long one request may wait for the scheduler's answer, in seconds.
         rejoin_cooldown: the job's cooldown, used only to estimate ``cooldown_left``
             for an exit reported while the scheduler is down.
+        connect: start connecting now; False: at :meth:`connect`.
     """
 
     def __init__(self, host: str, port: int, token: str, timeout: float = 1.0,
-                 rejoin_cooldown: float = 0.0) -> None:
+                 rejoin_cooldown: float = 0.0, connect: bool = True) -> None:
         self._rejoin_cooldown = rejoin_cooldown
         self._pending: list[tuple[str, ExitReport]] = []  # with its request id
         self._until: dict[str, float] = {}
         self._lock = threading.Lock()
-        self._link = SchedulerLink(host, port, token, timeout, on_connect=self._flush)
+        self._link = SchedulerLink(host, port, token, timeout, on_connect=self._flush,
+                                   connect=connect)
+
+    def connect(self) -> None:
+        """Start connecting in the background (a ``connect=False`` handle); idempotent."""
+        self._link.start()
 
     def report_exit(self, node_id: str, rank: int, pid: int, incarnation: int,
                     abnormal: bool, reason: str) -> None:

@@ -123,10 +123,11 @@ class SchedulerLink:
         token: the job token, sent with every request.
         reply_timeout: how long a request waits for its reply, in seconds.
         on_connect: called (in the connecting thread) after every (re)connection.
+        connect: start connecting now; False: at :meth:`start` (connecting imports torch).
     """
 
     def __init__(self, host: str, port: int, token: str, reply_timeout: float,
-                 on_connect: Callable[[], object] | None = None) -> None:
+                 on_connect: Callable[[], object] | None = None, connect: bool = True) -> None:
         self.host = host
         self.port = port
         self._token = token
@@ -138,6 +139,11 @@ class SchedulerLink:
         self._closed = threading.Event()
         self._connector: threading.Thread | None = None
         self._connector_lock = threading.Lock()
+        if connect:
+            self._start_connecting()
+
+    def start(self) -> None:
+        """Start connecting in the background, if not yet (see ``connect``)."""
         self._start_connecting()
 
     def call(self, op: Op, rid: str | None = None, **fields: Any) -> dict[str, Any]:

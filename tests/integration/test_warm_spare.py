@@ -101,10 +101,48 @@ def test_a_spare_whose_pipe_closes_without_a_go_exits_0_quietly(tmp_path: Path) 
     assert "Traceback" not in (tmp_path / "spare.log").read_text()
 
 
+GPU_JOB = """
+import os, sys, time
+import torch
+import torch.distributed as dist
+went = time.time()
+torch.cuda.set_device(0)
+torch.ones(1, device="cuda")
+context = time.time()
+dist.init_process_group("nccl", init_method=sys.argv[1], rank=0, world_size=1)
+total = torch.ones(1, device="cuda")
+dist.all_reduce(total)
+torch.cuda.synchronize()
+print(f"sum {total.item()} context {context - went:.3f}s nccl {time.time() - context:.3f}s")
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.gpu
+def test_a_spare_handed_a_rank_makes_its_cuda_context_and_nccl_group(
+        tmp_path: Path, free_port: int) -> None:
+    """On a GPU the spare has paid python, torch (with its CUDA libraries) and the first
+    optimizer; the CUDA context and the NCCL communicator are made after the go, for the
+    device the rank is given (docs/warm-spare.md). Prints what they took."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    script = tmp_path / "gpu_job.py"
+    script.write_text(GPU_JOB)
+    log = tmp_path / "worker_0.log"
+    with spare(tmp_path) as (proc, write_fd):
+        go(write_fd, script, f"tcp://127.0.0.1:{free_port}", log=log)
+        assert proc.wait(timeout=120) == 0, log.read_text()[-2000:]
+    [line] = [line for line in log.read_text().splitlines() if line.startswith("sum ")]
+    print(line)
+    assert line.startswith("sum 1.0 ")
+
+
 def test_kill_9_of_rank_2_is_relaunched_in_the_warm_spare_and_ends_bitwise_equal(
         tmp_path: Path, free_port: int, mnist_reference: dict[int, str]) -> None:
+    """With tftrun's defaults: a script that uses recovery gets one warm spare."""
     log_dir = tmp_path / "warm"
-    proc = spawn(mnist_job(tmp_path, "warm", free_port, "--warm_spare=1"), env=TFT_OFF)
+    proc = spawn(mnist_job(tmp_path, "warm", free_port, spare=True), env=TFT_OFF)
     try:
         # The spare may still be warming up when the kill lands (an 80-step job on 2 busy
         # cores can end before it is warm): it is handed the rank all the same.

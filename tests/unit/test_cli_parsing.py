@@ -70,7 +70,8 @@ def test_unknown_option_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str
 
 
 def test_warm_spare_defaults_to_none_and_takes_a_count() -> None:
-    assert parse("train.py")["warm_spare"] == 0
+    assert parse("train.py")["warm_spare"] is None  # auto: one for scripts that use recovery
+    assert parse("--warm_spare=0", "train.py")["warm_spare"] == 0
     assert parse("--warm-spare", "2", "train.py")["warm_spare"] == 2
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 from support import wait_for
 
 from launcher.process import Child, spawn
-from launcher.spares import SparePool
+from launcher.spares import SparePool, resident_mib
 from launcher.spec import ProcessSpec, Role
 
 DELAY = 0.3
@@ -86,3 +87,40 @@ def test_the_pool_keeps_size_spares(tmp_path: Path, size: int) -> None:
     pool.tend()
     assert len(starter.started) == size
     assert len(pool.stop(signal.SIGTERM, 5)) == size
+
+
+def test_a_pool_told_to_keep_a_spare_starts_it_at_once_and_shows_its_memory(
+        tmp_path: Path) -> None:
+    """The automatic spare (no --warm_spare) starts when it becomes useful, not a delay
+    later; the live view's caption names it with its resident memory."""
+    starter = Starter(tmp_path)
+    pool = SparePool(0, starter, delay=60)
+    pool.tend()
+    assert not starter.started and pool.describe() == ""
+    pool.keep(1)
+    pool.tend()
+    [spare] = starter.started
+    assert pool.size == 1
+    assert pool.describe().startswith(f"1 warm spare: pid {spare.pid} (")
+    assert pool.describe().endswith(" MiB resident)")
+    pool.stop(signal.SIGTERM, 5)
+
+
+def test_the_resident_memory_of_a_gone_process_is_unknown() -> None:
+    assert resident_mib(os.getpid()) > 1
+    assert resident_mib(2**22 + 1) is None
+
+
+def test_a_start_up_lowers_the_priority_only_where_it_may_go_back() -> None:
+    """Run in a child: a priority cannot be raised back in the test's own process."""
+    code = ("import os; from recovery.priority import lower_priority, restore_priority; "
+            "p = lower_priority(); low = os.getpriority(os.PRIO_PROCESS, 0); "
+            "p is None or restore_priority(p); "
+            "print(p, low, os.getpriority(os.PRIO_PROCESS, 0))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)
+    before, low, after = done.stdout.split()
+    if before == "None":  # not root and no RLIMIT_NICE: it keeps its priority throughout
+        assert low == after
+    else:
+        assert int(low) > int(before) and int(after) == int(before)

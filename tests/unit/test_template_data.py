@@ -51,6 +51,32 @@ def test_the_synthetic_set_is_deterministic_and_mnist_shaped() -> None:
     images, labels = data.load_dataset(None, synthetic_size=50)
     torch.manual_seed(2)
     again, again_labels = data.synthetic_mnist(50)
-    assert images.shape == (50, 28, 28) and images.dtype == torch.uint8
-    assert torch.equal(images, again) and torch.equal(labels, again_labels)
+    everything = torch.arange(50)
+    assert len(images) == 50 and images.shape == (50, 28, 28)
+    assert images[everything].shape == (50, 28, 28) and images[everything].dtype == torch.uint8
+    assert torch.equal(images[everything], again[everything]) and torch.equal(labels, again_labels)
     assert set(labels.tolist()) <= set(range(10))
+
+
+def test_a_synthetic_image_is_the_same_in_any_batch() -> None:
+    """Made on demand, each image depends on its index only, not on its batch-mates."""
+    images, _ = data.synthetic_mnist(1000)
+    batch = images[torch.tensor([999, 3, 500])]
+    assert torch.equal(batch[1], images[3]) and torch.equal(batch[0], images[[999]][0])
+    assert not torch.equal(images[3], images[500])
+
+
+def test_synthetic_images_are_their_class_pattern_under_noise() -> None:
+    """Learnable: the mean image of a class is far nearer its own class's mean than another's."""
+    images, labels = data.synthetic_mnist(2000)
+    pixels = images[torch.arange(2000)].float()
+    means = torch.stack([pixels[labels == c].mean(0) for c in range(10)])
+    half = torch.stack([pixels[:1000][labels[:1000] == c].mean(0) for c in range(10)])
+    distances = torch.cdist(half.flatten(1), means.flatten(1))
+    assert torch.equal(distances.argmin(1), torch.arange(10))
+
+
+def test_indexing_past_the_synthetic_set_is_refused() -> None:
+    images, _ = data.synthetic_mnist(10)
+    with pytest.raises(IndexError, match="10 synthetic images"):
+        images[torch.tensor([10])]
