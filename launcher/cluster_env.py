@@ -152,7 +152,9 @@ def _int_var(env: Mapping[str, str], name: str) -> int:
 
 def _from_slurm(env: Mapping[str, str], given: NodePlace) -> NodePlace:
     tasks = _int_var(env, names.SLURM_NTASKS)
-    if names.SLURM_STEP_NUM_NODES in env and _int_var(env, names.SLURM_STEP_NUM_NODES) != tasks:
+    reads_tasks = given.node_rank is None or given.nnodes is None
+    if (reads_tasks and names.SLURM_STEP_NUM_NODES in env
+            and _int_var(env, names.SLURM_STEP_NUM_NODES) != tasks):
         raise ConfigError(
             f"tftrun runs once per node, but this srun step has {names.SLURM_NTASKS}={tasks} "
             f"on {names.SLURM_STEP_NUM_NODES}={env[names.SLURM_STEP_NUM_NODES]} nodes: start "

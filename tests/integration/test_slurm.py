@@ -51,7 +51,8 @@ def _srun_tftrun(tmp_path: Path, name: str, *flags: str) -> dict[str, str]:
     result = run(cmd, timeout=150)
     assert result.returncode == 0, result.stdout + result.stderr
     seen = json.loads((out / "env_0.json").read_text())
-    assert seen["world_size"] == 2 and json.loads((out / "env_1.json").read_text())["value"] == seen["value"]
+    other = json.loads((out / "env_1.json").read_text())
+    assert seen["world_size"] == 2 and other["value"] == seen["value"]
     return {**seen["env"], "tftrun_stderr": result.stderr}
 
 

@@ -145,6 +145,8 @@ def test_several_tasks_per_node_is_refused() -> None:
     env = {**_slurm(0, 4), names.SLURM_STEP_NUM_NODES: "2"}
     with pytest.raises(ConfigError, match="srun --ntasks-per-node=1"):
         resolve_place(NodePlace(), env)
+    mine = resolve_place(NodePlace(node_rank=1, nnodes=2), env)  # then tasks are not read
+    assert (mine.node_rank, mine.nnodes, mine.master_addr) == (1, 2, "gpu07")
 
 
 @pytest.mark.parametrize(("name", "value"), [(names.SLURM_PROCID, "x"),
@@ -170,7 +172,8 @@ def test_a_kubernetes_index_is_the_node_rank_and_master_addr_the_master() -> Non
 def test_a_kubernetes_pod_past_index_0_needs_a_master() -> None:
     with pytest.raises(ConfigError, match="--master_addr or MASTER_ADDR"):
         resolve_place(NodePlace(nnodes=2), _kubernetes(1, master=None))
-    assert resolve_place(NodePlace(), _kubernetes(0, master=None)).master_addr == DEFAULT_MASTER_ADDR
+    alone = resolve_place(NodePlace(), _kubernetes(0, master=None))
+    assert alone.master_addr == DEFAULT_MASTER_ADDR
 
 
 def test_master_addr_alone_is_not_read_outside_an_indexed_job() -> None:
