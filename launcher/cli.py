@@ -17,6 +17,7 @@ import typer
 from filelock import FileLock, Timeout
 
 from launcher.cliutil import finite_float, new_app, run_app
+from launcher.cluster_env import fill_from_cluster
 from launcher.config import DEFAULT_PROGRESS_INTERVAL, LaunchConfig, bind_listener
 from launcher.errors import ConfigError
 from launcher.logs import archive_previous_run
@@ -73,13 +74,16 @@ def launch(
     nproc_per_node: Annotated[int | None, _opt(
         "nproc_per_node", "torchrun's name for --local_worker_num.")] = None,
     nnodes: Annotated[int | None, _opt(
-        "nnodes", "torchrun's node count: worker_num defaults to nnodes x nproc_per_node.")] = None,
-    master_addr: Annotated[str, _opt(
-        "master_addr", "Address of the scheduler (node 0).")] = "127.0.0.1",
+        "nnodes", "torchrun's node count: worker_num defaults to nnodes x nproc_per_node. "
+        "[default: from Slurm]")] = None,
+    master_addr: Annotated[str | None, _opt(
+        "master_addr", "Address of the scheduler (node 0). [default: from Slurm or "
+        "Kubernetes, else 127.0.0.1]")] = None,
     master_port: Annotated[int, _opt(
         "master_port", "Port of the scheduler's store; must be free on node 0.")] = 8118,
-    node_rank: Annotated[int, _opt(
-        "node_rank", "This node's index; its ranks are node_rank x local_worker_num + i.")] = 0,
+    node_rank: Annotated[int | None, _opt(
+        "node_rank", "This node's index; its ranks are node_rank x local_worker_num + i. "
+        "[default: from Slurm or Kubernetes, else 0]")] = None,
     log_dir: Annotated[Path, _opt(
         "log_dir", "Folder for worker_<rank>.log, scheduler.log and events.jsonl; an "
         "earlier run's files there are moved to previous/<n>/.")] = Path("logs"),
@@ -128,6 +132,7 @@ def launch(
     ] = DEFAULT_PROGRESS_INTERVAL,
 ) -> int:
     """Launch SCRIPT as WORKER_NUM data-parallel workers and keep the job alive."""
+    node_rank, nnodes, master_addr = fill_from_cluster(node_rank, nnodes, master_addr)
     local = local_worker_num if local_worker_num is not None else nproc_per_node
     if worker_num is None:
         worker_num = nnodes * local if nnodes is not None and local is not None else 8

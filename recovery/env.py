@@ -68,6 +68,18 @@ TFT_LINEAGE = "TFT_LINEAGE"
 TFT_STORE_FD = "TFT_STORE_FD"
 """Set for the scheduler only: an inherited listening socket to host the store on."""
 
+# Read, never set: what a cluster manager tells tftrun itself about its node
+# (launcher/cluster_env.py; docs/multi-node.md#slurm-and-kubernetes).
+SLURM_STEP_ID = "SLURM_STEP_ID"
+"""Set inside an ``srun`` step only: tftrun reads Slurm's placement only there."""
+SLURM_PROCID = "SLURM_PROCID"
+SLURM_NTASKS = "SLURM_NTASKS"
+SLURM_STEP_NUM_NODES = "SLURM_STEP_NUM_NODES"
+SLURM_STEP_NODELIST = "SLURM_STEP_NODELIST"
+SLURM_JOB_NODELIST = "SLURM_JOB_NODELIST"
+JOB_COMPLETION_INDEX = "JOB_COMPLETION_INDEX"
+"""A Kubernetes indexed Job's pod index."""
+
 # Data for the templates (msrun's sample scripts use the same name).
 DATA_PATH = "DATA_PATH"
 

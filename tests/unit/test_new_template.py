@@ -46,4 +46,5 @@ def test_the_wheel_ships_the_templates(tmp_path: Path) -> None:
     (wheel,) = tmp_path.glob("tftrun-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "launcher/templates/mnist/train.py" in names
+    assert {"launcher/templates/slurm/tftrun.sbatch", "launcher/templates/k8s/tftrun-job.yaml"} <= names
     assert "launcher/cli.py" in names and "recovery/env.py" in names

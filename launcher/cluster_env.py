@@ -1,0 +1,213 @@
+"""This node's place in the job, read from Slurm or Kubernetes when the flags leave it out.
+
+A flag given on the command line always wins. For a flag left out:
+
+* **Slurm**, inside an ``srun`` step (``SLURM_STEP_ID`` set) with one task per node:
+  ``--node_rank`` is ``SLURM_PROCID``, ``--nnodes`` is ``SLURM_NTASKS``, and
+  ``--master_addr`` is the first host of ``SLURM_STEP_NODELIST`` (else of
+  ``SLURM_JOB_NODELIST``): the node where task 0 runs. Outside a step (the batch script
+  itself) nothing is read, so a tftrun started there is a one-node job.
+* **Kubernetes**, in an indexed Job's pod (``JOB_COMPLETION_INDEX`` set): ``--node_rank``
+  is the index and ``--master_addr`` is ``MASTER_ADDR`` when the pod spec sets it.
+  Kubernetes does not tell a pod the Job's completion count: ``--nnodes`` stays a flag.
+
+See docs/multi-node.md#slurm-and-kubernetes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, fields, replace
+
+from launcher.errors import ConfigError
+from recovery import env as names
+
+__all__ = ["NodePlace", "Placement", "DEFAULT_MASTER_ADDR", "expand_hostlist", "resolve_place",
+           "fill_from_cluster"]
+
+DEFAULT_MASTER_ADDR = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class NodePlace:
+    """Where this tftrun sits in the job; None: not known (a flag left out)."""
+
+    node_rank: int | None = None
+    nnodes: int | None = None
+    master_addr: str | None = None
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The place with every flag resolved, and where it came from."""
+
+    node_rank: int
+    nnodes: int | None
+    """None: neither ``--nnodes`` nor the cluster manager says (``--worker_num`` decides)."""
+    master_addr: str
+    note: str
+    """Which values were taken from the environment, e.g. ``from Slurm: node_rank=1 ...``;
+    empty when none was."""
+
+
+# ---------------------------------------------------------------- Slurm hostlists
+
+_NUMBERS = re.compile(r"([0-9]+)(?:-([0-9]+))?")
+
+
+@dataclass(frozen=True)
+class _Range:
+    low: int
+    high: int
+    width: int
+    """Zero padding: Slurm pads every number to the width the range's low end is written in."""
+
+    def values(self) -> Iterator[str]:
+        return (str(n).zfill(self.width) for n in range(self.low, self.high + 1))
+
+
+@dataclass(frozen=True)
+class _Pattern:
+    """One host expression, e.g. ``rack[1-2]-n[01-04,07]``: literals around bracket groups."""
+
+    literals: tuple[str, ...]
+    groups: tuple[tuple[_Range, ...], ...]
+
+    def hosts(self, start: int = 0) -> Iterator[str]:
+        if start == len(self.groups):
+            yield self.literals[start]
+            return
+        for ranged in self.groups[start]:
+            for value in ranged.values():
+                for rest in self.hosts(start + 1):
+                    yield self.literals[start] + value + rest
+
+
+def expand_hostlist(hostlist: str) -> Iterator[str]:
+    """The hosts of a Slurm hostlist (``node[01-03,07],gpu-a[1-2]``), in Slurm's order.
+
+    The whole list is checked first (ValueError for a malformed one); the hosts are then
+    made lazily, so taking the first host of a huge allocation costs nothing.
+    """
+    patterns = [_parse_pattern(expr, hostlist) for expr in _split_top_level(hostlist) if expr]
+    return (host for pattern in patterns for host in pattern.hosts())
+
+
+def _split_top_level(hostlist: str) -> list[str]:
+    """Split at the commas outside brackets; empty items are dropped (as Slurm does)."""
+    parts, depth, start = [], 0, 0
+    for at, char in enumerate(hostlist):
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(hostlist[start:at])
+            start = at + 1
+        if depth not in (0, 1):
+            raise ValueError(f"bad Slurm hostlist {hostlist!r}: unbalanced brackets")
+    if depth:
+        raise ValueError(f"bad Slurm hostlist {hostlist!r}: unbalanced brackets")
+    parts.append(hostlist[start:])
+    return [part.strip() for part in parts]
+
+
+def _parse_pattern(expr: str, hostlist: str) -> _Pattern:
+    pieces = re.split(r"\[([^\[\]]*)\]", expr)
+    literals, groups = tuple(pieces[0::2]), pieces[1::2]
+    if any("[" in lit or "]" in lit for lit in literals):
+        raise ValueError(f"bad Slurm hostlist {hostlist!r}: unbalanced brackets in {expr!r}")
+    return _Pattern(literals, tuple(_parse_group(group, hostlist) for group in groups))
+
+
+def _parse_group(group: str, hostlist: str) -> tuple[_Range, ...]:
+    ranges = []
+    for item in group.split(","):
+        match = _NUMBERS.fullmatch(item.strip())
+        if match is None:
+            raise ValueError(f"bad Slurm hostlist {hostlist!r}: {item!r} is not N or N-M")
+        low_text, high_text = match.groups()
+        low, high = int(low_text), int(high_text if high_text is not None else low_text)
+        if high < low:
+            raise ValueError(f"bad Slurm hostlist {hostlist!r}: range {item!r} runs backwards")
+        ranges.append(_Range(low, high, len(low_text)))
+    return tuple(ranges)
+
+
+# ---------------------------------------------------------------- the cluster managers
+
+def _int_var(env: Mapping[str, str], name: str) -> int:
+    raw = env[name]
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer") from None
+    if value < 0:
+        raise ConfigError(f"{name}={raw!r} is negative")
+    return value
+
+
+def _from_slurm(env: Mapping[str, str], given: NodePlace) -> NodePlace:
+    tasks = _int_var(env, names.SLURM_NTASKS)
+    reads_tasks = given.node_rank is None or given.nnodes is None
+    if (reads_tasks and names.SLURM_STEP_NUM_NODES in env
+            and _int_var(env, names.SLURM_STEP_NUM_NODES) != tasks):
+        raise ConfigError(
+            f"tftrun runs once per node, but this srun step has {names.SLURM_NTASKS}={tasks} "
+            f"on {names.SLURM_STEP_NUM_NODES}={env[names.SLURM_STEP_NUM_NODES]} nodes: start "
+            "it with srun --ntasks-per-node=1, or give --node_rank and --nnodes")
+    nodelist = env.get(names.SLURM_STEP_NODELIST) or env.get(names.SLURM_JOB_NODELIST)
+    master = None
+    if nodelist and given.master_addr is None:  # a bad list does not matter then
+        try:
+            master = next(expand_hostlist(nodelist), None)
+        except ValueError as err:
+            raise ConfigError(f"{err}; give --master_addr") from None
+    return NodePlace(_int_var(env, names.SLURM_PROCID), tasks, master)
+
+
+def _from_kubernetes(env: Mapping[str, str]) -> NodePlace:
+    return NodePlace(_int_var(env, names.JOB_COMPLETION_INDEX), None,
+                     env.get(names.MASTER_ADDR) or None)
+
+
+def _from_cluster(env: Mapping[str, str], given: NodePlace) -> tuple[NodePlace, str]:
+    """What the cluster manager says about this node, and its name; empty outside one."""
+    if names.SLURM_STEP_ID in env and names.SLURM_PROCID in env and names.SLURM_NTASKS in env:
+        return _from_slurm(env, given), "Slurm"
+    if names.JOB_COMPLETION_INDEX in env:
+        return _from_kubernetes(env), "Kubernetes"
+    return NodePlace(), ""
+
+
+def resolve_place(given: NodePlace, env: Mapping[str, str]) -> Placement:
+    """Flags first (``given``, None: left out), then the cluster manager in ``env``, then
+    the single-node defaults (node 0, ``127.0.0.1``; ``nnodes`` may stay None)."""
+    found, manager = _from_cluster(env, given)
+    taken = {field.name: getattr(found, field.name) for field in fields(NodePlace)
+             if getattr(given, field.name) is None and getattr(found, field.name) is not None}
+    place = replace(given, **taken)
+    if manager == "Kubernetes" and place.node_rank and place.master_addr is None:
+        raise ConfigError(
+            f"in a Kubernetes indexed Job, give --master_addr or {names.MASTER_ADDR}: the "
+            "address of index 0's pod, e.g. <job>-0.<headless service>")
+    note = " ".join(f"{name}={value}" for name, value in taken.items())
+    return Placement(node_rank=place.node_rank or 0, nnodes=place.nnodes,
+                     master_addr=place.master_addr or DEFAULT_MASTER_ADDR,
+                     note=f"from {manager}: {note}" if note else "")
+
+
+def fill_from_cluster(node_rank: int | None, nnodes: int | None,
+                      master_addr: str | None) -> tuple[int, int | None, str]:
+    """tftrun's flags with the left-out ones filled from this process's environment.
+
+    Says on stderr which values came from the environment, so that a job started by a
+    cluster manager shows in each node's output where that node thinks it is.
+    """
+    placement = resolve_place(NodePlace(node_rank, nnodes, master_addr), os.environ)
+    if placement.note:
+        print(f"tftrun: {placement.note}", file=sys.stderr)
+    return placement.node_rank, placement.nnodes, placement.master_addr
