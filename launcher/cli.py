@@ -6,6 +6,7 @@ Every option takes both spellings (``--worker_num`` and ``--worker-num``) and bo
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -132,6 +133,7 @@ def launch(
         recovery_path=recovery_path, enable_tft=enable_tft, warm_spare=warm_spare,
     )
     config.validate()
+    os.umask(os.umask(0) | 0o022)  # nothing tftrun or its children write is world-writable
     with ExitStack() as held:
         _hold_lock(held, config.log_dir, f"another tftrun job is running with --log_dir {config.log_dir}")
         if config.hosts_scheduler:
