@@ -2,8 +2,9 @@
 
 The scheduler writes where it serves to ``DIR/scheduler.json`` (recovery/control/files.py);
 this asks it for its table over the store, once the file and its scheduler proved to be the
-user's own job's (launcher/trusted.py), with requests signed with that job's token. A dead scheduler pid, a missing file or no
-answer all mean the same thing to the user: no job is running in DIR. Below the table, the
+user's own job's (launcher/trusted.py), with requests signed with that job's token. A dead
+scheduler pid, a missing or untrusted file or no answer all mean the same thing to the
+user: no job is running in DIR. Below the table, the
 newest fault and how it was recovered, from ``DIR/events.jsonl``.
 """
 

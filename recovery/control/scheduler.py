@@ -192,7 +192,8 @@ class Scheduler:
         try:
             own = None if cfg.supervised else listen_on(cfg.host, cfg.port)
         except OSError as err:
-            logger.error("cannot serve on %s:%d: %s", cfg.host, cfg.port, describe_bind_error(err))
+            logger.error("cannot serve on %s:%d: %s", cfg.host, cfg.port,
+                         describe_bind_error(err))
             return 1
         server = host_store(cfg.host, cfg.port, cfg.listen_fd if own is None else own.fileno())
         port = server.port
