@@ -6,6 +6,7 @@ Every option takes both spellings (``--worker_num`` and ``--worker-num``) and bo
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -148,6 +149,7 @@ def launch(
         progress_interval=progress_interval,
     )
     config.validate()
+    os.umask(os.umask(0) | 0o022)  # nothing tftrun or its children write is world-writable
     with ExitStack() as held:
         _hold_lock(held, config.log_dir, f"another tftrun job is running with --log_dir {config.log_dir}")
         if config.hosts_scheduler:

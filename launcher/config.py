@@ -6,7 +6,6 @@ exit status 2).
 
 from __future__ import annotations
 
-import errno
 import os
 import secrets
 import socket
@@ -16,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.errors import ConfigError
+from recovery.control.rpc import describe_bind_error, listen_on
 from recovery import env as names
 from recovery.train.modes import parse_enable_tft
 from recovery.timeouts import (
@@ -63,7 +63,10 @@ class LaunchConfig:
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL
     """Off a terminal, seconds between two progress lines (0: none)."""
     run_id: str = field(default_factory=lambda: time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3))
-    job_token: str = field(default_factory=lambda: secrets.token_hex(16))
+    job_token: str = field(
+        default_factory=lambda: os.environ.get(names.TFT_JOB_TOKEN) or secrets.token_hex(16))
+    """The key of the control plane's signatures: the same on every node of a job, so a
+    multi-node job takes it from TFT_JOB_TOKEN; a new random one otherwise."""
     lineage: str = ""
     """The job's lineage id (recovery/ckpt/lineage.py), set once the recovery path is opened."""
 
@@ -148,14 +151,7 @@ def bind_listener(host: str, port: int) -> socket.socket:
     "port in use" is found before anything starts and a relaunched scheduler gets the
     very same port back at once.
     """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((host, port))
-        sock.listen(1024)
+        return listen_on(host, port)
     except OSError as err:
-        sock.close()
-        what = "already in use" if err.errno == errno.EADDRINUSE else (err.strerror or str(err))
-        raise ConfigError(f"--master_port {port} on {host}: {what}") from None
-    return sock
+        raise ConfigError(f"--master_port {port} on {host}: {describe_bind_error(err)}") from None

@@ -5,10 +5,10 @@ from here at once (as a user's ``kill`` would be). Everything else goes through 
 scheduler (``Op.INJECT``), which hands it to the rank's process with its next heartbeat;
 the training loop carries it out (recovery/control/inject.py, docs/fault-injection.md).
 
-The scheduler checks the job token on an injection. The token is written nowhere
-(docs/scheduler.md, threat model), so this reads it from the scheduler process's
-environment: whoever may read that may signal the job's processes anyway. Where that is
-not possible (another user, another host), ``TFT_JOB_TOKEN`` in this environment is used.
+The request is signed with the job token, which is written nowhere (docs/security.md):
+it is read from the environment of the scheduler process, once that proved to be the
+user's own job's (launcher/trusted.py): whoever may read it may signal the job's
+processes anyway.
 """
 
 from __future__ import annotations
@@ -23,13 +23,11 @@ import typer
 
 from launcher.errors import ConfigError, TftrunError
 from launcher.status_cli import NoJobError, connect, query
-from recovery import env as names
 from recovery.env import WorkerEnv
 from recovery.events import EventLog
 from recovery.control.inject import FAULTS, Injection, check, check_fault, new_id
 from recovery.control.membership import LIVE_STATES
 from recovery.control.rpc import Op
-from recovery.control.files import Endpoint
 
 __all__ = ["inject"]
 
@@ -43,17 +41,6 @@ def _process_env(pid: int) -> WorkerEnv | None:
         return WorkerEnv.from_env(psutil.Process(pid).environ())
     except (psutil.Error, ValueError):
         return None
-
-
-def _token(endpoint: Endpoint) -> str:
-    given = os.environ.get(names.TFT_JOB_TOKEN)
-    if given is not None:
-        return given
-    seen = _process_env(endpoint.pid)
-    if seen is None:
-        raise TftrunError(f"cannot read the job token from the scheduler's environment "
-                          f"(pid {endpoint.pid}); set {names.TFT_JOB_TOKEN}")
-    return seen.job_token
 
 
 def _holder(status: dict[str, Any], rank: int) -> int | None:
@@ -102,7 +89,7 @@ def inject(
                    f"{_SIGNALS[fault].name} sent")
         return
     try:
-        with connect(log_dir, token_of=_token) as link:
+        with connect(log_dir) as link:
             reply = link.call(Op.INJECT, rank=rank, fault=fault, at_step=at_step)
     except NoJobError as err:
         raise ConfigError(str(err)) from None

@@ -1,8 +1,10 @@
 """``tftctl status --log_dir DIR``: the membership table of the job running there.
 
 The scheduler writes where it serves to ``DIR/scheduler.json`` (recovery/control/files.py);
-this asks it for its table over the store. A dead scheduler pid, a missing file or no
-answer all mean the same thing to the user: no job is running in DIR. Below the table, the
+this asks it for its table over the store, once the file and its scheduler proved to be the
+user's own job's (launcher/trusted.py), with requests signed with that job's token. A dead
+scheduler pid, a missing or untrusted file or no answer all mean the same thing to the
+user: no job is running in DIR. Below the table, the
 newest fault and how it was recovered, from ``DIR/events.jsonl``.
 """
 
@@ -10,18 +12,17 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
-import psutil
 import typer
 
 from launcher.errors import TftrunError
 from recovery.events import read_events
 from recovery.control.rpc import Op, SchedulerLink, SchedulerUnavailable
-from recovery.control.files import Endpoint
+from launcher.trusted import UntrustedEndpoint, trusted_endpoint
 
 __all__ = ["status", "query", "connect", "format_status", "describe_last_fault", "NoJobError"]
 
@@ -34,23 +35,17 @@ class NoJobError(TftrunError):
     """Nothing answers for the log dir."""
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 @contextmanager
-def connect(log_dir: Path, timeout: float = ANSWER_TIMEOUT,
-            token_of: Callable[[Endpoint], str] = lambda _endpoint: "",
-            ) -> Iterator[SchedulerLink]:
-    """A link to the scheduler of ``log_dir``, its requests signed with ``token_of`` its
-    endpoint; NoJobError when none runs or answers (also when a request fails)."""
-    endpoint = Endpoint.read(log_dir)
-    if endpoint is None or not _alive(endpoint.pid):
-        raise NoJobError(f"no job is running in {log_dir}")
-    link = SchedulerLink(endpoint.host, endpoint.port, token=token_of(endpoint),
+def connect(log_dir: Path, timeout: float = ANSWER_TIMEOUT) -> Iterator[SchedulerLink]:
+    """A link to the scheduler of ``log_dir``, its requests signed with its job's token;
+    NoJobError when none of the user's own runs there or answers (also when a request
+    fails)."""
+    try:
+        trusted = trusted_endpoint(log_dir)
+    except UntrustedEndpoint as err:
+        raise NoJobError(f"no job is running in {log_dir}: {err}") from None
+    endpoint = trusted.endpoint
+    link = SchedulerLink(endpoint.host, endpoint.port, token=trusted.token,
                          reply_timeout=timeout)
     try:
         if not link.wait_connected(timeout):

@@ -59,6 +59,11 @@ TFT_GENERATION = "TFT_GENERATION"
 TFT_LOG_DIR = "TFT_LOG_DIR"
 TFT_IS_RECOVER = "TFT_IS_RECOVER"
 TFT_JOB_TOKEN = "TFT_JOB_TOKEN"
+"""The job's secret: the key of every request's and reply's signature (control/signing.py)."""
+TFT_INSECURE_NO_TOKEN = "TFT_INSECURE_NO_TOKEN"
+"""Set to 1 to run with an empty job token: no authentication at all (docs/security.md)."""
+TFT_TOKEN_FILE = "TFT_TOKEN_FILE"
+"""templates/run.sh and recover.sh only: where the job token they made is kept (mode 0600)."""
 TFT_CLUSTER_TIME_OUT = "TFT_CLUSTER_TIME_OUT"
 TFT_REJOIN_COOLDOWN = "TFT_REJOIN_COOLDOWN"
 TFT_HEARTBEAT_TIMEOUT = "TFT_HEARTBEAT_TIMEOUT"
@@ -129,6 +134,7 @@ class WorkerEnv:
     log_dir: str | None
     is_recover: bool
     job_token: str
+    insecure_no_token: bool
     enable_recovery: bool
     recovery_path: str
     enable_tft: str
@@ -170,6 +176,7 @@ class WorkerEnv:
             log_dir=env.get(TFT_LOG_DIR) or None,
             is_recover=_flag(env, TFT_IS_RECOVER),
             job_token=env.get(TFT_JOB_TOKEN, ""),
+            insecure_no_token=_flag(env, TFT_INSECURE_NO_TOKEN),
             enable_recovery=_flag(env, MS_ENABLE_RECOVERY),
             recovery_path=env.get(MS_RECOVERY_PATH) or DEFAULT_RECOVERY_PATH,
             enable_tft=env.get(MS_ENABLE_TFT, ""),

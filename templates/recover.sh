@@ -8,7 +8,8 @@
 #                                                it keeps trying until then
 #
 # Use the same environment settings as run.sh (see there); SCRIPT defaults to
-# mnist/train.py next to this file. The output is appended to the process's log.
+# mnist/train.py next to this file. The output is appended to the process's log. The job
+# token is TFT_JOB_TOKEN, else the one run.sh kept in TFT_TOKEN_FILE.
 set -euo pipefail
 
 if [ $# -lt 1 ]; then
@@ -29,8 +30,19 @@ export MS_RECOVERY_PATH=${MS_RECOVERY_PATH:-./tft_recovery}
 export TFT_LOG_DIR=${TFT_LOG_DIR:-./device}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 PYTHON=${PYTHON:-python}
+umask "$(printf '%04o' $(( $(umask) | 022 )))"
 
 mkdir -p "$TFT_LOG_DIR"
+TFT_TOKEN_FILE=${TFT_TOKEN_FILE:-$HOME/.tftrun/tokens/$("$PYTHON" -c 'import hashlib, os, sys
+print(hashlib.sha256(os.path.realpath(sys.argv[1]).encode()).hexdigest()[:16])' "$MS_RECOVERY_PATH").token}
+if [ -z "${TFT_JOB_TOKEN:-}" ] && [ "${TFT_INSECURE_NO_TOKEN:-0}" != 1 ]; then
+    if [ ! -r "$TFT_TOKEN_FILE" ]; then
+        echo "recover.sh: no job token: set TFT_JOB_TOKEN, or TFT_TOKEN_FILE to the file run.sh kept it in" >&2
+        exit 2
+    fi
+    TFT_JOB_TOKEN=$(cat "$TFT_TOKEN_FILE")
+fi
+export TFT_JOB_TOKEN=${TFT_JOB_TOKEN:-}
 if [ "$WHO" = sched ]; then
     MS_ROLE=MS_SCHED "$PYTHON" "$SCRIPT" "$@" >> "$TFT_LOG_DIR/scheduler.log" 2>&1 &
     echo "scheduler: pid $!"

@@ -9,7 +9,12 @@
 #   MS_WORKER_NUM=8  MS_SCHED_HOST=127.0.0.1  MS_SCHED_PORT=8118
 #   MS_RECOVERY_PATH=./tft_recovery  TFT_LOG_DIR=./device  PYTHON=python
 #   TFT_REJOIN_COOLDOWN=30  TFT_CLUSTER_TIME_OUT=600  TFT_HEARTBEAT_TIMEOUT=30
-#   TFT_PROGRESS_TIMEOUT=300  TFT_JOB_TOKEN (none)
+#   TFT_PROGRESS_TIMEOUT=300
+#   TFT_JOB_TOKEN: the job's secret, the key of every request's signature; by default a new
+#     random one, kept (mode 0600) in TFT_TOKEN_FILE (~/.tftrun/tokens/, one per recovery
+#     path) for recover.sh. TFT_INSECURE_NO_TOKEN=1: none at all (anyone who reaches the
+#     port can steer the job; docs/security.md).
+# The scheduler listens on MS_SCHED_HOST only; nothing written is writable by others.
 # Like tftrun, it starts a new job: an earlier job's checkpoints in MS_RECOVERY_PATH move
 # to previous/<n>/ (TFT_IS_RECOVER=1: resume that job instead; docs/checkpoints.md#lineage).
 # Watch it with: tftctl status --log_dir "$TFT_LOG_DIR"
@@ -27,8 +32,17 @@ export MS_RECOVERY_PATH=${MS_RECOVERY_PATH:-./tft_recovery}  # persisted state, 
 export TFT_LOG_DIR=${TFT_LOG_DIR:-./device}     # logs and events.jsonl
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}    # many processes share the cores
 PYTHON=${PYTHON:-python}
+umask "$(printf '%04o' $(( $(umask) | 022 )))"
 
 mkdir -p "$TFT_LOG_DIR"
+TFT_TOKEN_FILE=${TFT_TOKEN_FILE:-$HOME/.tftrun/tokens/$("$PYTHON" -c 'import hashlib, os, sys
+print(hashlib.sha256(os.path.realpath(sys.argv[1]).encode()).hexdigest()[:16])' "$MS_RECOVERY_PATH").token}
+if [ -z "${TFT_JOB_TOKEN:-}" ] && [ "${TFT_INSECURE_NO_TOKEN:-0}" != 1 ]; then
+    TFT_JOB_TOKEN=$("$PYTHON" -c 'import secrets; print(secrets.token_hex(16))')
+    (umask 077 && mkdir -p "$(dirname "$TFT_TOKEN_FILE")" \
+        && printf '%s\n' "$TFT_JOB_TOKEN" > "$TFT_TOKEN_FILE")
+fi
+export TFT_JOB_TOKEN=${TFT_JOB_TOKEN:-}          # every process signs with it
 if [ "${TFT_IS_RECOVER:-0}" = 1 ]; then LINEAGE_MODE=resume; else LINEAGE_MODE=new; fi
 TFT_LINEAGE=$("$PYTHON" -m recovery.ckpt.lineage "$LINEAGE_MODE" "$MS_RECOVERY_PATH")
 export TFT_LINEAGE                              # the job's lineage: what it may restore

@@ -3,7 +3,8 @@
 The scheduler is the single source of truth about membership (docs/scheduler.md); the
 supervisor tells it which worker processes ended and asks it what to do next. No method
 blocks longer than about ``timeout`` seconds, and each returns a safe value while the
-scheduler is down or being relaunched: exit reports are queued and delivered, in order,
+scheduler is down, or when a reply does not verify (forged: recovery/control/rpc.py) or is
+malformed or being relaunched: exit reports are queued and delivered, in order,
 as soon as it is back (a report that got no answer is sent again under its request id, so
 the scheduler counts it once); ``cooldown_left`` falls back to what the scheduler said last (or
 to ``rejoin_cooldown`` counted locally from a queued report); ``verdicts`` to none.
@@ -81,7 +82,7 @@ class SchedulerControl:
         reply = self._call(Op.COOLDOWN, node_id=node_id)
         with self._lock:
             if reply is not None:
-                self._until[node_id] = float(reply["until"])
+                self._note_until(node_id, reply)
             return max(0.0, self._until.get(node_id, 0.0) - time.time())
 
     def verdicts(self) -> dict[int, str]:
@@ -90,7 +91,13 @@ class SchedulerControl:
         The supervisor kills each one (and emits ``hang``), then reports its exit.
         """
         reply = self._call(Op.VERDICTS)
-        return {} if reply is None else {int(r): str(v) for r, v in reply["verdicts"].items()}
+        if reply is None:
+            return {}
+        try:
+            return {int(r): str(v) for r, v in reply["verdicts"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError):
+            logger.warning("ignoring a malformed verdicts reply: %.200r", reply)
+            return {}
 
     def status(self) -> dict[str, Any] | None:
         """The membership table (as ``tftctl status`` shows it), or ``None`` when down."""
@@ -118,6 +125,13 @@ class SchedulerControl:
             return None
         return reply
 
+    def _note_until(self, node_id: str, reply: dict[str, Any]) -> None:
+        """Take the end of ``node_id``'s cooldown from ``reply`` (caller holds the lock)."""
+        try:
+            self._until[node_id] = float(reply["until"])
+        except (KeyError, TypeError, ValueError):
+            logger.warning("ignoring a malformed cooldown in a reply: %.200r", reply)
+
     def _flush(self) -> bool:
         """Deliver the queued exit reports, oldest first; True when none is left."""
         with self._lock:
@@ -129,7 +143,7 @@ class SchedulerControl:
                     return False
                 self._pending.pop(0)
                 if reply.get("ok"):
-                    self._until[report.node_id] = float(reply["until"])
+                    self._note_until(report.node_id, reply)
                 else:
                     logger.warning("the scheduler refused the exit report %s: %s", report,
                                    reply.get("message"))

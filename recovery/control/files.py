@@ -2,7 +2,8 @@
 
 * ``<recovery_path>/scheduler/state.json``: the membership (members, ranks, cooldowns,
   generation), so that a relaunched scheduler carries on where the killed one stopped.
-  Written atomically (temporary file, fsync, rename) under a file lock.
+  Written atomically (temporary file, fsync, rename) under a file lock, in a folder only
+  its owner may enter (it holds a digest of the job token).
 * ``<log_dir>/scheduler.json``: where the running scheduler serves (host, port, pid, run
   id), so that ``tftctl status --log_dir DIR`` can find it. It holds no token: log dirs
   are often readable by others (docs/scheduler.md, threat model).
@@ -53,6 +54,7 @@ class StateFile:
     def __init__(self, recovery_path: str | os.PathLike[str]) -> None:
         self.path = Path(recovery_path) / STATE_DIR / STATE_FILE
         self._lock = FileLock(str(self.path) + ".lock")
+        self._private = False
 
     def load(self) -> dict[str, Any] | None:
         if not self.path.exists():
@@ -61,7 +63,10 @@ class StateFile:
             return _read_json(self.path)
 
     def save(self, data: dict[str, Any]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self._private:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self.path.parent.chmod(0o700)
+            self._private = True
         with self._lock:
             _write_json(self.path, data)
 

@@ -1,14 +1,14 @@
-"""What a request to the scheduler may hold: every request it pops is checked here first.
+"""What a signed request's body may hold: every request the scheduler accepts is checked here.
 
-The request queue is open to anyone who reaches the store's port (docs/scheduler.md, threat
-model), so a request is untrusted bytes until :func:`parse_request` accepts it: at most
+A request reaches this module only once its signature verified (recovery/control/signing.py:
+its op, id and nonce are in its header). Its body is still checked as untrusted bytes, as
+a bug of a client, or a script of the user's, may send anything: at most
 :data:`MAX_REQUEST_BYTES`, UTF-8, JSON nested at most :data:`MAX_DEPTH` deep (checked before
 parsing: deep nesting would exhaust Python's recursion), one object, no NaN or infinity,
 and for its op, every field of the right type: integers (a JSON number with an integral
 value) within 64 bits and their field's range, strings of bounded length, booleans.
 Fields an op does not have are ignored. What fails is a :class:`BadRequest`, answered
-``bad_request`` before anything is decided: under the request's id, or, when the request
-cannot be read, the first id-like ``"rid"`` found in its text (none: it is not answered).
+``bad_request`` under the request's id before anything is decided.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from recovery.control.rpc import Op
+from recovery.control.signing import Sealed
 
 __all__ = ["BadRequest", "Request", "parse_request", "MAX_REQUEST_BYTES", "MAX_DEPTH"]
 
@@ -27,21 +28,15 @@ MAX_REQUEST_BYTES = 16_384
 MAX_DEPTH = 4
 _INT64 = 2**63 - 1
 _NAME = 256
-"""Characters of a name: node id, host, fault, token."""
+"""Characters of a name: node id, host, fault."""
 _TEXT = 4096
 """Characters of free text: a reason, a phase."""
-_RID = re.compile(r"[0-9A-Za-z_-]{1,64}")
-_RID_FIELD = re.compile(r'"rid"\s*:\s*"([0-9A-Za-z_-]{1,64})"')
 _TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]')
 """A string (to the end of the text when unterminated: linear time) or a bracket."""
 
 
 class BadRequest(ValueError):
-    """A request that is not one; ``rid`` is its id when it has a usable one (to answer)."""
-
-    def __init__(self, message: str, rid: str | None = None) -> None:
-        super().__init__(message)
-        self.rid = rid
+    """A signed request whose body is not one of its op's."""
 
 
 class _NotFinite:
@@ -125,45 +120,40 @@ class Request:
     """A checked request: ``fields`` holds exactly its op's fields, each of its type."""
 
     op: Op
-    rid: str | None
-    token: str
+    rid: str
     fields: dict[str, Any]
 
 
-def parse_request(raw: bytes | str) -> Request:
-    """The request in ``raw``.
+def parse_request(sealed: Sealed) -> Request:
+    """The request whose header and body ``sealed`` holds (its signature verified).
 
     Raises:
-        BadRequest: anything else; its ``rid`` is set once the request's id was read.
+        BadRequest: anything else.
     """
-    if len(raw) > MAX_REQUEST_BYTES:
-        raise BadRequest(f"larger than {MAX_REQUEST_BYTES} bytes",
-                         _rid_in(raw[:MAX_REQUEST_BYTES]))
+    raw = sealed.body
     try:
-        text = raw.decode() if isinstance(raw, bytes) else raw
+        op = Op(sealed.op)
+    except ValueError:
+        raise BadRequest(f"unknown op {_show(sealed.op)}") from None
+    if len(raw) > MAX_REQUEST_BYTES:
+        raise BadRequest(f"{op.value}: larger than {MAX_REQUEST_BYTES} bytes")
+    try:
+        text = raw.decode()
     except UnicodeDecodeError:
-        raise BadRequest("not UTF-8", _rid_in(raw)) from None
+        raise BadRequest(f"{op.value}: not UTF-8") from None
     if _deeper_than(MAX_DEPTH, text):
-        raise BadRequest(f"nested deeper than {MAX_DEPTH}", _rid_in(text))
+        raise BadRequest(f"{op.value}: nested deeper than {MAX_DEPTH}")
     try:
         data = json.loads(text, parse_constant=_NotFinite, parse_float=_number)
     except ValueError as err:  # JSONDecodeError, an integer of too many digits
-        raise BadRequest(f"not JSON: {err}", _rid_in(text)) from None
+        raise BadRequest(f"{op.value}: not JSON: {err}") from None
     if not isinstance(data, dict):
-        raise BadRequest("not a JSON object", _rid_in(text))
-    rid = data.get("rid")
-    if rid is not None and not (isinstance(rid, str) and _RID.fullmatch(rid)):
-        raise BadRequest(f"rid must be 1 to 64 letters, digits, _ or -, not {_show(rid)}")
+        raise BadRequest(f"{op.value}: not a JSON object")
     try:
-        op = Op(data.get("op"))
-    except (ValueError, TypeError):
-        raise BadRequest(f"unknown op {_show(data.get('op'))}", rid) from None
-    try:
-        token = Text(optional=True).check("token", data.get("token")) or ""
         fields = {name: kind.check(name, data.get(name)) for name, kind in SCHEMAS[op].items()}
     except BadRequest as err:
-        raise BadRequest(f"{op.value}: {err}", rid) from None
-    return Request(op, rid, token, fields)
+        raise BadRequest(f"{op.value}: {err}") from None
+    return Request(op, sealed.rid, fields)
 
 
 def _deeper_than(limit: int, text: str) -> bool:
@@ -183,12 +173,6 @@ def _deeper_than(limit: int, text: str) -> bool:
 def _number(text: str) -> float | _NotFinite:
     value = float(text)
     return value if math.isfinite(value) else _NotFinite(text)
-
-
-def _rid_in(raw: bytes | str) -> str | None:
-    """The first id-like ``"rid"`` of a request that cannot be read otherwise."""
-    found = _RID_FIELD.search(raw.decode(errors="replace") if isinstance(raw, bytes) else raw)
-    return None if found is None else found.group(1)
 
 
 def _encodable(text: str) -> bool:

@@ -3,11 +3,16 @@
 The wire protocol is the store's own operations, so that no second port or server is
 needed (docs/scheduler.md):
 
-* a client pushes a JSON request ``{"op", "rid", "token", ...}`` on the queue
-  :data:`REQUESTS`;
-* the scheduler pops requests one at a time, handles each and sets the JSON reply under
+* a client pushes a request on the queue :data:`REQUESTS`: its op, its ``rid``, a new
+  nonce and its fields as a JSON body, signed with the job token
+  (recovery/control/signing.py); the token itself is never sent;
+* the scheduler pops requests one at a time, verifies each before it reads its body,
+  handles it and sets the reply, signed and carrying the request's nonce, under
   :func:`reply_key` of the request's ``rid``;
-* the client waits for that key, reads it and deletes it.
+* the client waits for that key, reads it, deletes it and verifies it. A reply that does
+  not verify (forged by anyone who reaches the store, or the scheduler's unsigned refusal
+  of a wrong token) is counted in :attr:`SchedulerLink.unverified` and never acted on:
+  :meth:`SchedulerLink.call` raises :class:`UnverifiedReply`, a :class:`NoReply`.
 
 A request whose reply does not come in time may still be carried out (it waits in the
 queue, or the scheduler is busy with it). Asking again under the same ``rid`` is safe:
@@ -29,6 +34,7 @@ the process (``terminate called without an active exception``): see
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import socket
@@ -40,6 +46,9 @@ from datetime import timedelta
 from enum import Enum
 from typing import Any
 
+from recovery.control.signing import BadSignature, Kind, new_nonce, seal, unseal
+from recovery.control.throttle import Throttle
+
 __all__ = [
     "Op",
     "REQUESTS",
@@ -48,6 +57,8 @@ __all__ = [
     "SchedulerLink",
     "SchedulerUnavailable",
     "NoReply",
+    "UnverifiedReply",
+    "listen_on",
     "new_request_id",
     "open_client",
     "port_open",
@@ -93,6 +104,16 @@ class NoReply(SchedulerUnavailable):
     again under the same request id to learn what came of it."""
 
 
+class UnverifiedReply(NoReply):
+    """A reply came that does not verify with this process's token: ignored. ``claimed``
+    is the reason it claims (unverified), e.g. ``token`` in the scheduler's refusal of a
+    request signed with another token."""
+
+    def __init__(self, message: str, claimed: str | None) -> None:
+        super().__init__(message)
+        self.claimed = claimed
+
+
 def new_request_id() -> str:
     return uuid.uuid4().hex
 
@@ -105,6 +126,31 @@ def open_client(host: str, port: int, timeout: float) -> Any:
                     timeout=timedelta(seconds=timeout))
 
 
+def listen_on(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` only (0: a free port), listening.
+
+    Torch's libuv store listens on every interface whatever host it is given; a store
+    hosted on this socket (``master_listen_fd``) listens where the socket does.
+
+    Raises:
+        OSError: the port is taken or the address is not this host's.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def describe_bind_error(err: OSError) -> str:
+    return "already in use" if err.errno == errno.EADDRINUSE else (err.strerror or str(err))
+
+
 def port_open(host: str, port: int) -> bool:
     """Whether something accepts connections on ``host:port`` (a plain, silent probe)."""
     try:
@@ -114,13 +160,24 @@ def port_open(host: str, port: int) -> bool:
         return False
 
 
+def _claimed_reason(err: Exception) -> str | None:
+    """The ``reason`` an unverified reply claims, if it has a readable one."""
+    header = err.header if isinstance(err, BadSignature) else None
+    try:
+        reason = None if header is None else json.loads(header.body).get("reason")
+    except (ValueError, AttributeError, RecursionError):
+        return None
+    return reason if isinstance(reason, str) else None
+
+
 class SchedulerLink:
     """A store client of the scheduler that reconnects by itself.
 
     Args:
         host: the scheduler's address.
         port: its store port.
-        token: the job token, sent with every request.
+        token: the job token: the key every request is signed with and every reply
+            verified with (never sent).
         reply_timeout: how long a request waits for its reply, in seconds.
         on_connect: called (in the connecting thread) after every (re)connection.
         connect: start connecting now; False: at :meth:`start` (connecting imports torch).
@@ -130,7 +187,10 @@ class SchedulerLink:
                  on_connect: Callable[[], object] | None = None, connect: bool = True) -> None:
         self.host = host
         self.port = port
-        self._token = token
+        self._key = token.encode()
+        self.unverified = 0
+        """Replies that failed their check (forged, or signed with another token)."""
+        self._unverified_log = Throttle()
         self._reply_timeout = reply_timeout
         self._on_connect = on_connect
         self._client: Any = None
@@ -159,8 +219,8 @@ class SchedulerLink:
             SchedulerUnavailable: not connected now, or the connection broke (a new one
                 is being made in the background).
         """
-        rid = rid or new_request_id()
-        request = json.dumps({"op": op.value, "rid": rid, "token": self._token, **fields})
+        rid, nonce = rid or new_request_id(), new_nonce()
+        request = seal(self._key, Kind.REQUEST, op.value, rid, nonce, json.dumps(fields))
         with self._lock:
             client = self._client
             if client is None:
@@ -183,7 +243,27 @@ class SchedulerLink:
                     raise NoReply(f"no answer to {op.value} from the scheduler at "
                                   f"{self.where} within {self._reply_timeout:g}s") from None
                 raise SchedulerUnavailable(f"scheduler at {self.where}: {err}") from None
-        return json.loads(reply)
+        return self._verified(op, rid, nonce, reply)
+
+    def _verified(self, op: Op, rid: str, nonce: str, raw: bytes) -> dict[str, Any]:
+        """The reply in ``raw`` when it is the scheduler's answer to this very attempt."""
+        try:
+            sealed = unseal(self._key, Kind.REPLY, raw)
+            if (sealed.op, sealed.rid, sealed.nonce) != (op.value, rid, nonce):
+                raise BadSignature("it answers another request")
+            reply = json.loads(sealed.body)
+            if not isinstance(reply, dict):
+                raise BadSignature("not a JSON object")
+        except (BadSignature, ValueError) as err:
+            self.unverified += 1
+            claimed = _claimed_reason(err)
+            if (count := self._unverified_log.note()) is not None:
+                logger.warning("ignored %d reply(s) from the store at %s that did not verify "
+                               "(latest: %s, to %s%s)", count, self.where, err, op.value,
+                               "" if claimed is None else f", claiming {claimed!r}")
+            raise UnverifiedReply(f"the reply to {op.value} from {self.where} did not verify: "
+                                  f"{err}", claimed) from None
+        return reply
 
     def call_until(self, op: Op, deadline: float, **fields: Any) -> dict[str, Any]:
         """Ask until the scheduler answers or ``deadline`` (``time.monotonic()``) passes.

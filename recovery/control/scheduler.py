@@ -8,8 +8,11 @@ the same port at once and no other process can take the port in between.
 
 One thread handles requests (recovery/control/rpc.py) one at a time and applies the rules of
 recovery/control/membership.py; a ticker wakes it every :data:`TICK` seconds so that silence is
-noticed too. Each request is checked first (recovery/control/requests.py): a malformed one is
-answered ``bad_request`` and decides nothing. A retry of a request already carried out
+noticed too. Each request's signature is verified before anything else reads it
+(recovery/control/signing.py): one that does not verify, or replays an earlier one, is
+refused, and refusals are reported at most every few seconds (recovery/control/throttle.py).
+Then its body is checked (recovery/control/requests.py): a malformed one is answered
+``bad_request`` and decides nothing. A retry of a request already carried out
 is answered as the first attempt was (recovery/control/replies.py). After each request it writes
 the decided events to ``events.jsonl``, publishes a newly formed generation, and persists
 its state, so that a ``kill -9`` loses nothing the workers were told.
@@ -49,7 +52,26 @@ from recovery.control.membership import (
 )
 from recovery.control.replies import KeptReplies, SentReplies
 from recovery.control.requests import BadRequest, Request, parse_request
-from recovery.control.rpc import REQUESTS, Op, open_client, ready_key, reply_key
+from recovery.control.rpc import (
+    REQUESTS,
+    Op,
+    describe_bind_error,
+    listen_on,
+    open_client,
+    ready_key,
+    reply_key,
+)
+from recovery.control.signing import (
+    BadSignature,
+    Kind,
+    MissingToken,
+    ReplayGuard,
+    Sealed,
+    checked_token,
+    seal,
+    unseal,
+)
+from recovery.control.throttle import Throttle
 from recovery.control.files import Endpoint, StateFile
 from recovery.timeouts import Timeouts
 
@@ -62,7 +84,10 @@ PERSIST_EVERY = 1.0
 EXIT_CLUSTER_TIMEOUT = 1
 _LOOP_TIMEOUT = timedelta(days=1)  # the ticker wakes the loop long before
 _JOIN_TIMEOUT = 5.0
-_WRONG_TOKEN = {"ok": False, "reason": "token", "message": "wrong job token"}
+_WRONG_TOKEN = {"ok": False, "reason": "token", "retry_after": None,
+                "message": "wrong job token: the request's signature does not verify"}
+_TICK = json.dumps({"op": Op.TICK.value}).encode()
+"""What the ticker pushes: the one message that is not signed (it only wakes the loop)."""
 _KEPT = frozenset({Op.EXIT, Op.LEAVE, Op.INJECT, Op.LAST_WORDS})
 """The ops whose replies are kept for a retry: carried out twice, they would not do the
 same (a second cooldown, a second injection, a claim granted but never learned)."""
@@ -110,7 +135,7 @@ class SchedulerConfig:
             port=worker.sched_port,
             listen_fd=int(fd_text) if fd_text else None,
             worker_num=worker.world_size,
-            token=worker.job_token,
+            token=checked_token(worker.job_token, worker.insecure_no_token),
             run_id=worker.run_id,
             log_dir=worker.log_dir,
             recovery_path=worker.recovery_path,
@@ -129,6 +154,9 @@ class Scheduler:
         self.last_words = LastWords()
         self.replies = KeptReplies()
         self._sent = SentReplies()
+        self._key = config.token.encode()
+        self._replays = ReplayGuard()
+        self._refusals: dict[str, Throttle] = {}
         self._decided: list[tuple[str, dict[str, Any]]] = []
         self._changed = False
         self._state = StateFile(config.recovery_path)
@@ -166,7 +194,15 @@ class Scheduler:
         previous = self._state.load()
         at_launch = previous is None or previous.get("run_id") != cfg.run_id
         niceness = lower_priority() if at_launch else None
-        server = host_store(cfg.host, cfg.port, cfg.listen_fd)
+        # Started by hand: bind MS_SCHED_HOST only (the store alone would listen on every
+        # interface). The socket lives as long as this method.
+        try:
+            own = None if cfg.supervised else listen_on(cfg.host, cfg.port)
+        except OSError as err:
+            logger.error("cannot serve on %s:%d: %s", cfg.host, cfg.port,
+                         describe_bind_error(err))
+            return 1
+        server = host_store(cfg.host, cfg.port, cfg.listen_fd if own is None else own.fileno())
         if niceness is not None:
             restore_priority(niceness)
         port = server.port
@@ -252,7 +288,7 @@ class Scheduler:
                 # Only now, with the decision persisted: what a worker is told survives a
                 # kill -9 of this process.
                 if rid is not None and reply is not None:
-                    self._client.set(reply_key(rid), json.dumps(reply))
+                    self._client.set(reply_key(rid), reply)
                     self._sent.sent(rid)
                 for expired in self._sent.expired():
                     self._client.delete_key(reply_key(expired))
@@ -265,26 +301,77 @@ class Scheduler:
             self._loop_exited.set()
 
     # ----------------------------------------------------------------- requests
-    def _handle(self, raw: bytes) -> tuple[str | None, dict[str, Any] | None]:
-        """Decide on one request: its id (to reply under, ``None``: no reply) and the reply.
+    def _handle(self, raw: bytes) -> tuple[str | None, str | None]:
+        """Decide on one request: its id (to reply under, ``None``: no reply) and the
+        reply's wire text.
 
-        A retry of a request carried out already gets the same reply, and nothing is done
-        again.
+        The signature is verified before anything else is read: a request that does not
+        verify is answered, unsigned, ``token`` (it is the only answer a process holding
+        another job's token can read); a replayed one is not answered. A retry of a
+        request carried out already gets the same reply, and nothing is done again.
         """
+        self._report_refusals()
+        if raw == _TICK:
+            return None, None
         try:
-            request = parse_request(raw)
+            sealed = unseal(self._key, Kind.REQUEST, raw)
+        except BadSignature as err:
+            header = err.header
+            self._refused("signature", None if header is None else header.op, str(err))
+            if header is None:
+                return None, None
+            return header.rid, seal(None, Kind.REPLY, header.op, header.rid, header.nonce,
+                                    json.dumps(_WRONG_TOKEN))
+        problem = self._replays.check(sealed)
+        if problem == "replayed":
+            self._refused(problem, sealed.op, "a request already accepted, sent again")
+            return None, None
+        if problem == "stale":
+            message = (f"its time stamp is more than {self._replays.window:g}s from the "
+                       f"scheduler's clock: old, or the clocks of the hosts differ")
+            self._refused(problem, sealed.op, message)
+            return sealed.rid, self._sealed(sealed, {"ok": False, "reason": "clock",
+                                                     "message": message, "retry_after": None})
+        try:
+            request = parse_request(sealed)
         except BadRequest as err:
-            logger.warning("bad request %r: %s", raw[:200], err)
-            return err.rid, {"ok": False, "reason": "bad_request", "message": str(err)}
+            self._refused("bad_request", sealed.op, str(err))
+            return sealed.rid, self._sealed(sealed, {"ok": False, "reason": "bad_request",
+                                                     "message": str(err)})
         rid = request.rid
-        kept = None if rid is None else self.replies.get(rid)
+        kept = self.replies.get(rid)
         if kept is not None:
-            return rid, kept
+            return rid, self._sealed(sealed, kept)
         reply = self._handlers[request.op](request)
-        if rid is not None and reply is not None and reply["ok"] and request.op in _KEPT:
+        if reply is None:
+            return None, None
+        if reply["ok"] and request.op in _KEPT:
             self.replies.keep(rid, reply)
             self._changed = True  # persisted before the reply, as what it answers
-        return rid, reply
+        return rid, self._sealed(sealed, reply)
+
+    def _sealed(self, request: Sealed, reply: dict[str, Any]) -> str:
+        """``reply`` signed, answering the attempt ``request`` (its op, id and nonce)."""
+        return seal(self._key, Kind.REPLY, request.op, request.rid, request.nonce,
+                    json.dumps(reply))
+
+    def _refused(self, reason: str, op: str | None, message: str) -> None:
+        """Count a refused request; report at most one per reason every few seconds."""
+        throttle = self._refusals.setdefault(reason, Throttle())
+        if (count := throttle.note()) is not None:
+            self._report_refused(reason, count, op, message)
+
+    def _report_refusals(self) -> None:
+        """Report the refusals held back whose report is due (the ticks bring us here)."""
+        for reason, throttle in self._refusals.items():
+            if (count := throttle.due()) is not None:
+                self._report_refused(reason, count, None, "")
+
+    def _report_refused(self, reason: str, count: int, op: str | None, message: str) -> None:
+        logger.warning("refused %d request(s) (%s)%s%s", count, reason,
+                       "" if op is None else f", latest {op}", message and f": {message}")
+        self.events.emit("request_refused", reason=reason, count=count, op=op,
+                         message=message)
 
     def _on_status(self, _request: Request) -> dict[str, Any]:
         cfg = self.config
@@ -297,13 +384,14 @@ class Scheduler:
                 "cluster_time_out": cfg.timeouts.cluster_time_out}
 
     def _on_register(self, request: Request) -> dict[str, Any]:
+        # Signed: it holds the job token.
         return self.membership.register(Identity.from_json(request.fields),
-                                        request.token).to_json()
+                                        self.config.token).to_json()
 
     def _on_heartbeat(self, request: Request) -> dict[str, Any]:
         """A beat; the reply hands the member the injections queued for its rank."""
         fields = request.fields
-        answer = self.membership.heartbeat(Identity.from_json(fields), request.token,
+        answer = self.membership.heartbeat(Identity.from_json(fields), self.config.token,
                                            fields["step"], fields["phase"])
         reply = answer.to_json()
         if isinstance(answer, Accepted) and (taken := self.injections.take(answer.rank)):
@@ -312,8 +400,6 @@ class Scheduler:
         return reply
 
     def _on_inject(self, request: Request) -> dict[str, Any]:
-        if not self._authorized(request):
-            return _WRONG_TOKEN
         fields = request.fields
         injection = Injection(new_id(), fields["rank"], fields["fault"], fields["at_step"])
         problem = check(injection.rank, injection.fault, injection.at_step,
@@ -326,8 +412,6 @@ class Scheduler:
 
     def _on_last_words(self, request: Request) -> dict[str, Any]:
         """A survivor of a fault claims the last-words save (recovery/control/claims.py)."""
-        if not self._authorized(request):
-            return _WRONG_TOKEN
         claim = request.fields
         save = self.last_words.claim(claim["generation"], claim["rank"], claim["step"],
                                      claim["consistent"])
@@ -341,15 +425,7 @@ class Scheduler:
         self._decided.append((event, fields))
         self._changed = True
 
-    def _authorized(self, request: Request) -> bool:
-        if self.membership.token_ok(request.token):
-            return True
-        logger.warning("refused a %s request with a wrong job token", request.op.value)
-        return False
-
     def _on_exit(self, request: Request, by: str) -> dict[str, Any]:
-        if not self._authorized(request):
-            return _WRONG_TOKEN
         ended = request.fields
         node_id, abnormal = ended["node_id"], ended["abnormal"]
         until = self.membership.report_exit(
@@ -358,15 +434,11 @@ class Scheduler:
         return {"ok": True, "until": until, "left": self.membership.cooldown_left(node_id)}
 
     def _on_cooldown(self, request: Request) -> dict[str, Any]:
-        if not self._authorized(request):
-            return _WRONG_TOKEN
         node_id = request.fields["node_id"]
         return {"ok": True, "left": self.membership.cooldown_left(node_id),
                 "until": self.membership.cooldowns.get(node_id, 0.0)}
 
     def _on_verdicts(self, request: Request) -> dict[str, Any]:
-        if not self._authorized(request):
-            return _WRONG_TOKEN
         return {"ok": True, "verdicts": {str(r): v for r, v in self.membership.verdicts().items()}}
 
     # ----------------------------------------------------------------- after each request
@@ -429,7 +501,13 @@ def main() -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO,
                             format="%(asctime)s scheduler %(levelname)s %(message)s")
-    scheduler = Scheduler(SchedulerConfig.from_env())
+    os.umask(os.umask(0) | 0o022)  # what it writes is never world-writable
+    try:
+        config = SchedulerConfig.from_env()
+    except MissingToken as err:
+        logger.error("%s", err)
+        return 2
+    scheduler = Scheduler(config)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: scheduler.request_stop(
             f"received {signal.Signals(signum).name}"))

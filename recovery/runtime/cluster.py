@@ -39,10 +39,12 @@ from recovery.control.rpc import (
     Op,
     SchedulerLink,
     SchedulerUnavailable,
+    UnverifiedReply,
     open_client,
     port_open,
     ready_key,
 )
+from recovery.control.signing import MissingToken, checked_token
 from recovery.timeouts import Timeouts
 
 __all__ = ["init", "ClusterContext", "ClusterError"]
@@ -57,6 +59,9 @@ _RETIRED_GROUP_WAIT = 5.0
 _GENERATION_POLL = 0.05
 """Seconds between two looks at whether the generation a worker waits for is formed."""
 _LINK_CLOSE_WAIT = 2.0
+_TOKEN_REFUSALS = 3
+"""Registration attempts in a row answered only by an unsigned ``token`` refusal before a
+worker takes its token for wrong."""
 
 
 class ClusterError(RuntimeError):
@@ -375,8 +380,12 @@ def _identity(worker_env: WorkerEnv) -> Identity:
 def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None) -> ClusterContext:
     timeouts = Timeouts.from_env()
     deadline = time.monotonic() + timeouts.cluster_time_out
-    link = SchedulerLink(worker_env.sched_host, worker_env.sched_port, worker_env.job_token,
-                         REPLY_TIMEOUT)
+    try:
+        token = checked_token(worker_env.job_token, worker_env.insecure_no_token)
+    except MissingToken as err:
+        logger.error("%s", err)
+        raise RegistrationRefused(str(err)) from None
+    link = SchedulerLink(worker_env.sched_host, worker_env.sched_port, token, REPLY_TIMEOUT)
     claim = _identity(worker_env)
     accepted = _register(link, claim, deadline)
     rank, generation = int(accepted["rank"]), int(accepted["generation"])
@@ -393,8 +402,14 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None) -> Clu
 
 
 def _register(link: SchedulerLink, identity: Identity, deadline: float) -> dict[str, Any]:
-    """Register, retrying while the scheduler is unreachable or refuses for a while."""
+    """Register, retrying while the scheduler is unreachable or refuses for a while.
+
+    The scheduler's refusal of a request signed with another token is unsigned, as it
+    cannot be otherwise: it is believed only after :data:`_TOKEN_REFUSALS` attempts in a
+    row got it (a stranger on the store who forges it could as well drop our requests).
+    """
     said = ""
+    token_refusals = 0
     while (left := deadline - time.monotonic()) > 0:
         if not link.wait_connected(min(left, 1.0)):
             said = _say_once(said, f"waiting for the scheduler at {link.where}")
@@ -403,8 +418,17 @@ def _register(link: SchedulerLink, identity: Identity, deadline: float) -> dict[
             reply = link.call(Op.REGISTER, node_id=identity.node_id, pid=identity.pid,
                               incarnation=identity.incarnation, host=identity.host,
                               rank=identity.rank)
+        except UnverifiedReply as err:
+            token_refusals = token_refusals + 1 if err.claimed == "token" else 0
+            if token_refusals >= _TOKEN_REFUSALS:
+                message = ("registration refused (token): wrong job token: the scheduler "
+                           "cannot verify this process's signature")
+                logger.error("%s", message)
+                raise RegistrationRefused(message) from None
+            continue
         except SchedulerUnavailable:
             continue
+        token_refusals = 0
         if reply.get("ok"):
             return reply
         message = f"registration refused ({reply.get('reason')}): {reply.get('message')}"

@@ -15,6 +15,8 @@ from recovery import env as names
 from recovery.control.client import SchedulerControl
 
 SCRIPT = BIN / "sched_train.py"
+TOKEN = "f0e1d2c3b4a5968778695a4b3c2d1e0f"
+"""The job token of the processes a test starts by hand."""
 
 # Every variable of the contract (the constants whose value is their own name): a test's
 # processes see only what the test sets, not what the pytest process happens to have.
@@ -37,6 +39,7 @@ def cluster_env(log_dir: Path, port: int, worker_num: int, cooldown: float,
         names.TFT_PROGRESS_TIMEOUT: str(progress_timeout),
         names.TFT_CLUSTER_TIME_OUT: str(cluster_time_out),
         names.OMP_NUM_THREADS: "1",
+        names.TFT_JOB_TOKEN: TOKEN,
     })
     return env
 
@@ -82,7 +85,7 @@ class Cluster:
     @property
     def control(self) -> SchedulerControl:
         if self._control is None:
-            self._control = SchedulerControl("127.0.0.1", self.port, "", timeout=2.0)
+            self._control = SchedulerControl("127.0.0.1", self.port, TOKEN, timeout=2.0)
         return self._control
 
     def steps(self) -> dict[int, int | None]:

@@ -8,7 +8,9 @@ asked for at a step must reach the rank before that step.
 
 from __future__ import annotations
 
+import os
 import subprocess
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,8 @@ from support import BIN, events, run, spawn, terminate, tftctl_cmd, tftrun_cmd, 
 
 from launcher import ctl
 from launcher.status_cli import query
+from recovery import env as names
+from recovery.control.client import SchedulerControl
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -26,12 +30,17 @@ MARGIN = 60
 deliver it well before."""
 
 
+TOKEN = "0123456789abcdef0123456789abcdef"
+
+
 def start(tmp_path: Path, port: int, option: str,
           *script_args: str) -> tuple[subprocess.Popen[str], Path]:
+    """The job, its token ``TOKEN`` (as every node of a multi-node job takes it)."""
     log_dir = tmp_path / "logs"
     proc = spawn(tftrun_cmd("--worker_num=2", f"--log_dir={log_dir}", f"--master_port={port}",
                             f"--recovery_path={tmp_path / 'recovery'}", "--rejoin_cooldown=0",
-                            option, str(SCRIPT), *script_args))
+                            option, str(SCRIPT), *script_args),
+                 env={**os.environ, names.TFT_JOB_TOKEN: TOKEN})
     return proc, log_dir
 
 
@@ -61,6 +70,10 @@ def test_uce_arrives_at_its_step_one_claim_wins_and_an_exception_ends_the_job(
                  "both ranks' last-words claims")
         answers = [log(log_dir, r).count("last words at step 3: True") for r in (0, 1)]
         assert sorted(answers) == [0, 1]
+        # A stranger with another token: refused, learns nothing (checked at the end).
+        with closing(SchedulerControl("127.0.0.1", free_port, "not-this-job")) as stranger:
+            assert stranger._link.wait_connected(10) and stranger.verdicts() == {}
+        wait_for_event(log_dir, 30, "the stranger refused", event="request_refused")
         claims = events(log_dir, "last_words_claim")
         assert sorted(c["granted"] for c in claims) == [False, True]
         assert {c["generation"] for c in claims} == {0}
@@ -97,6 +110,9 @@ def test_uce_arrives_at_its_step_one_claim_wins_and_an_exception_ends_the_job(
     assert f"at step {at}\n" in log(log_dir, 1).split("got exception")[1]
     assert [(e["rank"], e.get("exitcode")) for e in events(log_dir, "exit")
             if not e["expected"]] == [(1, 1)]
+    files = [p for root in (log_dir, tmp_path / "recovery") for p in root.rglob("*")
+             if p.is_file()]
+    assert files and not [p for p in files if TOKEN.encode() in p.read_bytes()]
 
 
 def test_kill_and_term_relaunch_the_rank_and_a_hang_is_killed_by_the_progress_verdict(

@@ -66,8 +66,10 @@ def test_bad_claims_are_refused_and_the_cooldown_refuses_a_dead_node_then_accept
             wait_for_event(c.log_dir, 60, f"pid {proc.pid} refused", event="refuse",
                            pid=proc.pid, reason="duplicate")
         assert {(e["pid"], e["reason"]) for e in events(c.log_dir, "refuse")} == {
-            (wrong_token.pid, "token"), (beyond.pid, "rank_out_of_range"),
-            (again[0].pid, "duplicate"), (again[1].pid, "duplicate")}
+            (beyond.pid, "rank_out_of_range"), (again[0].pid, "duplicate"),
+            (again[1].pid, "duplicate")}
+        # The wrong token's requests were refused unread, before any rule.
+        assert events(c.log_dir, "request_refused")[0]["reason"] == "signature"
         # What the supervisor does under restart-all: node 1 died, node 0 was stopped.
         for proc in first:
             proc.kill()

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import stat
 import sys
 from contextlib import ExitStack, closing
 from pathlib import Path
 
 import pytest
-from sched_cluster import SCRIPT, cluster_env
+from sched_cluster import SCRIPT, TOKEN, cluster_env
 from support import REPO, events, pid_gone, run, wait_for, wait_for_event
 
+from recovery import env as names
 from recovery.control.client import SchedulerControl
+from recovery.control.rpc import REQUESTS, open_client
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -58,7 +62,7 @@ def test_run_sh_starts_a_cluster_and_recover_sh_relaunches_the_scheduler_and_wor
 
         # The scheduler dies and is relaunched by hand: the workers re-attach, same pids,
         # and their steps go on.
-        control = stack.enter_context(closing(SchedulerControl("127.0.0.1", free_port, "")))
+        control = stack.enter_context(closing(SchedulerControl("127.0.0.1", free_port, TOKEN)))
         before = max(wait_for(lambda: steps(control), 60, "steps reported").values())
         os.kill(started["scheduler"], signal.SIGKILL)
         wait_for(lambda: pid_gone(started["scheduler"]), 10, "the scheduler gone")
@@ -94,3 +98,57 @@ def test_run_sh_starts_a_cluster_and_recover_sh_relaunches_the_scheduler_and_wor
         assert (stop["exitcode"], stop["reason"]) == (0, "all 2 workers finished")
         assert "rank 0 finished at step" in (log_dir / "worker_0.log").read_text()
         assert "rank 1 finished at step" in (log_dir / "worker_1.log").read_text()
+
+
+def listening(port: int) -> list[str]:
+    """The local addresses of the sockets listening on ``port`` (/proc/net/tcp, tcp6)."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            address, hex_port = fields[1].rsplit(":", 1)
+            if fields[3] == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.append(address)
+    return found
+
+
+def test_run_sh_binds_the_scheduler_host_only_and_its_token_is_written_nowhere(
+        tmp_path: Path, free_port: int) -> None:
+    """run.sh makes the job's token (kept 0600 for recover.sh); after requests refused for
+    another token, unsigned and in the old clear-token form, no file of the log dir or the
+    recovery path holds it, none is writable by others, and the scheduler listened on
+    MS_SCHED_HOST only."""
+    log_dir, home = tmp_path / "device", tmp_path / "home"
+    env = {**cluster_env(log_dir, free_port, worker_num=1, cooldown=1.0, heartbeat_timeout=5.0,
+                         progress_timeout=60.0, cluster_time_out=60.0),
+           "PYTHON": sys.executable, "HOME": str(home)}
+    del env[names.TFT_JOB_TOKEN]
+    started: dict[str, int] = {}
+    with ExitStack() as stack:
+        stack.callback(kill_all, started)
+        started.update(launch(RUN_SH, str(SCRIPT), env=env, cwd=tmp_path))
+        wait_for_event(log_dir, 60, "generation 0", event="generation", generation=0)
+        assert listening(free_port) == ["0100007F"]  # 127.0.0.1, not 0.0.0.0 nor ::
+        [token_file] = (home / ".tftrun" / "tokens").iterdir()
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        token = token_file.read_text().strip()
+        assert len(token) == 32
+
+        stranger = stack.enter_context(closing(
+            SchedulerControl("127.0.0.1", free_port, "not-this-job", timeout=1.0)))
+        assert stranger._link.wait_connected(10)
+        assert stranger.status() is None and stranger.verdicts() == {}
+        store = open_client("127.0.0.1", free_port, 10)
+        store.queue_push(REQUESTS, json.dumps({"op": "inject", "rid": "old", "token": token,
+                                               "rank": 0, "fault": "kill"}))
+        wait_for_event(log_dir, 30, "the refusals reported", event="request_refused")
+        os.kill(started["worker 0"], signal.SIGUSR2)
+        stop = wait_for_event(log_dir, 60, "the scheduler's end", event="scheduler_stop")
+        assert stop["exitcode"] == 0
+
+    recovery = Path(env[names.MS_RECOVERY_PATH])
+    files = [path for root in (log_dir, recovery) for path in root.rglob("*") if path.is_file()]
+    assert files and not [path for path in files if token.encode() in path.read_bytes()]
+    assert not [path for path in [*files, log_dir, recovery]
+                if path.stat().st_mode & stat.S_IWOTH]
+    assert stat.S_IMODE((recovery / "scheduler").stat().st_mode) == 0o700

@@ -2,19 +2,38 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
 from support import wait_for_event
 
 from recovery.control.files import StateFile
+from recovery.control.rpc import new_request_id
+from recovery.control.signing import BadSignature, Kind, new_nonce, seal, unseal
 from recovery.control.scheduler import Scheduler, SchedulerConfig
 from recovery.timeouts import Timeouts
 
 TOKEN = "job-token"
+
+
+def signed(op: str, token: str = TOKEN, rid: str | None = None, **fields: Any) -> bytes:
+    """A request as a client of the job whose token is ``token`` sends it."""
+    return seal(token.encode(), Kind.REQUEST, op, rid or new_request_id(), new_nonce(),
+                json.dumps(fields)).encode()
+
+
+def answer(reply: str | bytes, token: str = TOKEN) -> dict[str, Any]:
+    """The fields of a reply's body, and ``signed``: whether it verifies with ``token``."""
+    try:
+        return {**json.loads(unseal(token.encode(), Kind.REPLY, reply).body), "signed": True}
+    except BadSignature as err:
+        assert err.header is not None, err
+        return {**json.loads(err.header.body), "signed": False}
 
 
 def scheduler_config(tmp_path: Path, port: int, worker_num: int = 2) -> SchedulerConfig:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sched_inprocess import answer, signed
 from support import REPO, events
 
 from launcher.inject_cli import _signal_target
@@ -21,7 +22,7 @@ from recovery.runtime.heartbeat import Heartbeat
 from recovery.control.inject import Inbox, InjectedError, Injection, check, deliver
 from recovery.control.claims import LastWords
 from recovery.control.membership import Identity
-from recovery.control.rpc import Op, SchedulerUnavailable, new_request_id
+from recovery.control.rpc import Op, SchedulerUnavailable
 from recovery.control.scheduler import Scheduler, SchedulerConfig
 from recovery.timeouts import Timeouts
 
@@ -39,11 +40,10 @@ def scheduler(tmp_path: Path) -> Scheduler:
 
 def ask(sched: Scheduler, op: str, token: str = TOKEN, **fields: Any) -> dict[str, Any]:
     """One request through the scheduler's loop body: decide, persist, then reply."""
-    _rid, reply = sched._handle(json.dumps({"op": op, "rid": new_request_id(), "token": token,
-                                            **fields}).encode())
+    _rid, reply = sched._handle(signed(op, token, **fields))
     sched._after_request()
     assert reply is not None
-    return reply
+    return answer(reply)
 
 
 def reloaded(tmp_path: Path) -> Scheduler:
@@ -72,7 +72,7 @@ def test_an_invalid_injection_is_refused_and_queues_nothing(
 def test_an_injection_with_a_wrong_token_is_refused(tmp_path: Path) -> None:
     sched = scheduler(tmp_path)
     reply = ask(sched, "inject", token="another-job", rank=0, fault="kill")
-    assert (reply["ok"], reply["reason"]) == (False, "token")
+    assert (reply["ok"], reply["reason"], reply["signed"]) == (False, "token", False)
     assert sched.injections.pending == []
 
 

@@ -1,6 +1,8 @@
 """Any request, any JSON, any bytes, to the scheduler's request handler (in this process): it
 answers or ignores them, never raises, and what it answers ``bad_request`` changes nothing,
-in memory or persisted. Then the same through the real store, to a serving scheduler."""
+in memory or persisted; nor does a request signed with another token, tampered with or not
+signed, which gets at most the unsigned ``token`` refusal. Then the same through the real
+store, to a serving scheduler."""
 
 from __future__ import annotations
 
@@ -14,13 +16,14 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sched_inprocess import TOKEN, running_scheduler, scheduler_config
+from sched_inprocess import TOKEN, answer, running_scheduler, scheduler_config, signed
 from support import free_tcp_port
 
 from recovery.control.inject import FAULTS
 from recovery.control.rpc import REQUESTS, Op, open_client, reply_key
 from recovery.control.files import StateFile
 from recovery.control.scheduler import Scheduler
+from recovery.control.signing import Kind, new_nonce, seal
 
 PLAUSIBLE = {
     "node_id": st.sampled_from(["0", "1", ""]), "pid": st.integers(1, 5000),
@@ -53,28 +56,37 @@ others = st.one_of(st.floats(), st.integers(), st.text(max_size=5),
 
 
 @st.composite
-def requests(draw: st.DrawFn) -> bytes:
-    """A request as a client sends it, with one or two fields made weird, added or dropped.
+def requests(draw: st.DrawFn) -> tuple[bytes, bool]:
+    """A request as a client sends it, with one or two fields made weird, added or dropped,
+    and whether it carries the job token's signature: most do; the others are signed with
+    another token, have one byte changed, or are not signed.
 
     Hypothesis draws the simplest choice most often (the first of a list, False, 0): here
     that is a field of the op's own made an edge value.
     """
     op = draw(st.sampled_from(list(Op)))
-    request: dict[str, Any] = {"op": op.value, "rid": draw(st.uuids()).hex, "token": TOKEN,
-                               **{name: draw(PLAUSIBLE[name]) for name in FIELDS[op]}}
-    names = [*FIELDS[op], "op", "rid", "token", "extra"]
-    for name in draw(st.lists(st.sampled_from(names), min_size=1, max_size=2, unique=True)):
+    body: dict[str, Any] = {name: draw(PLAUSIBLE[name]) for name in FIELDS[op]}
+    for name in draw(st.lists(st.sampled_from([*FIELDS[op], "extra"]), min_size=1,
+                              max_size=2, unique=True)):
         if draw(st.integers(0, 3)) == 3:
-            request.pop(name, None)
+            body.pop(name, None)
         else:
-            request[name] = draw(others if draw(st.booleans()) else st.sampled_from(EDGES))
-    return json.dumps(request).encode()  # inf and NaN as Python writes them: Infinity, NaN
+            body[name] = draw(others if draw(st.booleans()) else st.sampled_from(EDGES))
+    # inf and NaN as Python writes them: Infinity, NaN
+    how = draw(st.sampled_from(["job", "job", "other token", "tampered", "unsigned"]))
+    key = None if how == "unsigned" else (b"other" if how == "other token" else TOKEN.encode())
+    raw = bytearray(seal(key, Kind.REQUEST, op.value, draw(st.uuids()).hex, new_nonce(),
+                         json.dumps(body)).encode())
+    if how == "tampered":
+        at = draw(st.integers(0, len(raw) - 1))
+        raw[at] = (raw[at] + draw(st.integers(1, 255))) % 256
+    return bytes(raw), how == "job"
 
 
 def nested(depth: int, opener: str) -> bytes:
     closer = "]" if opener == "[" else "}"
-    return ('{"op": "status", "rid": "r1", "x": %s1%s}'
-            % (opener * depth, closer * depth)).encode()
+    return seal(TOKEN.encode(), Kind.REQUEST, "status", "r1", new_nonce(),
+                '{"x": %s1%s}' % (opener * depth, closer * depth)).encode()
 
 
 any_bytes = (st.builds(nested, st.integers(1, 3000), st.sampled_from(["[", '{"a":']))
@@ -91,26 +103,30 @@ def scheduler(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scheduler]:
     yield scheduler
 
 
-def handled(scheduler: Scheduler, raw: bytes) -> None:
+def handled(scheduler: Scheduler, raw: bytes, authentic: bool = True) -> None:
     """Hand ``raw`` to the scheduler as its loop does; check what must hold of any request."""
     state = StateFile(scheduler.config.recovery_path).path
     before, on_disk = scheduler._snapshot(finished=False), state.read_bytes()
-    _rid, reply = scheduler._handle(raw)
+    _rid, sent = scheduler._handle(raw)
     scheduler._after_request()
-    if reply is None:
+    unchanged = scheduler._snapshot(finished=False) == before and state.read_bytes() == on_disk
+    if not authentic:
+        assert unchanged
+    if sent is None:
         return
+    reply = answer(sent)
     assert isinstance(reply["ok"], bool)
-    json.dumps(reply, allow_nan=False)  # the reply can be sent
+    if not reply["signed"]:
+        assert (reply["ok"], reply["reason"]) == (False, "token") and unchanged
     if reply.get("reason") == "bad_request":
-        assert scheduler._snapshot(finished=False) == before
-        assert state.read_bytes() == on_disk
+        assert unchanged
 
 
 @settings(max_examples=200, deadline=None)
-@given(raw=requests())
-def test_any_request_is_answered_and_a_bad_one_changes_nothing(
-        scheduler: Scheduler, raw: bytes) -> None:
-    handled(scheduler, raw)
+@given(request=requests())
+def test_any_request_is_answered_and_a_bad_or_unauthentic_one_changes_nothing(
+        scheduler: Scheduler, request: tuple[bytes, bool]) -> None:
+    handled(scheduler, *request)
 
 
 @settings(max_examples=100, deadline=None)
@@ -120,8 +136,8 @@ def test_any_bytes_are_answered_or_ignored(scheduler: Scheduler, raw: bytes) -> 
 
 
 def test_the_fuzzed_scheduler_still_serves(scheduler: Scheduler) -> None:
-    rid, reply = scheduler._handle(json.dumps({"op": "status", "rid": "last"}).encode())
-    assert rid == "last" and reply is not None and reply["ok"]
+    rid, reply = scheduler._handle(signed("status", rid="last"))
+    assert rid == "last" and reply is not None and answer(reply)["ok"]
 
 
 @pytest.fixture(scope="module")
@@ -133,10 +149,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 @settings(max_examples=50, deadline=None)
-@given(raw=requests() | any_bytes)
+@given(raw=requests().map(lambda request: request[0]) | any_bytes)
 def test_through_the_store_no_request_stops_the_scheduler(served: Any, raw: bytes) -> None:
     served.queue_push(REQUESTS, raw)
     rid = uuid.uuid4().hex  # then a request of this test's: answered, so still serving
-    served.queue_push(REQUESTS, json.dumps({"op": "status", "rid": rid}))
+    served.queue_push(REQUESTS, signed("status", rid=rid))
     served.wait([reply_key(rid)], timedelta(seconds=10))
-    assert json.loads(served.get(reply_key(rid)))["ok"]
+    assert answer(served.get(reply_key(rid)))["ok"]

@@ -12,7 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sched_inprocess import TOKEN, running_scheduler, scheduler_config, scheduler_stalled
+from sched_inprocess import (
+    TOKEN,
+    answer,
+    running_scheduler,
+    scheduler_config,
+    scheduler_stalled,
+    signed,
+)
 from support import events, wait_for, wait_for_event
 
 from recovery.control import replies
@@ -23,6 +30,7 @@ from recovery.control.membership import Identity
 from recovery.control.rpc import REQUESTS, Op, SchedulerLink, open_client, reply_key
 from recovery.control.files import StateFile
 from recovery.control.scheduler import Scheduler
+from recovery.control.signing import Kind, new_nonce, seal
 from recovery.timeouts import Timeouts
 
 pytestmark = pytest.mark.timeout(60)
@@ -81,7 +89,7 @@ def test_a_reply_nobody_reads_is_removed_from_the_store(
     monkeypatch.setattr(replies, "REPLY_KEEP", 0.5)
     with running_scheduler(tmp_path, free_port):
         store = open_client("127.0.0.1", free_port, 10)
-        store.queue_push(REQUESTS, json.dumps({"op": "status", "rid": "abandoned"}))
+        store.queue_push(REQUESTS, signed("status", rid="abandoned"))
         wait_for(lambda: store.check([reply_key("abandoned")]), 10, "the reply set")
         wait_for(lambda: not store.check([reply_key("abandoned")]), 10, "the reply removed")
 
@@ -90,20 +98,25 @@ def ask(store: Any, raw: bytes | str, rid: str) -> dict[str, Any]:
     """Push ``raw`` as a request and return the reply set under ``rid``."""
     store.queue_push(REQUESTS, raw)
     store.wait([reply_key(rid)], timedelta(seconds=10))
-    return json.loads(store.get(reply_key(rid)))
+    return answer(store.get(reply_key(rid)))
+
+
+def with_body(op: str, rid: str, body: str) -> str:
+    """A request signed with the job's token whose body is ``body``, as it is."""
+    return seal(TOKEN.encode(), Kind.REQUEST, op, rid, new_nonce(), body)
 
 
 MALFORMED = {
-    "overflow": '{"op": "register", "rid": "overflow", "token": "%s", "node_id": "0", '
-                '"pid": 1e999, "incarnation": 0}' % TOKEN,
-    "nan": '{"op": "last_words", "rid": "nan", "token": "%s", "rank": 0, "generation": NaN, '
-           '"step": 1, "consistent": true}' % TOKEN,
-    "deep": '{"op": "status", "rid": "deep", "x": %s}' % ("[" * 5000 + "]" * 5000),
-    "huge": '{"op": "inject", "rid": "huge", "token": "%s", "rank": 0, "fault": "%s"}'
-            % (TOKEN, "k" * 100_000),
-    "bool_rank": '{"op": "inject", "rid": "bool_rank", "token": "%s", "rank": true, '
-                 '"fault": "kill"}' % TOKEN,
+    "overflow": with_body("register", "overflow",
+                          '{"node_id": "0", "pid": 1e999, "incarnation": 0}'),
+    "nan": with_body("last_words", "nan",
+                     '{"rank": 0, "generation": NaN, "step": 1, "consistent": true}'),
+    "deep": with_body("status", "deep", '{"x": %s}' % ("[" * 5000 + "]" * 5000)),
+    "bool_rank": with_body("inject", "bool_rank", '{"rank": true, "fault": "kill"}'),
+    "no_object": with_body("status", "no_object", "[]"),
+    "unknown_op": with_body("reboot", "unknown_op", "{}"),
 }
+"""Signed, but not a request of the op's: each is answered ``bad_request``."""
 
 
 def test_malformed_requests_are_answered_bad_request_and_change_nothing_persisted(
@@ -111,17 +124,19 @@ def test_malformed_requests_are_answered_bad_request_and_change_nothing_persiste
     state = StateFile(tmp_path / "recovery")
     with running_scheduler(tmp_path, free_port):
         store = open_client("127.0.0.1", free_port, 10)
-        status = {"op": "status", "rid": "before"}
-        assert ask(store, json.dumps(status), "before")["ok"]
+        assert ask(store, signed("status", rid="before"), "before")["ok"]
         saved = wait_for(lambda: state.path.exists() and state.path.read_bytes(), 10,
                          "the state persisted")
-        # Without an id to answer under: ignored.
-        for raw in (b"\xff\xfe not json", "[" * 100_000 + "]" * 100_000, "[]", '"op"'):
+        # Without a header to answer under: ignored (too large for one too).
+        for raw in (b"\xff\xfe not json", "[" * 100_000 + "]" * 100_000, "[]", '"op"',
+                    json.dumps({"op": "status", "rid": "unsigned"}),
+                    with_body("inject", "huge", '{"rank": 0, "fault": "%s"}' % ("k" * 100_000))):
             store.queue_push(REQUESTS, raw)
         for rid, raw in MALFORMED.items():
             reply = ask(store, raw, rid)
             assert (reply["ok"], reply["reason"]) == (False, "bad_request"), rid
-        assert ask(store, json.dumps({**status, "rid": "after"}), "after")["ok"]
+        assert ask(store, signed("status", rid="after"), "after")["ok"]
+        assert not store.check([reply_key("unsigned")]) and not store.check([reply_key("huge")])
         assert state.path.read_bytes() == saved
         assert events(tmp_path / "logs", "scheduler_stop") == []
 
@@ -130,16 +145,17 @@ def test_a_retry_reaching_a_relaunched_scheduler_is_answered_as_the_first_attemp
         tmp_path: Path) -> None:
     """The first attempt was carried out and persisted, then the scheduler was killed
     before it replied: its relaunch answers the retry and does not count the exit again."""
-    report = json.dumps({"op": "exit", "rid": "exit-1", "token": TOKEN, "node_id": "1",
-                         "rank": 1, "pid": 4242, "incarnation": 3, "abnormal": True,
-                         "reason": "SIGKILL"}).encode()
+    report = {"node_id": "1", "rank": 1, "pid": 4242, "incarnation": 3, "abnormal": True,
+              "reason": "SIGKILL"}
     killed = Scheduler(scheduler_config(tmp_path, port=0))
-    _rid, first = killed._handle(report)
+    _rid, first = killed._handle(signed("exit", rid="exit-1", **report))
     killed._after_request()  # persisted; the reply is never sent
 
     relaunched = Scheduler(scheduler_config(tmp_path, port=0))
     assert relaunched._reload()
-    assert relaunched._handle(report) == ("exit-1", first)
+    rid, again = relaunched._handle(signed("exit", rid="exit-1", **report))  # a new attempt
+    assert first is not None and again is not None
+    assert (rid, answer(again)) == ("exit-1", answer(first))
     relaunched._after_request()
     assert len(events(tmp_path / "logs", "cooldown")) == 1
 
@@ -155,8 +171,7 @@ def test_a_scheduler_failing_on_its_own_leaves_its_state_to_its_relaunch(
         saved = state.path.parent.rename(state.path.parent.with_name("saved"))
         state.path.parent.write_text("")
         store = open_client("127.0.0.1", free_port, 10)
-        store.queue_push(REQUESTS, json.dumps({"op": "register", "token": TOKEN, "node_id": "1",
-                                               "pid": 101, "incarnation": 0}))
+        store.queue_push(REQUESTS, signed("register", node_id="1", pid=101, incarnation=0))
         stop = wait_for_event(tmp_path / "logs", 10, "the scheduler stopping",
                               event="scheduler_stop")
         assert stop["exitcode"] == 1 and "internal error" in stop["reason"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from sched_inprocess import TOKEN, running_scheduler
-from support import events, wait_for, wait_for_event
+from support import events, wait_for_event
 
 from recovery.runtime.cluster import ClusterContext, ClusterError, _register, _Session
 from recovery.control.client import SchedulerControl
@@ -61,11 +61,14 @@ def test_requests_are_served_and_the_end_is_persisted(tmp_path: Path, free_port:
             assert (refused["ok"], refused["reason"]) == (False, "duplicate")
             status = link.call(Op.STATUS)
             assert status["missing"] == [1] and status["members"][0]["pid"] == 100
-            # A wrong token may read the status, but not act or learn verdicts.
-            wait_for(lambda: stranger.status() is not None, 10, "the stranger connected")
+            # A wrong token can neither read, act nor learn verdicts: the scheduler's
+            # unsigned refusals are all it gets, and it does not act on them.
+            assert stranger._link.wait_connected(10)
+            assert stranger.status() is None
             stranger.report_exit("0", 0, 100, 0, abnormal=True, reason="forged")
             assert stranger.verdicts() == {}
             assert scheduler.membership.cooldown_left("0") == 0.0
+            assert stranger._link.unverified >= 2
         assert Endpoint.read(tmp_path / "logs") is None
         state = StateFile(tmp_path / "recovery").load()
         assert state is not None and state["finished"] is True

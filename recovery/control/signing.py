@@ -1,0 +1,164 @@
+"""Signed requests and replies: the job token is the HMAC key and never crosses the wire.
+
+Every message on the control plane (docs/scheduler.md, wire format) is one text::
+
+    tft1 <mac> <op> <rid> <nonce> <ts>\\n<body>
+
+* ``op``: the request's op; ``rid``: its request id (1 to 64 letters, digits, ``_``, ``-``);
+* ``nonce``: 32 hex digits, new for every attempt of a request; a reply carries its
+  request's, so that it answers that attempt and no other;
+* ``ts``: the sender's wall clock in milliseconds (requests older than the scheduler's
+  replay window are refused, :class:`ReplayGuard`);
+* ``body``: the JSON object of the message's fields;
+* ``mac``: 64 hex digits, HMAC-SHA256 keyed with the job token over
+  ``<kind> <op> <rid> <nonce> <ts>\\n<body>``, where ``kind`` is ``request`` or ``reply``
+  (a reply can never pass for a request, nor the other way round).
+
+:func:`unseal` checks the header's form and the MAC before anything reads the body, so a
+request without the token's signature is refused unparsed. A header of the right form
+with ``-`` in place of the MAC is the scheduler's unsigned refusal of a request it could
+not verify: the one answer a client holding a wrong token can read (it is never trusted:
+see recovery/control/rpc.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import hmac
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from enum import Enum
+
+from recovery import env as names
+
+__all__ = ["Kind", "Sealed", "BadSignature", "seal", "unseal", "new_nonce", "ReplayGuard",
+           "MissingToken", "checked_token", "UNSIGNED", "MAX_MESSAGE_BYTES", "REPLAY_WINDOW"]
+
+MAGIC = "tft1"
+UNSIGNED = "-"
+MAX_MESSAGE_BYTES = 16_384 + 256
+"""A request's body may be 16 KiB (recovery/control/requests.py); the header is far shorter."""
+REPLAY_WINDOW = 300.0
+"""Seconds a request is accepted after its sender's clock stamped it (and before: clocks
+of two hosts differ a little). Within it, a request is accepted once (its nonce)."""
+_HEADER = re.compile(
+    rb"tft1 ([0-9a-f]{64}|-) ([a-z_]{1,32}) ([0-9A-Za-z_-]{1,64}) ([0-9a-f]{32}) ([0-9]{1,16})\n")
+
+
+class Kind(str, Enum):
+    REQUEST = "request"
+    REPLY = "reply"
+
+
+@dataclass(frozen=True)
+class Sealed:
+    """A message whose MAC verified (or, ``signed`` false, an unsigned refusal)."""
+
+    op: str
+    rid: str
+    nonce: str
+    ts_ms: int
+    body: bytes
+    signed: bool = True
+
+
+class BadSignature(ValueError):
+    """Not a message signed with this key. ``header`` is the message's header when it had
+    a well-formed one (its ``body`` then unverified): enough to answer it."""
+
+    def __init__(self, message: str, header: Sealed | None = None) -> None:
+        super().__init__(message)
+        self.header = header
+
+
+def new_nonce() -> str:
+    return secrets.token_hex(16)
+
+
+def _mac(key: bytes, kind: Kind, op: str, rid: str, nonce: str, ts_ms: int,
+         body: bytes) -> str:
+    signed = f"{kind.value} {op} {rid} {nonce} {ts_ms}\n".encode() + body
+    return hmac.new(key, signed, hashlib.sha256).hexdigest()
+
+
+def seal(key: bytes | None, kind: Kind, op: str, rid: str, nonce: str, body: str,
+         ts_ms: int | None = None) -> str:
+    """The wire text of a message; ``key`` ``None``: an unsigned one (a refusal only)."""
+    ts_ms = time.time_ns() // 1_000_000 if ts_ms is None else ts_ms
+    mac = UNSIGNED if key is None else _mac(key, kind, op, rid, nonce, ts_ms, body.encode())
+    return f"{MAGIC} {mac} {op} {rid} {nonce} {ts_ms}\n{body}"
+
+
+def unseal(key: bytes, kind: Kind, raw: bytes | str) -> Sealed:
+    """The message in ``raw`` when its MAC verifies with ``key``.
+
+    Raises:
+        BadSignature: anything else, the body unread.
+    """
+    data = raw.encode(errors="surrogateescape") if isinstance(raw, str) else bytes(raw)
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise BadSignature(f"larger than {MAX_MESSAGE_BYTES} bytes")
+    found = _HEADER.match(data)
+    if found is None:
+        raise BadSignature("not a signed message")
+    mac, op, rid, nonce, ts = (part.decode() for part in found.groups())
+    header = Sealed(op, rid, nonce, int(ts), data[found.end():], signed=False)
+    if mac == UNSIGNED:
+        raise BadSignature("unsigned", header)
+    if not hmac.compare_digest(mac, _mac(key, kind, op, rid, nonce, int(ts), header.body)):
+        raise BadSignature("its signature does not verify (another job token)", header)
+    return Sealed(op, rid, nonce, int(ts), header.body)
+
+
+class ReplayGuard:
+    """Accepts each signed request once, and only within :data:`REPLAY_WINDOW` of its stamp.
+
+    Only verified requests reach it, so what it remembers is bounded by what the job's own
+    processes send in a window, never by a stranger's traffic.
+    """
+
+    def __init__(self, window: float = REPLAY_WINDOW) -> None:
+        self._window_ms = int(window * 1000)
+        self._seen: set[str] = set()
+        self._expiries: list[tuple[int, str]] = []
+        """A heap of (the time a nonce's request becomes stale, the nonce)."""
+
+    def check(self, sealed: Sealed, now_ms: int | None = None) -> str | None:
+        """Why ``sealed`` must be refused (``stale``, ``replayed``), or ``None`` to accept it."""
+        now_ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+        while self._expiries and self._expiries[0][0] < now_ms:
+            self._seen.discard(heapq.heappop(self._expiries)[1])
+        if abs(now_ms - sealed.ts_ms) > self._window_ms:
+            return "stale"
+        if sealed.nonce in self._seen:
+            return "replayed"
+        self._seen.add(sealed.nonce)
+        heapq.heappush(self._expiries, (sealed.ts_ms + self._window_ms, sealed.nonce))
+        return None
+
+    @property
+    def window(self) -> float:
+        return self._window_ms / 1000
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+
+class MissingToken(ValueError):
+    """A process of a job without a token, and without the user's opt-in to run so."""
+
+
+def checked_token(token: str, insecure_no_token: bool) -> str:
+    """``token``, unless it is empty and the user did not opt in to run without one.
+
+    With an empty token every message is signed with an empty key: anyone who reaches the
+    scheduler's port can forge requests and replies (docs/security.md).
+    """
+    if not token and not insecure_no_token:
+        raise MissingToken(f"no job token: set {names.TFT_JOB_TOKEN} to a secret shared by the "
+                           f"job's processes (templates/run.sh makes one), or "
+                           f"{names.TFT_INSECURE_NO_TOKEN}=1 to run without authentication")
+    return token
