@@ -306,8 +306,8 @@ def main() -> None:
         f"{name.removeprefix('after the fault: ')} {value:.3f}"
         for name, value in medians[c.label].items() if name.startswith("after the fault"))
         for c in measured[1:]]
-    emit(result, args.json, ["", title, *table(measured, medians, targets), *where,
-                              f"load average (1 min) during the runs: {min(loads):.1f}-{max(loads):.1f}"])
+    load_line = f"load average (1 min) during the runs: {min(loads):.1f}-{max(loads):.1f}"
+    emit(result, args.json, ["", title, *table(measured, medians, targets), *where, load_line])
 
 
 if __name__ == "__main__":
