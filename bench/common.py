@@ -1,11 +1,17 @@
-"""Shared bench helpers: free ports, the two launchers' command lines, medians."""
+"""Shared bench helpers: free ports, the two launchers' command lines, medians, and the
+``--json`` output every bench offers (``add_json_flag`` + ``emit``)."""
 
 from __future__ import annotations
 
+import argparse
+import json
+import math
 import socket
 import statistics
 import sys
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
@@ -32,6 +38,40 @@ def median(values: list[float]) -> float:
 
 
 def ratio_line(name: str, tft: float, torch_value: float, target: str) -> str:
-    ratio = tft / torch_value if torch_value else float("nan")
     return (f"{name:<32} tftrun {tft:8.3f}  torchrun {torch_value:8.3f}  "
-            f"ratio {ratio:6.2f}  (target {target})")
+            f"ratio {ratio(tft, torch_value):6.2f}  (target {target})")
+
+
+def ratio(value: float, baseline: float) -> float:
+    """``value / baseline``; NaN where there is no baseline (``emit`` writes it as null)."""
+    return value / baseline if baseline else float("nan")
+
+
+def add_json_flag(parser: argparse.ArgumentParser) -> None:
+    """Give a bench the ``--json`` flag that ``emit`` obeys."""
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object with the figures and ratios instead of the text report")
+
+
+def _plain_json(value: Any) -> Any:
+    """``value`` with NaN and infinities as null (strict JSON has no spelling for them) and
+    tuples and paths as lists and strings."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(key): _plain_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain_json(item) for item in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def emit(result: dict[str, Any], as_json: bool, text: Iterable[str] = ()) -> None:
+    """A bench's one output: with ``--json`` the object ``result`` (figures and ratios) as
+    one line of strict JSON on stdout, else the human ``text`` lines. Progress a bench
+    prints while it runs belongs on stderr, so that stdout stays one JSON object."""
+    if as_json:
+        print(json.dumps(_plain_json(result), allow_nan=False))
+    else:
+        print("\n".join(text))
