@@ -400,12 +400,11 @@ class Membership:
         if not self._generation_whole_and_heard(now):
             return
         members = [m for m in self._live() if (m.node_id, m.incarnation) in self._formed]
-        reported = {m.node_id: m.generation_step for m in members
-                    if m.generation_step is not None}
+        highest = _two_highest(m.generation_step for m in members)
         for member in members:
             if member.state is not MemberState.ALIVE:
                 continue
-            ahead = max((s for n, s in reported.items() if n != member.node_id), default=None)
+            ahead = _highest_of_others(highest, member.generation_step)
             if ahead is None or (member.generation_step is not None
                                  and ahead <= member.generation_step):
                 member.behind_since = None
@@ -440,6 +439,23 @@ class Membership:
         return True
 
     # ----------------------------------------------------------------- queries
+    def next_due(self, after: float) -> float | None:
+        """The first deadline later than ``after`` (monotonic: when :meth:`check` last
+        ran) at which :meth:`check` may decide something that no request brings about
+        (a heartbeat or progress verdict, the cluster timeout), or ``None``. Between
+        ``after`` and it, :meth:`check` finds nothing new to do, so the scheduler may sleep
+        until then or the next request. A deadline already passed is not due again: its
+        rule either fired, or waits for what only a request changes (a member heard
+        again, the generation whole again)."""
+        due = []
+        for member in self._live():
+            due.append(member.heartbeat_at + self.timeouts.heartbeat_timeout)
+            if member.behind_since is not None and member.state is MemberState.ALIVE:
+                due.append(member.behind_since + self.timeouts.progress_timeout)
+        if self._incomplete_since is not None:
+            due.append(self._incomplete_since + self.timeouts.cluster_time_out)
+        return min((d for d in due if d > after), default=None)
+
     def cooldown_left(self, node_id: str) -> float:
         return max(0.0, self.cooldowns.get(node_id, 0.0) - self.clock.time())
 
@@ -667,6 +683,26 @@ class Membership:
         self._emit("generation", generation=self.generation, world_size=self.worker_num,
                    members=[m.fields() for m in sorted(live, key=lambda m: m.rank)])
 
+
+def _two_highest(steps: Any) -> tuple[int | None, int | None]:
+    """The highest and second-highest of the reported steps (``None``: not reported);
+    equal steps count twice, so the second equals the first when two members share it."""
+    first = second = None
+    for step in steps:
+        if step is None:
+            continue
+        if first is None or step > first:
+            first, second = step, first
+        elif second is None or step > second:
+            second = step
+    return first, second
+
+
+def _highest_of_others(highest: tuple[int | None, int | None], own: int | None) -> int | None:
+    """The highest step reported by the members other than one whose step is ``own``,
+    in O(1) from :func:`_two_highest`: its own step hides the highest only when it is it."""
+    first, second = highest
+    return second if own is not None and own == first else first
 
 
 def describe_incomplete(cluster_time_out: float, worker_num: int, missing: list[int]) -> str:
