@@ -266,6 +266,7 @@ class Membership:
         self.clock: Clock = SystemClock() if clock is None else clock
         self.generation = NO_GENERATION
         self.members: dict[str, Member] = {}
+        self._rank_holders: dict[int, str] = {}  # rank -> node id; a member's rank never changes
         self.cooldowns: dict[str, float] = {}  # node id -> unix time
         self._formed: frozenset[tuple[str, int]] = frozenset()
         self._incomplete_since: float | None = None  # monotonic
@@ -545,6 +546,7 @@ class Membership:
             member.heartbeat_at = member.progress_at = now
         self.generation, self._formed, self.cooldowns = generation, formed, cooldowns
         self.members = {m.node_id: m for m in members}
+        self._rank_holders = {m.rank: m.node_id for m in members}
         self._incomplete_since = None
         self._update_completeness()
         return None
@@ -615,10 +617,10 @@ class Membership:
             return self._refuse(identity, RefuseReason.RANK_OUT_OF_RANGE,
                                 f"rank {rank} is beyond worker_num={self.worker_num} "
                                 f"(ranks are 0..{self.worker_num - 1})")
-        holder = next((m for m in self.members.values() if m.rank == rank), None)
+        holder = self._rank_holders.get(rank)
         if holder is not None:
             return self._refuse(identity, RefuseReason.RANK_TAKEN,
-                                f"rank {rank} belongs to node {holder.node_id}")
+                                f"rank {rank} belongs to node {holder}")
         return rank
 
     def _admit(self, node_id: str, rank: int, identity: Identity, event: str) -> Accepted:
@@ -628,6 +630,7 @@ class Membership:
             member = Member(node_id, rank, identity.pid, identity.incarnation, identity.host,
                             MemberState.ALIVE)
             self.members[node_id] = member
+            self._rank_holders[rank] = node_id
         else:
             member.transition(MemberState.ALIVE)
             member.pid, member.incarnation, member.host = (identity.pid, identity.incarnation,
@@ -664,6 +667,10 @@ class Membership:
 
     def _update_completeness(self) -> None:
         """Form a new generation when the cluster is complete with a new set of processes."""
+        if len(self.members) < self.worker_num:  # O(1) while a cluster fills up
+            if self._incomplete_since is None:
+                self._incomplete_since = self.clock.monotonic()
+            return
         live = self._live()
         if len(live) + len(self._finished()) < self.worker_num:
             if self._incomplete_since is None:
