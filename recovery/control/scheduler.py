@@ -425,8 +425,9 @@ class Scheduler:
     def _after_request(self) -> None:
         """Apply the periodic rules when due, persist, then make the decisions known."""
         now = time.monotonic()
-        if now - self._checked_at >= CHECK_EVERY or (
-                self._rules_due is not None and now >= self._rules_due):
+        rules_ran = now - self._checked_at >= CHECK_EVERY or (
+            self._rules_due is not None and now >= self._rules_due)
+        if rules_ran:
             self.membership.check()
             self._checked_at, self._check_pending = now, False
             self._rules_due = self.membership.next_due(after=now)
@@ -437,7 +438,8 @@ class Scheduler:
             self.events.emit(name, **fields)
             logger.info("%s %s", name, " ".join(f"{k}={v}" for k, v in fields.items()))
         self._publish_generation()
-        self._check_end()
+        if rules_ran or decided:  # O(members): not for every heartbeat
+            self._check_end()
 
     def _publish_generation(self) -> None:
         """Let the members of a newly formed generation rendezvous (recovery/runtime/cluster.py)."""
