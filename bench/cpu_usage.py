@@ -49,8 +49,7 @@ def run_once(make_cmd: Callable[..., list[str]], workers: int, steps: int) -> di
     """One run of the job: wall seconds and CPU seconds by role."""
     with tempfile.TemporaryDirectory(prefix="bench-cpu-") as tmp:
         cmd = make_cmd(workers, Path(tmp) / "logs", str(TEMPLATE), f"--max_steps={steps}",
-                       "--synthetic_size=4096", f"--save_steps={steps * 10}", "--log_every=100000",
-                       f"--ckpt_dir={tmp}/ckpt")
+                       "--synthetic_size=4096", f"--save_steps={steps * 10}", "--log_every=100000")
         started = time.monotonic()
         root = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                 cwd=tmp)

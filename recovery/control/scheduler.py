@@ -157,7 +157,7 @@ class Scheduler:
         self._unsaved = False  # a change of heartbeats only, not yet persisted
         self._wake_at = math.inf  # when the ticker is to wake the loop (monotonic)
         self._wake_changed = threading.Condition()
-        self._woken = os.pipe()  # a byte: the main thread is to look (stop, end)
+        self._woken: tuple[int, int] | None = None  # while run() runs: a pipe to wake it
         self.wakeups = 0
         """Requests and ticks the loop has handled: a quiet scheduler's count stays still."""
         self.ticks = 0
@@ -192,11 +192,15 @@ class Scheduler:
         loop = threading.Thread(target=self._serve, name="tft-scheduler-loop", daemon=True)
         ticker = threading.Thread(target=self._tick, args=(cfg.host, port),
                                   name="tft-scheduler-ticker", daemon=True)
+        self._woken = woken = os.pipe()
         loop.start()
         ticker.start()
         while not self._done.is_set() and self._stop_reason is None:
-            select.select([self._woken[0]], [], [])
-            os.read(self._woken[0], 64)
+            select.select([woken[0]], [], [])
+            os.read(woken[0], 64)
+        self._woken = None
+        os.close(woken[0])
+        os.close(woken[1])
         if self._stop_reason is not None:
             self._exit = (0, self._stop_reason)
         self._stopping.set()
@@ -214,14 +218,23 @@ class Scheduler:
 
     def request_stop(self, reason: str) -> None:
         """End :meth:`run` soon (safe in a signal handler: it records the reason and
-        writes a byte to a pipe)."""
+        writes a byte down a pipe)."""
         self._stop_reason = reason
-        os.write(self._woken[1], b"s")
+        self._wake_main()
 
     def _finish(self, code: int, reason: str) -> None:
         self._exit = (code, reason)
         self._done.set()
-        os.write(self._woken[1], b"f")
+        self._wake_main()
+
+    def _wake_main(self) -> None:
+        """Have :meth:`run`'s wait look again (a byte down its pipe; signal-safe)."""
+        woken = self._woken
+        if woken is not None:
+            try:
+                os.write(woken[1], b"x")
+            except OSError:  # run() has just closed it: it is not waiting any more
+                pass
 
     def _reload(self) -> bool:
         """Take over the state a killed scheduler of this job left; True if it did."""
