@@ -199,14 +199,15 @@ class Scheduler:
             select.select([woken[0]], [], [])
             os.read(woken[0], 64)
         self._woken = None
-        os.close(woken[0])
-        os.close(woken[1])
         if self._stop_reason is not None:
             self._exit = (0, self._stop_reason)
         self._stopping.set()
         self._wake_loop_at(time.monotonic())  # and again until it has left
         loop.join(_JOIN_TIMEOUT)
         ticker.join(_JOIN_TIMEOUT)
+        if not loop.is_alive():  # nothing writes to the pipe any more
+            os.close(woken[0])
+            os.close(woken[1])
         if not loop.is_alive() and not self._failed:
             self._save(finished=True)
         if cfg.log_dir is not None:
