@@ -64,6 +64,9 @@ logger = logging.getLogger(__name__)
 CHECK_EVERY = 0.1
 """The periodic rules run at most this often, and this soon after any request."""
 PERSIST_EVERY = 1.0
+BATCH = 256
+"""At most this many waiting requests are handled before their decisions are persisted
+and they are answered."""
 EXIT_CLUSTER_TIMEOUT = 1
 _LOOP_TIMEOUT = timedelta(days=1)  # the ticker wakes the loop long before
 _TICKER_TIMEOUT = 1.0
@@ -159,7 +162,8 @@ class Scheduler:
         self._wake_changed = threading.Condition()
         self._woken: tuple[int, int] | None = None  # while run() runs: a pipe to wake it
         self.wakeups = 0
-        """Requests and ticks the loop has handled: a quiet scheduler's count stays still."""
+        """Times the loop woke for a request or a tick (a batch of waiting requests counts
+        once): a quiet scheduler's count stays still."""
         self.ticks = 0
         self._handlers: dict[Op, Callable[[Request], dict[str, Any] | None]] = {
             Op.TICK: lambda _request: None,
@@ -304,14 +308,19 @@ class Scheduler:
     def _serve(self) -> None:
         try:
             while not self._stopping.is_set():
-                rid, reply = self._handle(self._client.queue_pop(REQUESTS))
+                answers = [self._handle(self._client.queue_pop(REQUESTS))]
+                # Requests already waiting join the batch: one save and one run of the
+                # rules for them all (a burst of registrations costs one fsync, not one each).
+                while len(answers) < BATCH and self._client.queue_len(REQUESTS) > 0:
+                    answers.append(self._handle(self._client.queue_pop(REQUESTS)))
                 self.wakeups += 1
                 self._after_request()
-                # Only now, with the decision persisted: what a worker is told survives a
+                # Only now, with the decisions persisted: what a worker is told survives a
                 # kill -9 of this process.
-                if rid is not None and reply is not None:
-                    self._client.set(reply_key(rid), json.dumps(reply))
-                    self._sent.sent(rid)
+                for rid, reply in answers:
+                    if rid is not None and reply is not None:
+                        self._client.set(reply_key(rid), json.dumps(reply))
+                        self._sent.sent(rid)
                 for expired in self._sent.expired():
                     self._client.delete_key(reply_key(expired))
                 self._wake_loop_at(self._next_wakeup(time.monotonic()))
