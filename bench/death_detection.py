@@ -1,6 +1,6 @@
 """How fast the supervisor notices a death among many trivial workers.
 
-    python bench/death_detection.py [--workers 128] [--kills 5]
+    python bench/death_detection.py [--workers 128] [--kills 5] [--json]
 
 Starts tftrun with N workers that only sleep, `kill -9`s one of them K times (tftrun
 restarts the group each time) and reports the delay from the kill to the `exit` event
@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import SCRIPTS, median, tftrun_cmd
+from common import SCRIPTS, add_json_flag, emit, median, tftrun_cmd
 
 from recovery.events import read_events
 
@@ -38,6 +38,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=128)
     parser.add_argument("--kills", type=int, default=5)
+    add_json_flag(parser)
     args = parser.parse_args()
     delays = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -57,9 +58,12 @@ def main() -> None:
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
-    print(f"death noticed, {args.workers} workers: delays "
-          + ", ".join(f"{d * 1000:.1f} ms" for d in delays))
-    print(f"median {median(delays) * 1000:.1f} ms (target < 100 ms)")
+    target_s = 0.1
+    result = {"workers": args.workers, "delays_s": delays, "median_s": median(delays),
+              "target_s": target_s, "met": median(delays) < target_s}
+    emit(result, args.json, [f"death noticed, {args.workers} workers: delays "
+                             + ", ".join(f"{d * 1000:.1f} ms" for d in delays),
+                             f"median {median(delays) * 1000:.1f} ms (target < 100 ms)"])
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """What phase reporting costs a training step: ``recovery.wrap_optimizer`` against the plain optimizer.
 
     PYTHONPATH=. python bench/phase_overhead.py [--steps 200] [--rounds 15] [--threads 1]
-        [--tftrun_workers 2] [--tftrun_rounds 10] [--tftrun_steps 100]
+        [--tftrun_workers 2] [--tftrun_rounds 10] [--tftrun_steps 100] [--json]
 
 Issue 6 asks that marking each step computing / updating / done (and telling the
 scheduler, through the heartbeat) slow training down by nothing measurable. Three parts:
@@ -39,7 +39,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from common import median, tftrun_cmd
+from common import add_json_flag, emit, median, tftrun_cmd
 from jobs.phase_steps import VARIANTS, PhaseBench
 
 from recovery.runtime.cluster import ClusterContext
@@ -50,8 +50,9 @@ JOB = Path(__file__).resolve().parent / "jobs" / "phase_loop.py"
 
 def report_phase_listener() -> Callable[[str], None]:
     """``ClusterContext.report_phase``, as ``ElasticTrainer`` installs it, of a context whose
-    session is a stand-in holding only what the method writes: the heartbeat's phase."""
-    session = SimpleNamespace(heartbeat=SimpleNamespace(phase=None))
+    session is a stand-in holding what the method writes (the heartbeat's phase) and the link
+    the constructor reads."""
+    session = SimpleNamespace(heartbeat=SimpleNamespace(phase=None), link=None)
     return ClusterContext(0, 1, 0, "bench", 0, "gloo", session=session).report_phase  # type: ignore[arg-type]
 
 
@@ -81,17 +82,30 @@ def paired_ratios(times: Mapping[str, Sequence[float]], name: str) -> list[float
     return [value / plain for value, plain in zip(times[name], times["plain"])]
 
 
+def figures(times: Mapping[str, Sequence[float]]) -> dict[str, dict[str, float]]:
+    """Per variant, its median and best seconds per step; but for plain, its ratio to plain
+    (median, lowest and highest of the rounds' ratios) and the ratio of the bests."""
+    result = {}
+    for name in VARIANTS:
+        entry = {"median_s": median(list(times[name])), "best_s": min(times[name])}
+        if name != "plain":
+            ratios = paired_ratios(times, name)
+            entry.update(ratio=statistics.median(ratios), lowest=min(ratios), highest=max(ratios),
+                         ratio_of_bests=min(times[name]) / min(times["plain"]))
+        result[name] = entry
+    return result
+
+
 def report(title: str, times: Mapping[str, Sequence[float]]) -> list[str]:
     """Each variant's median and best ms/step; but for plain, its ratio to plain (median of
     the rounds' ratios, the lowest and highest of them) and the ratio of the bests."""
     lines = [title, f"  {'variant':<12} {'median ms':>10} {'best ms':>8} {'ratio':>7} {'lowest':>7} "
                     f"{'highest':>7} {'ratio of bests':>15}"]
-    for name in VARIANTS:
-        line = f"  {name:<12} {median(list(times[name])) * 1e3:10.3f} {min(times[name]) * 1e3:8.3f}"
+    for name, entry in figures(times).items():
+        line = f"  {name:<12} {entry['median_s'] * 1e3:10.3f} {entry['best_s'] * 1e3:8.3f}"
         if name != "plain":
-            ratios = paired_ratios(times, name)
-            line += (f" {statistics.median(ratios):7.4f} {min(ratios):7.4f} {max(ratios):7.4f}"
-                     f" {min(times[name]) / min(times['plain']):15.4f}")
+            line += (f" {entry['ratio']:7.4f} {entry['lowest']:7.4f} {entry['highest']:7.4f}"
+                     f" {entry['ratio_of_bests']:15.4f}")
         lines.append(line)
     return lines
 
@@ -117,20 +131,27 @@ def main() -> None:
     parser.add_argument("--tftrun_workers", type=int, default=2, help="0: skip part 3")
     parser.add_argument("--tftrun_rounds", type=int, default=10)
     parser.add_argument("--tftrun_steps", type=int, default=100)
+    add_json_flag(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     listener = report_phase_listener()
     times = PhaseBench(listener, lambda model: None).rounds(args.rounds, args.steps)
-    print("\n".join(report(f"1. one process, {args.threads} thread(s), torch {torch.__version__}: "
-                           f"{args.rounds} rounds of {args.steps} steps", times)))
+    text = report(f"1. one process, {args.threads} thread(s), torch {torch.__version__}: "
+                  f"{args.rounds} rounds of {args.steps} steps", times)
     added = wrapper_seconds(listener)
-    print(f"2. the wrapper alone adds {added * 1e6:.2f} us per step = "
-          f"{added / median(times['plain']) * 100:.3f}% of a plain step of part 1")
+    text.append(f"2. the wrapper alone adds {added * 1e6:.2f} us per step = "
+                f"{added / median(times['plain']) * 100:.3f}% of a plain step of part 1")
+    result = {"one_process": figures(times), "wrapper_added_s": added,
+              "wrapper_share_of_plain_step": added / median(times["plain"]),
+              "torch": torch.__version__, "threads": args.threads, "rounds": args.rounds, "steps": args.steps}
     if args.tftrun_workers:
-        print("\n".join(report(f"3. tftrun, {args.tftrun_workers} workers, rank 0: "
-                               f"{args.tftrun_rounds} rounds of {args.tftrun_steps} steps",
-                               tftrun_times(args.tftrun_workers, args.tftrun_rounds, args.tftrun_steps))))
-    print("target: wrapped ratio <= 1.01, or within the plain-again range (the noise band)")
+        tft_times = tftrun_times(args.tftrun_workers, args.tftrun_rounds, args.tftrun_steps)
+        text += report(f"3. tftrun, {args.tftrun_workers} workers, rank 0: "
+                       f"{args.tftrun_rounds} rounds of {args.tftrun_steps} steps", tft_times)
+        result["tftrun"] = {"workers": args.tftrun_workers, "rounds": args.tftrun_rounds,
+                            "steps": args.tftrun_steps, "variants": figures(tft_times)}
+    text.append("target: wrapped ratio <= 1.01, or within the plain-again range (the noise band)")
+    emit(result, args.json, text)
 
 
 if __name__ == "__main__":

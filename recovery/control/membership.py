@@ -266,6 +266,7 @@ class Membership:
         self.clock: Clock = SystemClock() if clock is None else clock
         self.generation = NO_GENERATION
         self.members: dict[str, Member] = {}
+        self._rank_holders: dict[int, str] = {}  # rank -> node id; a member's rank never changes
         self.cooldowns: dict[str, float] = {}  # node id -> unix time
         self._formed: frozenset[tuple[str, int]] = frozenset()
         self._incomplete_since: float | None = None  # monotonic
@@ -400,12 +401,11 @@ class Membership:
         if not self._generation_whole_and_heard(now):
             return
         members = [m for m in self._live() if (m.node_id, m.incarnation) in self._formed]
-        reported = {m.node_id: m.generation_step for m in members
-                    if m.generation_step is not None}
+        highest = _two_highest(m.generation_step for m in members)
         for member in members:
             if member.state is not MemberState.ALIVE:
                 continue
-            ahead = max((s for n, s in reported.items() if n != member.node_id), default=None)
+            ahead = _highest_of_others(highest, member.generation_step)
             if ahead is None or (member.generation_step is not None
                                  and ahead <= member.generation_step):
                 member.behind_since = None
@@ -440,6 +440,23 @@ class Membership:
         return True
 
     # ----------------------------------------------------------------- queries
+    def next_due(self, after: float) -> float | None:
+        """The first deadline later than ``after`` (monotonic: when :meth:`check` last
+        ran) at which :meth:`check` may decide something that no request brings about
+        (a heartbeat or progress verdict, the cluster timeout), or ``None``. Between
+        ``after`` and it, :meth:`check` finds nothing new to do, so the scheduler may sleep
+        until then or the next request. A deadline already passed is not due again: its
+        rule either fired, or waits for what only a request changes (a member heard
+        again, the generation whole again)."""
+        due = []
+        for member in self._live():
+            due.append(member.heartbeat_at + self.timeouts.heartbeat_timeout)
+            if member.behind_since is not None and member.state is MemberState.ALIVE:
+                due.append(member.behind_since + self.timeouts.progress_timeout)
+        if self._incomplete_since is not None:
+            due.append(self._incomplete_since + self.timeouts.cluster_time_out)
+        return min((d for d in due if d > after), default=None)
+
     def cooldown_left(self, node_id: str) -> float:
         return max(0.0, self.cooldowns.get(node_id, 0.0) - self.clock.time())
 
@@ -529,6 +546,7 @@ class Membership:
             member.heartbeat_at = member.progress_at = now
         self.generation, self._formed, self.cooldowns = generation, formed, cooldowns
         self.members = {m.node_id: m for m in members}
+        self._rank_holders = {m.rank: m.node_id for m in members}
         self._incomplete_since = None
         self._update_completeness()
         return None
@@ -599,10 +617,10 @@ class Membership:
             return self._refuse(identity, RefuseReason.RANK_OUT_OF_RANGE,
                                 f"rank {rank} is beyond worker_num={self.worker_num} "
                                 f"(ranks are 0..{self.worker_num - 1})")
-        holder = next((m for m in self.members.values() if m.rank == rank), None)
+        holder = self._rank_holders.get(rank)
         if holder is not None:
             return self._refuse(identity, RefuseReason.RANK_TAKEN,
-                                f"rank {rank} belongs to node {holder.node_id}")
+                                f"rank {rank} belongs to node {holder}")
         return rank
 
     def _admit(self, node_id: str, rank: int, identity: Identity, event: str) -> Accepted:
@@ -612,6 +630,7 @@ class Membership:
             member = Member(node_id, rank, identity.pid, identity.incarnation, identity.host,
                             MemberState.ALIVE)
             self.members[node_id] = member
+            self._rank_holders[rank] = node_id
         else:
             member.transition(MemberState.ALIVE)
             member.pid, member.incarnation, member.host = (identity.pid, identity.incarnation,
@@ -648,6 +667,10 @@ class Membership:
 
     def _update_completeness(self) -> None:
         """Form a new generation when the cluster is complete with a new set of processes."""
+        if len(self.members) < self.worker_num:  # O(1) while a cluster fills up
+            if self._incomplete_since is None:
+                self._incomplete_since = self.clock.monotonic()
+            return
         live = self._live()
         if len(live) + len(self._finished()) < self.worker_num:
             if self._incomplete_since is None:
@@ -667,6 +690,26 @@ class Membership:
         self._emit("generation", generation=self.generation, world_size=self.worker_num,
                    members=[m.fields() for m in sorted(live, key=lambda m: m.rank)])
 
+
+def _two_highest(steps: Any) -> tuple[int | None, int | None]:
+    """The highest and second-highest of the reported steps (``None``: not reported);
+    equal steps count twice, so the second equals the first when two members share it."""
+    first = second = None
+    for step in steps:
+        if step is None:
+            continue
+        if first is None or step > first:
+            first, second = step, first
+        elif second is None or step > second:
+            second = step
+    return first, second
+
+
+def _highest_of_others(highest: tuple[int | None, int | None], own: int | None) -> int | None:
+    """The highest step reported by the members other than one whose step is ``own``,
+    in O(1) from :func:`_two_highest`: its own step hides the highest only when it is it."""
+    first, second = highest
+    return second if own is not None and own == first else first
 
 
 def describe_incomplete(cluster_time_out: float, worker_num: int, missing: list[int]) -> str:

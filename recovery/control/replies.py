@@ -61,6 +61,10 @@ class SentReplies:
     def sent(self, rid: str) -> None:
         self._sent.append((time.monotonic(), rid))
 
+    def next_expiry(self) -> float | None:
+        """When (monotonic) :meth:`expired` next has an id to return, if any is kept."""
+        return self._sent[0][0] + REPLY_KEEP if self._sent else None
+
     def expired(self) -> list[str]:
         """Remove and return the ids whose replies are to be removed from the store now."""
         oldest = time.monotonic() - REPLY_KEEP

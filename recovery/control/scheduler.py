@@ -7,12 +7,16 @@ listening socket is inherited (``TFT_STORE_FD``), so that a relaunched scheduler
 the same port at once and no other process can take the port in between.
 
 One thread handles requests (recovery/control/rpc.py) one at a time and applies the rules of
-recovery/control/membership.py; a ticker wakes it every :data:`TICK` seconds so that silence is
-noticed too. Each request's signature is verified before anything else reads it
-(recovery/control/signing.py): one that does not verify, or replays an earlier one, is
-refused, and refusals are reported at most every few seconds (recovery/control/throttle.py).
-Then its body is checked (recovery/control/requests.py): a malformed one is answered
-``bad_request`` and decides nothing. A retry of a request already carried out
+recovery/control/membership.py; a ticker wakes it when something is due without a request
+(a heartbeat or progress deadline, the cluster timeout, a deferred save, a reply to clean
+up, a stop), and only then: an idle scheduler sleeps (docs/scale.md). The rules run at most
+every :data:`CHECK_EVERY` seconds however many requests come, so that thousands of
+heartbeats a second each cost O(1), not a scan of the members. Each request's signature is
+verified before anything else reads it (recovery/control/signing.py): one that does not
+verify, or replays an earlier one, is refused, and refusals are reported at most every few
+seconds (recovery/control/throttle.py). Then its body is checked
+(recovery/control/requests.py): a malformed one is answered ``bad_request`` and decides
+nothing. A retry of a request already carried out
 is answered as the first attempt was (recovery/control/replies.py). After each request it writes
 the decided events to ``events.jsonl``, publishes a newly formed generation, and persists
 its state, so that a ``kill -9`` loses nothing the workers were told.
@@ -27,7 +31,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import select
 import signal
 import sys
 import threading
@@ -79,10 +85,16 @@ __all__ = ["SchedulerConfig", "Scheduler", "host_store", "main", "EXIT_CLUSTER_T
 
 logger = logging.getLogger(__name__)
 
-TICK = 0.1
+CHECK_EVERY = 0.1
+"""The periodic rules run at most this often, and this soon after any request."""
 PERSIST_EVERY = 1.0
+BATCH = 256
+"""At most this many waiting requests are handled before their decisions are persisted
+and they are answered."""
 EXIT_CLUSTER_TIMEOUT = 1
 _LOOP_TIMEOUT = timedelta(days=1)  # the ticker wakes the loop long before
+_TICKER_TIMEOUT = 1.0
+_PAST_DEADLINE = 0.001
 _JOIN_TIMEOUT = 5.0
 _WRONG_TOKEN = {"ok": False, "reason": "token", "retry_after": None,
                 "message": "wrong job token: the request's signature does not verify"}
@@ -172,6 +184,17 @@ class Scheduler:
         self._saved_at = 0.0
         self._overdue_reported = False
         self._started = time.time()
+        self._checked_at = -math.inf  # monotonic
+        self._check_pending = False  # a request came since the rules last ran
+        self._rules_due: float | None = None  # Membership.next_due() when they last ran
+        self._unsaved = False  # a change of heartbeats only, not yet persisted
+        self._wake_at = math.inf  # when the ticker is to wake the loop (monotonic)
+        self._wake_changed = threading.Condition()
+        self._woken: tuple[int, int] | None = None  # while run() runs: a pipe to wake it
+        self.wakeups = 0
+        """Times the loop woke for a request or a tick (a batch of waiting requests counts
+        once): a quiet scheduler's count stays still."""
+        self.ticks = 0
         self._handlers: dict[Op, Callable[[Request], dict[str, Any] | None]] = {
             Op.TICK: lambda _request: None,
             Op.STATUS: self._on_status,
@@ -219,15 +242,22 @@ class Scheduler:
         loop = threading.Thread(target=self._serve, name="tft-scheduler-loop", daemon=True)
         ticker = threading.Thread(target=self._tick, args=(cfg.host, port),
                                   name="tft-scheduler-ticker", daemon=True)
+        self._woken = woken = os.pipe()
         loop.start()
         ticker.start()
-        while not self._done.wait(0.2) and self._stop_reason is None:
-            pass
+        while not self._done.is_set() and self._stop_reason is None:
+            select.select([woken[0]], [], [])
+            os.read(woken[0], 64)
+        self._woken = None
         if self._stop_reason is not None:
             self._exit = (0, self._stop_reason)
         self._stopping.set()
-        loop.join(_JOIN_TIMEOUT)  # the ticker wakes it until it has left
+        self._wake_loop_at(time.monotonic())  # and again until it has left
+        loop.join(_JOIN_TIMEOUT)
         ticker.join(_JOIN_TIMEOUT)
+        if not loop.is_alive():  # nothing writes to the pipe any more
+            os.close(woken[0])
+            os.close(woken[1])
         if not loop.is_alive() and not self._failed:
             self._save(finished=True)
         if cfg.log_dir is not None:
@@ -238,12 +268,24 @@ class Scheduler:
         return code
 
     def request_stop(self, reason: str) -> None:
-        """End :meth:`run` soon (safe in a signal handler: it only records the reason)."""
+        """End :meth:`run` soon (safe in a signal handler: it records the reason and
+        writes a byte down a pipe)."""
         self._stop_reason = reason
+        self._wake_main()
 
     def _finish(self, code: int, reason: str) -> None:
         self._exit = (code, reason)
         self._done.set()
+        self._wake_main()
+
+    def _wake_main(self) -> None:
+        """Have :meth:`run`'s wait look again (a byte down its pipe; signal-safe)."""
+        woken = self._woken
+        if woken is not None:
+            try:
+                os.write(woken[1], b"x")
+            except OSError:  # run() has just closed it: it is not waiting any more
+                pass
 
     def _reload(self) -> bool:
         """Take over the state a killed scheduler of this job left; True if it did."""
@@ -269,29 +311,67 @@ class Scheduler:
         return True
 
     def _tick(self, host: str, port: int) -> None:
-        """Wake the loop every TICK, so that it notices silence, timeouts and a stop."""
+        """Wake the loop when something is due that no request brings (see
+        :meth:`_next_wakeup`), and never else: a tick is a request the loop pops."""
         from torch.distributed import DistError
 
-        client = open_client(host, port, TICK * 10)
-        tick = json.dumps({"op": Op.TICK.value})
-        while not self._loop_exited.wait(TICK):
+        client = open_client(host, port, _TICKER_TIMEOUT)
+        while not self._loop_exited.is_set():
+            with self._wake_changed:
+                left = self._wake_at - time.monotonic()
+                if left > 0:
+                    self._wake_changed.wait(None if left == math.inf else left)
+                    continue
+                self._wake_at = math.inf  # the loop sets the next once it has handled this
             try:
-                client.queue_push(REQUESTS, tick)
+                client.queue_push(REQUESTS, _TICK)
             except DistError:
                 return
+
+    def _wake_loop_at(self, when: float) -> None:
+        """Have the ticker wake the loop at ``when`` (monotonic), or earlier if it is to."""
+        with self._wake_changed:
+            if when < self._wake_at:
+                self._wake_at = when
+                self._wake_changed.notify()
+
+    def _next_wakeup(self, now: float) -> float:
+        """When the loop must run next without a request: the rules' next deadline (and
+        at most CHECK_EVERY after a request they have not seen), a deferred save, the
+        oldest sent reply's clean-up, the cluster timeout; right away when stopping."""
+        if self._stopping.is_set():
+            return now
+        # Just past a rules deadline: the rules compare strictly (silent > timeout).
+        due = [self._rules_due + _PAST_DEADLINE if self._rules_due is not None else math.inf,
+               self._checked_at + CHECK_EVERY if self._check_pending else math.inf,
+               self._saved_at + PERSIST_EVERY if self._unsaved else math.inf]
+        reply_expiry = self._sent.next_expiry()
+        if reply_expiry is not None:
+            due.append(reply_expiry)
+        # Refusals held back by their throttle are reported when due, even with no request.
+        due.extend(when for throttle in self._refusals.values()
+                   if (when := throttle.next_due()) is not None)
+        return min(due)
 
     def _serve(self) -> None:
         try:
             while not self._stopping.is_set():
-                rid, reply = self._handle(self._client.queue_pop(REQUESTS))
+                answers = [self._handle(self._client.queue_pop(REQUESTS))]
+                # Requests already waiting join the batch: one save and one run of the
+                # rules for them all (a burst of registrations costs one fsync, not one each).
+                while len(answers) < BATCH and self._client.queue_len(REQUESTS) > 0:
+                    answers.append(self._handle(self._client.queue_pop(REQUESTS)))
+                self.wakeups += 1
                 self._after_request()
-                # Only now, with the decision persisted: what a worker is told survives a
+                # Only now, with the decisions persisted: what a worker is told survives a
                 # kill -9 of this process.
-                if rid is not None and reply is not None:
-                    self._client.set(reply_key(rid), reply)
-                    self._sent.sent(rid)
+                for rid, reply in answers:
+                    if rid is not None and reply is not None:
+                        self._client.set(reply_key(rid), reply)
+                        self._sent.sent(rid)
                 for expired in self._sent.expired():
                     self._client.delete_key(reply_key(expired))
+                self._wake_loop_at(self._next_wakeup(time.monotonic()))
         except Exception:
             # Not a request's fault (each is checked first): the store or the disk failed.
             logger.exception("the scheduler's loop failed")
@@ -299,6 +379,8 @@ class Scheduler:
             self._finish(1, "internal error (see scheduler.log)")
         finally:
             self._loop_exited.set()
+            with self._wake_changed:
+                self._wake_changed.notify()  # the ticker sees the loop gone and ends
 
     # ----------------------------------------------------------------- requests
     def _handle(self, raw: bytes) -> tuple[str | None, str | None]:
@@ -312,6 +394,7 @@ class Scheduler:
         """
         self._report_refusals()
         if raw == _TICK:
+            self.ticks += 1
             return None, None
         try:
             sealed = unseal(self._key, Kind.REQUEST, raw)
@@ -334,6 +417,7 @@ class Scheduler:
                                                      "message": message, "retry_after": None})
         try:
             request = parse_request(sealed)
+            self._check_pending = True
         except BadRequest as err:
             self._refused("bad_request", sealed.op, str(err))
             return sealed.rid, self._sealed(sealed, {"ok": False, "reason": "bad_request",
@@ -381,7 +465,8 @@ class Scheduler:
                 "rejoin_cooldown": cfg.timeouts.rejoin_cooldown,
                 "heartbeat_timeout": cfg.timeouts.heartbeat_timeout,
                 "progress_timeout": cfg.timeouts.progress_timeout,
-                "cluster_time_out": cfg.timeouts.cluster_time_out}
+                "cluster_time_out": cfg.timeouts.cluster_time_out,
+                "loop": {"wakeups": self.wakeups, "ticks": self.ticks}}
 
     def _on_register(self, request: Request) -> dict[str, Any]:
         # Signed: it holds the job token.
@@ -443,8 +528,14 @@ class Scheduler:
 
     # ----------------------------------------------------------------- after each request
     def _after_request(self) -> None:
-        """Apply the periodic rules, persist, then make the decisions known."""
-        self.membership.check()
+        """Apply the periodic rules when due, persist, then make the decisions known."""
+        now = time.monotonic()
+        rules_ran = now - self._checked_at >= CHECK_EVERY or (
+            self._rules_due is not None and now >= self._rules_due)
+        if rules_ran:
+            self.membership.check()
+            self._checked_at, self._check_pending = now, False
+            self._rules_due = self.membership.next_due(after=now)
         decided = [*self.membership.drain_events(), *self._decided]
         self._save(finished=False, now=bool(decided) or self._changed)
         self._decided, self._changed = [], False
@@ -452,7 +543,8 @@ class Scheduler:
             self.events.emit(name, **fields)
             logger.info("%s %s", name, " ".join(f"{k}={v}" for k, v in fields.items()))
         self._publish_generation()
-        self._check_end()
+        if rules_ran or decided:  # O(members): not for every heartbeat
+            self._check_end()
 
     def _publish_generation(self) -> None:
         """Let the members of a newly formed generation rendezvous (recovery/runtime/cluster.py)."""
@@ -470,9 +562,14 @@ class Scheduler:
 
     def _save(self, finished: bool, now: bool = True) -> None:
         """Persist the state when it changed: at once after a decision, else at most every
-        PERSIST_EVERY seconds (heartbeats only move steps)."""
+        PERSIST_EVERY seconds (heartbeats only move steps; the snapshot, O(members), is
+        not even built in between)."""
+        if not now and time.monotonic() - self._saved_at < PERSIST_EVERY:
+            self._unsaved = True
+            return
+        self._unsaved = False
         text = json.dumps(self._snapshot(finished), sort_keys=True)
-        if text == self._saved or (not now and time.monotonic() - self._saved_at < PERSIST_EVERY):
+        if text == self._saved:
             return
         self._state.save(json.loads(text))
         self._saved, self._saved_at = text, time.monotonic()

@@ -39,3 +39,9 @@ class Throttle:
             return None
         count, self._held, self._reported_at = self._held, 0, now
         return count
+
+    def next_due(self) -> float | None:
+        """When (on the clock) the held-back occurrences are to be reported; ``None``: none held."""
+        if self._held == 0:
+            return None
+        return self._clock() if self._reported_at is None else self._reported_at + self._every

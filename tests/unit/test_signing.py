@@ -96,8 +96,10 @@ def test_the_throttle_reports_once_per_interval_with_the_count_held_back() -> No
     reports = [throttle.note() for _ in range(1000)]
     assert reports[0] == 1 and reports[1:] == [None] * 999
     assert throttle.due() is None
+    assert throttle.next_due() == 10.0  # a sleeping scheduler wakes for the held-back report
     clock[0] = 10.0
     assert throttle.due() == 999 and throttle.due() is None
+    assert throttle.next_due() is None
 
 
 def test_an_empty_token_is_refused_unless_the_user_opts_in() -> None:

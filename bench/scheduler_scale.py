@@ -1,0 +1,322 @@
+"""How the scheduler copes with thousands of ranks: the real scheduler, simulated workers.
+
+    PYTHONPATH=. python bench/scheduler_scale.py [--ranks 64 512 2048 8192] [--procs 4]
+        [--measure 10] [--heartbeat_timeout 5] [--json]
+
+For each size, starts the real scheduler (``python -m recovery.control.scheduler``, by
+hand as a launch script would: its own port, no supervisor) for that many workers, and
+``--procs`` simulator processes that play the workers between them, one thread per
+rank. A simulated rank does what a worker's ``recovery.init()`` does, through the
+library's own client code: it connects a ``SchedulerLink``, registers with ``Op.REGISTER``
+and heartbeats with ``recovery.runtime.heartbeat.Heartbeat`` (timed around its ``beat``);
+nothing trains. Figures:
+
+* **generation formed**: from "go" (every link connected, all ranks register at once) to
+  the scheduler's ``generation`` event; and to the last rank's register reply;
+* **scheduler CPU %** of one core (psutil) over ``--measure`` seconds of heartbeats, and
+  over as long with nothing but the idle job (``idle``: what a quiet scheduler costs);
+* **heartbeat round trip** p50 / p99 over the same window, and how many beats failed;
+* **silence to verdict**: one rank stops beating; from its last answered beat to the
+  scheduler's ``verdict`` event, and how far past ``heartbeat_timeout`` that came.
+
+Targets at 2048 ranks (issue 16): CPU < 50 %, p99 < 200 ms, generation < 2 s. The
+simulators share the machine with the scheduler: on a small host the large sizes
+measure the simulator too (see docs/scale.md). Run by hand; not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from queue import Empty
+from typing import Any
+
+import psutil
+from common import add_json_flag, emit, free_port
+
+from recovery import env as names
+from recovery.control.membership import Identity
+from recovery.control.rpc import Op, SchedulerLink, port_open
+from recovery.events import read_events
+from recovery.runtime.heartbeat import Heartbeat
+from recovery.timeouts import Timeouts
+
+TOKEN = "bench-token"
+HOST = "127.0.0.1"
+REPLY_TIMEOUT = 30.0
+_THREAD_STACK = 256 * 1024  # thousands of threads per simulator process
+_TARGETS = {"cpu_percent": 50.0, "p99_ms": 200.0, "generation_s": 2.0}
+
+
+class TimedHeartbeat(Heartbeat):
+    """The library's heartbeat, timing each beat: (wall time sent, round trip seconds)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, on_evicted=self._evicted, **kwargs)
+        self.trips: list[tuple[float, float]] = []
+        self.failed = 0
+        self.last_answered = 0.0
+        self.evicted = False
+
+    def _evicted(self, message: str) -> None:
+        self.evicted = True
+
+    def beat(self) -> bool:
+        sent, started = time.time(), time.perf_counter()
+        answered = super().beat()
+        if answered:
+            self.trips.append((sent, time.perf_counter() - started))
+            self.last_answered = time.time()
+        else:
+            self.failed += 1
+        return answered
+
+
+@dataclass
+class SimulatedRank:
+    rank: int
+    link: SchedulerLink
+    heartbeat: TimedHeartbeat | None = None
+    registered_at: float = 0.0
+    problem: str = ""
+
+
+def _register_and_beat(sim: SimulatedRank, interval: float) -> None:
+    identity = Identity(str(sim.rank), os.getpid(), 1000 + sim.rank, HOST, sim.rank)
+    try:
+        reply = sim.link.call(Op.REGISTER, node_id=identity.node_id, pid=identity.pid,
+                              incarnation=identity.incarnation, host=identity.host,
+                              rank=identity.rank)
+    except ConnectionError as err:
+        sim.problem = f"register: {err}"
+        return
+    sim.registered_at = time.time()
+    if not reply.get("ok"):
+        sim.problem = f"register refused: {reply}"
+        return
+    sim.heartbeat = TimedHeartbeat(sim.link, identity, interval, int(reply["generation"]))
+    sim.heartbeat.start()
+
+
+def simulate(ranks: list[int], port: int, interval: float, commands: Any, results: Any) -> None:
+    """One simulator process: its ranks connect, then on "go" register and beat until
+    told to silence one rank or to stop."""
+    threading.stack_size(_THREAD_STACK)
+    sims = [SimulatedRank(r, SchedulerLink(HOST, port, TOKEN, REPLY_TIMEOUT)) for r in ranks]
+    started = time.monotonic()
+    unconnected = sum(not s.link.wait_connected(120) for s in sims)
+    print(f"simulator {os.getpid()}: {len(sims)} links in {time.monotonic() - started:.1f}s",
+          file=sys.stderr, flush=True)
+    results.put(("connected", unconnected))
+    assert commands.get() == "go"
+    registrars = [threading.Thread(target=_register_and_beat, args=(s, interval)) for s in sims]
+    for thread in registrars:
+        thread.start()
+    for thread in registrars:
+        thread.join()
+    results.put(("registered", max(s.registered_at for s in sims),
+                 [s.problem for s in sims if s.problem][:3]))
+    by_rank = {s.rank: s for s in sims}
+    while (command := commands.get()) != "stop":
+        silenced = by_rank[command[1]].heartbeat
+        assert silenced is not None
+        silenced.stop()
+        results.put(("silenced", silenced.last_answered))
+    beats = [s.heartbeat for s in sims if s.heartbeat is not None]
+    for beat in beats:
+        beat.stop()
+    for sim in sims:
+        sim.link.close()
+    results.put(("trips", [t for b in beats for t in b.trips], sum(b.failed for b in beats),
+                 sum(b.evicted for b in beats)))
+
+
+def _scheduler_env(workers: int, port: int, tmp: Path, heartbeat_timeout: float) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        names.MS_ROLE: names.ROLE_SCHEDULER, names.MS_WORKER_NUM: str(workers),
+        names.MS_SCHED_HOST: HOST, names.MS_SCHED_PORT: str(port),
+        names.MS_RECOVERY_PATH: str(tmp / "recovery"), names.TFT_RUN_ID: "scale",
+        names.TFT_LOG_DIR: str(tmp / "logs"), names.TFT_JOB_TOKEN: TOKEN,
+        names.TFT_HEARTBEAT_TIMEOUT: str(heartbeat_timeout),
+        names.TFT_CLUSTER_TIME_OUT: "3600",
+    })
+    return env
+
+
+def _wait_event(log_dir: Path, timeout: float, event: str, **match: Any) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for seen in read_events(log_dir):
+            if seen["event"] == event and all(seen.get(k) == v for k, v in match.items()):
+                return seen
+        time.sleep(0.05)
+    raise TimeoutError(f"no {event} event {match} within {timeout:g}s")
+
+
+def _cpu_percent(process: psutil.Process, seconds: float) -> float:
+    """The process's CPU time over the next ``seconds``, as a percentage of one core."""
+    before, started = process.cpu_times(), time.monotonic()
+    time.sleep(seconds)
+    after = process.cpu_times()
+    used = (after.user + after.system) - (before.user + before.system)
+    return 100.0 * used / (time.monotonic() - started)
+
+
+def _percentile(values: list[float], share: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+@dataclass
+class Simulators:
+    """The simulator processes and their command and result queues."""
+
+    processes: list[Any] = field(default_factory=list)
+    commands: list[Any] = field(default_factory=list)
+    results: list[Any] = field(default_factory=list)
+
+    def gather(self, kind: str, timeout: float) -> list[tuple[Any, ...]]:
+        deadline = time.monotonic() + timeout
+        replies = [self._get(queue, process, deadline)
+                   for queue, process in zip(self.results, self.processes)]
+        if any(reply[0] != kind for reply in replies):
+            raise RuntimeError(f"expected {kind} from every simulator, got {replies}")
+        return replies
+
+    @staticmethod
+    def _get(queue: Any, process: Any, deadline: float) -> tuple[Any, ...]:
+        while time.monotonic() < deadline:
+            try:
+                return queue.get(timeout=1.0)
+            except Empty:
+                if not process.is_alive():
+                    raise RuntimeError(f"a simulator exited {process.exitcode}") from None
+        raise TimeoutError("a simulator did not answer in time")
+
+    def tell_all(self, command: Any) -> None:
+        for queue in self.commands:
+            queue.put(command)
+
+
+def measure(workers: int, procs: int, window: float, heartbeat_timeout: float) -> dict[str, Any]:
+    """One size's figures (see the module docstring)."""
+    interval = Timeouts(heartbeat_timeout=heartbeat_timeout).heartbeat_interval
+    context = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as scratch:
+        tmp, port = Path(scratch), free_port()
+        log_dir = tmp / "logs"
+        scheduler = subprocess.Popen(
+            [sys.executable, "-m", "recovery.control.scheduler"],
+            env=_scheduler_env(workers, port, tmp, heartbeat_timeout),
+            stdout=subprocess.DEVNULL, stderr=open(tmp / "scheduler.log", "w"))
+        sims = Simulators()
+        try:
+            while not port_open(HOST, port):
+                if scheduler.poll() is not None:
+                    raise RuntimeError(f"the scheduler exited {scheduler.returncode}")
+                time.sleep(0.05)
+            sched = psutil.Process(scheduler.pid)
+            for index in range(procs):
+                sims.commands.append(context.Queue())
+                sims.results.append(context.Queue())
+                process = context.Process(target=simulate, args=(
+                    list(range(index, workers, procs)), port, interval,
+                    sims.commands[-1], sims.results[-1]), daemon=True)
+                process.start()
+                sims.processes.append(process)
+            unconnected = sum(r[1] for r in sims.gather("connected", 300))
+            idle_cpu = _cpu_percent(sched, window)
+            go = time.time()
+            sims.tell_all("go")
+            formed = _wait_event(log_dir, 600, "generation")
+            registered = sims.gather("registered", 600)
+            problems = [p for r in registered for p in r[2]]
+            time.sleep(2 * interval)  # every rank's heartbeat under way
+            window_start = time.time()
+            busy_cpu = _cpu_percent(sched, window)
+            window_end = time.time()
+            silent_rank = 0
+            sims.commands[silent_rank % procs].put(("silence", silent_rank))
+            last_beat = sims.results[silent_rank % procs].get(timeout=60)[1]
+            verdict = _wait_event(log_dir, heartbeat_timeout + 120, "verdict", rank=silent_rank)
+            sims.tell_all("stop")
+            trips_replies = sims.gather("trips", 300)
+        finally:
+            for process in sims.processes:
+                process.join(60)
+                if process.is_alive():
+                    process.kill()
+            scheduler.terminate()
+            scheduler.wait(60)
+    trips = [rtt for reply in trips_replies for sent, rtt in reply[1]
+             if window_start <= sent <= window_end]
+    return {
+        "ranks": workers, "simulator_processes": procs, "heartbeat_interval_s": interval,
+        "heartbeat_timeout_s": heartbeat_timeout, "unconnected": unconnected,
+        "register_problems": problems,
+        "generation_formed_s": formed["ts"] - go,
+        "last_register_reply_s": max(r[1] for r in registered) - go,
+        "scheduler_cpu_percent": busy_cpu, "scheduler_idle_cpu_percent": idle_cpu,
+        "beats_in_window": len(trips), "beats_per_s": len(trips) / (window_end - window_start),
+        "rtt_p50_ms": _percentile(trips, 0.5) * 1e3, "rtt_p99_ms": _percentile(trips, 0.99) * 1e3,
+        "rtt_mean_ms": statistics.fmean(trips) * 1e3 if trips else float("nan"),
+        "failed_beats": sum(r[2] for r in trips_replies),
+        "evicted": sum(r[3] for r in trips_replies),
+        "silence_to_verdict_s": verdict["ts"] - last_beat,
+        "verdict_past_timeout_s": verdict["ts"] - last_beat - heartbeat_timeout,
+    }
+
+
+def text(results: list[dict[str, Any]], cores: int) -> list[str]:
+    lines = [f"scheduler at scale ({cores} cores; targets at 2048: CPU < 50 %, p99 < 200 ms, "
+             f"generation < 2 s)",
+             f"{'ranks':>6} {'gen s':>7} {'last reg s':>10} {'cpu %':>6} {'idle %':>6} "
+             f"{'beats/s':>8} {'p50 ms':>7} {'p99 ms':>8} {'failed':>6} {'verdict s':>9} "
+             f"{'past timeout s':>14}"]
+    for r in results:
+        lines.append(f"{r['ranks']:>6} {r['generation_formed_s']:7.2f} {r['last_register_reply_s']:10.2f} "
+                     f"{r['scheduler_cpu_percent']:6.1f} {r['scheduler_idle_cpu_percent']:6.1f} "
+                     f"{r['beats_per_s']:8.0f} {r['rtt_p50_ms']:7.1f} {r['rtt_p99_ms']:8.1f} "
+                     f"{r['failed_beats']:>6} {r['silence_to_verdict_s']:9.2f} "
+                     f"{r['verdict_past_timeout_s']:14.2f}")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[64, 512, 2048, 8192])
+    parser.add_argument("--procs", type=int, default=4, help="simulator processes")
+    parser.add_argument("--measure", type=float, default=10.0,
+                        help="seconds of each CPU and round-trip window")
+    parser.add_argument("--heartbeat_timeout", type=float, default=5.0,
+                        help="the job's heartbeat timeout (interval: min(1 s, timeout / 5))")
+    add_json_flag(parser)
+    args = parser.parse_args()
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # a c10d warning per simulated connect
+    results = []
+    for workers in args.ranks:
+        results.append(measure(workers, args.procs, args.measure, args.heartbeat_timeout))
+        print(f"{workers} ranks measured", file=sys.stderr, flush=True)
+    at_2048 = next((r for r in results if r["ranks"] == 2048), None)
+    met = None if at_2048 is None else {
+        "cpu_percent": at_2048["scheduler_cpu_percent"] < _TARGETS["cpu_percent"],
+        "p99_ms": at_2048["rtt_p99_ms"] < _TARGETS["p99_ms"],
+        "generation_s": at_2048["generation_formed_s"] < _TARGETS["generation_s"]}
+    emit({"cores": os.cpu_count(), "targets_at_2048": _TARGETS, "met_at_2048": met,
+          "sizes": results}, args.json, text(results, os.cpu_count() or 0))
+
+
+if __name__ == "__main__":
+    main()
