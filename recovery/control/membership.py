@@ -447,7 +447,9 @@ class Membership:
         ``after`` and it, :meth:`check` finds nothing new to do, so the scheduler may sleep
         until then or the next request. A deadline already passed is not due again: its
         rule either fired, or waits for what only a request changes (a member heard
-        again, the generation whole again)."""
+        again, the generation whole again). One that falls exactly at ``after`` has not
+        passed: the rules compare strictly (silent *more than* the timeout), so it fires
+        on the next check."""
         due = []
         for member in self._live():
             due.append(member.heartbeat_at + self.timeouts.heartbeat_timeout)
@@ -455,7 +457,7 @@ class Membership:
                 due.append(member.behind_since + self.timeouts.progress_timeout)
         if self._incomplete_since is not None:
             due.append(self._incomplete_since + self.timeouts.cluster_time_out)
-        return min((d for d in due if d > after), default=None)
+        return min((d for d in due if d >= after), default=None)
 
     def cooldown_left(self, node_id: str) -> float:
         return max(0.0, self.cooldowns.get(node_id, 0.0) - self.clock.time())

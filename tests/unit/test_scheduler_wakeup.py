@@ -3,15 +3,14 @@ the deadline it sleeps until misses no verdict (Membership.next_due)."""
 
 from __future__ import annotations
 
-import json
 import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from sched_inprocess import running_scheduler
+from sched_inprocess import answer, running_scheduler, signed
 
 from recovery.control.membership import Identity, Membership
 from recovery.control.rpc import REQUESTS, open_client, reply_key
@@ -21,9 +20,11 @@ IDLE_WINDOW = 1.0
 
 
 def loop_counts(store: Any, rid: str) -> dict[str, int]:
-    store.queue_push(REQUESTS, json.dumps({"op": "status", "rid": rid}))
+    store.queue_push(REQUESTS, signed("status", rid=rid))
     store.wait([reply_key(rid)], timedelta(seconds=10))
-    return json.loads(store.get(reply_key(rid)))["loop"]
+    reply = answer(store.get(reply_key(rid)))
+    assert reply["signed"], reply
+    return reply["loop"]
 
 
 def test_an_idle_scheduler_is_not_woken(tmp_path: Path, free_port: int) -> None:
@@ -66,6 +67,7 @@ def timelines(draw: st.DrawFn) -> list[tuple[Any, ...]]:
 
 @settings(max_examples=150, deadline=None)
 @given(timeline=timelines(), fraction=st.floats(0.0, 0.999))
+@example(timeline=[("join", "0"), ("wait", 5.0)], fraction=0.5)  # a check exactly at a deadline
 def test_checking_before_the_next_due_decides_nothing(timeline: list[tuple[Any, ...]],
                                                       fraction: float) -> None:
     """After any history checked as the scheduler checks it, a check anywhere before
