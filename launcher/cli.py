@@ -20,12 +20,13 @@ from launcher.cliutil import new_app, run_app
 from launcher.config import LaunchConfig, bind_listener
 from launcher.errors import ConfigError
 from launcher.logs import archive_previous_run
+from launcher.nodes import NodeLink, local_address_towards
 from launcher.render import make_view
 from launcher.supervisor import Supervisor
 from recovery.env import DEFAULT_RECOVERY_PATH
 from recovery.events import EventLog
 from recovery.ckpt.layout import previous_dir
-from recovery.ckpt.lineage import LineageError, adopt_lineage, open_lineage
+from recovery.ckpt.lineage import LineageError, join_lineage, open_lineage
 from recovery.timeouts import (
     DEFAULT_CLUSTER_TIME_OUT, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_PROGRESS_TIMEOUT,
     DEFAULT_REJOIN_COOLDOWN,
@@ -75,6 +76,10 @@ def launch(
         "master_port", "Port of the scheduler's store; must be free on node 0.")] = 8118,
     node_rank: Annotated[int, _opt(
         "node_rank", "This node's index; its ranks are node_rank x local_worker_num + i.")] = 0,
+    node_addr: Annotated[str | None, _opt(
+        "node_addr", "This node's address, where the other nodes reach its workers and "
+        "stores (torchrun's --local_addr). [default: the address of the interface that "
+        "reaches --master_addr]")] = None,
     log_dir: Annotated[Path, _opt(
         "log_dir", "Folder for worker_<rank>.log, scheduler.log and events.jsonl; an "
         "earlier run's files there are moved to previous/<n>/.")] = Path("logs"),
@@ -124,7 +129,7 @@ def launch(
     config = LaunchConfig(
         script=script, script_args=tuple(script_args or ()), worker_num=worker_num,
         local_worker_num=local, master_addr=master_addr, master_port=master_port,
-        node_rank=node_rank, log_dir=log_dir, join=parse_bool(join, "--join"),
+        node_rank=node_rank, nnodes=nnodes, log_dir=log_dir, join=parse_bool(join, "--join"),
         cluster_time_out=cluster_time_out, max_restarts=max_restarts,
         rejoin_cooldown=rejoin_cooldown, monitor_interval=monitor_interval,
         heartbeat_timeout=heartbeat_timeout, progress_timeout=progress_timeout,
@@ -132,15 +137,18 @@ def launch(
         recovery_path=recovery_path, enable_tft=enable_tft, warm_spare=warm_spare,
     )
     config.validate()
+    config = replace(config, node_addr=node_addr or local_address_towards(
+        config.master_addr, config.master_port))
     with ExitStack() as held:
         _hold_lock(held, config.log_dir, f"another tftrun job is running with --log_dir {config.log_dir}")
-        if config.hosts_scheduler:
-            _hold_lock(held, _writable(config.recovery_path),
-                       f"another tftrun job is using --recovery_path {config.recovery_path}")
+        _hold_lock(held, _writable(config.recovery_path),
+                   f"another tftrun job is using --recovery_path {config.recovery_path}")
         store_socket = (bind_listener(config.master_addr, config.master_port)
                         if config.hosts_scheduler else None)
         if store_socket is not None:
             held.callback(store_socket.close)
+        if not config.hosts_scheduler:
+            config = _join_job(config)
         config = replace(config, lineage=_open_lineage(config))
         archive_previous_run(config.log_dir)
         supervisor = Supervisor(config, store_socket, make_view(), EventLog(config.log_dir))
@@ -165,16 +173,25 @@ def _writable(recovery_path: Path) -> Path:
     return recovery_path
 
 
+def _join_job(config: LaunchConfig) -> LaunchConfig:
+    """A node other than node 0 waits for node 0's scheduler and takes its job identity:
+    one run id, one job token and one lineage for every node."""
+    job = NodeLink(config.master_addr, config.master_port).wait_for_job(config.cluster_time_out)
+    if job.worker_num != config.worker_num:
+        raise ConfigError(f"--worker_num={config.worker_num}, but node 0 runs "
+                          f"{job.worker_num} workers")
+    return replace(config, run_id=job.run_id, job_token=job.token, lineage=job.lineage)
+
+
 def _open_lineage(config: LaunchConfig) -> str:
     """The job's lineage; a fresh launch first moves an earlier job's state aside.
 
-    Only node 0 decides; another node adopts what the (shared) recovery path records.
-    See docs/checkpoints.md#lineage.
+    Only node 0 decides; another node joins node 0's lineage (``config.lineage``), in its
+    own recovery path. See docs/checkpoints.md#lineage.
     """
     try:
-        if not config.hosts_scheduler:
-            return adopt_lineage(config.recovery_path)
-        opened = open_lineage(config.recovery_path, resume=config.is_recover)
+        opened = (open_lineage(config.recovery_path, resume=config.is_recover)
+                  if config.hosts_scheduler else join_lineage(config.recovery_path, config.lineage))
     except LineageError as err:
         if not config.is_recover:
             raise ConfigError(f"--recovery_path: {err}") from None

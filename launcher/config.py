@@ -40,6 +40,9 @@ class LaunchConfig:
     master_addr: str = "127.0.0.1"
     master_port: int = 8118
     node_rank: int = 0
+    nnodes: int | None = None
+    node_addr: str = ""
+    """This node's address: its workers' and its rendezvous stores' (empty: master_addr)."""
     log_dir: Path = Path("logs")
     join: bool = False
     cluster_time_out: float = DEFAULT_CLUSTER_TIME_OUT
@@ -73,6 +76,15 @@ class LaunchConfig:
     def hosts_scheduler(self) -> bool:
         return self.node_rank == 0
 
+    @property
+    def multi_node(self) -> bool:
+        """Other nodes run workers of this job (each with its own tftrun)."""
+        return self.nproc < self.worker_num
+
+    @property
+    def local_addr(self) -> str:
+        return self.node_addr or self.master_addr
+
     def validate(self) -> None:
         """Raise ConfigError for the first problem found; touch nothing but the log dir."""
         if self.worker_num < 1:
@@ -86,6 +98,12 @@ class LaunchConfig:
             raise ConfigError(
                 f"--node_rank={self.node_rank} with {self.nproc} workers per node does not fit "
                 f"in --worker_num={self.worker_num}")
+        if self.nnodes is not None and not 0 <= self.node_rank < self.nnodes:
+            raise ConfigError(f"--node_rank={self.node_rank} is not below --nnodes={self.nnodes}")
+        if (self.nnodes is not None and self.local_worker_num is not None
+                and self.worker_num != self.nnodes * self.nproc):
+            raise ConfigError(f"--worker_num={self.worker_num} is not --nnodes={self.nnodes} x "
+                              f"--nproc_per_node={self.nproc}")
         if not 1 <= self.master_port <= 65535:
             raise ConfigError(f"--master_port must be in 1..65535, got {self.master_port}")
         for name, value in (("--max_restarts", self.max_restarts),

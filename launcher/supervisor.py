@@ -18,11 +18,14 @@ import signal
 import socket
 import time
 from collections.abc import Iterator
+from collections.abc import Callable
 from contextlib import contextmanager, suppress
+from functools import partial
 
 from launcher.config import LaunchConfig
 from launcher.failures import ExitInfo, read_error_file
 from launcher.logs import LogFollower, last_lines
+from launcher.nodes import NodeLink
 from launcher.policy import (
     Action, Close, Ending, GiveUp, Hang, JobView, Kill, RankView, Relaunch, RestartAll,
     ScheduleRelaunch, StartAll, Stop, WaitUntil, decide,
@@ -53,6 +56,10 @@ VERDICT_INTERVAL = 0.5
 _ALIVE = (WorkerState.RUNNING, WorkerState.STOPPING)
 
 
+class NodeLost(RuntimeError):
+    """Node 0 did not answer within ``--cluster_time_out`` where this node needed it."""
+
+
 class Supervisor:
     """Runs one node's share of a job to its end and returns tftrun's exit status."""
 
@@ -70,7 +77,12 @@ class Supervisor:
         self._store_socket = store_socket
         self._scheduler: Child | None = None
         self._scheduler_launches = 0
-        self._rendezvous = RendezvousStore(config.master_addr)
+        self._rendezvous = RendezvousStore(config.local_addr)
+        self._rendezvous_host = config.local_addr
+        self._nodes = NodeLink(config.master_addr, config.master_port) if config.multi_node else None
+        """Node 0's cluster store, to agree with the other nodes (only with other nodes)."""
+        self._peer_restarts = 0
+        self._peer_end = ""
         self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._follower = LogFollower(view.output) if config.join else None
         self._control = SchedulerControl(config.master_addr, config.master_port,
@@ -115,6 +127,8 @@ class Supervisor:
                     self._follower.stop()
                 self._control.close()
                 self._rendezvous.close()
+                if self._nodes is not None:
+                    self._nodes.close()
                 self.view.close()
         return status
 
@@ -199,11 +213,34 @@ class Supervisor:
         self._scheduler_launches += 1
 
     def _start_workers(self) -> None:
-        self._rendezvous_port = self._rendezvous.open()
+        if self.config.hosts_scheduler:
+            self._rendezvous_port = self._rendezvous.open()
+        else:
+            self._rendezvous_host, self._rendezvous_port = self._meeting_place()
         for worker in self.workers:
             self._launch(worker)
         # After the spawns: importing torch here overlaps with the workers doing the same.
-        self._rendezvous.serve()
+        if self.config.hosts_scheduler:
+            self._rendezvous.serve(self._announce_rendezvous())
+
+    def _announce_rendezvous(self) -> Callable[[], None] | None:
+        """Node 0 with other nodes: tell them where this restart's workers meet, once the
+        store is served (from its thread, through a link of its own)."""
+        if self._nodes is None:
+            return None
+        publisher = NodeLink(self.config.master_addr, self.config.master_port)
+        return partial(publisher.publish_rendezvous, self.restart_count,
+                       self._rendezvous_host, self._rendezvous_port)
+
+    def _meeting_place(self) -> tuple[str, int]:
+        """A node other than node 0: where node 0 says this restart's workers meet."""
+        assert self._nodes is not None
+        where = self._nodes.rendezvous(self.restart_count, self.config.cluster_time_out)
+        if where is None:
+            raise NodeLost(f"node 0 did not say where the workers of restart "
+                           f"{self.restart_count} meet within --cluster_time_out="
+                           f"{self.config.cluster_time_out:g}s")
+        return where
 
     def _launch(self, worker: Worker, warm: bool = False) -> None:
         """Start ``worker``'s next incarnation; ``warm``: in an idle spare, if there is one.
@@ -214,7 +251,8 @@ class Supervisor:
         """
         worker.incarnation += 1
         spec = worker_spec(self.config, worker.local_rank, worker.incarnation,
-                           self.restart_count, self._rendezvous_port)
+                           self.restart_count, self._rendezvous_port,
+                           rendezvous_host=self._rendezvous_host)
         try:
             spare = self._spares.hand_over(spec, script_argv(self.config),
                                            self._header(spec, worker.incarnation)) if warm else None
@@ -296,13 +334,17 @@ class Supervisor:
         self._watch_scheduler()
         self._reap_workers()
         verdicts = self._verdicts(now) if self._ending is None else {}
+        if verdicts is not None and self._ending is None:
+            self._hear_other_nodes()
         undecided = [w for w in self.workers if w.state is WorkerState.FAILED
                      and self._restart_at is None and self._ending is None]
         unknown = self._learn_registrations(undecided)
         ranks = tuple(self._rank_view(w, w in undecided, unknown, now) for w in self.workers)
+        peer_restart = (f"another node started group restart {self._peer_restarts}"
+                        if self._peer_restarts > self.restart_count else "")
         return JobView(ranks, self.config.max_restarts, self.config.restart_policy,
                        self.restart_count, self.relaunches, self._restart_at, self._ending,
-                       self._signal, verdicts)
+                       self._signal, verdicts or {}, peer_restart, self._peer_end)
 
     def _rank_view(self, worker: Worker, undecided: bool, unknown: bool,
                    now: float) -> RankView:
@@ -313,13 +355,20 @@ class Supervisor:
         return RankView(worker.rank, worker.state, worker.deadline, worker.failure, registered,
                         cooldown_until, worker.hung, worker.relaunch_why)
 
-    def _verdicts(self, now: float) -> dict[int, str]:
+    def _verdicts(self, now: float) -> dict[int, str] | None:
         """The workers the scheduler declares dead (no heartbeat) or hung (no progress),
-        asked at most every :data:`VERDICT_INTERVAL`."""
+        asked at most every :data:`VERDICT_INTERVAL`; ``None`` when not asked now."""
         if now < self._next_verdicts:
-            return {}
+            return None
         self._next_verdicts = now + VERDICT_INTERVAL
         return self._control.verdicts()
+
+    def _hear_other_nodes(self) -> None:
+        """Whether another node started a group restart, or ended the job for all."""
+        if self._nodes is None:
+            return
+        self._peer_restarts = max(self._peer_restarts, self._nodes.restarts_started() or 0)
+        self._peer_end = self._nodes.ended() or ""
 
     def _learn_registrations(self, failed: list[Worker]) -> bool:
         """Ask the scheduler which node ids registered, when a failed one is not known to.
@@ -368,12 +417,16 @@ class Supervisor:
                 self._launch(worker, warm=True)
             case RestartAll(at, why):
                 self._restart_at, self._restart_why = at, why
+                if self._nodes is not None:
+                    self._nodes.restart_all(max(self.restart_count + 1, self._peer_restarts))
                 self._stop_workers(now)
             case StartAll():
                 self._restart_all()
             case Stop(status, reason):
                 self._end(Ending(status, reason), now)
             case GiveUp(failure, reason):
+                if self._nodes is not None:
+                    self._nodes.end(f"node {self.config.node_rank}: {reason}")
                 self._end(Ending(failure.exit_status, reason, failure), now)
             case Kill(rank):
                 child = self._worker(rank).child
@@ -397,7 +450,8 @@ class Supervisor:
 
     def _restart_all(self) -> None:
         self._restart_at = None
-        self.restart_count += 1
+        # With other nodes, every node's workers of one restart carry its number.
+        self.restart_count = max(self.restart_count + 1, self._peer_restarts)
         self._emit("restart", what="workers", why=self._restart_why,
                    restart_count=self.restart_count, ranks=[w.rank for w in self.workers])
         self._start_workers()

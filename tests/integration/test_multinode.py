@@ -1,0 +1,85 @@
+"""Many nodes on one machine: each "node" is its own tftrun, with its own working folder
+(log dir, recovery path) and its own loopback address (Linux routes all of 127/8 to lo).
+
+The nodes share nothing but the network: node 1 learns the job (run id, token, lineage)
+and each restart's rendezvous from node 0's scheduler.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from support import BIN, TFT_OFF, events, free_tcp_port, spawn, spawned_pids, terminate, wait_for, wait_for_event
+from support_mnist import EVENT, JOB, JOB_END, TRAIN, final_digests, worker_launches
+
+NODE_ADDRS = ("127.0.0.2", "127.0.0.3")
+PER_NODE = 2
+
+
+def node_cmd(tmp_path: Path, node: int, port: int, script: Path, *script_args: str,
+             options: tuple[str, ...] = ()) -> list[str]:
+    """tftrun for node ``node`` of a 2-node x 2-rank job; its files under tmp_path/node<K>."""
+    from support import tftrun_cmd
+
+    home = tmp_path / f"node{node}"
+    return tftrun_cmd(
+        "--nnodes=2", f"--nproc_per_node={PER_NODE}", f"--node_rank={node}",
+        f"--master_addr={NODE_ADDRS[0]}", f"--master_port={port}",
+        f"--node_addr={NODE_ADDRS[node]}", f"--log_dir={home / 'logs'}",
+        f"--recovery_path={home / 'recovery'}", "--rejoin_cooldown=0",
+        "--cluster_time_out=60", "--grace_period=5", *options, str(script), *script_args)
+
+
+def start_nodes(tmp_path: Path, port: int, script: Path, *script_args: str,
+                options: tuple[str, ...] = (), env: dict[str, str] | None = None
+                ) -> list[subprocess.Popen[str]]:
+    return [spawn(node_cmd(tmp_path, node, port, script, *script_args, options=options),
+                  env=env or os.environ.copy()) for node in (0, 1)]
+
+
+def log_dir(tmp_path: Path, node: int) -> Path:
+    return tmp_path / f"node{node}" / "logs"
+
+
+def finish(procs: list[subprocess.Popen[str]]) -> list[tuple[int, str]]:
+    """Wait for every node's tftrun; (status, output) of each. Stops them all on a timeout."""
+    results = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=JOB_END)
+            results.append((proc.returncode, out + err))
+    finally:
+        for proc in procs:
+            terminate(proc)
+    return results
+
+
+def job_digests(tmp_path: Path) -> dict[int, str]:
+    return {**final_digests(log_dir(tmp_path, 0)), **final_digests(log_dir(tmp_path, 1))}
+
+
+@pytest.fixture(scope="module")
+def two_nodes_fault_free(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
+    """Every rank's final digest in a fault-free 2-node x 2-rank run of the main job."""
+    tmp_path = tmp_path_factory.mktemp("two_nodes")
+    results = finish(start_nodes(tmp_path, free_tcp_port(), TRAIN, *JOB, env=TFT_OFF))
+    for status, output in results:
+        assert status == 0, output
+    return job_digests(tmp_path)
+
+
+def test_two_nodes_of_two_ranks_end_bitwise_equal_to_one_node_of_four(
+        tmp_path: Path, two_nodes_fault_free: dict[int, str]) -> None:
+    from support import run, tftrun_cmd
+
+    one_node = run(tftrun_cmd("--worker_num=4", f"--log_dir={tmp_path / 'one'}",
+                              f"--recovery_path={tmp_path / 'one_recovery'}",
+                              f"--master_port={free_tcp_port()}", str(TRAIN), *JOB),
+                   timeout=JOB_END, env=TFT_OFF)
+    assert one_node.returncode == 0, one_node.stdout + one_node.stderr
+    assert sorted(two_nodes_fault_free) == [0, 1, 2, 3]
+    assert two_nodes_fault_free == final_digests(tmp_path / "one")
