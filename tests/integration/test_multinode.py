@@ -83,3 +83,52 @@ def test_two_nodes_of_two_ranks_end_bitwise_equal_to_one_node_of_four(
     assert one_node.returncode == 0, one_node.stdout + one_node.stderr
     assert sorted(two_nodes_fault_free) == [0, 1, 2, 3]
     assert two_nodes_fault_free == final_digests(tmp_path / "one")
+
+
+def test_a_rank_killed_on_node_1_is_relaunched_alone_and_takes_a_replica(
+        tmp_path: Path, two_nodes_fault_free: dict[int, str]) -> None:
+    from launcher import ctl
+
+    procs = start_nodes(tmp_path, free_tcp_port(), TRAIN, *JOB,
+                        env={**os.environ, "MS_ENABLE_TFT": "{ARF:1}"})
+    try:
+        wait_for_event(log_dir(tmp_path, 0), EVENT, "node 0's scheduler up", event="scheduler_start")
+        # Through node 0's scheduler, as tftctl on node 0 would: rank 3 runs on node 1.
+        assert ctl.main(["inject", f"--log_dir={log_dir(tmp_path, 0)}", "--rank=3",
+                         "--fault=kill", "--at_step=40"]) == 0
+        results = finish(procs)
+    finally:
+        for proc in procs:
+            terminate(proc)
+    for status, output in results:
+        assert status == 0, output
+    assert [r for r, _ in worker_launches(log_dir(tmp_path, 0))] == [0, 1]
+    assert [r for r, _ in worker_launches(log_dir(tmp_path, 1))] == [2, 3, 3]
+    rollbacks = events(log_dir(tmp_path, 0), "rollback")
+    assert rollbacks and all(r["source"] == "replica" for r in rollbacks), rollbacks
+    assert job_digests(tmp_path) == two_nodes_fault_free
+
+
+def test_a_plain_script_killed_on_node_1_restarts_on_both_nodes_and_resumes(
+        tmp_path: Path) -> None:
+    # The script's own checkpoint is the user's business: a folder both nodes see here.
+    ckpt = tmp_path / "plain_ckpt"
+    ckpt.mkdir()
+    procs = start_nodes(tmp_path, free_tcp_port(), BIN / "plain_resumable.py", "60", str(ckpt))
+    try:
+        worker_2 = log_dir(tmp_path, 1) / "worker_2.log"
+        wait_for(lambda: worker_2.exists() and "step=10\n" in worker_2.read_text(), EVENT,
+                 "rank 2 past step 10")
+        os.kill(spawned_pids(log_dir(tmp_path, 1))[2], signal.SIGKILL)
+        results = finish(procs)
+    finally:
+        for proc in procs:
+            terminate(proc)
+    for status, output in results:
+        assert status == 0, output
+    for node in (0, 1):
+        restarts = [e for e in events(log_dir(tmp_path, node), "restart") if e["what"] == "workers"]
+        assert [e["restart_count"] for e in restarts] == [1], restarts
+        for rank in (2 * node, 2 * node + 1):
+            text = (log_dir(tmp_path, node) / f"worker_{rank}.log").read_text()
+            assert "resumed from step=" in text and "done value=" in text, text[-2000:]
