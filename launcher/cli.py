@@ -151,7 +151,7 @@ def launch(
             config = _join_job(config)
         config = replace(config, lineage=_open_lineage(config))
         archive_previous_run(config.log_dir)
-        supervisor = Supervisor(config, store_socket, make_view(), EventLog(config.log_dir))
+        supervisor = Supervisor(config, store_socket, make_view(), EventLog(config.log_dir, config.node_rank))
         return supervisor.run()
 
 

@@ -39,6 +39,7 @@ from launcher.spec import (
 )
 from launcher.state import Failure, Worker, WorkerState
 from recovery.control.client import SchedulerControl
+from recovery.control.files import Endpoint
 from recovery.events import EventLog
 
 __all__ = ["Supervisor", "EXIT_SIGINT", "EXIT_SIGTERM", "EXIT_SUPERVISOR_ERROR"]
@@ -114,6 +115,7 @@ class Supervisor:
                        lineage=self.config.lineage)
             if self._follower is not None:
                 self._follower.start()
+            remote = self._point_at_remote_scheduler()
             try:
                 try:
                     if self._store_socket is not None:
@@ -127,10 +129,22 @@ class Supervisor:
                     self._follower.stop()
                 self._control.close()
                 self._rendezvous.close()
+                if remote is not None:
+                    remote.remove(self.config.log_dir)
                 if self._nodes is not None:
                     self._nodes.close()
                 self.view.close()
         return status
+
+    def _point_at_remote_scheduler(self) -> Endpoint | None:
+        """On a node without the scheduler: say in the log dir where it serves (on node 0),
+        with this tftrun's pid, so that ``tftctl status`` works on this node too."""
+        if self.config.hosts_scheduler:
+            return None
+        endpoint = Endpoint(self.config.master_addr, self.config.master_port, os.getpid(),
+                            self.config.run_id, time.time())
+        endpoint.write(self.config.log_dir)
+        return endpoint
 
     @contextmanager
     def _signal_handlers(self) -> Iterator[int]:
@@ -361,7 +375,24 @@ class Supervisor:
         if now < self._next_verdicts:
             return None
         self._next_verdicts = now + VERDICT_INTERVAL
-        return self._control.verdicts()
+        verdicts = self._control.verdicts()
+        return self._about_own_processes(verdicts) if verdicts else verdicts
+
+    def _about_own_processes(self, verdicts: dict[int, str]) -> dict[int, str]:
+        """The verdicts about this node's running processes.
+
+        A verdict names a rank; it may be about a process this tftrun never started: one
+        of a tftrun of this node that was killed (its workers died with it, unreported),
+        whose rank this tftrun now runs again in a new process that has not registered
+        yet. Killing that one would be wrong: a verdict counts only for the pid the
+        scheduler holds for the rank.
+        """
+        status = self._control.status()
+        if status is None:
+            return {}
+        held = {m["rank"]: m["pid"] for m in status["members"]}
+        return {rank: why for rank, why in verdicts.items()
+                if any(w.rank == rank and w.pid == held.get(rank) for w in self.workers)}
 
     def _hear_other_nodes(self) -> None:
         """Whether another node started a group restart, or ended the job for all."""

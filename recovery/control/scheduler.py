@@ -126,7 +126,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.membership = Membership(config.worker_num, config.token, config.timeouts)
-        self.events = EventLog(config.log_dir)
+        self.events = EventLog(config.log_dir, node_rank=0)  # the scheduler runs on node 0
         self.injections = InjectionQueue()
         self.last_words = LastWords()
         self.replies = KeptReplies()

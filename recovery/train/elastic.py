@@ -206,7 +206,7 @@ class ElasticTrainer:
         self.phase.listener = ctx.report_phase
         self.phase.void_when = lambda: self._machine.state is not TrainerState.TRAINING
         self._recovery_path = worker_env.recovery_path
-        self._events = EventLog(worker_env.log_dir)
+        self._events = EventLog(worker_env.log_dir, worker_env.node_rank)
         self._resume = resume or worker_env.is_recover or worker_env.restart_count > 0
         self._allow_world_size_change = allow_world_size_change
         # Inputs, not states: what arrived from outside, for the loop to act on.
