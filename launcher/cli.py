@@ -88,6 +88,10 @@ def launch(
     ] = "False",
     cluster_time_out: Annotated[float, _opt(
         "cluster_time_out", "Seconds to wait for the cluster to form.")] = DEFAULT_CLUSTER_TIME_OUT,
+    node_time_out: Annotated[float | None, _opt(
+        "node_time_out", "Seconds a lost node (its ranks missing, or node 0's scheduler "
+        "unreachable) may take to come back before the job ends on every node. "
+        "[default: cluster_time_out]")] = None,
     max_restarts: Annotated[int, _opt(
         "max_restarts", "Restarts allowed after worker failures before the job stops.")] = 3,
     rejoin_cooldown: Annotated[float, _opt(
@@ -131,6 +135,7 @@ def launch(
         local_worker_num=local, master_addr=master_addr, master_port=master_port,
         node_rank=node_rank, nnodes=nnodes, log_dir=log_dir, join=parse_bool(join, "--join"),
         cluster_time_out=cluster_time_out, max_restarts=max_restarts,
+        node_time_out=cluster_time_out if node_time_out is None else node_time_out,
         rejoin_cooldown=rejoin_cooldown, monitor_interval=monitor_interval,
         heartbeat_timeout=heartbeat_timeout, progress_timeout=progress_timeout,
         grace_period=grace_period, restart_policy=restart_policy, is_recover=parse_bool(is_recover, "--is_recover"),

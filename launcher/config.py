@@ -46,6 +46,8 @@ class LaunchConfig:
     log_dir: Path = Path("logs")
     join: bool = False
     cluster_time_out: float = DEFAULT_CLUSTER_TIME_OUT
+    node_time_out: float = DEFAULT_CLUSTER_TIME_OUT
+    """Seconds a lost node may take to come back (launcher/supervisor.py, NodeWatch)."""
     max_restarts: int = 3
     rejoin_cooldown: float = DEFAULT_REJOIN_COOLDOWN
     monitor_interval: float = 0.1
@@ -114,7 +116,8 @@ class LaunchConfig:
         for name, value in (("--monitor_interval", self.monitor_interval),
                             ("--heartbeat_timeout", self.heartbeat_timeout),
                             ("--progress_timeout", self.progress_timeout),
-                            ("--grace_period", self.grace_period)):
+                            ("--grace_period", self.grace_period),
+                            ("--node_time_out", self.node_time_out)):
             if value <= 0:
                 raise ConfigError(f"{name} must be positive, got {value}")
         if self.restart_policy not in RESTART_POLICIES:

@@ -19,7 +19,7 @@ from recovery.control.nodes import (
 )
 from recovery.control.rpc import open_client, port_open
 
-__all__ = ["NodeLink", "local_address_towards", "TIMEOUT"]
+__all__ = ["NodeLink", "NodeWatch", "local_address_towards", "TIMEOUT"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,8 @@ class NodeLink:
     def __init__(self, host: str, port: int) -> None:
         self._host, self._port = host, port
         self._client: Any = None
+        self.reachable = True
+        """Whether the last call reached the store."""
 
     def wait_for_job(self, timeout: float) -> JobIdentity:
         """Wait up to ``timeout`` s for node 0's scheduler to publish the job; ConfigError
@@ -116,10 +118,39 @@ class NodeLink:
         try:
             if self._client is None:
                 if not port_open(self._host, self._port):
+                    self.reachable = False
                     return None
                 self._client = open_client(self._host, self._port, TIMEOUT)
-            return use(self._client)
+            result = use(self._client)
         except DistError as err:
             logger.debug("the cluster store at %s: %s", self._where(), err)
             self._client = None  # torch's client never reconnects: a new one next time
+            self.reachable = False
             return None
+        self.reachable = True
+        return result
+
+
+class NodeWatch:
+    """Whether another node has been gone for longer than ``bound`` seconds.
+
+    Node 0 watches the ranks of the other nodes (missing from the scheduler's membership);
+    another node watches node 0 (its scheduler's store unreachable). Each pass says what
+    it saw; once the same absence lasted ``bound`` seconds, :meth:`seen` answers why the
+    job must end.
+    """
+
+    def __init__(self, bound: float) -> None:
+        self.bound = bound
+        self._since: float | None = None
+
+    def seen(self, gone: str, now: float) -> str:
+        """``gone``: what is missing now (empty: nothing). The reason to end, or ''."""
+        if not gone:
+            self._since = None
+            return ""
+        if self._since is None:
+            self._since = now
+        if now - self._since < self.bound:
+            return ""
+        return f"{gone} did not come back within --node_time_out={self.bound:g}s"

@@ -25,7 +25,7 @@ from functools import partial
 from launcher.config import LaunchConfig
 from launcher.failures import ExitInfo, read_error_file
 from launcher.logs import LogFollower, last_lines
-from launcher.nodes import NodeLink
+from launcher.nodes import NodeLink, NodeWatch
 from launcher.policy import (
     Action, Close, Ending, GiveUp, Hang, JobView, Kill, RankView, Relaunch, RestartAll,
     ScheduleRelaunch, StartAll, Stop, WaitUntil, decide,
@@ -84,6 +84,7 @@ class Supervisor:
         """Node 0's cluster store, to agree with the other nodes (only with other nodes)."""
         self._peer_restarts = 0
         self._peer_end = ""
+        self._node_watch = NodeWatch(config.node_time_out)
         self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._follower = LogFollower(view.output) if config.join else None
         self._control = SchedulerControl(config.master_addr, config.master_port,
@@ -349,7 +350,7 @@ class Supervisor:
         self._reap_workers()
         verdicts = self._verdicts(now) if self._ending is None else {}
         if verdicts is not None and self._ending is None:
-            self._hear_other_nodes()
+            self._hear_other_nodes(now)
         undecided = [w for w in self.workers if w.state is WorkerState.FAILED
                      and self._restart_at is None and self._ending is None]
         unknown = self._learn_registrations(undecided)
@@ -394,12 +395,25 @@ class Supervisor:
         return {rank: why for rank, why in verdicts.items()
                 if any(w.rank == rank and w.pid == held.get(rank) for w in self.workers)}
 
-    def _hear_other_nodes(self) -> None:
-        """Whether another node started a group restart, or ended the job for all."""
+    def _hear_other_nodes(self, now: float) -> None:
+        """Whether another node started a group restart, ended the job for all, or has
+        been gone for longer than ``--node_time_out`` (then this node ends it for all)."""
         if self._nodes is None:
             return
         self._peer_restarts = max(self._peer_restarts, self._nodes.restarts_started() or 0)
         self._peer_end = self._nodes.ended() or ""
+        if (lost := self._node_watch.seen(self._gone(), now)) and not self._peer_end:
+            self._peer_end = f"node {self.config.node_rank}: {lost}"
+            self._nodes.end(self._peer_end)
+
+    def _gone(self) -> str:
+        """What of the other nodes is missing just now ('' when nothing is)."""
+        if not self.config.hosts_scheduler:
+            return "" if self._nodes is None or self._nodes.reachable else "node 0's scheduler"
+        status = self._control.status()
+        own = {w.rank for w in self.workers}
+        missing = [] if status is None else [r for r in status["missing"] if r not in own]
+        return f"the ranks {missing} of another node" if missing else ""
 
     def _learn_registrations(self, failed: list[Worker]) -> bool:
         """Ask the scheduler which node ids registered, when a failed one is not known to.

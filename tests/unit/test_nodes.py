@@ -17,7 +17,7 @@ from torch.distributed import TCPStore
 
 from launcher.config import LaunchConfig
 from launcher.errors import ConfigError
-from launcher.nodes import NodeLink, local_address_towards
+from launcher.nodes import NodeLink, NodeWatch, local_address_towards
 from recovery.ckpt import layout
 from recovery.ckpt.lineage import join_lineage, read_lineage, record_lineage
 from recovery.control.nodes import JOB_KEY, RESTART_KEY, JobIdentity, raise_counter, read_text
@@ -111,3 +111,23 @@ def test_node_options_that_do_not_fit_are_refused(tmp_path: Path, fields: dict[s
     config = LaunchConfig(script=script, log_dir=tmp_path / "logs", **fields)
     with pytest.raises(ConfigError, match=message.replace("+", r"\+")):
         config.validate()
+
+
+@settings(max_examples=100, deadline=None)
+@given(bound=st.floats(0.5, 30), passes=st.lists(
+    st.tuples(st.floats(0.0, 10.0), st.booleans()), max_size=30))
+def test_a_node_is_declared_lost_only_after_an_unbroken_absence_of_the_bound(
+        bound: float, passes: list[tuple[float, bool]]) -> None:
+    """Each pass: the clock moves on, and the node is seen gone or back. The job ends
+    exactly when the node has been gone, with no return in between, for ``bound`` s."""
+    watch, now, gone_since = NodeWatch(bound), 0.0, None
+    for step, gone in passes:
+        now += step
+        if not gone:
+            gone_since = None
+        elif gone_since is None:
+            gone_since = now
+        reason = watch.seen("node 1" if gone else "", now)
+        expected = gone_since is not None and now - gone_since >= bound
+        assert bool(reason) == expected
+        assert not reason or reason == f"node 1 did not come back within --node_time_out={bound:g}s"
