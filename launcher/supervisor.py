@@ -17,8 +17,7 @@ import select
 import signal
 import socket
 import time
-from collections.abc import Iterator
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from functools import partial
 

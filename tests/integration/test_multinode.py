@@ -13,7 +13,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from support import BIN, TFT_OFF, events, free_tcp_port, spawn, spawned_pids, terminate, wait_for, wait_for_event
+from support import (
+    BIN, TFT_OFF, events, free_tcp_port, pid_gone, spawn, spawned_pids, terminate, wait_for,
+    wait_for_event,
+)
 from support_mnist import EVENT, JOB, JOB_END, TRAIN, final_digests, worker_launches
 
 NODE_ADDRS = ("127.0.0.2", "127.0.0.3")
@@ -132,3 +135,37 @@ def test_a_plain_script_killed_on_node_1_restarts_on_both_nodes_and_resumes(
         for rank in (2 * node, 2 * node + 1):
             text = (log_dir(tmp_path, node) / f"worker_{rank}.log").read_text()
             assert "resumed from step=" in text and "done value=" in text, text[-2000:]
+
+
+def kill_node_and_start_it_again(tmp_path: Path, procs: list[subprocess.Popen[str]], node: int,
+                                 port: int, at_step: int) -> None:
+    """``kill -9`` node ``node``'s tftrun once its first rank passed ``at_step``; wait for
+    its workers to die with it; start its tftrun again with the same command."""
+    first = log_dir(tmp_path, node) / f"worker_{node * PER_NODE}.log"
+    wait_for(lambda: first.exists() and f"step={at_step} " in first.read_text(), EVENT,
+             f"node {node} past step {at_step}")
+    workers = spawned_pids(log_dir(tmp_path, node))
+    procs[node].kill()
+    procs[node].wait()
+    wait_for(lambda: all(pid_gone(pid) for pid in workers.values()), EVENT,
+             f"node {node}'s workers gone with its tftrun")
+    procs[node] = spawn(node_cmd(tmp_path, node, port, TRAIN, *JOB, options=NODE_LOSS))
+
+
+NODE_LOSS = ("--heartbeat_timeout=5",)
+
+
+def test_node_1_killed_and_started_again_rejoins_and_node_0_never_restarts(
+        tmp_path: Path, two_nodes_fault_free: dict[int, str]) -> None:
+    port = free_tcp_port()
+    procs = start_nodes(tmp_path, port, TRAIN, *JOB, options=NODE_LOSS)
+    try:
+        kill_node_and_start_it_again(tmp_path, procs, 1, port, at_step=30)
+        results = finish(procs)
+    finally:
+        for proc in procs:
+            terminate(proc)
+    for status, output in results:
+        assert status == 0, output
+    assert [r for r, _ in worker_launches(log_dir(tmp_path, 0))] == [0, 1]
+    assert job_digests(tmp_path) == two_nodes_fault_free
