@@ -20,10 +20,11 @@ from launcher.cliutil import new_app, run_app
 from launcher.config import LaunchConfig, bind_listener
 from launcher.errors import ConfigError
 from launcher.logs import archive_previous_run
-from launcher.nodes import NodeLink, local_address_towards
+from launcher.nodes import NodeLink, local_address_towards, save_job, saved_job
 from launcher.render import make_view
 from launcher.supervisor import Supervisor
 from recovery.env import DEFAULT_RECOVERY_PATH
+from recovery.control.nodes import JobIdentity
 from recovery.events import EventLog
 from recovery.ckpt.layout import previous_dir
 from recovery.ckpt.lineage import LineageError, join_lineage, open_lineage
@@ -155,6 +156,8 @@ def launch(
         if not config.hosts_scheduler:
             config = _join_job(config)
         config = replace(config, lineage=_open_lineage(config))
+        if config.hosts_scheduler and config.multi_node:
+            config = _keep_job(config)
         archive_previous_run(config.log_dir)
         supervisor = Supervisor(config, store_socket, make_view(), EventLog(config.log_dir, config.node_rank))
         return supervisor.run()
@@ -186,6 +189,18 @@ def _join_job(config: LaunchConfig) -> LaunchConfig:
         raise ConfigError(f"--worker_num={config.worker_num}, but node 0 runs "
                           f"{job.worker_num} workers")
     return replace(config, run_id=job.run_id, job_token=job.token, lineage=job.lineage)
+
+
+def _keep_job(config: LaunchConfig) -> LaunchConfig:
+    """Node 0 of many: a resumed launch (``--is_recover=1``) serves the job it kept, so that
+    its scheduler reloads the job's state and the other nodes' workers, which kept
+    running, are still its members; any launch keeps the job it serves."""
+    kept = saved_job(config.recovery_path) if config.is_recover else None
+    if kept is not None and kept.lineage == config.lineage and kept.worker_num == config.worker_num:
+        config = replace(config, run_id=kept.run_id, job_token=kept.token)
+    save_job(config.recovery_path, JobIdentity(config.run_id, config.job_token, config.lineage,
+                                               config.worker_num))
+    return config
 
 
 def _open_lineage(config: LaunchConfig) -> str:

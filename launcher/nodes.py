@@ -11,18 +11,24 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from pathlib import Path
 from typing import Any
 
 from launcher.errors import ConfigError
 from recovery.control.nodes import (
     END_KEY, JOB_KEY, RESTART_KEY, JobIdentity, raise_counter, read_text, rendezvous_key,
 )
+from recovery.ckpt.durable import write_atomic
+from recovery.ckpt.layout import SCHEDULER_DIR
 from recovery.control.rpc import open_client, port_open
 
-__all__ = ["NodeLink", "NodeWatch", "local_address_towards", "TIMEOUT"]
+__all__ = ["NodeLink", "NodeWatch", "local_address_towards", "save_job", "saved_job",
+           "TIMEOUT", "JOB_FILE"]
 
 logger = logging.getLogger(__name__)
 
+JOB_FILE = "job.json"
+"""Node 0's job identity, beside the scheduler's state: a returning node 0 takes it back."""
 TIMEOUT = 2.0
 _POLL = 0.1
 
@@ -39,6 +45,24 @@ def local_address_towards(host: str, port: int) -> str:
     except OSError as err:
         raise ConfigError(f"--master_addr {host}: no route to it from this node "
                           f"({err.strerror or err}); give --node_addr") from None
+
+
+def save_job(recovery_path: Path, job: JobIdentity) -> None:
+    """Node 0 keeps its job's identity in its own recovery path (readable by its owner
+    only: it holds the job token), so that a returning node 0 (``--is_recover=1``) serves
+    the same job and its scheduler takes its persisted state back."""
+    path = recovery_path / SCHEDULER_DIR / JOB_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, lambda file: file.write(job.to_json().encode()))
+    path.chmod(0o600)
+
+
+def saved_job(recovery_path: Path) -> JobIdentity | None:
+    """The identity :func:`save_job` kept, or ``None``."""
+    try:
+        return JobIdentity.from_json((recovery_path / SCHEDULER_DIR / JOB_FILE).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 class NodeLink:

@@ -56,6 +56,17 @@ VERDICT_INTERVAL = 0.5
 _ALIVE = (WorkerState.RUNNING, WorkerState.STOPPING)
 
 
+def _first_incarnation(config: LaunchConfig) -> int:
+    """The incarnation of each worker's first launch: 0 on one node.
+
+    With many nodes, a node's tftrun may be started again while the job runs (a lost node
+    returns). Its workers' incarnations must differ from its predecessor's, which the
+    scheduler still holds (a generation is a set of (node id, incarnation)), so they count
+    from the launch time in milliseconds, as a worker started by hand does.
+    """
+    return time.time_ns() // 1_000_000 if config.multi_node else 0
+
+
 class NodeLost(RuntimeError):
     """Node 0 did not answer within ``--cluster_time_out`` where this node needed it."""
 
@@ -68,7 +79,8 @@ class Supervisor:
         self.config = config
         self.view = view
         self.events = events
-        self.workers = [Worker(rank=config.first_rank + i, local_rank=i)
+        first = _first_incarnation(config)
+        self.workers = [Worker(rank=config.first_rank + i, local_rank=i, incarnation=first - 1)
                         for i in range(config.nproc)]
         self.restart_count = 0
         """Restarts of the whole group (torchrun's ``TORCHELASTIC_RESTART_COUNT``)."""

@@ -138,7 +138,7 @@ def test_a_plain_script_killed_on_node_1_restarts_on_both_nodes_and_resumes(
 
 
 def kill_node_and_start_it_again(tmp_path: Path, procs: list[subprocess.Popen[str]], node: int,
-                                 port: int, at_step: int) -> None:
+                                 port: int, at_step: int, *again: str) -> None:
     """``kill -9`` node ``node``'s tftrun once its first rank passed ``at_step``; wait for
     its workers to die with it; start its tftrun again with the same command."""
     first = log_dir(tmp_path, node) / f"worker_{node * PER_NODE}.log"
@@ -149,7 +149,7 @@ def kill_node_and_start_it_again(tmp_path: Path, procs: list[subprocess.Popen[st
     procs[node].wait()
     wait_for(lambda: all(pid_gone(pid) for pid in workers.values()), EVENT,
              f"node {node}'s workers gone with its tftrun")
-    procs[node] = spawn(node_cmd(tmp_path, node, port, TRAIN, *JOB, options=NODE_LOSS))
+    procs[node] = spawn(node_cmd(tmp_path, node, port, TRAIN, *JOB, options=(*NODE_LOSS, *again)))
 
 
 NODE_LOSS = ("--heartbeat_timeout=5",)
@@ -168,4 +168,22 @@ def test_node_1_killed_and_started_again_rejoins_and_node_0_never_restarts(
     for status, output in results:
         assert status == 0, output
     assert [r for r, _ in worker_launches(log_dir(tmp_path, 0))] == [0, 1]
+    assert job_digests(tmp_path) == two_nodes_fault_free
+
+
+def test_node_0_killed_and_started_again_resumes_its_scheduler_and_node_1_never_restarts(
+        tmp_path: Path, two_nodes_fault_free: dict[int, str]) -> None:
+    port = free_tcp_port()
+    procs = start_nodes(tmp_path, port, TRAIN, *JOB, options=NODE_LOSS)
+    try:
+        kill_node_and_start_it_again(tmp_path, procs, 0, port, 30, "--is_recover=1")
+        results = finish(procs)
+    finally:
+        for proc in procs:
+            terminate(proc)
+    for status, output in results:
+        assert status == 0, output
+    assert [r for r, _ in worker_launches(log_dir(tmp_path, 1))] == [2, 3]
+    [start] = events(log_dir(tmp_path, 0), "scheduler_start")  # this log dir's run: the second
+    assert start["reloaded"] is True
     assert job_digests(tmp_path) == two_nodes_fault_free
