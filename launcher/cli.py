@@ -22,12 +22,15 @@ from launcher.cluster_env import fill_from_cluster
 from launcher.config import DEFAULT_PROGRESS_INTERVAL, LaunchConfig, bind_listener
 from launcher.errors import ConfigError
 from launcher.logs import archive_previous_run
+from launcher.nodes import NodeLink, local_address_towards, save_job, saved_job
 from launcher.render import make_view
 from launcher.supervisor import Supervisor
+from recovery import env as names
 from recovery.env import DEFAULT_RECOVERY_PATH
+from recovery.control.nodes import JobIdentity
 from recovery.events import EVENTS_FILE, EventLog
 from recovery.ckpt.layout import previous_dir
-from recovery.ckpt.lineage import LineageError, adopt_lineage, open_lineage
+from recovery.ckpt.lineage import LineageError, join_lineage, open_lineage
 from recovery.timeouts import (
     DEFAULT_CLUSTER_TIME_OUT, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_PROGRESS_TIMEOUT,
     DEFAULT_REJOIN_COOLDOWN,
@@ -85,6 +88,10 @@ def launch(
     node_rank: Annotated[int | None, _opt(
         "node_rank", "This node's index; its ranks are node_rank x local_worker_num + i. "
         "[default: from Slurm or Kubernetes, else 0]")] = None,
+    node_addr: Annotated[str | None, _opt(
+        "node_addr", "This node's address, where the other nodes reach its workers and "
+        "stores (torchrun's --local_addr). [default: the address of the interface that "
+        "reaches --master_addr]")] = None,
     log_dir: Annotated[Path, _opt(
         "log_dir", "Folder for worker_<rank>.log, scheduler.log and events.jsonl; an "
         "earlier run's files there are moved to previous/<n>/.")] = Path("logs"),
@@ -93,6 +100,10 @@ def launch(
     ] = "False",
     cluster_time_out: Annotated[float, _float_opt(
         "cluster_time_out", "Seconds to wait for the cluster to form.")] = DEFAULT_CLUSTER_TIME_OUT,
+    node_time_out: Annotated[float | None, _float_opt(
+        "node_time_out", "Seconds a lost node (its ranks missing, or node 0's scheduler "
+        "unreachable) may take to come back before the job ends on every node. "
+        "[default: cluster_time_out]")] = None,
     max_restarts: Annotated[int, _opt(
         "max_restarts", "Restarts allowed after worker failures before the job stops.")] = 3,
     rejoin_cooldown: Annotated[float, _float_opt(
@@ -140,8 +151,9 @@ def launch(
     config = LaunchConfig(
         script=script, script_args=tuple(script_args or ()), worker_num=worker_num,
         local_worker_num=local, master_addr=master_addr, master_port=master_port,
-        node_rank=node_rank, log_dir=log_dir, join=parse_bool(join, "--join"),
+        node_rank=node_rank, nnodes=nnodes, log_dir=log_dir, join=parse_bool(join, "--join"),
         cluster_time_out=cluster_time_out, max_restarts=max_restarts,
+        node_time_out=cluster_time_out if node_time_out is None else node_time_out,
         rejoin_cooldown=rejoin_cooldown, monitor_interval=monitor_interval,
         heartbeat_timeout=heartbeat_timeout, progress_timeout=progress_timeout,
         grace_period=grace_period, restart_policy=restart_policy, is_recover=parse_bool(is_recover, "--is_recover"),
@@ -149,20 +161,29 @@ def launch(
         progress_interval=progress_interval,
     )
     config.validate()
+    if config.multi_node and not os.environ.get(names.TFT_JOB_TOKEN):
+        raise ConfigError(f"a job of several nodes needs one secret on every node: set "
+                          f"{names.TFT_JOB_TOKEN} to the same value on each (e.g. the output of "
+                          f"python3 -c 'import secrets; print(secrets.token_hex(16))')")
     os.umask(os.umask(0) | 0o022)  # nothing tftrun or its children write is world-writable
+    config = replace(config, node_addr=node_addr or local_address_towards(
+        config.master_addr, config.master_port))
     with ExitStack() as held:
         _hold_lock(held, config.log_dir, f"another tftrun job is running with --log_dir {config.log_dir}")
-        if config.hosts_scheduler:
-            _hold_lock(held, _writable(config.recovery_path),
-                       f"another tftrun job is using --recovery_path {config.recovery_path}")
+        _hold_lock(held, _writable(config.recovery_path),
+                   f"another tftrun job is using --recovery_path {config.recovery_path}")
         store_socket = (bind_listener(config.master_addr, config.master_port)
                         if config.hosts_scheduler else None)
         if store_socket is not None:
             held.callback(store_socket.close)
+        if not config.hosts_scheduler:
+            config = _join_job(config)
         config = replace(config, lineage=_open_lineage(config))
+        if config.hosts_scheduler and config.multi_node:
+            config = _keep_job(config)
         archive_previous_run(config.log_dir)
         view = make_view(config.log_dir / EVENTS_FILE, config.progress_interval)
-        supervisor = Supervisor(config, store_socket, view, EventLog(config.log_dir))
+        supervisor = Supervisor(config, store_socket, view, EventLog(config.log_dir, config.node_rank))
         return supervisor.run()
 
 
@@ -184,16 +205,37 @@ def _writable(recovery_path: Path) -> Path:
     return recovery_path
 
 
+def _join_job(config: LaunchConfig) -> LaunchConfig:
+    """A node other than node 0 waits for node 0's scheduler and takes its job identity:
+    one run id and one lineage for every node (the token, every node is given)."""
+    job = NodeLink(config.master_addr, config.master_port).wait_for_job(config.cluster_time_out)
+    if job.worker_num != config.worker_num:
+        raise ConfigError(f"--worker_num={config.worker_num}, but node 0 runs "
+                          f"{job.worker_num} workers")
+    return replace(config, run_id=job.run_id, lineage=job.lineage)
+
+
+def _keep_job(config: LaunchConfig) -> LaunchConfig:
+    """Node 0 of many: a resumed launch (``--is_recover=1``) serves the job it kept, so that
+    its scheduler reloads the job's state and the other nodes' workers, which kept
+    running, are still its members; any launch keeps the job it serves."""
+    kept = saved_job(config.recovery_path) if config.is_recover else None
+    if kept is not None and kept.lineage == config.lineage and kept.worker_num == config.worker_num:
+        config = replace(config, run_id=kept.run_id)
+    save_job(config.recovery_path, JobIdentity(config.run_id, config.lineage,
+                                               config.worker_num))
+    return config
+
+
 def _open_lineage(config: LaunchConfig) -> str:
     """The job's lineage; a fresh launch first moves an earlier job's state aside.
 
-    Only node 0 decides; another node adopts what the (shared) recovery path records.
-    See docs/checkpoints.md#lineage.
+    Only node 0 decides; another node joins node 0's lineage (``config.lineage``), in its
+    own recovery path. See docs/checkpoints.md#lineage.
     """
     try:
-        if not config.hosts_scheduler:
-            return adopt_lineage(config.recovery_path)
-        opened = open_lineage(config.recovery_path, resume=config.is_recover)
+        opened = (open_lineage(config.recovery_path, resume=config.is_recover)
+                  if config.hosts_scheduler else join_lineage(config.recovery_path, config.lineage))
     except LineageError as err:
         if not config.is_recover:
             raise ConfigError(f"--recovery_path: {err}") from None

@@ -42,9 +42,14 @@ class LaunchConfig:
     master_addr: str = "127.0.0.1"
     master_port: int = 8118
     node_rank: int = 0
+    nnodes: int | None = None
+    node_addr: str = ""
+    """This node's address: its workers' and its rendezvous stores' (empty: master_addr)."""
     log_dir: Path = Path("logs")
     join: bool = False
     cluster_time_out: float = DEFAULT_CLUSTER_TIME_OUT
+    node_time_out: float = DEFAULT_CLUSTER_TIME_OUT
+    """Seconds a lost node may take to come back (launcher/supervisor.py, NodeWatch)."""
     max_restarts: int = 3
     rejoin_cooldown: float = DEFAULT_REJOIN_COOLDOWN
     monitor_interval: float = 0.1
@@ -83,6 +88,15 @@ class LaunchConfig:
     def hosts_scheduler(self) -> bool:
         return self.node_rank == 0
 
+    @property
+    def multi_node(self) -> bool:
+        """Other nodes run workers of this job (each with its own tftrun)."""
+        return self.nproc < self.worker_num
+
+    @property
+    def local_addr(self) -> str:
+        return self.node_addr or self.master_addr
+
     def validate(self) -> None:
         """Raise ConfigError for the first problem found; touch nothing but the log dir."""
         if self.worker_num < 1:
@@ -96,6 +110,12 @@ class LaunchConfig:
             raise ConfigError(
                 f"--node_rank={self.node_rank} with {self.nproc} workers per node does not fit "
                 f"in --worker_num={self.worker_num}")
+        if self.nnodes is not None and not 0 <= self.node_rank < self.nnodes:
+            raise ConfigError(f"--node_rank={self.node_rank} is not below --nnodes={self.nnodes}")
+        if (self.nnodes is not None and self.local_worker_num is not None
+                and self.worker_num != self.nnodes * self.nproc):
+            raise ConfigError(f"--worker_num={self.worker_num} is not --nnodes={self.nnodes} x "
+                              f"--nproc_per_node={self.nproc}")
         if not 1 <= self.master_port <= 65535:
             raise ConfigError(f"--master_port must be in 1..65535, got {self.master_port}")
         for name, value in (("--max_restarts", self.max_restarts),
@@ -107,7 +127,8 @@ class LaunchConfig:
         for name, value in (("--monitor_interval", self.monitor_interval),
                             ("--heartbeat_timeout", self.heartbeat_timeout),
                             ("--progress_timeout", self.progress_timeout),
-                            ("--grace_period", self.grace_period)):
+                            ("--grace_period", self.grace_period),
+                            ("--node_time_out", self.node_time_out)):
             if value <= 0:
                 raise ConfigError(f"{name} must be positive, got {value}")
         if self.restart_policy not in RESTART_POLICIES:

@@ -30,9 +30,11 @@ from recovery.exit_codes import UNFIXABLE
 __all__ = [
     "RankView", "JobView", "Ending", "Action", "Hang", "ScheduleRelaunch", "Relaunch",
     "RestartAll", "StartAll", "Stop", "GiveUp", "Kill", "Close", "WaitUntil", "decide",
-    "STATUS_WAIT",
+    "STATUS_WAIT", "EXIT_PEER_ENDED",
 ]
 
+EXIT_PEER_ENDED = 1
+"""tftrun's status when another node ended the job (its own reason says why)."""
 STATUS_WAIT = 10.0
 """Seconds a failed rank's registration may stay unknown (the scheduler process runs but
 does not answer, e.g. on a loaded host) before it is taken as "not registered"."""
@@ -82,6 +84,10 @@ class JobView:
     """A SIGINT/SIGTERM that tftrun received."""
     verdicts: Mapping[int, str] = field(default_factory=dict)
     """Ranks the scheduler declares dead or hung just now: rank → reason."""
+    peer_restart: str = ""
+    """Another node started a group restart this node has not: why (empty: none)."""
+    peer_end: str = ""
+    """Another node ended the job for every node: why (empty: it did not)."""
 
     @property
     def charged(self) -> int:
@@ -174,8 +180,13 @@ def decide(view: JobView, now: float) -> list[Action]:
         return _wind_down(view, now)
     if view.signal is not None:
         return [Stop(128 + view.signal, f"received {signal.Signals(view.signal).name}")]
+    if view.peer_end:
+        return [Stop(EXIT_PEER_ENDED, view.peer_end)]
     if all(r.state is WorkerState.SUCCEEDED for r in view.ranks):
         return [Stop(0, "all workers succeeded")]
+    if view.peer_restart and view.restart_at is None:
+        # The whole group restarts together; the node that started it charged it.
+        return [RestartAll(now, view.peer_restart)]
     failed = [r for r in view.ranks
               if r.state is WorkerState.FAILED and view.restart_at is None]
     if unfixable := _unfixable(failed):

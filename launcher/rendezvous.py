@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -39,15 +40,17 @@ class RendezvousStore:
         self._sock = bind_listener(self._host, 0)
         return self._sock.getsockname()[1]
 
-    def serve(self) -> None:
-        """Start the store server on the bound socket, from a background thread."""
+    def serve(self, served: Callable[[], None] | None = None) -> None:
+        """Start the store server on the bound socket, from a background thread, which
+        then calls ``served`` (node 0 tells the other nodes where the store is)."""
         if self._sock is None or self._server_thread is not None:
             return
-        self._server_thread = threading.Thread(target=self._host_store, args=(self._sock,),
+        self._server_thread = threading.Thread(target=self._host_store,
+                                               args=(self._sock, served),
                                                name="tftrun-rendezvous-store", daemon=True)
         self._server_thread.start()
 
-    def _host_store(self, sock: socket.socket) -> None:
+    def _host_store(self, sock: socket.socket, served: Callable[[], None] | None) -> None:
         from torch.distributed import TCPStore
 
         self._store = TCPStore(
@@ -55,6 +58,8 @@ class RendezvousStore:
             timeout=timedelta(seconds=60), master_listen_fd=sock.fileno(),
         )
         sock.detach()  # the store owns (and closes) the descriptor now
+        if served is not None:
+            served()
 
     def close(self) -> None:
         if self._server_thread is not None:

@@ -62,13 +62,15 @@ def _common_env(config: LaunchConfig, base: Mapping[str, str]) -> dict[str, str]
 
 
 def worker_spec(config: LaunchConfig, local_rank: int, incarnation: int, restart_count: int,
-                rendezvous_port: int, base_env: Mapping[str, str] | None = None) -> ProcessSpec:
+                rendezvous_port: int, base_env: Mapping[str, str] | None = None,
+                rendezvous_host: str | None = None) -> ProcessSpec:
     """The spec of this node's worker ``local_rank`` for one launch of it.
 
     Args:
         incarnation: increases with every launch of this rank within the job.
         restart_count: how many times the whole group was restarted (torchrun's count).
         rendezvous_port: the fresh store that ``env://`` meets at for this restart.
+        rendezvous_host: its host (node 0's address); ``--master_addr`` when not given.
     """
     rank = config.first_rank + local_rank
     env = _common_env(config, os.environ if base_env is None else base_env)
@@ -83,7 +85,7 @@ def worker_spec(config: LaunchConfig, local_rank: int, incarnation: int, restart
         names.GROUP_RANK: str(config.node_rank),
         names.ROLE_RANK: str(rank),
         names.ROLE_WORLD_SIZE: str(config.worker_num),
-        names.MASTER_ADDR: config.master_addr,
+        names.MASTER_ADDR: rendezvous_host or config.master_addr,
         names.MASTER_PORT: str(rendezvous_port),
         names.TORCHELASTIC_USE_AGENT_STORE: str(True),
         names.TORCHELASTIC_RESTART_COUNT: str(restart_count),

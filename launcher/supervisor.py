@@ -17,12 +17,14 @@ import select
 import signal
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from functools import partial
 
 from launcher.config import LaunchConfig
 from launcher.failures import ExitInfo, read_error_file
 from launcher.logs import LogFollower, last_lines
+from launcher.nodes import NodeLink, NodeWatch
 from launcher.policy import (
     Action, Close, Ending, GiveUp, Hang, JobView, Kill, RankView, Relaunch, RestartAll,
     ScheduleRelaunch, StartAll, Stop, WaitUntil, decide,
@@ -36,6 +38,7 @@ from launcher.spec import (
 )
 from launcher.state import Failure, Worker, WorkerState
 from recovery.control.client import SchedulerControl
+from recovery.control.files import Endpoint
 from recovery.events import EventLog
 
 __all__ = ["Supervisor", "EXIT_SIGINT", "EXIT_SIGTERM", "EXIT_SUPERVISOR_ERROR"]
@@ -58,6 +61,21 @@ first, doubled after every answer up to the second (a plain script never registe
 _ALIVE = (WorkerState.RUNNING, WorkerState.STOPPING)
 
 
+def _first_incarnation(config: LaunchConfig) -> int:
+    """The incarnation of each worker's first launch: 0 on one node.
+
+    With many nodes, a node's tftrun may be started again while the job runs (a lost node
+    returns). Its workers' incarnations must differ from its predecessor's, which the
+    scheduler still holds (a generation is a set of (node id, incarnation)), so they count
+    from the launch time in milliseconds, as a worker started by hand does.
+    """
+    return time.time_ns() // 1_000_000 if config.multi_node else 0
+
+
+class NodeLost(RuntimeError):
+    """Node 0 did not answer within ``--cluster_time_out`` where this node needed it."""
+
+
 class Supervisor:
     """Runs one node's share of a job to its end and returns tftrun's exit status."""
 
@@ -66,7 +84,8 @@ class Supervisor:
         self.config = config
         self.view = view
         self.events = events
-        self.workers = [Worker(rank=config.first_rank + i, local_rank=i)
+        first = _first_incarnation(config)
+        self.workers = [Worker(rank=config.first_rank + i, local_rank=i, incarnation=first - 1)
                         for i in range(config.nproc)]
         self.restart_count = 0
         """Restarts of the whole group (torchrun's ``TORCHELASTIC_RESTART_COUNT``)."""
@@ -75,7 +94,13 @@ class Supervisor:
         self._store_socket = store_socket
         self._scheduler: Child | None = None
         self._scheduler_launches = 0
-        self._rendezvous = RendezvousStore(config.master_addr)
+        self._rendezvous = RendezvousStore(config.local_addr)
+        self._rendezvous_host = config.local_addr
+        self._nodes = NodeLink(config.master_addr, config.master_port) if config.multi_node else None
+        """Node 0's cluster store, to agree with the other nodes (only with other nodes)."""
+        self._peer_restarts = 0
+        self._peer_end = ""
+        self._node_watch = NodeWatch(config.node_time_out)
         self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._follower = LogFollower(view.output) if config.join else None
         # Connected once the workers are started: connecting imports torch, in a thread
@@ -115,6 +140,7 @@ class Supervisor:
                        lineage=self.config.lineage)
             if self._follower is not None:
                 self._follower.start()
+            remote = self._point_at_remote_scheduler()
             try:
                 try:
                     if self._store_socket is not None:
@@ -128,9 +154,23 @@ class Supervisor:
                     self._follower.stop()
                 self._control.close()
                 self._rendezvous.close()
+                if remote is not None:
+                    remote.remove(self.config.log_dir)
+                if self._nodes is not None:
+                    self._nodes.close()
                 self.view.close()
                 watchdog.close()
         return status
+
+    def _point_at_remote_scheduler(self) -> Endpoint | None:
+        """On a node without the scheduler: say in the log dir where it serves (on node 0),
+        with this tftrun's pid, so that ``tftctl status`` works on this node too."""
+        if self.config.hosts_scheduler:
+            return None
+        endpoint = Endpoint(self.config.master_addr, self.config.master_port, os.getpid(),
+                            self.config.run_id, time.time())
+        endpoint.write(self.config.log_dir)
+        return endpoint
 
     @contextmanager
     def _signal_handlers(self) -> Iterator[int]:
@@ -215,12 +255,35 @@ class Supervisor:
         self._scheduler_launches += 1
 
     def _start_workers(self) -> None:
-        self._rendezvous_port = self._rendezvous.open()
+        if self.config.hosts_scheduler:
+            self._rendezvous_port = self._rendezvous.open()
+        else:
+            self._rendezvous_host, self._rendezvous_port = self._meeting_place()
         for worker in self.workers:
             self._launch(worker)
         # After the spawns: importing torch here overlaps with the workers doing the same.
-        self._rendezvous.serve()
+        if self.config.hosts_scheduler:
+            self._rendezvous.serve(self._announce_rendezvous())
         self._control.connect()
+
+    def _announce_rendezvous(self) -> Callable[[], None] | None:
+        """Node 0 with other nodes: tell them where this restart's workers meet, once the
+        store is served (from its thread, through a link of its own)."""
+        if self._nodes is None:
+            return None
+        publisher = NodeLink(self.config.master_addr, self.config.master_port)
+        return partial(publisher.publish_rendezvous, self.restart_count,
+                       self._rendezvous_host, self._rendezvous_port)
+
+    def _meeting_place(self) -> tuple[str, int]:
+        """A node other than node 0: where node 0 says this restart's workers meet."""
+        assert self._nodes is not None
+        where = self._nodes.rendezvous(self.restart_count, self.config.cluster_time_out)
+        if where is None:
+            raise NodeLost(f"node 0 did not say where the workers of restart "
+                           f"{self.restart_count} meet within --cluster_time_out="
+                           f"{self.config.cluster_time_out:g}s")
+        return where
 
     def _launch(self, worker: Worker, warm: bool = False) -> None:
         """Start ``worker``'s next incarnation; ``warm``: in an idle spare, if there is one.
@@ -231,7 +294,8 @@ class Supervisor:
         """
         worker.incarnation += 1
         spec = worker_spec(self.config, worker.local_rank, worker.incarnation,
-                           self.restart_count, self._rendezvous_port)
+                           self.restart_count, self._rendezvous_port,
+                           rendezvous_host=self._rendezvous_host)
         try:
             spare = self._spares.hand_over(spec, script_argv(self.config),
                                            self._header(spec, worker.incarnation)) if warm else None
@@ -336,13 +400,17 @@ class Supervisor:
         self._reap_workers()
         sweep()
         verdicts = self._verdicts(now) if self._ending is None else {}
+        if verdicts is not None and self._ending is None:
+            self._hear_other_nodes(now)
         undecided = [w for w in self.workers if w.state is WorkerState.FAILED
                      and self._restart_at is None and self._ending is None]
         unknown = self._learn_registrations(undecided)
         ranks = tuple(self._rank_view(w, w in undecided, unknown, now) for w in self.workers)
+        peer_restart = (f"another node started group restart {self._peer_restarts}"
+                        if self._peer_restarts > self.restart_count else "")
         return JobView(ranks, self.config.max_restarts, self.config.restart_policy,
                        self.restart_count, self.relaunches, self._restart_at, self._ending,
-                       self._signal, verdicts)
+                       self._signal, verdicts or {}, peer_restart, self._peer_end)
 
     def _rank_view(self, worker: Worker, undecided: bool, unknown: bool,
                    now: float) -> RankView:
@@ -353,13 +421,50 @@ class Supervisor:
         return RankView(worker.rank, worker.state, worker.deadline, worker.failure, registered,
                         cooldown_until, worker.hung, worker.relaunch_why)
 
-    def _verdicts(self, now: float) -> dict[int, str]:
+    def _verdicts(self, now: float) -> dict[int, str] | None:
         """The workers the scheduler declares dead (no heartbeat) or hung (no progress),
-        asked at most every :data:`VERDICT_INTERVAL`."""
+        asked at most every :data:`VERDICT_INTERVAL`; ``None`` when not asked now."""
         if now < self._next_verdicts:
-            return {}
+            return None
         self._next_verdicts = now + VERDICT_INTERVAL
-        return self._control.verdicts()
+        verdicts = self._control.verdicts()
+        return self._about_own_processes(verdicts) if verdicts else verdicts
+
+    def _about_own_processes(self, verdicts: dict[int, str]) -> dict[int, str]:
+        """The verdicts about this node's running processes.
+
+        A verdict names a rank; it may be about a process this tftrun never started: one
+        of a tftrun of this node that was killed (its workers died with it, unreported),
+        whose rank this tftrun now runs again in a new process that has not registered
+        yet. Killing that one would be wrong: a verdict counts only for the pid the
+        scheduler holds for the rank.
+        """
+        status = self._control.status()
+        if status is None:
+            return {}
+        held = {m["rank"]: m["pid"] for m in status["members"]}
+        return {rank: why for rank, why in verdicts.items()
+                if any(w.rank == rank and w.pid == held.get(rank) for w in self.workers)}
+
+    def _hear_other_nodes(self, now: float) -> None:
+        """Whether another node started a group restart, ended the job for all, or has
+        been gone for longer than ``--node_time_out`` (then this node ends it for all)."""
+        if self._nodes is None:
+            return
+        self._peer_restarts = max(self._peer_restarts, self._nodes.restarts_started() or 0)
+        self._peer_end = self._nodes.ended() or ""
+        if (lost := self._node_watch.seen(self._gone(), now)) and not self._peer_end:
+            self._peer_end = f"node {self.config.node_rank}: {lost}"
+            self._nodes.end(self._peer_end)
+
+    def _gone(self) -> str:
+        """What of the other nodes is missing just now ('' when nothing is)."""
+        if not self.config.hosts_scheduler:
+            return "" if self._nodes is None or self._nodes.reachable else "node 0's scheduler"
+        status = self._control.status()
+        own = {w.rank for w in self.workers}
+        missing = [] if status is None else [r for r in status["missing"] if r not in own]
+        return f"the ranks {missing} of another node" if missing else ""
 
     def _learn_registrations(self, failed: list[Worker]) -> bool:
         """Ask the scheduler which node ids registered, when a failed one is not known to.
@@ -408,12 +513,16 @@ class Supervisor:
                 self._launch(worker, warm=True)
             case RestartAll(at, why):
                 self._restart_at, self._restart_why = at, why
+                if self._nodes is not None:
+                    self._nodes.restart_all(max(self.restart_count + 1, self._peer_restarts))
                 self._stop_workers(now)
             case StartAll():
                 self._restart_all()
             case Stop(status, reason):
                 self._end(Ending(status, reason), now)
             case GiveUp(failure, reason):
+                if self._nodes is not None:
+                    self._nodes.end(f"node {self.config.node_rank}: {reason}")
                 self._end(Ending(failure.exit_status, reason, failure), now)
             case Kill(rank):
                 child = self._worker(rank).child
@@ -437,7 +546,8 @@ class Supervisor:
 
     def _restart_all(self) -> None:
         self._restart_at = None
-        self.restart_count += 1
+        # With other nodes, every node's workers of one restart carry its number.
+        self.restart_count = max(self.restart_count + 1, self._peer_restarts)
         self._emit("restart", what="workers", why=self._restart_why,
                    restart_count=self.restart_count, ranks=[w.rank for w in self.workers])
         self._start_workers()

@@ -34,9 +34,14 @@ LOCK_TIMEOUT = 2.0
 
 
 class EventLog:
-    """Appends events to ``<log_dir>/events.jsonl``; a ``None`` log_dir makes it a no-op."""
+    """Appends events to ``<log_dir>/events.jsonl``; a ``None`` log_dir makes it a no-op.
 
-    def __init__(self, log_dir: str | os.PathLike[str] | None) -> None:
+    With ``node_rank``, every event carries it (``node_rank``): the node that wrote it.
+    """
+
+    def __init__(self, log_dir: str | os.PathLike[str] | None,
+                 node_rank: int | None = None) -> None:
+        self._node = {} if node_rank is None else {"node_rank": node_rank}
         self.path = None if log_dir is None else Path(log_dir) / EVENTS_FILE
         self._lock = None if self.path is None else FileLock(str(self.path) + ".lock",
                                                              timeout=LOCK_TIMEOUT)
@@ -45,7 +50,7 @@ class EventLog:
 
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
         """Append one event and return it. ``ts`` (unix seconds) and ``event`` come first."""
-        record: dict[str, Any] = {"ts": time.time(), "event": event, **fields}
+        record: dict[str, Any] = {"ts": time.time(), "event": event, **self._node, **fields}
         if self.path is None or self._lock is None:
             return record
         line = (json.dumps(record, default=str) + "\n").encode()

@@ -44,6 +44,7 @@ __all__ = [
     "job_state",
     "set_aside",
     "open_lineage",
+    "join_lineage",
     "main",
 ]
 
@@ -178,6 +179,19 @@ def open_lineage(recovery_path: str | os.PathLike[str], *, resume: bool) -> Laun
     # one a new scheduler ignores anyway (another run id), so nothing is moved.
     archived = set_aside(recovery_path, job_state(recovery_path)) if _holds_checkpoints(recovery_path) else None
     return LaunchLineage(record_lineage(recovery_path, new_lineage_id(), replace=True), archived)
+
+
+def join_lineage(recovery_path: str | os.PathLike[str], lineage: str) -> LaunchLineage:
+    """A node other than node 0 joins the job of lineage ``lineage`` (node 0's).
+
+    Its recovery path keeps its state when it records that lineage (the node returns to
+    its job); otherwise an earlier job's state there is moved to ``previous/<n>/`` first.
+    """
+    recovery_path = Path(recovery_path)
+    if read_lineage(recovery_path) == _checked(lineage, "node 0's lineage"):
+        return LaunchLineage(lineage)
+    archived = set_aside(recovery_path, job_state(recovery_path))
+    return LaunchLineage(record_lineage(recovery_path, lineage, replace=True), archived)
 
 
 def _holds_checkpoints(recovery_path: Path) -> bool:

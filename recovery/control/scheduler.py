@@ -56,6 +56,7 @@ from recovery.control.membership import (
     Membership,
     describe_incomplete,
 )
+from recovery.control.nodes import JOB_KEY, JobIdentity
 from recovery.control.replies import KeptReplies, SentReplies
 from recovery.control.requests import BadRequest, Request, parse_request
 from recovery.control.rpc import (
@@ -132,6 +133,7 @@ class SchedulerConfig:
     log_dir: str | None
     recovery_path: str
     timeouts: Timeouts
+    lineage: str = ""
 
     @property
     def supervised(self) -> bool:
@@ -152,6 +154,7 @@ class SchedulerConfig:
             log_dir=worker.log_dir,
             recovery_path=worker.recovery_path,
             timeouts=Timeouts.from_env(env),
+            lineage=worker.lineage,
         )
 
 
@@ -161,7 +164,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.membership = Membership(config.worker_num, config.token, config.timeouts)
-        self.events = EventLog(config.log_dir)
+        self.events = EventLog(config.log_dir, node_rank=0)  # the scheduler runs on node 0
         self.injections = InjectionQueue()
         self.last_words = LastWords()
         self.replies = KeptReplies()
@@ -231,6 +234,9 @@ class Scheduler:
         port = server.port
         self._client = open_client(cfg.host, port, _LOOP_TIMEOUT.total_seconds())
         reloaded = self._reload()
+        # The other nodes wait for this key: the scheduler is up, and this is the job.
+        self._client.set(JOB_KEY, JobIdentity(cfg.run_id, cfg.lineage,
+                                              cfg.worker_num).to_json())
         endpoint = Endpoint(cfg.host, port, os.getpid(), cfg.run_id, self._started)
         if cfg.log_dir is not None:
             endpoint.write(cfg.log_dir)

@@ -218,7 +218,7 @@ class ElasticTrainer:
         self.phase.listener = ctx.report_phase
         self.phase.void_when = lambda: self._machine.state is not TrainerState.TRAINING
         self._recovery_path = worker_env.recovery_path
-        self._events = EventLog(worker_env.log_dir)
+        self._events = EventLog(worker_env.log_dir, worker_env.node_rank)
         self._step_events = StepEvents(self._events, ctx.rank, ctx.world_size)
         self._resume = resume or worker_env.is_recover or worker_env.restart_count > 0
         self._allow_world_size_change = allow_world_size_change

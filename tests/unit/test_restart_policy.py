@@ -68,6 +68,11 @@ class PolicyMachine(RuleBasedStateMachine):
         self.spawn_fails = False
         self.killed: set[int] = set()
         self.pids = 100
+        self.peer_restarts = 0
+        """The highest group restart another node started (they share one budget)."""
+        self.peer_end = ""
+        self.followed = 0
+        """Group restarts this node made because another node started them."""
 
     # ------------------------------------------------------------ the world
     @initialize(max_restarts=st.integers(0, 4), policy=st.sampled_from(RESTART_POLICIES),
@@ -112,6 +117,18 @@ class PolicyMachine(RuleBasedStateMachine):
     def launches_fail(self, fails: bool) -> None:
         self.spawn_fails = fails
 
+    @precondition(lambda self: not self.closed)
+    @rule()
+    def another_node_restarts_all(self) -> None:
+        """Another node started the next group restart, within the shared budget."""
+        if max(self.restarts, self.peer_restarts) + 1 <= self.max_restarts:
+            self.peer_restarts = max(self.restarts, self.peer_restarts) + 1
+
+    @precondition(lambda self: not self.closed)
+    @rule()
+    def another_node_ends_the_job(self) -> None:
+        self.peer_end = "node 1: rank 3 exited with code 1; restart budget (0) spent"
+
     @rule(seconds=st.sampled_from([0.05, 1.0, 5.0, 11.0, 40.0]))
     def clock_advances(self, seconds: float) -> None:
         self.now += seconds
@@ -139,13 +156,16 @@ class PolicyMachine(RuleBasedStateMachine):
         self._check_no_relaunch_waits_for_peers_that_are_gone()
         self._check_every_dead_rank_is_relaunched_or_the_job_ends()
         self._check_the_job_ends_once_all_ranks_succeeded()
+        self._check_the_other_nodes_are_followed()
 
     def _view(self) -> JobView:
         undecided = self.restart_at is None and self.ending is None
         return JobView(
             tuple(self._rank_view(w, undecided) for w in self.workers), self.max_restarts,
             self.policy, self.restarts, self.relaunches, self.restart_at, self.ending,
-            self.signal, dict(self.verdicts))
+            self.signal, dict(self.verdicts),
+            f"another node started group restart {self.peer_restarts}"
+            if self.peer_restarts > self.restarts else "", self.peer_end)
 
     def _rank_view(self, worker: Worker, undecided: bool) -> RankView:
         registered = True if worker.rank in self.registered else (
@@ -174,7 +194,9 @@ class PolicyMachine(RuleBasedStateMachine):
                 self._stop_workers()
             case StartAll():
                 self.restart_at = None
-                self.restarts += 1
+                followed = self.peer_restarts > self.restarts
+                self.restarts = max(self.restarts + 1, self.peer_restarts)  # as the supervisor
+                self.followed += followed
                 for worker in self.workers:
                     self._launch(worker)
             case Stop(status, reason):
@@ -218,9 +240,11 @@ class PolicyMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ the invariants
     def _charged(self) -> int:
+        """What this node charged to the budget; a restart another node started is
+        charged there (the relaunches of single ranks are each node's own)."""
         pending = (1 if self.restart_at is not None
                    else sum(w.state is WorkerState.COOLDOWN for w in self.workers))
-        return self.restarts + self.relaunches + pending
+        return self.restarts - self.followed + self.relaunches + pending
 
     def _check_budget(self) -> None:
         assert self._charged() <= self.max_restarts, "the restart budget was exceeded"
@@ -257,6 +281,15 @@ class PolicyMachine(RuleBasedStateMachine):
         for worker in self.workers:
             if worker.state is WorkerState.COOLDOWN:
                 assert worker.deadline > self.now, f"rank {worker.rank}'s relaunch is overdue"
+
+    def _check_the_other_nodes_are_followed(self) -> None:
+        """Another node's end ends this one; its group restart restarts this one's workers,
+        unless this node's job already ends or all its ranks finished."""
+        if self.peer_end and self.signal is None:
+            assert self.ending is not None
+        if (self.peer_restarts > self.restarts and self.ending is None
+                and not all(w.state is WorkerState.SUCCEEDED for w in self.workers)):
+            assert self.restart_at is not None, "another node's group restart was not followed"
 
     def _check_the_job_ends_once_all_ranks_succeeded(self) -> None:
         if all(w.state is WorkerState.SUCCEEDED for w in self.workers):

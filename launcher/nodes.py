@@ -1,0 +1,180 @@
+"""One node's view of the others: the job identity, each restart's rendezvous, the
+restart-all count and the job's end, through the cluster store on node 0
+(recovery/control/nodes.py lists the keys).
+
+Every call is bounded: while node 0's scheduler is down, a read answers ``None`` after
+about :data:`TIMEOUT` seconds and the caller carries on with what it knew.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import ConfigError
+from recovery.control.nodes import (
+    END_KEY, JOB_KEY, RESTART_KEY, JobIdentity, raise_counter, read_text, rendezvous_key,
+)
+from recovery.ckpt.durable import write_atomic
+from recovery.ckpt.layout import SCHEDULER_DIR
+from recovery.control.rpc import open_client, port_open
+
+__all__ = ["NodeLink", "NodeWatch", "local_address_towards", "save_job", "saved_job",
+           "TIMEOUT", "JOB_FILE"]
+
+logger = logging.getLogger(__name__)
+
+JOB_FILE = "job.json"
+"""Node 0's job identity, beside the scheduler's state: a returning node 0 takes it back."""
+TIMEOUT = 2.0
+_POLL = 0.1
+
+
+def local_address_towards(host: str, port: int) -> str:
+    """The address of the local interface that routes to ``host`` (no packet is sent:
+    a UDP socket's ``connect`` only picks the route)."""
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        infos = socket.getaddrinfo(host, port, family, socket.SOCK_DGRAM)
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(infos[0][4])
+            return str(probe.getsockname()[0])
+    except OSError as err:
+        raise ConfigError(f"--master_addr {host}: no route to it from this node "
+                          f"({err.strerror or err}); give --node_addr") from None
+
+
+def save_job(recovery_path: Path, job: JobIdentity) -> None:
+    """Node 0 keeps its job's identity in its own recovery path (readable by its owner
+    only), so that a returning node 0 (``--is_recover=1``) serves
+    the same job and its scheduler takes its persisted state back."""
+    path = recovery_path / SCHEDULER_DIR / JOB_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, lambda file: file.write(job.to_json().encode()))
+    path.chmod(0o600)
+
+
+def saved_job(recovery_path: Path) -> JobIdentity | None:
+    """The identity :func:`save_job` kept, or ``None``."""
+    try:
+        return JobIdentity.from_json((recovery_path / SCHEDULER_DIR / JOB_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class NodeLink:
+    """This node's supervisor's client of the cluster store at ``host:port``."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self._host, self._port = host, port
+        self._client: Any = None
+        self.reachable = True
+        """Whether the last call reached the store."""
+
+    def wait_for_job(self, timeout: float) -> JobIdentity:
+        """Wait up to ``timeout`` s for node 0's scheduler to publish the job; ConfigError
+        (one line) when it does not."""
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self._read(JOB_KEY)
+            if text is not None:
+                try:
+                    return JobIdentity.from_json(text)
+                except ValueError as err:
+                    raise ConfigError(f"{self._where()}: {err}") from None
+            if time.monotonic() > deadline:
+                raise ConfigError(f"node 0's scheduler at {self._where()} did not come up "
+                                  f"within --cluster_time_out={timeout:g}s")
+            time.sleep(_POLL * 5)
+
+    def publish_rendezvous(self, restart_count: int, host: str, port: int) -> None:
+        """Node 0: where the workers of group restart ``restart_count`` meet."""
+        self._write(rendezvous_key(restart_count), f"{host}:{port}")
+
+    def rendezvous(self, restart_count: int, timeout: float) -> tuple[str, int] | None:
+        """Where the workers of group restart ``restart_count`` meet, once node 0 said;
+        ``None`` after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while (text := self._read(rendezvous_key(restart_count))) is None:
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(_POLL)
+        host, _, port = text.rpartition(":")
+        return host, int(port)
+
+    def restart_all(self, restart_count: int) -> None:
+        """This node starts group restart ``restart_count``: the others follow."""
+        self._with_client(lambda client: raise_counter(client, RESTART_KEY, restart_count))
+
+    def restarts_started(self) -> int | None:
+        """The highest group restart any node started; ``None``: unknown just now."""
+        text = self._read(RESTART_KEY)
+        return None if text is None else int(text)
+
+    def end(self, reason: str) -> None:
+        """The job ends on every node, for ``reason``."""
+        self._write(END_KEY, reason)
+
+    def ended(self) -> str | None:
+        """Why another node ended the job, if one did."""
+        return self._read(END_KEY)
+
+    def close(self) -> None:
+        self._client = None
+
+    # ----------------------------------------------------------------- the store
+    def _where(self) -> str:
+        return f"{self._host}:{self._port}"
+
+    def _read(self, key: str) -> str | None:
+        return self._with_client(lambda client: read_text(client, key))
+
+    def _write(self, key: str, value: str) -> None:
+        self._with_client(lambda client: client.set(key, value))
+
+    def _with_client(self, use: Any) -> Any:
+        """``use(client)``, or ``None`` when the store cannot be reached just now."""
+        from torch.distributed import DistError
+
+        try:
+            if self._client is None:
+                if not port_open(self._host, self._port):
+                    self.reachable = False
+                    return None
+                self._client = open_client(self._host, self._port, TIMEOUT)
+            result = use(self._client)
+        except DistError as err:
+            logger.debug("the cluster store at %s: %s", self._where(), err)
+            self._client = None  # torch's client never reconnects: a new one next time
+            self.reachable = False
+            return None
+        self.reachable = True
+        return result
+
+
+class NodeWatch:
+    """Whether another node has been gone for longer than ``bound`` seconds.
+
+    Node 0 watches the ranks of the other nodes (missing from the scheduler's membership);
+    another node watches node 0 (its scheduler's store unreachable). Each pass says what
+    it saw; once the same absence lasted ``bound`` seconds, :meth:`seen` answers why the
+    job must end.
+    """
+
+    def __init__(self, bound: float) -> None:
+        self.bound = bound
+        self._since: float | None = None
+
+    def seen(self, gone: str, now: float) -> str:
+        """``gone``: what is missing now (empty: nothing). The reason to end, or ''."""
+        if not gone:
+            self._since = None
+            return ""
+        if self._since is None:
+            self._since = now
+        if now - self._since < self.bound:
+            return ""
+        return f"{gone} did not come back within --node_time_out={self.bound:g}s"

@@ -1,0 +1,206 @@
+"""Many nodes on one machine: each "node" is its own tftrun, with its own working folder
+(log dir, recovery path) and its own loopback address (Linux routes all of 127/8 to lo).
+
+The nodes share nothing but the network and the job token, which whoever starts them
+gives each (TFT_JOB_TOKEN): node 1 learns the job (run id, lineage) and each restart's
+rendezvous from node 0's scheduler.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from support import (
+    BIN, TFT_OFF, events, free_tcp_port, pid_gone, spawn, spawned_pids, terminate, wait_for,
+    wait_for_event,
+)
+from support_mnist import EVENT, JOB, JOB_END, TRAIN, final_digests, worker_launches
+
+NODE_ADDRS = ("127.0.0.2", "127.0.0.3")
+JOB_TOKEN = {"TFT_JOB_TOKEN": "the-secret-every-node-is-given"}
+PER_NODE = 2
+
+
+def node_cmd(tmp_path: Path, node: int, port: int, script: Path, *script_args: str,
+             options: tuple[str, ...] = ()) -> list[str]:
+    """tftrun for node ``node`` of a 2-node x 2-rank job; its files under tmp_path/node<K>."""
+    from support import tftrun_cmd
+
+    home = tmp_path / f"node{node}"
+    return tftrun_cmd(
+        "--nnodes=2", f"--nproc_per_node={PER_NODE}", f"--node_rank={node}",
+        f"--master_addr={NODE_ADDRS[0]}", f"--master_port={port}",
+        f"--node_addr={NODE_ADDRS[node]}", f"--log_dir={home / 'logs'}",
+        f"--recovery_path={home / 'recovery'}", "--rejoin_cooldown=0",
+        "--cluster_time_out=60", "--grace_period=5", *options, str(script), *script_args)
+
+
+def start_nodes(tmp_path: Path, port: int, script: Path, *script_args: str,
+                options: tuple[str, ...] = (), env: dict[str, str] | None = None
+                ) -> list[subprocess.Popen[str]]:
+    return [spawn(node_cmd(tmp_path, node, port, script, *script_args, options=options),
+                  env={**(env or os.environ), **JOB_TOKEN}) for node in (0, 1)]
+
+
+def log_dir(tmp_path: Path, node: int) -> Path:
+    return tmp_path / f"node{node}" / "logs"
+
+
+def finish(procs: list[subprocess.Popen[str]]) -> list[tuple[int, str]]:
+    """Wait for every node's tftrun; (status, output) of each. Stops them all on a timeout."""
+    results = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=JOB_END)
+            results.append((proc.returncode, out + err))
+    finally:
+        for proc in procs:
+            terminate(proc)
+    return results
+
+
+def job_digests(tmp_path: Path) -> dict[int, str]:
+    return {**final_digests(log_dir(tmp_path, 0)), **final_digests(log_dir(tmp_path, 1))}
+
+
+@pytest.fixture(scope="module")
+def two_nodes_fault_free(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
+    """Every rank's final digest in a fault-free 2-node x 2-rank run of the main job."""
+    tmp_path = tmp_path_factory.mktemp("two_nodes")
+    results = finish(start_nodes(tmp_path, free_tcp_port(), TRAIN, *JOB, env=TFT_OFF))
+    for status, output in results:
+        assert status == 0, output
+    # The nodes agreed through node 0's store, which anyone on the port reads: the shared
+    # secret went through no key of it, and into no file of either node.
+    token = JOB_TOKEN["TFT_JOB_TOKEN"].encode()
+    holding = [path for path in tmp_path.rglob("*") if path.is_file() and token in path.read_bytes()]
+    assert holding == []
+    return job_digests(tmp_path)
+
+
+def test_a_node_started_without_the_shared_token_is_refused_with_one_line(tmp_path: Path) -> None:
+    from support import run
+
+    env = {k: v for k, v in os.environ.items() if k != "TFT_JOB_TOKEN"}
+    refused = run(node_cmd(tmp_path, 1, free_tcp_port(), TRAIN, *JOB), timeout=60, env=env)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "TFT_JOB_TOKEN" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
+
+
+def test_two_nodes_of_two_ranks_end_bitwise_equal_to_one_node_of_four(
+        tmp_path: Path, two_nodes_fault_free: dict[int, str]) -> None:
+    from support import run, tftrun_cmd
+
+    one_node = run(tftrun_cmd("--worker_num=4", f"--log_dir={tmp_path / 'one'}",
+                              f"--recovery_path={tmp_path / 'one_recovery'}",
+                              f"--master_port={free_tcp_port()}", str(TRAIN), *JOB),
+                   timeout=JOB_END, env=TFT_OFF)
+    assert one_node.returncode == 0, one_node.stdout + one_node.stderr
+    assert sorted(two_nodes_fault_free) == [0, 1, 2, 3]
+    assert two_nodes_fault_free == final_digests(tmp_path / "one")
+
+
+def test_a_rank_killed_on_node_1_is_relaunched_alone_and_takes_a_replica(
+        tmp_path: Path, two_nodes_fault_free: dict[int, str]) -> None:
+    from launcher import ctl
+
+    procs = start_nodes(tmp_path, free_tcp_port(), TRAIN, *JOB,
+                        env={**os.environ, "MS_ENABLE_TFT": "{ARF:1}"})
+    try:
+        wait_for_event(log_dir(tmp_path, 0), EVENT, "node 0's scheduler up", event="scheduler_start")
+        # Through node 0's scheduler, as tftctl on node 0 would: rank 3 runs on node 1.
+        assert ctl.main(["inject", f"--log_dir={log_dir(tmp_path, 0)}", "--rank=3",
+                         "--fault=kill", "--at_step=40"]) == 0
+        results = finish(procs)
+    finally:
+        for proc in procs:
+            terminate(proc)
+    for status, output in results:
+        assert status == 0, output
+    assert [r for r, _ in worker_launches(log_dir(tmp_path, 0))] == [0, 1]
+    assert [r for r, _ in worker_launches(log_dir(tmp_path, 1))] == [2, 3, 3]
+    rollbacks = events(log_dir(tmp_path, 0), "rollback")
+    assert rollbacks and all(r["source"] == "replica" for r in rollbacks), rollbacks
+    assert job_digests(tmp_path) == two_nodes_fault_free
+
+
+def test_a_plain_script_killed_on_node_1_restarts_on_both_nodes_and_resumes(
+        tmp_path: Path) -> None:
+    # The script's own checkpoint is the user's business: a folder both nodes see here.
+    ckpt = tmp_path / "plain_ckpt"
+    ckpt.mkdir()
+    procs = start_nodes(tmp_path, free_tcp_port(), BIN / "plain_resumable.py", "60", str(ckpt))
+    try:
+        worker_2 = log_dir(tmp_path, 1) / "worker_2.log"
+        wait_for(lambda: worker_2.exists() and "step=10\n" in worker_2.read_text(), EVENT,
+                 "rank 2 past step 10")
+        os.kill(spawned_pids(log_dir(tmp_path, 1))[2], signal.SIGKILL)
+        results = finish(procs)
+    finally:
+        for proc in procs:
+            terminate(proc)
+    for status, output in results:
+        assert status == 0, output
+    for node in (0, 1):
+        restarts = [e for e in events(log_dir(tmp_path, node), "restart") if e["what"] == "workers"]
+        assert [e["restart_count"] for e in restarts] == [1], restarts
+        for rank in (2 * node, 2 * node + 1):
+            text = (log_dir(tmp_path, node) / f"worker_{rank}.log").read_text()
+            assert "resumed from step=" in text and "done value=" in text, text[-2000:]
+
+
+def kill_node_and_start_it_again(tmp_path: Path, procs: list[subprocess.Popen[str]], node: int,
+                                 port: int, at_step: int, *again: str) -> None:
+    """``kill -9`` node ``node``'s tftrun once its first rank passed ``at_step``; wait for
+    its workers to die with it; start its tftrun again with the same command."""
+    first = log_dir(tmp_path, node) / f"worker_{node * PER_NODE}.log"
+    wait_for(lambda: first.exists() and f"step={at_step} " in first.read_text(), EVENT,
+             f"node {node} past step {at_step}")
+    workers = spawned_pids(log_dir(tmp_path, node))
+    procs[node].kill()
+    procs[node].wait()
+    wait_for(lambda: all(pid_gone(pid) for pid in workers.values()), EVENT,
+             f"node {node}'s workers gone with its tftrun")
+    procs[node] = spawn(node_cmd(tmp_path, node, port, TRAIN, *JOB, options=(*NODE_LOSS, *again)),
+                        env={**os.environ, **JOB_TOKEN})
+
+
+NODE_LOSS = ("--heartbeat_timeout=5",)
+
+
+def test_node_1_killed_and_started_again_rejoins_and_node_0_never_restarts(
+        tmp_path: Path, two_nodes_fault_free: dict[int, str]) -> None:
+    port = free_tcp_port()
+    procs = start_nodes(tmp_path, port, TRAIN, *JOB, options=NODE_LOSS)
+    try:
+        kill_node_and_start_it_again(tmp_path, procs, 1, port, at_step=30)
+        results = finish(procs)
+    finally:
+        for proc in procs:
+            terminate(proc)
+    for status, output in results:
+        assert status == 0, output
+    assert [r for r, _ in worker_launches(log_dir(tmp_path, 0))] == [0, 1]
+    assert job_digests(tmp_path) == two_nodes_fault_free
+
+
+def test_node_0_killed_and_started_again_resumes_its_scheduler_and_node_1_never_restarts(
+        tmp_path: Path, two_nodes_fault_free: dict[int, str]) -> None:
+    port = free_tcp_port()
+    procs = start_nodes(tmp_path, port, TRAIN, *JOB, options=NODE_LOSS)
+    try:
+        kill_node_and_start_it_again(tmp_path, procs, 0, port, 30, "--is_recover=1")
+        results = finish(procs)
+    finally:
+        for proc in procs:
+            terminate(proc)
+    for status, output in results:
+        assert status == 0, output
+    assert [r for r, _ in worker_launches(log_dir(tmp_path, 1))] == [2, 3]
+    [start] = events(log_dir(tmp_path, 0), "scheduler_start")  # this log dir's run: the second
+    assert start["reloaded"] is True
+    assert job_digests(tmp_path) == two_nodes_fault_free

@@ -1,0 +1,133 @@
+"""What the nodes of one job share through node 0's store (recovery/control/nodes.py,
+launcher/nodes.py), with a real in-process TCPStore; and the checks of a node's options."""
+
+from __future__ import annotations
+
+import itertools
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.distributed import TCPStore
+
+from launcher.config import LaunchConfig
+from launcher.errors import ConfigError
+from launcher.nodes import NodeLink, NodeWatch, local_address_towards
+from recovery.ckpt import layout
+from recovery.ckpt.lineage import join_lineage, read_lineage, record_lineage
+from recovery.control.nodes import JOB_KEY, RESTART_KEY, JobIdentity, raise_counter, read_text
+
+
+_FRESH = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def server() -> Any:
+    return TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                    timeout=timedelta(seconds=5))
+
+
+@pytest.fixture(scope="module")
+def nodes(server: Any) -> list[Any]:
+    """One store client per node."""
+    return [TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=5))
+            for _ in range(4)]
+
+
+@settings(max_examples=25, deadline=None)
+@given(raises=st.lists(st.lists(st.integers(0, 6), max_size=5), min_size=1, max_size=4))
+def test_nodes_raising_the_restart_count_at_once_agree_on_the_highest(
+        server: Any, nodes: list[Any], raises: list[list[int]]) -> None:
+    """Each inner list is one node raising the count, all nodes at once: the count ends
+    at the highest value asked and was never lowered (each raise returns at least it)."""
+    name = f"{RESTART_KEY}/{next(_FRESH)}"  # every example counts from nothing
+
+    def node(index: int) -> list[int]:
+        return [raise_counter(nodes[index], name, value) for value in raises[index]]
+
+    with ThreadPoolExecutor(len(raises)) as pool:
+        results = list(pool.map(node, range(len(raises))))
+    for asked, got in zip(raises, results):
+        assert all(g >= a for a, g in zip(asked, got))
+        assert got == sorted(got)
+    highest = max((v for r in raises for v in r), default=None)
+    assert read_text(server, name) == (None if highest is None else str(highest))
+
+
+def test_a_node_takes_the_job_its_scheduler_published_and_its_rendezvous(server: Any) -> None:
+    job = JobIdentity("run-1", "lineage1", 4)
+    server.set(JOB_KEY, job.to_json())
+    link = NodeLink("127.0.0.1", server.port)
+    assert link.wait_for_job(5) == job
+    assert link.rendezvous(7, timeout=0.2) is None
+    NodeLink("127.0.0.1", server.port).publish_rendezvous(7, "127.0.0.2", 4242)
+    assert link.rendezvous(7, timeout=1) == ("127.0.0.2", 4242)
+    assert link.ended() is None
+    link.end("node 1: rank 3 exited with code 1; restart budget (0) spent")
+    assert "node 1" in (link.ended() or "")
+
+
+def test_a_node_whose_scheduler_never_comes_up_gives_up_with_one_line() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound, never listening: nothing answers
+        with pytest.raises(ConfigError, match="did not come up within --cluster_time_out=0.5s"):
+            NodeLink("127.0.0.1", port).wait_for_job(0.5)
+
+
+def test_the_node_address_is_the_interface_that_reaches_the_master() -> None:
+    assert local_address_towards("127.0.0.1", 8118) == "127.0.0.1"
+    with pytest.raises(ConfigError, match="give --node_addr"):
+        local_address_towards("no-such-host.invalid", 8118)
+
+
+def test_a_node_joins_node_0s_lineage_and_sets_an_earlier_jobs_state_aside(
+        tmp_path: Path) -> None:
+    record_lineage(tmp_path, "oldjob")
+    (tmp_path / layout.CHECKPOINTS_DIR).mkdir()
+    joined = join_lineage(tmp_path, "newjob")
+    assert read_lineage(tmp_path) == "newjob" and joined.archived is not None
+    assert (joined.archived / layout.CHECKPOINTS_DIR).is_dir()
+    (tmp_path / layout.CHECKPOINTS_DIR).mkdir()
+    again = join_lineage(tmp_path, "newjob")  # the node returns to its job: all kept
+    assert again.archived is None and (tmp_path / layout.CHECKPOINTS_DIR).is_dir()
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"nnodes": 2, "node_rank": 2, "worker_num": 6, "local_worker_num": 2},
+     "--node_rank=2 is not below --nnodes=2"),
+    ({"nnodes": 2, "worker_num": 6, "local_worker_num": 2},
+     "--worker_num=6 is not --nnodes=2 x --nproc_per_node=2"),
+])
+def test_node_options_that_do_not_fit_are_refused(tmp_path: Path, fields: dict[str, Any],
+                                                  message: str) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    config = LaunchConfig(script=script, log_dir=tmp_path / "logs", **fields)
+    with pytest.raises(ConfigError, match=message.replace("+", r"\+")):
+        config.validate()
+
+
+@settings(max_examples=100, deadline=None)
+@given(bound=st.floats(0.5, 30), passes=st.lists(
+    st.tuples(st.floats(0.0, 10.0), st.booleans()), max_size=30))
+def test_a_node_is_declared_lost_only_after_an_unbroken_absence_of_the_bound(
+        bound: float, passes: list[tuple[float, bool]]) -> None:
+    """Each pass: the clock moves on, and the node is seen gone or back. The job ends
+    exactly when the node has been gone, with no return in between, for ``bound`` s."""
+    watch, now, gone_since = NodeWatch(bound), 0.0, None
+    for step, gone in passes:
+        now += step
+        if not gone:
+            gone_since = None
+        elif gone_since is None:
+            gone_since = now
+        reason = watch.seen("node 1" if gone else "", now)
+        expected = gone_since is not None and now - gone_since >= bound
+        assert bool(reason) == expected
+        assert not reason or reason == f"node 1 did not come back within --node_time_out={bound:g}s"
