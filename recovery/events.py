@@ -49,8 +49,9 @@ class EventLog:
         """Why the last write failed, warned about once until a write succeeds."""
 
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
-        """Append one event and return it. ``ts`` (unix seconds) and ``event`` come first."""
-        record: dict[str, Any] = {"ts": time.time(), "event": event, **self._node, **fields}
+        """Append one event and return it. ``ts`` (unix seconds) and ``event`` come first,
+        ``node_rank`` last: a line reads as it did before there were nodes."""
+        record: dict[str, Any] = {"ts": time.time(), "event": event, **fields, **self._node}
         if self.path is None or self._lock is None:
             return record
         line = (json.dumps(record, default=str) + "\n").encode()

@@ -112,8 +112,12 @@ def test_the_relaunched_rank_killed_again_while_it_rejoins(
         tmp_path: Path, free_port: int, mnist_reference: dict[int, str], moment: str) -> None:
     """Rank 2 is killed, and its replacement is killed too as soon as its ``spawn`` (it is
     still starting Python) or its ``register`` event (it joins the next generation)
-    appears; the third process of rank 2 brings the job to its end."""
-    with faulty_job(tmp_path, free_port) as (proc, log_dir):
+    appears; the third process of rank 2 brings the job to its end.
+
+    A replacement killed after it met its generation's members but before it connected
+    leaves them in the rendezvous for up to the heartbeat timeout (recovery/runtime/group.py):
+    10 s here rather than the default 30 s, whichever way the race goes."""
+    with faulty_job(tmp_path, free_port, "--heartbeat_timeout=10") as (proc, log_dir):
         wait_for(lambda: log_has(log_dir, 2, "step=30 "), EVENT, "rank 2 past step 30")
         first = spawned_pids(log_dir)
         kill(first[2])

@@ -106,17 +106,17 @@ def with_body(op: str, rid: str, body: str) -> str:
     return seal(TOKEN.encode(), Kind.REQUEST, op, rid, new_nonce(), body)
 
 
-MALFORMED = {
-    "overflow": with_body("register", "overflow",
-                          '{"node_id": "0", "pid": 1e999, "incarnation": 0}'),
-    "nan": with_body("last_words", "nan",
-                     '{"rank": 0, "generation": NaN, "step": 1, "consistent": true}'),
-    "deep": with_body("status", "deep", '{"x": %s}' % ("[" * 5000 + "]" * 5000)),
-    "bool_rank": with_body("inject", "bool_rank", '{"rank": true, "fault": "kill"}'),
-    "no_object": with_body("status", "no_object", "[]"),
-    "unknown_op": with_body("reboot", "unknown_op", "{}"),
+MALFORMED_BODIES = {
+    "overflow": ("register", '{"node_id": "0", "pid": 1e999, "incarnation": 0}'),
+    "nan": ("last_words", '{"rank": 0, "generation": NaN, "step": 1, "consistent": true}'),
+    "deep": ("status", '{"x": %s}' % ("[" * 5000 + "]" * 5000)),
+    "bool_rank": ("inject", '{"rank": true, "fault": "kill"}'),
+    "no_object": ("status", "[]"),
+    "unknown_op": ("reboot", "{}"),
 }
-"""Signed, but not a request of the op's: each is answered ``bad_request``."""
+"""rid -> (op, body): signed, but not a request of the op's; each is answered
+``bad_request``. Signed when sent (a signature carries its time: one made at import would be
+stale by the time a long suite reaches the test)."""
 
 
 def test_malformed_requests_are_answered_bad_request_and_change_nothing_persisted(
@@ -132,8 +132,8 @@ def test_malformed_requests_are_answered_bad_request_and_change_nothing_persiste
                     json.dumps({"op": "status", "rid": "unsigned"}),
                     with_body("inject", "huge", '{"rank": 0, "fault": "%s"}' % ("k" * 100_000))):
             store.queue_push(REQUESTS, raw)
-        for rid, raw in MALFORMED.items():
-            reply = ask(store, raw, rid)
+        for rid, (op, body) in MALFORMED_BODIES.items():
+            reply = ask(store, with_body(op, rid, body), rid)
             assert (reply["ok"], reply["reason"]) == (False, "bad_request"), rid
         assert ask(store, signed("status", rid="after"), "after")["ok"]
         assert not store.check([reply_key("unsigned")]) and not store.check([reply_key("huge")])
