@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import replace
@@ -22,7 +23,9 @@ from launcher.cluster_env import fill_from_cluster
 from launcher.config import DEFAULT_PROGRESS_INTERVAL, LaunchConfig, bind_listener
 from launcher.errors import ConfigError
 from launcher.logs import archive_previous_run
-from launcher.nodes import NodeLink, local_address_towards, save_job, saved_job
+from launcher.nodes import (
+    NodeLink, job_still_waited_for, local_address_towards, save_job, saved_job,
+)
 from launcher.render import make_view
 from launcher.supervisor import Supervisor
 from recovery import env as names
@@ -178,6 +181,8 @@ def launch(
             held.callback(store_socket.close)
         if not config.hosts_scheduler:
             config = _join_job(config)
+        elif config.multi_node and not config.is_recover:
+            config = _return_to_job(config)
         config = replace(config, lineage=_open_lineage(config))
         if config.hosts_scheduler and config.multi_node:
             config = _keep_job(config)
@@ -213,6 +218,18 @@ def _join_job(config: LaunchConfig) -> LaunchConfig:
         raise ConfigError(f"--worker_num={config.worker_num}, but node 0 runs "
                           f"{job.worker_num} workers")
     return replace(config, run_id=job.run_id, lineage=job.lineage)
+
+
+def _return_to_job(config: LaunchConfig) -> LaunchConfig:
+    """Node 0 of many, started with its usual command: it returns to the job the other
+    nodes still wait for (as with ``--is_recover=1``), else it starts a new one."""
+    job = job_still_waited_for(config.recovery_path, config.node_time_out, time.time())
+    if job is None:
+        return config
+    print(f"tftrun: node 0 returns to job {job.run_id}: its scheduler's state in "
+          f"{config.recovery_path} is not finished and younger than --node_time_out="
+          f"{config.node_time_out:g}s", file=sys.stderr)
+    return replace(config, is_recover=True)
 
 
 def _keep_job(config: LaunchConfig) -> LaunchConfig:

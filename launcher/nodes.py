@@ -20,10 +20,11 @@ from recovery.control.nodes import (
 )
 from recovery.ckpt.durable import write_atomic
 from recovery.ckpt.layout import SCHEDULER_DIR
+from recovery.control.files import StateFile
 from recovery.control.rpc import open_client, port_open
 
 __all__ = ["NodeLink", "NodeWatch", "local_address_towards", "save_job", "saved_job",
-           "TIMEOUT", "JOB_FILE"]
+           "job_still_waited_for", "TIMEOUT", "JOB_FILE"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,30 @@ def saved_job(recovery_path: Path) -> JobIdentity | None:
         return JobIdentity.from_json((recovery_path / SCHEDULER_DIR / JOB_FILE).read_text())
     except (OSError, ValueError):
         return None
+
+
+def job_still_waited_for(recovery_path: Path, node_time_out: float,
+                         now: float) -> JobIdentity | None:
+    """The job node 0 served, when a node 0 started again with its usual command (no
+    ``--is_recover``) is to return to it rather than start a new one; else ``None``.
+
+    It returns when the other nodes still wait for it: its scheduler's persisted state is of
+    that job, was not closed by an orderly end (``finished``), and was written less than
+    ``--node_time_out`` ago. A live job's scheduler writes it about every second (steps
+    move), and the other nodes end the job once node 0 has been gone that long; so an
+    older crashed job is never resumed by accident.
+    """
+    job = saved_job(recovery_path)
+    state_file = StateFile(recovery_path)
+    try:
+        age = now - state_file.path.stat().st_mtime
+        state = state_file.load()
+    except (OSError, ValueError):
+        return None
+    if (job is None or state is None or state.get("finished")
+            or state.get("run_id") != job.run_id or not 0 <= age <= node_time_out):
+        return None
+    return job
 
 
 class NodeLink:

@@ -193,7 +193,7 @@ def test_node_0_killed_and_started_again_resumes_its_scheduler_and_node_1_never_
     port = free_tcp_port()
     procs = start_nodes(tmp_path, port, TRAIN, *JOB, options=NODE_LOSS)
     try:
-        kill_node_and_start_it_again(tmp_path, procs, 0, port, 30, "--is_recover=1")
+        kill_node_and_start_it_again(tmp_path, procs, 0, port, 30)  # its usual command
         results = finish(procs)
     finally:
         for proc in procs:
@@ -203,4 +203,5 @@ def test_node_0_killed_and_started_again_resumes_its_scheduler_and_node_1_never_
     assert [r for r, _ in worker_launches(log_dir(tmp_path, 1))] == [2, 3]
     [start] = events(log_dir(tmp_path, 0), "scheduler_start")  # this log dir's run: the second
     assert start["reloaded"] is True
+    assert "node 0 returns to job" in results[0][1]
     assert job_digests(tmp_path) == two_nodes_fault_free

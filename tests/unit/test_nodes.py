@@ -17,9 +17,12 @@ from torch.distributed import TCPStore
 
 from launcher.config import LaunchConfig
 from launcher.errors import ConfigError
-from launcher.nodes import NodeLink, NodeWatch, local_address_towards
+from launcher.nodes import (
+    NodeLink, NodeWatch, job_still_waited_for, local_address_towards, save_job,
+)
 from recovery.ckpt import layout
 from recovery.ckpt.lineage import join_lineage, read_lineage, record_lineage
+from recovery.control.files import StateFile
 from recovery.control.nodes import JOB_KEY, RESTART_KEY, JobIdentity, raise_counter, read_text
 
 
@@ -131,3 +134,28 @@ def test_a_node_is_declared_lost_only_after_an_unbroken_absence_of_the_bound(
         expected = gone_since is not None and now - gone_since >= bound
         assert bool(reason) == expected
         assert not reason or reason == f"node 1 did not come back within --node_time_out={bound:g}s"
+
+
+@settings(max_examples=60, deadline=None)
+@given(age=st.integers(-5_000, 120_000).filter(lambda ms: ms not in (0, 60_000)).map(
+    lambda ms: ms / 1000),  # whole ms, off the bounds: the clock's float rounding is not tested
+    finished=st.booleans(), same_run=st.booleans())
+def test_node_0_started_again_returns_only_to_a_job_the_other_nodes_still_wait_for(
+        tmp_path_factory: pytest.TempPathFactory, age: float, finished: bool,
+        same_run: bool) -> None:
+    """Its usual command resumes the job when the scheduler's state is of the job it kept,
+    unfinished, and younger than --node_time_out (the other nodes wait that long); any
+    other state, an old crashed job's included, is a new job's start."""
+    recovery = tmp_path_factory.mktemp("recovery")
+    save_job(recovery, JobIdentity("run-1", "lineage1", 4))
+    state = StateFile(recovery)
+    state.save({"run_id": "run-1" if same_run else "run-0", "finished": finished})
+    written = state.path.stat().st_mtime
+    returned = job_still_waited_for(recovery, node_time_out=60.0, now=written + age)
+    waited_for = same_run and not finished and 0 <= age <= 60.0
+    assert returned == (JobIdentity("run-1", "lineage1", 4) if waited_for else None)
+
+
+def test_node_0_without_a_kept_job_starts_a_new_one(tmp_path: Path) -> None:
+    StateFile(tmp_path).save({"run_id": "run-1", "finished": False})
+    assert job_still_waited_for(tmp_path, node_time_out=60.0, now=0.0) is None
