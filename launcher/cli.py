@@ -187,7 +187,7 @@ def launch(
         if config.hosts_scheduler and config.multi_node:
             config = _keep_job(config)
         archive_previous_run(config.log_dir)
-        view = make_view(config.log_dir / EVENTS_FILE, config.progress_interval)
+        view = make_view(config.log_dir / EVENTS_FILE, config.progress_interval, config.node_title)
         supervisor = Supervisor(config, store_socket, view, EventLog(config.log_dir, config.node_rank))
         return supervisor.run()
 

@@ -94,6 +94,15 @@ class LaunchConfig:
         return self.nproc < self.worker_num
 
     @property
+    def node_title(self) -> str:
+        """Which node this is, for the live view: ``tftrun`` on one node, else e.g.
+        ``tftrun: node 1 (10.0.0.2), ranks 4-7 of 8``."""
+        if not self.multi_node:
+            return "tftrun"
+        return (f"tftrun: node {self.node_rank} ({self.local_addr}), ranks {self.first_rank}-"
+                f"{self.first_rank + self.nproc - 1} of {self.worker_num}")
+
+    @property
     def local_addr(self) -> str:
         return self.node_addr or self.master_addr
 

@@ -144,7 +144,9 @@ class LiveView:
 
     wants_rows = True
 
-    def __init__(self, console: Console, events_path: Path | None = None) -> None:
+    def __init__(self, console: Console, events_path: Path | None = None,
+                 title: str = "tftrun") -> None:
+        self._title = title
         self._console = console
         self._tail = EventTail(events_path) if events_path is not None else None
         self._progress = Progress()
@@ -159,7 +161,7 @@ class LiveView:
         parts = [progress_bar(progress) if progress.step is not None else "",
                  progress.recovering or "", spares]
         caption = "  ".join(part for part in parts if part) or None
-        table = Table(title="tftrun", caption=None if caption is None else Text(caption),
+        table = Table(title=self._title, caption=None if caption is None else Text(caption),
                       expand=False)
         for column in ("rank", "pid", "state", "restarts", "step", "steps/s", "last log line"):
             table.add_column(column, no_wrap=column != "last log line", overflow="ellipsis")
@@ -186,12 +188,14 @@ class LiveView:
         self._live.stop()
 
 
-def make_view(events_path: Path | None = None, progress_interval: float = 0.0) -> View:
+def make_view(events_path: Path | None = None, progress_interval: float = 0.0,
+              title: str = "tftrun") -> View:
     """The live table on a terminal, else plain lines (progress every ``progress_interval``
-    seconds); both follow ``events_path`` for the workers' progress."""
+    seconds); both follow ``events_path`` for the workers' progress. ``title`` heads the
+    table (with several nodes, it says which node this is)."""
     console = Console()
     if console.is_terminal:
-        return LiveView(console, events_path)
+        return LiveView(console, events_path, title)
     return PlainView(None, events_path, progress_interval)
 
 

@@ -92,3 +92,16 @@ def test_the_live_table_shows_steps_and_the_bar_under_it(tmp_path: Path) -> None
     shown = console.file.getvalue()
     assert "[#######" in shown and "30/100 30% 20.0 steps/s ETA 0:04" in shown
     assert "│ 30   │ 20.0    │" in shown
+
+
+def test_with_several_nodes_the_live_table_says_which_node_it_shows(tmp_path: Path) -> None:
+    from launcher.config import LaunchConfig
+
+    node_1 = LaunchConfig(script=tmp_path / "train.py", worker_num=8, local_worker_num=4,
+                          node_rank=1, master_addr="10.0.0.1", node_addr="10.0.0.2")
+    console = Console(file=io.StringIO(), force_terminal=True, width=120)
+    view = LiveView(console, None, node_1.node_title)
+    view.show_rows([Row(4, 11, "running", 0, "step=3")])
+    view.close()
+    assert "tftrun: node 1 (10.0.0.2), ranks 4-7 of 8" in console.file.getvalue()
+    assert LaunchConfig(script=tmp_path / "train.py", worker_num=4).node_title == "tftrun"
