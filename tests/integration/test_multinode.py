@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from support import (
-    BIN, TFT_OFF, events, free_tcp_port, pid_gone, spawn, spawned_pids, terminate, wait_for,
+    BIN, TFT_OFF, events, free_tcp_port, pid_gone, run, spawn, spawned_pids, terminate, wait_for,
     wait_for_event,
 )
 from support_mnist import EVENT, JOB, JOB_END, TRAIN, final_digests, worker_launches
@@ -105,17 +105,28 @@ def two_nodes_fault_free(tmp_path_factory: pytest.TempPathFactory) -> dict[int, 
 
 
 def test_a_node_started_without_the_shared_token_is_refused_with_one_line(tmp_path: Path) -> None:
-    from support import run
-
     env = {k: v for k, v in os.environ.items() if k != "TFT_JOB_TOKEN"}
     refused = run(node_cmd(tmp_path, 1, free_tcp_port(), TRAIN, *JOB), timeout=60, env=env)
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "TFT_JOB_TOKEN" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
 
 
+def test_a_node_given_another_token_than_node_0_is_refused_with_one_line(tmp_path: Path) -> None:
+    port = free_tcp_port()
+    node_0 = spawn(node_cmd(tmp_path, 0, port, TRAIN, *JOB), env={**os.environ, **JOB_TOKEN})
+    try:
+        other = run(node_cmd(tmp_path, 1, port, TRAIN, *JOB), timeout=60,
+                    env={**os.environ, "TFT_JOB_TOKEN": "not-the-secret-node-0-was-given"})
+    finally:
+        terminate(node_0)
+    assert other.returncode == 2, other.stdout + other.stderr
+    assert "TFT_JOB_TOKEN" in other.stderr and len(other.stderr.strip().splitlines()) == 1
+    assert not (log_dir(tmp_path, 1) / "worker_2.log").exists()  # refused before any worker
+
+
 def test_two_nodes_of_two_ranks_end_bitwise_equal_to_one_node_of_four(
         tmp_path: Path, two_nodes_fault_free: dict[int, str]) -> None:
-    from support import run, tftrun_cmd
+    from support import tftrun_cmd
 
     one_node = run(tftrun_cmd("--worker_num=4", f"--log_dir={tmp_path / 'one'}",
                               f"--recovery_path={tmp_path / 'one_recovery'}",
