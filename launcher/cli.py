@@ -213,7 +213,8 @@ def _writable(recovery_path: Path) -> Path:
 def _join_job(config: LaunchConfig) -> LaunchConfig:
     """A node other than node 0 waits for node 0's scheduler and takes its job identity:
     one run id and one lineage for every node (the token, every node is given)."""
-    job = NodeLink(config.master_addr, config.master_port).wait_for_job(config.cluster_time_out)
+    job = NodeLink(config.master_addr, config.master_port).wait_for_job(config.cluster_time_out,
+                                                                        config.job_token)
     if job.worker_num != config.worker_num:
         raise ConfigError(f"--worker_num={config.worker_num}, but node 0 runs "
                           f"{job.worker_num} workers")

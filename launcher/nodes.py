@@ -15,13 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import ConfigError
+from recovery import env as names
 from recovery.control.nodes import (
-    END_KEY, JOB_KEY, RESTART_KEY, JobIdentity, raise_counter, read_text, rendezvous_key,
+    END_KEY, JOB_KEY, RESTART_KEY, TOKEN_PROOF_KEY, JobIdentity, raise_counter, read_text,
+    rendezvous_key,
 )
 from recovery.ckpt.durable import write_atomic
 from recovery.ckpt.layout import SCHEDULER_DIR
 from recovery.control.files import StateFile
 from recovery.control.rpc import open_client, port_open
+from recovery.control.signing import token_proof
 
 __all__ = ["NodeLink", "NodeWatch", "local_address_towards", "save_job", "saved_job",
            "job_still_waited_for", "TIMEOUT", "JOB_FILE"]
@@ -99,17 +102,23 @@ class NodeLink:
         self.reachable = True
         """Whether the last call reached the store."""
 
-    def wait_for_job(self, timeout: float) -> JobIdentity:
+    def wait_for_job(self, timeout: float, token: str) -> JobIdentity:
         """Wait up to ``timeout`` s for node 0's scheduler to publish the job; ConfigError
-        (one line) when it does not."""
+        (one line) when it does not, or when node 0 was given another job token than
+        ``token``."""
         deadline = time.monotonic() + timeout
         while True:
             text = self._read(JOB_KEY)
             if text is not None:
                 try:
-                    return JobIdentity.from_json(text)
+                    job = JobIdentity.from_json(text)
                 except ValueError as err:
                     raise ConfigError(f"{self._where()}: {err}") from None
+                if self._read(TOKEN_PROOF_KEY) != token_proof(token, job.run_id):
+                    raise ConfigError(f"{names.TFT_JOB_TOKEN} is not the one node 0 at "
+                                      f"{self._where()} was given: give every node of the "
+                                      f"job the same secret")
+                return job
             if time.monotonic() > deadline:
                 raise ConfigError(f"node 0's scheduler at {self._where()} did not come up "
                                   f"within --cluster_time_out={timeout:g}s")

@@ -24,6 +24,7 @@ launch script by hand may leave them unset and get the defaults):
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -54,10 +55,12 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     if not raw:
         return default
     try:
-        return float(raw)
+        seconds = float(raw)
     except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not a number of seconds") \
-            from None
+        seconds = math.nan
+    if not math.isfinite(seconds):
+        raise ValueError(f"environment variable {name}={raw!r} is not a finite number of seconds")
+    return seconds
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,10 @@ from another goes through these keys of the cluster store (the scheduler's, on n
 * ``tft/job``: the job's identity (run id, lineage, worker count), set by the
   scheduler when it starts. A node other than node 0 waits for it before it starts
   anything: it is also the sign that node 0's scheduler is up.
+* ``tft/job_token_proof``: that node 0 holds the job token, without the token
+  (:func:`recovery.control.signing.token_proof` of the run id), set just before
+  ``tft/job``. A node given another token sees the difference and stops before it starts
+  anything.
 * ``tft/rendezvous/<n>``: ``host:port`` of the fresh ``env://`` store of group restart
   ``n``, hosted by node 0's supervisor (launcher/rendezvous.py). Every node's workers of
   restart ``n`` meet there.
@@ -28,10 +32,11 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["JOB_KEY", "RESTART_KEY", "END_KEY", "JobIdentity", "rendezvous_key",
+__all__ = ["JOB_KEY", "TOKEN_PROOF_KEY", "RESTART_KEY", "END_KEY", "JobIdentity", "rendezvous_key",
            "raise_counter", "read_text"]
 
 JOB_KEY = "tft/job"
+TOKEN_PROOF_KEY = "tft/job_token_proof"
 RESTART_KEY = "tft/restart_all"
 END_KEY = "tft/end"
 

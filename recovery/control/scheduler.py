@@ -56,7 +56,7 @@ from recovery.control.membership import (
     Membership,
     describe_incomplete,
 )
-from recovery.control.nodes import JOB_KEY, JobIdentity
+from recovery.control.nodes import JOB_KEY, TOKEN_PROOF_KEY, JobIdentity
 from recovery.control.replies import KeptReplies, SentReplies
 from recovery.control.requests import BadRequest, Request, parse_request
 from recovery.control.rpc import (
@@ -76,6 +76,7 @@ from recovery.control.signing import (
     Sealed,
     checked_token,
     seal,
+    token_proof,
     unseal,
 )
 from recovery.control.throttle import Throttle
@@ -235,6 +236,7 @@ class Scheduler:
         self._client = open_client(cfg.host, port, _LOOP_TIMEOUT.total_seconds())
         reloaded = self._reload()
         # The other nodes wait for this key: the scheduler is up, and this is the job.
+        self._client.set(TOKEN_PROOF_KEY, token_proof(cfg.token, cfg.run_id))
         self._client.set(JOB_KEY, JobIdentity(cfg.run_id, cfg.lineage,
                                               cfg.worker_num).to_json())
         endpoint = Endpoint(cfg.host, port, os.getpid(), cfg.run_id, self._started)

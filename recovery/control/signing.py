@@ -35,7 +35,8 @@ from enum import Enum
 from recovery import env as names
 
 __all__ = ["Kind", "Sealed", "BadSignature", "seal", "unseal", "new_nonce", "ReplayGuard",
-           "MissingToken", "checked_token", "UNSIGNED", "MAX_MESSAGE_BYTES", "REPLAY_WINDOW"]
+           "MissingToken", "checked_token", "token_proof", "UNSIGNED", "MAX_MESSAGE_BYTES",
+           "REPLAY_WINDOW"]
 
 MAGIC = "tft1"
 UNSIGNED = "-"
@@ -162,3 +163,11 @@ def checked_token(token: str, insecure_no_token: bool) -> str:
                            f"job's processes (templates/run.sh makes one), or "
                            f"{names.TFT_INSECURE_NO_TOKEN}=1 to run without authentication")
     return token
+
+
+def token_proof(token: str, run_id: str) -> str:
+    """What shows that whoever published job ``run_id`` holds ``token``, without showing
+    the token: HMAC-SHA256 keyed with it over ``job <run_id>`` (no request or reply MAC
+    covers a text of that form). A node compares node 0's with its own before it starts
+    anything, so a node given another token is told so at once."""
+    return hmac.new(token.encode(), f"job {run_id}".encode(), hashlib.sha256).hexdigest()

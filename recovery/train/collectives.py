@@ -16,6 +16,7 @@ import io
 from collections.abc import Callable
 from typing import Any
 
+import psutil
 import torch
 import torch.distributed as dist
 
@@ -66,9 +67,14 @@ def broadcast_bytes(data: bytes | None, source: int, wait: Wait = blocking) -> b
         size = torch.zeros(1, dtype=torch.int64)
     wait(dist.broadcast(size, src=source, async_op=True))
     if dist.get_rank() != source:
-        if int(size) <= 0:
-            raise RefusedPayload(f"rank {source} announced {int(size)} bytes")
-        buffer = bytearray(int(size))
+        announced = int(size)
+        available = psutil.virtual_memory().available
+        if not 0 < announced <= available:
+            # Refused before allocating: a size past what this host holds would end in a
+            # MemoryError or, under overcommit, in the OOM killer choosing among the ranks.
+            raise RefusedPayload(f"rank {source} announced {announced} bytes "
+                                 f"({available} available here)")
+        buffer = bytearray(announced)
     wait(dist.broadcast(torch.frombuffer(buffer, dtype=torch.uint8), src=source, async_op=True))
     return bytes(buffer)
 

@@ -3,7 +3,8 @@
 Started with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set, and argv[1] a path that must
 never be created. Rank 0 speaks the wire of a state broadcast (an int64 length, then the
 bytes as uint8) and sends two payloads whose unpickling would create that path: a raw
-pickle and a ``torch.save`` file. Every other rank takes each one as a replica's state
+pickle and a ``torch.save`` file; then it announces a payload four times the host's memory
+(and sends nothing after it). Every other rank takes each one as a replica's state
 (``broadcast_state``) and prints, as JSON, what happened to each.
 """
 
@@ -15,6 +16,7 @@ import os
 import pickle
 import sys
 
+import psutil
 import torch
 import torch.distributed as dist
 
@@ -35,6 +37,7 @@ def attack(payloads: list[bytes]) -> None:
     for data in payloads:
         dist.broadcast(torch.tensor([len(data)], dtype=torch.int64), src=0)
         dist.broadcast(torch.frombuffer(bytearray(data), dtype=torch.uint8), src=0)
+    dist.broadcast(torch.tensor([4 * psutil.virtual_memory().total], dtype=torch.int64), src=0)
 
 
 def receive(count: int) -> list[str]:
@@ -57,7 +60,7 @@ def main() -> None:
     if dist.get_rank() == 0:
         attack(payloads)
     else:
-        print(json.dumps(receive(len(payloads))), flush=True)
+        print(json.dumps(receive(len(payloads) + 1)), flush=True)
     dist.destroy_process_group()
 
 

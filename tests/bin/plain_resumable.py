@@ -8,7 +8,6 @@ step 2 of every attempt (a negative FAIL_CODE: it kills itself with that signal)
 """
 
 import os
-import signal
 import sys
 import time
 

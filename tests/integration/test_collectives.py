@@ -26,7 +26,7 @@ def test_rows_are_gathered_and_state_is_broadcast(free_port: int) -> None:
         assert got["same_object"] == (rank == 1)
 
 
-def test_a_peer_sending_a_pickle_that_runs_code_is_refused_not_executed(
+def test_a_peer_sending_a_pickle_that_runs_code_or_announcing_more_than_memory_is_refused(
         free_port: int, tmp_path: Path) -> None:
     marker = tmp_path / "the payload ran"
     base = {**os.environ, envnames.WORLD_SIZE: "2", envnames.MASTER_ADDR: "127.0.0.1",
@@ -37,4 +37,4 @@ def test_a_peer_sending_a_pickle_that_runs_code_is_refused_not_executed(
     for status, _, err in results:
         assert status == 0, err
     assert not marker.exists()
-    assert json.loads(results[1][1]) == ["refused RefusedPayload"] * 2
+    assert json.loads(results[1][1]) == ["refused RefusedPayload"] * 3

@@ -143,7 +143,7 @@ def test_second_run_keeps_the_first_runs_logs(tmp_path: Path, free_port: int) ->
     assert run(args).returncode == 0
     archived = log_dir / "previous" / "1"
     assert spawned_pids(archived) == first_pids
-    assert f"rank=0 incarnation=0" in (archived / "worker_0.log").read_text()
+    assert "rank=0 incarnation=0" in (archived / "worker_0.log").read_text()
     assert spawned_pids(log_dir) != first_pids
     assert len(events(log_dir, "job_start")) == 1
 

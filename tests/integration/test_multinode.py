@@ -11,11 +11,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from support import (
-    BIN, TFT_OFF, events, free_tcp_port, pid_gone, spawn, spawned_pids, terminate, wait_for,
+    BIN, TFT_OFF, events, free_tcp_port, pid_gone, run, spawn, spawned_pids, terminate, wait_for,
     wait_for_event,
 )
 from support_mnist import EVENT, JOB, JOB_END, TRAIN, final_digests, worker_launches
@@ -46,6 +48,20 @@ def start_nodes(tmp_path: Path, port: int, script: Path, *script_args: str,
                   env={**(env or os.environ), **JOB_TOKEN}) for node in (0, 1)]
 
 
+@contextmanager
+def nodes_running(tmp_path: Path, port: int, script: Path, *script_args: str,
+                  options: tuple[str, ...] = (), env: dict[str, str] | None = None
+                  ) -> Iterator[list[subprocess.Popen[str]]]:
+    """Both nodes' tftrun, stopped on the way out whatever happened (a node the test
+    replaced in the list included)."""
+    procs = start_nodes(tmp_path, port, script, *script_args, options=options, env=env)
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            terminate(proc)
+
+
 def log_dir(tmp_path: Path, node: int) -> Path:
     return tmp_path / f"node{node}" / "logs"
 
@@ -63,6 +79,14 @@ def finish(procs: list[subprocess.Popen[str]]) -> list[tuple[int, str]]:
     return results
 
 
+def finish_ok(procs: list[subprocess.Popen[str]]) -> list[str]:
+    """Wait for every node's tftrun and check that each ended with status 0; their output."""
+    results = finish(procs)
+    for status, output in results:
+        assert status == 0, output
+    return [output for _, output in results]
+
+
 def job_digests(tmp_path: Path) -> dict[int, str]:
     return {**final_digests(log_dir(tmp_path, 0)), **final_digests(log_dir(tmp_path, 1))}
 
@@ -71,9 +95,7 @@ def job_digests(tmp_path: Path) -> dict[int, str]:
 def two_nodes_fault_free(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
     """Every rank's final digest in a fault-free 2-node x 2-rank run of the main job."""
     tmp_path = tmp_path_factory.mktemp("two_nodes")
-    results = finish(start_nodes(tmp_path, free_tcp_port(), TRAIN, *JOB, env=TFT_OFF))
-    for status, output in results:
-        assert status == 0, output
+    finish_ok(start_nodes(tmp_path, free_tcp_port(), TRAIN, *JOB, env=TFT_OFF))
     # The nodes agreed through node 0's store, which anyone on the port reads: the shared
     # secret went through no key of it, and into no file of either node.
     token = JOB_TOKEN["TFT_JOB_TOKEN"].encode()
@@ -83,17 +105,28 @@ def two_nodes_fault_free(tmp_path_factory: pytest.TempPathFactory) -> dict[int, 
 
 
 def test_a_node_started_without_the_shared_token_is_refused_with_one_line(tmp_path: Path) -> None:
-    from support import run
-
     env = {k: v for k, v in os.environ.items() if k != "TFT_JOB_TOKEN"}
     refused = run(node_cmd(tmp_path, 1, free_tcp_port(), TRAIN, *JOB), timeout=60, env=env)
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "TFT_JOB_TOKEN" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
 
 
+def test_a_node_given_another_token_than_node_0_is_refused_with_one_line(tmp_path: Path) -> None:
+    port = free_tcp_port()
+    node_0 = spawn(node_cmd(tmp_path, 0, port, TRAIN, *JOB), env={**os.environ, **JOB_TOKEN})
+    try:
+        other = run(node_cmd(tmp_path, 1, port, TRAIN, *JOB), timeout=60,
+                    env={**os.environ, "TFT_JOB_TOKEN": "not-the-secret-node-0-was-given"})
+    finally:
+        terminate(node_0)
+    assert other.returncode == 2, other.stdout + other.stderr
+    assert "TFT_JOB_TOKEN" in other.stderr and len(other.stderr.strip().splitlines()) == 1
+    assert not (log_dir(tmp_path, 1) / "worker_2.log").exists()  # refused before any worker
+
+
 def test_two_nodes_of_two_ranks_end_bitwise_equal_to_one_node_of_four(
         tmp_path: Path, two_nodes_fault_free: dict[int, str]) -> None:
-    from support import run, tftrun_cmd
+    from support import tftrun_cmd
 
     one_node = run(tftrun_cmd("--worker_num=4", f"--log_dir={tmp_path / 'one'}",
                               f"--recovery_path={tmp_path / 'one_recovery'}",
@@ -108,19 +141,13 @@ def test_a_rank_killed_on_node_1_is_relaunched_alone_and_takes_a_replica(
         tmp_path: Path, two_nodes_fault_free: dict[int, str]) -> None:
     from launcher import ctl
 
-    procs = start_nodes(tmp_path, free_tcp_port(), TRAIN, *JOB,
-                        env={**os.environ, "MS_ENABLE_TFT": "{ARF:1}"})
-    try:
+    with nodes_running(tmp_path, free_tcp_port(), TRAIN, *JOB,
+                       env={**os.environ, "MS_ENABLE_TFT": "{ARF:1}"}) as procs:
         wait_for_event(log_dir(tmp_path, 0), EVENT, "node 0's scheduler up", event="scheduler_start")
         # Through node 0's scheduler, as tftctl on node 0 would: rank 3 runs on node 1.
         assert ctl.main(["inject", f"--log_dir={log_dir(tmp_path, 0)}", "--rank=3",
                          "--fault=kill", "--at_step=40"]) == 0
-        results = finish(procs)
-    finally:
-        for proc in procs:
-            terminate(proc)
-    for status, output in results:
-        assert status == 0, output
+        finish_ok(procs)
     assert [r for r, _ in worker_launches(log_dir(tmp_path, 0))] == [0, 1]
     assert [r for r, _ in worker_launches(log_dir(tmp_path, 1))] == [2, 3, 3]
     rollbacks = events(log_dir(tmp_path, 0), "rollback")
@@ -133,18 +160,13 @@ def test_a_plain_script_killed_on_node_1_restarts_on_both_nodes_and_resumes(
     # The script's own checkpoint is the user's business: a folder both nodes see here.
     ckpt = tmp_path / "plain_ckpt"
     ckpt.mkdir()
-    procs = start_nodes(tmp_path, free_tcp_port(), BIN / "plain_resumable.py", "60", str(ckpt))
-    try:
+    with nodes_running(tmp_path, free_tcp_port(), BIN / "plain_resumable.py", "60",
+                       str(ckpt)) as procs:
         worker_2 = log_dir(tmp_path, 1) / "worker_2.log"
         wait_for(lambda: worker_2.exists() and "step=10\n" in worker_2.read_text(), EVENT,
                  "rank 2 past step 10")
         os.kill(spawned_pids(log_dir(tmp_path, 1))[2], signal.SIGKILL)
-        results = finish(procs)
-    finally:
-        for proc in procs:
-            terminate(proc)
-    for status, output in results:
-        assert status == 0, output
+        finish_ok(procs)
     for node in (0, 1):
         restarts = [e for e in events(log_dir(tmp_path, node), "restart") if e["what"] == "workers"]
         assert [e["restart_count"] for e in restarts] == [1], restarts
@@ -175,15 +197,9 @@ NODE_LOSS = ("--heartbeat_timeout=5",)
 def test_node_1_killed_and_started_again_rejoins_and_node_0_never_restarts(
         tmp_path: Path, two_nodes_fault_free: dict[int, str]) -> None:
     port = free_tcp_port()
-    procs = start_nodes(tmp_path, port, TRAIN, *JOB, options=NODE_LOSS)
-    try:
+    with nodes_running(tmp_path, port, TRAIN, *JOB, options=NODE_LOSS) as procs:
         kill_node_and_start_it_again(tmp_path, procs, 1, port, at_step=30)
-        results = finish(procs)
-    finally:
-        for proc in procs:
-            terminate(proc)
-    for status, output in results:
-        assert status == 0, output
+        finish_ok(procs)
     assert [r for r, _ in worker_launches(log_dir(tmp_path, 0))] == [0, 1]
     assert job_digests(tmp_path) == two_nodes_fault_free
 
@@ -191,17 +207,11 @@ def test_node_1_killed_and_started_again_rejoins_and_node_0_never_restarts(
 def test_node_0_killed_and_started_again_resumes_its_scheduler_and_node_1_never_restarts(
         tmp_path: Path, two_nodes_fault_free: dict[int, str]) -> None:
     port = free_tcp_port()
-    procs = start_nodes(tmp_path, port, TRAIN, *JOB, options=NODE_LOSS)
-    try:
+    with nodes_running(tmp_path, port, TRAIN, *JOB, options=NODE_LOSS) as procs:
         kill_node_and_start_it_again(tmp_path, procs, 0, port, 30)  # its usual command
-        results = finish(procs)
-    finally:
-        for proc in procs:
-            terminate(proc)
-    for status, output in results:
-        assert status == 0, output
+        outputs = finish_ok(procs)
     assert [r for r, _ in worker_launches(log_dir(tmp_path, 1))] == [2, 3]
     [start] = events(log_dir(tmp_path, 0), "scheduler_start")  # this log dir's run: the second
     assert start["reloaded"] is True
-    assert "node 0 returns to job" in results[0][1]
+    assert "node 0 returns to job" in outputs[0]
     assert job_digests(tmp_path) == two_nodes_fault_free

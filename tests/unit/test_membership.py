@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from fake_clock import T0, FakeClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,25 +25,6 @@ from recovery.control.membership import (
 from recovery.timeouts import Timeouts
 
 TOKEN = "secret"
-T0 = 1_700_000_000.0
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.wall = T0
-        self.mono = 100.0
-
-    def time(self) -> float:
-        return self.wall
-
-    def monotonic(self) -> float:
-        return self.mono
-
-    def advance(self, seconds: float) -> None:
-        self.wall += seconds
-        self.mono += seconds
-
-
 def make(worker_num: int = 2, cooldown: float = 30.0, clock: FakeClock | None = None,
          token: str = TOKEN, progress_timeout: float = 20.0) -> Membership:
     timeouts = Timeouts(rejoin_cooldown=cooldown, cluster_time_out=60.0, heartbeat_timeout=5.0,

@@ -23,7 +23,10 @@ from launcher.nodes import (
 from recovery.ckpt import layout
 from recovery.ckpt.lineage import join_lineage, read_lineage, record_lineage
 from recovery.control.files import StateFile
-from recovery.control.nodes import JOB_KEY, RESTART_KEY, JobIdentity, raise_counter, read_text
+from recovery.control.nodes import (
+    JOB_KEY, RESTART_KEY, TOKEN_PROOF_KEY, JobIdentity, raise_counter, read_text,
+)
+from recovery.control.signing import token_proof
 
 
 _FRESH = itertools.count()
@@ -64,9 +67,12 @@ def test_nodes_raising_the_restart_count_at_once_agree_on_the_highest(
 
 def test_a_node_takes_the_job_its_scheduler_published_and_its_rendezvous(server: Any) -> None:
     job = JobIdentity("run-1", "lineage1", 4)
+    server.set(TOKEN_PROOF_KEY, token_proof("the-secret", job.run_id))
     server.set(JOB_KEY, job.to_json())
     link = NodeLink("127.0.0.1", server.port)
-    assert link.wait_for_job(5) == job
+    with pytest.raises(ConfigError, match="TFT_JOB_TOKEN is not the one node 0"):
+        link.wait_for_job(5, "another-secret")
+    assert link.wait_for_job(5, "the-secret") == job
     assert link.rendezvous(7, timeout=0.2) is None
     NodeLink("127.0.0.1", server.port).publish_rendezvous(7, "127.0.0.2", 4242)
     assert link.rendezvous(7, timeout=1) == ("127.0.0.2", 4242)
@@ -80,7 +86,7 @@ def test_a_node_whose_scheduler_never_comes_up_gives_up_with_one_line() -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # bound, never listening: nothing answers
         with pytest.raises(ConfigError, match="did not come up within --cluster_time_out=0.5s"):
-            NodeLink("127.0.0.1", port).wait_for_job(0.5)
+            NodeLink("127.0.0.1", port).wait_for_job(0.5, "the-secret")
 
 
 def test_the_node_address_is_the_interface_that_reaches_the_master() -> None:

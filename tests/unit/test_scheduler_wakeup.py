@@ -8,6 +8,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from fake_clock import FakeClock
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from sched_inprocess import answer, running_scheduler, signed
@@ -37,21 +38,6 @@ def test_an_idle_scheduler_is_not_woken(tmp_path: Path, free_port: int) -> None:
         after = loop_counts(store, "after")
     assert after["ticks"] - before["ticks"] == 0, (before, after)
     assert after["wakeups"] - before["wakeups"] == 1, (before, after)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.wall, self.mono = 1_700_000_000.0, 100.0
-
-    def time(self) -> float:
-        return self.wall
-
-    def monotonic(self) -> float:
-        return self.mono
-
-    def advance(self, seconds: float) -> None:
-        self.wall += seconds
-        self.mono += seconds
 
 
 @st.composite
