@@ -305,6 +305,13 @@ def main() -> None:
     add_json_flag(parser)
     args = parser.parse_args()
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # a c10d warning per simulated connect
+    # Every c10d store client does a reverse DNS lookup of the server's address when it
+    # connects (getnameinfo on ``::ffff:127.0.0.1``, which /etc/hosts cannot answer); a
+    # resolver that drops one query in a few dozen stalls that connect for glibc's default
+    # 5 s retry, and the simulators open thousands of connects. One second and no retry
+    # keeps the large sizes measurable; a user's own RES_OPTIONS is left alone
+    # (docs/scale.md). The simulator processes inherit it (spawned after this).
+    os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
     results = []
     for workers in args.ranks:
         results.append(measure(workers, args.procs, args.measure, args.heartbeat_timeout))
@@ -314,7 +321,9 @@ def main() -> None:
         "cpu_percent": at_2048["scheduler_cpu_percent"] < _TARGETS["cpu_percent"],
         "p99_ms": at_2048["rtt_p99_ms"] < _TARGETS["p99_ms"],
         "generation_s": at_2048["generation_formed_s"] < _TARGETS["generation_s"]}
-    emit({"cores": os.cpu_count(), "targets_at_2048": _TARGETS, "met_at_2048": met,
+    emit({"cores": os.cpu_count(), "load_average_1_5_15": os.getloadavg(),
+          "res_options": os.environ["RES_OPTIONS"],
+          "targets_at_2048": _TARGETS, "met_at_2048": met,
           "sizes": results}, args.json, text(results, os.cpu_count() or 0))
 
 
