@@ -231,7 +231,8 @@ class SchedulerLink:
 
             try:
                 client.queue_push(REQUESTS, request)
-                client.wait([reply_key(rid)], timedelta(seconds=self._reply_timeout))
+                # get waits for the key, up to the client's timeout (the reply timeout):
+                # one round trip fewer than wait then get, for every request.
                 reply = client.get(reply_key(rid))
                 client.delete_key(reply_key(rid))
             except DistError as err:

@@ -362,22 +362,7 @@ class Scheduler:
     def _serve(self) -> None:
         try:
             while not self._stopping.is_set():
-                answers = [self._handle(self._client.queue_pop(REQUESTS))]
-                # Requests already waiting join the batch: one save and one run of the
-                # rules for them all (a burst of registrations costs one fsync, not one each).
-                while len(answers) < BATCH and self._client.queue_len(REQUESTS) > 0:
-                    answers.append(self._handle(self._client.queue_pop(REQUESTS)))
-                self.wakeups += 1
-                self._after_request()
-                # Only now, with the decisions persisted: what a worker is told survives a
-                # kill -9 of this process.
-                for rid, reply in answers:
-                    if rid is not None and reply is not None:
-                        self._client.set(reply_key(rid), reply)
-                        self._sent.sent(rid)
-                for expired in self._sent.expired():
-                    self._client.delete_key(reply_key(expired))
-                self._wake_loop_at(self._next_wakeup(time.monotonic()))
+                self._serve_batch()
         except Exception:
             # Not a request's fault (each is checked first): the store or the disk failed.
             logger.exception("the scheduler's loop failed")
@@ -387,6 +372,26 @@ class Scheduler:
             self._loop_exited.set()
             with self._wake_changed:
                 self._wake_changed.notify()  # the ticker sees the loop gone and ends
+
+    def _serve_batch(self) -> None:
+        """Wait for a request, handle it and those already waiting with it, answer them."""
+        answers = [self._handle(self._client.queue_pop(REQUESTS))]
+        # Requests already waiting join the batch: one save and one run of the
+        # rules for them all (a burst of registrations costs one fsync, not one each).
+        # One length for the batch, not one per request: each is a store round trip.
+        waiting = min(BATCH - 1, self._client.queue_len(REQUESTS))
+        answers.extend(self._handle(self._client.queue_pop(REQUESTS)) for _ in range(waiting))
+        self.wakeups += 1
+        self._after_request()
+        # Only now, with the decisions persisted: what a worker is told survives a
+        # kill -9 of this process.
+        for rid, reply in answers:
+            if rid is not None and reply is not None:
+                self._client.set(reply_key(rid), reply)
+                self._sent.sent(rid)
+        for expired in self._sent.expired():
+            self._client.delete_key(reply_key(expired))
+        self._wake_loop_at(self._next_wakeup(time.monotonic()))
 
     # ----------------------------------------------------------------- requests
     def _handle(self, raw: bytes) -> tuple[str | None, str | None]:
