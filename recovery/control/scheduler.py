@@ -60,6 +60,7 @@ from recovery.control.nodes import JOB_KEY, JobIdentity
 from recovery.control.replies import KeptReplies, SentReplies
 from recovery.control.requests import BadRequest, Request, parse_request
 from recovery.control.rpc import (
+    NEWS,
     REQUESTS,
     Op,
     describe_bind_error,
@@ -101,6 +102,9 @@ _WRONG_TOKEN = {"ok": False, "reason": "token", "retry_after": None,
                 "message": "wrong job token: the request's signature does not verify"}
 _TICK = json.dumps({"op": Op.TICK.value}).encode()
 """What the ticker pushes: the one message that is not signed (it only wakes the loop)."""
+_NEWS_EVENTS = frozenset({"generation", "verdict", "inject"})
+"""Decisions the workers are to hear before their next (spaced) beat: the news counter
+moves, and they beat at once (recovery/control/rpc.py)."""
 _KEPT = frozenset({Op.EXIT, Op.LEAVE, Op.INJECT, Op.LAST_WORDS})
 """The ops whose replies are kept for a retry: carried out twice, they would not do the
 same (a second cooldown, a second injection, a claim granted but never learned)."""
@@ -554,6 +558,8 @@ class Scheduler:
             self.events.emit(name, **fields)
             logger.info("%s %s", name, " ".join(f"{k}={v}" for k, v in fields.items()))
         self._publish_generation()
+        if any(name in _NEWS_EVENTS for name, _fields in decided):
+            self._client.add(NEWS, 1)
         if rules_ran or decided:  # O(members): not for every heartbeat
             self._check_end()
 
