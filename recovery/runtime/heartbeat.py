@@ -27,6 +27,7 @@ import dataclasses
 import logging
 import operator
 import os
+import random
 import sys
 import threading
 import time
@@ -39,6 +40,11 @@ from recovery.control.rpc import Op, SchedulerLink, SchedulerUnavailable
 __all__ = ["Heartbeat", "EXIT_EVICTED"]
 
 logger = logging.getLogger(__name__)
+
+_JITTER = 0.2
+"""Each wait for the next beat is up to this share of the interval shorter: thousands of
+ranks that beat together after a new generation drift apart, and never further apart
+than the interval (docs/scale.md)."""
 
 EXIT_EVICTED = 75
 """Exit status of a worker the scheduler fenced off (EX_TEMPFAIL: a relaunch may succeed)."""
@@ -147,7 +153,7 @@ class Heartbeat:
 
     def _run(self) -> None:
         failing: str | None = None  # the last beat's error: reported once, until a beat gets through
-        next_beat = time.monotonic() + self._interval
+        next_beat = self._next_beat()
         while not self._stop.wait(self._until(next_beat)):
             news = None
             try:
@@ -168,7 +174,10 @@ class Heartbeat:
                 self._news_seen = news
             if not sent:
                 self._link.wait_connected(self._interval)
-            next_beat = time.monotonic() + self._interval
+            next_beat = self._next_beat()
+
+    def _next_beat(self) -> float:
+        return time.monotonic() + self._interval * random.uniform(1 - _JITTER, 1)
 
     def _until(self, next_beat: float) -> float:
         """How long to wait before looking again: until the next beat, or the next read
