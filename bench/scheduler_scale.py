@@ -1,15 +1,15 @@
 """How the scheduler copes with thousands of ranks: the real scheduler, simulated workers.
 
     PYTHONPATH=. python bench/scheduler_scale.py [--ranks 64 512 2048 8192] [--procs 4]
-        [--measure 10] [--heartbeat_timeout 5] [--json]
+        [--measure 10] [--heartbeat_timeout 30] [--json]
 
 For each size, starts the real scheduler (``python -m recovery.control.scheduler``, by
 hand as a launch script would: its own port, no supervisor) for that many workers, and
 ``--procs`` simulator processes that play the workers between them, one thread per
 rank. A simulated rank does what a worker's ``recovery.init()`` does, through the
 library's own client code: it connects a ``SchedulerLink``, registers with ``Op.REGISTER``
-and heartbeats with ``recovery.runtime.heartbeat.Heartbeat`` (timed around its ``beat``);
-nothing trains. Figures:
+and heartbeats with ``recovery.runtime.heartbeat.Heartbeat`` (timed around its ``beat``),
+spaced and woken by news as a worker's are; nothing trains. Figures:
 
 * **generation formed**: from "go" (every link connected, all ranks register at once) to
   the scheduler's ``generation`` event; and to the last rank's register reply;
@@ -17,7 +17,9 @@ nothing trains. Figures:
   over as long with nothing but the idle job (``idle``: what a quiet scheduler costs);
 * **heartbeat round trip** p50 / p99 over the same window, and how many beats failed;
 * **silence to verdict**: one rank stops beating; from its last answered beat to the
-  scheduler's ``verdict`` event, and how far past ``heartbeat_timeout`` that came.
+  scheduler's ``verdict`` event, and how far past ``heartbeat_timeout`` that came;
+* **collapsed**: when members were declared lost before the generation formed (beats
+  queued past the heartbeat timeout), instead of the figures above.
 
 Targets at 2048 ranks (issue 16): CPU < 50 %, p99 < 200 ms, generation < 2 s. The
 simulators share the machine with the scheduler: on a small host the large sizes
@@ -27,6 +29,7 @@ measure the simulator too (see docs/scale.md). Run by hand; not a test.
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import os
 import statistics
@@ -46,7 +49,7 @@ from common import add_json_flag, emit, free_port
 from recovery import env as names
 from recovery.control.membership import Identity
 from recovery.control.rpc import Op, SchedulerLink, port_open
-from recovery.events import read_events
+from recovery.events import EVENTS_FILE
 from recovery.runtime.heartbeat import Heartbeat
 from recovery.timeouts import Timeouts
 
@@ -71,6 +74,7 @@ class TimedHeartbeat(Heartbeat):
         self.evicted = True
 
     def beat(self) -> bool:
+        self.step = (self.step or 0) + 1  # a training rank's step moves between beats
         sent, started = time.time(), time.perf_counter()
         answered = super().beat()
         if answered:
@@ -90,7 +94,7 @@ class SimulatedRank:
     problem: str = ""
 
 
-def _register_and_beat(sim: SimulatedRank, interval: float) -> None:
+def _register_and_beat(sim: SimulatedRank, timeouts: Timeouts) -> None:
     identity = Identity(str(sim.rank), os.getpid(), 1000 + sim.rank, HOST, sim.rank)
     try:
         reply = sim.link.call(Op.REGISTER, node_id=identity.node_id, pid=identity.pid,
@@ -103,11 +107,13 @@ def _register_and_beat(sim: SimulatedRank, interval: float) -> None:
     if not reply.get("ok"):
         sim.problem = f"register refused: {reply}"
         return
-    sim.heartbeat = TimedHeartbeat(sim.link, identity, interval, int(reply["generation"]))
+    # Spaced and woken by news as a worker's (recovery/runtime/cluster.py).
+    sim.heartbeat = TimedHeartbeat(sim.link, identity, timeouts.beat_interval,
+                                   int(reply["generation"]), news_every=timeouts.heartbeat_interval)
     sim.heartbeat.start()
 
 
-def simulate(ranks: list[int], port: int, interval: float, commands: Any, results: Any) -> None:
+def simulate(ranks: list[int], port: int, timeouts: Timeouts, commands: Any, results: Any) -> None:
     """One simulator process: its ranks connect, then on "go" register and beat until
     told to silence one rank or to stop."""
     threading.stack_size(_THREAD_STACK)
@@ -118,7 +124,7 @@ def simulate(ranks: list[int], port: int, interval: float, commands: Any, result
           file=sys.stderr, flush=True)
     results.put(("connected", unconnected))
     assert commands.get() == "go"
-    registrars = [threading.Thread(target=_register_and_beat, args=(s, interval)) for s in sims]
+    registrars = [threading.Thread(target=_register_and_beat, args=(s, timeouts)) for s in sims]
     for thread in registrars:
         thread.start()
     for thread in registrars:
@@ -153,14 +159,44 @@ def _scheduler_env(workers: int, port: int, tmp: Path, heartbeat_timeout: float)
     return env
 
 
-def _wait_event(log_dir: Path, timeout: float, event: str, **match: Any) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for seen in read_events(log_dir):
-            if seen["event"] == event and all(seen.get(k) == v for k, v in match.items()):
-                return seen
-        time.sleep(0.05)
-    raise TimeoutError(f"no {event} event {match} within {timeout:g}s")
+class EventTail:
+    """The scheduler's events.jsonl, read on from where the last look stopped (thousands
+    of events at the large sizes: re-reading them all would load the machine)."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.path = log_dir / EVENTS_FILE
+        self.seen: list[dict[str, Any]] = []
+        self._offset = 0
+
+    def _read_on(self) -> None:
+        try:
+            with open(self.path, "rb") as file:
+                file.seek(self._offset)
+                chunk = file.read()
+        except FileNotFoundError:
+            return
+        complete = chunk[:chunk.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        self.seen.extend(json.loads(line) for line in complete.splitlines() if line.strip())
+
+    def count(self, event: str) -> int:
+        self._read_on()
+        return sum(seen["event"] == event for seen in self.seen)
+
+    def wait(self, timeout: float, event: str, give_up: str | None = None,
+             **match: Any) -> dict[str, Any] | None:
+        """The first ``event`` matching ``match``; ``None`` once a ``give_up`` event came
+        first (the control plane collapsed); TimeoutError after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._read_on()
+            for seen in self.seen:
+                if seen["event"] == event and all(seen.get(k) == v for k, v in match.items()):
+                    return seen
+                if seen["event"] == give_up:
+                    return None
+            time.sleep(0.05)
+        raise TimeoutError(f"no {event} event {match} within {timeout:g}s")
 
 
 def _cpu_percent(process: psutil.Process, seconds: float) -> float:
@@ -212,11 +248,12 @@ class Simulators:
 
 def measure(workers: int, procs: int, window: float, heartbeat_timeout: float) -> dict[str, Any]:
     """One size's figures (see the module docstring)."""
-    interval = Timeouts(heartbeat_timeout=heartbeat_timeout).heartbeat_interval
+    timeouts = Timeouts(heartbeat_timeout=heartbeat_timeout)
+    interval = timeouts.beat_interval
     context = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as scratch:
         tmp, port = Path(scratch), free_port()
-        log_dir = tmp / "logs"
+        events = EventTail(tmp / "logs")
         scheduler = subprocess.Popen(
             [sys.executable, "-m", "recovery.control.scheduler"],
             env=_scheduler_env(workers, port, tmp, heartbeat_timeout),
@@ -232,7 +269,7 @@ def measure(workers: int, procs: int, window: float, heartbeat_timeout: float) -
                 sims.commands.append(context.Queue())
                 sims.results.append(context.Queue())
                 process = context.Process(target=simulate, args=(
-                    list(range(index, workers, procs)), port, interval,
+                    list(range(index, workers, procs)), port, timeouts,
                     sims.commands[-1], sims.results[-1]), daemon=True)
                 process.start()
                 sims.processes.append(process)
@@ -240,9 +277,20 @@ def measure(workers: int, procs: int, window: float, heartbeat_timeout: float) -
             idle_cpu = _cpu_percent(sched, window)
             go = time.time()
             sims.tell_all("go")
-            formed = _wait_event(log_dir, 600, "generation")
+            # A verdict before the generation: beats queued past the heartbeat timeout,
+            # members were declared lost while the others registered (seen at 8192).
+            formed = events.wait(600, "generation", give_up="verdict")
             registered = sims.gather("registered", 600)
             problems = [p for r in registered for p in r[2]]
+            if formed is None:
+                sims.tell_all("stop")
+                sims.gather("trips", 300)
+                return {"ranks": workers, "simulator_processes": procs,
+                        "heartbeat_interval_s": interval,
+                        "heartbeat_timeout_s": heartbeat_timeout, "unconnected": unconnected,
+                        "collapsed": True, "verdicts_before_generation": events.count("verdict"),
+                        "register_problems": problems[:3],
+                        "last_register_reply_s": max(r[1] for r in registered) - go}
             time.sleep(2 * interval)  # every rank's heartbeat under way
             window_start = time.time()
             busy_cpu = _cpu_percent(sched, window)
@@ -250,7 +298,8 @@ def measure(workers: int, procs: int, window: float, heartbeat_timeout: float) -
             silent_rank = 0
             sims.commands[silent_rank % procs].put(("silence", silent_rank))
             last_beat = sims.results[silent_rank % procs].get(timeout=60)[1]
-            verdict = _wait_event(log_dir, heartbeat_timeout + 120, "verdict", rank=silent_rank)
+            verdict = events.wait(heartbeat_timeout + 120, "verdict", rank=silent_rank)
+            assert verdict is not None
             sims.tell_all("stop")
             trips_replies = sims.gather("trips", 300)
         finally:
@@ -265,7 +314,7 @@ def measure(workers: int, procs: int, window: float, heartbeat_timeout: float) -
     return {
         "ranks": workers, "simulator_processes": procs, "heartbeat_interval_s": interval,
         "heartbeat_timeout_s": heartbeat_timeout, "unconnected": unconnected,
-        "register_problems": problems,
+        "collapsed": False, "register_problems": problems,
         "generation_formed_s": formed["ts"] - go,
         "last_register_reply_s": max(r[1] for r in registered) - go,
         "scheduler_cpu_percent": busy_cpu, "scheduler_idle_cpu_percent": idle_cpu,
@@ -286,6 +335,10 @@ def text(results: list[dict[str, Any]], cores: int) -> list[str]:
              f"{'beats/s':>8} {'p50 ms':>7} {'p99 ms':>8} {'failed':>6} {'verdict s':>9} "
              f"{'past timeout s':>14}"]
     for r in results:
+        if r["collapsed"]:
+            lines.append(f"{r['ranks']:>6} no generation: {r['verdicts_before_generation']} "
+                         f"verdicts first (beats queued past the heartbeat timeout)")
+            continue
         lines.append(f"{r['ranks']:>6} {r['generation_formed_s']:7.2f} {r['last_register_reply_s']:10.2f} "
                      f"{r['scheduler_cpu_percent']:6.1f} {r['scheduler_idle_cpu_percent']:6.1f} "
                      f"{r['beats_per_s']:8.0f} {r['rtt_p50_ms']:7.1f} {r['rtt_p99_ms']:8.1f} "
@@ -300,21 +353,31 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=4, help="simulator processes")
     parser.add_argument("--measure", type=float, default=10.0,
                         help="seconds of each CPU and round-trip window")
-    parser.add_argument("--heartbeat_timeout", type=float, default=5.0,
-                        help="the job's heartbeat timeout (interval: min(1 s, timeout / 5))")
+    parser.add_argument("--heartbeat_timeout", type=float, default=30.0,
+                        help="the job's heartbeat timeout (tftrun's default; beats every "
+                             "timeout / 5, news read every min(1 s, timeout / 5))")
     add_json_flag(parser)
     args = parser.parse_args()
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # a c10d warning per simulated connect
+    # Every c10d store client does a reverse DNS lookup of the server's address when it
+    # connects (getnameinfo on ``::ffff:127.0.0.1``, which /etc/hosts cannot answer); a
+    # resolver that drops one query in a few dozen stalls that connect for glibc's default
+    # 5 s retry, and the simulators open thousands of connects. One second and no retry
+    # keeps the large sizes measurable; a user's own RES_OPTIONS is left alone
+    # (docs/scale.md). The simulator processes inherit it (spawned after this).
+    os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
     results = []
     for workers in args.ranks:
         results.append(measure(workers, args.procs, args.measure, args.heartbeat_timeout))
         print(f"{workers} ranks measured", file=sys.stderr, flush=True)
     at_2048 = next((r for r in results if r["ranks"] == 2048), None)
-    met = None if at_2048 is None else {
+    met = None if at_2048 is None or at_2048["collapsed"] else {
         "cpu_percent": at_2048["scheduler_cpu_percent"] < _TARGETS["cpu_percent"],
         "p99_ms": at_2048["rtt_p99_ms"] < _TARGETS["p99_ms"],
         "generation_s": at_2048["generation_formed_s"] < _TARGETS["generation_s"]}
-    emit({"cores": os.cpu_count(), "targets_at_2048": _TARGETS, "met_at_2048": met,
+    emit({"cores": os.cpu_count(), "load_average_1_5_15": os.getloadavg(),
+          "res_options": os.environ["RES_OPTIONS"],
+          "targets_at_2048": _TARGETS, "met_at_2048": met,
           "sizes": results}, args.json, text(results, os.cpu_count() or 0))
 
 

@@ -44,8 +44,9 @@ DEFAULT_CLUSTER_TIME_OUT = 600.0
 DEFAULT_HEARTBEAT_TIMEOUT = 30.0
 DEFAULT_PROGRESS_TIMEOUT = 300.0
 
-# A heartbeat at least this often, and at least 5 per timeout: one lost or late beat
-# must never be enough to declare a worker dead.
+# At least 5 beats per timeout: one lost or late beat must never be enough to declare a
+# worker dead (nor to leave its progress unheard). A worker looks for news (a new
+# generation, a fault injection) at least once a second, and is told to retry that soon.
 _MAX_HEARTBEAT_INTERVAL = 1.0
 _BEATS_PER_TIMEOUT = 5
 
@@ -81,8 +82,15 @@ class Timeouts:
 
     @property
     def heartbeat_interval(self) -> float:
-        """How often a worker heartbeats."""
-        return min(_MAX_HEARTBEAT_INTERVAL, self.heartbeat_timeout / _BEATS_PER_TIMEOUT)
+        """How often a worker looks for news from the scheduler (at most a second), and
+        how soon a refused registration is to ask again."""
+        return min(_MAX_HEARTBEAT_INTERVAL, self.beat_interval)
+
+    @property
+    def beat_interval(self) -> float:
+        """How often a worker heartbeats when there is no news: what the heartbeat and
+        progress timeouts need (5 beats each), and no more often (docs/scale.md)."""
+        return min(self.heartbeat_timeout, self.progress_timeout) / _BEATS_PER_TIMEOUT
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Timeouts:

@@ -428,7 +428,7 @@ class Membership:
         step behind another in the collective it was in), the heartbeat rule judges it,
         and the others wait for the next generation, whose forming restarts their clocks.
         """
-        quiet = _QUIET_BEATS * self.timeouts.heartbeat_interval
+        quiet = _QUIET_BEATS * self.timeouts.beat_interval
         for node_id, incarnation in self._formed:
             member = self.members.get(node_id)
             if member is None or member.incarnation != incarnation:

@@ -14,6 +14,14 @@ needed (docs/scheduler.md):
   of a wrong token) is counted in :attr:`SchedulerLink.unverified` and never acted on:
   :meth:`SchedulerLink.call` raises :class:`UnverifiedReply`, a :class:`NoReply`.
 
+Heartbeats are spaced to what the timeouts need (recovery/timeouts.py), often several
+seconds apart; what a worker must hear sooner comes as a beat's reply too, but the beat
+is sent early: the scheduler adds one to the counter :data:`NEWS` whenever it has news
+(a generation formed, a fault injected, a verdict), and each worker reads that counter
+about once a second (:meth:`SchedulerLink.news`), a store operation that costs the
+scheduler's Python nothing. The counter is a hint, not a message: whoever bumps it only
+causes a beat, whose signed reply is the news.
+
 A request whose reply does not come in time may still be carried out (it waits in the
 queue, or the scheduler is busy with it). Asking again under the same ``rid`` is safe:
 the scheduler keeps its replies to requests that changed something and answers a retry
@@ -52,6 +60,7 @@ from recovery.control.throttle import Throttle
 __all__ = [
     "Op",
     "REQUESTS",
+    "NEWS",
     "reply_key",
     "ready_key",
     "SchedulerLink",
@@ -67,6 +76,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 REQUESTS = "tft/requests"
+NEWS = "tft/news"
 _RECONNECT_PAUSE = 0.1
 _PROBE_TIMEOUT = 1.0
 
@@ -231,7 +241,8 @@ class SchedulerLink:
 
             try:
                 client.queue_push(REQUESTS, request)
-                client.wait([reply_key(rid)], timedelta(seconds=self._reply_timeout))
+                # get waits for the key, up to the client's timeout (the reply timeout):
+                # one round trip fewer than wait then get, for every request.
                 reply = client.get(reply_key(rid))
                 client.delete_key(reply_key(rid))
             except DistError as err:
@@ -244,6 +255,21 @@ class SchedulerLink:
                                   f"{self.where} within {self._reply_timeout:g}s") from None
                 raise SchedulerUnavailable(f"scheduler at {self.where}: {err}") from None
         return self._verified(op, rid, nonce, reply)
+
+    def news(self) -> int | None:
+        """The scheduler's news counter (see the module docstring); ``None`` when it
+        cannot be read now (not connected, or the connection broke)."""
+        with self._lock:
+            client = self._client
+            if client is None:
+                return None
+            from torch.distributed import DistError
+
+            try:
+                return int(client.add(NEWS, 0))  # reads it, never waits for it
+            except DistError:
+                self._drop()
+                return None
 
     def _verified(self, op: Op, rid: str, nonce: str, raw: bytes) -> dict[str, Any]:
         """The reply in ``raw`` when it is the scheduler's answer to this very attempt."""

@@ -60,6 +60,7 @@ from recovery.control.nodes import JOB_KEY, TOKEN_PROOF_KEY, JobIdentity
 from recovery.control.replies import KeptReplies, SentReplies
 from recovery.control.requests import BadRequest, Request, parse_request
 from recovery.control.rpc import (
+    NEWS,
     REQUESTS,
     Op,
     describe_bind_error,
@@ -102,6 +103,9 @@ _WRONG_TOKEN = {"ok": False, "reason": "token", "retry_after": None,
                 "message": "wrong job token: the request's signature does not verify"}
 _TICK = json.dumps({"op": Op.TICK.value}).encode()
 """What the ticker pushes: the one message that is not signed (it only wakes the loop)."""
+_NEWS_EVENTS = frozenset({"generation", "verdict", "inject"})
+"""Decisions the workers are to hear before their next (spaced) beat: the news counter
+moves, and they beat at once (recovery/control/rpc.py)."""
 _KEPT = frozenset({Op.EXIT, Op.LEAVE, Op.INJECT, Op.LAST_WORDS})
 """The ops whose replies are kept for a retry: carried out twice, they would not do the
 same (a second cooldown, a second injection, a claim granted but never learned)."""
@@ -364,22 +368,7 @@ class Scheduler:
     def _serve(self) -> None:
         try:
             while not self._stopping.is_set():
-                answers = [self._handle(self._client.queue_pop(REQUESTS))]
-                # Requests already waiting join the batch: one save and one run of the
-                # rules for them all (a burst of registrations costs one fsync, not one each).
-                while len(answers) < BATCH and self._client.queue_len(REQUESTS) > 0:
-                    answers.append(self._handle(self._client.queue_pop(REQUESTS)))
-                self.wakeups += 1
-                self._after_request()
-                # Only now, with the decisions persisted: what a worker is told survives a
-                # kill -9 of this process.
-                for rid, reply in answers:
-                    if rid is not None and reply is not None:
-                        self._client.set(reply_key(rid), reply)
-                        self._sent.sent(rid)
-                for expired in self._sent.expired():
-                    self._client.delete_key(reply_key(expired))
-                self._wake_loop_at(self._next_wakeup(time.monotonic()))
+                self._serve_batch()
         except Exception:
             # Not a request's fault (each is checked first): the store or the disk failed.
             logger.exception("the scheduler's loop failed")
@@ -389,6 +378,26 @@ class Scheduler:
             self._loop_exited.set()
             with self._wake_changed:
                 self._wake_changed.notify()  # the ticker sees the loop gone and ends
+
+    def _serve_batch(self) -> None:
+        """Wait for a request, handle it and those already waiting with it, answer them."""
+        answers = [self._handle(self._client.queue_pop(REQUESTS))]
+        # Requests already waiting join the batch: one save and one run of the
+        # rules for them all (a burst of registrations costs one fsync, not one each).
+        # One length for the batch, not one per request: each is a store round trip.
+        waiting = min(BATCH - 1, self._client.queue_len(REQUESTS))
+        answers.extend(self._handle(self._client.queue_pop(REQUESTS)) for _ in range(waiting))
+        self.wakeups += 1
+        self._after_request()
+        # Only now, with the decisions persisted: what a worker is told survives a
+        # kill -9 of this process.
+        for rid, reply in answers:
+            if rid is not None and reply is not None:
+                self._client.set(reply_key(rid), reply)
+                self._sent.sent(rid)
+        for expired in self._sent.expired():
+            self._client.delete_key(reply_key(expired))
+        self._wake_loop_at(self._next_wakeup(time.monotonic()))
 
     # ----------------------------------------------------------------- requests
     def _handle(self, raw: bytes) -> tuple[str | None, str | None]:
@@ -551,6 +560,8 @@ class Scheduler:
             self.events.emit(name, **fields)
             logger.info("%s %s", name, " ".join(f"{k}={v}" for k, v in fields.items()))
         self._publish_generation()
+        if any(name in _NEWS_EVENTS for name, _fields in decided):
+            self._client.add(NEWS, 1)
         if rules_ran or decided:  # O(members): not for every heartbeat
             self._check_end()
 

@@ -390,7 +390,8 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None) -> Clu
     accepted = _register(link, claim, deadline)
     rank, generation = int(accepted["rank"]), int(accepted["generation"])
     identity = Identity(accepted["node_id"], claim.pid, claim.incarnation, claim.host, rank)
-    heartbeat = Heartbeat(link, identity, timeouts.heartbeat_interval, generation)
+    heartbeat = Heartbeat(link, identity, timeouts.beat_interval, generation,
+                          news_every=timeouts.heartbeat_interval)
     heartbeat.start()
     ctx = ClusterContext(rank, worker_env.world_size, generation,
                          identity.node_id, identity.incarnation, backend,

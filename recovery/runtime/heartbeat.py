@@ -1,7 +1,11 @@
 """A worker's heartbeat: a background thread that tells the scheduler it is alive, and where.
 
 Each beat carries the process's identity, its latest step and phase (``report_step`` and
-``report_phase`` only set an attribute, so the training loop pays nothing). A reply may
+``report_phase`` only set an attribute, so the training loop pays nothing). Beats are
+spaced to what the timeouts need (``Timeouts.beat_interval``: 6 s at the defaults); in
+between, the thread reads the scheduler's news counter every ``news_every`` seconds and
+beats at once when it moved (recovery/control/rpc.py), so that a new generation or an
+injection reaches the worker as soon as with a beat a second. A reply may
 carry fault injections for this rank (recovery/control/inject.py): they go to :attr:`Heartbeat.inbox`
 for the training loop to take. When the scheduler dies, beats fail;
 the link reconnects by itself and the next beat re-attaches the worker to the relaunched
@@ -23,8 +27,10 @@ import dataclasses
 import logging
 import operator
 import os
+import random
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 from recovery.control.inject import Inbox, Injection
@@ -34,6 +40,11 @@ from recovery.control.rpc import Op, SchedulerLink, SchedulerUnavailable
 __all__ = ["Heartbeat", "EXIT_EVICTED"]
 
 logger = logging.getLogger(__name__)
+
+_JITTER = 0.2
+"""Each wait for the next beat is up to this share of the interval shorter: thousands of
+ranks that beat together after a new generation drift apart, and never further apart
+than the interval (docs/scale.md)."""
 
 EXIT_EVICTED = 75
 """Exit status of a worker the scheduler fenced off (EX_TEMPFAIL: a relaunch may succeed)."""
@@ -45,7 +56,7 @@ def _exit_evicted(message: str) -> None:
 
 
 class Heartbeat:
-    """Beats every ``interval`` seconds until stopped.
+    """Beats every ``interval`` seconds until stopped, and sooner when there is news.
 
     Args:
         link: the connection to the scheduler.
@@ -53,10 +64,13 @@ class Heartbeat:
         interval: seconds between beats.
         on_evicted: called with the scheduler's message when a beat is refused; the
             default ends the process with :data:`EXIT_EVICTED`.
+        news_every: seconds between reads of the scheduler's news counter; ``None`` (or
+            not less than ``interval``): none, every beat comes every ``interval``.
     """
 
     def __init__(self, link: SchedulerLink, identity: Identity, interval: float,
-                 generation: int, on_evicted: Callable[[str], None] = _exit_evicted) -> None:
+                 generation: int, on_evicted: Callable[[str], None] = _exit_evicted,
+                 news_every: float | None = None) -> None:
         self.step: int | None = None
         self.phase: str | None = None
         self.inbox = Inbox()
@@ -64,6 +78,9 @@ class Heartbeat:
         self._link = link
         self._fields = dataclasses.asdict(identity)
         self._interval = interval
+        self._news_every = news_every if news_every is not None and news_every < interval \
+            else None
+        self._news_seen: int | None = None  # the news counter as of the last beat
         self._on_evicted = on_evicted
         self._lost = False
         self._unsendable_step_reported = False
@@ -136,8 +153,15 @@ class Heartbeat:
 
     def _run(self) -> None:
         failing: str | None = None  # the last beat's error: reported once, until a beat gets through
-        while not self._stop.wait(self._interval):
+        next_beat = self._next_beat()
+        while not self._stop.wait(self._until(next_beat)):
+            news = None
             try:
+                news = None if self._news_every is None else self._link.news()
+                if news is None:
+                    self._news_seen = None  # lost: beat once the (new) counter is read
+                if time.monotonic() < next_beat and news in (None, self._news_seen):
+                    continue  # no beat due, no news
                 sent = self.beat()
             except Exception as err:  # noqa: BLE001 - the thread must outlive any beat
                 if failing != repr(err):
@@ -146,5 +170,17 @@ class Heartbeat:
                 failing, sent = repr(err), False
             else:
                 failing = None if sent else failing
+            if sent and news is not None:
+                self._news_seen = news
             if not sent:
                 self._link.wait_connected(self._interval)
+            next_beat = self._next_beat()
+
+    def _next_beat(self) -> float:
+        return time.monotonic() + self._interval * random.uniform(1 - _JITTER, 1)
+
+    def _until(self, next_beat: float) -> float:
+        """How long to wait before looking again: until the next beat, or the next read
+        of the news counter if that comes first."""
+        left = max(0.0, next_beat - time.monotonic())
+        return left if self._news_every is None else min(left, self._news_every)

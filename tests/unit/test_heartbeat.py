@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ import torch
 from sched_inprocess import TOKEN, running_scheduler
 
 from recovery.control.membership import Identity
-from recovery.control.rpc import SchedulerLink
+from recovery.control.rpc import Op, SchedulerLink
 from recovery.runtime.heartbeat import Heartbeat
 
 pytestmark = pytest.mark.timeout(60)
@@ -41,5 +42,33 @@ def test_a_step_of_any_type_goes_out_and_the_beat_is_answered(
                     assert answered.wait(20), f"no beat answered with step {step!r}"
                     heartbeat.stop()
                 assert ("cannot send step" in caplog.text) == reported, caplog.text
+        finally:
+            link.close()
+
+
+def test_news_makes_a_spaced_heartbeat_beat_at_once(tmp_path: Path, free_port: int) -> None:
+    """Beats are spaced to the timeouts (here 60 s apart); an injection queued for the
+    rank still reaches it within about a second: the scheduler moves its news counter,
+    the thread reads it and beats. Before, a beat came every interval and nothing else
+    (issue 16, part 4)."""
+    with running_scheduler(tmp_path, free_port):
+        link = SchedulerLink("127.0.0.1", free_port, TOKEN, reply_timeout=5.0)
+        try:
+            assert link.wait_connected(10)
+            registered = link.call(Op.REGISTER, node_id="1", pid=os.getpid(), incarnation=1,
+                                   host="h", rank=1)
+            assert registered["ok"], registered
+            heartbeat = Heartbeat(link, Identity("1", os.getpid(), 1, "h", 1), 60.0,
+                                  int(registered["generation"]), news_every=0.05)
+            heartbeat.start()
+            try:
+                assert link.call(Op.INJECT, rank=1, fault="uce", at_step=5)["ok"]
+                deadline = time.monotonic() + 10
+                while (injection := heartbeat.inbox.take_due(5)) is None:
+                    assert time.monotonic() < deadline, "the injection never came"
+                    time.sleep(0.05)
+                assert injection.fault == "uce"
+            finally:
+                heartbeat.stop()
         finally:
             link.close()

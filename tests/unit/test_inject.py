@@ -31,11 +31,16 @@ WORKER = {"node_id": "1", "pid": 101, "incarnation": 0, "host": "h"}
 
 
 def scheduler(tmp_path: Path) -> Scheduler:
-    """A scheduler whose requests are handled in this thread, without a store."""
-    return Scheduler(SchedulerConfig(
+    """A scheduler whose requests are handled in this thread, with an in-memory c10d
+    store where it moves its news counter (an injection is news)."""
+    from torch.distributed import HashStore
+
+    sched = Scheduler(SchedulerConfig(
         host="127.0.0.1", port=1, listen_fd=None, worker_num=2, token=TOKEN, run_id="r1",
         log_dir=str(tmp_path / "logs"), recovery_path=str(tmp_path / "recovery"),
         timeouts=Timeouts()))
+    sched._client = HashStore()
+    return sched
 
 
 def ask(sched: Scheduler, op: str, token: str = TOKEN, **fields: Any) -> dict[str, Any]:
