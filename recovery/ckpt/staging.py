@@ -11,6 +11,7 @@ rebuilds the state with :func:`rebuild`.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 from collections import OrderedDict
@@ -106,6 +107,21 @@ def _views(buffer: Any, specs: list[TensorSpec]) -> list[torch.Tensor]:
     ]
 
 
+def _copy(view: torch.Tensor, tensor: torch.Tensor) -> None:
+    """``view.copy_(tensor)``, as one plain ``memcpy`` on this thread where it can be.
+
+    ``copy_`` splits a large copy among torch's threads; where training uses every core,
+    one of them is often descheduled (by the writer process, by another job) and the
+    copy waits for it: 0.08 ms at the median but 31 ms at the 90th percentile on 2
+    loaded cores, against 0.15 / 0.2 ms for one ``memcpy``.
+    """
+    plain = tensor.is_contiguous() and not (tensor.is_conj() or tensor.is_neg())  # no lazy conjugate
+    if view.nbytes and tensor.device.type == "cpu" and tensor.dtype == view.dtype and plain:
+        ctypes.memmove(view.data_ptr(), tensor.data_ptr(), view.nbytes)
+    else:
+        view.copy_(tensor)
+
+
 def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
@@ -129,7 +145,7 @@ class SharedStage:
         if self._fd is None or specs != self._specs:
             self._allocate(specs, size)
         for view, tensor in zip(self._views, tensors):
-            view.copy_(tensor.detach())
+            _copy(view, tensor.detach())
         assert self._fd is not None
         return SharedBuffer(os.getpid(), self._fd, self._generation, self._size), self._specs
 

@@ -262,3 +262,18 @@ def test_the_writer_process_keeps_none_of_the_training_processs_sockets(tmp_path
         assert writer.num_fds() <= 5  # stdin, stdout, stderr, its pipe, its map of the stage
         saver.close()
     assert not writer.is_running() or writer.status() == psutil.STATUS_ZOMBIE
+
+
+def test_the_writer_process_runs_at_the_training_processs_priority_and_leaves_its_settings(tmp_path: Path) -> None:
+    # At nice 10 the writer got no CPU while training kept every core busy, and the next
+    # save waited for the whole write (docs/benchmarks.md, "Checkpoint overhead").
+    saver = Job().saver(tmp_path, async_save=True)
+    try:
+        saver.save(TrainPosition(1, 1, 1))
+        saver.wait()  # the writer has answered: it is past its set-up
+        [writer] = psutil.Process().children()
+        assert writer.nice() == psutil.Process().nice()
+        assert torch.serialization.get_crc32_options()  # only the writer saves without the zip's CRC32
+    finally:
+        saver.close()
+    assert load_checkpoint(tmp_path / "net-1_1.ckpt")["position"]["global_step"] == 1
