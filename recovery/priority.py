@@ -23,8 +23,9 @@ import errno
 import logging
 import os
 import resource
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["START_UP_NICENESS", "Lowered", "lower_priority", "restore_priority", "autogroup_nice"]
@@ -39,6 +40,7 @@ _AUTOGROUP_RETRIES = 200
 _AUTOGROUP_RETRY_PAUSE = 0.01
 """The kernel lets an unprivileged process change an autogroup's nice once per 0.1 s, for
 the whole machine (EAGAIN meanwhile); going back is retried for up to about 2 s."""
+_RESTORING = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -47,19 +49,41 @@ class Lowered:
 
     niceness: int | None
     autogroup_nice: int | None
+    restored: threading.Event = field(default_factory=threading.Event, compare=False)
 
 
-def lower_priority(by: int = START_UP_NICENESS) -> Lowered | None:
+def lower_priority(by: int = START_UP_NICENESS, at_most: float | None = None) -> Lowered | None:
     """Raise this thread's niceness by ``by`` (threads it starts later inherit it), if it
     may be lowered back, and, in a process that leads its own session, its autogroup's
-    nice; what to go back to, or None when nothing was changed."""
+    nice; what to go back to, or None when nothing was changed.
+
+    Args:
+        at_most: go back by itself after this many seconds (a daemon timer), whether or
+            not :func:`restore_priority` was called: a start-up that others will need
+            must not starve for as long as busy peers keep the cores.
+    """
     lowered = Lowered(_lower_niceness(by), _lower_autogroup(by))
-    return None if lowered == Lowered(None, None) else lowered
+    if lowered == Lowered(None, None):
+        return None
+    if at_most is not None:
+        timer = threading.Timer(at_most, restore_priority, args=(lowered,))
+        timer.daemon = True
+        timer.name = "tft-priority-restore"
+        timer.start()
+    return lowered
 
 
 def restore_priority(lowered: Lowered) -> None:
     """This process back to where :func:`lower_priority` found it: its autogroup, and every
-    thread's niceness (Linux keeps it per thread)."""
+    thread's niceness (Linux keeps it per thread). Once (``restored`` is set when done);
+    later calls do nothing."""
+    with _RESTORING:
+        if not lowered.restored.is_set():
+            _restore(lowered)
+            lowered.restored.set()
+
+
+def _restore(lowered: Lowered) -> None:
     if lowered.autogroup_nice is not None and not _set_autogroup_nice(lowered.autogroup_nice):
         logger.warning("could not put this session's autogroup back to nice %d",
                        lowered.autogroup_nice)

@@ -68,3 +68,20 @@ def test_a_process_sharing_its_session_leaves_the_sessions_autogroup_alone() -> 
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=True)
     assert done.stdout.split() in ([str(autogroup_nice())], [str(autogroup_nice()), "None"])
+
+
+def test_a_bounded_start_up_goes_back_by_itself() -> None:
+    """The scheduler's import at launch yields for at most a few seconds: it must not
+    starve while a plain script's workers train at full speed."""
+    code = ("import os, time; from recovery.priority import lower_priority; "
+            "before = os.getpriority(os.PRIO_PROCESS, 0); "
+            "lowered = lower_priority(at_most=0.2); "
+            "low = os.getpriority(os.PRIO_PROCESS, 0); "
+            "lowered is None or lowered.restored.wait(10); "
+            "print(lowered is None, before, low, os.getpriority(os.PRIO_PROCESS, 0))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True, start_new_session=True)
+    unchanged, before, low, after = done.stdout.split()
+    if unchanged == "True":
+        pytest.skip("this process may neither lower and restore its niceness nor its autogroup")
+    assert after == before and (int(low) > int(before) or autogroup_nice() is not None)
