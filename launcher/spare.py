@@ -24,10 +24,7 @@ import runpy
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from recovery.priority import Lowered
+from typing import Any
 
 READY = "warm"
 """Printed (with the pid) to the spare's own log once the cold start is paid."""
@@ -54,7 +51,7 @@ class GoListener:
     spare back to its priority the moment a message (or EOF) arrives: a spare handed a
     rank before it is warm finishes warming up at a worker's priority."""
 
-    def __init__(self, fd: int, priority: Lowered | None) -> None:
+    def __init__(self, fd: int, priority: int | None) -> None:
         self._fd = fd
         self._priority = priority
         self.message: dict[str, Any] | None = None

@@ -95,10 +95,6 @@ and they are answered."""
 EXIT_CLUSTER_TIMEOUT = 1
 _LOOP_TIMEOUT = timedelta(days=1)  # the ticker wakes the loop long before
 _TICKER_TIMEOUT = 1.0
-START_UP_YIELD = 3.0
-"""Seconds at most that the torch import at a job's launch runs at a lower priority: about
-the workers' own import, 4 on 2 cores. Unbounded, it would starve while a plain script's
-workers train at full speed, and a fault then waits for a scheduler still importing."""
 _PAST_DEADLINE = 0.001
 _JOIN_TIMEOUT = 5.0
 _WRONG_TOKEN = {"ok": False, "reason": "token", "retry_after": None,
@@ -223,7 +219,7 @@ class Scheduler:
         # the listen backlog meanwhile). A relaunched scheduler is waited for: no yielding.
         previous = self._state.load()
         at_launch = previous is None or previous.get("run_id") != cfg.run_id
-        niceness = lower_priority(at_most=START_UP_YIELD) if at_launch else None
+        niceness = lower_priority() if at_launch else None
         # Started by hand: bind MS_SCHED_HOST only (the store alone would listen on every
         # interface). The socket lives as long as this method.
         try:
