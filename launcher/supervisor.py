@@ -355,11 +355,16 @@ class Supervisor:
         info = ExitInfo(role.value, rank, child.pid, incarnation, returncode, time.time(),
                         expected)
         self._emit("exit", **info.fields())
-        if rank is not None:
-            self._control.report_exit(
-                node_id=str(rank), rank=rank, pid=child.pid, incarnation=incarnation,
-                abnormal=not (expected or info.succeeded), reason=info.describe())
         return info
+
+    def _tell_scheduler(self, info: ExitInfo) -> None:
+        """The scheduler's membership learns of a worker's exit. A store round trip, so it
+        comes after the events that date the exit: their times are when the supervisor saw
+        it, however long the scheduler takes to answer."""
+        assert info.rank is not None
+        self._control.report_exit(
+            node_id=str(info.rank), rank=info.rank, pid=info.pid, incarnation=info.incarnation,
+            abnormal=not (info.expected or info.succeeded), reason=info.describe())
 
     def _watch_scheduler(self) -> None:
         """Relaunch a dead scheduler at once, on the same (inherited) socket."""
@@ -384,13 +389,14 @@ class Supervisor:
             returncode = worker.child.poll()
             if returncode is None:
                 continue
-            worker.ended(self._exit_info(Role.WORKER, worker.rank, worker.child,
-                                         worker.incarnation, returncode,
-                                         expected=worker.state is WorkerState.STOPPING))
+            info = self._exit_info(Role.WORKER, worker.rank, worker.child, worker.incarnation,
+                                   returncode, expected=worker.state is WorkerState.STOPPING)
+            worker.ended(info)
             if worker.failure is not None and worker.state is WorkerState.FAILED:
                 failure = worker.failure
                 self._emit("fault", rank=failure.rank, pid=failure.pid,
                            incarnation=failure.incarnation, cause=failure.cause)
+            self._tell_scheduler(info)
 
     # ----------------------------------------------------------------- policy
     def _observe(self, now: float) -> JobView:
@@ -606,6 +612,7 @@ class Supervisor:
             worker.last_exit = self._exit_info(Role.WORKER, worker.rank, worker.child,
                                                worker.incarnation, worker.child.popen.returncode,
                                                expected=True)
+            self._tell_scheduler(worker.last_exit)
         if self._scheduler is not None:
             self._closing_scheduler, self._scheduler = self._scheduler, None
         if self._closing_scheduler is not None:
