@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 import psutil
 import pytest
+from filelock import FileLock
 
 from recovery import env as names
+from recovery.control.files import StateFile
+from recovery.control.rpc import new_request_id
+from recovery.control.signing import Kind, new_nonce, seal
 from recovery.events import read_events
 
 REPO = Path(__file__).resolve().parent.parent
@@ -148,3 +154,24 @@ def terminate(proc: subprocess.Popen[str], timeout: float = 20) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@contextmanager
+def scheduler_stalled(recovery_path: Path) -> Iterator[None]:
+    """Hold the lock of the state file of the scheduler under ``recovery_path``, as a slow
+    disk or a reader would.
+
+    The scheduler persists every decision before it replies, so while this holds, a
+    request that decides something is carried out but not answered, and the requests
+    that come meanwhile wait in the queue: they are handled together, in one batch.
+    """
+    path = StateFile(recovery_path).path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock"):
+        yield
+
+
+def signed_request(token: str, op: str, rid: str | None = None, **fields: Any) -> bytes:
+    """A request as a client of the job whose token is ``token`` sends it."""
+    return seal(token.encode(), Kind.REQUEST, op, rid or new_request_id(), new_nonce(),
+                json.dumps(fields)).encode()

@@ -9,12 +9,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
-from support import wait_for_event
+from support import signed_request, wait_for_event
 
-from recovery.control.files import StateFile
-from recovery.control.rpc import new_request_id
-from recovery.control.signing import BadSignature, Kind, new_nonce, seal, unseal
+from recovery.control.signing import BadSignature, Kind, unseal
 from recovery.control.scheduler import Scheduler, SchedulerConfig
 from recovery.timeouts import Timeouts
 
@@ -23,8 +20,7 @@ TOKEN = "job-token"
 
 def signed(op: str, token: str = TOKEN, rid: str | None = None, **fields: Any) -> bytes:
     """A request as a client of the job whose token is ``token`` sends it."""
-    return seal(token.encode(), Kind.REQUEST, op, rid or new_request_id(), new_nonce(),
-                json.dumps(fields)).encode()
+    return signed_request(token, op, rid, **fields)
 
 
 def answer(reply: str | bytes, token: str = TOKEN) -> dict[str, Any]:
@@ -54,16 +50,3 @@ def running_scheduler(tmp_path: Path, port: int) -> Iterator[Scheduler]:
     finally:
         scheduler.request_stop("the test is over")
         thread.join(10)
-
-
-@contextmanager
-def scheduler_stalled(tmp_path: Path) -> Iterator[None]:
-    """Hold the lock of the scheduler's state file, as a slow disk or a reader would.
-
-    The scheduler persists every decision before it replies, so while this holds, a
-    request that decides something is carried out but not answered.
-    """
-    path = StateFile(tmp_path / "recovery").path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path) + ".lock"):
-        yield

@@ -17,10 +17,9 @@ from sched_inprocess import (
     answer,
     running_scheduler,
     scheduler_config,
-    scheduler_stalled,
     signed,
 )
-from support import events, wait_for, wait_for_event
+from support import events, scheduler_stalled, wait_for, wait_for_event
 
 from recovery.control import replies
 from recovery.runtime.cluster import ClusterContext, _Session
@@ -55,7 +54,7 @@ def test_a_last_words_grant_carried_out_after_its_claimant_timed_out_is_learned_
         first, second = claimant(free_port, 0), claimant(free_port, 1)
         learned: list[bool] = []
         asking = threading.Thread(target=lambda: learned.append(first.claim_last_words(7, True)))
-        with scheduler_stalled(tmp_path):
+        with scheduler_stalled(tmp_path / "recovery"):
             asking.start()
             # What the scheduler must get over: its answer comes after the claimant's
             # wait for it ended. Only time tells that a timeout passed.
@@ -73,7 +72,7 @@ def test_an_exit_report_re_sent_after_a_timeout_is_counted_once(
     try:
         with running_scheduler(tmp_path, free_port) as scheduler:
             wait_for(lambda: control.status() is not None, 10, "the control connected")
-            with scheduler_stalled(tmp_path):
+            with scheduler_stalled(tmp_path / "recovery"):
                 control.report_exit("1", 1, 4242, 3, abnormal=True, reason="SIGKILL")
             first = wait_for_event(tmp_path / "logs", 10, "the report carried out late",
                                    event="cooldown", node_id="1")
