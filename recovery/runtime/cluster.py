@@ -23,6 +23,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, NoReturn
@@ -238,9 +239,16 @@ class ClusterContext:
         session = self._session
         assert session is not None
         while True:
-            store = dist.PrefixStore(f"gen{generation}/", _wait_for_generation(
+            client = _wait_for_generation(
                 session.link, generation, deadline, session.timeouts, self.world_size,
-                self.rank, should_abort))
+                self.rank, lambda: session.heartbeat.generation > generation, should_abort)
+            if client is None:
+                newer = session.heartbeat.generation
+                logger.info("[worker %s/%d] generation %d was superseded by %d before it "
+                            "was ready", self.node_id, self.incarnation, generation, newer)
+                generation = newer
+                continue
+            store = dist.PrefixStore(f"gen{generation}/", client)
             try:
                 if group.meet(store, self.rank, self.world_size,
                               lambda: session.heartbeat.generation > generation, deadline,
@@ -452,8 +460,13 @@ def _say_once(said: str, message: str) -> str:
 
 def _wait_for_generation(link: SchedulerLink, generation: int, deadline: float,
                          timeouts: Timeouts, world_size: int, rank: int,
-                         should_abort: ShouldAbort = never) -> Any:
-    """A store client, once the scheduler says ``generation`` is formed.
+                         superseded: Callable[[], bool],
+                         should_abort: ShouldAbort = never) -> Any | None:
+    """A store client, once the scheduler says ``generation`` is formed; ``None`` once
+    ``superseded()`` says a newer generation has this worker in it.
+
+    The scheduler makes only the newest generation ready: one formed and superseded in
+    the same batch of requests (the registrations of two relaunched ranks) never is.
 
     The client is the one the process group rendezvous through; a scheduler that dies
     meanwhile breaks it, so a new one is made once the port answers again. The ready key
@@ -469,6 +482,8 @@ def _wait_for_generation(link: SchedulerLink, generation: int, deadline: float,
     while (left := deadline - time.monotonic()) > 0:
         if should_abort():
             raise Aborted(f"stopped waiting for generation {generation} to form")
+        if superseded():
+            return None
         if store is None and not port_open(link.host, link.port):
             time.sleep(_RETRY_PAUSE)
             continue

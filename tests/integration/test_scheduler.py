@@ -4,15 +4,19 @@ workers of tests/bin/sched_train.py, faults by real signals, checks through even
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 
 import pytest
-from sched_cluster import Cluster, event_fields, exited, log_text
-from support import events, run, tftctl_cmd, wait_for, wait_for_event
+from sched_cluster import TOKEN, Cluster, event_fields, exited, log_text
+from support import (
+    events, run, scheduler_stalled, signed_request, tftctl_cmd, wait_for, wait_for_event,
+)
 
 from launcher.status_cli import format_status, query
 from recovery import env as names
+from recovery.control.rpc import REQUESTS, open_client
 from recovery.runtime.heartbeat import EXIT_EVICTED
 
 pytestmark = pytest.mark.timeout(90)
@@ -131,3 +135,38 @@ def test_an_incomplete_cluster_is_an_error_in_every_log_and_a_nonzero_exit(
         assert ("cluster incomplete after cluster_time_out=3s: 1 of 2 workers joined; "
                 "missing ranks [1]") in log_text(worker)
         assert events(c.log_dir, "cluster_timeout")[0]["missing"] == [1]
+
+
+def test_a_worker_whose_generation_was_superseded_in_the_same_batch_joins_the_next(
+        tmp_path: Path, free_port: int) -> None:
+    """Rank 0's registration forms generation 0, and rank 1's replacement, handled in the
+    same batch of requests, forms generation 1 at once: only generation 1 is ever made
+    ready. Rank 0 must go on to it, not wait for generation 0 until cluster_time_out (seen
+    when node 0 of two came back: its two ranks' registrations formed two generations in
+    one batch, and every rank of the job died a minute later)."""
+    with Cluster(tmp_path, free_port, worker_num=2, cooldown=0.0, cluster_time_out=30) as c:
+        c.scheduler()
+        store = wait_for(lambda: _store_client(free_port), 60, "the scheduler's store")
+        first_1 = {"node_id": "1", "rank": 1, "pid": os.getpid(), "incarnation": 1}
+        with scheduler_stalled(tmp_path / "recovery"):
+            # A placeholder rank 1 registers: the scheduler decides, and waits to persist.
+            store.queue_push(REQUESTS, signed_request(TOKEN, "register", **first_1))
+            wait_for(lambda: store.queue_len(REQUESTS) == 0, 30, "the first request taken")
+            rank_0 = c.worker("0", "--steps", "20")
+            wait_for(lambda: store.queue_len(REQUESTS) == 1, 60, "rank 0's registration")
+            store.queue_push(REQUESTS, signed_request(TOKEN, "leave", **first_1,
+                                                      abnormal=False, reason="replaced"))
+            rank_1 = c.worker("1", "--steps", "20")
+            wait_for(lambda: store.queue_len(REQUESTS) == 3, 60, "rank 1's registration")
+        formed = wait_for(lambda: [e["generation"] for e in events(c.log_dir, "generation")
+                                   if e["generation"] == 1], 30, "generation 1")
+        assert [e["generation"] for e in events(c.log_dir, "generation")] == [0, *formed]
+        assert [exited(w, 60) for w in (rank_0, rank_1)] == [0, 0], log_text(rank_0)[-2000:]
+        assert "rank 0 of 2 in generation 1" in log_text(rank_0)
+
+
+def _store_client(port: int) -> object | None:
+    try:
+        return open_client("127.0.0.1", port, 10.0)
+    except Exception:  # not listening yet
+        return None
