@@ -30,6 +30,7 @@ from launcher.policy import (
     ScheduleRelaunch, StartAll, Stop, WaitUntil, decide,
 )
 from launcher.process import Child, Stopping, Watchdog, become_subreaper, spawn, stop_all, sweep
+from launcher.progress import EventTail
 from launcher.render import Row, SummaryRow, View, print_summary
 from launcher.rendezvous import RendezvousStore
 from launcher.spares import Spare, SparePool
@@ -120,6 +121,10 @@ class Supervisor:
         self._closing_scheduler: Child | None = None
         self._registered: set[str] = set()
         """Node ids seen registered with the scheduler: capable of per-rank recovery."""
+        self._registrations = (EventTail(self.events.path)
+                               if config.hosts_scheduler and self.events.path else None)
+        """Where this node's scheduler writes every registration, before it answers it:
+        who registered is known without asking the scheduler (nor importing torch)."""
         self._spares = SparePool(config.warm_spare or 0, self._start_spare)
         self._watchdog: Watchdog | None = None
         """Kills what this supervisor started once it is gone (started by :meth:`run`)."""
@@ -255,16 +260,44 @@ class Supervisor:
         self._scheduler_launches += 1
 
     def _start_workers(self) -> None:
-        if self.config.hosts_scheduler:
+        if self._meets_at_scheduler():
+            self._rendezvous_port = self.config.master_port
+        elif self.config.hosts_scheduler:
             self._rendezvous_port = self._rendezvous.open()
         else:
             self._rendezvous_host, self._rendezvous_port = self._meeting_place()
         for worker in self.workers:
             self._launch(worker)
         # After the spawns: importing torch here overlaps with the workers doing the same.
-        if self.config.hosts_scheduler:
+        if self.config.hosts_scheduler and not self._meets_at_scheduler():
             self._rendezvous.serve(self._announce_rendezvous())
-        self._control.connect()
+        if self._nodes is not None:
+            self._control.connect()
+
+    def _meets_at_scheduler(self) -> bool:
+        """Whether this launch's ``env://`` workers meet at the scheduler's store.
+
+        The first launch of a job on one node does: that store is new, so it holds no
+        earlier attempt's keys (rendezvous.py), and this process imports no torch to
+        host one while the workers import theirs (docs/benchmarks.md, launch). A group
+        restart meets at a fresh store of its own, as other nodes' workers always do.
+        """
+        return (self._store_socket is not None and self._nodes is None
+                and self.restart_count == 0)
+
+    def _connect_when_needed(self) -> None:
+        """On one node, connect to the scheduler only once something needs it: a worker
+        registered (verdicts about it may come) or a process ended (a report to make).
+        Connecting imports torch, which would compete with the workers' own imports at
+        launch; until then no question asked of the scheduler has an answer it needs.
+        With other nodes, the connection is made at launch (:meth:`_start_workers`)."""
+        if self._registered or any(w.last_exit is not None for w in self.workers):
+            self._control.connect()
+
+    def _read_registrations(self) -> None:
+        if self._registrations is not None:
+            self._registered |= {str(e["node_id"]) for e in self._registrations.read()
+                                 if e.get("event") == "register" and "node_id" in e}
 
     def _announce_rendezvous(self) -> Callable[[], None] | None:
         """Node 0 with other nodes: tell them where this restart's workers meet, once the
@@ -404,6 +437,8 @@ class Supervisor:
         self._take_signal()
         self._watch_scheduler()
         self._reap_workers()
+        self._read_registrations()
+        self._connect_when_needed()
         sweep()
         verdicts = self._verdicts(now) if self._ending is None else {}
         if verdicts is not None and self._ending is None:
@@ -476,9 +511,10 @@ class Supervisor:
         """Ask the scheduler which node ids registered, when a failed one is not known to.
 
         A node id that registered once stays capable (every incarnation runs the same
-        script). True when the answer is still unknown: the scheduler process runs but
-        did not answer (the policy then waits up to ``STATUS_WAIT`` rather than taking
-        no answer for "nobody registered" and restarting every worker).
+        script). True when the answer is still unknown: on a node without the scheduler,
+        it runs but did not answer (the policy then waits up to ``STATUS_WAIT`` rather
+        than taking no answer for "nobody registered" and restarting every worker). On
+        the scheduler's node its events file answers (:meth:`_read_registrations`).
         """
         if all(str(w.rank) in self._registered for w in failed):
             return False
@@ -486,6 +522,8 @@ class Supervisor:
         if status is not None:
             self._registered |= {str(m["node_id"]) for m in status["members"]}
             return False
+        if self._registrations is not None:
+            return False  # this node's events file has every registration (read just now)
         return self._scheduler is not None and self._scheduler.poll() is None
 
     def _take_signal(self) -> None:
