@@ -24,6 +24,7 @@ from launcher.report.model import (
     Ending, Fault, GenerationMark, Incarnation, Lane, Phase, PhaseSpan, Recovery, StepPoint,
     Timeline,
 )
+from recovery.train.step_events import RESTORED
 
 __all__ = ["build_timeline"]
 
@@ -150,6 +151,11 @@ class _Builder:
         rank, step = int(event["rank"]), int(event["step"])
         self.steps[rank].append(StepPoint(event["ts"], step, self.current.get(rank, 0)))
         self.high = step if self.high is None else max(self.high, step)
+        episode = self.episode
+        if episode is not None and episode.rollback is None and event.get("why") != RESTORED:
+            # A survivor's "paused" step may be written just after the fault event: the
+            # step the job reached counts it, however the two writers' times interleave.
+            episode.reached = step if episode.reached is None else max(episode.reached, step)
         if event.get("total") is not None:
             self.total = int(event["total"])
 

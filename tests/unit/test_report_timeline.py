@@ -144,3 +144,26 @@ def test_each_node_dir_gives_its_events_its_node(tmp_path: Path) -> None:
     timeline = build_timeline(read_job([tmp_path / "node0", tmp_path / "node1"]))
     assert [(lane.node, lane.rank) for lane in timeline.lanes] == [(0, 0), (1, 1)]
     assert timeline.faults[0].rank == 1 and timeline.node_of(1) == 1
+
+
+def test_a_survivors_paused_step_written_just_after_the_fault_counts_as_reached() -> None:
+    """The supervisor writes the fault as soon as it reaps the killed rank; the survivor's
+    ``paused`` step may land a moment later. The steps redone are still counted from it
+    (seen in CI: 0 steps redone drawn for a rollback from step 25 to 20)."""
+    events = [
+        {"ts": T0, "event": "job_start", "run_id": "r", "pid": 1},
+        {"ts": T0 + 0.1, "event": "spawn", "role": "worker", "rank": 0, "pid": 10, "incarnation": 0},
+        {"ts": T0 + 0.1, "event": "spawn", "role": "worker", "rank": 1, "pid": 11, "incarnation": 0},
+        {"ts": T0 + 0.2, "event": "generation", "generation": 0, "world_size": 2},
+        {"ts": T0 + 1.0, "event": "step", "rank": 0, "step": 1, "total": 40, "generation": 0, "why": "interval"},
+        {"ts": T0 + 2.0, "event": "exit", "role": "worker", "rank": 1, "pid": 11, "incarnation": 0,
+         "expected": False, "signal": "SIGKILL"},
+        {"ts": T0 + 2.0001, "event": "fault", "rank": 1, "pid": 11, "incarnation": 0, "cause": "SIGKILL"},
+        {"ts": T0 + 2.0002, "event": "step", "rank": 0, "step": 25, "total": 40, "generation": 0, "why": "paused"},
+        {"ts": T0 + 3.0, "event": "generation", "generation": 1, "world_size": 2},
+        {"ts": T0 + 4.0, "event": "step", "rank": 0, "step": 20, "total": 40, "generation": 1, "why": "restored"},
+        {"ts": T0 + 4.0, "event": "rollback", "step": 20, "source": "checkpoint", "generation": 1},
+        {"ts": T0 + 4.0, "event": "recovered", "step": 20, "source": "checkpoint", "generation": 1, "seconds": 2.0},
+    ]
+    [recovery] = build_timeline(events).recoveries
+    assert recovery.steps_redone == 5
