@@ -287,17 +287,21 @@ class Supervisor:
 
     def _connect_when_needed(self) -> None:
         """On one node, connect to the scheduler only once something needs it: a worker
-        registered (verdicts about it may come) or a process ended (a report to make).
+        registered (verdicts about it may come) or a worker failed (a report to make).
         Connecting imports torch, which would compete with the workers' own imports at
         launch; until then no question asked of the scheduler has an answer it needs.
         With other nodes, the connection is made at launch (:meth:`_start_workers`)."""
-        if self._registered or any(w.last_exit is not None for w in self.workers):
+        if self._registered or any(w.failure is not None for w in self.workers):
             self._control.connect()
 
     def _read_registrations(self) -> None:
-        if self._registrations is not None:
-            self._registered |= {str(e["node_id"]) for e in self._registrations.read()
-                                 if e.get("event") == "register" and "node_id" in e}
+        """Take the new registrations from this node's events file, until every worker of
+        this node is known to have registered (the view reads the same file for itself)."""
+        if self._registrations is None or all(str(w.rank) in self._registered
+                                              for w in self.workers):
+            return
+        self._registered |= {str(e["node_id"]) for e in self._registrations.read()
+                             if e.get("event") == "register" and "node_id" in e}
 
     def _announce_rendezvous(self) -> Callable[[], None] | None:
         """Node 0 with other nodes: tell them where this restart's workers meet, once the
@@ -395,9 +399,13 @@ class Supervisor:
         comes after the events that date the exit: their times are when the supervisor saw
         it, however long the scheduler takes to answer."""
         assert info.rank is not None
+        abnormal = not (info.expected or info.succeeded)
+        if not abnormal and self._registrations is not None \
+                and str(info.rank) not in self._registered:
+            return  # a plain script's worker: the scheduler never knew it
         self._control.report_exit(
             node_id=str(info.rank), rank=info.rank, pid=info.pid, incarnation=info.incarnation,
-            abnormal=not (info.expected or info.succeeded), reason=info.describe())
+            abnormal=abnormal, reason=info.describe())
 
     def _watch_scheduler(self) -> None:
         """Relaunch a dead scheduler at once, on the same (inherited) socket."""
@@ -436,8 +444,8 @@ class Supervisor:
         """What the policy needs to see; the only place the loop asks the outside world."""
         self._take_signal()
         self._watch_scheduler()
+        self._read_registrations()  # first: whether an exit reaped now is the scheduler's to know
         self._reap_workers()
-        self._read_registrations()
         self._connect_when_needed()
         sweep()
         verdicts = self._verdicts(now) if self._ending is None else {}
