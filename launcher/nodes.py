@@ -23,7 +23,8 @@ from recovery.control.nodes import (
 from recovery.ckpt.durable import write_atomic
 from recovery.ckpt.layout import SCHEDULER_DIR
 from recovery.control.files import StateFile
-from recovery.control.rpc import open_client, port_open
+from recovery.control.rpc import port_open
+from recovery.control.tcpstore_client import StoreError, TCPStoreClient
 from recovery.control.signing import token_proof
 
 __all__ = ["NodeLink", "NodeWatch", "local_address_towards", "save_job", "saved_job",
@@ -98,7 +99,7 @@ class NodeLink:
 
     def __init__(self, host: str, port: int) -> None:
         self._host, self._port = host, port
-        self._client: Any = None
+        self._client: TCPStoreClient | None = None
         self.reachable = True
         """Whether the last call reached the store."""
 
@@ -157,6 +158,8 @@ class NodeLink:
         return self._read(END_KEY)
 
     def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
         self._client = None
 
     # ----------------------------------------------------------------- the store
@@ -171,18 +174,16 @@ class NodeLink:
 
     def _with_client(self, use: Any) -> Any:
         """``use(client)``, or ``None`` when the store cannot be reached just now."""
-        from torch.distributed import DistError
-
         try:
             if self._client is None:
                 if not port_open(self._host, self._port):
                     self.reachable = False
                     return None
-                self._client = open_client(self._host, self._port, TIMEOUT)
+                self._client = TCPStoreClient(self._host, self._port, TIMEOUT)
             result = use(self._client)
-        except DistError as err:
+        except StoreError as err:
             logger.debug("the cluster store at %s: %s", self._where(), err)
-            self._client = None  # torch's client never reconnects: a new one next time
+            self._client = None  # a broken connection is not reused: a new one next time
             self.reachable = False
             return None
         self.reachable = True

@@ -104,8 +104,7 @@ class Supervisor:
         self._node_watch = NodeWatch(config.node_time_out)
         self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._follower = LogFollower(view.output) if config.join else None
-        # Connected once the workers are started: connecting imports torch, in a thread
-        # that would hold the GIL while the loop forks the workers.
+        # Connected once the workers are started, on one node once something needs it.
         self._control = SchedulerControl(config.master_addr, config.master_port,
                                          config.job_token,
                                          rejoin_cooldown=config.rejoin_cooldown, connect=False)
@@ -124,7 +123,7 @@ class Supervisor:
         self._registrations = (EventTail(self.events.path)
                                if config.hosts_scheduler and self.events.path else None)
         """Where this node's scheduler writes every registration, before it answers it:
-        who registered is known without asking the scheduler (nor importing torch)."""
+        who registered is known without asking the scheduler, which may still be starting."""
         self._spares = SparePool(config.warm_spare or 0, self._start_spare)
         self._watchdog: Watchdog | None = None
         """Kills what this supervisor started once it is gone (started by :meth:`run`)."""
@@ -288,8 +287,8 @@ class Supervisor:
     def _connect_when_needed(self) -> None:
         """On one node, connect to the scheduler only once something needs it: a worker
         registered (verdicts about it may come) or a worker failed (a report to make).
-        Connecting imports torch, which would compete with the workers' own imports at
-        launch; until then no question asked of the scheduler has an answer it needs.
+        Until then no question asked of the scheduler has an answer it needs, and each
+        verdict poll would be a request the scheduler handles while the workers start.
         With other nodes, the connection is made at launch (:meth:`_start_workers`)."""
         if self._registered or any(w.failure is not None for w in self.workers):
             self._control.connect()

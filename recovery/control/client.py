@@ -9,9 +9,8 @@ as soon as it is back (a report that got no answer is sent again under its reque
 the scheduler counts it once); ``cooldown_left`` falls back to what the scheduler said last (or
 to ``rejoin_cooldown`` counted locally from a queued report); ``verdicts`` to none.
 
-Constructing one does not import torch in the caller's thread: the connection (and the
-import) is made in the background, from construction or, with ``connect=False``, from
-:meth:`SchedulerControl.connect`.
+The connection is made in the background, from construction or, with ``connect=False``,
+from :meth:`SchedulerControl.connect`; it needs no torch (recovery/control/tcpstore_client.py).
 """
 
 from __future__ import annotations

@@ -29,15 +29,11 @@ with the reply it gave, without carrying the request out twice; it removes the r
 nobody read from the store (recovery/control/replies.py). :meth:`SchedulerLink.call_until` asks
 this way until it has the answer.
 
-Measured on torch 2.13 (DESIGN.md §9): a store client whose server died never
-reconnects (every call fails fast with ``DistNetworkError``), so :class:`SchedulerLink`
-drops it and builds a new one in a background thread. A new client blocks, ignoring its
-timeout, while the port is listening but nobody serves it (tftrun keeps the scheduler's
-socket open across its relaunch), and logs a C++ stack trace for every refused connect:
-hence the thread, and a plain socket probe before each attempt. Nothing interrupts that
-block, and a thread that comes back from it while the interpreter is finalizing aborts
-the process (``terminate called without an active exception``): see
-:meth:`SchedulerLink.wait_closed`.
+The link speaks the store's protocol itself (recovery/control/tcpstore_client.py), so a
+process that talks to the scheduler imports no torch for it. A connection that breaks or
+times out is dropped and a new one is made in a background thread, after a plain socket
+probe; a port that is listening but not served (tftrun keeps the scheduler's socket open
+across its relaunch) costs an attempt one reply timeout, never more.
 """
 
 from __future__ import annotations
@@ -55,6 +51,7 @@ from enum import Enum
 from typing import Any
 
 from recovery.control.signing import BadSignature, Kind, new_nonce, seal, unseal
+from recovery.control.tcpstore_client import StoreError, StoreTimeout, TCPStoreClient
 from recovery.control.throttle import Throttle
 
 __all__ = [
@@ -129,7 +126,8 @@ def new_request_id() -> str:
 
 
 def open_client(host: str, port: int, timeout: float) -> Any:
-    """A new store client of ``host:port``; blocks while the port is not served."""
+    """A new torch store client of ``host:port``, for a process group to rendezvous
+    through; blocks while the port is not served."""
     from torch.distributed import TCPStore
 
     return TCPStore(host, port, is_master=False, wait_for_workers=False,
@@ -190,7 +188,7 @@ class SchedulerLink:
             verified with (never sent).
         reply_timeout: how long a request waits for its reply, in seconds.
         on_connect: called (in the connecting thread) after every (re)connection.
-        connect: start connecting now; False: at :meth:`start` (connecting imports torch).
+        connect: start connecting now; False: at :meth:`start`.
     """
 
     def __init__(self, host: str, port: int, token: str, reply_timeout: float,
@@ -203,7 +201,7 @@ class SchedulerLink:
         self._unverified_log = Throttle()
         self._reply_timeout = reply_timeout
         self._on_connect = on_connect
-        self._client: Any = None
+        self._client: TCPStoreClient | None = None
         self._lock = threading.Lock()
         self._connected = threading.Event()
         self._closed = threading.Event()
@@ -235,22 +233,17 @@ class SchedulerLink:
             client = self._client
             if client is None:
                 raise SchedulerUnavailable(f"no connection to the scheduler at {self.where}")
-            # Only now: torch is imported once a client exists (by the connecting thread);
-            # a caller of an unconnected link must not wait for that import.
-            from torch.distributed import DistError, DistStoreError
-
             try:
                 client.queue_push(REQUESTS, request)
-                # get waits for the key, up to the client's timeout (the reply timeout):
-                # one round trip fewer than wait then get, for every request.
+                # get waits for the key, up to the client's timeout (the reply timeout).
                 reply = client.get(reply_key(rid))
                 client.delete_key(reply_key(rid))
-            except DistError as err:
-                # Also after a timeout (DistStoreError), though the client would stay
-                # usable: the new connection's on_connect delivers what waits for it
-                # (SchedulerControl's exit reports), under the same request ids.
+            except StoreError as err:
+                # A timed-out connection is mid-message: a new one is made, and its
+                # on_connect delivers what waits for it (SchedulerControl's exit reports),
+                # under the same request ids.
                 self._drop()
-                if isinstance(err, DistStoreError):
+                if isinstance(err, StoreTimeout):
                     raise NoReply(f"no answer to {op.value} from the scheduler at "
                                   f"{self.where} within {self._reply_timeout:g}s") from None
                 raise SchedulerUnavailable(f"scheduler at {self.where}: {err}") from None
@@ -263,11 +256,9 @@ class SchedulerLink:
             client = self._client
             if client is None:
                 return None
-            from torch.distributed import DistError
-
             try:
-                return int(client.add(NEWS, 0))  # reads it, never waits for it
-            except DistError:
+                return client.add(NEWS, 0)  # reads it, never waits for it
+            except StoreError:
                 self._drop()
                 return None
 
@@ -321,25 +312,15 @@ class SchedulerLink:
     def close(self) -> None:
         self._closed.set()
         with self._lock:
+            if self._client is not None:
+                self._client.close()
             self._client = None
             self._connected.clear()
 
-    def wait_closed(self, timeout: float) -> bool:
-        """After :meth:`close`, wait up to ``timeout`` seconds for the connecting thread to end.
-
-        False when it is still blocked making a client: it comes back only once the
-        scheduler serves its port again, and if that happens while the interpreter is
-        finalizing, the C++ runtime aborts the process. A process about to exit must then
-        leave with ``os._exit``. A thread not blocked there ends within a probe's timeout.
-        """
-        with self._connector_lock:
-            connector = self._connector
-        if connector is not None:
-            connector.join(timeout)
-        return connector is None or not connector.is_alive()
-
     def _drop(self) -> None:
-        """Forget a broken client (it never recovers) and start making a new one."""
+        """Forget a broken client and start making a new one."""
+        if self._client is not None:
+            self._client.close()
         self._client = None
         self._connected.clear()
         self._start_connecting()
@@ -361,6 +342,7 @@ class SchedulerLink:
                     continue
                 with self._lock:
                     if self._closed.is_set():
+                        client.close()
                         return
                     self._client = client
                     self._connected.set()
@@ -371,13 +353,11 @@ class SchedulerLink:
                     self._connector = None
                     return
 
-    def _open(self) -> Any:
-        from torch.distributed import DistError
-
+    def _open(self) -> TCPStoreClient | None:
         if not port_open(self.host, self.port) or self._closed.is_set():
             return None
         try:
-            return open_client(self.host, self.port, self._reply_timeout)
-        except DistError as err:
+            return TCPStoreClient(self.host, self.port, self._reply_timeout)
+        except StoreError as err:
             logger.debug("connecting to the scheduler at %s: %s", self.where, err)
             return None

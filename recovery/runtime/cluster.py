@@ -59,7 +59,6 @@ _REJOIN_POLL = 0.1
 _RETIRED_GROUP_WAIT = 5.0
 _GENERATION_POLL = 0.05
 """Seconds between two looks at whether the generation a worker waits for is formed."""
-_LINK_CLOSE_WAIT = 2.0
 _TOKEN_REFUSALS = 3
 """Registration attempts in a row answered only by an unsigned ``token`` refusal before a
 worker takes its token for wrong."""
@@ -111,8 +110,6 @@ class ClusterContext:
         self.incarnation = incarnation
         self.backend = backend
         self._session = session
-        # Kept after finish(): the exit path checks that its connecting thread has ended.
-        self._link = session.link if session is not None else None
         self._failed = False
         self.stop_status: int | None = None
         """128 + N when a stop signal N ends this process (set by the trainer)."""
@@ -285,7 +282,7 @@ class ClusterContext:
 
     def _finish_at_exit(self) -> None:
         """Finish, then end the process at once if a thread is still blocked in torch:
-        exiting normally would abort in the C++ runtime (recovery/runtime/group.py, recovery/control/rpc.py)."""
+        exiting normally would abort in the C++ runtime (recovery/runtime/group.py)."""
         abnormal = self._failed
         self.finish(abnormal, "uncaught exception" if abnormal else "finished")
         if self.stop_status is not None and not abnormal:
@@ -296,10 +293,6 @@ class ClusterContext:
         if group.exit_blocked(_RETIRED_GROUP_WAIT):
             # Exiting normally would abort in the C++ runtime (recovery/runtime/group.py).
             _exit_abandoning(abnormal, "an old process group is still blocked on a peer")
-        if self._link is not None and not self._link.wait_closed(_LINK_CLOSE_WAIT):
-            # So would a scheduler link still inside torch's store constructor (rpc.py).
-            _exit_abandoning(abnormal, f"the scheduler at {self._link.where} is down and a "
-                                       "connection to it is still being made")
 
     def _note_uncaught(self, hook: Any) -> Any:
         def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:

@@ -13,6 +13,7 @@ import psutil
 import pytest
 from support import (
     BIN, events, log_has, pid_gone, run, spawn, spawned_pids, terminate, tftrun_cmd, wait_for,
+    wait_for_event,
 )
 
 from recovery import env as names
@@ -131,6 +132,25 @@ def test_on_one_node_tftrun_imports_no_torch_while_a_plain_job_starts_and_trains
     with the workers' at launch (docs/benchmarks.md, launch to first step)."""
     proc, _, _ = start_endless_job(tmp_path, free_port)
     try:
+        assert "libtorch" not in Path(f"/proc/{proc.pid}/maps").read_text()
+    finally:
+        terminate(proc)
+
+
+def test_tftrun_imports_no_torch_to_talk_to_the_scheduler_through_a_relaunch(
+        tmp_path: Path, free_port: int) -> None:
+    """Registrations, an exit report, cooldowns and verdict polls: the supervisor speaks the
+    scheduler's store protocol itself (recovery/control/tcpstore_client.py), so its torch
+    import (seconds of CPU, ~290 MiB) no longer competes with training."""
+    log_dir = tmp_path / "logs"
+    proc = spawn(tftrun_cmd(*launch_args(log_dir, free_port, 2, "--rejoin_cooldown=0",
+                                         "--warm_spare=0", f"--recovery_path={tmp_path / 'r'}"),
+                            str(BIN / "sched_train.py"), "--rejoin"))
+    try:
+        wait_for_event(log_dir, 60, "generation 0", event="generation", generation=0)
+        os.kill(spawned_pids(log_dir)[1], signal.SIGKILL)
+        wait_for_event(log_dir, 60, "generation 1, with the relaunched rank",
+                       event="generation", generation=1)
         assert "libtorch" not in Path(f"/proc/{proc.pid}/maps").read_text()
     finally:
         terminate(proc)

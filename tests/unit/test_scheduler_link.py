@@ -1,17 +1,20 @@
-"""SchedulerLink.wait_closed: whether a closed link's connecting thread is still blocked in
-torch's store client, which only the scheduler serving its port again can release."""
+"""SchedulerLink's connection: made in the background without torch, never stuck on a port
+that is listening but not served (the scheduler's while tftrun relaunches it)."""
 
 from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 
-import psutil
 import pytest
-from support import wait_for
+from support import REPO, wait_for
+from torch.distributed import TCPStore
 
 from recovery.control.rpc import SchedulerLink
 
@@ -27,40 +30,51 @@ def unserved_port() -> Iterator[socket.socket]:
         yield sock
 
 
-def connections_to(port: int) -> set[tuple[str, int]]:
-    """This process's established connections to ``port``, by local address."""
-    return {tuple(c.laddr) for c in psutil.Process().net_connections("tcp")
-            if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED}
+def link_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "tft-scheduler-link"]
 
 
-def test_a_closed_link_blocked_on_an_unserved_port_reports_it_until_the_port_is_served() -> None:
-    from torch.distributed import TCPStore
-
+def test_a_link_waiting_on_an_unserved_port_connects_once_a_store_serves_it() -> None:
     with unserved_port() as sock:
         port = sock.getsockname()[1]
-        link = SchedulerLink("127.0.0.1", port, "token", reply_timeout=1.0)
-        seen: set[tuple[str, int]] = set()
-
-        def client_waiting() -> bool:
-            """A connection seen twice: a store client waiting for an answer (a port
-            probe closes its own at once)."""
-            now = connections_to(port)
-            lasting = now & seen
-            seen.update(now)
-            return bool(lasting)
-
-        wait_for(client_waiting, 30, "the link's client waiting on the port", interval=0.1)
-        link.close()
-        assert not link.wait_closed(0.5)
-        server = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=10), master_listen_fd=os.dup(sock.fileno()))
-        assert link.wait_closed(10)
-        assert not link.wait_connected(0)  # the client it made after close() is dropped
+        link = SchedulerLink("127.0.0.1", port, "token", reply_timeout=0.5)
+        try:
+            assert not link.wait_connected(1.5)  # attempts time out, and are made again
+            server = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                              timeout=timedelta(seconds=10),
+                              master_listen_fd=os.dup(sock.fileno()))
+            assert link.wait_connected(10)
+            assert link.news() == 0
+            server.add("tft/news", 3)
+            assert link.news() == 3
+        finally:
+            link.close()
         del server
 
 
-def test_a_closed_link_to_a_port_nobody_listens_on_ends_at_once(free_port: int) -> None:
-    link = SchedulerLink("127.0.0.1", free_port, "token", reply_timeout=1.0)
-    assert not link.wait_connected(0.3)
-    link.close()
-    assert link.wait_closed(2.0)
+def test_a_closed_link_on_an_unserved_port_stops_trying_within_a_reply_timeout() -> None:
+    before = set(link_threads())
+    with unserved_port() as sock:
+        link = SchedulerLink("127.0.0.1", sock.getsockname()[1], "token", reply_timeout=0.5)
+        wait_for(lambda: set(link_threads()) - before, 10, "the link's connecting thread")
+        link.close()
+        wait_for(lambda: not set(link_threads()) - before, 5,
+                 "the closed link's connecting thread to end")
+    assert not link.wait_connected(0)
+
+
+def test_talking_to_the_scheduler_imports_no_torch(free_port: int) -> None:
+    """The supervisor and tftctl use the link and nothing else of torch."""
+    server = TCPStore("127.0.0.1", free_port, is_master=True, wait_for_workers=False,
+                      timeout=timedelta(seconds=10))
+    server.add("tft/news", 5)
+    probe = ("import sys\n"
+             "from recovery.control.rpc import SchedulerLink\n"
+             f"link = SchedulerLink('127.0.0.1', {free_port}, 'token', reply_timeout=5.0)\n"
+             "assert link.wait_connected(20)\n"
+             "print(link.news(), 'torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["5", "False"]
+    del server

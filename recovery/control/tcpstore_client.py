@@ -1,0 +1,193 @@
+"""A client of torch's c10d ``TCPStore`` in plain Python, for the processes that need no torch.
+
+The supervisor and ``tftctl`` talk to the scheduler through its store (recovery/control/rpc.py)
+and do nothing else with torch: importing it only for a store client cost each of them about
+1.3 CPU-seconds and ~290 MiB, paid while the workers train (docs/benchmarks.md). This
+client speaks the store's wire protocol (torch 2.13, both the libuv and the classic server;
+``torch/csrc/distributed/c10d/TCPStoreBackend.hpp``) with a socket of its own:
+
+* a connection opens with ``VALIDATE`` and the store's magic number; a ``PING`` whose
+  nonce comes back proves that a server, not just a listening socket, is there;
+* a request is one byte of query type, then its arguments: a string or a byte value is its
+  length as an unsigned 64-bit integer and its bytes; integers are 64-bit; all in the
+  machine's byte order, as torch sends them (little-endian on every platform torch ships).
+
+Unlike torch's client it never blocks past its timeout (torch's constructor waits on a
+port that is listening but not served, ignoring its timeout) and it logs nothing. Any
+error or timeout leaves the connection unusable: the caller makes a new one. The
+processes that train keep torch's client where the process group needs a torch ``Store``.
+"""
+
+from __future__ import annotations
+
+import enum
+import secrets
+import socket
+import struct
+from collections.abc import Sequence
+from typing import NoReturn
+
+__all__ = ["TCPStoreClient", "StoreError", "StoreTimeout"]
+
+VALIDATION_MAGIC = 0x3C85F7CE
+
+
+class Query(enum.IntEnum):
+    """The request types of torch's store protocol, numbered as torch numbers them."""
+
+    VALIDATE = 0
+    SET = 1
+    COMPARE_SET = 2
+    GET = 3
+    ADD = 4
+    CHECK = 5
+    WAIT = 6
+    DELETE_KEY = 8
+    PING = 13
+    QUEUE_PUSH = 14
+
+
+_READY = 0
+"""The answer to ``CHECK`` when every key is set (``CheckResponseType::READY``)."""
+_STOP_WAITING = 0
+"""The answer to ``WAIT`` once every key is set (``WaitResponseType::STOP_WAITING``)."""
+
+
+class StoreError(ConnectionError):
+    """The store cannot be reached, or the connection to it broke."""
+
+
+class StoreTimeout(StoreError):
+    """The store did not answer in time (for ``get``: the key was not set in time)."""
+
+
+KEY_PREFIX = "/"
+"""Torch's ``TCPStore`` puts this before every key it sends: ``a`` is ``/a`` on the wire."""
+
+
+def _encoded(value: str | bytes) -> bytes:
+    data = value.encode() if isinstance(value, str) else bytes(value)
+    return struct.pack("<Q", len(data)) + data
+
+
+def _key(key: str) -> bytes:
+    return _encoded(KEY_PREFIX + key)
+
+
+def _keys(keys: Sequence[str]) -> bytes:
+    return struct.pack("<Q", len(keys)) + b"".join(_key(key) for key in keys)
+
+
+class TCPStoreClient:
+    """One connection to a ``TCPStore`` server, with the operations tftrun uses.
+
+    Not thread-safe: callers share one under a lock, as torch's client is shared.
+
+    Args:
+        host: the store's address.
+        port: its port.
+        timeout: seconds any one operation (connecting included) may take.
+
+    Raises:
+        StoreError: nothing accepts connections there.
+        StoreTimeout: something accepts them but does not answer as a store.
+    """
+
+    def __init__(self, host: str, port: int, timeout: float) -> None:
+        self.timeout = timeout
+        try:
+            self._sock = socket.create_connection((host, port), timeout=timeout)
+        except TimeoutError as err:
+            raise StoreTimeout(f"connecting to the store at {host}:{port}: {err}") from None
+        except OSError as err:
+            raise StoreError(f"connecting to the store at {host}:{port}: {err}") from None
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._where = f"{host}:{port}"
+        try:
+            self._send(struct.pack("<BI", Query.VALIDATE, VALIDATION_MAGIC))
+            nonce = secrets.randbits(32)
+            self._send(struct.pack("<BI", Query.PING, nonce))
+            if self._unpack("<I") != nonce:
+                raise StoreError(f"the server at {self._where} is not a store")
+        except StoreError:
+            self.close()
+            raise
+
+    # ----------------------------------------------------------------- operations
+    def set(self, key: str, value: str | bytes) -> None:
+        self._send(bytes([Query.SET]) + _key(key) + _encoded(value))
+
+    def get(self, key: str) -> bytes:
+        """The value of ``key``, waiting up to the timeout for it to be set.
+
+        Raises:
+            StoreTimeout: it was not set in time.
+        """
+        self._send(bytes([Query.WAIT]) + _keys([key]))
+        if self._unpack("<B") != _STOP_WAITING:
+            raise StoreError(f"the store at {self._where} answered a wait unexpectedly")
+        self._send(bytes([Query.GET]) + _key(key))
+        return self._read_value()
+
+    def add(self, key: str, amount: int) -> int:
+        """Add ``amount`` to the integer under ``key`` (0 if unset); the new value."""
+        self._send(bytes([Query.ADD]) + _key(key) + struct.pack("<q", amount))
+        return int(self._unpack("<q"))
+
+    def check(self, keys: Sequence[str]) -> bool:
+        """Whether every one of ``keys`` is set (no waiting)."""
+        self._send(bytes([Query.CHECK]) + _keys(keys))
+        return self._unpack("<B") == _READY
+
+    def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
+        """Set ``key`` to ``desired`` if it holds ``expected`` (or is unset and
+        ``expected`` is empty); the value it holds afterwards."""
+        self._send(bytes([Query.COMPARE_SET]) + _key(key) + _encoded(expected)
+                   + _encoded(desired))
+        return self._read_value()
+
+    def delete_key(self, key: str) -> bool:
+        self._send(bytes([Query.DELETE_KEY]) + _key(key))
+        return self._unpack("<q") > 0
+
+    def queue_push(self, queue: str, value: str | bytes) -> None:
+        self._send(bytes([Query.QUEUE_PUSH]) + _key(queue) + _encoded(value))
+
+    def close(self) -> None:
+        self._sock.close()
+
+    # ----------------------------------------------------------------- the socket
+    def _send(self, data: bytes) -> None:
+        try:
+            self._sock.sendall(data)
+        except TimeoutError:
+            self._broken(StoreTimeout, "sending")
+        except OSError as err:
+            self._broken(StoreError, f"sending: {err}")
+
+    def _read_value(self) -> bytes:
+        return self._receive(self._unpack("<Q"))
+
+    def _unpack(self, layout: str) -> int:
+        (value,) = struct.unpack(layout, self._receive(struct.calcsize(layout)))
+        return int(value)
+
+    def _receive(self, size: int) -> bytes:
+        chunks, left = [], size
+        while left:
+            try:
+                chunk = self._sock.recv(min(left, 1 << 20))
+            except TimeoutError:
+                self._broken(StoreTimeout, f"no answer within {self.timeout:g}s")
+            except OSError as err:
+                self._broken(StoreError, f"receiving: {err}")
+            if not chunk:
+                self._broken(StoreError, "the connection was closed")
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+
+    def _broken(self, error: type[StoreError], what: str) -> NoReturn:
+        """A failed operation leaves the stream mid-message: the connection is unusable."""
+        self.close()
+        raise error(f"store at {self._where}: {what}")
