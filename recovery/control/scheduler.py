@@ -46,7 +46,6 @@ from typing import Any
 from recovery import env as names
 from recovery.env import WorkerEnv
 from recovery.events import EventLog
-from recovery.priority import lower_priority, restore_priority
 from recovery.control.inject import Injection, InjectionQueue, check, new_id
 from recovery.control.claims import LastWords
 from recovery.control.membership import (
@@ -219,12 +218,6 @@ class Scheduler:
     # ----------------------------------------------------------------- lifecycle
     def run(self) -> int:
         cfg = self.config
-        # At the job's launch, its torch import yields the cores to the workers' own
-        # start-up: they need the store only once through theirs (a connection waits in
-        # the listen backlog meanwhile). A relaunched scheduler is waited for: no yielding.
-        previous = self._state.load()
-        at_launch = previous is None or previous.get("run_id") != cfg.run_id
-        niceness = lower_priority() if at_launch else None
         # Started by hand: bind MS_SCHED_HOST only (the store alone would listen on every
         # interface). The socket lives as long as this method.
         try:
@@ -234,8 +227,6 @@ class Scheduler:
                          describe_bind_error(err))
             return 1
         server = host_store(cfg.host, cfg.port, cfg.listen_fd if own is None else own.fileno())
-        if niceness is not None:
-            restore_priority(niceness)
         port = server.port
         self._client = open_client(cfg.host, port, _LOOP_TIMEOUT.total_seconds())
         reloaded = self._reload()
