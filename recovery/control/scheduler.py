@@ -53,6 +53,7 @@ from recovery.control.membership import (
     Accepted,
     Identity,
     Membership,
+    Refused,
     describe_incomplete,
 )
 from recovery.control.nodes import JOB_KEY, TOKEN_PROOF_KEY, JobIdentity
@@ -477,15 +478,22 @@ class Scheduler:
                 "loop": {"wakeups": self.wakeups, "ticks": self.ticks}}
 
     def _on_register(self, request: Request) -> dict[str, Any]:
-        # Signed: it holds the job token.
-        return self.membership.register(Identity.from_json(request.fields),
-                                        self.config.token).to_json()
+        """A registration (signed: it holds the job token); the reply hands the new
+        member the injections already queued for its rank, as a beat's does: beats are
+        seconds apart, and a fast rank could pass the step before its first one."""
+        answer = self.membership.register(Identity.from_json(request.fields),
+                                          self.config.token)
+        return self._handing_out_injections(answer)
 
     def _on_heartbeat(self, request: Request) -> dict[str, Any]:
         """A beat; the reply hands the member the injections queued for its rank."""
         fields = request.fields
         answer = self.membership.heartbeat(Identity.from_json(fields), self.config.token,
                                            fields["step"], fields["phase"])
+        return self._handing_out_injections(answer)
+
+    def _handing_out_injections(self, answer: Accepted | Refused) -> dict[str, Any]:
+        """``answer`` as a reply, with the injections queued for an accepted rank."""
         reply = answer.to_json()
         if isinstance(answer, Accepted) and (taken := self.injections.take(answer.rank)):
             reply["inject"] = [i.to_json() for i in taken]

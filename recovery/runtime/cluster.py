@@ -393,6 +393,7 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None) -> Clu
     identity = Identity(accepted["node_id"], claim.pid, claim.incarnation, claim.host, rank)
     heartbeat = Heartbeat(link, identity, timeouts.beat_interval, generation,
                           news_every=timeouts.heartbeat_interval)
+    heartbeat.receive(accepted.get("inject", []))
     heartbeat.start()
     ctx = ClusterContext(rank, worker_env.world_size, generation,
                          identity.node_id, identity.incarnation, backend,

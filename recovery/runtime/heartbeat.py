@@ -116,7 +116,7 @@ class Heartbeat:
             self._lost = False
         if reply.get("ok"):
             self.generation = int(reply["generation"])
-            self._receive(reply.get("inject", []))
+            self.receive(reply.get("inject", []))
             return True
         message = str(reply.get("message"))
         logger.error("%s evicted by the scheduler: %s", self._prefix, message)
@@ -144,7 +144,9 @@ class Heartbeat:
             self._unsendable_step_reported = True
         return None
 
-    def _receive(self, injections: list[dict[str, object]]) -> None:
+    def receive(self, injections: list[dict[str, object]]) -> None:
+        """Put fault injections the scheduler handed out (with a beat, or with the
+        registration) in the :attr:`inbox`."""
         received = [Injection.from_json(raw) for raw in injections]
         for injection in received:
             logger.warning("%s received fault injection %s: %s %s", self._prefix, injection.id,

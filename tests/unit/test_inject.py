@@ -103,6 +103,21 @@ def test_an_injection_is_persisted_handed_out_once_and_to_its_rank_only(
     assert [i.rank for i in reloaded(tmp_path).injections.pending] == [0]
 
 
+def test_an_injection_queued_before_its_rank_registers_comes_with_the_registration(
+        tmp_path: Path) -> None:
+    """Beats are spaced (seconds apart): a fast rank could finish before its first one,
+    so an injection already waiting for the rank is handed over as it registers (CI saw
+    a 60-step single-rank job end 1 s after registering, its ``uce`` never delivered)."""
+    sched = scheduler(tmp_path)
+    queued = ask(sched, "inject", rank=1, fault="uce", at_step=40)
+    registered = ask(sched, "register", **WORKER, rank=None)
+    assert registered["ok"] and registered["rank"] == 1
+    assert registered["inject"] == [{"id": queued["id"], "rank": 1, "fault": "uce",
+                                     "at_step": 40}]
+    assert "inject" not in ask(sched, "heartbeat", **WORKER, step=1)  # at most once
+    assert reloaded(tmp_path).injections.pending == []  # the handing out was persisted
+
+
 def test_a_refused_heartbeat_gets_no_injection(tmp_path: Path) -> None:
     sched = scheduler(tmp_path)
     assert ask(sched, "register", **WORKER, rank=None)["ok"]
