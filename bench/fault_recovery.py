@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -124,12 +125,14 @@ def recovery(steps: Mapping[int, Sequence[StepRecord]], fault_at: float) -> Reco
                     steps_redone=last_before - (min(r.step for r in resumed.values()) - 1))
 
 
-def steady_rate(steps: Mapping[int, Sequence[StepRecord]], warmup_steps: int) -> float:
-    """Steps per second after ``warmup_steps``: the median over ranks, each from its first
-    to its last logged step (a fault-free run: one process per rank)."""
+def steady_rate(steps: Mapping[int, Sequence[StepRecord]], warmup_steps: int,
+                since: float = float("-inf")) -> float:
+    """Steps per second after ``warmup_steps`` (and of the steps completed at ``since`` or
+    later): the median over ranks, each from its first to its last step counted (a
+    fault-free run: one process per rank)."""
     rates = []
     for records in steps.values():
-        timed = [r for r in records if r.step > warmup_steps]
+        timed = [r for r in records if r.step > warmup_steps and r.time >= since]
         if len(timed) >= 2:
             rates.append((timed[-1].step - timed[0].step) / (timed[-1].time - timed[0].time))
     return median(rates)
@@ -168,14 +171,18 @@ class Run:
     """The 1-minute load average before and after the run: how quiet the machine was."""
     milestones: dict[str, float]
     """tftrun's faulty runs: :func:`where_the_time_goes`; empty otherwise."""
+    spare_warm_at: float | None = None
+    """tftrun: when its first warm spare finished warming up (unix time); None without one."""
 
 
-def run_job(column: Column, args: argparse.Namespace, faulty: bool) -> Run:
-    """One run of the job as ``column`` says (with its fault or without), in a fresh folder."""
+def run_job(column: Column, args: argparse.Namespace, faulty: bool,
+            job_args: Sequence[str] = ()) -> Run:
+    """One run of the job as ``column`` says (with its fault or without), in a fresh folder;
+    ``job_args`` go to the job (the template) as they are."""
     with tempfile.TemporaryDirectory(prefix=f"bench-{column.system}-") as tmp:
         timing = Path(tmp) / "steps"
         job = [str(JOB), f"--timing_dir={timing}", f"--max_steps={args.max_steps}",
-               f"--save_steps={args.save_steps}"]
+               f"--save_steps={args.save_steps}", *job_args]
         if faulty:
             job += [f"--fault={column.fault}", f"--fault_rank={args.fault_rank}",
                     f"--fault_step={args.fault_step}"]
@@ -206,7 +213,28 @@ def run_job(column: Column, args: argparse.Namespace, faulty: bool) -> Run:
         milestones = (where_the_time_goes(Path(tmp) / "logs" / "events.jsonl", args.fault_rank,
                                           fault_at)
                       if fault_at is not None and column.system == "tftrun" else {})
-        return Run(wall, steps, fault_at, (load_before, os.getloadavg()[0]), milestones)
+        return Run(wall, steps, fault_at, (load_before, os.getloadavg()[0]), milestones,
+                   spare_warm_time(Path(tmp) / "logs"))
+
+
+SPARE_WARM = re.compile(r"tftrun spare pid=(?P<pid>\d+): warm after (?P<seconds>[0-9.]+)s")
+"""The line a warm spare writes to ``spare.log`` once warm (launcher/spare.py)."""
+
+
+def spare_warm_time(log_dir: Path) -> float | None:
+    """When the first spare of a tftrun run was warm: its ``spawn`` event's time plus the
+    warm-up it reports (measured from its ``main()``, so a few ms early); None if none was."""
+    log = log_dir / "spare.log"
+    if not log.is_file():
+        return None
+    match = SPARE_WARM.search(log.read_text())
+    if match is None:
+        return None
+    for line in (log_dir / "events.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record.get("event") == "spawn" and record.get("pid") == int(match["pid"]):
+            return float(record["ts"]) + float(match["seconds"])
+    return None
 
 
 def measure(column: Column, args: argparse.Namespace, clean: Run) -> dict[str, float]:
