@@ -33,7 +33,7 @@ from recovery.runtime import group
 from recovery.runtime.abort import Aborted, ShouldAbort, never
 from recovery.env import WorkerEnv
 from recovery.exit_codes import REGISTRATION_REFUSED
-from recovery.runtime.heartbeat import Heartbeat
+from recovery.runtime.heartbeat import Heartbeat, news_look_interval
 from recovery.control.inject import Injection
 from recovery.control.membership import Identity, describe_incomplete
 from recovery.control.rpc import (
@@ -171,6 +171,14 @@ class ClusterContext:
         if self._session is None:
             return self.generation
         return max(self.generation, self._session.heartbeat.generation)
+
+    def look_for_news(self) -> None:
+        """Ask the scheduler for news sooner than the next heartbeat would (rate-limited:
+        :func:`recovery.runtime.heartbeat.news_look_interval`); :attr:`latest_generation`
+        follows once its answer came. For a wait on a collective that takes long: it
+        may be blocked on a dead peer that only the scheduler knows of."""
+        if self._session is not None:
+            self._session.heartbeat.look_for_news()
 
     def rejoin(self, should_abort: ShouldAbort = never) -> None:
         """Leave this generation's process group and join the next one the scheduler forms.
@@ -392,7 +400,9 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None) -> Clu
     rank, generation = int(accepted["rank"]), int(accepted["generation"])
     identity = Identity(accepted["node_id"], claim.pid, claim.incarnation, claim.host, rank)
     heartbeat = Heartbeat(link, identity, timeouts.beat_interval, generation,
-                          news_every=timeouts.heartbeat_interval)
+                          news_every=timeouts.heartbeat_interval,
+                          look_every=news_look_interval(worker_env.world_size,
+                                                        timeouts.heartbeat_interval))
     heartbeat.receive(accepted.get("inject", []))
     heartbeat.start()
     ctx = ClusterContext(rank, worker_env.world_size, generation,

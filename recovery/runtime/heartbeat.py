@@ -37,7 +37,7 @@ from recovery.control.inject import Inbox, Injection
 from recovery.control.membership import Identity
 from recovery.control.rpc import Op, SchedulerLink, SchedulerUnavailable
 
-__all__ = ["Heartbeat", "EXIT_EVICTED"]
+__all__ = ["Heartbeat", "EXIT_EVICTED", "news_look_interval"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +48,20 @@ than the interval (docs/scale.md)."""
 
 EXIT_EVICTED = 75
 """Exit status of a worker the scheduler fenced off (EX_TEMPFAIL: a relaunch may succeed)."""
+
+BLOCKED_LOOKS_PER_SECOND = 1000.0
+"""About how many reads of the news counter a job's blocked ranks make per second when
+they look for news sooner than their thread would (:meth:`Heartbeat.look_for_news`)."""
+_SOONEST_LOOK = 0.05
+"""Seconds between two looks of one rank at the soonest: the trainer's collective poll."""
+
+
+def news_look_interval(world_size: int, news_every: float) -> float:
+    """Seconds between two reads of the news counter that a rank blocked in a collective
+    asks for: 0.05 s in a small job, spaced so that the job's blocked ranks read it about
+    :data:`BLOCKED_LOOKS_PER_SECOND` times a second in a large one (the store serves
+    them), and never later than the thread reads it anyway (``news_every``)."""
+    return min(news_every, max(_SOONEST_LOOK, world_size / BLOCKED_LOOKS_PER_SECOND))
 
 
 def _exit_evicted(message: str) -> None:
@@ -66,11 +80,13 @@ class Heartbeat:
             default ends the process with :data:`EXIT_EVICTED`.
         news_every: seconds between reads of the scheduler's news counter; ``None`` (or
             not less than ``interval``): none, every beat comes every ``interval``.
+        look_every: seconds between two reads asked for by :meth:`look_for_news`, at the
+            soonest (:func:`news_look_interval`); ``None``: none is.
     """
 
     def __init__(self, link: SchedulerLink, identity: Identity, interval: float,
                  generation: int, on_evicted: Callable[[str], None] = _exit_evicted,
-                 news_every: float | None = None) -> None:
+                 news_every: float | None = None, look_every: float | None = None) -> None:
         self.step: int | None = None
         self.phase: str | None = None
         self.inbox = Inbox()
@@ -84,7 +100,11 @@ class Heartbeat:
         self._on_evicted = on_evicted
         self._lost = False
         self._unsendable_step_reported = False
+        self._look_every = look_every
+        self._looked_at = float("-inf")
         self._stop = threading.Event()
+        self._wake = threading.Event()
+        """Set to make the thread look at once: to stop, or for news."""
         self._thread = threading.Thread(target=self._run, name="tft-heartbeat", daemon=True)
         self._prefix = f"[worker {identity.node_id}/{identity.incarnation}]"
 
@@ -93,8 +113,23 @@ class Heartbeat:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join()
+
+    def look_for_news(self) -> None:
+        """Have the thread read the news counter now (and beat if it moved), unless a
+        look was asked for less than ``look_every`` ago.
+
+        For the training thread while its collective is blocked: a survivor that is no
+        neighbour of a dead rank learns of the new generation only from the scheduler,
+        and waiting for the thread's own next read (up to ``news_every``, a second)
+        added that much to every recovery. Cheap: it sets an event.
+        """
+        now = time.monotonic()
+        if self._look_every is not None and now - self._looked_at >= self._look_every:
+            self._looked_at = now
+            self._wake.set()
 
     def beat(self) -> bool:
         """Send one heartbeat now; False when the scheduler cannot be reached.
@@ -156,7 +191,11 @@ class Heartbeat:
     def _run(self) -> None:
         failing: str | None = None  # the last beat's error: reported once, until a beat gets through
         next_beat = self._next_beat()
-        while not self._stop.wait(self._until(next_beat)):
+        while True:
+            self._wake.wait(self._until(next_beat))
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             news = None
             try:
                 news = None if self._news_every is None else self._link.news()

@@ -81,8 +81,10 @@ __all__ = ["ElasticTrainer", "Step", "PeerFailure", "TrainerState", "agree_rollb
 
 logger = logging.getLogger(__name__)
 
-POLL = timedelta(milliseconds=100)
-"""How long one wait on a collective lasts before the generation is checked again."""
+POLL = timedelta(milliseconds=50)
+"""How long one wait on a collective lasts before the generation is checked again (and
+news asked for: a survivor blocked on a dead rank it is no neighbour of learns of the
+new generation only from the scheduler, within about two polls)."""
 STOP_PATIENCE = 1.0
 """Seconds a noted stop signal leaves a wait before it gives up: peers stopped at the same
 moment still complete the step's collective; a collective stuck on a frozen peer is left."""
@@ -135,6 +137,7 @@ def wait_collective(work: Any, ctx: ClusterContext, should_abort: ShouldAbort = 
         if timed_out and should_abort():
             raise Aborted("gave up waiting for the collective")
         if timed_out and ctx.latest_generation == ctx.generation:
+            ctx.look_for_news()
             continue
         raise PeerFailure(cause)
 

@@ -12,11 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from sched_inprocess import TOKEN, running_scheduler
 
 from recovery.control.membership import Identity
 from recovery.control.rpc import Op, SchedulerLink
-from recovery.runtime.heartbeat import Heartbeat
+from recovery.runtime.heartbeat import BLOCKED_LOOKS_PER_SECOND, Heartbeat, news_look_interval
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -72,3 +74,45 @@ def test_news_makes_a_spaced_heartbeat_beat_at_once(tmp_path: Path, free_port: i
                 heartbeat.stop()
         finally:
             link.close()
+
+
+def test_a_blocked_rank_looking_for_news_hears_of_it_before_the_threads_next_read(
+        tmp_path: Path, free_port: int) -> None:
+    """A survivor blocked in a collective on a dead rank it is no neighbour of learns of
+    the new generation only from the scheduler: it asks the thread to look now, rather
+    than wait for its next read (here 30 s away; a second by default, which added up to
+    a second to every recovery: docs/benchmarks.md)."""
+    with running_scheduler(tmp_path, free_port):
+        link = SchedulerLink("127.0.0.1", free_port, TOKEN, reply_timeout=5.0)
+        try:
+            assert link.wait_connected(10)
+            registered = link.call(Op.REGISTER, node_id="1", pid=os.getpid(), incarnation=1,
+                                   host="h", rank=1)
+            assert registered["ok"], registered
+            heartbeat = Heartbeat(link, Identity("1", os.getpid(), 1, "h", 1), 60.0,
+                                  int(registered["generation"]), news_every=30.0,
+                                  look_every=0.05)
+            heartbeat.start()
+            try:
+                assert link.call(Op.INJECT, rank=1, fault="uce", at_step=5)["ok"]  # news
+                deadline = time.monotonic() + 10
+                while (injection := heartbeat.inbox.take_due(5)) is None:
+                    assert time.monotonic() < deadline, "the news never came"
+                    heartbeat.look_for_news()  # as the trainer does at each collective poll
+                    time.sleep(0.05)
+                assert injection.fault == "uce"
+            finally:
+                heartbeat.stop()
+        finally:
+            link.close()
+
+
+@given(world_size=st.integers(1, 100_000), news_every=st.floats(0.01, 60.0))
+def test_looks_for_news_are_never_later_than_the_threads_reads_and_spaced_in_large_jobs(
+        world_size: int, news_every: float) -> None:
+    interval = news_look_interval(world_size, news_every)
+    assert interval <= news_every
+    # A job's blocked ranks together read the counter at most ~1000 times a second,
+    # unless that would make them look later than the thread reads anyway.
+    assert world_size / interval <= BLOCKED_LOOKS_PER_SECOND * 1.000001 or interval == news_every
+    assert interval >= min(0.05, news_every)
