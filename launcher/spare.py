@@ -2,7 +2,7 @@
 
 It pays a worker's cold start ahead of need (``import torch``, the first optimizer step,
 which imports ``torch._dynamo``, and the ``recovery`` library where it can be imported),
-at a lower CPU priority (its threads' and its session's: recovery/priority.py), while it reads one
+at a lower CPU priority where it may go back (recovery/priority.py), while it reads one
 JSON message from the pipe ``GO_FD`` until EOF: ``env``, ``argv`` (the script and its
 arguments), ``cwd`` and ``log``. On it, the process becomes that rank's worker: its
 output goes to the rank's log, ``os.environ`` is replaced by the rank's, and the script
@@ -24,10 +24,7 @@ import runpy
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from recovery.priority import Priority
+from typing import Any
 
 READY = "warm"
 """Printed (with the pid) to the spare's own log once the cold start is paid."""
@@ -54,7 +51,7 @@ class GoListener:
     spare back to its priority the moment a message (or EOF) arrives: a spare handed a
     rank before it is warm finishes warming up at a worker's priority."""
 
-    def __init__(self, fd: int, priority: Priority) -> None:
+    def __init__(self, fd: int, priority: int | None) -> None:
         self._fd = fd
         self._priority = priority
         self.message: dict[str, Any] | None = None
@@ -65,7 +62,8 @@ class GoListener:
         from recovery.priority import restore_priority
 
         self.message = wait_for_go(self._fd)
-        restore_priority(self._priority)
+        if self._priority is not None:
+            restore_priority(self._priority)
 
     def wait(self) -> dict[str, Any] | None:
         self._thread.join()

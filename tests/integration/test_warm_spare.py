@@ -20,7 +20,6 @@ from support_mnist import final_digests, mnist_job
 
 from launcher.spare import READY
 from launcher.spec import SPARE_PROGRAM
-from recovery.priority import START_UP_NICENESS, autogroup_niceness
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -52,11 +51,6 @@ def spare(log_dir: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
         if proc.poll() is None:
             proc.kill()
         proc.wait()
-
-
-def session_niceness(pid: int) -> int:
-    """The niceness of the autogroup (session) of process ``pid``."""
-    return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
 
 
 def go(write_fd: int, script: Path, *args: str, log: Path) -> None:
@@ -154,10 +148,6 @@ def test_kill_9_of_rank_2_is_relaunched_in_the_warm_spare_and_ends_bitwise_equal
         # cores can end before it is warm): it is handed the rank all the same.
         started = wait_for_event(log_dir, WARM_TIMEOUT, "a spare to start", event="spawn",
                                  role="spare")
-        if autogroup_niceness() is not None:
-            # It yields the cores to training: its session's share, not only its threads'.
-            wait_for(lambda: session_niceness(started["pid"]) == START_UP_NICENESS, 30,
-                     "the spare's session at a lower priority")
         wait_for(lambda: log_has(log_dir, 2, "step=25 "), 120, "rank 2 past step 25")
         assert not log_has(log_dir, 2, "step=80 "), "the job ended before the kill"
         first = kill_rank_and_wait(proc, log_dir, 2)
