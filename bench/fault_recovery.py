@@ -34,7 +34,8 @@ with ``--tftrun_arg`` (repeatable): ``--tftrun_arg=--warm_spare=0`` measures the
 relaunch (tftrun keeps one warm spare by default for a script that uses recovery).
 Targets (issue 16): recovery ≤ 0.3× torchrun's with the defaults, ≤ 0.1× in the best
 case (a warm spare: ``--fault_step 300 --max_steps 400``); steady-state throughput ≥ 0.98×
-torchrun's. Each run's load average (1 min, before and after it) is reported beside the
+torchrun's, measured apart by steady_state.py (here the short job's window includes the
+warm spare's one-off warm-up). Each run's load average (1 min, before and after it) is reported beside the
 figures. ``--json`` prints one JSON object instead of the table. Results:
 docs/benchmarks.md.
 """
