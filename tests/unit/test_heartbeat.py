@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -48,11 +49,11 @@ def test_a_step_of_any_type_goes_out_and_the_beat_is_answered(
             link.close()
 
 
-def test_news_makes_a_spaced_heartbeat_beat_at_once(tmp_path: Path, free_port: int) -> None:
-    """Beats are spaced to the timeouts (here 60 s apart); an injection queued for the
-    rank still reaches it within about a second: the scheduler moves its news counter,
-    the thread reads it and beats. Before, a beat came every interval and nothing else
-    (issue 16, part 4)."""
+def injection_reaches(tmp_path: Path, free_port: int, poke: Callable[[Heartbeat], None],
+                      **options: float) -> str:
+    """Register rank 1 with a scheduler, start its heartbeat (beats 60 s apart, ``options``
+    for the rest), queue a ``uce`` for it (the scheduler's news) and wait, calling
+    ``poke`` between looks, until the injection reaches the heartbeat's inbox: its fault."""
     with running_scheduler(tmp_path, free_port):
         link = SchedulerLink("127.0.0.1", free_port, TOKEN, reply_timeout=5.0)
         try:
@@ -61,19 +62,29 @@ def test_news_makes_a_spaced_heartbeat_beat_at_once(tmp_path: Path, free_port: i
                                    host="h", rank=1)
             assert registered["ok"], registered
             heartbeat = Heartbeat(link, Identity("1", os.getpid(), 1, "h", 1), 60.0,
-                                  int(registered["generation"]), news_every=0.05)
+                                  int(registered["generation"]), **options)
             heartbeat.start()
             try:
                 assert link.call(Op.INJECT, rank=1, fault="uce", at_step=5)["ok"]
                 deadline = time.monotonic() + 10
                 while (injection := heartbeat.inbox.take_due(5)) is None:
                     assert time.monotonic() < deadline, "the injection never came"
+                    poke(heartbeat)
                     time.sleep(0.05)
-                assert injection.fault == "uce"
+                return injection.fault
             finally:
                 heartbeat.stop()
         finally:
             link.close()
+
+
+def test_news_makes_a_spaced_heartbeat_beat_at_once(tmp_path: Path, free_port: int) -> None:
+    """Beats are spaced to the timeouts (here 60 s apart); an injection queued for the
+    rank still reaches it within about a second: the scheduler moves its news counter,
+    the thread reads it and beats. Before, a beat came every interval and nothing else
+    (issue 16, part 4)."""
+    assert injection_reaches(tmp_path, free_port, lambda _heartbeat: None,
+                             news_every=0.05) == "uce"
 
 
 def test_a_blocked_rank_looking_for_news_hears_of_it_before_the_threads_next_read(
@@ -82,29 +93,8 @@ def test_a_blocked_rank_looking_for_news_hears_of_it_before_the_threads_next_rea
     the new generation only from the scheduler: it asks the thread to look now, rather
     than wait for its next read (here 30 s away; a second by default, which added up to
     a second to every recovery: docs/benchmarks.md)."""
-    with running_scheduler(tmp_path, free_port):
-        link = SchedulerLink("127.0.0.1", free_port, TOKEN, reply_timeout=5.0)
-        try:
-            assert link.wait_connected(10)
-            registered = link.call(Op.REGISTER, node_id="1", pid=os.getpid(), incarnation=1,
-                                   host="h", rank=1)
-            assert registered["ok"], registered
-            heartbeat = Heartbeat(link, Identity("1", os.getpid(), 1, "h", 1), 60.0,
-                                  int(registered["generation"]), news_every=30.0,
-                                  look_every=0.05)
-            heartbeat.start()
-            try:
-                assert link.call(Op.INJECT, rank=1, fault="uce", at_step=5)["ok"]  # news
-                deadline = time.monotonic() + 10
-                while (injection := heartbeat.inbox.take_due(5)) is None:
-                    assert time.monotonic() < deadline, "the news never came"
-                    heartbeat.look_for_news()  # as the trainer does at each collective poll
-                    time.sleep(0.05)
-                assert injection.fault == "uce"
-            finally:
-                heartbeat.stop()
-        finally:
-            link.close()
+    assert injection_reaches(tmp_path, free_port, Heartbeat.look_for_news,  # at each poll
+                             news_every=30.0, look_every=0.05) == "uce"
 
 
 @given(world_size=st.integers(1, 100_000), news_every=st.floats(0.01, 60.0))
