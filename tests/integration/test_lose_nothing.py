@@ -33,16 +33,18 @@ from recovery.position import TrainPosition
 pytestmark = pytest.mark.timeout(300)
 
 TRAIN = str(REPO / "templates" / "mnist" / "train.py")
+GATED = str(REPO / "tests" / "bin" / "gated.py")
 # 60 steps of 3 ranks. A checkpoint every 1000 steps: only the initial one (step 0)
 # exists, so resuming anywhere else proves the state came from elsewhere.
 JOB = ["--epochs", "1", "--max_steps", "60", "--save_steps", "1000", "--synthetic_size", "12000", "--log_every", "5"]
 KILL_STEP = 40
 
 
-def tftrun(tmp_path: Path, name: str, port: int, *options: str, workers: int = 3) -> list[str]:
+def tftrun(tmp_path: Path, name: str, port: int, *options: str, workers: int = 3,
+           script: tuple[str, ...] = (TRAIN,)) -> list[str]:
     return tftrun_cmd(f"--worker_num={workers}", f"--log_dir={tmp_path / name}",
                       f"--recovery_path={tmp_path / 'recovery'}", f"--master_port={port}",
-                      "--rejoin_cooldown=0", "--cluster_time_out=60", *options, TRAIN, *JOB)
+                      "--rejoin_cooldown=0", "--cluster_time_out=60", *options, *script, *JOB)
 
 
 def digests(log_dir: Path) -> dict[int, str]:
@@ -68,18 +70,21 @@ def run_with_fault(tmp_path: Path, port: int, rank: int, fault: str, at_step: in
                    modes: str | None = None, workers: int = 3) -> Path:
     """Run the main job with ``fault`` injected into ``rank`` at ``at_step``; it must succeed.
 
-    The fault is queued with the scheduler as soon as it is up, before any rank steps
-    (the ranks are still importing torch).
+    The fault is queued with the scheduler before any rank registers: the workers wait
+    behind a gate (tests/bin/gated.py) that opens once it is queued. (Without it, a
+    worker that had imported torch before the scheduler was up registered first, and a
+    single rank ran its 60 steps in 0.1 s, before its first read of the scheduler's news.)
     """
     log_dir = tmp_path / "faulty"
+    gate = tmp_path / "gate"
     env = {**os.environ, **({"MS_ENABLE_TFT": modes} if modes else {})}
-    proc = spawn(tftrun(tmp_path, "faulty", port, workers=workers), env=env)
+    proc = spawn(tftrun(tmp_path, "faulty", port, workers=workers,
+                        script=(GATED, str(gate), TRAIN)), env=env)
     try:
         wait_for_event(log_dir, 60, "the scheduler up", event="scheduler_start")
-        # In this process, which has imported torch already: a fresh tftctl could take
-        # seconds to start on a loaded machine, and the ranks might pass the step meanwhile.
         assert ctl.main(["inject", f"--log_dir={log_dir}", f"--rank={rank}", f"--fault={fault}",
                          f"--at_step={at_step}"]) == 0
+        gate.touch()
         out, err = proc.communicate(timeout=240)
     finally:
         terminate(proc)
