@@ -4,7 +4,8 @@ The training process splits a checkpoint's state into a *skeleton* (the same nes
 dicts, lists and plain values, each tensor replaced by a :class:`Slot`) and its tensors,
 which it copies into one shared-memory buffer (a ``memfd``). The buffer is kept and
 reused while the tensors keep their shapes and dtypes, so a save costs the training
-process one ``memcpy`` of the state and a small pickle. The writer process
+process one ``memcpy`` of the state and a small pickle; the layout is compared by the
+tensors' dtypes and shapes alone, the specs rebuilt only when it changed. The writer process
 (:mod:`recovery.ckpt.writer_process`) maps the same buffer through ``/proc/<pid>/fd`` and
 rebuilds the state with :func:`rebuild`.
 """
@@ -21,7 +22,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Slot", "TensorSpec", "SharedBuffer", "SharedStage", "split", "join", "rebuild"]
+__all__ = ["Slot", "TensorSlots", "TensorSpec", "SharedBuffer", "SharedStage", "split", "join", "rebuild"]
 
 _ALIGN = 64
 
@@ -46,7 +47,7 @@ class TensorSpec:
         numel = 1
         for size in self.shape:
             numel *= size
-        return numel * _itemsize(self.dtype)
+        return numel * self.dtype.itemsize
 
 
 @dataclass(frozen=True)
@@ -72,15 +73,21 @@ def _map(obj: Any, leaf: Callable[[Any], Any]) -> Any:
     return obj
 
 
+class TensorSlots:
+    """Collects tensors in slot order: :meth:`take` keeps one and gives its :class:`Slot`."""
+
+    def __init__(self) -> None:
+        self.tensors: list[torch.Tensor] = []
+
+    def take(self, tensor: torch.Tensor) -> Slot:
+        self.tensors.append(tensor)
+        return Slot(len(self.tensors) - 1)
+
+
 def split(state: Any) -> tuple[Any, list[torch.Tensor]]:
     """The skeleton of ``state`` and its tensors, in slot order."""
-    tensors: list[torch.Tensor] = []
-
-    def take(tensor: torch.Tensor) -> Slot:
-        tensors.append(tensor)
-        return Slot(len(tensors) - 1)
-
-    return _map(state, take), tensors
+    slots = TensorSlots()
+    return _map(state, slots.take), slots.tensors
 
 
 def join(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
@@ -101,7 +108,7 @@ def _views(buffer: Any, specs: list[TensorSpec]) -> list[torch.Tensor]:
     """One tensor per spec on its bytes of ``buffer``, each with a storage of its own
     (so that ``torch.save`` writes each one's bytes, as it would the original's)."""
     return [
-        torch.frombuffer(buffer, dtype=s.dtype, count=s.nbytes // _itemsize(s.dtype), offset=s.offset).view(s.shape)
+        torch.frombuffer(buffer, dtype=s.dtype, count=s.nbytes // s.dtype.itemsize, offset=s.offset).view(s.shape)
         if s.nbytes else torch.empty(s.shape, dtype=s.dtype)
         for s in specs
     ]
@@ -122,46 +129,45 @@ def _copy(view: torch.Tensor, tensor: torch.Tensor) -> None:
         view.copy_(tensor)
 
 
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
 class SharedStage:
     """One shared-memory buffer, reused from save to save while the layout stays."""
 
     def __init__(self) -> None:
         self._fd: int | None = None
         self._generation = 0
+        self._layout: list[tuple[torch.dtype, torch.Size]] = []
         self._specs: list[TensorSpec] = []
         self._views: list[torch.Tensor] = []
-        self._size = 0
+        self._buffer: SharedBuffer | None = None
 
     def stage(self, tensors: list[torch.Tensor]) -> tuple[SharedBuffer, list[TensorSpec]]:
         """Copy ``tensors`` into the buffer (a new one if their layout changed).
 
         The caller must know that no reader uses the buffer any more.
         """
-        specs, size = _specs(tensors)
-        if self._fd is None or specs != self._specs:
-            self._allocate(specs, size)
+        layout = [(tensor.dtype, tensor.shape) for tensor in tensors]
+        if self._buffer is None or layout != self._layout:
+            self._allocate(*_specs(tensors))
+            self._layout = layout
         for view, tensor in zip(self._views, tensors):
             _copy(view, tensor.detach())
-        assert self._fd is not None
-        return SharedBuffer(os.getpid(), self._fd, self._generation, self._size), self._specs
+        assert self._buffer is not None
+        return self._buffer, self._specs
 
     def _allocate(self, specs: list[TensorSpec], size: int) -> None:
         fd = os.memfd_create("tftrun-ckpt-stage", os.MFD_CLOEXEC)
         os.ftruncate(fd, size)
         self._views = _views(mmap.mmap(fd, size), specs)  # the views keep the mapping alive
         self.close()
-        self._fd, self._specs, self._size = fd, specs, size
+        self._fd, self._specs = fd, specs
         self._generation += 1
+        self._buffer = SharedBuffer(os.getpid(), fd, self._generation, size)
 
     def close(self) -> None:
         """Let go of the buffer's fd (the mapping goes with the last view)."""
         if self._fd is not None:
             os.close(self._fd)
-            self._fd = None
+            self._fd, self._buffer = None, None
 
 
 def rebuild(buffer: Any, specs: list[TensorSpec], skeleton: Any) -> Any:
