@@ -140,29 +140,67 @@ class CheckpointConfig:
         return values
 
 
-def _plain(obj: Any, where: str) -> Any:
-    """Check that ``obj`` holds only tensors and plain data; return it as a fresh tree.
+class _NotPlain(Exception):
+    """A value a checkpoint cannot hold; ``path`` grows, key by key, as it is raised up
+    the tree, so that the walk builds no path strings while everything is plain."""
 
-    Checked when saving, so that no checkpoint is written that ``weights_only`` loading
-    would refuse later, when it is needed. The tensors are the caller's own, not copies.
+    def __init__(self, value: Any) -> None:
+        super().__init__(value)
+        self.value = value
+        self.path = ""
+
+
+def _same(tensor: torch.Tensor) -> Any:
+    return tensor
+
+
+def _plain(obj: Any, tensor: Callable[[torch.Tensor], Any] = _same) -> Any:
+    """``obj`` as a fresh tree of containers, each tensor replaced by ``tensor(it)``.
+
+    Raises:
+        CheckpointError: ``obj`` holds something other than tensors and plain data.
+            Checked when saving, so that no checkpoint is written that ``weights_only``
+            loading would refuse later, when it is needed.
     """
+    try:
+        return _plain_tree(obj, tensor)
+    except _NotPlain as err:
+        raise CheckpointError(
+            f"checkpoint{err.path} has type {type(err.value).__name__}: a checkpoint holds only tensors and plain "
+            "data (so that it loads with weights_only=True)"
+        ) from None
+
+
+def _plain_tree(obj: Any, tensor: Callable[[torch.Tensor], Any]) -> Any:
     if isinstance(obj, torch.Tensor):
-        return obj
+        return tensor(obj)
     if isinstance(obj, _PLAIN_TYPES):
         return obj
     if isinstance(obj, dict):
-        kind = OrderedDict if isinstance(obj, OrderedDict) else dict
-        out = kind()
+        out = OrderedDict() if isinstance(obj, OrderedDict) else {}
         for key, value in obj.items():
-            _plain(key, f"{where} key")
-            out[key] = _plain(value, f"{where}[{key!r}]")
+            if not isinstance(key, _PLAIN_TYPES):
+                try:
+                    _plain_tree(key, _same)
+                except _NotPlain as err:
+                    err.path = f" key{err.path}"
+                    raise
+            try:
+                out[key] = _plain_tree(value, tensor)
+            except _NotPlain as err:
+                err.path = f"[{key!r}]{err.path}"
+                raise
         return out
     if type(obj) in (list, tuple):
-        return type(obj)(_plain(v, f"{where}[{i}]") for i, v in enumerate(obj))
-    raise CheckpointError(
-        f"{where} has type {type(obj).__name__}: a checkpoint holds only tensors and plain data "
-        "(so that it loads with weights_only=True)"
-    )
+        items = []
+        for index, value in enumerate(obj):
+            try:
+                items.append(_plain_tree(value, tensor))
+            except _NotPlain as err:
+                err.path = f"[{index}]{err.path}"
+                raise
+        return type(obj)(items)
+    raise _NotPlain(obj)
 
 
 def write_checkpoint(
@@ -200,11 +238,19 @@ def write_checkpoint(
     return stale
 
 
-def _write_request(request: WriteRequest, buffer: Any) -> list[str]:
-    """In the writer process: write one staged checkpoint as :func:`write_checkpoint` does."""
-    state = staging.rebuild(buffer, request.specs, request.skeleton)
-    return write_checkpoint(request.directory, request.name, state, request.position,
-                            Manifest(request.directory), keep=request.keep)
+@dataclass(frozen=True)
+class _StagedWriter:
+    """In the writer process: write one staged checkpoint as :func:`write_checkpoint` does,
+    into the saver's directory under its keep rule (fixed for the saver's life, so they
+    reach the process with the fork rather than in every request)."""
+
+    directory: Path
+    keep: KeepRule
+
+    def __call__(self, request: WriteRequest, buffer: Any) -> list[str]:
+        state = staging.rebuild(buffer, request.specs, request.skeleton)
+        return write_checkpoint(self.directory, request.name, state, request.position,
+                                Manifest(self.directory), keep=self.keep)
 
 
 class CheckpointSaver:
@@ -261,7 +307,7 @@ class CheckpointSaver:
         self.manifest = Manifest(self.directory)
         self.prefix = layout.run_prefix(layout.check_prefix(prefix), [*os.listdir(self.directory), *self.manifest.entries()])
         self.keep_rule = KeepRule(prefix, self.lineage, self.config.keep_checkpoint_max)
-        self._writer = WriterProcess(_write_request) if self.config.async_save else None
+        self._writer = WriterProcess(_StagedWriter(self.directory, self.keep_rule)) if self.config.async_save else None
         self._stage = staging.SharedStage() if self.config.async_save else None
         self._last_saved: int | None = None
 
@@ -317,19 +363,19 @@ class CheckpointSaver:
             The checkpoint's path (with ``async_save``, the write may still be going on).
         """
         name = layout.checkpoint_name(self.prefix, position)
-        state = self.state(position)
         if self._writer is None or self._stage is None:
             try:
-                self._write(state, name, position)
+                self._write(self.state(position), name, position)
             except OSError as err:
                 raise CheckpointError(f"writing checkpoint {self.directory / name} failed: {err}") from err
         else:
+            # One walk of the state both checks it and takes its tensors out.
+            slots = staging.TensorSlots()
+            skeleton = _plain(self._state_dicts(position), slots.take)
             # The previous write must be done before the staging buffer is reused.
             self._writer.wait()
-            skeleton, tensors = staging.split(state)
-            buffer, specs = self._stage.stage(tensors)
-            request = WriteRequest(buffer, specs, skeleton, self.directory, name, position, self.keep_rule)
-            self._writer.submit(request, str(self.directory / name))
+            buffer, specs = self._stage.stage(slots.tensors)
+            self._writer.submit(WriteRequest(buffer, specs, skeleton, name, position), str(self.directory / name))
         self._last_saved = position.global_step
         return self.directory / name
 
@@ -386,10 +432,14 @@ class CheckpointSaver:
 
         The model's and optimizer's own tensors are referenced, not copied.
         """
+        return _plain(self._state_dicts(position))
+
+    def _state_dicts(self, position: TrainPosition) -> dict[str, Any]:
+        """:meth:`state` as the objects' ``state_dict`` methods give it, not yet checked."""
         data = None
         if self.sampler is not None:
             data = {**self.sampler.state_dict(), "epoch": position.epoch, "step": position.step}
-        state = {
+        return {
             "format": FORMAT,
             "version": FORMAT_VERSION,
             "model": self.model.state_dict(),
@@ -403,7 +453,6 @@ class CheckpointSaver:
             "world_size": self.world_size,
             "lineage": self.lineage,
         }
-        return _plain(state, "checkpoint")
 
     def _write(self, state: dict[str, Any], name: str, position: TrainPosition) -> None:
         stale = write_checkpoint(self.directory, name, state, position, self.manifest, keep=self.keep_rule)

@@ -35,12 +35,11 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from recovery.ckpt.manifest import CheckpointError, KeepRule
+from recovery.ckpt.manifest import CheckpointError
 from recovery.ckpt.staging import SharedBuffer, TensorSpec
 from recovery.position import TrainPosition
 
@@ -54,16 +53,14 @@ _prctl = ctypes.CDLL(None, use_errno=True).prctl
 
 @dataclass(frozen=True)
 class WriteRequest:
-    """One checkpoint to write: where the tensors are, the rest of the state, where it
-    goes, and the saver's keep rule."""
+    """One checkpoint to write: where the tensors are, the rest of the state, its file
+    name and the step it holds (the directory is the writer's own)."""
 
     buffer: SharedBuffer
     specs: list[TensorSpec]
     skeleton: Any
-    directory: Path
     name: str
     position: TrainPosition
-    keep: KeepRule
 
 
 Write = Callable[["WriteRequest", mmap.mmap], object]
@@ -85,13 +82,16 @@ class WriterProcess:
 
     def __init__(self, write: Write) -> None:
         ours, theirs = socket.socketpair()
+        # One shared byte: set by the writer when it has answered. The training loop looks
+        # at it after every step, where polling the pipe would cost a system call each.
+        self._answered = mmap.mmap(-1, 1)
         parent = os.getpid()
         pid = os.fork()
         if pid == 0:  # the writer process
             try:
                 ours.close()
                 _become_writer(parent, theirs.fileno())
-                _serve(Connection(theirs.detach()), write)
+                _serve(Connection(theirs.detach()), write, self._answered)
             finally:
                 os._exit(0)
         theirs.close()
@@ -105,12 +105,14 @@ class WriterProcess:
         self.wait()
         if not self._finalizer.alive:
             raise CheckpointError(f"writing checkpoint {what} failed: the saver was closed")
-        self._conn.send(request)
+        self._answered[0] = 0
+        # Plain pickle: Connection.send's pickler copies the copyreg table on every call.
+        self._conn.send_bytes(pickle.dumps(request, pickle.HIGHEST_PROTOCOL))
         self._pending = what
 
     def raise_if_failed(self) -> None:
-        """Raise a finished write's error now; never blocks."""
-        if self._pending is not None and self._conn.poll(0):
+        """Raise a finished write's error now; never blocks, makes no system call."""
+        if self._pending is not None and self._answered[0]:
             self.wait()
 
     def wait(self) -> None:
@@ -193,15 +195,17 @@ def _picklable(error: BaseException) -> BaseException:
     return error
 
 
-def _serve(conn: Connection, write: Write) -> None:
+def _serve(conn: Connection, write: Write, answered: mmap.mmap) -> None:
     mapping = _Mapping()
     while True:
         try:
-            request = conn.recv()
+            request = pickle.loads(conn.recv_bytes())
         except EOFError:
             return
         try:
-            conn.send(("done", write(request, mapping.of(request.buffer))))
+            answer: tuple[str, object] = ("done", write(request, mapping.of(request.buffer)))
         except Exception as err:  # noqa: BLE001 - every failure is the training process's to raise
-            logger.exception("background write of checkpoint %s failed", request.directory / request.name)
-            conn.send(("failed", _picklable(err)))
+            logger.exception("background write of checkpoint %s failed", request.name)
+            answer = ("failed", _picklable(err))
+        conn.send(answer)
+        answered[0] = 1

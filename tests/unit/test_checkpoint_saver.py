@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import shutil
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -230,6 +232,36 @@ def test_state_that_would_need_unpickling_is_refused_when_saving(tmp_path: Path)
     assert ckpt_names(tmp_path) == []
 
 
+class StateOf:
+    """An LR scheduler stand-in whose state is whatever the test gives it."""
+
+    def __init__(self, state: dict[Any, Any]) -> None:
+        self.state = state
+
+    def state_dict(self) -> dict[Any, Any]:
+        return self.state
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+@pytest.mark.parametrize(("state", "where"), [
+    ({"milestones": {frozenset([1]): 2}}, r"checkpoint\['lr_scheduler'\]\['milestones'\] key has type frozenset"),
+    ({"phases": [1, (2, object())]}, r"checkpoint\['lr_scheduler'\]\['phases'\]\[1\]\[1\] has type object"),
+])
+def test_what_a_checkpoint_cannot_hold_is_named_by_its_place_in_the_state(
+        tmp_path: Path, async_save: bool, state: dict[Any, Any], where: str) -> None:
+    saver = CheckpointSaver(Job().model, lr_scheduler=StateOf(state), directory=tmp_path,
+                            config=CheckpointConfig(async_save=async_save))
+    try:
+        with pytest.raises(CheckpointError, match=where):
+            saver.save(TrainPosition(1, 1, 1))
+        saver.lr_scheduler = StateOf({(1, "tuple key"): [torch.ones(2)], "last_epoch": 3})  # plain: saved
+        saver.save(TrainPosition(1, 2, 2))
+    finally:
+        saver.close()
+    assert load_checkpoint(tmp_path / "checkpoint-1_2.ckpt")["lr_scheduler"]["last_epoch"] == 3
+    assert ckpt_names(tmp_path) == ["checkpoint-1_2.ckpt"]
+
+
 def test_a_failed_sync_write_raises(tmp_path: Path) -> None:
     saver = Job().saver(tmp_path / "ckpt")
     shutil.rmtree(tmp_path / "ckpt")
@@ -248,6 +280,18 @@ def test_a_failed_background_write_surfaces_in_the_training_thread(tmp_path: Pat
     saver.step_end(1, 2, 2)
     with pytest.raises(CheckpointError, match="net-1_2.ckpt failed"):
         saver.step_end(1, 3, 3)
+    saver.close()
+
+
+def test_a_failed_background_write_surfaces_at_a_step_that_saves_nothing(tmp_path: Path) -> None:
+    saver = Job().saver(tmp_path / "ckpt", save_checkpoint_steps=1000, async_save=True)
+    shutil.rmtree(tmp_path / "ckpt")
+    saver.save(TrainPosition(1, 1, 1))
+    deadline = time.monotonic() + 30
+    with pytest.raises(CheckpointError, match="net-1_1.ckpt failed"):
+        for step in itertools.count(2):  # steps that never save: only the writer's answer can raise
+            saver.step_end(1, step, step)
+            assert time.monotonic() < deadline, "the failed write never surfaced"
     saver.close()
 
 
