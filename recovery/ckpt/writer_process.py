@@ -82,7 +82,7 @@ class WriterProcess:
 
     def __init__(self, write: Write) -> None:
         ours, theirs = socket.socketpair()
-        # One shared byte: set by the writer when it has answered. The training loop looks
+        # One shared byte: set by the writer as it answers. The training loop looks
         # at it after every step, where polling the pipe would cost a system call each.
         self._answered = mmap.mmap(-1, 1)
         parent = os.getpid()
@@ -207,5 +207,7 @@ def _serve(conn: Connection, write: Write, answered: mmap.mmap) -> None:
         except Exception as err:  # noqa: BLE001 - every failure is the training process's to raise
             logger.exception("background write of checkpoint %s failed", request.name)
             answer = ("failed", _picklable(err))
-        conn.send(answer)
+        # Flag first: once the training process has the answer it may send the next
+        # request and clear the flag, which a late set would then mark answered.
         answered[0] = 1
+        conn.send(answer)
