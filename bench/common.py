@@ -23,7 +23,7 @@ def free_port() -> int:
 
 
 def tftrun_cmd(workers: int, log_dir: Path, *script: str, extra: tuple[str, ...] = ()) -> list[str]:
-    return [sys.executable, "-m", "launcher.cli", f"--worker_num={workers}",
+    return [sys.executable, "-m", "launcher.cli.tftrun", f"--worker_num={workers}",
             f"--log_dir={log_dir}", f"--master_port={free_port()}", *extra, *script]
 
 

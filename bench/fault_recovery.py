@@ -219,7 +219,7 @@ def run_job(column: Column, args: argparse.Namespace, faulty: bool,
 
 
 SPARE_WARM = re.compile(r"tftrun spare pid=(?P<pid>\d+): warm after (?P<seconds>[0-9.]+)s")
-"""The line a warm spare writes to ``spare.log`` once warm (launcher/spare.py)."""
+"""The line a warm spare writes to ``spare.log`` once warm (launcher/procs/spare.py)."""
 
 
 def spare_warm_time(log_dir: Path) -> float | None:

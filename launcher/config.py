@@ -49,7 +49,7 @@ class LaunchConfig:
     join: bool = False
     cluster_time_out: float = DEFAULT_CLUSTER_TIME_OUT
     node_time_out: float = DEFAULT_CLUSTER_TIME_OUT
-    """Seconds a lost node may take to come back (launcher/supervisor.py, NodeWatch)."""
+    """Seconds a lost node may take to come back (launcher/supervisor/loop.py, NodeWatch)."""
     max_restarts: int = 3
     rejoin_cooldown: float = DEFAULT_REJOIN_COOLDOWN
     monitor_interval: float = 0.1
@@ -61,7 +61,7 @@ class LaunchConfig:
     recovery_path: Path = Path("tft_recovery")
     enable_tft: str | None = None
     warm_spare: int | None = None
-    """Spare processes kept warm on this node for relaunched ranks (launcher/spares.py);
+    """Spare processes kept warm on this node for relaunched ranks (launcher/procs/spare_pool.py);
     None (the default): one, once a worker of this node registers with the scheduler (its
     script uses recovery, so a dead rank is relaunched alone) and unless
     ``--restart_policy=all``; 0: none."""

@@ -8,10 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from recovery import moved
 from recovery.env import WorkerEnv
-
-moved.install()
 
 # Imported on first use (PEP 562), so that the launcher, which imports recovery.env,
 # does not pay for importing torch.

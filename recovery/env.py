@@ -74,7 +74,7 @@ TFT_STORE_FD = "TFT_STORE_FD"
 """Set for the scheduler only: an inherited listening socket to host the store on."""
 
 # Read, never set: what a cluster manager tells tftrun itself about its node
-# (launcher/cluster_env.py; docs/multi-node.md#slurm-and-kubernetes).
+# (launcher/nodes/cluster_env.py; docs/multi-node.md#slurm-and-kubernetes).
 SLURM_STEP_ID = "SLURM_STEP_ID"
 """Set inside an ``srun`` step only: tftrun reads Slurm's placement only there."""
 SLURM_PROCID = "SLURM_PROCID"

@@ -100,12 +100,12 @@ def tftrun_cmd(*args: str, spare: bool = False) -> list[str]:
     spare, tests/integration/test_lose_nothing.py, test_inject_tftrun.py and
     test_supervisor_stops.py took 274 s instead of 217 s on the 2 shared cores."""
     named = any(arg.startswith(("--warm_spare", "--warm-spare")) for arg in args)
-    return [sys.executable, "-m", "launcher.cli",
+    return [sys.executable, "-m", "launcher.cli.tftrun",
             *(() if spare or named else ("--warm_spare=0",)), *args]
 
 
 def tftctl_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "launcher.ctl", *args]
+    return [sys.executable, "-m", "launcher.cli.tftctl", *args]
 
 
 def spawn(cmd: list[str], **kwargs: Any) -> subprocess.Popen[str]:

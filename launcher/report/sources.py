@@ -16,7 +16,7 @@ from typing import Any
 import psutil
 
 from launcher.errors import ConfigError
-from launcher.logs import PREVIOUS_DIR
+from launcher.view.logs import PREVIOUS_DIR
 from recovery.events import EVENTS_FILE, read_events
 
 __all__ = ["read_job", "job_is_running", "timeline_end"]

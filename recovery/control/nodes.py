@@ -11,7 +11,7 @@ from another goes through these keys of the cluster store (the scheduler's, on n
   ``tft/job``. A node given another token sees the difference and stops before it starts
   anything.
 * ``tft/rendezvous/<n>``: ``host:port`` of the fresh ``env://`` store of group restart
-  ``n``, hosted by node 0's supervisor (launcher/rendezvous.py). Every node's workers of
+  ``n``, hosted by node 0's supervisor (launcher/nodes/rendezvous.py). Every node's workers of
   restart ``n`` meet there.
 * ``tft/restart_all``: the highest group restart any node has started. A node that
   restarts its workers raises it; the others see it and restart theirs.

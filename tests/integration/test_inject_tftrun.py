@@ -1,7 +1,7 @@
 """``tftctl inject`` against a job under tftrun (tests/bin/sched_inject_worker.py, 2 ranks):
 faults delivered by the scheduler at a step, by signal at once, and what the job does.
 
-``tftctl`` runs in this process (``launcher.ctl.main``) but for one real ``tftctl status``:
+``tftctl`` runs in this process (``launcher.cli.tftctl.main``) but for one real ``tftctl status``:
 a fresh process imports torch to reach the store, seconds on a busy machine, and a fault
 asked for at a step must reach the rank before that step.
 """
@@ -17,8 +17,8 @@ import pytest
 from support import BIN, events, run, spawn, terminate, tftctl_cmd, tftrun_cmd, wait_for, \
     wait_for_event
 
-from launcher import ctl
-from launcher.status_cli import query
+from launcher.cli import tftctl as ctl
+from launcher.cli.status import query
 from recovery import env as names
 from recovery.control.client import SchedulerControl
 

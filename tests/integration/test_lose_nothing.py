@@ -25,7 +25,7 @@ from support import (
     wait_for_event,
 )
 
-from launcher import ctl
+from launcher.cli import tftctl as ctl
 from recovery.ckpt import layout
 from recovery.ckpt.manifest import candidates, problem
 from recovery.position import TrainPosition

@@ -139,7 +139,7 @@ def test_two_nodes_of_two_ranks_end_bitwise_equal_to_one_node_of_four(
 
 def test_a_rank_killed_on_node_1_is_relaunched_alone_and_takes_a_replica(
         tmp_path: Path, two_nodes_fault_free: dict[int, str]) -> None:
-    from launcher import ctl
+    from launcher.cli import tftctl as ctl
 
     with nodes_running(tmp_path, free_tcp_port(), TRAIN, *JOB,
                        env={**os.environ, "MS_ENABLE_TFT": "{ARF:1}"}) as procs:

@@ -24,8 +24,8 @@ from support_mnist import EVENT, TRAIN, wait_job
 from support_png import read_png
 from support_report import SvgElements, check_trace
 
-from launcher import ctl
-from launcher.logs import archive_previous_run
+from launcher.cli import tftctl as ctl
+from launcher.view.logs import archive_previous_run
 
 pytestmark = pytest.mark.timeout(200)
 

@@ -14,7 +14,7 @@ from support import (
     events, run, scheduler_stalled, signed_request, tftctl_cmd, wait_for, wait_for_event,
 )
 
-from launcher.status_cli import format_status, query
+from launcher.cli.status import format_status, query
 from recovery import env as names
 from recovery.control.rpc import REQUESTS, open_client
 from recovery.runtime.heartbeat import EXIT_EVICTED

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from support import BIN, free_tcp_port, run, tftrun_cmd
 
-from launcher.cluster_env import expand_hostlist
+from launcher.nodes.cluster_env import expand_hostlist
 from recovery import env as names
 
 pytestmark = pytest.mark.timeout(180)

@@ -24,8 +24,8 @@ from support import (
 )
 
 from launcher.config import LaunchConfig
-from launcher.render import PlainView
-from launcher.supervisor import EXIT_SUPERVISOR_ERROR, Supervisor
+from launcher.view.render import PlainView
+from launcher.supervisor.loop import EXIT_SUPERVISOR_ERROR, Supervisor
 from recovery.events import EventLog
 
 pytestmark = pytest.mark.timeout(240)

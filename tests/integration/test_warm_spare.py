@@ -18,8 +18,8 @@ from support import (
 )
 from support_mnist import final_digests, mnist_job
 
-from launcher.spare import READY
-from launcher.spec import SPARE_PROGRAM
+from launcher.procs.spare import READY
+from launcher.procs.spec import SPARE_PROGRAM
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from launcher import ctl
+from launcher.cli import tftctl as ctl
 from recovery.ckpt import layout
 from recovery.ckpt.checkpoint import CheckpointConfig, CheckpointSaver
 from recovery.position import TrainPosition

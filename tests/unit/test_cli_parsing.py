@@ -11,7 +11,7 @@ import typer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher import cli
+from launcher.cli import tftrun as cli
 from launcher.errors import ConfigError
 
 COMMAND = typer.main.get_command(cli.app)

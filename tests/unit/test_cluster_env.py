@@ -1,4 +1,4 @@
-"""launcher/cluster_env.py: Slurm hostlists, and flags over Slurm/Kubernetes over defaults."""
+"""launcher/nodes/cluster_env.py: Slurm hostlists, and flags over Slurm/Kubernetes over defaults."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.cluster_env import DEFAULT_MASTER_ADDR, NodePlace, expand_hostlist, resolve_place
+from launcher.nodes.cluster_env import DEFAULT_MASTER_ADDR, NodePlace, expand_hostlist, resolve_place
 from launcher.errors import ConfigError
 from recovery import env as names
 

@@ -6,7 +6,7 @@ import json
 import signal
 from pathlib import Path
 
-from launcher.failures import ExitInfo, read_error_file
+from launcher.supervisor.failures import ExitInfo, read_error_file
 
 
 def info(returncode: int) -> ExitInfo:

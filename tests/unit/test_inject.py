@@ -14,7 +14,7 @@ import pytest
 from sched_inprocess import answer, signed
 from support import REPO, events
 
-from launcher.inject_cli import _signal_target
+from launcher.cli.inject import _signal_target
 from recovery import env as names
 from recovery.runtime.cluster import ClusterContext, _Session
 from recovery.faults import DeviceError, is_recoverable_device_error

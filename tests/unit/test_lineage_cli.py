@@ -10,9 +10,9 @@ import torch
 from filelock import FileLock
 from support import free_tcp_port
 
-from launcher import cli, ctl
+from launcher.cli import tftctl as ctl, tftrun as cli
 from launcher.config import LaunchConfig
-from launcher.spec import worker_spec
+from launcher.procs.spec import worker_spec
 from recovery import env as names
 from recovery.ckpt import layout
 from recovery.ckpt.checkpoint import CheckpointSaver

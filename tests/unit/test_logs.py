@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.logs import LogFollower, archive_previous_run, last_lines
+from launcher.view.logs import LogFollower, archive_previous_run, last_lines
 
 
 def test_previous_runs_are_moved_aside_never_overwritten(tmp_path: Path) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from support import REPO
 
-from launcher import ctl
-from launcher.new_cli import available_templates
+from launcher.cli import tftctl as ctl
+from launcher.cli.new import available_templates
 
 
 def test_copies_a_template_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -47,4 +47,4 @@ def test_the_wheel_ships_the_templates(tmp_path: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "launcher/templates/mnist/train.py" in names
     assert {"launcher/templates/slurm/tftrun.sbatch", "launcher/templates/k8s/tftrun-job.yaml"} <= names
-    assert "launcher/cli.py" in names and "recovery/env.py" in names
+    assert "launcher/cli/tftrun.py" in names and "recovery/env.py" in names

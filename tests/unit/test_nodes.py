@@ -1,5 +1,5 @@
 """What the nodes of one job share through node 0's store (recovery/control/nodes.py,
-launcher/nodes.py), with a real in-process TCPStore; and the checks of a node's options."""
+launcher/nodes/link.py), with a real in-process TCPStore; and the checks of a node's options."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from torch.distributed import TCPStore
 
 from launcher.config import LaunchConfig
 from launcher.errors import ConfigError
-from launcher.nodes import (
+from launcher.nodes.link import (
     NodeLink, NodeWatch, job_still_waited_for, local_address_towards, save_job,
 )
 from recovery.ckpt import layout

@@ -1,4 +1,4 @@
-"""The live view's figures (launcher/progress.py, launcher/render.py's progress line) from
+"""The live view's figures (launcher/view/progress.py, launcher/view/render.py's progress line) from
 events as a node's events.jsonl holds them."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from launcher.progress import EventTail, Progress, format_eta, progress_bar
-from launcher.render import LiveView, PlainView, Row, progress_line
+from launcher.view.progress import EventTail, Progress, format_eta, progress_bar
+from launcher.view.render import LiveView, PlainView, Row, progress_line
 
 
 def step(ts: float, rank: int, at: int, generation: int = 0,

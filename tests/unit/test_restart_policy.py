@@ -1,11 +1,11 @@
-"""The restart policy (launcher/policy.py) under random sequences of events, with Hypothesis.
+"""The restart policy (launcher/supervisor/policy.py) under random sequences of events, with Hypothesis.
 
 A ``RuleBasedStateMachine`` plays the world around ``decide``: worker exits (0 is a
 finish), SIGINT/SIGTERM to tftrun, the scheduler's verdicts, registrations and
 cooldowns, a scheduler that does not answer, launches that cannot be started, and the
 clock. Each ``supervise`` step runs the supervisor's passes: it builds the view, calls
-``decide`` and carries the actions out on real :class:`launcher.state.Worker` objects,
-as launcher/supervisor.py does, so a move the transition table forbids raises. After
+``decide`` and carries the actions out on real :class:`launcher.supervisor.state.Worker` objects,
+as launcher/supervisor/loop.py does, so a move the transition table forbids raises. After
 every pass it checks the invariants of issue 15: no illegal transition, the budget
 never exceeded, no rank relaunched alone into a generation that cannot form, every dead
 rank relaunched or the job ending with a reason, the job ending once all ranks succeeded.
@@ -23,12 +23,12 @@ from hypothesis.stateful import (
 )
 
 from launcher.config import RESTART_POLICIES
-from launcher.failures import ExitInfo
-from launcher.policy import (
+from launcher.supervisor.failures import ExitInfo
+from launcher.supervisor.policy import (
     STATUS_WAIT, Action, Close, Ending, GiveUp, Hang, JobView, Kill, RankView, Relaunch,
     RestartAll, ScheduleRelaunch, StartAll, Stop, WaitUntil, decide,
 )
-from launcher.state import Failure, Worker, WorkerState
+from launcher.supervisor.state import Failure, Worker, WorkerState
 from recovery.exit_codes import UNFIXABLE
 
 WORKERS = 3
@@ -43,7 +43,7 @@ exit_codes = st.sampled_from([0, 0, 1, 3, -9, -15, *UNFIXABLE])
 
 @dataclass
 class _Process:
-    """Stands in for launcher.process.Child: the policy only sees that one runs."""
+    """Stands in for launcher.procs.process.Child: the policy only sees that one runs."""
 
     pid: int
 
@@ -176,7 +176,7 @@ class PolicyMachine(RuleBasedStateMachine):
                         cooldown, worker.hung, worker.relaunch_why)
 
     def _carry_out(self, action: Action) -> None:
-        """What launcher/supervisor.py's ``_carry_out`` does, without the processes."""
+        """What launcher/supervisor/loop.py's ``_carry_out`` does, without the processes."""
         match action:
             case Hang(rank, _):
                 self.workers[rank].hung = True

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.status_cli import NoJobError, describe_last_fault, format_status, query
+from launcher.cli.status import NoJobError, describe_last_fault, format_status, query
 from recovery.control.files import Endpoint
 
 STATUS = {

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from support import wait_for
 
-from launcher.process import Child, spawn
-from launcher.spares import SparePool, resident_mib
-from launcher.spec import ProcessSpec, Role
+from launcher.procs.process import Child, spawn
+from launcher.procs.spare_pool import SparePool, resident_mib
+from launcher.procs.spec import ProcessSpec, Role
 
 DELAY = 0.3
 STAND_IN = "import os, sys; print(os.read(int(sys.argv[1]), 65536).decode(), flush=True)"

@@ -1,5 +1,5 @@
 """``tftctl`` talks only to a scheduler.json of the user's own whose pid is the job's
-scheduler (launcher/trusted.py): a file others may write, or one naming a process that is
+scheduler (launcher/cli/trusted.py): a file others may write, or one naming a process that is
 not the scheduler, or not listening where the file says, is no job."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.status_cli import NoJobError, query
+from launcher.cli.status import NoJobError, query
 from recovery.control.files import ENDPOINT_FILE, Endpoint
 
 

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from launcher.sessions import Session, kill_members
+from launcher.procs.sessions import Session, kill_members
 
 __all__ = ["Child", "Stopping", "Watchdog", "become_subreaper", "open_log", "spawn", "stop_all",
            "sweep"]
@@ -172,14 +172,14 @@ def stop_all(children: Iterable[Child], sig: int, grace_period: float) -> None:
 
 
 class Watchdog:
-    """launcher/watchdog.py, started: told each child's session, it kills them all once
+    """launcher/procs/watchdog.py, started: told each child's session, it kills them all once
     this process is gone, however it went (the pipe's EOF tells it)."""
 
     def __init__(self) -> None:
         read_fd, self._write_fd = os.pipe()
         try:
             self._popen = subprocess.Popen(
-                [sys.executable, "-m", "launcher.watchdog", str(read_fd)],
+                [sys.executable, "-m", "launcher.procs.watchdog", str(read_fd)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 start_new_session=True, close_fds=True, pass_fds=(read_fd,))
         except BaseException:

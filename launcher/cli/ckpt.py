@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from launcher.cliutil import new_app
+from launcher.cli.common import new_app
 from launcher.errors import TftrunError
 from recovery.ckpt.layout import rank_of_dir
 from recovery.ckpt.lineage import LineageError, read_lineage

@@ -113,7 +113,7 @@ def scheduler_spec(config: LaunchConfig, listen_fd: int,
 
 def spare_spec(config: LaunchConfig, go_fd: int, restart_count: int,
                rendezvous_port: int) -> ProcessSpec:
-    """A warm spare (launcher/spare.py), waiting for its go on the inherited pipe ``go_fd``.
+    """A warm spare (launcher/procs/spare.py), waiting for its go on the inherited pipe ``go_fd``.
 
     It gets a worker's environment, so that what torch reads at import time (e.g.
     ``OMP_NUM_THREADS``) is what a worker would read; the rank-specific variables are

@@ -1,6 +1,6 @@
 """The supervisor's view of one worker process: its state, its deadline, its last failure.
 
-The restart policy (launcher/policy.py) reads these; the supervisor moves them, only
+The restart policy (launcher/supervisor/policy.py) reads these; the supervisor moves them, only
 through :meth:`Worker.transition`, so that the table below is what the code does.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from launcher.failures import ExitInfo
-from launcher.process import Child
+from launcher.supervisor.failures import ExitInfo
+from launcher.procs.process import Child
 
 __all__ = ["WorkerState", "Worker", "Failure", "LEGAL_MOVES", "SPAWN_FAILED"]
 

@@ -24,7 +24,7 @@ import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from launcher.state import Failure, WorkerState
+from launcher.supervisor.state import Failure, WorkerState
 from recovery.exit_codes import UNFIXABLE
 
 __all__ = [

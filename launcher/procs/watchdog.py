@@ -9,7 +9,7 @@ tftrun holds the pipe's write end. Then it kills every process still in one of t
 sessions, again until none is left (a process may fork while it is being killed), for at
 most :data:`SWEEP_FOR` seconds, and exits.
 
-Run as ``python -m launcher.watchdog FD``; it imports nothing but the standard library.
+Run as ``python -m launcher.procs.watchdog FD``; it imports nothing but the standard library.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import os
 import sys
 import time
 
-from launcher.sessions import Session, kill_members
+from launcher.procs.sessions import Session, kill_members
 
 SWEEP_FOR = 10.0
 """Seconds to keep killing sessions whose members do not die (stuck in the kernel)."""

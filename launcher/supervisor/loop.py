@@ -2,7 +2,7 @@
 
 One loop, woken by SIGCHLD (so a death is seen at once, not at the next poll) or every
 ``monitor_interval``: observe (queued signals, exits, the scheduler's verdicts and
-registrations), ask the restart policy (launcher/policy.py) what to do, carry out its
+registrations), ask the restart policy (launcher/supervisor/policy.py) what to do, carry out its
 actions, redraw the view. The loop never sleeps inside a decision and never blocks on a
 stop: stopping is a state with a deadline. Signal handlers only queue the signal number.
 An unexpected exception still ends in the orderly stop (:meth:`Supervisor._stop_on_error`).
@@ -22,22 +22,22 @@ from contextlib import contextmanager, suppress
 from functools import partial
 
 from launcher.config import LaunchConfig
-from launcher.failures import ExitInfo, read_error_file
-from launcher.logs import LogFollower, last_lines
-from launcher.nodes import NodeLink, NodeWatch
-from launcher.policy import (
+from launcher.supervisor.failures import ExitInfo, read_error_file
+from launcher.view.logs import LogFollower, last_lines
+from launcher.nodes.link import NodeLink, NodeWatch
+from launcher.supervisor.policy import (
     Action, Close, Ending, GiveUp, Hang, JobView, Kill, RankView, Relaunch, RestartAll,
     ScheduleRelaunch, StartAll, Stop, WaitUntil, decide,
 )
-from launcher.process import Child, Stopping, Watchdog, become_subreaper, spawn, stop_all, sweep
-from launcher.progress import EventTail
-from launcher.render import Row, SummaryRow, View, print_summary
-from launcher.rendezvous import RendezvousStore
-from launcher.spares import Spare, SparePool
-from launcher.spec import (
+from launcher.procs.process import Child, Stopping, Watchdog, become_subreaper, spawn, stop_all, sweep
+from launcher.view.progress import EventTail
+from launcher.view.render import Row, SummaryRow, View, print_summary
+from launcher.nodes.rendezvous import RendezvousStore
+from launcher.procs.spare_pool import Spare, SparePool
+from launcher.procs.spec import (
     ProcessSpec, Role, error_file, scheduler_spec, script_argv, spare_spec, worker_spec,
 )
-from launcher.state import Failure, Worker, WorkerState
+from launcher.supervisor.state import Failure, Worker, WorkerState
 from recovery.control.client import SchedulerControl
 from recovery.control.files import Endpoint
 from recovery.events import EventLog

@@ -7,7 +7,7 @@ the training loop carries it out (recovery/control/inject.py, docs/fault-injecti
 
 The request is signed with the job token, which is written nowhere (docs/security.md):
 it is read from the environment of the scheduler process, once that proved to be the
-user's own job's (launcher/trusted.py): whoever may read it may signal the job's
+user's own job's (launcher/cli/trusted.py): whoever may read it may signal the job's
 processes anyway.
 """
 
@@ -22,7 +22,7 @@ import psutil
 import typer
 
 from launcher.errors import ConfigError, TftrunError
-from launcher.status_cli import NoJobError, connect, query
+from launcher.cli.status import NoJobError, connect, query
 from recovery.env import WorkerEnv
 from recovery.events import EventLog
 from recovery.control.inject import FAULTS, Injection, check, check_fault, new_id

@@ -2,7 +2,7 @@
 
 The scheduler writes where it serves to ``DIR/scheduler.json`` (recovery/control/files.py);
 this asks it for its table over the store, once the file and its scheduler proved to be the
-user's own job's (launcher/trusted.py), with requests signed with that job's token. A dead
+user's own job's (launcher/cli/trusted.py), with requests signed with that job's token. A dead
 scheduler pid, a missing or untrusted file or no answer all mean the same thing to the
 user: no job is running in DIR. Below the table, the
 newest fault and how it was recovered, from ``DIR/events.jsonl``.
@@ -22,7 +22,7 @@ import typer
 from launcher.errors import TftrunError
 from recovery.events import read_events
 from recovery.control.rpc import Op, SchedulerLink, SchedulerUnavailable
-from launcher.trusted import UntrustedEndpoint, trusted_endpoint
+from launcher.cli.trusted import UntrustedEndpoint, trusted_endpoint
 
 __all__ = ["status", "query", "connect", "format_status", "describe_last_fault", "NoJobError"]
 

@@ -5,7 +5,7 @@ stays in that session unless it calls ``setsid`` itself: a DataLoader's worker p
 a ``sleep``, a shell pipeline in a process group of its own. Killing a session's members
 reaches all of them, where a signal to the leader's process group misses the last kind.
 
-Standard library only: the watchdog (launcher/watchdog.py) imports it.
+Standard library only: the watchdog (launcher/procs/watchdog.py) imports it.
 """
 
 from __future__ import annotations

@@ -5,17 +5,17 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from launcher import ckpt_cli, inject_cli, new_cli, report_cli, status_cli
-from launcher.cliutil import new_app, run_app
+from launcher.cli import ckpt, inject, new, report, status
+from launcher.cli.common import new_app, run_app
 
 __all__ = ["app", "main"]
 
 app = new_app("tftctl", "Inspect and control tftrun jobs and their checkpoints.")
-app.add_typer(ckpt_cli.app, name="ckpt")
-app.command(name="new")(new_cli.new)
-app.command(name="status")(status_cli.status)
-app.command(name="inject")(inject_cli.inject)
-app.command(name="report")(report_cli.report)
+app.add_typer(ckpt.app, name="ckpt")
+app.command(name="new")(new.new)
+app.command(name="status")(status.status)
+app.command(name="inject")(inject.inject)
+app.command(name="report")(report.report)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,7 +4,7 @@ On a terminal, a rich live table (rank, pid, state, restarts, step, steps/s, las
 line) under a progress bar with an ETA and what a recovery is doing; off a terminal (CI,
 pipes), one timestamped line per lifecycle event, and every ``--progress_interval``
 seconds one line with the same figures. The figures come from the node's events.jsonl
-(launcher/progress.py).
+(launcher/view/progress.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from launcher.progress import EventTail, Progress, progress_bar
+from launcher.view.progress import EventTail, Progress, progress_bar
 
 __all__ = ["Row", "View", "make_view", "SummaryRow", "print_summary", "progress_line"]
 

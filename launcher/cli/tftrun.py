@@ -18,16 +18,16 @@ from typing import Annotated, Any
 import typer
 from filelock import FileLock, Timeout
 
-from launcher.cliutil import finite_float, new_app, run_app
-from launcher.cluster_env import fill_from_cluster
+from launcher.cli.common import finite_float, new_app, run_app
+from launcher.nodes.cluster_env import fill_from_cluster
 from launcher.config import DEFAULT_PROGRESS_INTERVAL, LaunchConfig, bind_listener
 from launcher.errors import ConfigError
-from launcher.logs import archive_previous_run
-from launcher.nodes import (
+from launcher.view.logs import archive_previous_run
+from launcher.nodes.link import (
     NodeLink, job_still_waited_for, local_address_towards, save_job, saved_job,
 )
-from launcher.render import make_view
-from launcher.supervisor import Supervisor
+from launcher.view.render import make_view
+from launcher.supervisor.loop import Supervisor
 from recovery import env as names
 from recovery.env import DEFAULT_RECOVERY_PATH
 from recovery.control.nodes import JobIdentity

@@ -1,7 +1,7 @@
 """The supervisor's warm spares (``--warm_spare=N``): kept started, handed a relaunched rank.
 
 A relaunched rank's cold start (``python``, ``import torch``, the first optimizer) is
-most of a per-rank recovery. A spare (launcher/spare.py) has paid it ahead; handing it
+most of a per-rank recovery. A spare (launcher/procs/spare.py) has paid it ahead; handing it
 the rank is a JSON message on a pipe. See docs/warm-spare.md.
 """
 
@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from launcher.process import Child, open_log, stop_all
-from launcher.spec import ProcessSpec
+from launcher.procs.process import Child, open_log, stop_all
+from launcher.procs.spec import ProcessSpec
 
 __all__ = ["Spare", "SparePool", "SPARE_DELAY", "resident_mib"]
 
