@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 from support import free_tcp_port
+from support_chaos import CHAOS_SEED, SEED_VARIABLE
 
 from recovery import env as names
 
@@ -28,6 +29,10 @@ def _become_subreaper() -> None:
 
 
 _become_subreaper()
+
+
+def pytest_report_header() -> str:
+    return f"chaos seed: {CHAOS_SEED} (replay: {SEED_VARIABLE}={CHAOS_SEED})"
 
 
 def _reap_all() -> None:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import os
 import random
+import secrets
 from dataclasses import dataclass
 
 SEED_VARIABLE = "TFT_CHAOS_SEED"
 """Set it to replay the schedule of a run (its seed is printed by every trial)."""
-DEFAULT_SEED = 13
 
 KILL_ONE = "kill_one"
 KILL_TWO = "kill_two"
@@ -57,9 +57,10 @@ class Trial:
 
 
 def chaos_seed() -> int:
-    """``TFT_CHAOS_SEED`` if set, else the fixed default: the suite is deterministic."""
+    """``TFT_CHAOS_SEED`` if set (a replay), else a new seed: each run of the suite covers
+    a schedule of its own, and prints its seed so that a failure can be replayed."""
     text = os.environ.get(SEED_VARIABLE, "").strip()
-    return int(text) if text else DEFAULT_SEED
+    return int(text) if text else secrets.randbelow(2**31)
 
 
 def chaos_schedule(seed: int, workers: int, steps: range) -> list[Trial]:
@@ -78,3 +79,7 @@ def chaos_schedule(seed: int, workers: int, steps: range) -> list[Trial]:
               modes=rng.choice(MODES))
         for index, kind in enumerate(kinds)
     ]
+
+
+CHAOS_SEED = chaos_seed()
+"""This run's seed, drawn once per pytest process (printed in the report header)."""
