@@ -17,10 +17,11 @@ import hmac
 import logging
 import time
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Protocol
 
 from recovery.timeouts import Timeouts
+from recovery.transitions import check_transition
 
 __all__ = [
     "Clock",
@@ -33,7 +34,7 @@ __all__ = [
     "Accepted",
     "Refused",
     "Membership",
-    "IllegalTransition",
+    "TRANSITIONS",
     "describe_incomplete",
     "NO_GENERATION",
 ]
@@ -61,11 +62,7 @@ class SystemClock:
         return time.monotonic()
 
 
-class IllegalTransition(RuntimeError):
-    """A member was asked to move to a state it cannot reach from its current one."""
-
-
-class MemberState(str, Enum):
+class MemberState(StrEnum):
     """Where the process holding a node id stands, as the scheduler sees it.
 
     ::
@@ -95,7 +92,7 @@ class MemberState(str, Enum):
 
 
 _ENDINGS = {MemberState.DEAD, MemberState.LEFT, MemberState.FINISHED}
-_TRANSITIONS: dict[MemberState, frozenset[MemberState]] = {
+TRANSITIONS: dict[MemberState, frozenset[MemberState]] = {
     MemberState.ALIVE: frozenset({MemberState.HUNG, MemberState.LOST, MemberState.UNCONFIRMED,
                                   *_ENDINGS}),
     MemberState.HUNG: frozenset({MemberState.ALIVE, MemberState.LOST, MemberState.UNCONFIRMED,
@@ -116,7 +113,7 @@ _QUIET_BEATS = 2
 verdict is passed until the heartbeat rule has judged it or it is heard again."""
 
 
-class RefuseReason(str, Enum):
+class RefuseReason(StrEnum):
     """Why a registration (or a heartbeat) was refused."""
 
     TOKEN = "token"
@@ -138,7 +135,7 @@ class RefuseReason(str, Enum):
         return self in {RefuseReason.COOLDOWN, RefuseReason.DUPLICATE, RefuseReason.FULL}
 
 
-class Verdict(str, Enum):
+class Verdict(StrEnum):
     """Why the scheduler wants a worker killed."""
 
     HEARTBEAT = "heartbeat"
@@ -194,8 +191,7 @@ class Member:
                 and (host is None or self.host == host))
 
     def transition(self, to: MemberState) -> None:
-        if to not in _TRANSITIONS[self.state]:
-            raise IllegalTransition(f"node {self.node_id}: {self.state.value} -> {to.value}")
+        check_transition(TRANSITIONS, f"node {self.node_id}", self.state, to)
         self.state = to
 
     def fields(self) -> dict[str, Any]:
@@ -367,7 +363,7 @@ class Membership:
         if member is not None and member.is_process(pid, incarnation):
             ending = (MemberState.DEAD if abnormal
                       else MemberState.FINISHED if finished else MemberState.LEFT)
-            if member.state is not ending and ending in _TRANSITIONS[member.state]:
+            if member.state is not ending and ending in TRANSITIONS[member.state]:
                 member.transition(ending)
                 self._emit("leave", **member.fields(), state=ending.value, reason=reason, by=by)
                 self._update_completeness()

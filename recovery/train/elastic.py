@@ -249,20 +249,20 @@ class ElasticTrainer:
         with self._stop_signals_noted():
             if self.ctx.generation > 0 or self._resume:
                 # A relaunched rank, or a resumed job: take the state the others can give.
-                self._machine.move(TrainerState.RESYNCING)
+                self._machine.transition(TrainerState.RESYNCING)
                 self._unless_stopped(self._resync, newcomer=True)
             if self._machine.state is not TrainerState.STOPPING:
                 if self.position.global_step == 0:
                     # A checkpoint of the initial state, so that a fault before the first
                     # periodic save still has a common point to roll back to.
                     self.saver.save(TrainPosition(self.position.epoch, 0, 0))
-                self._machine.move(TrainerState.TRAINING)
+                self._machine.transition(TrainerState.TRAINING)
             schedule = self._schedule(epochs, max_steps)
             while (state := self._machine.state) is not TrainerState.FINISHED:
                 if state is TrainerState.TRAINING:
                     step = next(schedule, None)
                     if step is None:
-                        self._machine.move(TrainerState.FINISHED)
+                        self._machine.transition(TrainerState.FINISHED)
                     else:
                         yield from self._run(step)
                 else:
@@ -404,15 +404,15 @@ class ElasticTrainer:
         fault = self._machine.fault
         assert fault is not None
         if self.modes.ttp:
-            self._machine.move(TrainerState.SAVING_LAST_WORDS)
+            self._machine.transition(TrainerState.SAVING_LAST_WORDS)
             self._save_last_words(fault.cause)
             if self._stop_request is not None:
                 self._exit("the job is being stopped")
-        self._machine.move(TrainerState.REFORMING)
+        self._machine.transition(TrainerState.REFORMING)
         self.ctx.rejoin(self._should_abort)
-        self._machine.move(TrainerState.RESYNCING)
+        self._machine.transition(TrainerState.RESYNCING)
         self._resync(newcomer=False)
-        self._machine.move(TrainerState.TRAINING)
+        self._machine.transition(TrainerState.TRAINING)
         self.rollbacks += 1
 
     def _save_last_words(self, why: str) -> None:
@@ -443,7 +443,7 @@ class ElasticTrainer:
         fault = self._machine.fault
         why = fault.cause if fault is not None else "the job is being stopped"
         if self.modes.ttp:
-            self._machine.move(TrainerState.SAVING_LAST_WORDS)
+            self._machine.transition(TrainerState.SAVING_LAST_WORDS)
             self._save_last_words(why)
         self._exit(why)
 
@@ -453,7 +453,7 @@ class ElasticTrainer:
         The group is left first: the step's collective may still be in flight on a stuck
         peer, and leaving never waits for it, so the exit is not held up either.
         """
-        self._machine.move(TrainerState.STOPPED)
+        self._machine.transition(TrainerState.STOPPED)
         self.ctx.leave_group()
         request = self._stop_request
         status = 128 + (request.signum if request is not None else signal.SIGTERM)
@@ -517,7 +517,7 @@ class ElasticTrainer:
                                  reason="no healthy replica: every rank's device failed")
             self._roll_back()
         self.phase.device_error = None
-        self._machine.move(TrainerState.TRAINING)
+        self._machine.transition(TrainerState.TRAINING)
         self.rollbacks += 1
 
     def _roll_back(self) -> None:

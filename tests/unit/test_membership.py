@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from recovery.control.membership import (
     Accepted,
     Identity,
-    IllegalTransition,
     Member,
     Membership,
     MemberState,
@@ -23,6 +22,7 @@ from recovery.control.membership import (
     Refused,
 )
 from recovery.timeouts import Timeouts
+from recovery.transitions import IllegalTransition
 
 TOKEN = "secret"
 def make(worker_num: int = 2, cooldown: float = 30.0, clock: FakeClock | None = None,

@@ -13,7 +13,8 @@ import torch.distributed as dist
 from recovery.runtime import group
 from recovery.runtime.abort import Aborted
 from recovery.runtime.torch_compat import TorchVersionError, check_version
-from recovery.train.state import TRANSITIONS, IllegalTransition, TrainerMachine, TrainerState
+from recovery.train.state import TRANSITIONS, TrainerMachine, TrainerState
+from recovery.transitions import IllegalTransition
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "recovery.md"
 EDGE = re.compile(r"^\s*(\w+|\[\*\])\s*-->\s*(\w+|\[\*\])\s*(?::.*)?$")
@@ -52,22 +53,22 @@ def test_every_state_is_reachable_and_every_path_can_end() -> None:
 
 def test_a_move_outside_the_table_raises_and_leaves_the_state() -> None:
     machine = TrainerMachine(rank=3)
-    machine.move(TrainerState.TRAINING)
+    machine.transition(TrainerState.TRAINING)
     with pytest.raises(IllegalTransition, match="rank 3: no move from TRAINING to RESYNCING"):
-        machine.move(TrainerState.RESYNCING)
+        machine.transition(TrainerState.RESYNCING)
     assert machine.state is TrainerState.TRAINING
 
 
 def test_a_fault_is_kept_until_training_resumes() -> None:
     machine = TrainerMachine(rank=0)
-    machine.move(TrainerState.TRAINING)
+    machine.transition(TrainerState.TRAINING)
     machine.fail(TrainerState.REPAIRING, "a device failed", frozenset({1}))
     assert machine.fault is not None and machine.fault.ranks == {1}
-    machine.move(TrainerState.TRAINING)
+    machine.transition(TrainerState.TRAINING)
     assert machine.fault is None
     machine.fail(TrainerState.PAUSED, "peer gone")
-    machine.move(TrainerState.REFORMING)
-    machine.move(TrainerState.RESYNCING)
+    machine.transition(TrainerState.REFORMING)
+    machine.transition(TrainerState.RESYNCING)
     assert machine.fault is not None and machine.fault.cause == "peer gone"
 
 
