@@ -4,13 +4,14 @@ by svg.py, page.py and trace.py). Times are unix seconds."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
-__all__ = ["Ending", "Phase", "Lane", "Incarnation", "Fault", "PhaseSpan", "GenerationMark",
+__all__ = ["IncarnationEnding", "SpanPhase", "Lane", "Incarnation", "FaultMark", "PhaseSpan",
+           "GenerationMark",
            "Recovery", "StepPoint", "Timeline"]
 
 
-class Ending(str, Enum):
+class IncarnationEnding(StrEnum):
     """How an incarnation (one process of a rank) ended."""
 
     SUCCEEDED = "succeeded"
@@ -24,7 +25,9 @@ class Ending(str, Enum):
     """The job is over, but its events never recorded this process's end."""
 
 
-class Phase(str, Enum):
+class SpanPhase(StrEnum):
+    """What a rank does between a fault and training again (a span of the timeline)."""
+
     COOLDOWN = "cooldown"
     REFORMING = "re-forming"
     RESYNCING = "resynchronising"
@@ -43,13 +46,13 @@ class Incarnation:
     pid: int
     start: float
     end: float
-    ending: Ending
+    ending: IncarnationEnding
     exit: str = ""
     """How it ended, as the ``exit`` event says: ``SIGKILL``, ``exit code 1``, or ''."""
 
 
 @dataclass(frozen=True)
-class Fault:
+class FaultMark:
     ts: float
     rank: int | None
     cause: str
@@ -60,7 +63,7 @@ class Fault:
 @dataclass(frozen=True)
 class PhaseSpan:
     rank: int
-    phase: Phase
+    phase: SpanPhase
     start: float
     end: float
     generation: int | None = None
@@ -77,7 +80,7 @@ class GenerationMark:
 class Recovery:
     """One episode: faults, and how training went on after them."""
 
-    faults: tuple[Fault, ...]
+    faults: tuple[FaultMark, ...]
     end: float | None
     """The ``recovered`` event; None: not recovered (yet, or ever: a plain script)."""
     source: str | None = None
@@ -122,7 +125,7 @@ class Timeline:
     reason: str
     lanes: tuple[Lane, ...]
     incarnations: tuple[Incarnation, ...]
-    faults: tuple[Fault, ...]
+    faults: tuple[FaultMark, ...]
     phases: tuple[PhaseSpan, ...]
     generations: tuple[GenerationMark, ...]
     recoveries: tuple[Recovery, ...]

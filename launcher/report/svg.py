@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from html import escape
 
-from launcher.report.model import Ending, Phase, Recovery, StepPoint, Timeline
+from launcher.report.model import IncarnationEnding, Recovery, SpanPhase, StepPoint, Timeline
 
 __all__ = ["timeline_svg", "steps_svg", "ENDING_COLOURS", "PHASE_COLOURS", "WIDTH"]
 
@@ -22,11 +22,12 @@ LEFT, RIGHT = 130, 30
 LANE, BAR = 28, 16
 AXIS, RECOVERY_ROW, NODE_ROW, LEGEND = 30, 40, 22, 46
 ENDING_COLOURS = {
-    Ending.SUCCEEDED: "#43a047", Ending.FAILED: "#e53935", Ending.HUNG: "#fb8c00",
-    Ending.STOPPED: "#90a4ae", Ending.RUNNING: "#1e88e5", Ending.UNKNOWN: "#bdbdbd",
+    IncarnationEnding.SUCCEEDED: "#43a047", IncarnationEnding.FAILED: "#e53935",
+    IncarnationEnding.HUNG: "#fb8c00", IncarnationEnding.STOPPED: "#90a4ae",
+    IncarnationEnding.RUNNING: "#1e88e5", IncarnationEnding.UNKNOWN: "#bdbdbd",
 }
-PHASE_COLOURS = {Phase.COOLDOWN: "#fdd835", Phase.REFORMING: "#8e24aa",
-                 Phase.RESYNCING: "#00acc1"}
+PHASE_COLOURS = {SpanPhase.COOLDOWN: "#fdd835", SpanPhase.REFORMING: "#8e24aa",
+                 SpanPhase.RESYNCING: "#00acc1"}
 FAULT_COLOUR = "#b71c1c"
 _ROUND_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600,
                 43200, 86400)
@@ -215,7 +216,8 @@ def _legend(timeline: Timeline, y: float) -> list[str]:
     """What the colours mean, for the endings and phases this timeline has."""
     endings = {life.ending for life in timeline.incarnations}
     phases = {span.phase for span in timeline.phases}
-    items = [(colour, f"ended: {ending.value}" if ending is not Ending.RUNNING else "running")
+    items = [(colour, "running" if ending is IncarnationEnding.RUNNING
+              else f"ended: {ending.value}")
              for ending, colour in ENDING_COLOURS.items() if ending in endings]
     items += [(colour, phase.value) for phase, colour in PHASE_COLOURS.items() if phase in phases]
     parts, x = [], float(LEFT)
