@@ -86,8 +86,8 @@ class Recovery:
     source: str | None = None
     seconds: float | None = None
     """As the ``recovered`` event says (since the newest fault)."""
-    step: int | None = None
-    """The step training went on from."""
+    global_step: int | None = None
+    """The step training went on from (the ``recovered`` event's ``step``)."""
     reached: int | None = None
     """The highest step reported before the rollback."""
     restart: str | None = None
@@ -99,15 +99,15 @@ class Recovery:
 
     @property
     def steps_redone(self) -> int | None:
-        if self.step is None or self.reached is None:
+        if self.global_step is None or self.reached is None:
             return None
-        return max(0, self.reached - self.step)
+        return max(0, self.reached - self.global_step)
 
 
 @dataclass(frozen=True)
 class StepPoint:
     ts: float
-    step: int
+    global_step: int
     incarnation: int = 0
     """The rank's incarnation that reported it (the newest spawned by then)."""
 

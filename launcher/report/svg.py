@@ -93,9 +93,9 @@ def _step_path(points: Sequence[StepPoint], scale: _Scale, y: Callable[[float], 
     """Straight lines while the step goes up; a rollback holds the step until it drops."""
     coords: list[tuple[float, float]] = []
     for before, point in zip([None, *points], points):
-        if before is not None and point.step < before.step:
-            coords.append((scale.x(point.ts), y(before.step)))
-        coords.append((scale.x(point.ts), y(point.step)))
+        if before is not None and point.global_step < before.global_step:
+            coords.append((scale.x(point.ts), y(before.global_step)))
+        coords.append((scale.x(point.ts), y(point.global_step)))
     return " ".join(f"{x:.1f},{v:.1f}" for x, v in coords)
 
 
@@ -104,7 +104,7 @@ def _recovery_label(recovery: Recovery, running: bool) -> str:
         said = "recovering" if running else "no recovered event"
         return said + (f" (tftrun restarted: {recovery.restart})" if recovery.restart else "")
     seconds = recovery.seconds if recovery.seconds is not None else recovery.end - recovery.start
-    where = f" → step {recovery.step}" if recovery.step is not None else ""
+    where = f" → step {recovery.global_step}" if recovery.global_step is not None else ""
     return f"{recovery.source or 'recovered'}{where} · {_seconds(seconds)}"
 
 
@@ -254,10 +254,10 @@ def steps_svg(timeline: Timeline, height: int = 260) -> str:
     scale = _Scale(timeline.start, timeline.end)
     top, bottom = 16, height - 44
     highest = max([timeline.total_steps or 0,
-                   *(p.step for points in timeline.steps.values() for p in points)]) or 1
+                   *(p.global_step for points in timeline.steps.values() for p in points)]) or 1
 
-    def y(step: float) -> float:
-        return bottom - step / highest * (bottom - top)
+    def y(global_step: float) -> float:
+        return bottom - global_step / highest * (bottom - top)
 
     parts = _axis(scale, top, bottom, bottom + 15)
     for value in (0, highest / 2, highest):
@@ -284,13 +284,14 @@ def steps_svg(timeline: Timeline, height: int = 260) -> str:
                      f'y="{height - 8}" font-size="11" fill="{colour}">rank {rank}</text>')
     for recovery in timeline.recoveries:
         redone = recovery.steps_redone
-        if recovery.end is None or recovery.step is None or not redone:
+        if recovery.end is None or recovery.global_step is None or not redone:
             continue
         x = scale.x(recovery.end)
         parts.append(f'<g class="redone" data-steps="{redone}"><line x1="{x:.1f}" '
-                     f'y1="{y(recovery.step + redone):.1f}" x2="{x:.1f}" y2="{y(recovery.step):.1f}" '
+                     f'y1="{y(recovery.global_step + redone):.1f}" x2="{x:.1f}" '
+                     f'y2="{y(recovery.global_step):.1f}" '
                      f'stroke="{FAULT_COLOUR}" stroke-width="3"/><text x="{x + 6:.1f}" '
-                     f'y="{y(recovery.step) + 14:.1f}" font-size="11" font-weight="700" '
+                     f'y="{y(recovery.global_step) + 14:.1f}" font-size="11" font-weight="700" '
                      f'fill="{FAULT_COLOUR}">{redone} steps redone</text></g>')
     return (f'<svg xmlns="http://www.w3.org/2000/svg" class="steps-chart" width="{WIDTH}" '
             f'height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="sans-serif">'

@@ -148,14 +148,15 @@ class _Builder:
 
     # ------------------------------------------------------------------ workers
     def _on_step(self, event: dict[str, Any], node: int) -> None:
-        rank, step = int(event["rank"]), int(event["step"])
-        self.steps[rank].append(StepPoint(event["ts"], step, self.current.get(rank, 0)))
-        self.high = step if self.high is None else max(self.high, step)
+        rank, global_step = int(event["rank"]), int(event["step"])
+        self.steps[rank].append(StepPoint(event["ts"], global_step, self.current.get(rank, 0)))
+        self.high = global_step if self.high is None else max(self.high, global_step)
         episode = self.episode
         if episode is not None and episode.rollback is None and event.get("why") != RESTORED:
             # A survivor's "paused" step may be written just after the fault event: the
             # step the job reached counts it, however the two writers' times interleave.
-            episode.reached = step if episode.reached is None else max(episode.reached, step)
+            episode.reached = (global_step if episode.reached is None
+                               else max(episode.reached, global_step))
         if event.get("total") is not None:
             self.total = int(event["total"])
 
@@ -175,11 +176,11 @@ class _Builder:
         if episode is None:
             return
         self.episode = None
-        step = int(event["step"]) if event.get("step") is not None else None
+        global_step = int(event["step"]) if event.get("step") is not None else None
         self.recoveries.append(Recovery(tuple(episode.faults), event["ts"], event.get("source"),
-                                        event.get("seconds"), step, episode.reached,
+                                        event.get("seconds"), global_step, episode.reached,
                                         episode.restart))
-        self.high = step
+        self.high = global_step
 
     # ------------------------------------------------------------------ assembly
     def _open_incarnations(self) -> list[Incarnation]:

@@ -177,7 +177,8 @@ class Member:
     incarnation: int
     host: str
     state: MemberState
-    step: int | None = None
+    global_step: int | None = None
+    """The step it reported last (its heartbeat's ``step``)."""
     phase: str | None = None  # what the training loop says it is doing, as it says it
     heartbeat_at: float = 0.0  # monotonic
     progress_at: float = 0.0  # monotonic: its start, its generation forming or its new step
@@ -200,8 +201,12 @@ class Member:
                 "incarnation": self.incarnation}
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.fields(), "host": self.host, "state": self.state.value, "step": self.step,
-                "phase": self.phase, "generation_step": self.generation_step}
+        """The persisted member; its step is recorded as ``step``, as the scheduler's state
+        (and ``tftctl status``) always had it: only here and in :meth:`from_json` is it
+        mapped to :attr:`global_step`."""
+        return {**self.fields(), "host": self.host, "state": self.state.value,
+                "step": self.global_step, "phase": self.phase,
+                "generation_step": self.generation_step}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Member:
@@ -305,9 +310,9 @@ class Membership:
                 self.timeouts.heartbeat_interval)
         return self._admit(node_id, rank, identity, event)
 
-    def heartbeat(self, identity: Identity, token: str, step: int | None,
+    def heartbeat(self, identity: Identity, token: str, global_step: int | None,
                   phase: str | None = None) -> Accepted | Refused:
-        """A registered process is alive and at ``step``, doing ``phase`` (if it says).
+        """A registered process is alive and at ``global_step``, doing ``phase`` (if it says).
 
         A process the scheduler does not know (its state was lost) is admitted again
         under the registration rules: that is how workers re-attach after a scheduler
@@ -332,12 +337,12 @@ class Membership:
         self._confirm(member)
         if phase is not None:
             member.phase = phase
-        if step is not None and step != member.step:
-            member.step = member.generation_step = step
+        if global_step is not None and global_step != member.global_step:
+            member.global_step = member.generation_step = global_step
             member.progress_at = self.clock.monotonic()
             member.behind_since = None
             if member.state is MemberState.HUNG:
-                logger.info("node %s progresses again (step %d)", member.node_id, step)
+                logger.info("node %s progresses again (step %d)", member.node_id, global_step)
                 member.transition(MemberState.ALIVE)
         return Accepted(member.node_id, member.rank, self._generation_of(member))
 
@@ -633,7 +638,8 @@ class Membership:
             member.transition(MemberState.ALIVE)
             member.pid, member.incarnation, member.host = (identity.pid, identity.incarnation,
                                                            identity.host)
-            member.step = member.phase = member.generation_step = member.behind_since = None
+            member.global_step = member.phase = member.generation_step = None
+            member.behind_since = None
         member.heartbeat_at = member.progress_at = now
         self._last_refusal.pop(identity.node_id, None)
         self._emit(event, **member.fields(), host=member.host,
