@@ -74,7 +74,7 @@ class TimedHeartbeat(Heartbeat):
         self.evicted = True
 
     def beat(self) -> bool:
-        self.step = (self.step or 0) + 1  # a training rank's step moves between beats
+        self.global_step = (self.global_step or 0) + 1  # a training rank's step moves between beats
         sent, started = time.time(), time.perf_counter()
         answered = super().beat()
         if answered:

@@ -16,26 +16,33 @@ __all__ = ["TrainPosition"]
 
 @dataclass(frozen=True)
 class TrainPosition:
-    """Where training is: ``step`` steps of epoch ``epoch`` are done, ``global_step`` in all.
+    """Where training is: ``step_in_epoch`` steps of epoch ``epoch`` are done, ``global_step``
+    in all.
 
     Epochs count from 1 and steps within an epoch from 1, as in MindSpore's checkpoint
     names; ``TrainPosition()`` is the start of training.
 
-    A position unpacks as ``(epoch, step, global_step)`` (so ``saver.step_end(*position)``
-    works) and orders by that triple; extensions (:class:`recovery.ckpt.restore.ResumePoint`,
-    :class:`recovery.train.elastic.Step`) unpack and order as the position they extend.
+    A position unpacks as ``(epoch, step_in_epoch, global_step)`` (so
+    ``saver.step_end(*position)`` works) and orders by that triple; extensions
+    (:class:`recovery.ckpt.restore.ResumePoint`, :class:`recovery.train.elastic.Step`) unpack
+    and order as the position they extend.
     """
 
     epoch: int = 1
-    step: int = 0
+    step_in_epoch: int = 0
     global_step: int = 0
 
     def __iter__(self) -> Iterator[int]:
-        return iter((self.epoch, self.step, self.global_step))
+        return iter((self.epoch, self.step_in_epoch, self.global_step))
 
     def as_dict(self) -> dict[str, int]:
-        """``{"epoch", "step", "global_step"}``: how a checkpoint file records it."""
-        return {"epoch": self.epoch, "step": self.step, "global_step": self.global_step}
+        """``{"epoch", "step", "global_step"}``: how a checkpoint file records it.
+
+        The file's key for the step within the epoch is ``step``, as it always was (files
+        already written must stay readable): only here and in :meth:`from_dict` is it
+        mapped to :attr:`step_in_epoch`.
+        """
+        return {"epoch": self.epoch, "step": self.step_in_epoch, "global_step": self.global_step}
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> TrainPosition:

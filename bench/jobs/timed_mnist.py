@@ -99,12 +99,12 @@ def timed_trainer(options: argparse.Namespace) -> type[ElasticTrainer]:
             log = steps_file(options.timing_dir, ctx.rank).open("a", buffering=1)
             faulty = ctx.rank == options.fault_rank
 
-            def log_and_step_end(epoch: int, step: int, global_step: int) -> Path | None:
+            def log_and_step_end(epoch: int, step_in_epoch: int, global_step: int) -> Path | None:
                 log.write(StepRecord(ctx.rank, global_step, time.time(), os.getpid()).line())
                 if (faulty and options.fault == "kill" and global_step == options.fault_step
                         and record_fault_once(options.timing_dir)):
                     os.kill(os.getpid(), signal.SIGKILL)
-                return step_end(epoch, step, global_step)
+                return step_end(epoch, step_in_epoch, global_step)
 
             self.saver.step_end = log_and_step_end  # type: ignore[method-assign]
             if faulty and options.fault == "uce":

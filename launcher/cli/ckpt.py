@@ -45,7 +45,7 @@ or rank_<r> -> last-words step directory (which records its lineage too)."""
 
 def _verified(root: Path, lineage: str | None = None) -> list[tuple[Candidate, str | None]]:
     results = [result for directory in find_checkpoint_dirs(root) for result in verify_dir(directory, lineage)]
-    return sorted(results, key=lambda r: (_rank(r[0]), str(r[0].path.parent), r[0].epoch, r[0].step))
+    return sorted(results, key=lambda r: (_rank(r[0]), str(r[0].path.parent), r[0].epoch, r[0].step_in_epoch))
 
 
 def current_lineage(root: Path) -> str | None:
@@ -85,7 +85,7 @@ def ls(directory: _Dir, every_lineage: _All = False) -> None:
         rank = _rank(candidate)
         written = "-" if candidate.entry is None else datetime.fromtimestamp(candidate.entry.time).strftime("%Y-%m-%d %H:%M:%S")
         table.add_row(
-            "?" if rank < 0 else str(rank), str(candidate.epoch), str(candidate.step), _size(candidate),
+            "?" if rank < 0 else str(rank), str(candidate.epoch), str(candidate.step_in_epoch), _size(candidate),
             written, "yes" if reason is None else f"no: {reason}", _lineage(candidate), str(candidate.path),
         )
     # Off a terminal (pipes, tests) rich would squeeze the table into 80 columns.

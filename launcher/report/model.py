@@ -4,13 +4,14 @@ by svg.py, page.py and trace.py). Times are unix seconds."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
-__all__ = ["Ending", "Phase", "Lane", "Incarnation", "Fault", "PhaseSpan", "GenerationMark",
+__all__ = ["IncarnationEnding", "SpanPhase", "Lane", "Incarnation", "FaultMark", "PhaseSpan",
+           "GenerationMark",
            "Recovery", "StepPoint", "Timeline"]
 
 
-class Ending(str, Enum):
+class IncarnationEnding(StrEnum):
     """How an incarnation (one process of a rank) ended."""
 
     SUCCEEDED = "succeeded"
@@ -24,7 +25,9 @@ class Ending(str, Enum):
     """The job is over, but its events never recorded this process's end."""
 
 
-class Phase(str, Enum):
+class SpanPhase(StrEnum):
+    """What a rank does between a fault and training again (a span of the timeline)."""
+
     COOLDOWN = "cooldown"
     REFORMING = "re-forming"
     RESYNCING = "resynchronising"
@@ -43,13 +46,13 @@ class Incarnation:
     pid: int
     start: float
     end: float
-    ending: Ending
+    ending: IncarnationEnding
     exit: str = ""
     """How it ended, as the ``exit`` event says: ``SIGKILL``, ``exit code 1``, or ''."""
 
 
 @dataclass(frozen=True)
-class Fault:
+class FaultMark:
     ts: float
     rank: int | None
     cause: str
@@ -60,7 +63,7 @@ class Fault:
 @dataclass(frozen=True)
 class PhaseSpan:
     rank: int
-    phase: Phase
+    phase: SpanPhase
     start: float
     end: float
     generation: int | None = None
@@ -77,14 +80,14 @@ class GenerationMark:
 class Recovery:
     """One episode: faults, and how training went on after them."""
 
-    faults: tuple[Fault, ...]
+    faults: tuple[FaultMark, ...]
     end: float | None
     """The ``recovered`` event; None: not recovered (yet, or ever: a plain script)."""
     source: str | None = None
     seconds: float | None = None
     """As the ``recovered`` event says (since the newest fault)."""
-    step: int | None = None
-    """The step training went on from."""
+    global_step: int | None = None
+    """The step training went on from (the ``recovered`` event's ``step``)."""
     reached: int | None = None
     """The highest step reported before the rollback."""
     restart: str | None = None
@@ -96,15 +99,15 @@ class Recovery:
 
     @property
     def steps_redone(self) -> int | None:
-        if self.step is None or self.reached is None:
+        if self.global_step is None or self.reached is None:
             return None
-        return max(0, self.reached - self.step)
+        return max(0, self.reached - self.global_step)
 
 
 @dataclass(frozen=True)
 class StepPoint:
     ts: float
-    step: int
+    global_step: int
     incarnation: int = 0
     """The rank's incarnation that reported it (the newest spawned by then)."""
 
@@ -122,7 +125,7 @@ class Timeline:
     reason: str
     lanes: tuple[Lane, ...]
     incarnations: tuple[Incarnation, ...]
-    faults: tuple[Fault, ...]
+    faults: tuple[FaultMark, ...]
     phases: tuple[PhaseSpan, ...]
     generations: tuple[GenerationMark, ...]
     recoveries: tuple[Recovery, ...]

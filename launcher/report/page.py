@@ -60,7 +60,7 @@ def _faults_table(timeline: Timeline) -> str:
                 + _cell(recovery.source or ("–" if recovery.end is not None else
                                             "recovering" if timeline.running else
                                             "no recovered event"))
-                + _cell(_seconds(took), True) + _cell(recovery.step, True)
+                + _cell(_seconds(took), True) + _cell(recovery.global_step, True)
                 + _cell(recovery.steps_redone, True) + _cell(recovery.restart) + "</tr>")
     if not rows:
         return "<p>No faults.</p>"

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from html import escape
 
-from launcher.report.model import Ending, Phase, Recovery, StepPoint, Timeline
+from launcher.report.model import IncarnationEnding, Recovery, SpanPhase, StepPoint, Timeline
 
 __all__ = ["timeline_svg", "steps_svg", "ENDING_COLOURS", "PHASE_COLOURS", "WIDTH"]
 
@@ -22,11 +22,12 @@ LEFT, RIGHT = 130, 30
 LANE, BAR = 28, 16
 AXIS, RECOVERY_ROW, NODE_ROW, LEGEND = 30, 40, 22, 46
 ENDING_COLOURS = {
-    Ending.SUCCEEDED: "#43a047", Ending.FAILED: "#e53935", Ending.HUNG: "#fb8c00",
-    Ending.STOPPED: "#90a4ae", Ending.RUNNING: "#1e88e5", Ending.UNKNOWN: "#bdbdbd",
+    IncarnationEnding.SUCCEEDED: "#43a047", IncarnationEnding.FAILED: "#e53935",
+    IncarnationEnding.HUNG: "#fb8c00", IncarnationEnding.STOPPED: "#90a4ae",
+    IncarnationEnding.RUNNING: "#1e88e5", IncarnationEnding.UNKNOWN: "#bdbdbd",
 }
-PHASE_COLOURS = {Phase.COOLDOWN: "#fdd835", Phase.REFORMING: "#8e24aa",
-                 Phase.RESYNCING: "#00acc1"}
+PHASE_COLOURS = {SpanPhase.COOLDOWN: "#fdd835", SpanPhase.REFORMING: "#8e24aa",
+                 SpanPhase.RESYNCING: "#00acc1"}
 FAULT_COLOUR = "#b71c1c"
 _ROUND_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600,
                 43200, 86400)
@@ -92,9 +93,9 @@ def _step_path(points: Sequence[StepPoint], scale: _Scale, y: Callable[[float], 
     """Straight lines while the step goes up; a rollback holds the step until it drops."""
     coords: list[tuple[float, float]] = []
     for before, point in zip([None, *points], points):
-        if before is not None and point.step < before.step:
-            coords.append((scale.x(point.ts), y(before.step)))
-        coords.append((scale.x(point.ts), y(point.step)))
+        if before is not None and point.global_step < before.global_step:
+            coords.append((scale.x(point.ts), y(before.global_step)))
+        coords.append((scale.x(point.ts), y(point.global_step)))
     return " ".join(f"{x:.1f},{v:.1f}" for x, v in coords)
 
 
@@ -103,7 +104,7 @@ def _recovery_label(recovery: Recovery, running: bool) -> str:
         said = "recovering" if running else "no recovered event"
         return said + (f" (tftrun restarted: {recovery.restart})" if recovery.restart else "")
     seconds = recovery.seconds if recovery.seconds is not None else recovery.end - recovery.start
-    where = f" → step {recovery.step}" if recovery.step is not None else ""
+    where = f" → step {recovery.global_step}" if recovery.global_step is not None else ""
     return f"{recovery.source or 'recovered'}{where} · {_seconds(seconds)}"
 
 
@@ -215,7 +216,8 @@ def _legend(timeline: Timeline, y: float) -> list[str]:
     """What the colours mean, for the endings and phases this timeline has."""
     endings = {life.ending for life in timeline.incarnations}
     phases = {span.phase for span in timeline.phases}
-    items = [(colour, f"ended: {ending.value}" if ending is not Ending.RUNNING else "running")
+    items = [(colour, "running" if ending is IncarnationEnding.RUNNING
+              else f"ended: {ending.value}")
              for ending, colour in ENDING_COLOURS.items() if ending in endings]
     items += [(colour, phase.value) for phase, colour in PHASE_COLOURS.items() if phase in phases]
     parts, x = [], float(LEFT)
@@ -252,10 +254,10 @@ def steps_svg(timeline: Timeline, height: int = 260) -> str:
     scale = _Scale(timeline.start, timeline.end)
     top, bottom = 16, height - 44
     highest = max([timeline.total_steps or 0,
-                   *(p.step for points in timeline.steps.values() for p in points)]) or 1
+                   *(p.global_step for points in timeline.steps.values() for p in points)]) or 1
 
-    def y(step: float) -> float:
-        return bottom - step / highest * (bottom - top)
+    def y(global_step: float) -> float:
+        return bottom - global_step / highest * (bottom - top)
 
     parts = _axis(scale, top, bottom, bottom + 15)
     for value in (0, highest / 2, highest):
@@ -282,13 +284,14 @@ def steps_svg(timeline: Timeline, height: int = 260) -> str:
                      f'y="{height - 8}" font-size="11" fill="{colour}">rank {rank}</text>')
     for recovery in timeline.recoveries:
         redone = recovery.steps_redone
-        if recovery.end is None or recovery.step is None or not redone:
+        if recovery.end is None or recovery.global_step is None or not redone:
             continue
         x = scale.x(recovery.end)
         parts.append(f'<g class="redone" data-steps="{redone}"><line x1="{x:.1f}" '
-                     f'y1="{y(recovery.step + redone):.1f}" x2="{x:.1f}" y2="{y(recovery.step):.1f}" '
+                     f'y1="{y(recovery.global_step + redone):.1f}" x2="{x:.1f}" '
+                     f'y2="{y(recovery.global_step):.1f}" '
                      f'stroke="{FAULT_COLOUR}" stroke-width="3"/><text x="{x + 6:.1f}" '
-                     f'y="{y(recovery.step) + 14:.1f}" font-size="11" font-weight="700" '
+                     f'y="{y(recovery.global_step) + 14:.1f}" font-size="11" font-weight="700" '
                      f'fill="{FAULT_COLOUR}">{redone} steps redone</text></g>')
     return (f'<svg xmlns="http://www.w3.org/2000/svg" class="steps-chart" width="{WIDTH}" '
             f'height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="sans-serif">'

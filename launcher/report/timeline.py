@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.report.model import (
-    Ending, Fault, GenerationMark, Incarnation, Lane, Phase, PhaseSpan, Recovery, StepPoint,
-    Timeline,
+    FaultMark, GenerationMark, Incarnation, IncarnationEnding, Lane, PhaseSpan, Recovery,
+    SpanPhase, StepPoint, Timeline,
 )
 from recovery.train.step_events import RESTORED
 
@@ -31,7 +31,7 @@ __all__ = ["build_timeline"]
 
 @dataclass
 class _Episode:
-    faults: list[Fault]
+    faults: list[FaultMark]
     formed_before: int | None
     """The newest generation when the first fault came (None: the job had none)."""
     reached: int | None
@@ -56,7 +56,7 @@ class _Builder:
     """(rank, pid) -> its spawn event, until its exit."""
     hung: set[tuple[int, int]] = field(default_factory=set)
     incarnations: list[Incarnation] = field(default_factory=list)
-    faults: list[Fault] = field(default_factory=list)
+    faults: list[FaultMark] = field(default_factory=list)
     cooldowns: list[tuple[int, float, float]] = field(default_factory=list)
     spawns: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
     current: dict[int, int] = field(default_factory=dict)
@@ -106,18 +106,18 @@ class _Builder:
         if spawn is None:
             return
         if event.get("expected"):
-            ending = Ending.STOPPED
+            ending = IncarnationEnding.STOPPED
         elif event.get("exitcode") == 0:
-            ending = Ending.SUCCEEDED
+            ending = IncarnationEnding.SUCCEEDED
         else:
-            ending = Ending.HUNG if key in self.hung else Ending.FAILED
+            ending = IncarnationEnding.HUNG if key in self.hung else IncarnationEnding.FAILED
         how = event.get("signal") or f"exit code {event.get('exitcode')}"
         self.incarnations.append(Incarnation(key[0], int(spawn.get("incarnation") or 0),
                                              key[1], spawn["ts"], event["ts"], ending, how))
 
     def _on_fault(self, event: dict[str, Any], node: int) -> None:
         rank = event.get("rank")
-        fault = Fault(event["ts"], None if rank is None else int(rank), str(event.get("cause")),
+        fault = FaultMark(event["ts"], None if rank is None else int(rank), str(event.get("cause")),
                       event.get("pid"), event.get("incarnation"))
         self.faults.append(fault)
         if self.episode is None:
@@ -148,14 +148,15 @@ class _Builder:
 
     # ------------------------------------------------------------------ workers
     def _on_step(self, event: dict[str, Any], node: int) -> None:
-        rank, step = int(event["rank"]), int(event["step"])
-        self.steps[rank].append(StepPoint(event["ts"], step, self.current.get(rank, 0)))
-        self.high = step if self.high is None else max(self.high, step)
+        rank, global_step = int(event["rank"]), int(event["step"])
+        self.steps[rank].append(StepPoint(event["ts"], global_step, self.current.get(rank, 0)))
+        self.high = global_step if self.high is None else max(self.high, global_step)
         episode = self.episode
         if episode is not None and episode.rollback is None and event.get("why") != RESTORED:
             # A survivor's "paused" step may be written just after the fault event: the
             # step the job reached counts it, however the two writers' times interleave.
-            episode.reached = step if episode.reached is None else max(episode.reached, step)
+            episode.reached = (global_step if episode.reached is None
+                               else max(episode.reached, global_step))
         if event.get("total") is not None:
             self.total = int(event["total"])
 
@@ -175,15 +176,15 @@ class _Builder:
         if episode is None:
             return
         self.episode = None
-        step = int(event["step"]) if event.get("step") is not None else None
+        global_step = int(event["step"]) if event.get("step") is not None else None
         self.recoveries.append(Recovery(tuple(episode.faults), event["ts"], event.get("source"),
-                                        event.get("seconds"), step, episode.reached,
+                                        event.get("seconds"), global_step, episode.reached,
                                         episode.restart))
-        self.high = step
+        self.high = global_step
 
     # ------------------------------------------------------------------ assembly
     def _open_incarnations(self) -> list[Incarnation]:
-        ending = Ending.RUNNING if self.live else Ending.UNKNOWN
+        ending = IncarnationEnding.RUNNING if self.live else IncarnationEnding.UNKNOWN
         return [Incarnation(rank, int(spawn.get("incarnation") or 0), pid, spawn["ts"],
                             self.end, ending) for (rank, pid), spawn in self.running.items()]
 
@@ -193,7 +194,7 @@ class _Builder:
             later = [ts for ts in self.spawns[rank] if ts >= start]
             end = min([until, self.end, *later])
             if end > start:
-                spans.append(PhaseSpan(rank, Phase.COOLDOWN, start, end))
+                spans.append(PhaseSpan(rank, SpanPhase.COOLDOWN, start, end))
         for episode in self.episodes:
             if episode.formed_before is None:
                 continue  # a job without generations (a plain script): nothing re-forms
@@ -201,9 +202,9 @@ class _Builder:
             resynced = (episode.rollback["ts"] if episode.rollback is not None
                         else self._episode_end(episode))
             target = episode.generation if episode.generation is not None else episode.formed_before + 1
-            windows = [(Phase.REFORMING, episode.faults[0].ts, formed, target)]
+            windows = [(SpanPhase.REFORMING, episode.faults[0].ts, formed, target)]
             if episode.generation_at is not None:
-                windows.append((Phase.RESYNCING, formed, resynced, episode.generation))
+                windows.append((SpanPhase.RESYNCING, formed, resynced, episode.generation))
             for phase, start, end, generation in windows:
                 for life in incarnations:
                     lo, hi = max(start, life.start), min(end, life.end)

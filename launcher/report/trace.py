@@ -67,7 +67,7 @@ def trace_events(timeline: Timeline) -> dict[str, Any]:
                  else "recovering" if timeline.running else "no recovered event")
         events.append(span(label, "recovery", 0, RECOVERIES_TID, recovery.start, end,
                            source=recovery.source, seconds=recovery.seconds,
-                           step=recovery.step, steps_redone=recovery.steps_redone,
+                           step=recovery.global_step, steps_redone=recovery.steps_redone,
                            faults=[f"rank {f.rank}: {f.cause}" for f in recovery.faults]))
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"run_id": timeline.run_id, "start_unix_s": timeline.start}}

@@ -7,15 +7,16 @@ through :meth:`Worker.transition`, so that the table below is what the code does
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from launcher.supervisor.failures import ExitInfo
 from launcher.procs.process import Child
+from recovery.transitions import check_transition
 
-__all__ = ["WorkerState", "Worker", "Failure", "LEGAL_MOVES", "SPAWN_FAILED"]
+__all__ = ["WorkerState", "Worker", "Failure", "TRANSITIONS", "SPAWN_FAILED"]
 
 
-class WorkerState(str, Enum):
+class WorkerState(StrEnum):
     """Where a worker is, as the supervisor sees it.
 
     ``PENDING`` → ``RUNNING`` → ``SUCCEEDED`` (exit 0) | ``FAILED`` (any other end, or a
@@ -38,7 +39,7 @@ class WorkerState(str, Enum):
 _LAUNCHED = {WorkerState.RUNNING, WorkerState.FAILED}
 """A launch ends in RUNNING, or in FAILED when the process could not be started."""
 
-LEGAL_MOVES: dict[WorkerState, frozenset[WorkerState]] = {
+TRANSITIONS: dict[WorkerState, frozenset[WorkerState]] = {
     WorkerState.PENDING: frozenset(_LAUNCHED),
     WorkerState.RUNNING: frozenset({WorkerState.SUCCEEDED, WorkerState.FAILED,
                                     WorkerState.STOPPING}),
@@ -113,8 +114,7 @@ class Worker:
         return max(0, self.launches - 1)
 
     def transition(self, to: WorkerState, deadline: float = 0.0) -> None:
-        if to not in LEGAL_MOVES[self.state]:
-            raise RuntimeError(f"rank {self.rank}: illegal move {self.state.value} -> {to.value}")
+        check_transition(TRANSITIONS, f"rank {self.rank}", self.state, to)
         self.state = to
         self.deadline = deadline
 

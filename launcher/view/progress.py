@@ -46,7 +46,8 @@ class EventTail:
 
 @dataclass(frozen=True)
 class RankProgress:
-    step: int
+    global_step: int
+    """The step it reported last (its ``step`` event's ``step``)."""
     at: float
     rate: float | None
     """Steps per second between its last two reports of steady training (None before)."""
@@ -73,15 +74,15 @@ class Progress:
                 handler(event)
 
     def _on_step(self, event: dict[str, Any]) -> None:
-        rank, step, ts = int(event["rank"]), int(event["step"]), float(event["ts"])
+        rank, global_step, ts = int(event["rank"]), int(event["step"]), float(event["ts"])
         before = self.ranks.get(rank)
         rate = before.rate if before is not None else None
         why = str(event.get("why", STEADY))
         # A speed needs steady training from the last report to this one: none paused between.
-        if (before is not None and before.step < step and before.at < ts and why == STEADY
-                and before.why != PAUSED):
-            rate = (step - before.step) / (ts - before.at)
-        self.ranks[rank] = RankProgress(step, ts, rate, why)
+        if (before is not None and before.global_step < global_step and before.at < ts
+                and why == STEADY and before.why != PAUSED):
+            rate = (global_step - before.global_step) / (ts - before.at)
+        self.ranks[rank] = RankProgress(global_step, ts, rate, why)
         if event.get("total") is not None:
             self.total = int(event["total"])
         generation = event.get("generation")
@@ -111,9 +112,9 @@ class Progress:
             self._target = self.recovering = None
 
     @property
-    def step(self) -> int | None:
+    def global_step(self) -> int | None:
         """The job's step: the furthest rank's."""
-        return max((r.step for r in self.ranks.values()), default=None)
+        return max((r.global_step for r in self.ranks.values()), default=None)
 
     @property
     def rate(self) -> float | None:
@@ -122,10 +123,10 @@ class Progress:
 
     def eta(self) -> float | None:
         """Seconds left at the current speed; None when unknown or while recovering."""
-        step, rate = self.step, self.rate
-        if self.total is None or step is None or not rate or self.recovering:
+        global_step, rate = self.global_step, self.rate
+        if self.total is None or global_step is None or not rate or self.recovering:
             return None
-        return max(0, self.total - step) / rate
+        return max(0, self.total - global_step) / rate
 
 
 def format_eta(seconds: float | None) -> str:
@@ -138,13 +139,13 @@ def format_eta(seconds: float | None) -> str:
 
 def progress_bar(progress: Progress, width: int = 24) -> str:
     """``[#########...............] 40/100 40% 12.5 steps/s ETA 0:05`` (what is known)."""
-    step = progress.step
-    if step is None:
+    global_step = progress.global_step
+    if global_step is None:
         return "no step reported yet"
     rate = f" {progress.rate:.1f} steps/s" if progress.rate else ""
     if not progress.total:
-        return f"step {step}{rate}"
-    done = min(1.0, step / progress.total)
+        return f"step {global_step}{rate}"
+    done = min(1.0, global_step / progress.total)
     filled = int(done * width)
-    return (f"[{'#' * filled}{'.' * (width - filled)}] {step}/{progress.total} "
+    return (f"[{'#' * filled}{'.' * (width - filled)}] {global_step}/{progress.total} "
             f"{done:.0%}{rate} {format_eta(progress.eta())}")

@@ -67,7 +67,7 @@ def _rate(progress: Progress, rank: int) -> str:
 
 def _step(progress: Progress, rank: int) -> str:
     known = progress.ranks.get(rank)
-    return "-" if known is None else str(known.step)
+    return "-" if known is None else str(known.global_step)
 
 
 def _rank_text(progress: Progress, row: Row) -> str:
@@ -84,7 +84,7 @@ def progress_line(progress: Progress, rows: list[Row]) -> str | None:
     rank 0 step 40 12.4/s, rank 1 cooldown 3s, ...`` (ranks summarised beyond 8).
     """
     waiting = [r for r in rows if r.state.startswith("cooldown")]
-    if progress.step is None and progress.recovering is None and not waiting:
+    if progress.global_step is None and progress.recovering is None and not waiting:
         return None
     parts = [progress_bar(progress)]
     if progress.recovering:
@@ -92,7 +92,7 @@ def progress_line(progress: Progress, rows: list[Row]) -> str | None:
     if len(rows) <= 8:
         parts.append(", ".join(_rank_text(progress, row) for row in rows))
     else:
-        steps = [p.step for p in progress.ranks.values()]
+        steps = [p.global_step for p in progress.ranks.values()]
         if steps:
             parts.append(f"ranks at steps {min(steps)}..{max(steps)}")
         parts += [f"rank {r.rank} {r.state}" for r in waiting]
@@ -158,7 +158,7 @@ class LiveView:
         """The ranks, one row each; the caption: progress, a recovery under way and what
         else runs on the node (the warm spares)."""
         progress = self._progress
-        parts = [progress_bar(progress) if progress.step is not None else "",
+        parts = [progress_bar(progress) if progress.global_step is not None else "",
                  progress.recovering or "", spares]
         caption = "  ".join(part for part in parts if part) or None
         table = Table(title=self._title, caption=None if caption is None else Text(caption),

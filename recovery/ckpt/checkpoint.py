@@ -313,12 +313,12 @@ class CheckpointSaver:
 
     # -- a plain training loop ------------------------------------------------------------
 
-    def step_end(self, epoch: int, step: int, global_step: int) -> Path | None:
+    def step_end(self, epoch: int, step_in_epoch: int, global_step: int) -> Path | None:
         """Call after each step; saves every ``save_checkpoint_steps`` global steps.
 
         Args:
             epoch: the epoch (from 1).
-            step: the step just done within that epoch (from 1).
+            step_in_epoch: the step just done within that epoch (from 1).
             global_step: the steps done in all.
 
         Returns:
@@ -330,10 +330,10 @@ class CheckpointSaver:
         self._raise_writer_error()
         every = self.config.save_checkpoint_steps
         if every and global_step % every == 0:
-            return self.save(TrainPosition(epoch, step, global_step))
+            return self.save(TrainPosition(epoch, step_in_epoch, global_step))
         return None
 
-    def epoch_end(self, epoch: int, step: int, global_step: int) -> Path | None:
+    def epoch_end(self, epoch: int, step_in_epoch: int, global_step: int) -> Path | None:
         """Call after each epoch; saves every ``save_checkpoint_epochs`` epochs.
 
         Arguments, return value and errors as for :meth:`step_end`.
@@ -341,16 +341,17 @@ class CheckpointSaver:
         self._raise_writer_error()
         every = self.config.save_checkpoint_epochs
         if every and epoch % every == 0 and global_step != self._last_saved:
-            return self.save(TrainPosition(epoch, step, global_step))
+            return self.save(TrainPosition(epoch, step_in_epoch, global_step))
         return None
 
-    def train_end(self, epoch: int, step: int, global_step: int) -> Path | None:
+    def train_end(self, epoch: int, step_in_epoch: int, global_step: int) -> Path | None:
         """Call when training ends normally: saves the last step if not saved yet, then waits.
 
         Arguments, return value and errors as for :meth:`step_end`; the write is finished
         when it returns.
         """
-        saved = None if global_step == self._last_saved else self.save(TrainPosition(epoch, step, global_step))
+        saved = (None if global_step == self._last_saved
+                 else self.save(TrainPosition(epoch, step_in_epoch, global_step)))
         self.close()
         return saved
 
@@ -438,7 +439,8 @@ class CheckpointSaver:
         """:meth:`state` as the objects' ``state_dict`` methods give it, not yet checked."""
         data = None
         if self.sampler is not None:
-            data = {**self.sampler.state_dict(), "epoch": position.epoch, "step": position.step}
+            data = {**self.sampler.state_dict(), "epoch": position.epoch,
+                    "step": position.step_in_epoch}
         return {
             "format": FORMAT,
             "version": FORMAT_VERSION,

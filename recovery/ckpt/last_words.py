@@ -95,9 +95,10 @@ def save_last_words(saver: CheckpointSaver, recovery_path: str | os.PathLike[str
 def _prune(recovery_path: str | os.PathLike[str], lineage: str, keep_max: int) -> None:
     """Delete all but the newest ``keep_max`` of ``lineage``'s last-words step directories."""
     step_dirs = layout.ttp_step_dirs(recovery_path)
-    ours = sorted(step for step, path in step_dirs.items() if _lineage_of(path) == lineage)
-    for step in ours[: max(0, len(ours) - keep_max)]:
-        path = step_dirs[step]
+    ours = sorted(global_step for global_step, path in step_dirs.items()
+                  if _lineage_of(path) == lineage)
+    for global_step in ours[: max(0, len(ours) - keep_max)]:
+        path = step_dirs[global_step]
         doomed = layout.removal_path(path)
         try:
             os.rename(path, doomed)

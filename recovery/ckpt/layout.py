@@ -87,11 +87,11 @@ _TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.tmp$")
 
 @dataclass(frozen=True)
 class CheckpointName:
-    """The parts of ``<prefix>-<epoch>_<step>.ckpt``."""
+    """The parts of ``<prefix>-<epoch>_<step>.ckpt`` (its step counts within the epoch)."""
 
     prefix: str
     epoch: int
-    step: int
+    step_in_epoch: int
 
 
 def check_prefix(prefix: str) -> str:
@@ -112,9 +112,10 @@ def checkpoint_name(prefix: str, position: TrainPosition) -> str:
         ValueError: a bad prefix (:func:`check_prefix`), or a negative epoch or step.
     """
     check_prefix(prefix)
-    if position.epoch < 0 or position.step < 0:
-        raise ValueError(f"epoch and step must be >= 0, got epoch={position.epoch} step={position.step}")
-    return f"{prefix}-{position.epoch}_{position.step}{CHECKPOINT_SUFFIX}"
+    if position.epoch < 0 or position.step_in_epoch < 0:
+        raise ValueError(f"epoch and step must be >= 0, got epoch={position.epoch} "
+                         f"step={position.step_in_epoch}")
+    return f"{prefix}-{position.epoch}_{position.step_in_epoch}{CHECKPOINT_SUFFIX}"
 
 
 def parse_checkpoint_name(name: str) -> CheckpointName | None:

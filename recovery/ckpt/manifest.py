@@ -31,8 +31,8 @@ import json
 import logging
 import os
 import pickle
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -92,14 +92,14 @@ class CheckpointEntry:
     """One complete checkpoint as the manifest records it.
 
     ``seq`` orders entries by the time they were recorded; it only breaks a tie between
-    two files of the same ``(epoch, step)`` (two runs with different prefixes).
+    two files of the same ``(epoch, step_in_epoch)`` (two runs with different prefixes).
     ``lineage`` is the id of the job that wrote it; ``None`` in a manifest written before
     lineages existed.
     """
 
     name: str
     epoch: int
-    step: int
+    step_in_epoch: int
     global_step: int
     rank: int
     world_size: int
@@ -116,7 +116,23 @@ class CheckpointEntry:
     @property
     def position(self) -> TrainPosition:
         """The training position the checkpoint holds."""
-        return TrainPosition(self.epoch, self.step, self.global_step)
+        return TrainPosition(self.epoch, self.step_in_epoch, self.global_step)
+
+    def to_json(self) -> dict[str, Any]:
+        """The manifest's record of the entry.
+
+        The step within the epoch is recorded under ``step``, as manifests always were
+        (those already written must stay readable): only here and in :meth:`from_json` is
+        it mapped to :attr:`step_in_epoch`.
+        """
+        return {("step" if key == "step_in_epoch" else key): value
+                for key, value in asdict(self).items()}
+
+    @classmethod
+    def from_json(cls, record: Mapping[str, Any]) -> CheckpointEntry:
+        """The entry :meth:`to_json` recorded."""
+        return cls(**{("step_in_epoch" if key == "step" else key): value
+                      for key, value in record.items()})
 
 
 @dataclass(frozen=True)
@@ -128,13 +144,13 @@ class Candidate:
 
     path: Path
     epoch: int
-    step: int
+    step_in_epoch: int
     entry: CheckpointEntry | None
     kind: CheckpointKind | None = None
 
     @property
     def order(self) -> tuple[int, int, int]:
-        return (self.epoch, self.step, -1 if self.entry is None else self.entry.seq)
+        return (self.epoch, self.step_in_epoch, -1 if self.entry is None else self.entry.seq)
 
 
 @dataclass(frozen=True)
@@ -181,7 +197,7 @@ class Manifest:
         """The recorded entries by file name; empty when there is no readable manifest."""
         try:
             raw = json.loads(self.path.read_text())
-            return {e["name"]: CheckpointEntry(**e) for e in raw["entries"]}
+            return {e["name"]: CheckpointEntry.from_json(e) for e in raw["entries"]}
         except FileNotFoundError:
             return {}
         except (ValueError, KeyError, TypeError) as err:
@@ -202,13 +218,13 @@ class Manifest:
         remove = set(remove)
         with self._lock:
             entries = self.entries()
-            entry = CheckpointEntry(**{**asdict(entry), "seq": 1 + max((e.seq for e in entries.values()), default=0)})
+            entry = replace(entry, seq=1 + max((e.seq for e in entries.values()), default=0))
             entries[entry.name] = entry
             self._write(e for name, e in entries.items() if name not in remove)
         return entry
 
     def _write(self, entries: Iterable[CheckpointEntry]) -> None:
-        content = {"version": MANIFEST_VERSION, "entries": [asdict(e) for e in entries]}
+        content = {"version": MANIFEST_VERSION, "entries": [e.to_json() for e in entries]}
         data = json.dumps(content, indent=1).encode()
         write_atomic(self.path, lambda file: file.write(data))
 
@@ -224,14 +240,14 @@ def candidates(directory: str | os.PathLike[str], lineage: str | None = None) ->
     directory = Path(directory)
     entries = Manifest(directory).entries()
     found = {
-        name: Candidate(directory / name, entry.epoch, entry.step, entry, entry.kind)
+        name: Candidate(directory / name, entry.epoch, entry.step_in_epoch, entry, entry.kind)
         for name, entry in entries.items() if lineage is None or entry.lineage == lineage
     }
     if directory.is_dir():
         for name in os.listdir(directory):
             parsed = layout.parse_checkpoint_name(name)
             if parsed is not None and name not in entries:
-                found[name] = Candidate(directory / name, parsed.epoch, parsed.step, None)
+                found[name] = Candidate(directory / name, parsed.epoch, parsed.step_in_epoch, None)
     return sorted(found.values(), key=lambda c: c.order, reverse=True)
 
 
@@ -310,8 +326,10 @@ def load_verified(path: str | os.PathLike[str]) -> Any:
     entry = Manifest(path.parent).entries().get(path.name)
     if parsed is None and entry is None:
         raise InvalidCheckpointError(path, "not a checkpoint file name (<prefix>-<epoch>_<step>.ckpt)")
-    epoch, step = (entry.epoch, entry.step) if entry is not None else (parsed.epoch, parsed.step)  # type: ignore[union-attr]
-    return _checked(Candidate(path, epoch, step, entry, None if entry is None else entry.kind))
+    epoch, step_in_epoch = ((entry.epoch, entry.step_in_epoch) if entry is not None
+                            else (parsed.epoch, parsed.step_in_epoch))  # type: ignore[union-attr]
+    return _checked(Candidate(path, epoch, step_in_epoch, entry,
+                              None if entry is None else entry.kind))
 
 
 def newest_valid(directory: str | os.PathLike[str],

@@ -7,9 +7,10 @@ data and tensors::
     model, optimizer, lr_scheduler   state dicts (the last two may be None)
     rng                        the RNG stateful's state (python, numpy, torch, CUDA
                                generators: recovery.rng.GlobalRngState), or None
-    position                   epoch (from 1), step (done in that epoch), global_step
+    position                   epoch (from 1), step (done in that epoch: the code's
+                               step_in_epoch), global_step
     data                       the sampler's state (seed, batch size) and the position's
-                               epoch and step, or None
+                               epoch and step (in that epoch), or None
     append_info                the config's epoch_num / step_num and user values
     rank, world_size           who wrote it, in a job of which size
     lineage                    the id of the job that wrote it (recovery/ckpt/lineage.py)
@@ -57,7 +58,7 @@ class WorldSizeMismatchError(CheckpointError):
 class ResumePoint(TrainPosition):
     """Where to continue after :func:`resume`: the position the checkpoint holds.
 
-    Continue with epoch ``epoch`` after its first ``step`` steps (an epoch whose steps are
+    Continue with epoch ``epoch`` after its first ``step_in_epoch`` steps (an epoch whose steps are
     all done simply yields nothing more). ``path`` is the file restored from; ``None``
     when nothing was restored (or the caller of :func:`restore_checkpoint` gave none).
     """
@@ -123,7 +124,7 @@ def restore_checkpoint(
         optimizer: the optimizer, if its state is to be restored.
         lr_scheduler: the LR scheduler, if its state is to be restored.
         sampler: the sampler to put at the checkpoint's data position: it loads the
-            checkpoint's ``data`` with the position's ``epoch`` and ``step``
+            checkpoint's ``data`` with the position's ``epoch`` and step in the epoch
             (:class:`recovery.train.sampler.ResumableDistributedSampler`).
         rng: the RNG stateful to load the checkpoint's ``rng`` into; by default the
             global generators (:class:`recovery.rng.GlobalRngState`).
@@ -154,7 +155,8 @@ def restore_checkpoint(
     point = ResumePoint(*TrainPosition.from_dict(state["position"]), path=path,
                         append_info=state["append_info"])
     if sampler is not None:
-        sampler.load_state_dict({**(state["data"] or {}), "epoch": point.epoch, "step": point.step})
+        sampler.load_state_dict({**(state["data"] or {}), "epoch": point.epoch,
+                                 "step": point.step_in_epoch})
     return point
 
 
@@ -204,5 +206,6 @@ def resume(
         state, model, optimizer, lr_scheduler,
         sampler=sampler, rng=rng, path=candidate.path, allow_world_size_change=allow_world_size_change,
     )
-    logger.info("resumed from %s (epoch %d, step %d, global step %d)", candidate.path, point.epoch, point.step, point.global_step)
+    logger.info("resumed from %s (epoch %d, step %d, global step %d)", candidate.path,
+                point.epoch, point.step_in_epoch, point.global_step)
     return point

@@ -13,7 +13,7 @@ persists the grants before it replies, so a relaunched scheduler does not grant 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["Grant", "LastWords"]
@@ -21,10 +21,10 @@ __all__ = ["Grant", "LastWords"]
 
 @dataclass(frozen=True)
 class Grant:
-    """The claim that won an episode: ``rank`` saves the state of ``step``."""
+    """The claim that won an episode: ``rank`` saves the state of ``global_step``."""
 
     rank: int
-    step: int
+    global_step: int
 
 
 class LastWords:
@@ -33,7 +33,7 @@ class LastWords:
     def __init__(self) -> None:
         self.grants: dict[int, Grant] = {}
 
-    def claim(self, generation: int, rank: int, step: int, consistent: bool) -> bool:
+    def claim(self, generation: int, rank: int, global_step: int, consistent: bool) -> bool:
         """Whether this claim may save.
 
         The winner asking again for the same step is answered as the first time (a
@@ -43,12 +43,15 @@ class LastWords:
         if granted is None:
             if not consistent:
                 return False
-            self.grants[generation] = Grant(rank, step)
+            self.grants[generation] = Grant(rank, global_step)
             return True
-        return consistent and granted == Grant(rank, step)
+        return consistent and granted == Grant(rank, global_step)
 
     def to_json(self) -> dict[str, dict[str, int]]:
-        return {str(g): asdict(grant) for g, grant in self.grants.items()}
+        """The grants as the scheduler persists them: each grant's step under ``step``,
+        the key its state files always had (mapped back in :meth:`parse`)."""
+        return {str(g): {"rank": grant.rank, "step": grant.global_step}
+                for g, grant in self.grants.items()}
 
     @staticmethod
     def parse(data: dict[str, Any]) -> dict[int, Grant]:

@@ -17,10 +17,11 @@ import hmac
 import logging
 import time
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Protocol
 
 from recovery.timeouts import Timeouts
+from recovery.transitions import check_transition
 
 __all__ = [
     "Clock",
@@ -33,7 +34,7 @@ __all__ = [
     "Accepted",
     "Refused",
     "Membership",
-    "IllegalTransition",
+    "TRANSITIONS",
     "describe_incomplete",
     "NO_GENERATION",
 ]
@@ -61,11 +62,7 @@ class SystemClock:
         return time.monotonic()
 
 
-class IllegalTransition(RuntimeError):
-    """A member was asked to move to a state it cannot reach from its current one."""
-
-
-class MemberState(str, Enum):
+class MemberState(StrEnum):
     """Where the process holding a node id stands, as the scheduler sees it.
 
     ::
@@ -95,7 +92,7 @@ class MemberState(str, Enum):
 
 
 _ENDINGS = {MemberState.DEAD, MemberState.LEFT, MemberState.FINISHED}
-_TRANSITIONS: dict[MemberState, frozenset[MemberState]] = {
+TRANSITIONS: dict[MemberState, frozenset[MemberState]] = {
     MemberState.ALIVE: frozenset({MemberState.HUNG, MemberState.LOST, MemberState.UNCONFIRMED,
                                   *_ENDINGS}),
     MemberState.HUNG: frozenset({MemberState.ALIVE, MemberState.LOST, MemberState.UNCONFIRMED,
@@ -116,7 +113,7 @@ _QUIET_BEATS = 2
 verdict is passed until the heartbeat rule has judged it or it is heard again."""
 
 
-class RefuseReason(str, Enum):
+class RefuseReason(StrEnum):
     """Why a registration (or a heartbeat) was refused."""
 
     TOKEN = "token"
@@ -138,7 +135,7 @@ class RefuseReason(str, Enum):
         return self in {RefuseReason.COOLDOWN, RefuseReason.DUPLICATE, RefuseReason.FULL}
 
 
-class Verdict(str, Enum):
+class Verdict(StrEnum):
     """Why the scheduler wants a worker killed."""
 
     HEARTBEAT = "heartbeat"
@@ -180,7 +177,8 @@ class Member:
     incarnation: int
     host: str
     state: MemberState
-    step: int | None = None
+    global_step: int | None = None
+    """The step it reported last (its heartbeat's ``step``)."""
     phase: str | None = None  # what the training loop says it is doing, as it says it
     heartbeat_at: float = 0.0  # monotonic
     progress_at: float = 0.0  # monotonic: its start, its generation forming or its new step
@@ -194,8 +192,7 @@ class Member:
                 and (host is None or self.host == host))
 
     def transition(self, to: MemberState) -> None:
-        if to not in _TRANSITIONS[self.state]:
-            raise IllegalTransition(f"node {self.node_id}: {self.state.value} -> {to.value}")
+        check_transition(TRANSITIONS, f"node {self.node_id}", self.state, to)
         self.state = to
 
     def fields(self) -> dict[str, Any]:
@@ -204,8 +201,12 @@ class Member:
                 "incarnation": self.incarnation}
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.fields(), "host": self.host, "state": self.state.value, "step": self.step,
-                "phase": self.phase, "generation_step": self.generation_step}
+        """The persisted member; its step is recorded as ``step``, as the scheduler's state
+        (and ``tftctl status``) always had it: only here and in :meth:`from_json` is it
+        mapped to :attr:`global_step`."""
+        return {**self.fields(), "host": self.host, "state": self.state.value,
+                "step": self.global_step, "phase": self.phase,
+                "generation_step": self.generation_step}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Member:
@@ -309,9 +310,9 @@ class Membership:
                 self.timeouts.heartbeat_interval)
         return self._admit(node_id, rank, identity, event)
 
-    def heartbeat(self, identity: Identity, token: str, step: int | None,
+    def heartbeat(self, identity: Identity, token: str, global_step: int | None,
                   phase: str | None = None) -> Accepted | Refused:
-        """A registered process is alive and at ``step``, doing ``phase`` (if it says).
+        """A registered process is alive and at ``global_step``, doing ``phase`` (if it says).
 
         A process the scheduler does not know (its state was lost) is admitted again
         under the registration rules: that is how workers re-attach after a scheduler
@@ -336,12 +337,12 @@ class Membership:
         self._confirm(member)
         if phase is not None:
             member.phase = phase
-        if step is not None and step != member.step:
-            member.step = member.generation_step = step
+        if global_step is not None and global_step != member.global_step:
+            member.global_step = member.generation_step = global_step
             member.progress_at = self.clock.monotonic()
             member.behind_since = None
             if member.state is MemberState.HUNG:
-                logger.info("node %s progresses again (step %d)", member.node_id, step)
+                logger.info("node %s progresses again (step %d)", member.node_id, global_step)
                 member.transition(MemberState.ALIVE)
         return Accepted(member.node_id, member.rank, self._generation_of(member))
 
@@ -367,7 +368,7 @@ class Membership:
         if member is not None and member.is_process(pid, incarnation):
             ending = (MemberState.DEAD if abnormal
                       else MemberState.FINISHED if finished else MemberState.LEFT)
-            if member.state is not ending and ending in _TRANSITIONS[member.state]:
+            if member.state is not ending and ending in TRANSITIONS[member.state]:
                 member.transition(ending)
                 self._emit("leave", **member.fields(), state=ending.value, reason=reason, by=by)
                 self._update_completeness()
@@ -637,7 +638,8 @@ class Membership:
             member.transition(MemberState.ALIVE)
             member.pid, member.incarnation, member.host = (identity.pid, identity.incarnation,
                                                            identity.host)
-            member.step = member.phase = member.generation_step = member.behind_since = None
+            member.global_step = member.phase = member.generation_step = None
+            member.behind_since = None
         member.heartbeat_at = member.progress_at = now
         self._last_refusal.pop(identity.node_id, None)
         self._emit(event, **member.fields(), host=member.host,

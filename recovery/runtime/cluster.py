@@ -114,10 +114,10 @@ class ClusterContext:
         self.stop_status: int | None = None
         """128 + N when a stop signal N ends this process (set by the trainer)."""
 
-    def report_step(self, step: int) -> None:
-        """Tell the scheduler (with the next heartbeat) that training reached ``step``."""
+    def report_step(self, global_step: int) -> None:
+        """Tell the scheduler (with the next heartbeat) that training reached ``global_step``."""
         if self._session is not None:
-            self._session.heartbeat.step = step
+            self._session.heartbeat.global_step = global_step
 
     def report_phase(self, phase: str) -> None:
         """Tell the scheduler (with the next heartbeat) what the loop is doing, e.g.

@@ -87,7 +87,8 @@ class Heartbeat:
     def __init__(self, link: SchedulerLink, identity: Identity, interval: float,
                  generation: int, on_evicted: Callable[[str], None] = _exit_evicted,
                  news_every: float | None = None, look_every: float | None = None) -> None:
-        self.step: int | None = None
+        self.global_step: int | None = None
+        """The latest step reported (``report_step``); each beat sends it as ``step``."""
         self.phase: str | None = None
         self.inbox = Inbox()
         self.generation = generation
@@ -160,22 +161,23 @@ class Heartbeat:
         return False
 
     def _sendable_step(self) -> int | None:
-        """:attr:`step` as an ``int`` (``None`` with a warning when it is not an integer)."""
-        step = self.step
-        if step is None:
+        """:attr:`global_step` as an ``int`` (``None`` with a warning when it is not an
+        integer)."""
+        global_step = self.global_step
+        if global_step is None:
             return None
         try:
-            return operator.index(step)
+            return operator.index(global_step)
         except TypeError:
             pass
         try:
-            if float(step).is_integer():
-                return int(step)  # a 0-d tensor or a float that holds an integer
+            if float(global_step).is_integer():
+                return int(global_step)  # a 0-d tensor or a float that holds an integer
         except (TypeError, ValueError, OverflowError):
             pass
         if not self._unsendable_step_reported:
             logger.warning("%s cannot send step %r (%s): not an integer; sending none",
-                           self._prefix, step, type(step).__name__)
+                           self._prefix, global_step, type(global_step).__name__)
             self._unsendable_step_reported = True
         return None
 

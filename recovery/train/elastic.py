@@ -153,13 +153,14 @@ def _valid(directories: list[Path], lineage: str) -> list[Candidate]:
 
 def agree_rollback_point(directories: list[Path], lineage: str,
                          wait: Wait = blocking) -> tuple[int, int] | None:
-    """The newest (epoch, step) for which *every* rank of the group has a valid checkpoint.
+    """The newest (epoch, step_in_epoch) for which *every* rank of the group has a valid
+    checkpoint.
 
     Each rank lists its own valid checkpoints (periodic and last-words) of the job's
     ``lineage``; the lists are gathered over the current process group, so every rank
     computes the same answer. ``None`` when there is none.
     """
-    mine = sorted({(c.epoch, c.step) for c in _valid(directories, lineage)})
+    mine = sorted({(c.epoch, c.step_in_epoch) for c in _valid(directories, lineage)})
     everyone = all_gather_rows(mine, 2, wait)
     common = set.intersection(*(set(points) for points in everyone))
     return max(common) if common else None  # type: ignore[return-value]
@@ -168,7 +169,7 @@ def agree_rollback_point(directories: list[Path], lineage: str,
 def _candidate_at(directories: list[Path], point: tuple[int, int], lineage: str) -> Candidate:
     """A valid checkpoint at ``point``: a periodic one if there is, else a last-words one."""
     for candidate in _valid(directories, lineage):
-        if (candidate.epoch, candidate.step) == point:
+        if (candidate.epoch, candidate.step_in_epoch) == point:
             return candidate
     raise FileNotFoundError(f"no valid checkpoint for epoch {point[0]} step {point[1]} in {directories}")
 
@@ -249,20 +250,20 @@ class ElasticTrainer:
         with self._stop_signals_noted():
             if self.ctx.generation > 0 or self._resume:
                 # A relaunched rank, or a resumed job: take the state the others can give.
-                self._machine.move(TrainerState.RESYNCING)
+                self._machine.transition(TrainerState.RESYNCING)
                 self._unless_stopped(self._resync, newcomer=True)
             if self._machine.state is not TrainerState.STOPPING:
                 if self.position.global_step == 0:
                     # A checkpoint of the initial state, so that a fault before the first
                     # periodic save still has a common point to roll back to.
                     self.saver.save(TrainPosition(self.position.epoch, 0, 0))
-                self._machine.move(TrainerState.TRAINING)
+                self._machine.transition(TrainerState.TRAINING)
             schedule = self._schedule(epochs, max_steps)
             while (state := self._machine.state) is not TrainerState.FINISHED:
                 if state is TrainerState.TRAINING:
                     step = next(schedule, None)
                     if step is None:
-                        self._machine.move(TrainerState.FINISHED)
+                        self._machine.transition(TrainerState.FINISHED)
                     else:
                         yield from self._run(step)
                 else:
@@ -292,12 +293,12 @@ class ElasticTrainer:
         for epoch in range(start.epoch, epochs + 1):
             self.sampler.set_epoch(epoch)
             if epoch == start.epoch:
-                self.sampler.set_init_step(start.step)
-            for step, indices in self.sampler.batches():
+                self.sampler.set_init_step(start.step_in_epoch)
+            for step_in_epoch, indices in self.sampler.batches():
                 if max_steps and global_step >= max_steps:
                     return
                 global_step += 1
-                yield Step(epoch, step, global_step, indices=indices)
+                yield Step(epoch, step_in_epoch, global_step, indices=indices)
 
     def _run(self, step: Step) -> Iterator[Step]:
         """Hand ``step`` to the user's loop body; complete it if the trainer still trains."""
@@ -334,7 +335,7 @@ class ElasticTrainer:
             return
         # Reaching the step's collective is progress: a rank stuck before it (hung) stays
         # behind the others in the scheduler's eyes, so its progress verdict names it.
-        self.ctx.report_step(self.phase.step)
+        self.ctx.report_step(self.phase.global_step)
         self._raise_injected_uce()
         damaged = self.phase.device_error
         if damaged is not None and not self.modes.uce:
@@ -396,7 +397,7 @@ class ElasticTrainer:
             self.phase.device_error = err
         self._events.emit("fault", rank=self.ctx.rank, pid=os.getpid(),
                           incarnation=self.ctx.incarnation, cause="uce",
-                          step=self.phase.step, error=str(self.phase.device_error))
+                          step=self.phase.global_step, error=str(self.phase.device_error))
 
     # ------------------------------------------------------------------ recovery
     def _recover(self) -> None:
@@ -404,37 +405,37 @@ class ElasticTrainer:
         fault = self._machine.fault
         assert fault is not None
         if self.modes.ttp:
-            self._machine.move(TrainerState.SAVING_LAST_WORDS)
+            self._machine.transition(TrainerState.SAVING_LAST_WORDS)
             self._save_last_words(fault.cause)
             if self._stop_request is not None:
                 self._exit("the job is being stopped")
-        self._machine.move(TrainerState.REFORMING)
+        self._machine.transition(TrainerState.REFORMING)
         self.ctx.rejoin(self._should_abort)
-        self._machine.move(TrainerState.RESYNCING)
+        self._machine.transition(TrainerState.RESYNCING)
         self._resync(newcomer=False)
-        self._machine.move(TrainerState.TRAINING)
+        self._machine.transition(TrainerState.TRAINING)
         self.rollbacks += 1
 
     def _save_last_words(self, why: str) -> None:
         """If this rank is consistent and the scheduler picks it, save every rank's last words."""
         consistent = self.phase.consistent
         reason = "" if consistent else "mid-update: its state is half-updated"
-        step = self.position.global_step
-        if step == 0:
+        global_step = self.position.global_step
+        if global_step == 0:
             # The initial checkpoint holds step 0 already; and a rank still at step 0 (a
             # relaunched rank stopped before it took a state) leaves the claim to one
             # that holds more.
             return
-        if not self.ctx.claim_last_words(step, consistent, reason):
+        if not self.ctx.claim_last_words(global_step, consistent, reason):
             if not consistent:
-                self._events.emit("last_words_skipped", rank=self.ctx.rank, step=step,
+                self._events.emit("last_words_skipped", rank=self.ctx.rank, step=global_step,
                                   reason=reason)
             return
         self.saver.wait()
         started = time.monotonic()
         path = save_last_words(self.saver, self._recovery_path, self.position, self.ctx.world_size)
-        self._events.emit("last_words_saved", rank=self.ctx.rank, step=step,
-                          epoch=self.position.epoch, step_in_epoch=self.position.step,
+        self._events.emit("last_words_saved", rank=self.ctx.rank, step=global_step,
+                          epoch=self.position.epoch, step_in_epoch=self.position.step_in_epoch,
                           path=str(path), ranks=self.ctx.world_size, why=why,
                           seconds=round(time.monotonic() - started, 3))
 
@@ -443,7 +444,7 @@ class ElasticTrainer:
         fault = self._machine.fault
         why = fault.cause if fault is not None else "the job is being stopped"
         if self.modes.ttp:
-            self._machine.move(TrainerState.SAVING_LAST_WORDS)
+            self._machine.transition(TrainerState.SAVING_LAST_WORDS)
             self._save_last_words(why)
         self._exit(why)
 
@@ -453,7 +454,7 @@ class ElasticTrainer:
         The group is left first: the step's collective may still be in flight on a stuck
         peer, and leaving never waits for it, so the exit is not held up either.
         """
-        self._machine.move(TrainerState.STOPPED)
+        self._machine.transition(TrainerState.STOPPED)
         self.ctx.leave_group()
         request = self._stop_request
         status = 128 + (request.signum if request is not None else signal.SIGTERM)
@@ -517,7 +518,7 @@ class ElasticTrainer:
                                  reason="no healthy replica: every rank's device failed")
             self._roll_back()
         self.phase.device_error = None
-        self._machine.move(TrainerState.TRAINING)
+        self._machine.transition(TrainerState.TRAINING)
         self.rollbacks += 1
 
     def _roll_back(self) -> None:
@@ -535,13 +536,13 @@ class ElasticTrainer:
             sampler=self.sampler, rng=self.saver.rng, path=candidate.path,
             allow_world_size_change=self._allow_world_size_change)
         logger.info("resumed from %s (epoch %d, step %d, global step %d)", candidate.path,
-                    self.position.epoch, self.position.step, self.position.global_step)
+                    self.position.epoch, self.position.step_in_epoch, self.position.global_step)
         last_words = candidate.kind is CheckpointKind.LAST_WORDS
         self._after_restore("last_words" if last_words else "checkpoint", epoch=candidate.epoch,
-                            step_in_epoch=candidate.step)
+                            step_in_epoch=candidate.step_in_epoch)
 
     def _after_restore(self, source: str, **fields: Any) -> None:
-        """Record where training goes on: this rank's ``step``, and (rank 0) the
+        """Record where training goes on: this rank's ``step`` event, and (rank 0) the
         ``rollback``/``recovered`` events."""
         self._step_events.reached(self.position.global_step, self.ctx.generation, RESTORED)
         self._emit_as_leader("rollback", step=self.position.global_step, source=source,

@@ -51,7 +51,8 @@ class StepPhase:
 
     def __init__(self) -> None:
         self.phase = Phase.DONE
-        self.step = 0
+        self.global_step = 0
+        """The step being run (or last run), counted over the job."""
         self.void_when: Callable[[], bool] = lambda: False
         """Asked by ``optimizer.step()``: True when the current step's update must not
         happen (its gradients are not the average). The trainer answers from its state."""
@@ -64,14 +65,14 @@ class StepPhase:
         """Not mid-update and not damaged by a device error."""
         return self.phase is not Phase.UPDATING and self.device_error is None
 
-    def mark(self, phase: Phase, step: int | None = None) -> None:
+    def mark(self, phase: Phase, global_step: int | None = None) -> None:
         self.phase = phase
-        if step is not None:
-            self.step = step
+        if global_step is not None:
+            self.global_step = global_step
         self.listener(phase)
 
-    def start_step(self, step: int) -> None:
-        self.mark(Phase.COMPUTING, step)
+    def start_step(self, global_step: int) -> None:
+        self.mark(Phase.COMPUTING, global_step)
 
 
 def wrap_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:

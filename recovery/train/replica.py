@@ -32,7 +32,8 @@ def gather_reports(mine: ReplicaReport, wait: Wait = blocking) -> list[ReplicaRe
     """Every rank's report, in rank order (a collective: every rank calls it)."""
     row = (mine.rank, int(mine.consistent), mine.global_step)
     everyone = all_gather_rows([row], 3, wait)
-    return [ReplicaReport(rank, bool(consistent), step) for [(rank, consistent, step)] in everyone]
+    return [ReplicaReport(rank, bool(consistent), global_step)
+            for [(rank, consistent, global_step)] in everyone]
 
 
 def choose_source(reports: list[ReplicaReport], excluded: frozenset[int] = frozenset()) -> ReplicaReport | None:

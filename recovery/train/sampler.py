@@ -78,21 +78,23 @@ class ResumableDistributedSampler(Sampler[int]):
             self.init_step = 0
         self.epoch = epoch
 
-    def set_init_step(self, step: int) -> None:
-        """Skip the first ``step`` steps of the current epoch (they were done before a restart).
+    def set_init_step(self, step_in_epoch: int) -> None:
+        """Skip the first ``step_in_epoch`` steps of the current epoch (they were done before
+        a restart).
 
         Raises:
-            ValueError: ``step`` is negative or beyond the epoch's end.
+            ValueError: ``step_in_epoch`` is negative or beyond the epoch's end.
         """
-        if not 0 <= step <= self.steps_per_epoch:
-            raise ValueError(f"init step {step} is not in [0, {self.steps_per_epoch}]")
-        self.init_step = step
+        if not 0 <= step_in_epoch <= self.steps_per_epoch:
+            raise ValueError(f"init step {step_in_epoch} is not in [0, {self.steps_per_epoch}]")
+        self.init_step = step_in_epoch
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint records of the data order: ``seed`` and ``batch_size``.
 
-        The data position is the checkpoint's own (its epoch and step): a checkpoint adds
-        it as ``epoch`` and ``step`` (:class:`recovery.ckpt.checkpoint.CheckpointSaver`).
+        The data position is the checkpoint's own (its epoch and step in the epoch): a
+        checkpoint adds it as ``epoch`` and ``step``, the keys its files have always had
+        (:class:`recovery.ckpt.checkpoint.CheckpointSaver`).
         """
         return {"seed": self.seed, "batch_size": self.batch_size}
 
@@ -123,14 +125,15 @@ class ResumableDistributedSampler(Sampler[int]):
         return order[self.rank :: self.num_replicas][: self.steps_per_epoch * self.batch_size]
 
     def batches(self) -> Iterator[tuple[int, torch.Tensor]]:
-        """``(step, indices)`` for each remaining step of the epoch; ``step`` counts from 1.
+        """``(step_in_epoch, indices)`` for each remaining step of the epoch, counted from 1.
 
         The step is the one to record in a checkpoint once it is done, and the value to
         give :meth:`set_init_step` to continue after it.
         """
         indices = self.epoch_indices()
-        for step in range(self.init_step + 1, self.steps_per_epoch + 1):
-            yield step, indices[(step - 1) * self.batch_size : step * self.batch_size]
+        for step_in_epoch in range(self.init_step + 1, self.steps_per_epoch + 1):
+            yield step_in_epoch, indices[(step_in_epoch - 1) * self.batch_size
+                                         : step_in_epoch * self.batch_size]
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.epoch_indices()[self.init_step * self.batch_size :].tolist())

@@ -1,7 +1,7 @@
 """The states of :class:`recovery.train.elastic.ElasticTrainer` and their legal moves.
 
 The trainer is always in exactly one :class:`TrainerState`; every change goes through
-:meth:`TrainerMachine.move`, which checks it against :data:`TRANSITIONS` (drawn in
+:meth:`TrainerMachine.transition`, which checks it against :data:`TRANSITIONS` (drawn in
 docs/recovery.md, *The trainer's states*; a unit test keeps the two equal). A step's
 optimizer update happens only while the trainer is :attr:`TrainerState.TRAINING`: any
 move away from it during a step voids the step.
@@ -17,12 +17,14 @@ import logging
 import time
 from dataclasses import dataclass
 
-__all__ = ["TrainerState", "TRANSITIONS", "IllegalTransition", "Fault", "TrainerMachine"]
+from recovery.transitions import check_transition
+
+__all__ = ["TrainerState", "TRANSITIONS", "Fault", "TrainerMachine"]
 
 logger = logging.getLogger(__name__)
 
 
-class TrainerState(enum.Enum):
+class TrainerState(enum.StrEnum):
     """Where the trainer is; the values are the names the diagram uses."""
 
     STARTING = "Starting"
@@ -65,10 +67,6 @@ TRANSITIONS: dict[TrainerState, frozenset[TrainerState]] = {
 del S
 
 
-class IllegalTransition(RuntimeError):
-    """A move the table does not allow: a bug in the trainer, never a fault to recover from."""
-
-
 @dataclass(frozen=True)
 class Fault:
     """Why the trainer left training.
@@ -92,15 +90,13 @@ class TrainerMachine:
         self.fault: Fault | None = None
         self._rank = rank
 
-    def move(self, to: TrainerState, fault: Fault | None = None) -> None:
+    def transition(self, to: TrainerState, fault: Fault | None = None) -> None:
         """Go to ``to``; a ``fault`` is kept until training resumes.
 
         Raises:
-            IllegalTransition: ``to`` is not in ``TRANSITIONS[state]``.
+            recovery.transitions.IllegalTransition: ``to`` is not in ``TRANSITIONS[state]``.
         """
-        if to not in TRANSITIONS[self.state]:
-            raise IllegalTransition(f"rank {self._rank}: no move from {self.state.name} "
-                                    f"to {to.name}")
+        check_transition(TRANSITIONS, f"rank {self._rank}", self.state, to)
         logger.debug("[rank %d] %s -> %s", self._rank, self.state.name, to.name)
         self.state = to
         if fault is not None:
@@ -110,4 +106,4 @@ class TrainerMachine:
 
     def fail(self, to: TrainerState, cause: str, ranks: frozenset[int] = frozenset()) -> None:
         """Leave training for ``to`` because of a fault seen now."""
-        self.move(to, Fault(cause, time.time(), ranks))
+        self.transition(to, Fault(cause, time.time(), ranks))

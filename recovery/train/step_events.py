@@ -36,7 +36,7 @@ class StepEvents:
     """Writes this rank's ``step`` events: ``rank``, ``step`` (global, completed), ``total``
     (the steps the loop runs in all; None when unknown), ``generation`` and ``why``:
     ``interval`` while training, ``paused`` when a fault stopped this rank, ``restored``
-    when a rollback or a replica put it at ``step`` (a speed is measured only between
+    when a rollback or a replica put it at that step (a speed is measured only between
     events of steady training)."""
 
     def __init__(self, events: EventLog, rank: int, world_size: int,
@@ -48,13 +48,13 @@ class StepEvents:
         self._clock = clock
         self._next_at = 0.0
 
-    def completed(self, step: int, generation: int) -> None:
-        """``step`` is done: written if this rank wrote none for the interval."""
+    def completed(self, global_step: int, generation: int) -> None:
+        """``global_step`` is done: written if this rank wrote none for the interval."""
         if self._clock() >= self._next_at:
-            self.reached(step, generation, STEADY)
+            self.reached(global_step, generation, STEADY)
 
-    def reached(self, step: int, generation: int, why: str) -> None:
-        """Write that this rank is at ``step`` now, whatever the interval."""
+    def reached(self, global_step: int, generation: int, why: str) -> None:
+        """Write that this rank is at ``global_step`` now, whatever the interval."""
         self._next_at = self._clock() + self._interval
-        self._events.emit(STEP_EVENT, rank=self._rank, step=step, total=self.total,
+        self._events.emit(STEP_EVENT, rank=self._rank, step=global_step, total=self.total,
                           generation=generation, why=why)

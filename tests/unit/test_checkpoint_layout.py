@@ -24,7 +24,7 @@ def test_name_round_trips_with_dashes_and_underscores_in_the_prefix() -> None:
 @given(position=positions, prefix=st.sampled_from(["net", "my-net_v2", "lenet_3", "a-1_2"]))
 def test_a_position_round_trips_through_its_name(position: TrainPosition, prefix: str) -> None:
     parsed = layout.parse_checkpoint_name(layout.checkpoint_name(prefix, position))
-    assert parsed == layout.CheckpointName(prefix, position.epoch, position.step)
+    assert parsed == layout.CheckpointName(prefix, position.epoch, position.step_in_epoch)
 
 
 @given(positions, positions)

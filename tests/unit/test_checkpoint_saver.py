@@ -90,7 +90,7 @@ def test_resume_restores_model_optimizer_scheduler_rng_and_data_position(tmp_pat
 
     other = Job(seed=99)
     point = resume(tmp_path, other.model, other.optimizer, other.scheduler, sampler=other.sampler)
-    assert (point.epoch, point.step, point.global_step) == (2, 3, 8)
+    assert (point.epoch, point.step_in_epoch, point.global_step) == (2, 3, 8)
     assert point.path == tmp_path / "net-2_3.ckpt"
     assert point.append_info == {"epoch_num": 2, "step_num": 8, "note": "x"}
     assert draws() == expected_draws
@@ -118,7 +118,7 @@ def test_async_save_writes_the_state_of_the_moment_it_was_called(tmp_path: Path)
 def test_keep_max_keeps_the_newest_and_saves_on_schedule(tmp_path: Path) -> None:
     job = Job()
     saver = job.saver(tmp_path, save_checkpoint_steps=2, keep_checkpoint_max=2)
-    saved = [saver.step_end(epoch=1, step=g, global_step=g) for g in range(1, 11)]
+    saved = [saver.step_end(epoch=1, step_in_epoch=g, global_step=g) for g in range(1, 11)]
     assert [p.name if p else None for p in saved[:4]] == [None, "net-1_2.ckpt", None, "net-1_4.ckpt"]
     assert ckpt_names(tmp_path) == manifest_names(tmp_path) == ["net-1_10.ckpt", "net-1_8.ckpt"]
 
@@ -150,11 +150,11 @@ def test_the_last_step_is_saved_when_training_ends_and_only_once(tmp_path: Path)
     job = Job()
     saver = job.saver(tmp_path, save_checkpoint_steps=4)
     for g in range(1, 7):
-        saver.step_end(epoch=1, step=g, global_step=g)
-    assert saver.train_end(epoch=1, step=6, global_step=6) == tmp_path / "net-1_6.ckpt"
+        saver.step_end(epoch=1, step_in_epoch=g, global_step=g)
+    assert saver.train_end(epoch=1, step_in_epoch=6, global_step=6) == tmp_path / "net-1_6.ckpt"
     again = job.saver(tmp_path, save_checkpoint_steps=4)
-    again.step_end(epoch=1, step=8, global_step=8)
-    assert again.train_end(epoch=1, step=8, global_step=8) is None
+    again.step_end(epoch=1, step_in_epoch=8, global_step=8)
+    assert again.train_end(epoch=1, step_in_epoch=8, global_step=8) is None
     assert ckpt_names(tmp_path) == ["net-1_4.ckpt", "net-1_6.ckpt", "net_1-1_8.ckpt"]
 
 

@@ -38,7 +38,7 @@ def test_a_step_of_any_type_goes_out_and_the_beat_is_answered(
                 answered = threading.Event()
                 heartbeat = Heartbeat(link, Identity("9", os.getpid(), 1, "h", 9), 0.02, 0,
                                       on_evicted=lambda _message, done=answered: done.set())
-                heartbeat.step = step
+                heartbeat.global_step = step
                 caplog.clear()
                 with caplog.at_level(logging.WARNING, logger="recovery.runtime.heartbeat"):
                     heartbeat.start()

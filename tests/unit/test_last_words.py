@@ -15,7 +15,7 @@ from recovery.ckpt.manifest import candidates, problem
 from recovery.position import TrainPosition
 from recovery.ckpt.restore import load_checkpoint
 
-POSITION = TrainPosition(epoch=2, step=7, global_step=57)
+POSITION = TrainPosition(epoch=2, step_in_epoch=7, global_step=57)
 
 
 def _saver(tmp_path: Path) -> CheckpointSaver:

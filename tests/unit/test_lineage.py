@@ -51,8 +51,8 @@ def test_candidates_of_a_lineage_leave_out_every_other_and_the_pre_lineage_ones(
     saver_of(shared, "aaaa").save(TrainPosition(1, 30, 30))
     saver_of(shared, "bbbb").save(TrainPosition(1, 10, 10))
     (shared / "stray-1_50.ckpt").write_bytes(b"never listed")
-    assert [c.step for c in candidates(shared)] == [50, 30, 10]
-    assert [(c.step, c.entry and c.entry.lineage) for c in candidates(shared, "bbbb")] == [(50, None), (10, "bbbb")]
+    assert [c.step_in_epoch for c in candidates(shared)] == [50, 30, 10]
+    assert [(c.step_in_epoch, c.entry and c.entry.lineage) for c in candidates(shared, "bbbb")] == [(50, None), (10, "bbbb")]
     assert candidates(legacy, "old") == []
 
 
@@ -85,7 +85,7 @@ def test_newest_valid_and_resume_pick_the_current_lineage_even_when_another_is_n
     mine.save(TrainPosition(1, 4, 4))
     saver_of(tmp_path, "theirs", seed=2).save(TrainPosition(1, 120, 120))
     found = newest_valid(tmp_path, "mine")
-    assert found is not None and found[0].step == 4 and found[1]["lineage"] == "mine"
+    assert found is not None and found[0].step_in_epoch == 4 and found[1]["lineage"] == "mine"
     other = saver_of(tmp_path, "mine", seed=3)
     assert other.resume().global_step == 4
     assert torch.equal(other.model.weight, mine.model.weight)

@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from recovery.control.membership import (
     Accepted,
     Identity,
-    IllegalTransition,
     Member,
     Membership,
     MemberState,
@@ -23,6 +22,7 @@ from recovery.control.membership import (
     Refused,
 )
 from recovery.timeouts import Timeouts
+from recovery.transitions import IllegalTransition
 
 TOKEN = "secret"
 def make(worker_num: int = 2, cooldown: float = 30.0, clock: FakeClock | None = None,
@@ -192,14 +192,14 @@ def test_silence_past_the_heartbeat_timeout_is_a_heartbeat_verdict_and_fences_th
     join_all(ms, {"0": 100, "1": 101})
     ms.drain_events()
     clock.advance(4.0)
-    accepted(ms.heartbeat(ident("0", 100), TOKEN, step=1))
+    accepted(ms.heartbeat(ident("0", 100), TOKEN, global_step=1))
     clock.advance(2.0)
     ms.check()
     assert ms.verdicts() == {1: "heartbeat"} and not ms.complete
     events = dict(ms.drain_events())
     assert events["verdict"]["verdict"] == "heartbeat" and events["verdict"]["silent_s"] == 6.0
     assert events["cooldown"]["until"] == clock.wall + 30.0
-    refused(ms.heartbeat(ident("1", 101), TOKEN, step=1), RefuseReason.STALE)
+    refused(ms.heartbeat(ident("1", 101), TOKEN, global_step=1), RefuseReason.STALE)
     ms.report_exit("1", 101, 0, abnormal=True, reason="killed after verdict", by="supervisor")
     assert ms.verdicts() == {} and ms.members["1"].state is MemberState.DEAD
 
@@ -209,16 +209,16 @@ def test_a_worker_behind_the_others_for_the_progress_timeout_is_hung() -> None:
     ms = make(worker_num=3, clock=clock)
     join_all(ms, {"0": 100, "1": 101, "2": 102})
     for node, pid in (("0", 100), ("1", 101), ("2", 102)):
-        ms.heartbeat(ident(node, pid), TOKEN, step=3)
+        ms.heartbeat(ident(node, pid), TOKEN, global_step=3)
     for _ in range(6):  # behind from 4.5 s on: more than 20 s at 27 s
         clock.advance(4.5)
         for node, pid, step in (("0", 100, 4), ("1", 101, 3), ("2", 102, 4)):
-            accepted(ms.heartbeat(ident(node, pid), TOKEN, step=step))
+            accepted(ms.heartbeat(ident(node, pid), TOKEN, global_step=step))
         ms.check()
     assert ms.verdicts() == {1: "progress"}
     verdict = [f for n, f in ms.drain_events() if n == "verdict"][0]
     assert (verdict["rank"], verdict["step"], verdict["others_step"]) == (1, 3, 4)
-    accepted(ms.heartbeat(ident("1", 101), TOKEN, step=4))
+    accepted(ms.heartbeat(ident("1", 101), TOKEN, global_step=4))
     assert ms.verdicts() == {} and ms.members["1"].state is MemberState.ALIVE
 
 
@@ -229,7 +229,7 @@ def test_everyone_stalled_at_the_same_step_is_not_a_hang() -> None:
     for _ in range(10):
         clock.advance(4.0)
         for node, pid in (("0", 100), ("1", 101)):
-            ms.heartbeat(ident(node, pid), TOKEN, step=7)
+            ms.heartbeat(ident(node, pid), TOKEN, global_step=7)
         ms.check()
     assert ms.verdicts() == {}
 
@@ -272,7 +272,7 @@ def test_a_reloaded_state_keeps_ranks_generation_and_cooldowns_and_waits_for_hea
     clock = FakeClock()
     ms = make(worker_num=3, clock=clock)
     join_all(ms, {"0": 100, "1": 101, "2": 102})
-    ms.heartbeat(ident("0", 100), TOKEN, step=9)
+    ms.heartbeat(ident("0", 100), TOKEN, global_step=9)
     ms.report_exit("2", 102, 0, abnormal=True, reason="SIGKILL", by="supervisor")
     clock.advance(1.0)
     again, problem = reloaded(ms, clock, worker_num=3)
@@ -280,9 +280,9 @@ def test_a_reloaded_state_keeps_ranks_generation_and_cooldowns_and_waits_for_hea
     assert again.generation == 0 and again.cooldown_left("2") == 29.0
     assert {n: m.state for n, m in again.members.items()} == {
         "0": MemberState.UNCONFIRMED, "1": MemberState.UNCONFIRMED, "2": MemberState.DEAD}
-    assert again.members["0"].step == 9
+    assert again.members["0"].global_step == 9
     clock.advance(3.0)
-    accepted(again.heartbeat(ident("0", 100), TOKEN, step=10))
+    accepted(again.heartbeat(ident("0", 100), TOKEN, global_step=10))
     assert names(again) == ["attach"]
     clock.advance(3.0)
     again.check()
@@ -295,7 +295,7 @@ def test_a_reloaded_scheduler_forms_no_new_generation_for_the_same_processes() -
     join_all(ms, {"0": 100, "1": 101})
     again, _ = reloaded(ms, clock)
     for node, pid in (("0", 100), ("1", 101)):
-        assert accepted(again.heartbeat(ident(node, pid), TOKEN, step=1)).generation == 0
+        assert accepted(again.heartbeat(ident(node, pid), TOKEN, global_step=1)).generation == 0
     assert names(again) == ["attach", "attach"] and again.generation == 0
 
 
@@ -305,12 +305,12 @@ def test_a_new_process_may_replace_an_unconfirmed_member_and_fences_the_old_one(
     join_all(ms, {"0": 100, "1": 101})
     again, _ = reloaded(ms, clock)
     accepted(again.register(ident("1", 201, incarnation=1), TOKEN))
-    refused(again.heartbeat(ident("1", 101), TOKEN, step=3), RefuseReason.STALE)
+    refused(again.heartbeat(ident("1", 101), TOKEN, global_step=3), RefuseReason.STALE)
 
 
 def test_workers_reattach_to_a_scheduler_that_lost_its_state() -> None:
     ms = make()
-    result = accepted(ms.heartbeat(ident("1", 101, rank=1), TOKEN, step=5))
+    result = accepted(ms.heartbeat(ident("1", 101, rank=1), TOKEN, global_step=5))
     assert result.rank == 1
     assert names(ms) == ["attach"]
 

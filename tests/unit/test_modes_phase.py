@@ -42,7 +42,7 @@ def test_wrapped_step_reports_updating_then_done() -> None:
     tracker = phase_of(optimizer)
     tracker.listener = seen.append
     tracker.start_step(7)
-    assert tracker.consistent and tracker.step == 7
+    assert tracker.consistent and tracker.global_step == 7
     before = model.weight.detach().clone()
     optimizer.step()
     assert seen == [COMPUTING, UPDATING, DONE]

@@ -23,7 +23,7 @@ def test_steps_give_speed_and_eta_and_a_recovery_shows_what_it_is_doing() -> Non
     progress = Progress()
     progress.feed([{"ts": 0.0, "event": "generation", "generation": 0},
                    step(1.0, 0, 10), step(1.0, 1, 10), step(2.0, 0, 30), step(2.0, 1, 30)])
-    assert (progress.step, progress.rate, progress.total) == (30, 20.0, 100)
+    assert (progress.global_step, progress.rate, progress.total) == (30, 20.0, 100)
     assert progress.eta() == 3.5
     assert progress_bar(progress, width=10) == "[###.......] 30/100 30% 20.0 steps/s ETA 0:04"
 
@@ -33,7 +33,7 @@ def test_steps_give_speed_and_eta_and_a_recovery_shows_what_it_is_doing() -> Non
                    {"ts": 4.0, "event": "generation", "generation": 1}])
     assert progress.recovering == "resynchronising generation 1"
     progress.feed([step(5.0, 0, 20, generation=1, why="restored")])
-    assert progress.recovering is None and progress.ranks[0].step == 20
+    assert progress.recovering is None and progress.ranks[0].global_step == 20
     assert progress.ranks[0].rate == 20.0  # neither the pause nor the rollback is a speed
     progress.feed([step(6.0, 0, 30, generation=1)])
     assert progress.ranks[0].rate == 10.0

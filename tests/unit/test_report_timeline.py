@@ -16,7 +16,7 @@ from support_report import SvgElements, check_trace
 
 from launcher.report.page import render_html
 from launcher.report.sources import read_job
-from launcher.report.model import Ending, Phase
+from launcher.report.model import IncarnationEnding, SpanPhase
 from launcher.report.timeline import build_timeline
 from launcher.report.trace import trace_events
 
@@ -98,16 +98,17 @@ def test_the_timeline_of_a_finished_job(job: tuple[int, int, list[Kill]]) -> Non
     for rank in range(nodes * per_node):
         lives = [life for life in timeline.incarnations if life.rank == rank]
         killed = sum(kill.rank == rank for kill in kills)
-        assert [life.ending for life in lives] == [Ending.FAILED] * killed + [Ending.SUCCEEDED]
+        assert [life.ending for life in lives] == ([IncarnationEnding.FAILED] * killed
+                                                   + [IncarnationEnding.SUCCEEDED])
     assert [f.rank for f in timeline.faults] == [kill.rank for kill in kills]
     assert [r.steps_redone for r in timeline.recoveries] == [k.rollback_to for k in kills]
     assert timeline.relaunches == len(kills) and timeline.digests_agree
     for span in timeline.phases:
-        if span.phase is Phase.COOLDOWN:
+        if span.phase is SpanPhase.COOLDOWN:
             continue
         assert any(life.rank == span.rank and life.start <= span.start <= span.end <= life.end
                    for life in timeline.incarnations), span
-    assert sum(span.phase is Phase.COOLDOWN for span in timeline.phases) == len(kills)
+    assert sum(span.phase is SpanPhase.COOLDOWN for span in timeline.phases) == len(kills)
 
 
 @given(jobs(), st.data())
@@ -125,7 +126,8 @@ def test_a_running_job_draws_what_is_known(job: tuple[int, int, list[Kill]],
     svg = SvgElements(render_html(timeline, ["logs"]))
     assert {int(lane["data-rank"]) for lane in svg.of("lane")} == spawned
     assert len(svg.of("fault")) == sum(e["event"] == "fault" for e in known)
-    assert all(life.end == now for life in timeline.incarnations if life.ending is Ending.RUNNING)
+    assert all(life.end == now for life in timeline.incarnations
+               if life.ending is IncarnationEnding.RUNNING)
     trace = json.loads(json.dumps(trace_events(timeline)))
     check_trace(trace)
     nodes = {e["pid"] for e in trace["traceEvents"] if e["name"] == "process_name"}
