@@ -157,7 +157,10 @@ class LaunchConfig:
     def check_node_rank(self) -> None:
         """ConfigError unless the node rank fits the job: given, or assigned by node 0."""
         rank = self.assigned_rank
-        if rank < 0 or self.first_rank + self.nproc > self.worker_num:
+        if rank < 0:
+            raise ConfigError(f"--node_rank must be at least 0, or {AUTO_NODE_RANK} (node 0's "
+                              f"scheduler assigns it), got {rank}")
+        if self.first_rank + self.nproc > self.worker_num:
             raise ConfigError(
                 f"--node_rank={rank} with {self.nproc} workers per node does not fit "
                 f"in --worker_num={self.worker_num}")
