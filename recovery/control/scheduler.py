@@ -299,7 +299,10 @@ class Scheduler:
         data = self._state.load()
         if data is None:
             return False
-        if data.get("finished") or data.get("run_id") != self.config.run_id:
+        if data.get("run_id") != self.config.run_id:
+            return False
+        if data.get("finished"):
+            self._keep_node_ranks(data)
             return False
         replies = KeptReplies()
         try:  # parsed before the membership is taken over: all or nothing
@@ -317,6 +320,15 @@ class Scheduler:
         self.replies, self.node_ranks = replies, node_ranks
         self._saved = json.dumps(self._snapshot(finished=False), sort_keys=True)
         return True
+
+    def _keep_node_ranks(self, data: dict[str, Any]) -> None:
+        """The node ranks of this job's ended scheduler: the job resumed (``--is_recover=1``
+        serves the same run id) keeps them, as each node's recovery path holds the
+        checkpoints of its own ranks."""
+        try:
+            self.node_ranks = NodeRanks.parse(data.get("node_ranks", {}))
+        except (TypeError, ValueError, AttributeError) as err:
+            logger.warning("not keeping the node ranks of %s: %r", self._state.path, err)
 
     def _tick(self, host: str, port: int) -> None:
         """Wake the loop when something is due that no request brings (see

@@ -70,6 +70,16 @@ def test_the_scheduler_answers_in_arrival_order_persists_and_a_relaunch_keeps_th
     assert [e["node_id"] for e in events(tmp_path / "logs", "node_rank_refused")] == ["c", "c"]
 
 
+def test_a_job_resumed_after_its_end_keeps_its_node_ranks(tmp_path: Path) -> None:
+    ended = scheduler(tmp_path)
+    ask(ended, "node_rank", node_id="b", nproc=1)
+    ended._save(finished=True)  # an orderly end; --is_recover=1 then serves the same run id
+    resumed = scheduler(tmp_path)
+    assert not resumed._reload()  # no members, no generation: the job starts again
+    assert ask(resumed, "node_rank", node_id="c", nproc=1)["reason"] == "full"
+    assert ask(resumed, "node_rank", node_id="b", nproc=1)["node_rank"] == 1
+
+
 def test_a_node_rank_asked_with_another_token_is_refused_unsigned(tmp_path: Path) -> None:
     sched = scheduler(tmp_path)
     refused = ask(sched, "node_rank", token="not-the-job-token", node_id="b", nproc=1)
