@@ -11,7 +11,7 @@ import secrets
 import socket
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from launcher.errors import ConfigError
@@ -23,7 +23,8 @@ from recovery.timeouts import (
     DEFAULT_REJOIN_COOLDOWN,
 )
 
-__all__ = ["LaunchConfig", "bind_listener", "RESTART_POLICIES", "DEFAULT_PROGRESS_INTERVAL"]
+__all__ = ["LaunchConfig", "bind_listener", "RESTART_POLICIES", "DEFAULT_PROGRESS_INTERVAL",
+           "AUTO_NODE_RANK", "with_node_rank"]
 
 RESTART_POLICIES = ("auto", "all", "rank")
 DEFAULT_PROGRESS_INTERVAL = 30.0
@@ -41,10 +42,13 @@ class LaunchConfig:
     local_worker_num: int | None = None
     master_addr: str = "127.0.0.1"
     master_port: int = 8118
-    node_rank: int = 0
+    node_rank: int | None = 0
+    """None: not given; node 0's scheduler assigns it (:func:`with_node_rank`)."""
     nnodes: int | None = None
     node_addr: str = ""
     """This node's address: its workers' and its rendezvous stores' (empty: master_addr)."""
+    node_id: str = ""
+    """This node's name for automatic node ranks (empty: its host name and node address)."""
     log_dir: Path = Path("logs")
     join: bool = False
     cluster_time_out: float = DEFAULT_CLUSTER_TIME_OUT
@@ -82,7 +86,14 @@ class LaunchConfig:
 
     @property
     def first_rank(self) -> int:
-        return self.node_rank * self.nproc
+        return self.assigned_rank * self.nproc
+
+    @property
+    def assigned_rank(self) -> int:
+        """The node rank, once known (see :func:`with_node_rank`)."""
+        if self.node_rank is None:
+            raise RuntimeError("the node rank is not assigned yet")
+        return self.node_rank
 
     @property
     def hosts_scheduler(self) -> bool:
@@ -115,12 +126,8 @@ class LaunchConfig:
         if self.nproc > self.worker_num:
             raise ConfigError(
                 f"--local_worker_num={self.nproc} is more than --worker_num={self.worker_num}")
-        if self.node_rank < 0 or self.first_rank + self.nproc > self.worker_num:
-            raise ConfigError(
-                f"--node_rank={self.node_rank} with {self.nproc} workers per node does not fit "
-                f"in --worker_num={self.worker_num}")
-        if self.nnodes is not None and not 0 <= self.node_rank < self.nnodes:
-            raise ConfigError(f"--node_rank={self.node_rank} is not below --nnodes={self.nnodes}")
+        if self.node_rank is not None:
+            self.check_node_rank()
         if (self.nnodes is not None and self.local_worker_num is not None
                 and self.worker_num != self.nnodes * self.nproc):
             raise ConfigError(f"--worker_num={self.worker_num} is not --nnodes={self.nnodes} x "
@@ -147,6 +154,19 @@ class LaunchConfig:
         self._check_script()
         self._check_writable(self.log_dir, "--log_dir")
 
+    def check_node_rank(self) -> None:
+        """ConfigError unless the node rank fits the job: given, or assigned by node 0."""
+        rank = self.assigned_rank
+        if rank < 0:
+            raise ConfigError(f"--node_rank must be at least 0, or {AUTO_NODE_RANK} (node 0's "
+                              f"scheduler assigns it), got {rank}")
+        if self.first_rank + self.nproc > self.worker_num:
+            raise ConfigError(
+                f"--node_rank={rank} with {self.nproc} workers per node does not fit "
+                f"in --worker_num={self.worker_num}")
+        if self.nnodes is not None and not 0 <= rank < self.nnodes:
+            raise ConfigError(f"--node_rank={rank} is not below --nnodes={self.nnodes}")
+
     def _check_enable_tft(self) -> None:
         """The modes must parse, whether given by --enable_tft or inherited MS_ENABLE_TFT."""
         given = self.enable_tft if self.enable_tft is not None else os.environ.get(names.MS_ENABLE_TFT)
@@ -172,6 +192,18 @@ class LaunchConfig:
                 pass
         except OSError as err:
             raise ConfigError(f"{option} {directory} is not writable: {err.strerror}") from None
+
+
+AUTO_NODE_RANK = -1
+"""msrun's ``--node_rank`` default: node 0's scheduler assigns the rank."""
+
+
+def with_node_rank(config: LaunchConfig, node_rank: int) -> LaunchConfig:
+    """``config`` of the node whose rank, left out on the command line, turned out to be
+    ``node_rank`` (launcher/nodes/ranks.py decides it), checked as a given one is."""
+    placed = replace(config, node_rank=node_rank)
+    placed.check_node_rank()
+    return placed
 
 
 def bind_listener(host: str, port: int) -> socket.socket:

@@ -20,12 +20,13 @@ from filelock import FileLock, Timeout
 
 from launcher.cli.common import finite_float, new_app, run_app
 from launcher.nodes.cluster_env import fill_from_cluster
-from launcher.config import DEFAULT_PROGRESS_INTERVAL, LaunchConfig, bind_listener
+from launcher.config import AUTO_NODE_RANK, DEFAULT_PROGRESS_INTERVAL, LaunchConfig, bind_listener
 from launcher.errors import ConfigError
 from launcher.view.logs import archive_previous_run
 from launcher.nodes.link import (
     NodeLink, job_still_waited_for, local_address_towards, save_job, saved_job,
 )
+from launcher.nodes.ranks import place_node, take_node_rank
 from launcher.view.render import make_view
 from launcher.supervisor.loop import Supervisor
 from recovery import env as names
@@ -90,7 +91,12 @@ def launch(
         "master_port", "Port of the scheduler's store; must be free on node 0.")] = 8118,
     node_rank: Annotated[int | None, _opt(
         "node_rank", "This node's index; its ranks are node_rank x local_worker_num + i. "
-        "[default: from Slurm or Kubernetes, else 0]")] = None,
+        "-1 (msrun's default) or left out: from Slurm or Kubernetes, else node 0 is the node "
+        "whose address is --master_addr and the others get 1, 2, ... from node 0 in order "
+        "of arrival.")] = None,
+    node_id: Annotated[str | None, _opt(
+        "node_id", "This node's identity for automatic node ranks: started again with it, "
+        "the node gets the rank it had. [default: host name/node address]")] = None,
     node_addr: Annotated[str | None, _opt(
         "node_addr", "This node's address, where the other nodes reach its workers and "
         "stores (torchrun's --local_addr). [default: the address of the interface that "
@@ -147,14 +153,15 @@ def launch(
     ] = DEFAULT_PROGRESS_INTERVAL,
 ) -> int:
     """Launch SCRIPT as WORKER_NUM data-parallel workers and keep the job alive."""
-    node_rank, nnodes, master_addr = fill_from_cluster(node_rank, nnodes, master_addr)
+    node_rank, nnodes, master_addr = fill_from_cluster(
+        None if node_rank == AUTO_NODE_RANK else node_rank, nnodes, master_addr)
     local = local_worker_num if local_worker_num is not None else nproc_per_node
     if worker_num is None:
         worker_num = nnodes * local if nnodes is not None and local is not None else 8
     config = LaunchConfig(
         script=script, script_args=tuple(script_args or ()), worker_num=worker_num,
         local_worker_num=local, master_addr=master_addr, master_port=master_port,
-        node_rank=node_rank, nnodes=nnodes, log_dir=log_dir, join=parse_bool(join, "--join"),
+        node_rank=node_rank, node_id=node_id or "", nnodes=nnodes, log_dir=log_dir, join=parse_bool(join, "--join"),
         cluster_time_out=cluster_time_out, max_restarts=max_restarts,
         node_time_out=cluster_time_out if node_time_out is None else node_time_out,
         rejoin_cooldown=rejoin_cooldown, monitor_interval=monitor_interval,
@@ -169,8 +176,8 @@ def launch(
                           f"{names.TFT_JOB_TOKEN} to the same value on each (e.g. the output of "
                           f"python3 -c 'import secrets; print(secrets.token_hex(16))')")
     os.umask(os.umask(0) | 0o022)  # nothing tftrun or its children write is world-writable
-    config = replace(config, node_addr=node_addr or local_address_towards(
-        config.master_addr, config.master_port))
+    config = place_node(replace(config, node_addr=node_addr or local_address_towards(
+        config.master_addr, config.master_port)))
     with ExitStack() as held:
         _hold_lock(held, config.log_dir, f"another tftrun job is running with --log_dir {config.log_dir}")
         _hold_lock(held, _writable(config.recovery_path),
@@ -188,7 +195,7 @@ def launch(
             config = _keep_job(config)
         archive_previous_run(config.log_dir)
         view = make_view(config.log_dir / EVENTS_FILE, config.progress_interval, config.node_title)
-        supervisor = Supervisor(config, store_socket, view, EventLog(config.log_dir, config.node_rank))
+        supervisor = Supervisor(config, store_socket, view, EventLog(config.log_dir, config.assigned_rank))
         return supervisor.run()
 
 
@@ -212,13 +219,14 @@ def _writable(recovery_path: Path) -> Path:
 
 def _join_job(config: LaunchConfig) -> LaunchConfig:
     """A node other than node 0 waits for node 0's scheduler and takes its job identity:
-    one run id and one lineage for every node (the token, every node is given)."""
+    one run id and one lineage for every node (the token, every node is given); and its
+    node rank, when left out."""
     job = NodeLink(config.master_addr, config.master_port).wait_for_job(config.cluster_time_out,
                                                                         config.job_token)
     if job.worker_num != config.worker_num:
         raise ConfigError(f"--worker_num={config.worker_num}, but node 0 runs "
                           f"{job.worker_num} workers")
-    return replace(config, run_id=job.run_id, lineage=job.lineage)
+    return take_node_rank(replace(config, run_id=job.run_id, lineage=job.lineage))
 
 
 def _return_to_job(config: LaunchConfig) -> LaunchConfig:

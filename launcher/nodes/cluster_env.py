@@ -44,7 +44,8 @@ class NodePlace:
 class Placement:
     """The place with every flag resolved, and where it came from."""
 
-    node_rank: int
+    node_rank: int | None
+    """None: neither the flag nor the cluster manager says (launcher/nodes/ranks.py)."""
     nnodes: int | None
     """None: neither ``--nnodes`` nor the cluster manager says (``--worker_num`` decides)."""
     master_addr: str
@@ -185,7 +186,7 @@ def _from_cluster(env: Mapping[str, str], given: NodePlace) -> tuple[NodePlace, 
 
 def resolve_place(given: NodePlace, env: Mapping[str, str]) -> Placement:
     """Flags first (``given``, None: left out), then the cluster manager in ``env``, then
-    the single-node defaults (node 0, ``127.0.0.1``; ``nnodes`` may stay None)."""
+    the defaults (``127.0.0.1``; ``node_rank`` and ``nnodes`` may stay None)."""
     found, manager = _from_cluster(env, given)
     taken = {field.name: getattr(found, field.name) for field in fields(NodePlace)
              if getattr(given, field.name) is None and getattr(found, field.name) is not None}
@@ -195,13 +196,13 @@ def resolve_place(given: NodePlace, env: Mapping[str, str]) -> Placement:
             f"in a Kubernetes indexed Job, give --master_addr or {names.MASTER_ADDR}: the "
             "address of index 0's pod, e.g. <job>-0.<headless service>")
     note = " ".join(f"{name}={value}" for name, value in taken.items())
-    return Placement(node_rank=place.node_rank or 0, nnodes=place.nnodes,
+    return Placement(node_rank=place.node_rank, nnodes=place.nnodes,
                      master_addr=place.master_addr or DEFAULT_MASTER_ADDR,
                      note=f"from {manager}: {note}" if note else "")
 
 
 def fill_from_cluster(node_rank: int | None, nnodes: int | None,
-                      master_addr: str | None) -> tuple[int, int | None, str]:
+                      master_addr: str | None) -> tuple[int | None, int | None, str]:
     """tftrun's flags with the left-out ones filled from this process's environment.
 
     Says on stderr which values came from the environment, so that a job started by a

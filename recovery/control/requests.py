@@ -111,6 +111,7 @@ SCHEMAS: dict[Op, dict[str, Field]] = {
     Op.INJECT: {"rank": Int(), "fault": Text(), "at_step": Int(optional=True)},
     Op.LAST_WORDS: {"rank": Int(), "generation": Int(), "step": Int(),
                     "consistent": Flag(), "reason": Text(_TEXT, optional=True)},
+    Op.NODE_RANK: {"node_id": Text(), "nproc": Int(low=1)},
 }
 """The fields of each op; an optional field left out is ``None``."""
 

@@ -91,6 +91,7 @@ class Op(str, Enum):
     LAST_WORDS = "last_words"
     STATUS = "status"
     TICK = "tick"
+    NODE_RANK = "node_rank"
 
 
 def reply_key(rid: str) -> str:

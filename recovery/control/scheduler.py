@@ -56,6 +56,7 @@ from recovery.control.membership import (
     Refused,
     describe_incomplete,
 )
+from recovery.control.node_ranks import Given, NodeRanks
 from recovery.control.nodes import JOB_KEY, TOKEN_PROOF_KEY, JobIdentity
 from recovery.control.replies import KeptReplies, SentReplies
 from recovery.control.requests import BadRequest, Request, parse_request
@@ -173,6 +174,7 @@ class Scheduler:
         self.injections = InjectionQueue()
         self.last_words = LastWords()
         self.replies = KeptReplies()
+        self.node_ranks = NodeRanks()
         self._sent = SentReplies()
         self._key = config.token.encode()
         self._replays = ReplayGuard()
@@ -214,6 +216,7 @@ class Scheduler:
             Op.VERDICTS: self._on_verdicts,
             Op.INJECT: self._on_inject,
             Op.LAST_WORDS: self._on_last_words,
+            Op.NODE_RANK: self._on_node_rank,
         }
 
     # ----------------------------------------------------------------- lifecycle
@@ -296,13 +299,17 @@ class Scheduler:
         data = self._state.load()
         if data is None:
             return False
-        if data.get("finished") or data.get("run_id") != self.config.run_id:
+        if data.get("run_id") != self.config.run_id:
+            return False
+        if data.get("finished"):
+            self._keep_node_ranks(data)
             return False
         replies = KeptReplies()
         try:  # parsed before the membership is taken over: all or nothing
             injections = InjectionQueue.parse(data.get("injections", []))
             grants = LastWords.parse(data.get("last_words", {}))
             replies.load(data.get("replies", []))
+            node_ranks = NodeRanks.parse(data.get("node_ranks", {}))
             problem = self.membership.load(data.get("membership", {}))
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             problem = f"it is malformed ({err!r})"
@@ -310,9 +317,18 @@ class Scheduler:
             logger.warning("not reloading %s: %s", self._state.path, problem)
             return False
         self.injections.pending, self.last_words.grants = injections, grants
-        self.replies = replies
+        self.replies, self.node_ranks = replies, node_ranks
         self._saved = json.dumps(self._snapshot(finished=False), sort_keys=True)
         return True
+
+    def _keep_node_ranks(self, data: dict[str, Any]) -> None:
+        """The node ranks of this job's ended scheduler: the job resumed (``--is_recover=1``
+        serves the same run id) keeps them, as each node's recovery path holds the
+        checkpoints of its own ranks."""
+        try:
+            self.node_ranks = NodeRanks.parse(data.get("node_ranks", {}))
+        except (TypeError, ValueError, AttributeError) as err:
+            logger.warning("not keeping the node ranks of %s: %r", self._state.path, err)
 
     def _tick(self, host: str, port: int) -> None:
         """Wake the loop when something is due that no request brings (see
@@ -521,6 +537,19 @@ class Scheduler:
                      reason=claim["reason"] or "")
         return {"ok": True, "save": save}
 
+    def _on_node_rank(self, request: Request) -> dict[str, Any]:
+        """A node started without ``--node_rank`` asks for its rank
+        (recovery/control/node_ranks.py); a new one is persisted before the reply."""
+        node_id = request.fields["node_id"]
+        answer = self.node_ranks.assign(node_id, request.fields["nproc"], self.config.worker_num)
+        if not isinstance(answer, Given):
+            self._decide("node_rank_refused", node_id=node_id, reason=answer.reason,
+                         message=answer.message)
+            return {"ok": False, "reason": answer.reason, "message": answer.message}
+        self._decide("node_rank", node_id=node_id, rank=answer.rank,
+                     returning=answer.returning)
+        return {"ok": True, "node_rank": answer.rank}
+
     def _decide(self, event: str, **fields: Any) -> None:
         """Record a decision of this module's own: persisted, then announced as ``event``."""
         self._decided.append((event, fields))
@@ -576,7 +605,8 @@ class Scheduler:
                 "membership": self.membership.to_json(),
                 "injections": self.injections.to_json(),
                 "last_words": self.last_words.to_json(),
-                "replies": self.replies.to_json()}
+                "replies": self.replies.to_json(),
+                "node_ranks": self.node_ranks.to_json()}
 
     def _save(self, finished: bool, now: bool = True) -> None:
         """Persist the state when it changed: at once after a decision, else at most every

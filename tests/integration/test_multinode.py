@@ -22,19 +22,22 @@ from support import (
 )
 from support_mnist import EVENT, JOB, JOB_END, TRAIN, final_digests, worker_launches
 
-NODE_ADDRS = ("127.0.0.2", "127.0.0.3")
+NODE_ADDRS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 JOB_TOKEN = {"TFT_JOB_TOKEN": "the-secret-every-node-is-given"}
 PER_NODE = 2
 
 
 def node_cmd(tmp_path: Path, node: int, port: int, script: Path, *script_args: str,
-             options: tuple[str, ...] = ()) -> list[str]:
-    """tftrun for node ``node`` of a 2-node x 2-rank job; its files under tmp_path/node<K>."""
+             options: tuple[str, ...] = (), auto_rank: bool = False) -> list[str]:
+    """tftrun for node ``node`` of a 2-node x 2-rank job; its files under tmp_path/node<K>.
+    ``auto_rank``: no node rank given (node 0 leaves the flag out, the others give msrun's
+    ``--node_rank=-1``): node 0 is the node at the master's address, the others ask it."""
     from support import tftrun_cmd
 
     home = tmp_path / f"node{node}"
+    rank = f"--node_rank={-1 if auto_rank else node}"
     return tftrun_cmd(
-        "--nnodes=2", f"--nproc_per_node={PER_NODE}", f"--node_rank={node}",
+        "--nnodes=2", f"--nproc_per_node={PER_NODE}", *([] if auto_rank and node == 0 else [rank]),
         f"--master_addr={NODE_ADDRS[0]}", f"--master_port={port}",
         f"--node_addr={NODE_ADDRS[node]}", f"--log_dir={home / 'logs'}",
         f"--recovery_path={home / 'recovery'}", "--rejoin_cooldown=0",
@@ -42,19 +45,23 @@ def node_cmd(tmp_path: Path, node: int, port: int, script: Path, *script_args: s
 
 
 def start_nodes(tmp_path: Path, port: int, script: Path, *script_args: str,
-                options: tuple[str, ...] = (), env: dict[str, str] | None = None
-                ) -> list[subprocess.Popen[str]]:
-    return [spawn(node_cmd(tmp_path, node, port, script, *script_args, options=options),
-                  env={**(env or os.environ), **JOB_TOKEN}) for node in (0, 1)]
+                options: tuple[str, ...] = (), env: dict[str, str] | None = None,
+                auto_rank: bool = False) -> list[subprocess.Popen[str]]:
+    """Node 1 first, then node 0: the nodes may start in any order."""
+    started = [spawn(node_cmd(tmp_path, node, port, script, *script_args, options=options,
+                              auto_rank=auto_rank),
+                     env={**(env or os.environ), **JOB_TOKEN}) for node in (1, 0)]
+    return started[::-1]
 
 
 @contextmanager
 def nodes_running(tmp_path: Path, port: int, script: Path, *script_args: str,
-                  options: tuple[str, ...] = (), env: dict[str, str] | None = None
-                  ) -> Iterator[list[subprocess.Popen[str]]]:
+                  options: tuple[str, ...] = (), env: dict[str, str] | None = None,
+                  auto_rank: bool = False) -> Iterator[list[subprocess.Popen[str]]]:
     """Both nodes' tftrun, stopped on the way out whatever happened (a node the test
     replaced in the list included)."""
-    procs = start_nodes(tmp_path, port, script, *script_args, options=options, env=env)
+    procs = start_nodes(tmp_path, port, script, *script_args, options=options, env=env,
+                        auto_rank=auto_rank)
     try:
         yield procs
     finally:
@@ -176,7 +183,8 @@ def test_a_plain_script_killed_on_node_1_restarts_on_both_nodes_and_resumes(
 
 
 def kill_node_and_start_it_again(tmp_path: Path, procs: list[subprocess.Popen[str]], node: int,
-                                 port: int, at_step: int, *again: str) -> None:
+                                 port: int, at_step: int, *again: str,
+                                 auto_rank: bool = False) -> None:
     """``kill -9`` node ``node``'s tftrun once its first rank passed ``at_step``; wait for
     its workers to die with it; start its tftrun again with the same command."""
     first = log_dir(tmp_path, node) / f"worker_{node * PER_NODE}.log"
@@ -187,7 +195,8 @@ def kill_node_and_start_it_again(tmp_path: Path, procs: list[subprocess.Popen[st
     procs[node].wait()
     wait_for(lambda: all(pid_gone(pid) for pid in workers.values()), EVENT,
              f"node {node}'s workers gone with its tftrun")
-    procs[node] = spawn(node_cmd(tmp_path, node, port, TRAIN, *JOB, options=(*NODE_LOSS, *again)),
+    procs[node] = spawn(node_cmd(tmp_path, node, port, TRAIN, *JOB, options=(*NODE_LOSS, *again),
+                                 auto_rank=auto_rank),
                         env={**os.environ, **JOB_TOKEN})
 
 
@@ -196,11 +205,26 @@ NODE_LOSS = ("--heartbeat_timeout=5",)
 
 def test_node_1_killed_and_started_again_rejoins_and_node_0_never_restarts(
         tmp_path: Path, two_nodes_fault_free: dict[int, str]) -> None:
+    """With automatic node ranks: node 1, started first, gets rank 1 from node 0; a third
+    node is one too many; node 1 started again is known and gets rank 1 again."""
     port = free_tcp_port()
-    with nodes_running(tmp_path, port, TRAIN, *JOB, options=NODE_LOSS) as procs:
-        kill_node_and_start_it_again(tmp_path, procs, 1, port, at_step=30)
-        finish_ok(procs)
+    with nodes_running(tmp_path, port, TRAIN, *JOB, options=NODE_LOSS, auto_rank=True) as procs:
+        given = wait_for_event(log_dir(tmp_path, 0), EVENT, "node 1 given its rank",
+                               event="node_rank")
+        surplus = run(node_cmd(tmp_path, 2, port, TRAIN, *JOB, auto_rank=True), timeout=60,
+                      env={**os.environ, **JOB_TOKEN})
+        assert surplus.returncode == 2, surplus.stdout + surplus.stderr
+        [line] = surplus.stderr.strip().splitlines()
+        assert "no node rank" in line and "2 nodes all have their ranks" in line, line
+        kill_node_and_start_it_again(tmp_path, procs, 1, port, 30, auto_rank=True)
+        outputs = finish_ok(procs)
     assert [r for r, _ in worker_launches(log_dir(tmp_path, 0))] == [0, 1]
+    assert [r for r, _ in worker_launches(log_dir(tmp_path, 1))] == [2, 3]
+    assert "tftrun: node rank 1 from node 0's scheduler" in outputs[1]
+    ranks = events(log_dir(tmp_path, 0), "node_rank")
+    assert [(e["node_id"], e["rank"], e["returning"]) for e in ranks] == [
+        (given["node_id"], 1, False), (given["node_id"], 1, True)]
+    assert given["node_id"].endswith("/127.0.0.3")
     assert job_digests(tmp_path) == two_nodes_fault_free
 
 

@@ -44,7 +44,7 @@ def test_msrun_defaults() -> None:
     params = parse("train.py")
     assert params["worker_num"] is None  # resolved to 8 by launch()
     assert params["master_addr"] is None  # 127.0.0.1 unless Slurm or Kubernetes says
-    assert params["node_rank"] is None  # 0 unless Slurm or Kubernetes says
+    assert params["node_rank"] is None  # Slurm or Kubernetes, else automatic
     assert params["master_port"] == 8118
     assert params["cluster_time_out"] == 600.0
     assert params["rejoin_cooldown"] == 30.0

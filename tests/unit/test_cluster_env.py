@@ -132,7 +132,7 @@ def test_the_batch_script_outside_srun_is_a_one_node_job() -> None:
     del env[names.SLURM_STEP_ID]
     placement = resolve_place(NodePlace(), env)
     assert (placement.node_rank, placement.nnodes, placement.master_addr, placement.note) == (
-        0, None, DEFAULT_MASTER_ADDR, "")
+        None, None, DEFAULT_MASTER_ADDR, "")
 
 
 def test_explicit_flags_win_over_slurm() -> None:
@@ -179,4 +179,4 @@ def test_a_kubernetes_pod_past_index_0_needs_a_master() -> None:
 def test_master_addr_alone_is_not_read_outside_an_indexed_job() -> None:
     placement = resolve_place(NodePlace(), {names.MASTER_ADDR: "elsewhere"})
     assert (placement.node_rank, placement.master_addr, placement.note) == (
-        0, DEFAULT_MASTER_ADDR, "")
+        None, DEFAULT_MASTER_ADDR, "")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sched_inprocess import answer, signed
+from sched_inprocess import TOKEN, ask, reloaded, scheduler
 from support import REPO, events
 
 from launcher.cli.inject import _signal_target
@@ -23,39 +23,10 @@ from recovery.control.inject import Inbox, InjectedError, Injection, check, deli
 from recovery.control.claims import LastWords
 from recovery.control.membership import Identity
 from recovery.control.rpc import Op, SchedulerUnavailable
-from recovery.control.scheduler import Scheduler, SchedulerConfig
+from recovery.control.scheduler import Scheduler
 from recovery.timeouts import Timeouts
 
-TOKEN = "job-token"
 WORKER = {"node_id": "1", "pid": 101, "incarnation": 0, "host": "h"}
-
-
-def scheduler(tmp_path: Path) -> Scheduler:
-    """A scheduler whose requests are handled in this thread, with an in-memory c10d
-    store where it moves its news counter (an injection is news)."""
-    from torch.distributed import HashStore
-
-    sched = Scheduler(SchedulerConfig(
-        host="127.0.0.1", port=1, listen_fd=None, worker_num=2, token=TOKEN, run_id="r1",
-        log_dir=str(tmp_path / "logs"), recovery_path=str(tmp_path / "recovery"),
-        timeouts=Timeouts()))
-    sched._client = HashStore()
-    return sched
-
-
-def ask(sched: Scheduler, op: str, token: str = TOKEN, **fields: Any) -> dict[str, Any]:
-    """One request through the scheduler's loop body: decide, persist, then reply."""
-    _rid, reply = sched._handle(signed(op, token, **fields))
-    sched._after_request()
-    assert reply is not None
-    return answer(reply)
-
-
-def reloaded(tmp_path: Path) -> Scheduler:
-    """A scheduler relaunched after a kill -9: it takes over the persisted state."""
-    sched = scheduler(tmp_path)
-    assert sched._reload()
-    return sched
 
 
 # ----------------------------------------------------------------- INJECT

@@ -110,6 +110,8 @@ def test_a_node_joins_node_0s_lineage_and_sets_an_earlier_jobs_state_aside(
 @pytest.mark.parametrize(("fields", "message"), [
     ({"nnodes": 2, "node_rank": 2, "worker_num": 6, "local_worker_num": 2},
      "--node_rank=2 is not below --nnodes=2"),
+    ({"node_rank": -2, "worker_num": 4, "local_worker_num": 2},
+     "--node_rank must be at least 0, or -1"),
     ({"nnodes": 2, "worker_num": 6, "local_worker_num": 2},
      "--worker_num=6 is not --nnodes=2 x --nproc_per_node=2"),
 ])

@@ -31,7 +31,7 @@ PLAUSIBLE = {
     "step": st.none() | st.integers(0, 50), "phase": st.none() | st.just("computing"),
     "abnormal": st.booleans(), "reason": st.just("SIGKILL"), "fault": st.sampled_from(FAULTS),
     "at_step": st.none() | st.integers(1, 9), "generation": st.integers(0, 3),
-    "consistent": st.booleans(),
+    "consistent": st.booleans(), "nproc": st.integers(1, 2),
 }
 """Values a client sends, by field."""
 
@@ -40,7 +40,7 @@ ENDED = ("node_id", "rank", "pid", "incarnation", "abnormal", "reason")
 FIELDS = {Op.REGISTER: IDENTITY, Op.HEARTBEAT: (*IDENTITY, "step", "phase"), Op.LEAVE: ENDED,
           Op.EXIT: ENDED, Op.COOLDOWN: ("node_id",), Op.INJECT: ("rank", "fault", "at_step"),
           Op.LAST_WORDS: ("rank", "generation", "step", "consistent", "reason"),
-          Op.VERDICTS: (), Op.STATUS: (), Op.TICK: ()}
+          Op.VERDICTS: (), Op.STATUS: (), Op.TICK: (), Op.NODE_RANK: ("node_id", "nproc")}
 """The fields of each request, as the clients send them."""
 
 json_values = st.recursive(

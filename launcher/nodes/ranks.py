@@ -1,0 +1,85 @@
+"""Automatic node ranks: which node this is when ``--node_rank`` is left out.
+
+As torchrun's c10d rendezvous and msrun (``--node_rank=-1``) do, with nothing given (no
+flag, no Slurm or Kubernetes value):
+
+* the node whose own address is ``--master_addr`` is node 0: it hosts the scheduler, as
+  torchrun's c10d endpoint hosts the store. Its own address is ``--node_addr``, by default
+  the address of the interface that reaches ``--master_addr`` (which is ``--master_addr``
+  itself on the host that has it);
+* every other node asks node 0's scheduler, over its signed control plane, for the next
+  rank in order of arrival, with a node id that survives a restart of its tftrun, so that
+  a node that comes back gets the rank it had (recovery/control/node_ranks.py).
+
+See docs/multi-node.md#automatic-node-ranks.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+
+from launcher.config import LaunchConfig, with_node_rank
+from launcher.errors import ConfigError
+from recovery.control.rpc import Op, SchedulerLink, SchedulerUnavailable
+
+__all__ = ["place_node", "take_node_rank", "default_node_id", "owns_address", "REPLY_TIMEOUT"]
+
+REPLY_TIMEOUT = 2.0
+"""Seconds one request waits for its answer; it is asked again until --cluster_time_out."""
+
+
+def _addresses(host: str) -> set[str]:
+    """The IP addresses ``host`` resolves to (none when it does not)."""
+    try:
+        return {str(info[4][0]) for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+    except (OSError, UnicodeError):
+        return set()
+
+
+def owns_address(master_addr: str, node_addr: str) -> bool:
+    """Whether a node whose own address is ``node_addr`` is ``master_addr``'s host."""
+    return bool(_addresses(master_addr) & _addresses(node_addr))
+
+
+def default_node_id(node_addr: str) -> str:
+    """A node's id when ``--node_id`` is left out: its host name and node address, which
+    its tftrun, started again on the same machine, has again."""
+    return f"{socket.gethostname()}/{node_addr}"
+
+
+def place_node(config: LaunchConfig) -> LaunchConfig:
+    """``config`` with the node rank 0 when it is left out and this node is node 0 (a job
+    of one node, or this node's address is ``--master_addr``); left out otherwise, for
+    :func:`take_node_rank` to ask node 0. ``config.node_addr`` must be known."""
+    if config.node_rank is not None:
+        return config
+    if not config.multi_node or owns_address(config.master_addr, config.local_addr):
+        return with_node_rank(config, 0)
+    return config
+
+
+def take_node_rank(config: LaunchConfig) -> LaunchConfig:
+    """``config`` with the rank node 0's scheduler gives this node (a node other than 0
+    whose rank was left out), waiting for it up to ``--cluster_time_out``; ConfigError (one
+    line) when it refuses or does not answer."""
+    if config.node_rank is not None:
+        return config
+    node_id = config.node_id or default_node_id(config.local_addr)
+    link = SchedulerLink(config.master_addr, config.master_port, config.job_token, REPLY_TIMEOUT)
+    where = f"node 0's scheduler at {link.where}"
+    try:
+        reply = link.call_until(Op.NODE_RANK, time.monotonic() + config.cluster_time_out,
+                                node_id=node_id, nproc=config.nproc)
+    except SchedulerUnavailable:
+        raise ConfigError(f"{where} gave this node ({node_id}) no node rank within "
+                          f"--cluster_time_out={config.cluster_time_out:g}s") from None
+    finally:
+        link.close()
+    if not reply.get("ok"):
+        raise ConfigError(f"{where} gives this node ({node_id}) no node rank: "
+                          f"{reply.get('message')}")
+    rank = reply["node_rank"]
+    print(f"tftrun: node rank {rank} from {where} (node id {node_id})", file=sys.stderr)
+    return with_node_rank(config, rank)
