@@ -2,7 +2,8 @@
 
 The trainer is always in exactly one :class:`TrainerState`; every change goes through
 :meth:`TrainerMachine.transition`, which checks it against :data:`TRANSITIONS` (drawn in
-docs/recovery.md, *The trainer's states*; a unit test keeps the two equal). A step's
+docs/recovery.md and docs/architecture.md; tests/unit/test_state_machines.py keeps the
+drawings equal to the table). A step's
 optimizer update happens only while the trainer is :attr:`TrainerState.TRAINING`: any
 move away from it during a step voids the step.
 
