@@ -171,6 +171,9 @@ class LaunchConfig:
                             ("--progress_interval", self.progress_interval)):
             if value is not None and value < 0:
                 raise ConfigError(f"{name} must not be negative, got {value}")
+        if self.cluster_time_out <= 0:
+            raise ConfigError(f"--cluster_time_out must be positive, got {self.cluster_time_out:g} "
+                              "(msrun's negative 'wait forever' is not supported: give seconds)")
         for name, value in (("--monitor_interval", self.monitor_interval),
                             ("--heartbeat_timeout", self.heartbeat_timeout),
                             ("--progress_timeout", self.progress_timeout),
