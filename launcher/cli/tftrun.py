@@ -265,6 +265,38 @@ def config_from_argv(argv: Sequence[str]) -> LaunchConfig:
 def build_config(params: dict[str, Any]) -> LaunchConfig:
     """The options (msrun's, torchrun's, tftrun's) → what they mean, before any check."""
     p = SimpleNamespace(**params)
+    _refuse_unsupported(p)
+    entry = _entry(p)
+    master_addr, master_port, nnodes, cluster_time_out = _rendezvous(p)
+    torchrun_style = nnodes is not None or any(params[name] for name in TORCHRUN_ONLY)
+    node_rank, node_count, master_addr = fill_from_cluster(
+        p.node_rank, None if nnodes is None else parse_nnodes(nnodes), master_addr)
+    worker_num, local = _sizes(p, node_count, torchrun_style)
+    console = None
+    if p.redirects is not None or p.tee is not None or p.local_ranks_filter:
+        console = console_ranks(p.redirects, p.tee, p.local_ranks_filter, local or worker_num)
+    return LaunchConfig(
+        script=Path(entry.target), script_args=entry.args, entry=entry.kind,
+        worker_num=worker_num, local_worker_num=local, master_addr=master_addr,
+        master_port=master_port, node_rank=node_rank, nnodes=node_count,
+        node_addr=p.node_addr or p.local_addr or "", log_dir=p.log_dir,
+        join=parse_bool(p.join, "--join") or console is not None, console_ranks=console,
+        cluster_time_out=cluster_time_out, max_restarts=p.max_restarts,
+        node_time_out=cluster_time_out if p.node_time_out is None else p.node_time_out,
+        rejoin_cooldown=p.rejoin_cooldown, monitor_interval=p.monitor_interval,
+        heartbeat_timeout=p.heartbeat_timeout, progress_timeout=p.progress_timeout,
+        grace_period=p.grace_period if p.shutdown_timeout is None else p.shutdown_timeout,
+        restart_policy=p.restart_policy, is_recover=parse_bool(p.is_recover, "--is_recover"),
+        recovery_path=p.recovery_path, enable_tft=p.enable_tft,
+        warm_spare=p.warm_spare if entry.kind == "script" else 0,
+        progress_interval=p.progress_interval, role=p.role,
+        job_id="" if p.standalone or p.rdzv_id in (None, "none") else p.rdzv_id,
+        signals_to_handle=parse_signals(p.signals_to_handle),
+    )
+
+
+def _refuse_unsupported(p: SimpleNamespace) -> None:
+    """torchrun's options without a meaning here: one line each, saying what instead."""
     _refuse(p.logs_specs, "--logs_specs: tftrun writes <log_dir>/worker_<rank>.log for each "
             "rank; it has no logs_specs plugins")
     _refuse(p.numa_binding, "--numa_binding is not supported; bind with numactl or "
@@ -277,20 +309,37 @@ def build_config(params: dict[str, Any]) -> LaunchConfig:
         raise ConfigError(f"--rdzv_backend={p.rdzv_backend}: tftrun's node 0 hosts the store "
                           "itself; give --rdzv_backend=c10d (or static) and --rdzv_endpoint="
                           "<node 0's address>:<port>")
-    entry = _entry(p)
+    if p.start_method not in START_METHODS:
+        raise ConfigError(f"--start_method={p.start_method}: give one of "
+                          f"{', '.join(START_METHODS)}")
+    if p.start_method != "spawn":
+        print(f"tftrun: --start_method={p.start_method}: tftrun starts each worker as a fresh "
+              "process (as spawn does)", file=sys.stderr)
+
+
+def _rendezvous(p: SimpleNamespace) -> tuple[str | None, int, str | None, float]:
+    """Node 0's address and port, the node count and ``--cluster_time_out``, from msrun's
+    options, torchrun's ``--rdzv_*`` or ``--standalone`` (which overrides the address, the
+    port and ``--rdzv_endpoint``, as torchrun's does; ``--rdzv_conf`` still counts)."""
     honoured, ignored = parse_rdzv_conf(p.rdzv_conf or "")
-    if ignored and not p.standalone:
-        print(rdzv_conf_note(ignored), file=sys.stderr)
     master_addr, master_port, nnodes = p.master_addr, p.master_port, p.nnodes
-    if p.rdzv_endpoint and not p.standalone:
-        master_addr, master_port = parse_endpoint(p.rdzv_endpoint)
     if p.standalone:
         if nnodes is not None and parse_nnodes(nnodes) != 1:
             raise ConfigError(f"--standalone is one node, but --nnodes={nnodes}; leave one out")
         master_addr, master_port, nnodes = DEFAULT_MASTER_ADDR, 0, "1"
-    torchrun_style = nnodes is not None or any(params[name] for name in TORCHRUN_ONLY)
-    node_rank, node_count, master_addr = fill_from_cluster(
-        p.node_rank, None if nnodes is None else parse_nnodes(nnodes), master_addr)
+    elif p.rdzv_endpoint:
+        master_addr, master_port = parse_endpoint(p.rdzv_endpoint)
+    if ignored:
+        print(rdzv_conf_note(ignored), file=sys.stderr)
+    cluster_time_out = (p.cluster_time_out if p.cluster_time_out is not None
+                        else float(honoured.get("cluster_time_out", DEFAULT_CLUSTER_TIME_OUT)))
+    return master_addr, master_port, nnodes, cluster_time_out
+
+
+def _sizes(p: SimpleNamespace, node_count: int | None,
+           torchrun_style: bool) -> tuple[int, int | None]:
+    """``--worker_num`` and this node's worker count: msrun's 8 by default, torchrun's
+    ``nnodes x nproc_per_node`` (1 x 1 by default) on a torchrun command line."""
     nproc = resolve_nproc(p.nproc_per_node) if p.nproc_per_node is not None else None
     local = p.local_worker_num if p.local_worker_num is not None else nproc
     worker_num = p.worker_num
@@ -301,35 +350,7 @@ def build_config(params: dict[str, Any]) -> LaunchConfig:
             worker_num = (node_count or 1) * (local or 1) if torchrun_style else 8
     if torchrun_style and local is None:
         local = worker_num // (node_count or 1)
-    cluster_time_out = (p.cluster_time_out if p.cluster_time_out is not None
-                        else float(honoured.get("cluster_time_out", DEFAULT_CLUSTER_TIME_OUT)))
-    console = None
-    if p.redirects is not None or p.tee is not None or p.local_ranks_filter:
-        console = console_ranks(p.redirects, p.tee, p.local_ranks_filter, local or worker_num)
-    if p.start_method not in START_METHODS:
-        raise ConfigError(f"--start_method={p.start_method}: give one of "
-                          f"{', '.join(START_METHODS)}")
-    if p.start_method != "spawn":
-        print(f"tftrun: --start_method={p.start_method}: tftrun starts each worker as a fresh "
-              "process (as spawn does)", file=sys.stderr)
-    return LaunchConfig(
-        script=Path(entry.target), script_args=entry.args, entry=entry.kind,
-        worker_num=worker_num, local_worker_num=local, master_addr=master_addr,
-        master_port=master_port,
-        node_rank=node_rank, nnodes=node_count, node_addr=p.node_addr or p.local_addr or "",
-        log_dir=p.log_dir, join=parse_bool(p.join, "--join") or console is not None,
-        console_ranks=console, cluster_time_out=cluster_time_out, max_restarts=p.max_restarts,
-        node_time_out=cluster_time_out if p.node_time_out is None else p.node_time_out,
-        rejoin_cooldown=p.rejoin_cooldown, monitor_interval=p.monitor_interval,
-        heartbeat_timeout=p.heartbeat_timeout, progress_timeout=p.progress_timeout,
-        grace_period=p.grace_period if p.shutdown_timeout is None else p.shutdown_timeout,
-        restart_policy=p.restart_policy, is_recover=parse_bool(p.is_recover, "--is_recover"),
-        recovery_path=p.recovery_path, enable_tft=p.enable_tft,
-        warm_spare=0 if entry.kind != "script" else p.warm_spare,
-        progress_interval=p.progress_interval, role=p.role,
-        job_id="" if p.standalone or p.rdzv_id in (None, "none") else p.rdzv_id,
-        signals_to_handle=parse_signals(p.signals_to_handle),
-    )
+    return worker_num, local
 
 
 def _entry(p: SimpleNamespace) -> Entry:
@@ -338,13 +359,15 @@ def _entry(p: SimpleNamespace) -> Entry:
     if p.module and p.no_python:
         raise ConfigError("give -m/--module or --no_python, not both")
     if p.module:
-        return Entry(str(p.script), tuple(args), "module")
-    if p.no_python and not p.run_path:  # torchrun: --run_path takes precedence
-        if p.warm_spare:
-            raise ConfigError("--warm_spare needs a Python script: a spare cannot run an "
-                              "executable (--no_python)")
-        return Entry(str(p.script), tuple(args), "exec")
-    return strip_python(p.script, args)
+        entry = Entry(str(p.script), tuple(args), "module")
+    elif p.no_python and not p.run_path:  # torchrun: --run_path takes precedence
+        entry = Entry(str(p.script), tuple(args), "exec")
+    else:
+        entry = strip_python(p.script, args)
+    if entry.kind != "script" and p.warm_spare:
+        raise ConfigError("--warm_spare needs a Python script: a spare cannot run a module "
+                          "(-m) or an executable (--no_python)")
+    return entry
 
 
 def _run(config: LaunchConfig) -> int:

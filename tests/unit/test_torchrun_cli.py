@@ -295,7 +295,7 @@ def test_redirects_tee_and_filter_choose_the_console_ranks() -> None:
 STD = st.integers(0, 3)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(nproc=st.integers(1, 6), redirect=st.dictionaries(st.integers(0, 5), STD),
        tee=st.dictionaries(st.integers(0, 5), STD),
        allowed=st.one_of(st.none(), st.sets(st.integers(0, 5), min_size=1)))
