@@ -52,23 +52,18 @@ def test_two_standalone_jobs_in_two_folders_both_run(tmp_path: Path) -> None:
     assert len(ports) == 2
 
 
-def test_msrun_python_train_py_runs(tmp_path: Path) -> None:
-    """msrun's ``msrun ... python train.py``: it was ``script not found: python``."""
-    out = _out(tmp_path)
+def test_msrun_python_train_py_runs_and_local_ranks_filter_picks_the_console(
+        tmp_path: Path) -> None:
+    """msrun's ``msrun ... python train.py`` (it was ``script not found: python``), with
+    torchrun's ``--local_ranks_filter=1``: rank 1's output on the console, rank 0's only in
+    its log file."""
+    out, logs = _out(tmp_path), tmp_path / "logs"
     result = run(tftrun_cmd("--worker_num=2", "--local_worker_num=2", "--master_port=0",
-                            f"--log_dir={tmp_path / 'logs'}", "python", ALLREDUCE, "2", str(out)))
+                            "--local_ranks_filter=1", f"--log_dir={logs}",
+                            "python", ALLREDUCE, "2", str(out)))
     assert result.returncode == 0, result.stderr
     env = json.loads((out / "env_1.json").read_text())["env"]
     assert (env[names.RANK_ID], env[names.DEVICE_ID], env[names.RANK_SIZE]) == ("1", "1", "2")
-
-
-def test_local_ranks_filter_shows_those_ranks_and_every_log_is_written(tmp_path: Path) -> None:
-    """torchrun's ``--local_ranks_filter=1``: rank 1's output on the console, rank 0's only
-    in its log file."""
-    out, logs = _out(tmp_path), tmp_path / "logs"
-    result = run(tftrun_cmd("--nproc_per_node=2", "--local_ranks_filter=1", "--master_port=0",
-                            f"--log_dir={logs}", ALLREDUCE, "2", str(out)))
-    assert result.returncode == 0, result.stderr
     assert "[rank 1] rank 1 done" in result.stdout
     assert "[rank 0]" not in result.stdout
     assert "rank 0 done" in (logs / "worker_0.log").read_text()
