@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
+import signal
 import socket
 import tempfile
 import time
@@ -24,9 +26,18 @@ from recovery.timeouts import (
 )
 
 __all__ = ["LaunchConfig", "bind_listener", "RESTART_POLICIES", "DEFAULT_PROGRESS_INTERVAL",
-           "AUTO_NODE_RANK", "with_node_rank"]
+           "AUTO_NODE_RANK", "with_node_rank", "DEFAULT_SIGNALS", "ENTRY_KINDS",
+           "DEFAULT_MASTER_PORT"]
+
+DEFAULT_SIGNALS: tuple[int, ...] = tuple(int(s) for s in (
+    signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2))
+"""Signals that stop the job in order: torchrun's four, and Slurm's preemption warnings."""
+ENTRY_KINDS = ("script", "module", "exec")
+"""What ``script`` names: a Python file, a module (``-m``), an executable (``--no_python``)."""
 
 RESTART_POLICIES = ("auto", "all", "rank")
+DEFAULT_MASTER_PORT = 8118
+"""msrun's port for node 0's scheduler (torchrun's is 29500; docs/from-torchrun.md)."""
 DEFAULT_PROGRESS_INTERVAL = 30.0
 """Off a terminal, seconds between two progress lines."""
 """``all``: torchrun's restart of every worker; ``rank``: relaunch only the dead ranks
@@ -41,7 +52,7 @@ class LaunchConfig:
     worker_num: int = 8
     local_worker_num: int | None = None
     master_addr: str = "127.0.0.1"
-    master_port: int = 8118
+    master_port: int = DEFAULT_MASTER_PORT
     node_rank: int | None = 0
     """None: not given; node 0's scheduler assigns it (:func:`with_node_rank`)."""
     nnodes: int | None = None
@@ -78,6 +89,17 @@ class LaunchConfig:
     multi-node job takes it from TFT_JOB_TOKEN; a new random one otherwise."""
     lineage: str = ""
     """The job's lineage id (recovery/ckpt/lineage.py), set once the recovery path is opened."""
+    entry: str = "script"
+    """One of :data:`ENTRY_KINDS`: how a worker runs ``script``."""
+    role: str = "default"
+    """torchrun's ``--role``: the workers' ``ROLE_NAME``."""
+    job_id: str = ""
+    """torchrun's ``--rdzv_id``: the workers' ``TORCHELASTIC_RUN_ID`` (empty: ``run_id``)."""
+    signals_to_handle: tuple[int, ...] = DEFAULT_SIGNALS
+    """Signals to tftrun that stop the job in order (``--signals_to_handle``)."""
+    console_ranks: frozenset[int] | None = None
+    """With ``join``: the local ranks whose output is shown (None: all; torchrun's
+    ``--redirects``, ``--tee`` and ``--local_ranks_filter``)."""
 
     @property
     def nproc(self) -> int:
@@ -117,6 +139,19 @@ class LaunchConfig:
     def local_addr(self) -> str:
         return self.node_addr or self.master_addr
 
+    @property
+    def group_world_size(self) -> int:
+        """Nodes in the job (torchrun's ``GROUP_WORLD_SIZE``)."""
+        return -(-self.worker_num // self.nproc)
+
+    def shows_output(self, rank: int | None) -> bool:
+        """Whether the console streams this process's log (``rank`` None: the scheduler)."""
+        if not self.join:
+            return False
+        if self.console_ranks is None:
+            return True
+        return rank is not None and rank - self.first_rank in self.console_ranks
+
     def validate(self) -> None:
         """Raise ConfigError for the first problem found; touch nothing but the log dir."""
         if self.worker_num < 1:
@@ -132,14 +167,20 @@ class LaunchConfig:
                 and self.worker_num != self.nnodes * self.nproc):
             raise ConfigError(f"--worker_num={self.worker_num} is not --nnodes={self.nnodes} x "
                               f"--nproc_per_node={self.nproc}")
-        if not 1 <= self.master_port <= 65535:
-            raise ConfigError(f"--master_port must be in 1..65535, got {self.master_port}")
+        if not 0 <= self.master_port <= 65535:
+            raise ConfigError(f"--master_port must be in 0..65535, got {self.master_port}")
+        if self.master_port == 0 and self.multi_node:
+            raise ConfigError("--master_port=0 picks a free port on one node only: the other "
+                              "nodes could not find it; give a fixed port, e.g. --master_port=29500")
         for name, value in (("--max_restarts", self.max_restarts),
                             ("--rejoin_cooldown", self.rejoin_cooldown),
                             ("--warm_spare", self.warm_spare),
                             ("--progress_interval", self.progress_interval)):
             if value is not None and value < 0:
                 raise ConfigError(f"{name} must not be negative, got {value}")
+        if self.cluster_time_out <= 0:
+            raise ConfigError(f"--cluster_time_out must be positive, got {self.cluster_time_out:g} "
+                              "(msrun's negative 'wait forever' is not supported: give seconds)")
         for name, value in (("--monitor_interval", self.monitor_interval),
                             ("--heartbeat_timeout", self.heartbeat_timeout),
                             ("--progress_timeout", self.progress_timeout),
@@ -177,6 +218,13 @@ class LaunchConfig:
             raise ConfigError(f"{source}: {err}") from None
 
     def _check_script(self) -> None:
+        if self.entry == "module":
+            return  # a module is found by the worker's Python, on its path
+        if self.entry == "exec":
+            if shutil.which(str(self.script)) is None:
+                raise ConfigError(f"--no_python: {self.script} is not an executable file or "
+                                  "a command on PATH")
+            return
         if not self.script.exists():
             raise ConfigError(f"script not found: {self.script}")
         if not self.script.is_file():

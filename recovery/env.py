@@ -36,7 +36,27 @@ TORCHELASTIC_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
 TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
 TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 TORCHELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+TORCHELASTIC_SIGNALS_TO_HANDLE = "TORCHELASTIC_SIGNALS_TO_HANDLE"
+GROUP_WORLD_SIZE = "GROUP_WORLD_SIZE"
+ROLE_NAME = "ROLE_NAME"
+TORCH_NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 OMP_NUM_THREADS = "OMP_NUM_THREADS"
+PYTHON_EXEC = "PYTHON_EXEC"
+"""Read, as torchrun does: the interpreter a worker's script runs with (default: tftrun's)."""
+
+# Read, never set: torchrun's defaults for its options, as Kubeflow's PyTorchJob passes them
+# (``PET_<OPTION>``, e.g. PET_NNODES for --nnodes; launcher/cli/tftrun.py).
+PET_PREFIX = "PET_"
+PET_NNODES = "PET_NNODES"
+PET_NPROC_PER_NODE = "PET_NPROC_PER_NODE"
+PET_NODE_RANK = "PET_NODE_RANK"
+PET_MASTER_ADDR = "PET_MASTER_ADDR"
+PET_MASTER_PORT = "PET_MASTER_PORT"
+
+
+def pet(option: str) -> str:
+    """torchrun's variable for ``--option`` (``nproc_per_node`` → ``PET_NPROC_PER_NODE``)."""
+    return PET_PREFIX + option.upper()
 
 # msrun-compatible.
 MS_ROLE = "MS_ROLE"
@@ -47,6 +67,12 @@ MS_SCHED_PORT = "MS_SCHED_PORT"
 MS_ENABLE_RECOVERY = "MS_ENABLE_RECOVERY"
 MS_RECOVERY_PATH = "MS_RECOVERY_PATH"
 MS_ENABLE_TFT = "MS_ENABLE_TFT"
+MS_TOPO_TIMEOUT = "MS_TOPO_TIMEOUT"
+RANK_ID = "RANK_ID"
+"""msrun's name for the worker's global rank (MindSpore's rank-table scripts read it)."""
+DEVICE_ID = "DEVICE_ID"
+"""msrun's name for the worker's index on its node (its device)."""
+RANK_SIZE = "RANK_SIZE"
 
 ROLE_WORKER = "MS_WORKER"
 ROLE_SCHEDULER = "MS_SCHED"

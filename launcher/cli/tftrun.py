@@ -7,20 +7,30 @@ Every option takes both spellings (``--worker_num`` and ``--worker-num``) and bo
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import replace
+from importlib import metadata
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Annotated, Any
 
 import typer
 from filelock import FileLock, Timeout
 
 from launcher.cli.common import finite_float, new_app, run_app
-from launcher.nodes.cluster_env import fill_from_cluster
-from launcher.config import AUTO_NODE_RANK, DEFAULT_PROGRESS_INTERVAL, LaunchConfig, bind_listener
+from launcher.cli.compat import (
+    RDZV_BACKENDS, Entry, console_ranks, parse_endpoint, parse_nnodes, parse_rdzv_conf,
+    parse_signals, rdzv_conf_note, resolve_nproc, strip_python,
+)
+from launcher.nodes.cluster_env import DEFAULT_MASTER_ADDR, fill_from_cluster
+from launcher.config import (
+    AUTO_NODE_RANK, DEFAULT_MASTER_PORT, DEFAULT_PROGRESS_INTERVAL, DEFAULT_SIGNALS, LaunchConfig,
+    bind_listener,
+)
 from launcher.errors import ConfigError
 from launcher.view.logs import archive_previous_run
 from launcher.nodes.link import (
@@ -40,9 +50,17 @@ from recovery.timeouts import (
     DEFAULT_REJOIN_COOLDOWN,
 )
 
-__all__ = ["app", "main"]
+__all__ = ["app", "main", "build_config", "config_from_argv"]
 
 LOCK_FILE = "tftrun.lock"
+TORCHRUN_ONLY = ("standalone", "nproc_per_node", "rdzv_backend", "rdzv_endpoint", "rdzv_id",
+                 "rdzv_conf", "module", "no_python", "run_path", "redirects", "tee",
+                 "local_ranks_filter", "local_addr")
+"""Options msrun does not have: with any of them (or --nnodes) the command line is
+torchrun's, and --worker_num defaults to torchrun's nnodes x nproc_per_node (1 x 1 when
+left out), not msrun's 8."""
+START_METHODS = ("spawn", "fork", "forkserver")
+"""torchrun's choices; tftrun starts every worker as a fresh process whichever is given."""
 
 app = new_app("tftrun", "Launch a fault-tolerant distributed PyTorch job on this node.")
 
@@ -53,9 +71,18 @@ def _opt(name: str, help_text: str, **settings: Any) -> typer.models.OptionInfo:
     return typer.Option(*spellings, help=help_text, **settings)
 
 
-def _float_opt(name: str, help_text: str) -> typer.models.OptionInfo:
+def _pet_opt(name: str, help_text: str, short: str | None = None,
+             **settings: Any) -> typer.models.OptionInfo:
+    """One of torchrun's options (see :func:`_opt`): its default is ``PET_<NAME>`` when set,
+    as torchrun reads it (Kubeflow's PyTorchJob passes them)."""
+    spellings = dict.fromkeys((*(() if short is None else (short,)), f"--{name}",
+                               f"--{name.replace('_', '-')}"))
+    return typer.Option(*spellings, help=help_text, envvar=names.pet(name), **settings)
+
+
+def _float_opt(name: str, help_text: str, pet: bool = False) -> typer.models.OptionInfo:
     """A float option (see :func:`_opt`) that refuses NaN and the infinities."""
-    return _opt(name, help_text, parser=finite_float)
+    return (_pet_opt if pet else _opt)(name, help_text, parser=finite_float)
 
 
 def parse_bool(value: str, option: str) -> bool:
@@ -68,28 +95,49 @@ def parse_bool(value: str, option: str) -> bool:
     raise ConfigError(f"{option} takes True or False, got {value!r}")
 
 
-@app.command(context_settings={"allow_interspersed_args": False})
+def _version(value: bool) -> None:
+    if value:
+        try:
+            version = metadata.version("tftrun")
+        except metadata.PackageNotFoundError:
+            version = "(not installed)"
+        print(f"tftrun {version}")
+        raise typer.Exit(0)
+
+
+def _refuse(value: object, why: str) -> object:
+    """A torchrun option tftrun has no meaning for: one line, exit 2, saying what instead."""
+    if value:
+        raise ConfigError(why)
+    return value
+
+
+@app.command(context_settings={"allow_interspersed_args": False,
+                               "help_option_names": ["-h", "--help"]})
 def launch(
-    script: Annotated[Path, typer.Argument(help="The training script (run with this Python).",
-                                           show_default=False)],
+    script: Annotated[Path, typer.Argument(
+        help="The training script (run with this Python), a module with -m, or an executable "
+        "with --no_python. msrun's leading 'python' is dropped.", show_default=False)],
     script_args: Annotated[list[str] | None, typer.Argument(
         help="Arguments passed to the script unchanged.", show_default=False)] = None,
     worker_num: Annotated[int | None, _opt(
-        "worker_num", "Workers in the whole job (all nodes). [default: 8, or nnodes x "
-        "nproc_per_node]")] = None,
+        "worker_num", "Workers in the whole job (all nodes). [default: nnodes x "
+        "nproc_per_node when either is given (torchrun), else 8 (msrun)]")] = None,
     local_worker_num: Annotated[int | None, _opt(
         "local_worker_num", "Workers on this node. [default: worker_num]")] = None,
-    nproc_per_node: Annotated[int | None, _opt(
-        "nproc_per_node", "torchrun's name for --local_worker_num.")] = None,
-    nnodes: Annotated[int | None, _opt(
-        "nnodes", "torchrun's node count: worker_num defaults to nnodes x nproc_per_node. "
-        "[default: from Slurm]")] = None,
-    master_addr: Annotated[str | None, _opt(
+    nproc_per_node: Annotated[str | None, _pet_opt(
+        "nproc_per_node", "torchrun's workers on this node: a count, or auto, cpu, gpu, xpu "
+        "(one per core or device). Without --nnodes: one node.")] = None,
+    nnodes: Annotated[str | None, _pet_opt(
+        "nnodes", "torchrun's node count N (or MIN:MAX with MIN == MAX): worker_num defaults to "
+        "nnodes x nproc_per_node. [default: from Slurm, else 1 with --nproc_per_node]")] = None,
+    master_addr: Annotated[str | None, _pet_opt(
         "master_addr", "Address of the scheduler (node 0). [default: from Slurm or "
         "Kubernetes, else 127.0.0.1]")] = None,
-    master_port: Annotated[int, _opt(
-        "master_port", "Port of the scheduler's store; must be free on node 0.")] = 8118,
-    node_rank: Annotated[int | None, _opt(
+    master_port: Annotated[int, _pet_opt(
+        "master_port", "Port of the scheduler's store on node 0; 0: a free one (one node "
+        "only), printed.")] = DEFAULT_MASTER_PORT,
+    node_rank: Annotated[int | None, _pet_opt(
         "node_rank", "This node's index; its ranks are node_rank x local_worker_num + i. "
         "-1 (msrun's default) or left out: from Slurm or Kubernetes, else node 0 is the node "
         "whose address is --master_addr and the others get 1, 2, ... from node 0 in order "
@@ -99,28 +147,65 @@ def launch(
         "the node gets the rank it had. [default: host name/node address]")] = None,
     node_addr: Annotated[str | None, _opt(
         "node_addr", "This node's address, where the other nodes reach its workers and "
-        "stores (torchrun's --local_addr). [default: the address of the interface that "
-        "reaches --master_addr]")] = None,
-    log_dir: Annotated[Path, _opt(
+        "stores. [default: the address of the interface that reaches --master_addr]")] = None,
+    local_addr: Annotated[str | None, _pet_opt(
+        "local_addr", "torchrun's name for --node_addr.")] = None,
+    standalone: Annotated[bool, _pet_opt(
+        "standalone", "torchrun's: one node, a free port (printed), a fresh run id; "
+        "--rdzv_* values are ignored.")] = False,
+    rdzv_backend: Annotated[str | None, _pet_opt(
+        "rdzv_backend", "torchrun's; c10d or static: node 0's scheduler hosts the store "
+        "either way.")] = None,
+    rdzv_endpoint: Annotated[str | None, _pet_opt(
+        "rdzv_endpoint", "torchrun's HOST[:PORT]: node 0's address and port (--master_addr, "
+        "--master_port; port 29400 if left out).")] = None,
+    rdzv_id: Annotated[str | None, _pet_opt(
+        "rdzv_id", "torchrun's job id: the workers' TORCHELASTIC_RUN_ID.")] = None,
+    rdzv_conf: Annotated[str | None, _pet_opt(
+        "rdzv_conf", "torchrun's key=value,...: join_timeout sets --cluster_time_out; other "
+        "keys are ignored, with a warning.")] = None,
+    module: Annotated[bool, _pet_opt(
+        "module", "Run SCRIPT as a module, like python -m.", short="-m")] = False,
+    no_python: Annotated[bool, _pet_opt(
+        "no_python", "Run SCRIPT as an executable, not with Python (no warm spare).")] = False,
+    run_path: Annotated[bool, _pet_opt(
+        "run_path", "torchrun's runpy.run_path: SCRIPT runs as a Python file, as without "
+        "it.")] = False,
+    role: Annotated[str, _pet_opt("role", "The workers' ROLE_NAME.")] = "default",
+    start_method: Annotated[str, _pet_opt(
+        "start_method", "Accepted for torchrun's command lines: spawn, fork or forkserver. "
+        "tftrun always starts each worker as a fresh process.")] = "spawn",
+    log_dir: Annotated[Path, _pet_opt(
         "log_dir", "Folder for worker_<rank>.log, scheduler.log and events.jsonl; an "
         "earlier run's files there are moved to previous/<n>/.")] = Path("logs"),
     join: Annotated[str, _opt(
         "join", "True: also stream every worker's output here, prefixed with its rank.")
     ] = "False",
-    cluster_time_out: Annotated[float, _float_opt(
-        "cluster_time_out", "Seconds to wait for the cluster to form.")] = DEFAULT_CLUSTER_TIME_OUT,
+    redirects: Annotated[str | None, _pet_opt(
+        "redirects", "torchrun's: 3 (or local_rank:3,...) keeps those ranks off the console; "
+        "any of --redirects/--tee/--local_ranks_filter streams the other ranks' output here. "
+        "Every rank's log file is written regardless.", short="-r")] = None,
+    tee: Annotated[str | None, _pet_opt(
+        "tee", "torchrun's: those ranks' output also on the console (see --redirects).",
+        short="-t")] = None,
+    local_ranks_filter: Annotated[str | None, _pet_opt(
+        "local_ranks_filter", "torchrun's: only these local ranks (e.g. 0,1) on the console.")
+    ] = None,
+    cluster_time_out: Annotated[float | None, _float_opt(
+        "cluster_time_out", "Seconds to wait for the cluster to form. "
+        f"[default: {DEFAULT_CLUSTER_TIME_OUT:g}]")] = None,
     node_time_out: Annotated[float | None, _float_opt(
         "node_time_out", "Seconds a lost node (its ranks missing, or node 0's scheduler "
         "unreachable) may take to come back before the job ends on every node. "
         "[default: cluster_time_out]")] = None,
-    max_restarts: Annotated[int, _opt(
+    max_restarts: Annotated[int, _pet_opt(
         "max_restarts", "Restarts allowed after worker failures before the job stops.")] = 3,
     rejoin_cooldown: Annotated[float, _float_opt(
         "rejoin_cooldown", "Seconds a dead worker's node id may not re-register "
         "(msrun's 30 s).")] = DEFAULT_REJOIN_COOLDOWN,
     monitor_interval: Annotated[float, _float_opt(
         "monitor_interval", "Seconds between checks of the workers (deaths are seen at "
-        "once regardless).")] = 0.1,
+        "once regardless).", pet=True)] = 0.1,
     heartbeat_timeout: Annotated[float, _float_opt(
         "heartbeat_timeout", "Seconds without a heartbeat before a worker is declared dead.")
     ] = DEFAULT_HEARTBEAT_TIMEOUT,
@@ -129,6 +214,12 @@ def launch(
         "generation before it is declared hung.")] = DEFAULT_PROGRESS_TIMEOUT,
     grace_period: Annotated[float, _float_opt(
         "grace_period", "Seconds between SIGTERM and SIGKILL when stopping processes.")] = 10.0,
+    shutdown_timeout: Annotated[float | None, _float_opt(
+        "shutdown_timeout", "torchrun's name for --grace_period.", pet=True)] = None,
+    signals_to_handle: Annotated[str, _pet_opt(
+        "signals_to_handle", "Signals to tftrun that stop the job in order (workers get them, "
+        "exit 128+N), torchrun's comma-separated names.")] = ",".join(
+            signal.Signals(number).name for number in DEFAULT_SIGNALS),
     restart_policy: Annotated[str, _opt(
         "restart_policy", "On a worker failure: 'all' restarts every worker (torchrun), "
         "'rank' relaunches only the dead ones (scripts using recovery), 'auto' picks per "
@@ -151,33 +242,155 @@ def launch(
         "progress_interval", "Off a terminal (CI, a pipe): seconds between two progress "
         "lines (each rank's step and steps/s, the ETA, a recovery under way); 0: none.")
     ] = DEFAULT_PROGRESS_INTERVAL,
+    event_log_handler: Annotated[str, _pet_opt(
+        "event_log_handler", "Accepted for torchrun's command lines: tftrun's events go to "
+        "<log_dir>/events.jsonl.")] = "null",
+    logs_specs: Annotated[str | None, _opt("logs_specs", "Refused: see --log_dir.")] = None,
+    numa_binding: Annotated[str | None, _opt("numa_binding", "Refused (not supported yet).")
+    ] = None,
+    duplicate_stdout_filters: Annotated[str | None, _pet_opt(
+        "duplicate_stdout_filters", "Refused: grep <log_dir>/worker_*.log.")] = None,
+    duplicate_stderr_filters: Annotated[str | None, _pet_opt(
+        "duplicate_stderr_filters", "Refused: grep <log_dir>/worker_*.log.")] = None,
+    virtual_local_rank: Annotated[bool, _pet_opt(
+        "virtual_local_rank", "Refused: use LOCAL_RANK as the device index.")] = False,
+    version: Annotated[bool, typer.Option(
+        "--version", help="Print tftrun's version and exit.", callback=_version,
+        is_eager=True)] = False,
 ) -> int:
     """Launch SCRIPT as WORKER_NUM data-parallel workers and keep the job alive."""
-    node_rank, nnodes, master_addr = fill_from_cluster(
-        None if node_rank == AUTO_NODE_RANK else node_rank, nnodes, master_addr)
-    local = local_worker_num if local_worker_num is not None else nproc_per_node
-    if worker_num is None:
-        worker_num = nnodes * local if nnodes is not None and local is not None else 8
+    return _run(build_config(dict(locals())))
+
+
+def config_from_argv(argv: Sequence[str]) -> LaunchConfig:
+    """The LaunchConfig a command line asks for, unchecked and nothing started (for tests)."""
+    command = typer.main.get_command(app)
+    with command.make_context("tftrun", list(argv)) as ctx:
+        return build_config(dict(ctx.params))
+
+
+def build_config(params: dict[str, Any]) -> LaunchConfig:
+    """The options (msrun's, torchrun's, tftrun's) → what they mean, before any check."""
+    p = SimpleNamespace(**params)
+    _refuse_unsupported(p)
+    entry = _entry(p)
+    master_addr, master_port, nnodes, cluster_time_out = _rendezvous(p)
+    torchrun_style = nnodes is not None or any(params[name] for name in TORCHRUN_ONLY)
+    node_rank, node_count, master_addr = fill_from_cluster(
+        None if p.node_rank == AUTO_NODE_RANK else p.node_rank,
+        None if nnodes is None else parse_nnodes(nnodes), master_addr)
+    worker_num, local = _sizes(p, node_count, torchrun_style)
+    console = None
+    if p.redirects is not None or p.tee is not None or p.local_ranks_filter:
+        console = console_ranks(p.redirects, p.tee, p.local_ranks_filter, local or worker_num)
     config = LaunchConfig(
-        script=script, script_args=tuple(script_args or ()), worker_num=worker_num,
-        local_worker_num=local, master_addr=master_addr, master_port=master_port,
-        node_rank=node_rank, node_id=node_id or "", nnodes=nnodes, log_dir=log_dir, join=parse_bool(join, "--join"),
-        cluster_time_out=cluster_time_out, max_restarts=max_restarts,
-        node_time_out=cluster_time_out if node_time_out is None else node_time_out,
-        rejoin_cooldown=rejoin_cooldown, monitor_interval=monitor_interval,
-        heartbeat_timeout=heartbeat_timeout, progress_timeout=progress_timeout,
-        grace_period=grace_period, restart_policy=restart_policy, is_recover=parse_bool(is_recover, "--is_recover"),
-        recovery_path=recovery_path, enable_tft=enable_tft, warm_spare=warm_spare,
-        progress_interval=progress_interval,
+        script=Path(entry.target), script_args=entry.args, entry=entry.kind,
+        worker_num=worker_num, local_worker_num=local, master_addr=master_addr,
+        master_port=master_port, node_rank=node_rank, node_id=p.node_id or "", nnodes=node_count,
+        node_addr=p.node_addr or p.local_addr or "", log_dir=p.log_dir,
+        join=parse_bool(p.join, "--join") or console is not None, console_ranks=console,
+        cluster_time_out=cluster_time_out, max_restarts=p.max_restarts,
+        node_time_out=cluster_time_out if p.node_time_out is None else p.node_time_out,
+        rejoin_cooldown=p.rejoin_cooldown, monitor_interval=p.monitor_interval,
+        heartbeat_timeout=p.heartbeat_timeout, progress_timeout=p.progress_timeout,
+        grace_period=p.grace_period if p.shutdown_timeout is None else p.shutdown_timeout,
+        restart_policy=p.restart_policy, is_recover=parse_bool(p.is_recover, "--is_recover"),
+        recovery_path=p.recovery_path, enable_tft=p.enable_tft,
+        warm_spare=p.warm_spare if entry.kind == "script" else 0,
+        progress_interval=p.progress_interval, role=p.role,
+        job_id="" if p.standalone or p.rdzv_id in (None, "none") else p.rdzv_id,
+        signals_to_handle=parse_signals(p.signals_to_handle),
     )
+    # A job of one node: a rank left out is 0 (only a node of many asks node 0 for it).
+    return place_node(config) if not config.multi_node else config
+
+
+def _refuse_unsupported(p: SimpleNamespace) -> None:
+    """torchrun's options without a meaning here: one line each, saying what instead."""
+    _refuse(p.logs_specs, "--logs_specs: tftrun writes <log_dir>/worker_<rank>.log for each "
+            "rank; it has no logs_specs plugins")
+    _refuse(p.numa_binding, "--numa_binding is not supported; bind with numactl or "
+            "taskset inside the worker, or leave it out")
+    _refuse(p.duplicate_stdout_filters or p.duplicate_stderr_filters,
+            "--duplicate_std*_filters are not supported; grep <log_dir>/worker_*.log instead")
+    _refuse(p.virtual_local_rank, "--virtual_local_rank is not supported; use LOCAL_RANK as "
+            "the device index (docs/gpu.md)")
+    if p.rdzv_backend is not None and p.rdzv_backend not in RDZV_BACKENDS:
+        raise ConfigError(f"--rdzv_backend={p.rdzv_backend}: tftrun's node 0 hosts the store "
+                          "itself; give --rdzv_backend=c10d (or static) and --rdzv_endpoint="
+                          "<node 0's address>:<port>")
+    if p.start_method not in START_METHODS:
+        raise ConfigError(f"--start_method={p.start_method}: give one of "
+                          f"{', '.join(START_METHODS)}")
+    if p.start_method != "spawn":
+        print(f"tftrun: --start_method={p.start_method}: tftrun starts each worker as a fresh "
+              "process (as spawn does)", file=sys.stderr)
+
+
+def _rendezvous(p: SimpleNamespace) -> tuple[str | None, int, str | None, float]:
+    """Node 0's address and port, the node count and ``--cluster_time_out``, from msrun's
+    options, torchrun's ``--rdzv_*`` or ``--standalone`` (which overrides the address, the
+    port and ``--rdzv_endpoint``, as torchrun's does; ``--rdzv_conf`` still counts)."""
+    honoured, ignored = parse_rdzv_conf(p.rdzv_conf or "")
+    master_addr, master_port, nnodes = p.master_addr, p.master_port, p.nnodes
+    if p.standalone:
+        if nnodes is not None and parse_nnodes(nnodes) != 1:
+            raise ConfigError(f"--standalone is one node, but --nnodes={nnodes}; leave one out")
+        master_addr, master_port, nnodes = DEFAULT_MASTER_ADDR, 0, "1"
+    elif p.rdzv_endpoint:
+        master_addr, master_port = parse_endpoint(p.rdzv_endpoint)
+    if ignored:
+        print(rdzv_conf_note(ignored), file=sys.stderr)
+    cluster_time_out = (p.cluster_time_out if p.cluster_time_out is not None
+                        else float(honoured.get("cluster_time_out", DEFAULT_CLUSTER_TIME_OUT)))
+    return master_addr, master_port, nnodes, cluster_time_out
+
+
+def _sizes(p: SimpleNamespace, node_count: int | None,
+           torchrun_style: bool) -> tuple[int, int | None]:
+    """``--worker_num`` and this node's worker count: msrun's 8 by default, torchrun's
+    ``nnodes x nproc_per_node`` (1 x 1 by default) on a torchrun command line."""
+    nproc = resolve_nproc(p.nproc_per_node) if p.nproc_per_node is not None else None
+    local = p.local_worker_num if p.local_worker_num is not None else nproc
+    worker_num = p.worker_num
+    if worker_num is None:
+        if node_count is not None and local is not None:
+            worker_num = node_count * local
+        else:
+            worker_num = (node_count or 1) * (local or 1) if torchrun_style else 8
+    if torchrun_style and local is None:
+        local = worker_num // (node_count or 1)
+    return worker_num, local
+
+
+def _entry(p: SimpleNamespace) -> Entry:
+    """What the workers run: ``-m``, ``--no_python``, or a script (msrun's ``python`` dropped)."""
+    args = list(p.script_args or ())
+    if p.module and p.no_python:
+        raise ConfigError("give -m/--module or --no_python, not both")
+    if p.module:
+        entry = Entry(str(p.script), tuple(args), "module")
+    elif p.no_python and not p.run_path:  # torchrun: --run_path takes precedence
+        entry = Entry(str(p.script), tuple(args), "exec")
+    else:
+        entry = strip_python(p.script, args)
+    if entry.kind != "script" and p.warm_spare:
+        raise ConfigError("--warm_spare needs a Python script: a spare cannot run a module "
+                          "(-m) or an executable (--no_python)")
+    return entry
+
+
+def _run(config: LaunchConfig) -> int:
+    """Check ``config``, then run the job on this node; tftrun's exit status."""
     config.validate()
     if config.multi_node and not os.environ.get(names.TFT_JOB_TOKEN):
         raise ConfigError(f"a job of several nodes needs one secret on every node: set "
                           f"{names.TFT_JOB_TOKEN} to the same value on each (e.g. the output of "
                           f"python3 -c 'import secrets; print(secrets.token_hex(16))')")
     os.umask(os.umask(0) | 0o022)  # nothing tftrun or its children write is world-writable
-    config = place_node(replace(config, node_addr=node_addr or local_address_towards(
-        config.master_addr, config.master_port)))
+    # The route to --master_addr does not depend on the port (0 is not one to connect to).
+    config = place_node(replace(config, node_addr=config.node_addr or local_address_towards(
+        config.master_addr, config.master_port or DEFAULT_MASTER_PORT)))
     with ExitStack() as held:
         _hold_lock(held, config.log_dir, f"another tftrun job is running with --log_dir {config.log_dir}")
         _hold_lock(held, _writable(config.recovery_path),
@@ -186,6 +399,10 @@ def launch(
                         if config.hosts_scheduler else None)
         if store_socket is not None:
             held.callback(store_socket.close)
+            if config.master_port == 0:
+                config = replace(config, master_port=store_socket.getsockname()[1])
+                print(f"tftrun: master port {config.master_port} (a free port, picked for this "
+                      "job)", file=sys.stderr)
         if not config.hosts_scheduler:
             config = _join_job(config)
         elif config.multi_node and not config.is_recover:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -12,8 +13,11 @@ from pathlib import Path
 from launcher.config import LaunchConfig
 from recovery import env as names
 
+_NCCL_ASYNC_ERROR_HANDLING = "1"
+"""torchrun's value for ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` unless the user set one."""
+
 __all__ = ["Role", "ProcessSpec", "worker_spec", "scheduler_spec", "spare_spec", "script_argv",
-           "SPARE_PROGRAM"]
+           "SPARE_PROGRAM", "worker_argv", "error_file", "prepare_error_file", "signal_names"]
 
 SPARE_PROGRAM = Path(__file__).with_name("spare.py")
 
@@ -53,6 +57,8 @@ def _common_env(config: LaunchConfig, base: Mapping[str, str]) -> dict[str, str]
         names.TFT_REJOIN_COOLDOWN: str(config.rejoin_cooldown),
         names.TFT_HEARTBEAT_TIMEOUT: str(config.heartbeat_timeout),
         names.TFT_PROGRESS_TIMEOUT: str(config.progress_timeout),
+        names.MS_TOPO_TIMEOUT: str(config.cluster_time_out),
+        names.RANK_SIZE: str(config.worker_num),
     })
     if config.enable_tft is not None:
         env[names.MS_ENABLE_TFT] = config.enable_tft
@@ -77,12 +83,15 @@ def worker_spec(config: LaunchConfig, local_rank: int, incarnation: int, restart
     if config.nproc > 1:
         # torchrun's rule: N busy processes on few cores must not each spawn N threads.
         env.setdefault(names.OMP_NUM_THREADS, "1")
+    env.setdefault(names.TORCH_NCCL_ASYNC_ERROR_HANDLING, _NCCL_ASYNC_ERROR_HANDLING)
     env.update({
         names.RANK: str(rank),
         names.LOCAL_RANK: str(local_rank),
         names.WORLD_SIZE: str(config.worker_num),
         names.LOCAL_WORLD_SIZE: str(config.nproc),
         names.GROUP_RANK: str(config.node_rank),
+        names.GROUP_WORLD_SIZE: str(config.group_world_size),
+        names.ROLE_NAME: config.role,
         names.ROLE_RANK: str(rank),
         names.ROLE_WORLD_SIZE: str(config.worker_num),
         names.MASTER_ADDR: rendezvous_host or config.master_addr,
@@ -90,16 +99,18 @@ def worker_spec(config: LaunchConfig, local_rank: int, incarnation: int, restart
         names.TORCHELASTIC_USE_AGENT_STORE: str(True),
         names.TORCHELASTIC_RESTART_COUNT: str(restart_count),
         names.TORCHELASTIC_MAX_RESTARTS: str(config.max_restarts),
-        names.TORCHELASTIC_RUN_ID: config.run_id,
+        names.TORCHELASTIC_RUN_ID: config.job_id or config.run_id,
         names.TORCHELASTIC_ERROR_FILE: str(error_file(config, rank)),
+        names.TORCHELASTIC_SIGNALS_TO_HANDLE: signal_names(config.signals_to_handle),
+        names.RANK_ID: str(rank),
+        names.DEVICE_ID: str(local_rank),
         names.MS_ROLE: names.ROLE_WORKER,
         names.MS_NODE_ID: str(rank),
         names.TFT_INCARNATION: str(incarnation),
         names.TFT_RESTART_COUNT: str(restart_count),
         names.TFT_GENERATION: str(restart_count),
     })
-    argv = (sys.executable, "-u", *script_argv(config))
-    return ProcessSpec(Role.WORKER, rank, argv, env, config.log_dir / f"worker_{rank}.log")
+    return ProcessSpec(Role.WORKER, rank, worker_argv(config, env), env, config.log_dir / f"worker_{rank}.log")
 
 
 def scheduler_spec(config: LaunchConfig, listen_fd: int,
@@ -129,6 +140,30 @@ def script_argv(config: LaunchConfig) -> tuple[str, ...]:
     return (str(config.script), *config.script_args)
 
 
+def worker_argv(config: LaunchConfig, env: Mapping[str, str]) -> tuple[str, ...]:
+    """The worker's command line, as torchrun builds it: ``python -u script ...``, ``python
+    -u -m module ...`` (``-m``), or the executable itself (``--no_python``); the Python is
+    ``PYTHON_EXEC`` when set."""
+    if config.entry == "exec":
+        return script_argv(config)
+    python = env.get(names.PYTHON_EXEC) or sys.executable
+    module = ("-m",) if config.entry == "module" else ()
+    return (python, "-u", *module, *script_argv(config))
+
+
+def signal_names(numbers: tuple[int, ...]) -> str:
+    """``TORCHELASTIC_SIGNALS_TO_HANDLE``'s spelling: ``SIGTERM,SIGINT,...``."""
+    return ",".join(signal.Signals(number).name for number in numbers)
+
+
 def error_file(config: LaunchConfig, rank: int) -> Path:
     """Where torch's ``@record`` in worker ``rank`` writes its root-cause JSON."""
     return config.log_dir.resolve() / "errors" / f"worker_{rank}.json"
+
+
+def prepare_error_file(config: LaunchConfig, rank: int) -> None:
+    """Before a launch of ``rank``: its error file's folder exists (``@record`` does not make
+    it) and an earlier launch's file is gone (its error is not this launch's)."""
+    path = error_file(config, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)

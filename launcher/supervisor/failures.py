@@ -62,12 +62,19 @@ class ExitInfo:
 
 
 def read_error_file(path: Path) -> str | None:
-    """The root-cause message a worker's ``torch...elastic @record`` left, if any."""
+    """The root cause a worker's ``@record`` (torch.distributed.elastic) left in its error
+    file: the exception's line, then its traceback, as torchrun's failure table shows them;
+    None when there is no readable one."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    message = data.get("message")
+    message = data.get("message") if isinstance(data, dict) else None
     if isinstance(message, dict):
-        return str(message.get("message") or message)
-    return str(message) if message else None
+        extra = message.get("extraInfo")
+        stack = extra.get("py_callstack") if isinstance(extra, dict) else None
+        text = str(message.get("message") or "").strip() or None
+        if text is not None and isinstance(stack, str) and stack.strip():
+            return f"{text}\n{stack.rstrip()}"
+        return text
+    return str(message).strip() or None if message else None

@@ -35,7 +35,8 @@ from launcher.view.render import Row, SummaryRow, View, print_summary
 from launcher.nodes.rendezvous import RendezvousStore
 from launcher.procs.spare_pool import Spare, SparePool
 from launcher.procs.spec import (
-    ProcessSpec, Role, error_file, scheduler_spec, script_argv, spare_spec, worker_spec,
+    ProcessSpec, Role, error_file, prepare_error_file, scheduler_spec, script_argv, spare_spec,
+    worker_spec,
 )
 from launcher.supervisor.state import Failure, Worker, WorkerState
 from recovery.control.client import SchedulerControl
@@ -246,7 +247,7 @@ class Supervisor:
         """Record that ``child`` now runs as ``spec``: its ``spawn`` event, its log followed."""
         self._emit("spawn", role=spec.role.value, rank=spec.rank, pid=child.pid,
                    incarnation=incarnation, restart_count=self.restart_count, **fields)
-        if self._follower is not None:
+        if self._follower is not None and self.config.shows_output(spec.rank):
             label = f"rank {spec.rank}" if spec.role is Role.WORKER else spec.role.value
             self._follower.follow(spec.log_path, label)
         return child
@@ -329,6 +330,7 @@ class Supervisor:
         decides about it like any failure, with the budget it charges.
         """
         worker.incarnation += 1
+        prepare_error_file(self.config, worker.rank)
         spec = worker_spec(self.config, worker.local_rank, worker.incarnation,
                            self.restart_count, self._rendezvous_port,
                            rendezvous_host=self._rendezvous_host)

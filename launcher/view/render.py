@@ -201,7 +201,9 @@ def make_view(events_path: Path | None = None, progress_interval: float = 0.0,
 
 def print_summary(rows: list[SummaryRow], failing: str | None, failing_log: list[str],
                   root_cause: str | None) -> None:
-    """The table printed when the job ends, and the failing rank's last log lines."""
+    """The table printed when the job ends, and the failing rank's root cause: the error and
+    traceback its ``@record`` left (``root_cause``: the first line, then the traceback),
+    else its log's last lines."""
     console = Console(width=None if sys.stdout.isatty() else 120)
     table = Table(title="tftrun summary")
     for column in ("rank", "pid", "end", "restarts"):
@@ -209,11 +211,19 @@ def print_summary(rows: list[SummaryRow], failing: str | None, failing_log: list
     for row in rows:
         table.add_row(str(row.rank), str(row.pid or "-"), row.end, str(row.restarts))
     console.print(table)
-    if failing is not None:
-        console.print(f"Root cause (first observed failure): {failing}", highlight=False)
-        if root_cause:
-            console.print(f"  error: {root_cause}", highlight=False, markup=False)
-        if failing_log:
-            console.print("  last lines of its log:", highlight=False)
-            for line in failing_log:
-                console.print(f"    {line}", highlight=False, markup=False)
+    if failing is None:
+        return
+    console.print(f"Root cause (first observed failure): {failing}", highlight=False)
+    error, _, traceback = (root_cause or "").partition("\n")
+    if error:
+        console.print(f"  error: {error}", highlight=False, markup=False)
+    if traceback:
+        _print_lines(console, "traceback (from its error file):", traceback.splitlines())
+    elif failing_log:
+        _print_lines(console, "last lines of its log:", failing_log)
+
+
+def _print_lines(console: Console, heading: str, lines: list[str]) -> None:
+    console.print(f"  {heading}", highlight=False)
+    for line in lines:
+        console.print(f"    {line}", highlight=False, markup=False, soft_wrap=True)

@@ -46,7 +46,8 @@ def test_msrun_defaults() -> None:
     assert params["master_addr"] is None  # 127.0.0.1 unless Slurm or Kubernetes says
     assert params["node_rank"] is None  # Slurm or Kubernetes, else automatic
     assert params["master_port"] == 8118
-    assert params["cluster_time_out"] == 600.0
+    assert params["cluster_time_out"] is None  # 600 unless --rdzv_conf=join_timeout=N
+    assert cli.config_from_argv(["train.py"]).cluster_time_out == 600.0
     assert params["rejoin_cooldown"] == 30.0
     assert params["join"] == "False"
 
@@ -83,7 +84,9 @@ def test_negative_warm_spare_is_one_line_and_exit_2(capsys: pytest.CaptureFixtur
 
 
 FLOAT_OPTIONS = ["cluster_time_out", "rejoin_cooldown", "monitor_interval", "heartbeat_timeout",
-                 "progress_timeout", "grace_period"]
+                 "progress_timeout", "grace_period", "shutdown_timeout"]
+TORCHRUN_FLOAT_OPTIONS = {"monitor_interval", "shutdown_timeout"}
+"""torchrun's options: their default may come from PET_<OPTION>, and the error says so."""
 NOT_FINITE = st.builds(
     lambda sign, word, upper: sign + (word.upper() if upper else word),
     st.sampled_from(["", "+", "-"]), st.sampled_from(["nan", "inf", "infinity", "1e999", "9e400"]),
@@ -95,8 +98,9 @@ NOT_FINITE = st.builds(
 def test_a_float_option_refuses_nan_and_the_infinities(option: str, value: str) -> None:
     with redirect_stderr(io.StringIO()) as err:
         assert cli.main([f"--{option}={value}", "train.py"]) == 2
+    pet = f" (env var: 'PET_{option.upper()}')" if option in TORCHRUN_FLOAT_OPTIONS else ""
     assert err.getvalue().splitlines() == [
-        f"tftrun: error: Invalid value for '--{option}' / '--{option.replace('_', '-')}': "
+        f"tftrun: error: Invalid value for '--{option}' / '--{option.replace('_', '-')}'{pet}: "
         f"{value!r} is not a finite number (see 'tftrun --help')"]
 
 

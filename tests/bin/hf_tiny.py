@@ -1,0 +1,55 @@
+"""A tiny Hugging Face Trainer job as a user writes it for torchrun: a model built from a
+config (no download), synthetic data, a checkpoint every few steps, and a restart that
+resumes from the newest one (``resume_from_checkpoint``).
+
+Usage: hf_tiny.py OUTPUT_DIR MAX_STEPS
+Prints ``start step=<k>`` when training begins (k > 0: resumed) and ``done step=<n>``.
+"""
+
+import os
+import sys
+import time
+
+import torch
+from transformers import (
+    BertConfig, BertForSequenceClassification, Trainer, TrainerCallback, TrainingArguments,
+)
+from transformers.trainer_utils import get_last_checkpoint
+
+
+class Synthetic(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 1024
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        generator = torch.Generator().manual_seed(index)
+        return {"input_ids": torch.randint(0, 64, (16,), generator=generator),
+                "labels": torch.tensor(index % 2)}
+
+
+class Report(TrainerCallback):
+    def on_train_begin(self, args, state, control, **kwargs):
+        print(f"start step={state.global_step}", flush=True)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(0.05)  # a step long enough to be killed in
+        print(f"step={state.global_step}", flush=True)
+
+
+def main() -> None:
+    output_dir, max_steps = sys.argv[1], int(sys.argv[2])
+    config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1,
+                        num_attention_heads=2, intermediate_size=32, num_labels=2)
+    args = TrainingArguments(
+        output_dir=output_dir, max_steps=max_steps, per_device_train_batch_size=4,
+        save_strategy="steps", save_steps=5, save_total_limit=2, report_to=[],
+        use_cpu=True, ddp_backend="gloo", logging_strategy="no", disable_tqdm=True)
+    trainer = Trainer(model=BertForSequenceClassification(config), args=args,
+                      train_dataset=Synthetic(), callbacks=[Report()])
+    last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+    trainer.train(resume_from_checkpoint=last)
+    print(f"done step={trainer.state.global_step}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
