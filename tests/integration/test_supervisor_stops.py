@@ -6,7 +6,10 @@
   alone and waited ``--cluster_time_out`` for peers that were gone, or the group
   restarted for nothing);
 * a relaunch whose process cannot be started (an OSError escaped the loop);
-* any other exception in the loop: the orderly stop, ``job_end``, exit 70.
+* any other exception in the loop: the orderly stop, ``job_end``, exit 70;
+* a group restart waits 2 s, not ``--grace_period``, for a worker that never registered
+  and ignores SIGTERM;
+* a stalled scheduler (SIGSTOP) does not delay a relaunch.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ import signal
 import subprocess
 from pathlib import Path
 
+import psutil
 import pytest
 from support import (
     BIN, TFT_OFF, events, log_has, spawn, spawned_pids, terminate, tftrun_cmd, wait_for,
+    wait_for_event,
 )
 
 from launcher.config import LaunchConfig
@@ -181,3 +186,48 @@ def test_an_exit_no_restart_can_fix_ends_the_job_at_once(
     [end] = events(log_dir, "job_end")
     assert end["exitcode"] == status and why in end["reason"], end
     assert "no restart can fix it" in end["reason"]
+
+
+def test_a_group_restart_kills_a_worker_that_ignores_sigterm_after_a_short_grace(
+        tmp_path: Path, free_port: int) -> None:
+    """Rank 1 of a plain script fails while rank 0 catches SIGTERM and keeps running. The
+    group restart SIGKILLs rank 0 after RESTART_GRACE (2 s), not ``--grace_period=30``."""
+    log_dir = tmp_path / "logs"
+    proc = spawn(tftrun_cmd("--worker_num=2", f"--log_dir={log_dir}", f"--master_port={free_port}",
+                            f"--recovery_path={tmp_path / 'recovery'}", "--grace_period=30",
+                            str(BIN / "holds_term.py")))
+    output = finish(proc, timeout=60)
+    assert proc.returncode == 0, output
+    assert log_has(log_dir, 0, "got SIGTERM: going on")
+    [fault] = events(log_dir, "fault")
+    [restart] = events(log_dir, "restart")
+    [held] = [e for e in events(log_dir, "exit") if e["rank"] == 0 and e["incarnation"] == 0]
+    assert (held["expected"], held.get("signal")) == (True, "SIGKILL")
+    assert 1.5 < restart["ts"] - fault["ts"] < 10, "SIGKILL after about 2 s, not 30"
+
+
+def test_a_stalled_scheduler_does_not_delay_a_relaunch(tmp_path: Path, free_port: int) -> None:
+    """The scheduler is stopped (SIGSTOP: every request waits its 1 s reply timeout), then
+    rank 1 is killed: it is relaunched at once, since no round trip is on the loop's path
+    (each cost a second before: the exit report, the verdicts, the cooldown)."""
+    log_dir = tmp_path / "logs"
+    proc = spawn(sched_job(tmp_path, free_port, "--rejoin_cooldown=0", script=("--rejoin",)),
+                 env=TFT_OFF)
+    try:
+        wait_for_event(log_dir, EVENT, "generation 0", event="generation", generation=0)
+        wait_for(lambda: any(c.raddr and c.raddr.port == free_port and c.status == "ESTABLISHED"
+                             for c in psutil.Process(proc.pid).net_connections()),
+                 EVENT, "tftrun connected to the scheduler")
+        scheduler = spawned_pids(log_dir, "scheduler")[None]
+        os.kill(scheduler, signal.SIGSTOP)
+        try:
+            os.kill(spawned_pids(log_dir)[1], signal.SIGKILL)
+            restart = wait_for_event(log_dir, EVENT, "rank 1 relaunched", event="restart")
+        finally:
+            os.kill(scheduler, signal.SIGCONT)
+        [fault] = events(log_dir, "fault")
+        assert restart["ts"] - fault["ts"] < 0.8
+        proc.send_signal(signal.SIGTERM)
+        finish(proc)
+    finally:
+        terminate(proc)
