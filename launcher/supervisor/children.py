@@ -20,7 +20,21 @@ from launcher.supervisor.failures import ExitInfo
 from launcher.supervisor.state import Failure, Worker
 from launcher.view.logs import LogFollower
 
-__all__ = ["Children"]
+__all__ = ["Children", "node_workers"]
+
+
+def node_workers(config: LaunchConfig) -> list[Worker]:
+    """This node's workers, before their first launch.
+
+    The incarnation of each one's first launch is 0 on one node. With many nodes, a
+    node's tftrun may be started again while the job runs (a lost node returns). Its
+    workers' incarnations must differ from its predecessor's, which the scheduler still
+    holds (a generation is a set of (node id, incarnation)), so they count from the launch
+    time in milliseconds, as a worker started by hand does.
+    """
+    first = time.time_ns() // 1_000_000 if config.multi_node else 0
+    return [Worker(rank=config.first_rank + i, local_rank=i, incarnation=first - 1)
+            for i in range(config.nproc)]
 
 
 class Children:

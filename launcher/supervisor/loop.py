@@ -24,19 +24,19 @@ from launcher.config import LaunchConfig
 from launcher.nodes.link import NodeLink
 from launcher.procs.process import Watchdog, become_subreaper, sweep
 from launcher.procs.spec import Role
-from launcher.supervisor.children import Children
+from launcher.supervisor.children import Children, node_workers
 from launcher.supervisor.closing import Closing, stop_everything_now
 from launcher.supervisor.failures import ExitInfo
 from launcher.supervisor.meeting import MeetingPlace
 from launcher.supervisor.observer import Observer
 from launcher.supervisor.policy import (
-    Action, Close, Ending, GiveUp, Hang, JobView, KeepSpares, Kill, RankView, Relaunch,
+    Action, Close, Ending, GiveUp, Hang, JobView, KeepSpares, Kill, Relaunch,
     RelaunchScheduler, RestartAll, ScheduleRelaunch, SchedulerSpent, StartAll, Stop,
     StopWorkers, TeardownCrash, WaitUntil, decide,
 )
 from launcher.supervisor.signals import Wakeup, handled
 from launcher.supervisor.state import Failure, Worker, WorkerState
-from launcher.supervisor.summary import live_rows, print_job_summary
+from launcher.supervisor.summary import job_start_fields, live_rows, print_job_summary
 from launcher.supervisor.watch import SchedulerWatch
 from launcher.view.logs import LogFollower
 from launcher.view.render import View
@@ -54,17 +54,6 @@ process in order first."""
 _ALIVE = (WorkerState.RUNNING, WorkerState.STOPPING)
 
 
-def _first_incarnation(config: LaunchConfig) -> int:
-    """The incarnation of each worker's first launch: 0 on one node.
-
-    With many nodes, a node's tftrun may be started again while the job runs (a lost node
-    returns). Its workers' incarnations must differ from its predecessor's, which the
-    scheduler still holds (a generation is a set of (node id, incarnation)), so they count
-    from the launch time in milliseconds, as a worker started by hand does.
-    """
-    return time.time_ns() // 1_000_000 if config.multi_node else 0
-
-
 class Supervisor:
     """Runs one node's share of a job to its end and returns tftrun's exit status."""
 
@@ -73,9 +62,7 @@ class Supervisor:
         self.config = config
         self.view = view
         self.events = events
-        first = _first_incarnation(config)
-        self.workers = [Worker(rank=config.first_rank + i, local_rank=i, incarnation=first - 1)
-                        for i in range(config.nproc)]
+        self.workers = node_workers(config)
         self.relaunches = 0
         """Relaunches of single ranks (per-rank recovery)."""
         self._follower = LogFollower(view.output) if config.join else None
@@ -112,13 +99,7 @@ class Supervisor:
         watchdog = self.children.watchdog = Watchdog()
         with handled(self.config.signals_to_handle) as wakeup:
             self._wakeup = wakeup
-            self._emit("job_start", run_id=self.config.run_id, pid=os.getpid(),
-                       script=str(self.config.script), script_args=list(self.config.script_args),
-                       worker_num=self.config.worker_num, local_worker_num=self.config.nproc,
-                       node_rank=self.config.node_rank, master_addr=self.config.master_addr,
-                       master_port=self.config.master_port, log_dir=str(self.config.log_dir),
-                       max_restarts=self.config.max_restarts, is_recover=self.config.is_recover,
-                       lineage=self.config.lineage)
+            self._emit("job_start", **job_start_fields(self.config))
             if self._follower is not None:
                 self._follower.start()
             remote = self._point_at_remote_scheduler()
@@ -249,7 +230,8 @@ class Supervisor:
                         if news.restarts_started > self.restart_count else "")
         config = self.config
         return JobView(
-            tuple(self._rank_view(w, undecided) for w in self.workers), config.max_restarts,
+            tuple(self._observer.rank_view(w, undecided, self._relaunched_after.get(w.rank))
+                  for w in self.workers), config.max_restarts,
             config.restart_policy, self.restart_count, self.relaunches, self._restart_at,
             self._ending, self._signal,
             verdicts=self._observer.verdicts(self.workers) if self._ending is None else {},
@@ -260,22 +242,6 @@ class Supervisor:
             others_step=others_step, scheduler_exit=self._scheduler_exit,
             scheduler_launches=self.children.scheduler_launches,
             warm_spare=config.warm_spare, spares=self.children.spares.size)
-
-    def _rank_view(self, worker: Worker, undecided: bool) -> RankView:
-        failed = worker.state is WorkerState.FAILED and undecided
-        registered = self._observer.registered_or_unknown(worker)
-        relaunched_after = self._relaunched_after.get(worker.rank)
-        current = self._observer.step(worker.rank, worker.pid)
-        if relaunched_after is not None and current is not None:
-            relaunched_after = None  # it joined a generation: not waiting for gone peers
-        crash = relaunched_after if worker.state is WorkerState.RUNNING else worker.failure
-        return RankView(worker.rank, worker.state, worker.deadline, worker.failure, registered,
-                        self._observer.cooldown_until(worker) if failed and registered else 0.0,
-                        worker.hung, worker.relaunch_why, current,
-                        None if crash is None else self._observer.step(worker.rank, crash.pid),
-                        relaunched_after if worker.state is WorkerState.RUNNING else None,
-                        worker.last_exit.at if worker.state is WorkerState.SUCCEEDED
-                        and worker.last_exit is not None else None)
 
     def _carry_out(self, action: Action, now: float) -> None:
         """Do what the policy decided; the state moves go through ``Worker.transition``."""

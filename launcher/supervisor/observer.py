@@ -16,7 +16,8 @@ from pathlib import Path
 
 from launcher.config import LaunchConfig
 from launcher.nodes.link import NodeWatch
-from launcher.supervisor.state import Worker
+from launcher.supervisor.policy import RankView
+from launcher.supervisor.state import Failure, Worker, WorkerState
 from launcher.supervisor.watch import SchedulerWatch, Snapshot
 from launcher.view.progress import EventTail
 from recovery.control.membership import MemberState, Verdict
@@ -78,6 +79,25 @@ class Observer:
     def step(self, rank: int, pid: int | None) -> int | None:
         """The last step process ``pid`` of ``rank`` reported; None: none seen."""
         return None if pid is None else self._steps.get((rank, pid))
+
+    def rank_view(self, worker: Worker, undecided: bool,
+                  relaunched_after: Failure | None) -> RankView:
+        """``worker`` as the policy sees it; ``undecided``: no group restart or end is under
+        way; ``relaunched_after``: the failure it was last relaunched alone after."""
+        running = worker.state is WorkerState.RUNNING
+        registered = self.registered_or_unknown(worker)
+        current = self.step(worker.rank, worker.pid)
+        if not running or current is not None:
+            relaunched_after = None  # it joined a generation: it waits for no gone peer
+        crash = relaunched_after if running else worker.failure
+        failed = worker.state is WorkerState.FAILED and undecided
+        finished = worker.state is WorkerState.SUCCEEDED and worker.last_exit is not None
+        return RankView(worker.rank, worker.state, worker.deadline, worker.failure, registered,
+                        self.cooldown_until(worker) if failed and registered else 0.0,
+                        worker.hung, worker.relaunch_why, current,
+                        None if crash is None else self.step(worker.rank, crash.pid),
+                        relaunched_after,
+                        worker.last_exit.at if finished and worker.last_exit else None)
 
     def registered_or_unknown(self, worker: Worker) -> bool | None:
         """Whether ``worker``'s node id registered; None while it cannot be known yet: a

@@ -1,6 +1,8 @@
-"""What the supervisor shows of its workers: the live view's rows and the final summary."""
+"""What the supervisor shows of the job: ``job_start``, the live view's rows, the summary."""
 
 from __future__ import annotations
+
+import os
 
 from launcher.config import LaunchConfig
 from launcher.procs.spec import error_file
@@ -10,13 +12,19 @@ from launcher.supervisor.state import Worker, WorkerState
 from launcher.view.logs import last_lines
 from launcher.view.render import Row, SummaryRow, print_summary
 
-__all__ = ["live_rows", "print_job_summary", "SUMMARY_LOG_LINES"]
+__all__ = ["job_start_fields", "live_rows", "print_job_summary", "SUMMARY_LOG_LINES"]
 
 SUMMARY_LOG_LINES = 10
 
 
-def _log(config: LaunchConfig, rank: int) -> list[str]:
-    return last_lines(config.log_dir / f"worker_{rank}.log", SUMMARY_LOG_LINES)
+def job_start_fields(config: LaunchConfig) -> dict[str, object]:
+    """The ``job_start`` event's fields: what this tftrun was asked to run."""
+    return {"run_id": config.run_id, "pid": os.getpid(), "script": str(config.script),
+            "script_args": list(config.script_args), "worker_num": config.worker_num,
+            "local_worker_num": config.nproc, "node_rank": config.node_rank,
+            "master_addr": config.master_addr, "master_port": config.master_port,
+            "log_dir": str(config.log_dir), "max_restarts": config.max_restarts,
+            "is_recover": config.is_recover, "lineage": config.lineage}
 
 
 def live_rows(config: LaunchConfig, workers: list[Worker], restart_at: float | None,
@@ -46,4 +54,5 @@ def print_job_summary(config: LaunchConfig, workers: list[Worker], ending: Endin
         return
     root_cause = read_error_file(error_file(config, failing.rank))
     print_summary(rows, f"rank {failing.rank} (pid {failing.pid}) {failing.reason}",
-                  _log(config, failing.rank), root_cause)
+                  last_lines(config.log_dir / f"worker_{failing.rank}.log", SUMMARY_LOG_LINES),
+                  root_cause)
