@@ -17,10 +17,12 @@ from launcher.procs.spec import (
     ProcessSpec, Role, scheduler_spec, script_argv, spare_spec, worker_spec,
 )
 from launcher.supervisor.failures import ExitInfo
-from launcher.supervisor.state import Failure, Worker
+from launcher.supervisor.state import Failure, Worker, WorkerState
 from launcher.view.logs import LogFollower
 
 __all__ = ["Children", "node_workers"]
+
+_ALIVE = (WorkerState.RUNNING, WorkerState.STOPPING)
 
 
 def node_workers(config: LaunchConfig) -> list[Worker]:
@@ -132,6 +134,26 @@ class Children:
     def record_spare_exits(self, ended: list[tuple[Spare, int]], expected: bool) -> None:
         for spare, returncode in ended:
             self.exit_info(Role.SPARE, None, spare.child, spare.serial, returncode, expected)
+
+    def reap_workers(self, workers: list[Worker]) -> list[ExitInfo]:
+        """Record every worker whose process ended (its ``exit``, and a ``fault`` for an
+        unexpected end); how each ended."""
+        ended = []
+        for worker in workers:
+            if worker.state not in _ALIVE or worker.child is None:
+                continue
+            returncode = worker.child.poll()
+            if returncode is None:
+                continue
+            info = self.exit_info(Role.WORKER, worker.rank, worker.child, worker.incarnation,
+                                  returncode, expected=worker.state is WorkerState.STOPPING)
+            worker.ended(info)
+            if worker.failure is not None and worker.state is WorkerState.FAILED:
+                failure = worker.failure
+                self._emit("fault", rank=failure.rank, pid=failure.pid,
+                           incarnation=failure.incarnation, cause=failure.cause)
+            ended.append(info)
+        return ended
 
     def reap_scheduler(self) -> str:
         """How the scheduler ended, when it did ('' while it runs or was stopped)."""

@@ -13,7 +13,6 @@ ends in the orderly stop (:meth:`Supervisor._stop_on_error`).
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import socket
 import time
@@ -23,11 +22,10 @@ from contextlib import suppress
 from launcher.config import LaunchConfig
 from launcher.nodes.link import NodeLink
 from launcher.procs.process import Watchdog, become_subreaper, sweep
-from launcher.procs.spec import Role
 from launcher.supervisor.children import Children, node_workers
 from launcher.supervisor.closing import Closing, stop_everything_now
 from launcher.supervisor.failures import ExitInfo
-from launcher.supervisor.meeting import MeetingPlace
+from launcher.supervisor.meeting import MeetingPlace, point_at_remote_scheduler
 from launcher.supervisor.observer import Observer
 from launcher.supervisor.policy import (
     Action, Close, Ending, GiveUp, Hang, JobView, KeepSpares, Kill, Relaunch,
@@ -41,7 +39,6 @@ from launcher.supervisor.watch import SchedulerWatch
 from launcher.view.logs import LogFollower
 from launcher.view.render import View
 from recovery.control.client import ExitReport, SchedulerControl
-from recovery.control.files import Endpoint
 from recovery.events import EventLog
 
 __all__ = ["Supervisor", "EXIT_SUPERVISOR_ERROR"]
@@ -51,7 +48,6 @@ logger = logging.getLogger(__name__)
 EXIT_SUPERVISOR_ERROR = 70
 """tftrun's status when its own loop failed (sysexits' EX_SOFTWARE); it stopped every
 process in order first."""
-_ALIVE = (WorkerState.RUNNING, WorkerState.STOPPING)
 
 
 class Supervisor:
@@ -102,7 +98,7 @@ class Supervisor:
             self._emit("job_start", **job_start_fields(self.config))
             if self._follower is not None:
                 self._follower.start()
-            remote = self._point_at_remote_scheduler()
+            remote = point_at_remote_scheduler(self.config)
             try:
                 try:
                     self._watch.start()
@@ -130,16 +126,6 @@ class Supervisor:
     def _wake(self) -> None:
         if self._wakeup is not None:
             self._wakeup.wake()
-
-    def _point_at_remote_scheduler(self) -> Endpoint | None:
-        """On a node without the scheduler: say in the log dir where it serves (on node 0),
-        with this tftrun's pid, so that ``tftctl status`` works on this node too."""
-        if self.config.hosts_scheduler:
-            return None
-        endpoint = Endpoint(self.config.master_addr, self.config.master_port, os.getpid(),
-                            self.config.run_id, time.time())
-        endpoint.write(self.config.log_dir)
-        return endpoint
 
     def _loop(self, wakeup: Wakeup) -> int:
         """Observe, let the policy decide, carry out its actions; until the job ended."""
@@ -191,24 +177,6 @@ class Supervisor:
         self._watch.report(ExitReport(str(info.rank), info.rank, info.pid, info.incarnation,
                                       abnormal, info.describe()))
 
-    def _reap_workers(self) -> None:
-        """Record every worker whose process ended; a ``fault`` for each unexpected end."""
-        for worker in self.workers:
-            if worker.state not in _ALIVE or worker.child is None:
-                continue
-            returncode = worker.child.poll()
-            if returncode is None:
-                continue
-            info = self.children.exit_info(Role.WORKER, worker.rank, worker.child,
-                                           worker.incarnation, returncode,
-                                           expected=worker.state is WorkerState.STOPPING)
-            worker.ended(info)
-            if worker.failure is not None and worker.state is WorkerState.FAILED:
-                failure = worker.failure
-                self._emit("fault", rank=failure.rank, pid=failure.pid,
-                           incarnation=failure.incarnation, cause=failure.cause)
-            self._tell_scheduler(info)
-
     # ----------------------------------------------------------------- policy
     def _observe(self, now: float) -> JobView:
         """What the policy needs to see; it waits for nothing outside this process."""
@@ -216,7 +184,8 @@ class Supervisor:
             self._signal = self._wakeup.received()
         self._scheduler_exit = self.children.reap_scheduler()
         self._observer.read(now, self.workers)  # first: as the exits stood before them
-        self._reap_workers()
+        for info in self.children.reap_workers(self.workers):
+            self._tell_scheduler(info)
         if self._observer.registered or any(w.failure is not None for w in self.workers):
             # On one node, connected only once something needs it: until a worker
             # registered or failed, no answer of the scheduler matters, and each question

@@ -1,16 +1,20 @@
 """Where each launch's ``env://`` workers meet: the scheduler's store, a fresh store this
-node serves, or (on another node) the one node 0 announces."""
+node serves, or (on another node) the one node 0 announces; and, on another node, where
+``tftctl`` finds node 0's scheduler."""
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable
 from functools import partial
 
 from launcher.config import LaunchConfig
 from launcher.nodes.link import NodeLink
 from launcher.nodes.rendezvous import RendezvousStore
+from recovery.control.files import Endpoint
 
-__all__ = ["MeetingPlace", "NodeLost"]
+__all__ = ["MeetingPlace", "NodeLost", "point_at_remote_scheduler"]
 
 
 class NodeLost(RuntimeError):
@@ -69,3 +73,14 @@ class MeetingPlace:
 
     def close(self) -> None:
         self._store.close()
+
+
+def point_at_remote_scheduler(config: LaunchConfig) -> Endpoint | None:
+    """On a node without the scheduler: say in the log dir where it serves (on node 0),
+    with this tftrun's pid, so that ``tftctl status`` works on this node too."""
+    if config.hosts_scheduler:
+        return None
+    endpoint = Endpoint(config.master_addr, config.master_port, os.getpid(), config.run_id,
+                        time.time())
+    endpoint.write(config.log_dir)
+    return endpoint
