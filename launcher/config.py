@@ -14,6 +14,7 @@ import socket
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from pathlib import Path
 
 from launcher.errors import ConfigError
@@ -25,24 +26,33 @@ from recovery.timeouts import (
     DEFAULT_REJOIN_COOLDOWN,
 )
 
-__all__ = ["LaunchConfig", "bind_listener", "RESTART_POLICIES", "DEFAULT_PROGRESS_INTERVAL",
+__all__ = ["LaunchConfig", "bind_listener", "RestartPolicy", "DEFAULT_PROGRESS_INTERVAL",
            "AUTO_NODE_RANK", "with_node_rank", "DEFAULT_SIGNALS", "ENTRY_KINDS",
            "DEFAULT_MASTER_PORT"]
 
-DEFAULT_SIGNALS: tuple[int, ...] = tuple(int(s) for s in (
-    signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2))
-"""Signals that stop the job in order: torchrun's four, and Slurm's preemption warnings."""
 ENTRY_KINDS = ("script", "module", "exec")
 """What ``script`` names: a Python file, a module (``-m``), an executable (``--no_python``)."""
-
-RESTART_POLICIES = ("auto", "all", "rank")
 DEFAULT_MASTER_PORT = 8118
 """msrun's port for node 0's scheduler (torchrun's is 29500; docs/from-torchrun.md)."""
+
+
+class RestartPolicy(StrEnum):
+    """What a worker's failure restarts (``--restart_policy``)."""
+
+    AUTO = "auto"
+    """``rank`` for workers that registered with the scheduler, else ``all``."""
+    ALL = "all"
+    """torchrun's restart of every worker."""
+    RANK = "rank"
+    """Relaunch only the dead ranks (the survivors recover in-process through ``recovery``)."""
+
+
 DEFAULT_PROGRESS_INTERVAL = 30.0
 """Off a terminal, seconds between two progress lines."""
-"""``all``: torchrun's restart of every worker; ``rank``: relaunch only the dead ranks
-(the survivors recover in-process through ``recovery``); ``auto``: ``rank`` for workers
-that registered with the scheduler, else ``all``."""
+DEFAULT_SIGNALS: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
+                                    signal.SIGUSR1, signal.SIGUSR2)
+"""The signals that stop the job in order (``--signals_to_handle``): torchrun's four and
+Slurm's usual preemption warnings."""
 
 
 @dataclass(frozen=True)
@@ -71,7 +81,9 @@ class LaunchConfig:
     heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
     progress_timeout: float = DEFAULT_PROGRESS_TIMEOUT
     grace_period: float = 10.0
-    restart_policy: str = "auto"
+    restart_policy: RestartPolicy = RestartPolicy.AUTO
+    """A string is taken for its value (the CLI's); one that names none is refused by
+    :meth:`validate`."""
     is_recover: bool = False
     recovery_path: Path = Path("tft_recovery")
     enable_tft: str | None = None
@@ -96,10 +108,15 @@ class LaunchConfig:
     job_id: str = ""
     """torchrun's ``--rdzv_id``: the workers' ``TORCHELASTIC_RUN_ID`` (empty: ``run_id``)."""
     signals_to_handle: tuple[int, ...] = DEFAULT_SIGNALS
-    """Signals to tftrun that stop the job in order (``--signals_to_handle``)."""
+    """Signals to tftrun that stop the job in order: passed on to the workers, then the
+    grace period, then SIGKILL; tftrun exits 128+N (launcher/supervisor/signals.py)."""
     console_ranks: frozenset[int] | None = None
     """With ``join``: the local ranks whose output is shown (None: all; torchrun's
     ``--redirects``, ``--tee`` and ``--local_ranks_filter``)."""
+
+    def __post_init__(self) -> None:
+        if self.restart_policy in RestartPolicy.__members__.values():
+            object.__setattr__(self, "restart_policy", RestartPolicy(self.restart_policy))
 
     @property
     def nproc(self) -> int:
@@ -188,9 +205,11 @@ class LaunchConfig:
                             ("--node_time_out", self.node_time_out)):
             if value <= 0:
                 raise ConfigError(f"{name} must be positive, got {value}")
-        if self.restart_policy not in RESTART_POLICIES:
-            raise ConfigError(f"--restart_policy must be one of {', '.join(RESTART_POLICIES)}, "
+        if not isinstance(self.restart_policy, RestartPolicy):
+            raise ConfigError(f"--restart_policy must be one of "
+                              f"{', '.join(p.value for p in RestartPolicy)}, "
                               f"got {self.restart_policy!r}")
+        self._check_signals()
         self._check_enable_tft()
         self._check_script()
         self._check_writable(self.log_dir, "--log_dir")
@@ -207,6 +226,15 @@ class LaunchConfig:
                 f"in --worker_num={self.worker_num}")
         if self.nnodes is not None and not 0 <= rank < self.nnodes:
             raise ConfigError(f"--node_rank={rank} is not below --nnodes={self.nnodes}")
+    def _check_signals(self) -> None:
+        """Each must be a signal a process may catch, and not SIGCHLD (the loop's own)."""
+        for signum in self.signals_to_handle:
+            try:
+                name = signal.Signals(signum).name
+            except ValueError:
+                raise ConfigError(f"--signals_to_handle: {signum} is not a signal") from None
+            if signum in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
+                raise ConfigError(f"--signals_to_handle: {name} cannot be handled")
 
     def _check_enable_tft(self) -> None:
         """The modes must parse, whether given by --enable_tft or inherited MS_ENABLE_TFT."""

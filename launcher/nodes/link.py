@@ -191,25 +191,21 @@ class NodeLink:
 
 
 class NodeWatch:
-    """Whether another node has been gone for longer than ``bound`` seconds.
+    """Since when the same absence of another node has lasted, without a break.
 
     Node 0 watches the ranks of the other nodes (missing from the scheduler's membership);
     another node watches node 0 (its scheduler's store unreachable). Each pass says what
-    it saw; once the same absence lasted ``bound`` seconds, :meth:`seen` answers why the
-    job must end.
+    it saw; the policy ends the job once :attr:`since` is ``--node_time_out`` ago.
     """
 
-    def __init__(self, bound: float) -> None:
-        self.bound = bound
-        self._since: float | None = None
+    def __init__(self) -> None:
+        self.gone = ""
+        self.since: float | None = None
 
-    def seen(self, gone: str, now: float) -> str:
-        """``gone``: what is missing now (empty: nothing). The reason to end, or ''."""
+    def seen(self, gone: str, now: float) -> None:
+        """``gone``: what is missing now (empty: nothing)."""
         if not gone:
-            self._since = None
-            return ""
-        if self._since is None:
-            self._since = now
-        if now - self._since < self.bound:
-            return ""
-        return f"{gone} did not come back within --node_time_out={self.bound:g}s"
+            self.since = None
+        elif self.since is None:
+            self.since = now
+        self.gone = gone

@@ -20,6 +20,7 @@ class ExitInfo:
     incarnation: int
     returncode: int
     at: float
+    """When the supervisor saw it end (monotonic: deadlines are counted from it)."""
     expected: bool = False
     """True when the supervisor itself stopped the process (not a fault)."""
 

@@ -2,20 +2,36 @@
 
 ``decide(view, now)`` is called on every pass of the supervisor's loop with a snapshot of
 the job (:class:`JobView`) and returns the :class:`Action` list the loop carries out. It
-reads no clock, starts nothing and never waits: waiting is an action (:class:`WaitUntil`)
-and every waiting state (a relaunch's cooldown, a group restart, a stop's grace period)
-is a state with a deadline in the view. Being re-evaluated on every pass is what keeps a
-rule such as "no rank is relaunched alone once another rank finished" true at every
-moment, not only when a failure is seen.
+reads no clock (``now`` is monotonic), starts nothing and never waits: waiting is an
+action (:class:`WaitUntil`) and every waiting state (a relaunch's cooldown, a group
+restart, a stop's grace period, a lost node) is a state with a deadline in the view.
+Being re-evaluated on every pass is what keeps a rule such as "no rank is relaunched alone
+once another rank finished" true at every moment, not only when a failure is seen.
 
 The rules (docs/recovery.md, *The restart policy*):
 
+* a dead scheduler is relaunched at once while its own budget (``--max_restarts``
+  launches after the first) lasts;
+* the job ends for a signal to tftrun (the workers get the same signal), for another
+  node's end, or for a node gone longer than ``--node_time_out`` (then for every node);
 * a worker exit in :data:`recovery.exit_codes.UNFIXABLE` ends the job at once;
 * the budget (``--max_restarts``) is charged when a relaunch or a group restart is
   decided; a relaunch withdrawn into a group restart gives its charge to that restart;
 * per-rank relaunch (``--restart_policy=rank``, or ``auto`` when every dead rank
-  registered with the scheduler) while no rank finished; else restart all;
-* a relaunch waiting in COOLDOWN when another rank finishes becomes a group restart.
+  registered with the scheduler); else restart all;
+* a relaunch never starts while another rank finished: once due (and
+  :data:`PEERS_SETTLE` after the last finish) it becomes a group restart;
+* the ending job: once every other rank exited 0, a rank relaunched alone (waiting in
+  COOLDOWN, or running without a generation to join) or about to be is stopped and the
+  job ends: status 0 with a ``teardown_crash`` warning when its crash came after the
+  peers' final step, else the crash's status;
+* spares: ``--warm_spare``, or :data:`AUTOMATIC_SPARES` once a worker of this node
+  registered (unless ``--restart_policy=all``).
+
+A group restart stops the workers with SIGTERM and a short grace
+(:data:`RESTART_GRACE`) for those that never registered (their own SIGTERM handler, e.g.
+Lightning's, may keep them running); registered ones, which may be saving last words,
+and any stop at the job's end get the whole ``--grace_period``.
 """
 
 from __future__ import annotations
@@ -24,13 +40,15 @@ import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from launcher.config import RestartPolicy
 from launcher.supervisor.state import Failure, WorkerState
 from recovery.exit_codes import UNFIXABLE
 
 __all__ = [
     "RankView", "JobView", "Ending", "Action", "Hang", "ScheduleRelaunch", "Relaunch",
-    "RestartAll", "StartAll", "Stop", "GiveUp", "Kill", "Close", "WaitUntil", "decide",
-    "STATUS_WAIT", "EXIT_PEER_ENDED",
+    "RestartAll", "StartAll", "Stop", "GiveUp", "StopWorkers", "Kill", "Close", "WaitUntil",
+    "TeardownCrash", "RelaunchScheduler", "SchedulerSpent", "KeepSpares", "decide",
+    "STATUS_WAIT", "EXIT_PEER_ENDED", "RESTART_GRACE", "AUTOMATIC_SPARES", "PEERS_SETTLE",
 ]
 
 EXIT_PEER_ENDED = 1
@@ -38,6 +56,19 @@ EXIT_PEER_ENDED = 1
 STATUS_WAIT = 10.0
 """Seconds a failed rank's registration may stay unknown (the scheduler process runs but
 does not answer, e.g. on a loaded host) before it is taken as "not registered"."""
+RESTART_GRACE = 2.0
+"""Seconds between SIGTERM and SIGKILL for a worker stopped by a group restart that never
+registered with the scheduler, and for a rank stopped because its peers finished: what
+such a process does on SIGTERM saves nothing the restart needs, and a script that
+catches SIGTERM and keeps running (Lightning does) would hold the restart for the whole
+``--grace_period``."""
+AUTOMATIC_SPARES = 1
+"""Spares kept without ``--warm_spare`` once this node's script is seen using recovery."""
+PEERS_SETTLE = 5.0
+"""Seconds after a rank finished during which a rank that died is not yet restarted with
+the group: its other peers, ending too, may still finish (their exits come seconds apart
+at a job's end), and once all did the job ends instead (a teardown's crash)."""
+_NO_STEP = -1
 
 
 @dataclass(frozen=True)
@@ -55,6 +86,15 @@ class RankView:
     """When the scheduler lets its node id register again (read for a FAILED rank)."""
     hung: bool = False
     relaunch_why: str = ""
+    step: int | None = None
+    """The last step its current (or last ended) process reported; None: none."""
+    failure_step: int | None = None
+    """The last step the process of its failure (or ``relaunched_after``) reported."""
+    relaunched_after: Failure | None = None
+    """RUNNING: relaunched alone after this failure, and its new process has reported no
+    step yet (it waits for a generation to join)."""
+    finished_at: float | None = None
+    """SUCCEEDED: when its process exited 0."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +112,7 @@ class JobView:
 
     ranks: tuple[RankView, ...]
     max_restarts: int
-    restart_policy: str = "auto"
+    restart_policy: RestartPolicy = RestartPolicy.AUTO
     restarts: int = 0
     """Group restarts carried out."""
     relaunches: int = 0
@@ -81,13 +121,33 @@ class JobView:
     """A group restart is decided and due at this time."""
     ending: Ending | None = None
     signal: int | None = None
-    """A SIGINT/SIGTERM that tftrun received."""
+    """A signal that tftrun received (one of ``--signals_to_handle``)."""
     verdicts: Mapping[int, str] = field(default_factory=dict)
     """Ranks the scheduler declares dead or hung just now: rank → reason."""
     peer_restart: str = ""
     """Another node started a group restart this node has not: why (empty: none)."""
     peer_end: str = ""
     """Another node ended the job for every node: why (empty: it did not)."""
+    grace_period: float = 10.0
+    node_rank: int = 0
+    gone: str = ""
+    """What of the other nodes is missing just now (empty: nothing)."""
+    gone_since: float | None = None
+    """Since when ``gone`` has been missing without a break."""
+    node_time_out: float = 600.0
+    other_ranks: int = 0
+    """Ranks on the other nodes (0 on one node)."""
+    others_finished: bool = True
+    """Every rank of the other nodes finished (True on one node)."""
+    others_step: int | None = None
+    """The highest step the finished ranks of the other nodes reported."""
+    scheduler_exit: str = ""
+    """How this node's scheduler ended, when it did unexpectedly (empty: it runs)."""
+    scheduler_launches: int = 0
+    warm_spare: int | None = None
+    """``--warm_spare`` (None: not given)."""
+    spares: int = 0
+    """Spares kept now."""
 
     @property
     def charged(self) -> int:
@@ -123,8 +183,7 @@ class Relaunch:
 
 @dataclass(frozen=True)
 class RestartAll:
-    """Restart the whole group at ``at`` (charged now): stop every running worker and
-    withdraw every pending relaunch."""
+    """Restart the whole group at ``at`` (charged now); a :class:`StopWorkers` comes with it."""
 
     at: float
     why: str
@@ -137,18 +196,40 @@ class StartAll:
 
 @dataclass(frozen=True)
 class Stop:
-    """End the job (every worker succeeded, or tftrun was signalled)."""
+    """End the job (every worker succeeded, tftrun was signalled, another node ended it);
+    ``everywhere``: this node ends it for every node."""
 
     status: int
     reason: str
+    everywhere: bool = False
 
 
 @dataclass(frozen=True)
 class GiveUp:
-    """End the job on ``failure``: the budget is spent, or no restart can fix it."""
+    """End the job (for every node) on ``failure``: the budget is spent, or no restart
+    can fix it."""
 
     failure: Failure
     reason: str
+
+
+@dataclass(frozen=True)
+class StopWorkers:
+    """Send ``signum`` to each running rank of ``deadlines`` (STOPPING until its deadline,
+    then SIGKILL) and withdraw every relaunch waiting in COOLDOWN."""
+
+    signum: int
+    deadlines: Mapping[int, float]
+
+
+@dataclass(frozen=True)
+class TeardownCrash:
+    """Warn (event ``teardown_crash``) that ``rank`` crashed after the peers' final step."""
+
+    rank: int
+    failure: Failure
+    step: int
+    final_step: int
 
 
 @dataclass(frozen=True)
@@ -164,33 +245,88 @@ class Close:
 
 
 @dataclass(frozen=True)
+class RelaunchScheduler:
+    """This node's scheduler died: start it again on the same socket."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class SchedulerSpent:
+    """This node's scheduler died and its restart budget is spent: go on without it."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class KeepSpares:
+    """From now on keep ``count`` warm spares."""
+
+    count: int
+
+
+@dataclass(frozen=True)
 class WaitUntil:
     """Nothing is due before ``at`` (the loop wakes earlier for any child's exit)."""
 
     at: float
 
 
-Action = (Hang | ScheduleRelaunch | Relaunch | RestartAll | StartAll | Stop | GiveUp | Kill
-          | Close | WaitUntil)
+Action = (Hang | ScheduleRelaunch | Relaunch | RestartAll | StartAll | Stop | GiveUp
+          | StopWorkers | TeardownCrash | Kill | Close | RelaunchScheduler | SchedulerSpent
+          | KeepSpares | WaitUntil)
 
 
 def decide(view: JobView, now: float) -> list[Action]:
     """What the supervisor does next; see the module docstring for the rules."""
+    return [*_about_the_scheduler(view), *_about_spares(view), *_about_workers(view, now)]
+
+
+def _about_the_scheduler(view: JobView) -> list[Action]:
+    if not view.scheduler_exit:
+        return []
+    why = f"scheduler {view.scheduler_exit}"
+    if view.scheduler_launches > view.max_restarts:
+        return [SchedulerSpent(why)]
+    return [RelaunchScheduler(why)]
+
+
+def _about_spares(view: JobView) -> list[Action]:
+    if view.ending is not None:
+        return []
+    wanted = view.warm_spare
+    if wanted is None:
+        registered = any(r.registered for r in view.ranks)
+        wanted = (AUTOMATIC_SPARES if registered and view.restart_policy is not RestartPolicy.ALL
+                  else 0)
+        wanted = max(wanted, view.spares)  # the automatic spare, once started, is kept
+    return [KeepSpares(wanted)] if wanted != view.spares else []
+
+
+def _about_workers(view: JobView, now: float) -> list[Action]:
     if view.ending is not None:
         return _wind_down(view, now)
     if view.signal is not None:
-        return [Stop(128 + view.signal, f"received {signal.Signals(view.signal).name}")]
+        name = signal.Signals(view.signal).name
+        return [Stop(128 + view.signal, f"received {name}"),
+                _stop_all(view, now, view.signal)]
     if view.peer_end:
-        return [Stop(EXIT_PEER_ENDED, view.peer_end)]
+        return [Stop(EXIT_PEER_ENDED, view.peer_end), _stop_all(view, now)]
+    if view.gone_since is not None and now - view.gone_since >= view.node_time_out:
+        reason = (f"node {view.node_rank}: {view.gone} did not come back within "
+                  f"--node_time_out={view.node_time_out:g}s")
+        return [Stop(EXIT_PEER_ENDED, reason, everywhere=True), _stop_all(view, now)]
     if all(r.state is WorkerState.SUCCEEDED for r in view.ranks):
         return [Stop(0, "all workers succeeded")]
     if view.peer_restart and view.restart_at is None:
         # The whole group restarts together; the node that started it charged it.
-        return [RestartAll(now, view.peer_restart)]
+        return [RestartAll(now, view.peer_restart), _stop_for_restart(view, now)]
     failed = [r for r in view.ranks
               if r.state is WorkerState.FAILED and view.restart_at is None]
     if unfixable := _unfixable(failed):
-        return [unfixable]
+        return [unfixable, _stop_all(view, now)]
+    if (ending := _peers_finished(view, now)) is not None:
+        return ending
     actions: list[Action] = [Hang(r.rank, view.verdicts[r.rank]) for r in view.ranks
                              if r.state is WorkerState.RUNNING and not r.hung
                              and r.rank in view.verdicts]
@@ -200,12 +336,13 @@ def decide(view: JobView, now: float) -> list[Action]:
             return [*actions, WaitUntil(until)]
         decided = _on_failures(view, failed, now)
     else:
-        decided = _withdrawn_relaunches(view)
+        decided = _withdrawn_relaunches(view, now)
     if any(isinstance(a, (RestartAll, GiveUp)) for a in decided):
         return decided
     actions += decided
-    actions += [Relaunch(r.rank) for r in view.ranks
-                if r.state is WorkerState.COOLDOWN and r.deadline <= now]
+    if not _finished(view):
+        actions += [Relaunch(r.rank) for r in view.ranks
+                    if r.state is WorkerState.COOLDOWN and r.deadline <= now]
     if (view.restart_at is not None and view.restart_at <= now
             and not any(r.state is WorkerState.STOPPING for r in view.ranks)):
         actions.append(StartAll())
@@ -226,6 +363,21 @@ def _overdue(view: JobView, now: float) -> list[Action]:
             if r.state is WorkerState.STOPPING and r.deadline <= now]
 
 
+def _stop_all(view: JobView, now: float, signum: int = signal.SIGTERM) -> StopWorkers:
+    """The job's end: every running rank gets ``signum`` and the whole grace period."""
+    return StopWorkers(signum, {r.rank: now + view.grace_period for r in view.ranks
+                                if r.state is WorkerState.RUNNING})
+
+
+def _stop_for_restart(view: JobView, now: float) -> StopWorkers:
+    """A group restart: the whole grace period for a registered rank (it may be saving
+    last words), :data:`RESTART_GRACE` for the others."""
+    short = min(view.grace_period, RESTART_GRACE)
+    return StopWorkers(signal.SIGTERM, {
+        r.rank: now + (view.grace_period if r.registered else short)
+        for r in view.ranks if r.state is WorkerState.RUNNING})
+
+
 def _unfixable(failed: Sequence[RankView]) -> GiveUp | None:
     for rank in failed:
         assert rank.failure is not None
@@ -236,10 +388,61 @@ def _unfixable(failed: Sequence[RankView]) -> GiveUp | None:
     return None
 
 
+def _per_rank(view: JobView, failed: Sequence[RankView]) -> bool:
+    """Whether the failed ranks would be relaunched alone (while no rank finished)."""
+    return view.restart_policy is RestartPolicy.RANK or (
+        view.restart_policy is RestartPolicy.AUTO and all(r.registered for r in failed))
+
+
+def _peers_finished(view: JobView, now: float) -> list[Action] | None:
+    """The ending job: every other rank exited 0 and each rank left was relaunched alone
+    (or is about to be) after a crash. It could only wait ``--cluster_time_out`` for a
+    generation that cannot form: stop it and end the job; status 0, with a warning, when
+    each crash came after the peers' final step (a teardown's crash), else the crash's."""
+    left = [r for r in view.ranks if r.state is not WorkerState.SUCCEEDED]
+    peers = len(view.ranks) - len(left) + view.other_ranks
+    if (not left or not peers or not view.others_finished or view.restart_at is not None
+            or not all(_stranded(view, r) for r in left)):
+        return None
+    steps = [r.step for r in view.ranks if r.state is WorkerState.SUCCEEDED]
+    final = max((s for s in [*steps, view.others_step] if s is not None), default=None)
+    stop = StopWorkers(signal.SIGTERM, {r.rank: now + min(view.grace_period, RESTART_GRACE)
+                                        for r in left if r.state is WorkerState.RUNNING})
+    short = [r for r in left
+             if final is None or (r.failure_step if r.failure_step is not None else _NO_STEP)
+             < final]
+    if short:  # every one when the peers' final step is not known
+        first = short[0]
+        at = "no step" if first.failure_step is None else f"step {first.failure_step}"
+        return [GiveUp(_crash(first), f"rank {first.rank} {_crash(first).reason} at {at}, "
+                                      f"before its peers' final step {final}, and they "
+                                      f"finished: a relaunched rank could not rejoin them"),
+                stop]
+    crashes = [TeardownCrash(r.rank, _crash(r), r.failure_step or 0, final) for r in left]
+    what = "; ".join(f"rank {c.rank} {c.failure.reason} in its teardown, after the final "
+                     f"step {final}" for c in crashes)
+    return [*crashes, Stop(0, f"all workers finished ({what})"), stop]
+
+
+def _stranded(view: JobView, rank: RankView) -> bool:
+    """Relaunched alone (waiting in COOLDOWN, or running with no step yet), or FAILED and
+    about to be."""
+    return (rank.state is WorkerState.COOLDOWN
+            or (rank.state is WorkerState.RUNNING and rank.relaunched_after is not None)
+            or (rank.state is WorkerState.FAILED and rank.registered is not None
+                and _per_rank(view, [rank])))
+
+
+def _crash(rank: RankView) -> Failure:
+    crash = rank.relaunched_after if rank.state is WorkerState.RUNNING else rank.failure
+    assert crash is not None, f"rank {rank.rank} is {rank.state.value} without a failure"
+    return crash
+
+
 def _registrations_pending(view: JobView, failed: Sequence[RankView],
                            now: float) -> float | None:
     """Under ``auto``, the time to wait until for a failed rank's unknown registration."""
-    if view.restart_policy != "auto":
+    if view.restart_policy is not RestartPolicy.AUTO:
         return None
     until = [r.failure.at + STATUS_WAIT for r in failed
              if r.registered is None and r.failure is not None]
@@ -247,38 +450,48 @@ def _registrations_pending(view: JobView, failed: Sequence[RankView],
 
 
 def _on_failures(view: JobView, failed: Sequence[RankView], now: float) -> list[Action]:
-    """Relaunch the failed ranks alone, restart all, or give up."""
-    per_rank = view.restart_policy == "rank" or (
-        view.restart_policy == "auto" and all(r.registered for r in failed))
-    finished = [r.rank for r in view.ranks if r.state is WorkerState.SUCCEEDED]
+    """Relaunch the failed ranks alone (their relaunch waits in COOLDOWN: for the
+    cooldown, and :data:`PEERS_SETTLE` after the last rank that finished), restart all, or
+    give up."""
     why = "; ".join(f"rank {r.rank} {_failure(r).reason}" for r in failed)
-    if per_rank and not finished:
+    if _per_rank(view, failed):
         if view.charged + len(failed) > view.max_restarts:
-            return [_give_up(view, failed[0], why)]
-        return [ScheduleRelaunch(r.rank, max(now, r.cooldown_until),
+            return [_give_up(view, failed[0], why), _stop_all(view, now)]
+        return [ScheduleRelaunch(r.rank, max(now, r.cooldown_until, _settled(view)),
                                  f"rank {r.rank} {_failure(r).reason}") for r in failed]
-    if per_rank:
-        why += f" after ranks {finished} finished: a relaunched rank could not rejoin them"
     cooldowns = [r.cooldown_until for r in failed if r.registered]
-    return [_restart_all(view, failed[0], why, max([now, *cooldowns, *_relaunch_times(view)]))]
+    return _restart_all(view, failed[0], why,
+                        max([now, *cooldowns, *_relaunch_times(view)]), now)
 
 
-def _withdrawn_relaunches(view: JobView) -> list[Action]:
-    """A rank waiting for its relaunch while another finished could only wait for peers
-    that are gone: the group restarts instead, when the relaunch was due."""
+def _withdrawn_relaunches(view: JobView, now: float) -> list[Action]:
+    """A relaunch due while another rank finished (and others still run) could only wait
+    for peers that are gone: the group restarts instead."""
     cooling = [r for r in view.ranks if r.state is WorkerState.COOLDOWN]
-    finished = [r.rank for r in view.ranks if r.state is WorkerState.SUCCEEDED]
-    if not cooling or not finished:
+    finished = _finished(view)
+    if not cooling or not finished or max([*_relaunch_times(view), _settled(view)]) > now:
         return []
     why = "; ".join(r.relaunch_why for r in cooling)
     why += f" after ranks {finished} finished: a relaunched rank could not rejoin them"
-    return [_restart_all(view, cooling[0], why, max(_relaunch_times(view)))]
+    return _restart_all(view, cooling[0], why, now, now)
 
 
-def _restart_all(view: JobView, first: RankView, why: str, at: float) -> Action:
+def _finished(view: JobView) -> list[int]:
+    return [r.rank for r in view.ranks if r.state is WorkerState.SUCCEEDED]
+
+
+def _settled(view: JobView) -> float:
+    """:data:`PEERS_SETTLE` after the last rank that finished (0.0: none did)."""
+    return max((r.finished_at + PEERS_SETTLE for r in view.ranks
+                if r.state is WorkerState.SUCCEEDED and r.finished_at is not None),
+               default=0.0)
+
+
+def _restart_all(view: JobView, first: RankView, why: str, at: float,
+                 now: float) -> list[Action]:
     if view.restarts + view.relaunches + 1 > view.max_restarts:
-        return _give_up(view, first, why)
-    return RestartAll(at, why)
+        return [_give_up(view, first, why), _stop_all(view, now)]
+    return [RestartAll(at, why), _stop_for_restart(view, now)]
 
 
 def _give_up(view: JobView, first: RankView, why: str) -> GiveUp:
@@ -295,11 +508,15 @@ def _relaunch_times(view: JobView) -> list[float]:
 
 
 def _next_deadline(view: JobView, decided: Sequence[Action], now: float) -> float:
-    """The earliest time something is due; overdue kills are repeated at each pass."""
+    """The earliest time something is due, after ``now``; overdue kills are repeated at
+    each pass."""
     due = [r.deadline for r in view.ranks
-           if r.state is WorkerState.COOLDOWN
-           or (r.state is WorkerState.STOPPING and r.deadline > now)]
+           if r.state in (WorkerState.COOLDOWN, WorkerState.STOPPING) and r.deadline > now]
     due += [a.at for a in decided if isinstance(a, ScheduleRelaunch)]
     if view.restart_at is not None:
         due.append(view.restart_at)
+    if view.gone_since is not None:
+        due.append(view.gone_since + view.node_time_out)
+    if _finished(view) and _relaunch_times(view) and _settled(view) > now:
+        due.append(_settled(view))
     return min(due, default=float("inf"))

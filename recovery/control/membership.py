@@ -370,7 +370,8 @@ class Membership:
                       else MemberState.FINISHED if finished else MemberState.LEFT)
             if member.state is not ending and ending in TRANSITIONS[member.state]:
                 member.transition(ending)
-                self._emit("leave", **member.fields(), state=ending.value, reason=reason, by=by)
+                self._emit("leave", **member.fields(), state=ending.value, reason=reason, by=by,
+                           step=member.global_step)
                 self._update_completeness()
         return self.cooldowns.get(node_id, 0.0)
 

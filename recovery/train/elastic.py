@@ -88,6 +88,10 @@ new generation only from the scheduler, within about two polls)."""
 STOP_PATIENCE = 1.0
 """Seconds a noted stop signal leaves a wait before it gives up: peers stopped at the same
 moment still complete the step's collective; a collective stuck on a frozen peer is left."""
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+                signal.SIGUSR2)
+"""The signals that stop training in order (tftrun's default ``--signals_to_handle``);
+all but SIGTERM only where the script did not handle them itself."""
 
 
 class PeerFailure(RuntimeError):
@@ -566,7 +570,9 @@ class ElasticTrainer:
     # ------------------------------------------------------------------ stop signals
     @contextlib.contextmanager
     def _stop_signals_noted(self) -> Iterator[None]:
-        """While training, SIGTERM ends the current step first (then last words, exit).
+        """While training, a stop signal ends the current step first (then last words,
+        exit 128+N): SIGTERM, and each of :data:`STOP_SIGNALS` the script left to its
+        default (tftrun passes on the signal it was stopped by, e.g. Slurm's SIGUSR1).
 
         The handler only notes the signal; the loop acts on it after the step, or a wait
         gives up on it (:meth:`_should_abort`) when the step cannot complete."""
@@ -578,8 +584,13 @@ class ElasticTrainer:
             if self._stop_request is None:
                 self._stop_request = _StopRequest(signum, time.monotonic())
 
-        previous = signal.signal(signal.SIGTERM, note)
+        previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+        noted = [sig for sig, handler in previous.items()
+                 if sig == signal.SIGTERM or handler in (signal.SIG_DFL, signal.default_int_handler)]
+        for sig in noted:
+            signal.signal(sig, note)
         try:
             yield
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            for sig in noted:
+                signal.signal(sig, previous[sig])

@@ -10,6 +10,7 @@ killed (at most a minute), so that it dies after every other worker finished. Wi
 ``--teardown R:CODE:DELAY`` (repeatable), rank R of the first launch waits DELAY seconds
 after its last step and exits CODE at once (``os._exit``: a crash in its teardown).
 With ``--wrong-token-rank R``, rank R registers with a wrong job token (refused for good).
+Each rank writes ``train_end`` with its last step, as ElasticTrainer does.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch.distributed as dist
 import recovery
 from recovery import env as names
 from recovery.env import WorkerEnv
+from recovery.events import EventLog
 
 LINGER = 60.0
 
@@ -78,6 +80,7 @@ def main() -> None:
             break
         time.sleep(args.step_time)
     print(f"rank {ctx.rank} finished at step {step}", flush=True)
+    EventLog(WorkerEnv.from_env().log_dir).emit("train_end", rank=ctx.rank, step=step)
     dist.destroy_process_group()
     first_launch = WorkerEnv.from_env().restart_count == 0
     if ctx.rank == args.linger_rank and first_launch:

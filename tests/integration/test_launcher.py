@@ -111,18 +111,24 @@ def test_spent_budget_prints_the_summary_and_exits_with_the_failing_code(
     assert "about to fail on purpose" in result.stdout  # the failing rank's last log lines
 
 
-@pytest.mark.parametrize(("sig", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_signal_to_tftrun_stops_everything(
-        tmp_path: Path, free_port: int, sig: int, status: int) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
+                                 signal.SIGUSR1, signal.SIGUSR2])
+def test_signal_to_tftrun_stops_everything(tmp_path: Path, free_port: int, sig: int) -> None:
+    """Each signal tftrun handles by default stops the job in order, exit 128+N; the
+    workers get the same signal (the plain script does not handle it: they die of it)."""
     proc, log_dir, pids = start_endless_job(tmp_path, free_port)
     try:
         proc.send_signal(sig)
         proc.wait(timeout=30)
     finally:
         terminate(proc)
-    assert proc.returncode == status
+    assert proc.returncode == 128 + sig
     assert all(pid_gone(pid) for pid in pids)
-    assert events(log_dir, "job_end")[-1]["exitcode"] == status
+    assert events(log_dir, "job_end")[-1]["exitcode"] == 128 + sig
+    if sig != signal.SIGINT:  # Python turns SIGINT into KeyboardInterrupt, exit 1
+        exits = [e for e in events(log_dir, "exit") if e["role"] == "worker"]
+        assert [(e["expected"], e.get("signal")) for e in exits] == [
+            (True, signal.Signals(sig).name)] * 2
 
 
 def test_on_one_node_tftrun_imports_no_torch_while_a_plain_job_starts_and_trains(

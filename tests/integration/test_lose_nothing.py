@@ -123,19 +123,22 @@ def test_last_words_of_the_last_completed_step_are_saved_and_resumed(
     assert digests(log_dir) == {0: expected, 1: expected, 2: expected}
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
 def test_stopped_job_resumes_from_its_last_words_at_the_next_step(
-        tmp_path: Path, free_port: int, expected: str) -> None:
+        tmp_path: Path, free_port: int, expected: str, sig: int) -> None:
+    """SIGTERM, or Slurm's preemption warning SIGUSR1 (``--signal=USR1@90``): tftrun
+    passes the signal on, one rank saves the last words, and the resumed job loses no step."""
     log_dir = tmp_path / "faulty"
     proc = spawn(tftrun(tmp_path, "faulty", free_port))
     try:
         worker_0 = log_dir / "worker_0.log"
         wait_for(lambda: worker_0.exists() and "step=20 " in worker_0.read_text(), 120,
                  "rank 0 past step 20")
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         proc.communicate(timeout=60)
     finally:
         terminate(proc)
-    assert proc.returncode == 143
+    assert proc.returncode == 128 + sig
     [saved] = events(log_dir, "last_words_saved")
     assert 20 <= saved["step"] < 60
     resumed = run(tftrun(tmp_path, "resumed", free_port, "--is_recover=1"), timeout=200)

@@ -17,6 +17,8 @@ from torch.distributed import TCPStore
 
 from launcher.config import LaunchConfig
 from launcher.errors import ConfigError
+from launcher.supervisor.policy import JobView, RankView, Stop, decide
+from launcher.supervisor.state import WorkerState
 from launcher.nodes.link import (
     NodeLink, NodeWatch, job_still_waited_for, local_address_towards, save_job,
 )
@@ -129,19 +131,26 @@ def test_node_options_that_do_not_fit_are_refused(tmp_path: Path, fields: dict[s
     st.tuples(st.floats(0.0, 10.0), st.booleans()), max_size=30))
 def test_a_node_is_declared_lost_only_after_an_unbroken_absence_of_the_bound(
         bound: float, passes: list[tuple[float, bool]]) -> None:
-    """Each pass: the clock moves on, and the node is seen gone or back. The job ends
-    exactly when the node has been gone, with no return in between, for ``bound`` s."""
-    watch, now, gone_since = NodeWatch(bound), 0.0, None
+    """Each pass: the clock moves on, and the node is seen gone or back (NodeWatch dates
+    the absence, the policy decides). The job ends exactly when the node has been gone,
+    with no return in between, for ``bound`` s."""
+    watch, now, gone_since = NodeWatch(), 0.0, None
+    ranks = (RankView(0, WorkerState.RUNNING),)
     for step, gone in passes:
         now += step
         if not gone:
             gone_since = None
         elif gone_since is None:
             gone_since = now
-        reason = watch.seen("node 1" if gone else "", now)
+        watch.seen("node 1" if gone else "", now)
+        actions = decide(JobView(ranks, 0, gone=watch.gone, gone_since=watch.since,
+                                 node_time_out=bound, node_rank=0, warm_spare=0), now)
+        ends = [a for a in actions if isinstance(a, Stop)]
         expected = gone_since is not None and now - gone_since >= bound
-        assert bool(reason) == expected
-        assert not reason or reason == f"node 1 did not come back within --node_time_out={bound:g}s"
+        assert bool(ends) == expected
+        assert not ends or ends[0] == Stop(
+            1, f"node 0: node 1 did not come back within --node_time_out={bound:g}s",
+            everywhere=True)
 
 
 @settings(max_examples=60, deadline=None)

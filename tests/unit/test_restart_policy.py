@@ -1,18 +1,24 @@
 """The restart policy (launcher/supervisor/policy.py) under random sequences of events, with Hypothesis.
 
 A ``RuleBasedStateMachine`` plays the world around ``decide``: worker exits (0 is a
-finish), SIGINT/SIGTERM to tftrun, the scheduler's verdicts, registrations and
-cooldowns, a scheduler that does not answer, launches that cannot be started, and the
-clock. Each ``supervise`` step runs the supervisor's passes: it builds the view, calls
+finish), signals to tftrun, the scheduler's verdicts, registrations and cooldowns, a
+scheduler that does not answer or dies, the steps the workers report, launches that
+cannot be started, other nodes (their group restarts, their end, their loss, their
+ranks finishing), and the clock. Each ``supervise`` step runs the supervisor's passes: it builds the view, calls
 ``decide`` and carries the actions out on real :class:`launcher.supervisor.state.Worker` objects,
 as launcher/supervisor/loop.py does, so a move the transition table forbids raises. After
 every pass it checks the invariants of issue 15: no illegal transition, the budget
 never exceeded, no rank relaunched alone into a generation that cannot form, every dead
-rank relaunched or the job ending with a reason, the job ending once all ranks succeeded.
+rank relaunched or the job ending with a reason, the job ending once all ranks succeeded;
+and issue 27's: the scheduler relaunched within its budget only, the spares kept as
+asked, a lost node ending the job at ``--node_time_out``, a rank stranded by peers that
+all finished stopped at once (status 0 with ``teardown_crash`` only when it had reached
+their final step), a group restart's short grace for ranks that never registered.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pytest
@@ -22,17 +28,19 @@ from hypothesis.stateful import (
     RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test,
 )
 
-from launcher.config import RESTART_POLICIES
+from launcher.config import DEFAULT_SIGNALS, RestartPolicy
 from launcher.supervisor.failures import ExitInfo
 from launcher.supervisor.policy import (
-    STATUS_WAIT, Action, Close, Ending, GiveUp, Hang, JobView, Kill, RankView, Relaunch,
-    RestartAll, ScheduleRelaunch, StartAll, Stop, WaitUntil, decide,
+    AUTOMATIC_SPARES, PEERS_SETTLE, RESTART_GRACE, STATUS_WAIT, Action, Close, Ending, GiveUp, Hang, JobView,
+    KeepSpares, Kill, RankView, Relaunch, RelaunchScheduler, RestartAll, ScheduleRelaunch,
+    SchedulerSpent, StartAll, Stop, StopWorkers, TeardownCrash, WaitUntil, decide,
 )
 from launcher.supervisor.state import Failure, Worker, WorkerState
 from recovery.exit_codes import UNFIXABLE
 
 WORKERS = 3
 GRACE = 10.0
+NODE_TIME_OUT = 30.0
 PASSES = 40
 """Passes one ``supervise`` step may take before the policy has nothing left to do now
 (each failed launch of a rank with no cooldown takes two)."""
@@ -73,12 +81,29 @@ class PolicyMachine(RuleBasedStateMachine):
         self.peer_end = ""
         self.followed = 0
         """Group restarts this node made because another node started them."""
+        self.scheduler_alive = True
+        self.scheduler_exit = ""
+        self.scheduler_launches = 1
+        self.warm_spare: int | None = None
+        self.spares = 0
+        self.steps: dict[int, int] = {}
+        """pid → the last step that process reported."""
+        self.relaunched_after: dict[int, Failure] = {}
+        self.gone_since: float | None = None
+        self.other_ranks = 0
+        self.others_finished = False
+        self.teardown_crashes: list[TeardownCrash] = []
+        self.restart_stops: list[StopWorkers] = []
 
     # ------------------------------------------------------------ the world
-    @initialize(max_restarts=st.integers(0, 4), policy=st.sampled_from(RESTART_POLICIES),
-                registered=st.sets(ranks))
-    def start(self, max_restarts: int, policy: str, registered: set[int]) -> None:
+    @initialize(max_restarts=st.integers(0, 4), policy=st.sampled_from(list(RestartPolicy)),
+                registered=st.sets(ranks), warm_spare=st.sampled_from([None, None, 0, 2]),
+                other_ranks=st.sampled_from([0, 0, 3]))
+    def start(self, max_restarts: int, policy: RestartPolicy, registered: set[int],
+              warm_spare: int | None, other_ranks: int) -> None:
         self.max_restarts, self.policy, self.registered = max_restarts, policy, registered
+        self.warm_spare, self.spares = warm_spare, warm_spare or 0
+        self.other_ranks, self.others_finished = other_ranks, not other_ranks
         for worker in self.workers:
             self._launch(worker)
 
@@ -93,7 +118,7 @@ class PolicyMachine(RuleBasedStateMachine):
         self.verdicts[rank] = reason
 
     @precondition(lambda self: not self.closed)
-    @rule(signum=st.sampled_from([2, 15]))
+    @rule(signum=st.sampled_from(DEFAULT_SIGNALS))
     def tftrun_is_signalled(self, signum: int) -> None:
         self.signal = self.signal or signum
 
@@ -129,6 +154,29 @@ class PolicyMachine(RuleBasedStateMachine):
     def another_node_ends_the_job(self) -> None:
         self.peer_end = "node 1: rank 3 exited with code 1; restart budget (0) spent"
 
+    @precondition(lambda self: not self.closed)
+    @rule(rank=ranks, step=st.integers(1, 6))
+    def rank_reports_a_step(self, rank: int, step: int) -> None:
+        worker = self.workers[rank]
+        if worker.state is WorkerState.RUNNING and worker.child is not None:
+            self.steps[worker.child.pid] = max(step, self.steps.get(worker.child.pid, step))
+
+    @precondition(lambda self: not self.closed and self.scheduler_alive)
+    @rule()
+    def scheduler_dies(self) -> None:
+        self.scheduler_alive, self.scheduler_exit = False, "exited with code 1"
+
+    @precondition(lambda self: not self.closed and self.other_ranks > 0)
+    @rule(gone=st.booleans())
+    def another_node_is_seen(self, gone: bool) -> None:
+        """Another node is missing (or back); the observer dates the unbroken absence."""
+        self.gone_since = (self.gone_since or self.now) if gone else None
+
+    @precondition(lambda self: not self.closed and self.other_ranks > 0)
+    @rule()
+    def the_other_nodes_ranks_finish(self) -> None:
+        self.others_finished = True
+
     @rule(seconds=st.sampled_from([0.05, 1.0, 5.0, 11.0, 40.0]))
     def clock_advances(self, seconds: float) -> None:
         self.now += seconds
@@ -144,11 +192,14 @@ class PolicyMachine(RuleBasedStateMachine):
                 if worker.rank in self.killed:
                     self._exit(worker, -9)
             self.killed.clear()
-            actions = decide(self._view(), self.now)
+            view = self._view()
+            actions = decide(view, self.now)
             self.verdicts.clear()
+            self.scheduler_exit = ""
             for action in actions:
                 self._carry_out(action)
                 self._check_budget()
+            self._check_the_scheduler(view, actions)
             if all(isinstance(a, (WaitUntil, Kill)) for a in actions) or self.closed:
                 break
         else:
@@ -157,6 +208,10 @@ class PolicyMachine(RuleBasedStateMachine):
         self._check_every_dead_rank_is_relaunched_or_the_job_ends()
         self._check_the_job_ends_once_all_ranks_succeeded()
         self._check_the_other_nodes_are_followed()
+        self._check_the_spares()
+        self._check_a_lost_node_ends_the_job()
+        self._check_a_stranded_rank_ends_the_job()
+        self._check_the_restart_grace()
 
     def _view(self) -> JobView:
         undecided = self.restart_at is None and self.ending is None
@@ -165,15 +220,30 @@ class PolicyMachine(RuleBasedStateMachine):
             self.policy, self.restarts, self.relaunches, self.restart_at, self.ending,
             self.signal, dict(self.verdicts),
             f"another node started group restart {self.peer_restarts}"
-            if self.peer_restarts > self.restarts else "", self.peer_end)
+            if self.peer_restarts > self.restarts else "", self.peer_end,
+            grace_period=GRACE, gone="node 1" if self.gone_since is not None else "",
+            gone_since=self.gone_since, node_time_out=NODE_TIME_OUT,
+            other_ranks=self.other_ranks, others_finished=self.others_finished,
+            others_step=5 if self.others_finished and self.other_ranks else None,
+            scheduler_exit=self.scheduler_exit, scheduler_launches=self.scheduler_launches,
+            warm_spare=self.warm_spare, spares=self.spares)
 
     def _rank_view(self, worker: Worker, undecided: bool) -> RankView:
         registered = True if worker.rank in self.registered else (
             None if self.scheduler_silent else False)
         cooldown = (self.cooldowns.get(worker.rank, 0.0)
                     if undecided and worker.state is WorkerState.FAILED and registered else 0.0)
+        step = None if worker.child is None else self.steps.get(worker.child.pid)
+        relaunched_after = self.relaunched_after.get(worker.rank)
+        if worker.state is not WorkerState.RUNNING or step is not None:
+            relaunched_after = None
+        crash = relaunched_after if worker.state is WorkerState.RUNNING else worker.failure
+        crash_step = None if crash is None or crash.pid is None else self.steps.get(crash.pid)
+        finished_at = (worker.last_exit.at if worker.state is WorkerState.SUCCEEDED
+                       and worker.last_exit is not None else None)
         return RankView(worker.rank, worker.state, worker.deadline, worker.failure, registered,
-                        cooldown, worker.hung, worker.relaunch_why)
+                        cooldown, worker.hung, worker.relaunch_why, step, crash_step,
+                        relaunched_after, finished_at)
 
     def _carry_out(self, action: Action) -> None:
         """What launcher/supervisor/loop.py's ``_carry_out`` does, without the processes."""
@@ -187,13 +257,29 @@ class PolicyMachine(RuleBasedStateMachine):
                 worker.relaunch_why = why
             case Relaunch(rank):
                 self._check_relaunch_alone(rank)
+                assert self.workers[rank].failure is not None
+                self.relaunched_after[rank] = self.workers[rank].failure
                 self.relaunches += 1
                 self._launch(self.workers[rank])
             case RestartAll(at, _):
                 self.restart_at = at
-                self._stop_workers()
+            case StopWorkers(_, deadlines):
+                self._stop_workers(deadlines)
+                if self.restart_at is not None and self.ending is None:
+                    self.restart_stops.append(action)
+            case TeardownCrash():
+                self.teardown_crashes.append(action)
+            case RelaunchScheduler():
+                assert self.scheduler_launches <= self.max_restarts
+                self.scheduler_alive = True
+                self.scheduler_launches += 1
+            case SchedulerSpent():
+                assert self.scheduler_launches > self.max_restarts
+            case KeepSpares(count):
+                self.spares = count
             case StartAll():
                 self.restart_at = None
+                self.relaunched_after.clear()
                 followed = self.peer_restarts > self.restarts
                 self.restarts = max(self.restarts + 1, self.peer_restarts)  # as the supervisor
                 self.followed += followed
@@ -214,12 +300,12 @@ class PolicyMachine(RuleBasedStateMachine):
 
     def _end(self, ending: Ending) -> None:
         self.ending, self.restart_at = ending, None
-        self._stop_workers()
 
-    def _stop_workers(self) -> None:
+    def _stop_workers(self, deadlines: Mapping[int, float]) -> None:
         for worker in self.workers:
-            if worker.state is WorkerState.RUNNING:
-                worker.transition(WorkerState.STOPPING, deadline=self.now + GRACE)
+            if worker.state is WorkerState.RUNNING and worker.rank in deadlines:
+                assert deadlines[worker.rank] <= self.now + GRACE
+                worker.transition(WorkerState.STOPPING, deadline=deadlines[worker.rank])
             elif worker.state is WorkerState.COOLDOWN:
                 worker.transition(WorkerState.STOPPED)
 
@@ -261,10 +347,15 @@ class PolicyMachine(RuleBasedStateMachine):
         self._check_budget()
 
     def _check_no_relaunch_waits_for_peers_that_are_gone(self) -> None:
+        """A relaunch may wait while a peer finished only until it is due and the other
+        peers had PEERS_SETTLE to finish too; then the group restarts (or the job ends)."""
         if self.ending is None and self.restart_at is None:
-            cooling = [w.rank for w in self.workers if w.state is WorkerState.COOLDOWN]
-            finished = [w.rank for w in self.workers if w.state is WorkerState.SUCCEEDED]
-            assert not (cooling and finished), f"{cooling} wait to rejoin {finished}, gone"
+            cooling = [w for w in self.workers if w.state is WorkerState.COOLDOWN]
+            finished = [w for w in self.workers if w.state is WorkerState.SUCCEEDED]
+            if cooling and finished:
+                due = max([w.deadline for w in cooling] + [
+                    w.last_exit.at + PEERS_SETTLE for w in finished if w.last_exit])
+                assert self.now < due, f"{cooling} wait to rejoin {finished}, gone"
 
     def _check_every_dead_rank_is_relaunched_or_the_job_ends(self) -> None:
         if self.ending is not None:
@@ -278,9 +369,13 @@ class PolicyMachine(RuleBasedStateMachine):
                   and self.scheduler_silent and w.failure is not None
                   and self.now < w.failure.at + STATUS_WAIT]
         assert not dead or asking, f"ranks {[w.rank for w in dead]} are dead, nothing decided"
+        settle = max((w.last_exit.at + PEERS_SETTLE for w in self.workers
+                      if w.state is WorkerState.SUCCEEDED and w.last_exit), default=None)
         for worker in self.workers:
             if worker.state is WorkerState.COOLDOWN:
-                assert worker.deadline > self.now, f"rank {worker.rank}'s relaunch is overdue"
+                # Overdue only while a finished peer's PEERS_SETTLE runs (see above).
+                assert worker.deadline > self.now or (settle is not None and settle > self.now), (
+                    f"rank {worker.rank}'s relaunch is overdue")
 
     def _check_the_other_nodes_are_followed(self) -> None:
         """Another node's end ends this one; its group restart restarts this one's workers,
@@ -293,7 +388,54 @@ class PolicyMachine(RuleBasedStateMachine):
 
     def _check_the_job_ends_once_all_ranks_succeeded(self) -> None:
         if all(w.state is WorkerState.SUCCEEDED for w in self.workers):
-            assert self.ending is not None and self.ending.status in (0, 130, 143)
+            assert self.ending is not None
+            assert self.ending.status in (0, *(128 + s for s in DEFAULT_SIGNALS))
+
+    def _check_the_scheduler(self, view: JobView, actions: list[Action]) -> None:
+        """A dead scheduler is relaunched at once while its budget lasts, never after."""
+        decided = [a for a in actions if isinstance(a, (RelaunchScheduler, SchedulerSpent))]
+        assert len(decided) == (1 if view.scheduler_exit else 0)
+        assert self.scheduler_launches <= self.max_restarts + 1
+
+    def _check_the_spares(self) -> None:
+        """``--warm_spare`` when given; else one once a rank registered, unless ``all``."""
+        if self.ending is not None:
+            return
+        if self.warm_spare is not None:
+            expected = self.warm_spare
+        elif self.policy is RestartPolicy.ALL:
+            expected = 0
+        else:
+            expected = AUTOMATIC_SPARES if self.registered or self.spares else 0
+        assert self.spares == expected
+
+    def _check_a_lost_node_ends_the_job(self) -> None:
+        if self.gone_since is not None and self.now - self.gone_since >= NODE_TIME_OUT:
+            assert self.ending is not None
+
+    def _check_a_stranded_rank_ends_the_job(self) -> None:
+        """Every other rank exited 0 and the ranks left were relaunched alone (waiting,
+        or running with no step): the job ends; 0 only if each had reached the final step."""
+        if self.teardown_crashes:
+            assert self.ending is not None and self.ending.status == 0
+            assert all(c.step >= c.final_step for c in self.teardown_crashes)
+        if self.ending is not None or self.restart_at is not None:
+            return
+        left = [w for w in self.workers if w.state is not WorkerState.SUCCEEDED]
+        peers = len(self.workers) - len(left) + self.other_ranks
+        stranded = [w for w in left if w.state is WorkerState.COOLDOWN or (
+            w.state is WorkerState.RUNNING and w.rank in self.relaunched_after
+            and w.child is not None and w.child.pid not in self.steps)]
+        assert not (left and peers and self.others_finished and len(stranded) == len(left)), (
+            f"ranks {[w.rank for w in left]} wait for peers that all finished")
+
+    def _check_the_restart_grace(self) -> None:
+        """A group restart gives a rank that never registered at most RESTART_GRACE."""
+        for stop in self.restart_stops:
+            for rank, deadline in stop.deadlines.items():
+                if rank not in self.registered:
+                    assert deadline <= self.now + RESTART_GRACE
+        self.restart_stops.clear()
 
 
 
@@ -310,10 +452,11 @@ def test_an_exit_no_restart_can_fix_ends_the_job_at_once(code: int) -> None:
     failure = Failure(1, 42, 0, 0.0, code, f"exited with code {code}", f"exit code {code}", code)
     view = JobView((RankView(0, WorkerState.RUNNING),
                     RankView(1, WorkerState.FAILED, failure=failure, registered=True)),
-                   max_restarts=3)
-    [give_up] = decide(view, 1.0)
+                   max_restarts=3, warm_spare=0)
+    [give_up, stop] = decide(view, 1.0)
     assert isinstance(give_up, GiveUp) and give_up.failure is failure
     assert UNFIXABLE[code] in give_up.reason
+    assert stop == StopWorkers(15, {0: 1.0 + view.grace_period})
 
 
 def _failed(rank: int, at: float = 0.0) -> Failure:
@@ -321,23 +464,56 @@ def _failed(rank: int, at: float = 0.0) -> Failure:
 
 
 def test_a_relaunch_waiting_when_a_peer_finishes_becomes_a_group_restart() -> None:
-    """The teardown case: rank 1 died first and waits out its cooldown; rank 0 then exits
-    0. Relaunched alone, rank 1 would wait for peers that are gone."""
-    view = JobView((RankView(0, WorkerState.SUCCEEDED),
-                    RankView(1, WorkerState.COOLDOWN, deadline=5.0, failure=_failed(1),
-                             registered=True, relaunch_why="rank 1 exited with code 1"),
-                    RankView(2, WorkerState.RUNNING)), max_restarts=1)
-    [restart] = decide(view, 1.0)
-    assert restart == RestartAll(5.0, "rank 1 exited with code 1 after ranks [0] finished: "
+    """Rank 1 died first and waits out its cooldown; rank 0 then exits 0 while rank 2
+    runs. Relaunched alone, rank 1 would wait for peers that are gone: once its relaunch
+    is due and rank 2 had PEERS_SETTLE to finish too (it did not), the group restarts."""
+    def view(finished_at: float) -> JobView:
+        return JobView((RankView(0, WorkerState.SUCCEEDED, finished_at=finished_at),
+                        RankView(1, WorkerState.COOLDOWN, deadline=5.0, failure=_failed(1),
+                                 registered=True, relaunch_why="rank 1 exited with code 1"),
+                        RankView(2, WorkerState.RUNNING)), max_restarts=1, warm_spare=0)
+
+    assert decide(view(0.5), 1.0) == [WaitUntil(5.0)]
+    assert decide(view(4.0), 5.0) == [WaitUntil(4.0 + PEERS_SETTLE)]
+    [restart, stop] = decide(view(0.5), 5.5)
+    assert restart == RestartAll(5.5, "rank 1 exited with code 1 after ranks [0] finished: "
                                       "a relaunched rank could not rejoin them")
+    assert stop == StopWorkers(15, {2: 5.5 + RESTART_GRACE})  # rank 2 never registered
 
 
 def test_two_deaths_at_once_are_charged_two_relaunches_when_decided() -> None:
     view = JobView(tuple(RankView(r, WorkerState.FAILED, failure=_failed(r), registered=True)
                          for r in (0, 1)) + (RankView(2, WorkerState.RUNNING),),
-                   max_restarts=1, restart_policy="rank")
-    [give_up] = decide(view, 1.0)
+                   max_restarts=1, restart_policy=RestartPolicy.RANK, warm_spare=0)
+    [give_up, _] = decide(view, 1.0)
     assert isinstance(give_up, GiveUp) and "restart budget (1) spent" in give_up.reason
-    relaunches = decide(JobView(view.ranks, max_restarts=2, restart_policy="rank"), 1.0)
+    relaunches = decide(JobView(view.ranks, max_restarts=2, restart_policy=RestartPolicy.RANK,
+                                warm_spare=0), 1.0)
     assert relaunches[:2] == [ScheduleRelaunch(0, 1.0, "rank 0 exited with code 1"),
                               ScheduleRelaunch(1, 1.0, "rank 1 exited with code 1")]
+
+
+@pytest.mark.parametrize(("crash_step", "status"), [(5, 0), (3, 3), (None, 3)])
+@pytest.mark.parametrize("state", [WorkerState.COOLDOWN, WorkerState.RUNNING])
+def test_a_rank_relaunched_alone_whose_peers_all_finished_ends_the_job(
+        state: WorkerState, crash_step: int | None, status: int) -> None:
+    """Rank 1 exited 3 and was relaunched alone (still waiting, or running with no step);
+    ranks 0 and 2 then exited 0 at step 5. The job ends at once: 0 and a warning when the
+    crash came after step 5 (a teardown's crash), else the crash's status."""
+    crash = Failure(1, 41, 0, 0.0, 3, "exited with code 3", "exit code 3", 3)
+    rank_1 = (RankView(1, state, deadline=30.0, failure=crash, registered=True,
+                       failure_step=crash_step)
+              if state is WorkerState.COOLDOWN else
+              RankView(1, state, registered=True, failure_step=crash_step, relaunched_after=crash))
+    view = JobView((RankView(0, WorkerState.SUCCEEDED, step=5), rank_1,
+                    RankView(2, WorkerState.SUCCEEDED, step=5)), max_restarts=3, warm_spare=0)
+    actions = decide(view, 1.0)
+    stop = StopWorkers(15, {1: 1.0 + RESTART_GRACE} if state is WorkerState.RUNNING else {})
+    if status == 0:
+        assert actions == [TeardownCrash(1, crash, 5, 5),
+                           Stop(0, "all workers finished (rank 1 exited with code 3 in its "
+                                   "teardown, after the final step 5)"), stop]
+    else:
+        [give_up, stopping] = actions
+        assert isinstance(give_up, GiveUp) and give_up.failure is crash
+        assert "before its peers' final step 5" in give_up.reason and stopping == stop

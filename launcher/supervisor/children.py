@@ -1,0 +1,167 @@
+"""Starting this node's processes and recording their ends: the supervisor's hands.
+
+Each start is a ``spawn`` event and its log followed; each end an ``exit`` event. Nothing
+here decides: the loop says what to start (launcher/supervisor/loop.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from socket import socket
+
+from launcher.config import LaunchConfig
+from launcher.procs.process import Child, Watchdog, spawn
+from launcher.procs.spare_pool import Spare, SparePool
+from launcher.procs.spec import (
+    ProcessSpec, Role, prepare_error_file, scheduler_spec, script_argv, spare_spec, worker_spec,
+)
+from launcher.supervisor.failures import ExitInfo
+from launcher.supervisor.state import Failure, Worker, WorkerState
+from launcher.view.logs import LogFollower
+
+__all__ = ["Children", "node_workers"]
+
+_ALIVE = (WorkerState.RUNNING, WorkerState.STOPPING)
+
+
+def node_workers(config: LaunchConfig) -> list[Worker]:
+    """This node's workers, before their first launch.
+
+    The incarnation of each one's first launch is 0 on one node. With many nodes, a
+    node's tftrun may be started again while the job runs (a lost node returns). Its
+    workers' incarnations must differ from its predecessor's, which the scheduler still
+    holds (a generation is a set of (node id, incarnation)), so they count from the launch
+    time in milliseconds, as a worker started by hand does.
+    """
+    first = time.time_ns() // 1_000_000 if config.multi_node else 0
+    return [Worker(rank=config.first_rank + i, local_rank=i, incarnation=first - 1)
+            for i in range(config.nproc)]
+
+
+class Children:
+    """Starts workers, spares and the scheduler as this launch (``restart_count``, the
+    rendezvous) wants them, and records every start and end as events."""
+
+    def __init__(self, config: LaunchConfig, emit: Callable[..., None],
+                 follower: LogFollower | None, store_socket: socket | None) -> None:
+        self.config = config
+        self._emit = emit
+        self._follower = follower
+        self._store_socket = store_socket
+        self.watchdog: Watchdog | None = None
+        """Kills what this supervisor started once it is gone (set by the supervisor's run)."""
+        self.restart_count = 0
+        """Restarts of the whole group (torchrun's ``TORCHELASTIC_RESTART_COUNT``)."""
+        self.rendezvous: tuple[str, int] = (config.local_addr, 0)
+        """Where this restart's ``env://`` workers meet."""
+        self.scheduler: Child | None = None
+        self.scheduler_launches = 0
+        self.spares = SparePool(config.warm_spare or 0, self._start_spare)
+
+    @property
+    def hosts_scheduler(self) -> bool:
+        """This node starts the scheduler (tftrun bound its socket)."""
+        return self._store_socket is not None
+
+    def header(self, spec: ProcessSpec, incarnation: int) -> str:
+        return (f"==== tftrun: {spec.role.value} rank={spec.rank} incarnation={incarnation} "
+                f"restart_count={self.restart_count} at {time.strftime('%Y-%m-%d %H:%M:%S')} ====")
+
+    def _spawn(self, spec: ProcessSpec, incarnation: int, pass_fds: tuple[int, ...] = ()) -> Child:
+        child = spawn(spec.argv, spec.env, spec.log_path, self.header(spec, incarnation),
+                      pass_fds)
+        assert self.watchdog is not None
+        self.watchdog.watch(child)
+        return self._started(spec, child, incarnation)
+
+    def _started(self, spec: ProcessSpec, child: Child, incarnation: int,
+                 **fields: object) -> Child:
+        """Record that ``child`` now runs as ``spec``: its ``spawn`` event, its log followed."""
+        self._emit("spawn", role=spec.role.value, rank=spec.rank, pid=child.pid,
+                   incarnation=incarnation, restart_count=self.restart_count, **fields)
+        if self._follower is not None and self.config.shows_output(spec.rank):
+            label = f"rank {spec.rank}" if spec.role is Role.WORKER else spec.role.value
+            self._follower.follow(spec.log_path, label)
+        return child
+
+    def start_scheduler(self) -> None:
+        """Start the scheduler on the inherited socket (a relaunched one gets the same port)."""
+        assert self._store_socket is not None
+        fd = self._store_socket.fileno()
+        self.scheduler = self._spawn(scheduler_spec(self.config, fd), self.scheduler_launches,
+                                     pass_fds=(fd,))
+        self.scheduler_launches += 1
+
+    def launch(self, worker: Worker, warm: bool = False) -> None:
+        """Start ``worker``'s next incarnation; ``warm``: in an idle spare, if there is one.
+
+        A launch whose process cannot be started (an OSError: no memory, no pids, a log
+        that cannot be opened) is a failed launch: the worker is FAILED, and the policy
+        decides about it like any failure, with the budget it charges.
+        """
+        worker.incarnation += 1
+        prepare_error_file(self.config, worker.rank)
+        host, port = self.rendezvous
+        spec = worker_spec(self.config, worker.local_rank, worker.incarnation,
+                           self.restart_count, port, rendezvous_host=host)
+        try:
+            spare = self.spares.hand_over(spec, script_argv(self.config),
+                                          self.header(spec, worker.incarnation)) if warm else None
+            if spare is None:
+                child = self._spawn(spec, worker.incarnation)
+            else:
+                child = self._started(spec, spare, worker.incarnation, warm=True)
+        except OSError as err:
+            worker.launch_failed(Failure.of_spawn(worker.rank, worker.incarnation,
+                                                  time.monotonic(), err))
+            self._emit("fault", rank=worker.rank, pid=None, incarnation=worker.incarnation,
+                       cause="spawn", error=str(err))
+            return
+        worker.launched(child)
+
+    def _start_spare(self, go_fd: int, serial: int) -> Child:
+        spec = spare_spec(self.config, go_fd, self.restart_count, self.rendezvous[1])
+        return self._spawn(spec, serial, pass_fds=(go_fd,))
+
+    def exit_info(self, role: Role, rank: int | None, child: Child, incarnation: int,
+                  returncode: int, expected: bool) -> ExitInfo:
+        """How ``child`` ended, recorded as its ``exit`` event."""
+        info = ExitInfo(role.value, rank, child.pid, incarnation, returncode, time.monotonic(),
+                        expected)
+        self._emit("exit", **info.fields())
+        return info
+
+    def record_spare_exits(self, ended: list[tuple[Spare, int]], expected: bool) -> None:
+        for spare, returncode in ended:
+            self.exit_info(Role.SPARE, None, spare.child, spare.serial, returncode, expected)
+
+    def reap_workers(self, workers: list[Worker]) -> list[ExitInfo]:
+        """Record every worker whose process ended (its ``exit``, and a ``fault`` for an
+        unexpected end); how each ended."""
+        ended = []
+        for worker in workers:
+            if worker.state not in _ALIVE or worker.child is None:
+                continue
+            returncode = worker.child.poll()
+            if returncode is None:
+                continue
+            info = self.exit_info(Role.WORKER, worker.rank, worker.child, worker.incarnation,
+                                  returncode, expected=worker.state is WorkerState.STOPPING)
+            worker.ended(info)
+            if worker.failure is not None and worker.state is WorkerState.FAILED:
+                failure = worker.failure
+                self._emit("fault", rank=failure.rank, pid=failure.pid,
+                           incarnation=failure.incarnation, cause=failure.cause)
+            ended.append(info)
+        return ended
+
+    def reap_scheduler(self) -> str:
+        """How the scheduler ended, when it did ('' while it runs or was stopped)."""
+        child = self.scheduler
+        if child is None or (returncode := child.poll()) is None:
+            return ""
+        self.scheduler = None
+        info = self.exit_info(Role.SCHEDULER, None, child, self.scheduler_launches - 1,
+                              returncode, expected=False)
+        return info.describe()

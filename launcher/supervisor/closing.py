@@ -1,0 +1,76 @@
+"""The last of a job on this node: the idle spares and the scheduler stopped in order.
+
+Once no worker runs (the policy's ``Close``), the exit reports are given a moment to
+reach the scheduler, then the spares and the scheduler get SIGTERM, the grace period,
+SIGKILL, without blocking the loop. The error path (:func:`stop_everything_now`) stops
+everything the blocking way: the workers and the spares first, then the scheduler, which
+the workers' last words need.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+
+from launcher.procs.process import Child, Stopping, stop_all
+from launcher.procs.spare_pool import Spare
+from launcher.procs.spec import Role
+from launcher.supervisor.children import Children
+from launcher.supervisor.failures import ExitInfo
+from launcher.supervisor.state import Worker
+from launcher.supervisor.watch import SchedulerWatch
+
+__all__ = ["Closing", "stop_everything_now", "REPORTS_WAIT"]
+
+REPORTS_WAIT = 2.0
+"""Seconds the job's end waits for the last exit reports to reach the scheduler."""
+
+
+class Closing:
+    """The spares and the scheduler being stopped; :meth:`poll` until it returns True."""
+
+    def __init__(self, children: Children, watch: SchedulerWatch, grace_period: float) -> None:
+        self._children = children
+        watch.delivered(REPORTS_WAIT)
+        self._spares: list[Spare] = children.spares.retire_all()
+        self._scheduler: Child | None = children.scheduler
+        children.scheduler = None
+        stopped = [s.child for s in self._spares]
+        if self._scheduler is not None:
+            stopped.append(self._scheduler)
+        self._stopping = Stopping(stopped, signal.SIGTERM, grace_period)
+
+    def poll(self) -> bool:
+        """True once all ended (their ``exit`` events written)."""
+        if not self._stopping.poll():
+            return False
+        _record(self._children, self._spares, self._scheduler)
+        return True
+
+
+def _record(children: Children, spares: list[Spare], scheduler: Child | None) -> None:
+    children.record_spare_exits([(s, s.child.popen.returncode) for s in spares], expected=True)
+    if scheduler is not None:
+        children.exit_info(Role.SCHEDULER, None, scheduler, children.scheduler_launches - 1,
+                           scheduler.popen.returncode, expected=True)
+
+
+def stop_everything_now(children: Children, workers: list[Worker], watch: SchedulerWatch,
+                        tell: Callable[[ExitInfo], None], grace_period: float) -> None:
+    """The blocking stop of the error path: workers and spares, then the scheduler; each
+    worker's end is told the scheduler (``tell``) before it is stopped."""
+    running = [w for w in workers if w.child is not None and w.child.poll() is None]
+    spares = children.spares.retire_all()
+    stop_all([*(w.child for w in running if w.child), *(s.child for s in spares)],
+             signal.SIGTERM, grace_period)
+    for worker in running:
+        assert worker.child is not None
+        worker.last_exit = children.exit_info(Role.WORKER, worker.rank, worker.child,
+                                              worker.incarnation,
+                                              worker.child.popen.returncode, expected=True)
+        tell(worker.last_exit)
+    watch.delivered(REPORTS_WAIT)
+    scheduler, children.scheduler = children.scheduler, None
+    if scheduler is not None:
+        stop_all([scheduler], signal.SIGTERM, grace_period)
+    _record(children, spares, scheduler)

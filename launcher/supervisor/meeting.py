@@ -1,0 +1,86 @@
+"""Where each launch's ``env://`` workers meet: the scheduler's store, a fresh store this
+node serves, or (on another node) the one node 0 announces; and, on another node, where
+``tftctl`` finds node 0's scheduler."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from functools import partial
+
+from launcher.config import LaunchConfig
+from launcher.nodes.link import NodeLink
+from launcher.nodes.rendezvous import RendezvousStore
+from recovery.control.files import Endpoint
+
+__all__ = ["MeetingPlace", "NodeLost", "point_at_remote_scheduler"]
+
+
+class NodeLost(RuntimeError):
+    """Node 0 did not answer within ``--cluster_time_out`` where this node needed it."""
+
+
+class MeetingPlace:
+    """Chooses, for each launch of the workers, the store their rendezvous uses.
+
+    ``nodes``: node 0's cluster store (only with other nodes); ``hosts_scheduler``: this
+    node started the scheduler (its store serves the first launch on one node).
+    """
+
+    def __init__(self, config: LaunchConfig, hosts_scheduler: bool,
+                 nodes: NodeLink | None) -> None:
+        self._config = config
+        self._hosts_scheduler = hosts_scheduler
+        self._nodes = nodes
+        self._store = RendezvousStore(config.local_addr)
+
+    def _at_scheduler(self, restart_count: int) -> bool:
+        """Whether this launch's workers meet at the scheduler's store.
+
+        The first launch of a job on one node does: that store is new, so it holds no
+        earlier attempt's keys (rendezvous.py), and this process imports no torch to
+        host one while the workers import theirs (docs/benchmarks.md, launch). A group
+        restart meets at a fresh store of its own, as other nodes' workers always do.
+        """
+        return self._hosts_scheduler and self._nodes is None and restart_count == 0
+
+    def choose(self, restart_count: int) -> tuple[str, int]:
+        """Where launch ``restart_count`` meets (before its workers are started)."""
+        config = self._config
+        if self._at_scheduler(restart_count):
+            return config.local_addr, config.master_port
+        if config.hosts_scheduler:
+            return config.local_addr, self._store.open()
+        assert self._nodes is not None
+        where = self._nodes.rendezvous(restart_count, config.cluster_time_out)
+        if where is None:
+            raise NodeLost(f"node 0 did not say where the workers of restart {restart_count} "
+                           f"meet within --cluster_time_out={config.cluster_time_out:g}s")
+        return where
+
+    def serve(self, restart_count: int, where: tuple[str, int]) -> None:
+        """Serve the store chosen, once the workers were started: importing torch here
+        overlaps with the workers doing the same. Node 0 with other nodes then tells
+        them where it is (from the store's thread, through a link of its own)."""
+        if not self._config.hosts_scheduler or self._at_scheduler(restart_count):
+            return
+        announce: Callable[[], None] | None = None
+        if self._nodes is not None:
+            publisher = NodeLink(self._config.master_addr, self._config.master_port)
+            announce = partial(publisher.publish_rendezvous, restart_count, *where)
+        self._store.serve(announce)
+
+    def close(self) -> None:
+        self._store.close()
+
+
+def point_at_remote_scheduler(config: LaunchConfig) -> Endpoint | None:
+    """On a node without the scheduler: say in the log dir where it serves (on node 0),
+    with this tftrun's pid, so that ``tftctl status`` works on this node too."""
+    if config.hosts_scheduler:
+        return None
+    endpoint = Endpoint(config.master_addr, config.master_port, os.getpid(), config.run_id,
+                        time.time())
+    endpoint.write(config.log_dir)
+    return endpoint

@@ -1,0 +1,171 @@
+"""What the supervisor knows about the world outside its own children, for the policy.
+
+It reads, never waits: the latest snapshot the scheduler watch took
+(launcher/supervisor/watch.py), what the other nodes said, and this node's events file:
+the workers' ``step`` and ``train_end`` events and, on the scheduler's node, every
+registration and every leave (with the step the process had reached), written before the
+scheduler answers them. From these it answers the
+questions the :class:`~launcher.supervisor.policy.JobView` asks: which node ids
+registered, which own processes the scheduler declares dead or hung, when a rank's
+cooldown ends, which step each process reached, and what of the other nodes is missing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from launcher.config import LaunchConfig
+from launcher.nodes.link import NodeWatch
+from launcher.supervisor.policy import RankView
+from launcher.supervisor.state import Failure, Worker, WorkerState
+from launcher.supervisor.watch import SchedulerWatch, Snapshot
+from launcher.view.progress import EventTail
+from recovery.control.membership import MemberState, Verdict
+
+__all__ = ["Observer"]
+
+WORKER_STEP_EVENTS = ("step", "train_end")
+"""The events in which a worker says which step it completed."""
+_VERDICTS = {MemberState.LOST.value: Verdict.HEARTBEAT.value,
+             MemberState.HUNG.value: Verdict.PROGRESS.value}
+
+
+class Observer:
+    """What came in since the last pass: call :meth:`read` first on each pass."""
+
+    def __init__(self, config: LaunchConfig, watch: SchedulerWatch,
+                 events_path: Path | None) -> None:
+        self._config = config
+        self._watch = watch
+        self._own = range(config.first_rank, config.first_rank + config.nproc)
+        self._tail = EventTail(events_path) if events_path is not None else None
+        self.sees_registrations = config.hosts_scheduler and self._tail is not None
+        """This node's scheduler writes every registration in the events file before it
+        answers it: who registered is known without asking the scheduler, which may still
+        be starting."""
+        self._steps: dict[tuple[int, int], int] = {}
+        """(rank, pid) → the last step that process reported."""
+        self._node_watch = NodeWatch()
+        self.registered: set[str] = set()
+        """Node ids seen registered with the scheduler: capable of per-rank recovery."""
+        self.snapshot: Snapshot | None = None
+
+    def read(self, now: float, workers: list[Worker]) -> None:
+        """Take the new events of this node and the latest snapshot. Call it before the
+        exits are reaped: a worker's own step event read now was written by the process
+        the worker runs now."""
+        pids = {w.rank: w.pid for w in workers}
+        for event in self._tail.read() if self._tail is not None else []:
+            name, rank, step = event.get("event"), event.get("rank"), event.get("step")
+            if name == "register" and "node_id" in event and self.sees_registrations:
+                self.registered.add(str(event["node_id"]))
+            elif name == "leave" and step is not None:
+                self._note_step(int(event["rank"]), int(event["pid"]), int(step))
+            elif name in WORKER_STEP_EVENTS and step is not None \
+                    and (pid := pids.get(rank)) is not None:
+                self._note_step(int(rank), pid, int(step))
+        self.snapshot = self._watch.snapshot
+        if self.snapshot is not None:
+            for member in self.snapshot.members:
+                self.registered.add(member.node_id)
+                if member.global_step is not None:
+                    self._note_step(member.rank, member.pid, member.global_step)
+        self._node_watch.seen(self._gone(), now)
+
+    def _note_step(self, rank: int, pid: int, step: int) -> None:
+        self._steps[rank, pid] = max(step, self._steps.get((rank, pid), step))
+
+    # ----------------------------------------------------------------- the ranks
+    def step(self, rank: int, pid: int | None) -> int | None:
+        """The last step process ``pid`` of ``rank`` reported; None: none seen."""
+        return None if pid is None else self._steps.get((rank, pid))
+
+    def rank_view(self, worker: Worker, undecided: bool,
+                  relaunched_after: Failure | None) -> RankView:
+        """``worker`` as the policy sees it; ``undecided``: no group restart or end is under
+        way; ``relaunched_after``: the failure it was last relaunched alone after."""
+        running = worker.state is WorkerState.RUNNING
+        registered = self.registered_or_unknown(worker)
+        current = self.step(worker.rank, worker.pid)
+        if not running or current is not None:
+            relaunched_after = None  # it joined a generation: it waits for no gone peer
+        crash = relaunched_after if running else worker.failure
+        failed = worker.state is WorkerState.FAILED and undecided
+        finished = worker.state is WorkerState.SUCCEEDED and worker.last_exit is not None
+        return RankView(worker.rank, worker.state, worker.deadline, worker.failure, registered,
+                        self.cooldown_until(worker) if failed and registered else 0.0,
+                        worker.hung, worker.relaunch_why, current,
+                        None if crash is None else self.step(worker.rank, crash.pid),
+                        relaunched_after,
+                        worker.last_exit.at if finished and worker.last_exit else None)
+
+    def registered_or_unknown(self, worker: Worker) -> bool | None:
+        """Whether ``worker``'s node id registered; None while it cannot be known yet: a
+        rank that failed before any snapshot taken since, on a node without the events
+        file that has every registration (the policy waits up to ``STATUS_WAIT``)."""
+        if str(worker.rank) in self.registered:
+            return True
+        failure = worker.failure
+        if (self.sees_registrations or failure is None
+                or (self.snapshot is not None and self.snapshot.taken_at >= failure.at)):
+            return False
+        return None
+
+    def cooldown_until(self, worker: Worker) -> float:
+        """When the scheduler lets ``worker``'s node id register again: counted from its
+        failure (the supervisor reports it at once), or later when a snapshot taken after
+        the report says so."""
+        failure = worker.failure
+        if failure is None:
+            return 0.0
+        until = failure.at + self._config.rejoin_cooldown
+        if self.snapshot is not None and self.snapshot.taken_at >= failure.at:
+            for member in self.snapshot.members:
+                if member.node_id == str(worker.rank):
+                    until = max(until, self.snapshot.taken_at + member.cooldown_left)
+        return until
+
+    def verdicts(self, workers: list[Worker]) -> dict[int, str]:
+        """The ranks the scheduler declares dead or hung, about this node's running
+        processes only: a verdict counts only for the pid the scheduler holds for the rank
+        (not for a process of an earlier tftrun of this node, gone, whose rank this one
+        runs again in a process that has not registered yet)."""
+        if self.snapshot is None:
+            return {}
+        pids = {w.rank: w.pid for w in workers}
+        return {m.rank: _VERDICTS[m.state] for m in self.snapshot.members
+                if m.state in _VERDICTS and pids.get(m.rank) == m.pid}
+
+    # ----------------------------------------------------------------- the other nodes
+    @property
+    def gone(self) -> str:
+        return self._node_watch.gone
+
+    @property
+    def gone_since(self) -> float | None:
+        return self._node_watch.since
+
+    def _gone(self) -> str:
+        """What of the other nodes is missing just now ('' when nothing is)."""
+        if not self._config.multi_node:
+            return ""
+        if not self._config.hosts_scheduler:
+            return "" if self._watch.nodes.reachable else "node 0's scheduler"
+        if self.snapshot is None:
+            return ""
+        missing = [r for r in self.snapshot.missing if r not in self._own]
+        return f"the ranks {missing} of another node" if missing else ""
+
+    def others_finished(self) -> tuple[bool, int | None]:
+        """Whether every rank of the other nodes finished, and the highest step they
+        reported (always True, None on one node)."""
+        others = self._config.worker_num - self._config.nproc
+        if not others:
+            return True, None
+        if self.snapshot is None:
+            return False, None
+        finished = [m for m in self.snapshot.members
+                    if m.rank not in self._own and m.state == MemberState.FINISHED.value]
+        steps = [self._steps.get((m.rank, m.pid)) for m in finished]
+        return (len({m.rank for m in finished}) == others,
+                max((s for s in steps if s is not None), default=None))

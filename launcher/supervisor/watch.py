@@ -1,0 +1,161 @@
+"""The supervisor's one thread that talks to the scheduler and to the other nodes.
+
+Every round trip leaves the loop: the loop queues the exit reports and reads the latest
+snapshot, and never waits for an answer, so a stalled scheduler (each request may wait
+its 1 s reply timeout) delays no exit handling. The thread delivers the queued reports,
+then takes one status snapshot and, with other nodes, reads the cluster store; every
+:data:`SNAPSHOT_INTERVAL`, or at once when the loop pokes it (an exit to report). After
+each round it wakes the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.nodes.link import NodeLink
+from recovery.control.client import ExitReport, SchedulerControl
+
+__all__ = ["SchedulerWatch", "Snapshot", "MemberRow", "NodesNews", "SNAPSHOT_INTERVAL"]
+
+logger = logging.getLogger(__name__)
+
+SNAPSHOT_INTERVAL = 0.5
+"""Seconds between two status snapshots (the scheduler's verdicts come with them)."""
+_JOIN = 5.0
+"""Seconds :meth:`SchedulerWatch.close` waits for a round trip in flight."""
+
+
+@dataclass(frozen=True)
+class MemberRow:
+    """One row of the scheduler's membership table."""
+
+    rank: int
+    node_id: str
+    pid: int
+    state: str
+    """recovery.control.membership.MemberState's value: ``alive``, ``lost``, ``finished``..."""
+    global_step: int | None
+    cooldown_left: float
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The scheduler's status at ``taken_at`` (monotonic)."""
+
+    taken_at: float
+    """When it was asked for: it shows every exit reported before."""
+    members: tuple[MemberRow, ...]
+    missing: tuple[int, ...]
+    """Ranks with no live process and no finished one."""
+
+    @classmethod
+    def parse(cls, status: dict[str, Any], taken_at: float) -> Snapshot | None:
+        """The snapshot of a ``status`` reply; None (logged) when it is malformed."""
+        try:
+            members = tuple(
+                MemberRow(int(m["rank"]), str(m["node_id"]), int(m["pid"]), str(m["state"]),
+                       None if m.get("step") is None else int(m["step"]),
+                       float(m.get("cooldown_left") or 0.0))
+                for m in status["members"])
+            missing = tuple(int(r) for r in status["missing"])
+        except (KeyError, TypeError, ValueError):
+            logger.warning("ignoring a malformed status reply: %.200r", status)
+            return None
+        return cls(taken_at, members, missing)
+
+
+@dataclass(frozen=True)
+class NodesNews:
+    """What the cluster store on node 0 said last (with other nodes only)."""
+
+    restarts_started: int = 0
+    """The highest group restart any node started."""
+    ended: str = ""
+    """Why another node ended the job for all ('' while none did)."""
+    reachable: bool = True
+
+
+class SchedulerWatch:
+    """Delivers exit reports and keeps the latest :class:`Snapshot` and :class:`NodesNews`.
+
+    ``wake`` is called (from the thread) after each round; ``nodes`` is a link of the
+    thread's own, None on one node.
+    """
+
+    def __init__(self, control: SchedulerControl, nodes: NodeLink | None,
+                 wake: Callable[[], None], interval: float = SNAPSHOT_INTERVAL) -> None:
+        self._control = control
+        self._nodes = nodes
+        self._wake = wake
+        self._interval = interval
+        self._reports: list[ExitReport] = []
+        self._lock = threading.Lock()
+        self._poked = threading.Event()
+        self._closed = threading.Event()
+        self._delivered = threading.Event()
+        self._delivered.set()
+        self._thread = threading.Thread(target=self._run, name="scheduler-watch", daemon=True)
+        self.snapshot: Snapshot | None = None
+        """The latest snapshot (replaced whole: reading it needs no lock)."""
+        self.nodes = NodesNews()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def report(self, report: ExitReport) -> None:
+        """Queue a worker's exit for the scheduler; delivered by the thread, in order."""
+        with self._lock:
+            self._reports.append(report)
+            self._delivered.clear()
+        self._poked.set()
+
+    def delivered(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for every queued report to be handed to the client (which
+        keeps the ones the scheduler did not take, and sends them again)."""
+        self._poked.set()
+        return self._delivered.wait(timeout)
+
+    def close(self) -> None:
+        self._closed.set()
+        self._poked.set()
+        if self._thread.is_alive():
+            self._thread.join(_JOIN)
+        if self._nodes is not None:
+            self._nodes.close()
+
+    def _run(self) -> None:
+        while not self._closed.is_set():
+            self._poked.wait(self._interval)
+            self._poked.clear()
+            if self._closed.is_set():
+                return
+            try:
+                self._round()
+            except Exception:  # noqa: BLE001 - the thread must outlive any bad answer
+                logger.exception("the scheduler watch failed a round; trying again")
+            self._wake()
+
+    def _round(self) -> None:
+        with self._lock:
+            reports, self._reports = self._reports, []
+        for report in reports:
+            self._control.report_exit(report.node_id, report.rank, report.pid,
+                                      report.incarnation, report.abnormal, report.reason)
+        with self._lock:
+            if not self._reports:
+                self._delivered.set()
+        asked = time.monotonic()  # the snapshot shows every report queued before it
+        status = self._control.status()
+        if status is not None:
+            snapshot = Snapshot.parse(status, asked)
+            self.snapshot = snapshot or self.snapshot
+        if self._nodes is not None:
+            started = self._nodes.restarts_started()
+            ended = self._nodes.ended()
+            self.nodes = NodesNews(max(self.nodes.restarts_started, started or 0),
+                                   ended or self.nodes.ended, self._nodes.reachable)
