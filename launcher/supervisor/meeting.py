@@ -49,7 +49,9 @@ class MeetingPlace:
         """Where launch ``restart_count`` meets (before its workers are started)."""
         config = self._config
         if self._at_scheduler(restart_count):
-            return config.local_addr, config.master_port
+            # Where the scheduler's store listens, as named: torchrun's MASTER_ADDR is the
+            # --master_addr given (a host name stays a name, Slurm's included).
+            return config.master_addr, config.master_port
         if config.hosts_scheduler:
             return config.local_addr, self._store.open()
         assert self._nodes is not None
