@@ -301,8 +301,11 @@ def build_config(params: dict[str, Any]) -> LaunchConfig:
         job_id="" if p.standalone or p.rdzv_id in (None, "none") else p.rdzv_id,
         signals_to_handle=parse_signals(p.signals_to_handle),
     )
-    # A job of one node: a rank left out is 0 (only a node of many asks node 0 for it).
-    return place_node(config) if not config.multi_node else config
+    if config.node_rank is None and not config.multi_node:
+        # A job of one node: a rank left out is 0 (only a node of many asks node 0 for
+        # it); validate() checks it with everything else.
+        return replace(config, node_rank=0)
+    return config
 
 
 def _refuse_unsupported(p: SimpleNamespace) -> None:
