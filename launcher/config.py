@@ -69,7 +69,8 @@ class LaunchConfig:
     """Off a terminal, seconds between two progress lines (0: none)."""
     run_id: str = field(default_factory=lambda: time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3))
     job_token: str = field(
-        default_factory=lambda: os.environ.get(names.TFT_JOB_TOKEN) or secrets.token_hex(16))
+        default_factory=lambda: os.environ.get(names.TFT_JOB_TOKEN) or secrets.token_hex(16),
+        repr=False)
     """The key of the control plane's signatures: the same on every node of a job, so a
     multi-node job takes it from TFT_JOB_TOKEN; a new random one otherwise."""
     lineage: str = ""

@@ -58,6 +58,8 @@ def _common_env(config: LaunchConfig, base: Mapping[str, str]) -> dict[str, str]
         env[names.MS_ENABLE_TFT] = config.enable_tft
     if config.lineage:
         env[names.TFT_LINEAGE] = config.lineage
+    if config.nnodes is not None:
+        env[names.TFT_NODE_NUM] = str(config.nnodes)
     return env
 
 

@@ -97,7 +97,9 @@ class Supervisor:
         self._scheduler_launches = 0
         self._rendezvous = RendezvousStore(config.local_addr)
         self._rendezvous_host = config.local_addr
-        self._nodes = NodeLink(config.master_addr, config.master_port) if config.multi_node else None
+        self._nodes = (NodeLink(config.master_addr, config.master_port, config.job_token,
+                                config.run_id, self._refused_value)
+                       if config.multi_node else None)
         """Node 0's cluster store, to agree with the other nodes (only with other nodes)."""
         self._peer_restarts = 0
         self._peer_end = ""
@@ -107,7 +109,8 @@ class Supervisor:
         # Connected once the workers are started, on one node once something needs it.
         self._control = SchedulerControl(config.master_addr, config.master_port,
                                          config.job_token,
-                                         rejoin_cooldown=config.rejoin_cooldown, connect=False)
+                                         rejoin_cooldown=config.rejoin_cooldown, connect=False,
+                                         run_id=config.run_id)
         self._restart_at: float | None = None
         self._rendezvous_port = 0
         self._restart_why = ""
@@ -230,6 +233,10 @@ class Supervisor:
     def _emit(self, event: str, **fields: object) -> None:
         self.view.on_event(self.events.emit(event, **fields))
 
+    def _refused_value(self, key: str, why: str, count: int) -> None:
+        """Values of a cluster-store key that are not the job's (launcher/nodes/link.py)."""
+        self._emit("store_value_refused", key=key, reason=why, count=count)
+
     def _header(self, spec: ProcessSpec, incarnation: int) -> str:
         return (f"==== tftrun: {spec.role.value} rank={spec.rank} incarnation={incarnation} "
                 f"restart_count={self.restart_count} at {time.strftime('%Y-%m-%d %H:%M:%S')} ====")
@@ -307,7 +314,8 @@ class Supervisor:
         store is served (from its thread, through a link of its own)."""
         if self._nodes is None:
             return None
-        publisher = NodeLink(self.config.master_addr, self.config.master_port)
+        publisher = NodeLink(self.config.master_addr, self.config.master_port,
+                             self.config.job_token, self.config.run_id)
         return partial(publisher.publish_rendezvous, self.restart_count,
                        self._rendezvous_host, self._rendezvous_port)
 

@@ -39,7 +39,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -56,7 +56,7 @@ from recovery.control.membership import (
     Refused,
     describe_incomplete,
 )
-from recovery.control.nodes import JOB_KEY, TOKEN_PROOF_KEY, JobIdentity
+from recovery.control.nodes import JOB_KEY, MAX_VALUE_BYTES, JobIdentity, job_value
 from recovery.control.replies import KeptReplies, SentReplies
 from recovery.control.requests import BadRequest, Request, parse_request
 from recovery.control.rpc import (
@@ -67,6 +67,7 @@ from recovery.control.rpc import (
     listen_on,
     open_client,
     ready_key,
+    ready_value,
     reply_key,
 )
 from recovery.control.signing import (
@@ -75,11 +76,14 @@ from recovery.control.signing import (
     MissingToken,
     ReplayGuard,
     Sealed,
+    WeakToken,
+    checked_strength,
     checked_token,
+    job_key,
     seal,
-    token_proof,
     unseal,
 )
+from recovery.control.tcpstore_client import StoreError, TCPStoreClient
 from recovery.control.throttle import Throttle
 from recovery.control.files import Endpoint, StateFile
 from recovery.timeouts import Timeouts
@@ -99,6 +103,8 @@ _LOOP_TIMEOUT = timedelta(days=1)  # the ticker wakes the loop long before
 _TICKER_TIMEOUT = 1.0
 _PAST_DEADLINE = 0.001
 _JOIN_TIMEOUT = 5.0
+JOB_KEY_EVERY = 1.0
+"""How often the ticker checks that :data:`JOB_KEY` still holds the job's identity."""
 _WRONG_TOKEN = {"ok": False, "reason": "token", "retry_after": None,
                 "message": "wrong job token: the request's signature does not verify"}
 _TICK = json.dumps({"op": Op.TICK.value}).encode()
@@ -133,12 +139,14 @@ class SchedulerConfig:
     port: int
     listen_fd: int | None
     worker_num: int
-    token: str
+    token: str = field(repr=False)
     run_id: str
     log_dir: str | None
     recovery_path: str
     timeouts: Timeouts
     lineage: str = ""
+    node_num: int = 0
+    """The job's node count, 0 when not given (``--nnodes``)."""
 
     @property
     def supervised(self) -> bool:
@@ -154,12 +162,14 @@ class SchedulerConfig:
             port=worker.sched_port,
             listen_fd=int(fd_text) if fd_text else None,
             worker_num=worker.world_size,
-            token=checked_token(worker.job_token, worker.insecure_no_token),
+            token=checked_strength(checked_token(worker.job_token, worker.insecure_no_token),
+                                   allow_weak=env.get(names.TFT_INSECURE_WEAK_TOKEN) == "1"),
             run_id=worker.run_id,
             log_dir=worker.log_dir,
             recovery_path=worker.recovery_path,
             timeouts=Timeouts.from_env(env),
             lineage=worker.lineage,
+            node_num=int(env.get(names.TFT_NODE_NUM) or 0),
         )
 
 
@@ -174,7 +184,9 @@ class Scheduler:
         self.last_words = LastWords()
         self.replies = KeptReplies()
         self._sent = SentReplies()
-        self._key = config.token.encode()
+        self._key = job_key(config.token, config.run_id)
+        self._job_value = job_value(config.token, JobIdentity(
+            config.run_id, config.lineage, config.worker_num, config.node_num))
         self._replays = ReplayGuard()
         self._refusals: dict[str, Throttle] = {}
         self._decided: list[tuple[str, dict[str, Any]]] = []
@@ -232,9 +244,7 @@ class Scheduler:
         self._client = open_client(cfg.host, port, _LOOP_TIMEOUT.total_seconds())
         reloaded = self._reload()
         # The other nodes wait for this key: the scheduler is up, and this is the job.
-        self._client.set(TOKEN_PROOF_KEY, token_proof(cfg.token, cfg.run_id))
-        self._client.set(JOB_KEY, JobIdentity(cfg.run_id, cfg.lineage,
-                                              cfg.worker_num).to_json())
+        self._client.set(JOB_KEY, self._job_value)
         endpoint = Endpoint(cfg.host, port, os.getpid(), cfg.run_id, self._started)
         if cfg.log_dir is not None:
             endpoint.write(cfg.log_dir)
@@ -316,21 +326,47 @@ class Scheduler:
 
     def _tick(self, host: str, port: int) -> None:
         """Wake the loop when something is due that no request brings (see
-        :meth:`_next_wakeup`), and never else: a tick is a request the loop pops."""
+        :meth:`_next_wakeup`), and never else: a tick is a request the loop pops. Between
+        two, every :data:`JOB_KEY_EVERY` seconds, put the job's identity back in
+        :data:`JOB_KEY` if anyone overwrote it (that wakes no loop)."""
         from torch.distributed import DistError
 
         client = open_client(host, port, _TICKER_TIMEOUT)
+        guard: TCPStoreClient | None = None
+        overwritten = Throttle()
+        next_guard = time.monotonic() + JOB_KEY_EVERY
         while not self._loop_exited.is_set():
+            if time.monotonic() >= next_guard:
+                guard = self._guard_job_key(guard, host, port, overwritten)
+                next_guard = time.monotonic() + JOB_KEY_EVERY
             with self._wake_changed:
                 left = self._wake_at - time.monotonic()
                 if left > 0:
-                    self._wake_changed.wait(None if left == math.inf else left)
+                    self._wake_changed.wait(min(left, next_guard - time.monotonic()))
                     continue
                 self._wake_at = math.inf  # the loop sets the next once it has handled this
             try:
                 client.queue_push(REQUESTS, _TICK)
             except DistError:
                 return
+
+    def _guard_job_key(self, guard: TCPStoreClient | None, host: str, port: int,
+                       overwritten: Throttle) -> TCPStoreClient | None:
+        """Set :data:`JOB_KEY` again when it holds anything but the job's identity; the
+        client to use next time (``None``: a new one then)."""
+        try:
+            guard = guard or TCPStoreClient(host, port, _TICKER_TIMEOUT)
+            held = guard.get(JOB_KEY, MAX_VALUE_BYTES) if guard.check([JOB_KEY]) else b""
+            if held != self._job_value.encode():
+                guard.set(JOB_KEY, self._job_value)
+                if (count := overwritten.note()) is not None:
+                    logger.warning("%s was overwritten %d time(s) by someone else; put back",
+                                   JOB_KEY, count)
+            return guard
+        except StoreError:  # a value too long (the connection is dropped), or the store ends
+            if guard is not None:
+                guard.close()
+            return None
 
     def _wake_loop_at(self, when: float) -> None:
         """Have the ticker wake the loop at ``when`` (monotonic), or earlier if it is to."""
@@ -568,7 +604,7 @@ class Scheduler:
         """Let the members of a newly formed generation rendezvous (recovery/runtime/cluster.py)."""
         generation = self.membership.generation
         if generation > self._published:
-            self._client.set(ready_key(generation), str(generation))
+            self._client.set(ready_key(generation), ready_value(self._key, generation))
             self._published = generation
 
     def _snapshot(self, finished: bool) -> dict[str, Any]:
@@ -619,7 +655,7 @@ def main() -> int:
     os.umask(os.umask(0) | 0o022)  # what it writes is never world-writable
     try:
         config = SchedulerConfig.from_env()
-    except MissingToken as err:
+    except (MissingToken, WeakToken) as err:
         logger.error("%s", err)
         return 2
     scheduler = Scheduler(config)

@@ -17,7 +17,8 @@ from support import events
 from recovery.control.client import SchedulerControl
 from recovery.control.rpc import REQUESTS, NoReply, Op, SchedulerLink, open_client, reply_key
 from recovery.control.scheduler import Scheduler, host_store
-from recovery.control.signing import Kind, seal, unseal
+from recovery.control.signing import Kind, job_key, seal, unseal
+from recovery.env import DEFAULT_RUN_ID
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -96,7 +97,7 @@ def copied_header(body: bytes, key: bytes) -> Callable[[bytes], str | None]:
     (lambda _raw: b"\xff not even JSON", "ignored"),
     (copied_header(FORGED_VERDICTS, b"a guessed token"), "ignored"),
     # The genuine token, a malformed answer (a scheduler's bug): no crash either.
-    (copied_header(MALFORMED, TOKEN.encode()), "verified"),
+    (copied_header(MALFORMED, job_key(TOKEN, DEFAULT_RUN_ID)), "verified"),
 ], ids=["plain", "malformed", "garbage", "wrong-key", "malformed-but-signed"])
 def test_a_forged_or_malformed_reply_is_ignored_and_counted(
         free_port: int, forge: Callable[[bytes], bytes | str | None], expected: str) -> None:

@@ -36,7 +36,7 @@ def scheduler(tmp_path: Path) -> Scheduler:
     from torch.distributed import HashStore
 
     sched = Scheduler(SchedulerConfig(
-        host="127.0.0.1", port=1, listen_fd=None, worker_num=2, token=TOKEN, run_id="r1",
+        host="127.0.0.1", port=1, listen_fd=None, worker_num=2, token=TOKEN, run_id=names.DEFAULT_RUN_ID,
         log_dir=str(tmp_path / "logs"), recovery_path=str(tmp_path / "recovery"),
         timeouts=Timeouts()))
     sched._client = HashStore()
