@@ -21,13 +21,13 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
 from launcher.procs.sessions import Session, kill_members
+from launcher.procs.spec import OWN_PYTHON
 
 __all__ = ["Child", "Stopping", "Watchdog", "become_subreaper", "open_log", "spawn", "stop_all",
            "sweep"]
@@ -179,7 +179,7 @@ class Watchdog:
         read_fd, self._write_fd = os.pipe()
         try:
             self._popen = subprocess.Popen(
-                [sys.executable, "-m", "launcher.procs.watchdog", str(read_fd)],
+                [*OWN_PYTHON, "-m", "launcher.procs.watchdog", str(read_fd)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 start_new_session=True, close_fds=True, pass_fds=(read_fd,))
         except BaseException:
