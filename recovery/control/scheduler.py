@@ -103,6 +103,10 @@ _LOOP_TIMEOUT = timedelta(days=1)  # the ticker wakes the loop long before
 _TICKER_TIMEOUT = 1.0
 _PAST_DEADLINE = 0.001
 _JOIN_TIMEOUT = 5.0
+BEHIND_AFTER = 2.0
+"""Seconds of batches that each left requests waiting after which the scheduler is
+behind: a beat may be waiting in the queue, so no member is judged silent (or stalled)
+until it has caught up."""
 JOB_KEY_EVERY = 1.0
 """How often the ticker checks that :data:`JOB_KEY` still holds the job's identity."""
 _WRONG_TOKEN = {"ok": False, "reason": "token", "retry_after": None,
@@ -204,6 +208,13 @@ class Scheduler:
         self._saved_at = 0.0
         self._overdue_reported = False
         self._started = time.time()
+        self._undrained_since: float | None = None
+        """Since when (monotonic) every batch has left requests waiting; None: the last
+        one took all that waited."""
+        self._behind: Throttle | None = None
+        """While behind: the throttle of its reports."""
+        self._stamp: float | None = None
+        """The signed stamp (sender's wall clock, s) of the request being handled."""
         self._checked_at = -math.inf  # monotonic
         self._check_pending = False  # a request came since the rules last ran
         self._rules_due: float | None = None  # Membership.next_due() when they last ran
@@ -413,8 +424,14 @@ class Scheduler:
         # Requests already waiting join the batch: one save and one run of the
         # rules for them all (a burst of registrations costs one fsync, not one each).
         # One length for the batch, not one per request: each is a store round trip.
-        waiting = min(BATCH - 1, self._client.queue_len(REQUESTS))
-        answers.extend(self._handle(self._client.queue_pop(REQUESTS)) for _ in range(waiting))
+        counted_at = time.monotonic()
+        waiting = self._client.queue_len(REQUESTS)
+        if waiting < BATCH:  # all sent before counted_at is handled with this batch
+            self._undrained_since = None
+        elif self._undrained_since is None:
+            self._undrained_since = counted_at
+        answers.extend(self._handle(self._client.queue_pop(REQUESTS))
+                       for _ in range(min(BATCH - 1, waiting)))
         self.wakeups += 1
         self._after_request()
         # Only now, with the decisions persisted: what a worker is told survives a
@@ -446,7 +463,7 @@ class Scheduler:
         except BadSignature as err:
             header = err.header
             self._refused("signature", None if header is None else header.op, str(err))
-            if header is None:
+            if header is None or self._behind is not None:  # a flood is not answered
                 return None, None
             return header.rid, seal(None, Kind.REPLY, header.op, header.rid, header.nonce,
                                     json.dumps(_WRONG_TOKEN))
@@ -460,6 +477,7 @@ class Scheduler:
             self._refused(problem, sealed.op, message)
             return sealed.rid, self._sealed(sealed, {"ok": False, "reason": "clock",
                                                      "message": message, "retry_after": None})
+        self._stamp = sealed.ts_ms / 1000
         try:
             request = parse_request(sealed)
             self._check_pending = True
@@ -525,7 +543,7 @@ class Scheduler:
         """A beat; the reply hands the member the injections queued for its rank."""
         fields = request.fields
         answer = self.membership.heartbeat(Identity.from_json(fields), self.config.token,
-                                           fields["step"], fields["phase"])
+                                           fields["step"], fields["phase"], sent=self._stamp)
         return self._handing_out_injections(answer)
 
     def _handing_out_injections(self, answer: Accepted | Refused) -> dict[str, Any]:
@@ -582,8 +600,9 @@ class Scheduler:
     def _after_request(self) -> None:
         """Apply the periodic rules when due, persist, then make the decisions known."""
         now = time.monotonic()
-        rules_ran = now - self._checked_at >= CHECK_EVERY or (
-            self._rules_due is not None and now >= self._rules_due)
+        rules_ran = not self._judge_behind(now) and (
+            now - self._checked_at >= CHECK_EVERY
+            or (self._rules_due is not None and now >= self._rules_due))
         if rules_ran:
             self.membership.check()
             self._checked_at, self._check_pending = now, False
@@ -599,6 +618,27 @@ class Scheduler:
             self._client.add(NEWS, 1)
         if rules_ran or decided:  # O(members): not for every heartbeat
             self._check_end()
+
+    def _judge_behind(self, now: float) -> bool:
+        """Whether the queue has not been drained for :data:`BEHIND_AFTER` s (a flood, or
+        more requests than it handles): then no verdict is given, and it says so, in a
+        ``scheduler_behind`` event at most every 10 s, and ``scheduler_caught_up`` once
+        it has."""
+        behind = 0.0 if self._undrained_since is None else now - self._undrained_since
+        if behind <= BEHIND_AFTER:
+            if self._behind is not None:
+                self._behind = None
+                self.events.emit("scheduler_caught_up")
+                logger.warning("caught up with the requests: verdicts are given again")
+            return False
+        self._behind = self._behind or Throttle()
+        if (count := self._behind.note()) is not None:
+            message = (f"requests have waited for more than {behind:.1f}s (a flood, or more "
+                       f"than it can handle): no member is judged until they are handled")
+            self.events.emit("scheduler_behind", behind_s=round(behind, 3), batches=count,
+                             message=message)
+            logger.warning("%s", message)
+        return True
 
     def _publish_generation(self) -> None:
         """Let the members of a newly formed generation rendezvous (recovery/runtime/cluster.py)."""
