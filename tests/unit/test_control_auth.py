@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,7 +16,9 @@ from sched_inprocess import TOKEN, answer, scheduler_config, signed
 from support import events
 
 from recovery.control.client import SchedulerControl
-from recovery.control.rpc import REQUESTS, NoReply, Op, SchedulerLink, open_client, reply_key
+from recovery.control.rpc import (
+    REQUESTS, NoReply, Op, SchedulerLink, SchedulerUnavailable, open_client, reply_key,
+)
 from recovery.control.scheduler import Scheduler, host_store
 from recovery.control.signing import Kind, job_key, seal, unseal
 from recovery.env import DEFAULT_RUN_ID
@@ -141,3 +144,47 @@ def test_a_replayed_request_is_not_carried_out_again(tmp_path: Path) -> None:
     assert again is not None and answer(again)["id"] == answer(reply)["id"]
     assert len(scheduler.injections.pending) == 1
 
+
+
+def test_a_late_reply_to_an_earlier_attempt_is_waited_past_not_counted_forged(
+        free_port: int) -> None:
+    """Attempt 1 stops waiting; its genuine reply comes late and is what attempt 2 finds
+    first under the request's id: attempt 2 takes it away and waits for its own."""
+    key = job_key(TOKEN, DEFAULT_RUN_ID)
+    server = host_store("127.0.0.1", free_port, None)
+    answered = threading.Event()
+
+    def scheduler() -> None:  # answers every attempt, the first one late
+        client = open_client("127.0.0.1", free_port, 30)
+        for attempt in range(2):
+            header = unseal(key, Kind.REQUEST, client.queue_pop(REQUESTS))
+            if attempt == 0:
+                time.sleep(1.0)  # past attempt 1's reply timeout
+            else:
+                time.sleep(0.3)  # attempt 2 meets attempt 1's reply first
+            client.set(reply_key(header.rid), seal(key, Kind.REPLY, header.op, header.rid,
+                                                   header.nonce, '{"ok": true, "n": %d}'
+                                                   % attempt))
+        answered.set()
+
+    thread = threading.Thread(target=scheduler, daemon=True)
+    thread.start()
+    link = SchedulerLink("127.0.0.1", free_port, TOKEN, reply_timeout=0.6)
+    try:
+        assert link.wait_connected(10)
+        with pytest.raises(NoReply):
+            link.call(Op.VERDICTS, rid="same-request")
+        deadline = time.monotonic() + 10
+        while True:  # the timed-out connection is being made again
+            try:
+                time.sleep(0.5)  # attempt 1's late reply is set by now
+                reply = link.call(Op.VERDICTS, rid="same-request")
+                break
+            except SchedulerUnavailable:
+                assert time.monotonic() < deadline
+        assert reply == {"ok": True, "n": 1} and link.unverified == 0
+        assert answered.wait(10)
+    finally:
+        link.close()
+        thread.join(10)
+        del server
