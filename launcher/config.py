@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.errors import ConfigError
+from recovery.safe_files import folder_problem
 from recovery.control.rpc import describe_bind_error, listen_on
 from recovery import env as names
 from recovery.train.modes import parse_enable_tft
@@ -173,6 +174,15 @@ class LaunchConfig:
                 pass
         except OSError as err:
             raise ConfigError(f"{option} {directory} is not writable: {err.strerror}") from None
+        check_own_folder(directory, option)
+
+
+def check_own_folder(directory: Path, option: str) -> None:
+    """ConfigError (one line) unless ``directory`` is the user's own and writable by
+    nobody else (recovery/safe_files.py)."""
+    problem = folder_problem(directory)
+    if problem is not None:
+        raise ConfigError(f"{option} {directory}: {problem}")
 
 
 def bind_listener(host: str, port: int) -> socket.socket:

@@ -20,7 +20,9 @@ from filelock import FileLock, Timeout
 
 from launcher.cli.common import finite_float, new_app, run_app
 from launcher.nodes.cluster_env import fill_from_cluster
-from launcher.config import DEFAULT_PROGRESS_INTERVAL, LaunchConfig, bind_listener
+from launcher.config import (
+    DEFAULT_PROGRESS_INTERVAL, LaunchConfig, bind_listener, check_own_folder,
+)
 from launcher.errors import ConfigError
 from launcher.view.logs import archive_previous_run
 from launcher.nodes.link import (
@@ -213,6 +215,7 @@ def _writable(recovery_path: Path) -> Path:
         recovery_path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ConfigError(f"--recovery_path {recovery_path} is not writable: {err.strerror}") from None
+    check_own_folder(recovery_path, "--recovery_path")
     return recovery_path
 
 
