@@ -21,7 +21,7 @@ from launcher.errors import ConfigError
 from recovery import env as names
 from recovery.control.nodes import (
     END_KEY, JOB_KEY, MAX_VALUE_BYTES, RESTART_KEY, BadValue, JobIdentity, parse_address,
-    parse_job, raise_counter, read_signed, rendezvous_key,
+    job_names, parse_job, raise_counter, read_signed, rendezvous_key, stored_at,
 )
 from recovery.ckpt.durable import write_atomic
 from recovery.ckpt.layout import SCHEDULER_DIR
@@ -128,31 +128,40 @@ class NodeLink:
     def wait_for_job(self, timeout: float,
                      wrong_token_after: float = WRONG_TOKEN_AFTER) -> JobIdentity:
         """Wait up to ``timeout`` s for node 0's scheduler to publish the job; ConfigError
-        (one line) when it does not, or when its identity has not verified with this
-        node's token for ``wrong_token_after`` s (node 0 was given another one)."""
+        (one line) when it does not, or when it is there under :data:`JOB_KEY` but has
+        not verified with this node's token for ``wrong_token_after`` s (node 0 was
+        given another one: this node cannot even compute where node 0 keeps it)."""
         deadline = time.monotonic() + timeout
         bad_since: float | None = None
         while True:
-            try:
-                stored = self._with_client(lambda client: client.get(JOB_KEY, MAX_VALUE_BYTES)
-                                           if client.check([JOB_KEY]) else None)
-                job = None if stored is None else parse_job(self._token, stored)
-            except (BadValue, ValueTooLarge) as err:
-                self._refused(JOB_KEY, str(err))
-                bad_since = time.monotonic() if bad_since is None else bad_since
-                if time.monotonic() - bad_since > wrong_token_after:
-                    raise ConfigError(f"{names.TFT_JOB_TOKEN} is not the one node 0 at "
-                                      f"{self._where()} was given (its {JOB_KEY} does not "
-                                      f"verify): give every node of the job the same "
-                                      f"secret") from None
-            else:
+            job, problem = None, None
+            for where in reversed(job_names(self._token)):  # the keyed name first
+                try:
+                    job = self._job_at(where)
+                except (BadValue, ValueTooLarge) as err:
+                    self._refused(JOB_KEY, str(err))
+                    problem = problem or str(err)
                 if job is not None:
                     return job
+            if problem is None:
                 bad_since = None
+            elif bad_since is None:
+                bad_since = time.monotonic()
+            elif time.monotonic() - bad_since > wrong_token_after:
+                raise ConfigError(f"{names.TFT_JOB_TOKEN} is not the one node 0 at "
+                                  f"{self._where()} was given (its {JOB_KEY} does not "
+                                  f"verify): give every node of the job the same secret")
             if time.monotonic() > deadline:
                 raise ConfigError(f"node 0's scheduler at {self._where()} did not come up "
                                   f"within --cluster_time_out={timeout:g}s")
             time.sleep(_POLL * 5)
+
+    def _job_at(self, where: str) -> JobIdentity | None:
+        """The job's identity stored under ``where``; ``None``: unset. Raises BadValue,
+        ValueTooLarge."""
+        stored = self._with_client(lambda client: client.get(where, MAX_VALUE_BYTES)
+                                   if client.check([where]) else None)
+        return None if stored is None else parse_job(self._token, stored)
 
     def publish_rendezvous(self, restart_count: int, host: str, port: int) -> None:
         """Node 0: where the workers of group restart ``restart_count`` meet."""
@@ -177,7 +186,8 @@ class NodeLink:
                 return
             except ValueTooLarge as err:  # unreadable, so not comparable: removed
                 self._refused(RESTART_KEY, str(err))
-                self._with_client(lambda client: client.delete_key(RESTART_KEY))
+                self._with_client(lambda client: client.delete_key(
+                    stored_at(self._key, RESTART_KEY)))
 
     def restarts_started(self) -> int | None:
         """The highest group restart any node started; ``None``: unknown just now."""
@@ -218,7 +228,8 @@ class NodeLink:
                 self._report(key, why, count)
 
     def _write(self, key: str, value: str) -> None:
-        self._with_client(lambda client: client.set(key, sign_value(self._key, key, value)))
+        self._with_client(lambda client: client.set(stored_at(self._key, key),
+                                                    sign_value(self._key, key, value)))
 
     def _with_client(self, use: Any) -> Any:
         """``use(client)``, or ``None`` when the store cannot be reached just now.

@@ -29,12 +29,12 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass
-from recovery.control.signing import BadSignature, open_value, sign_value
+from recovery.control.signing import BadSignature, keyed_name, open_value, sign_value
 from recovery.control.tcpstore_client import TCPStoreClient
 
 __all__ = ["JOB_KEY", "RESTART_KEY", "END_KEY", "MAX_VALUE_BYTES", "JobIdentity",
            "BadValue", "rendezvous_key", "raise_counter", "read_signed", "job_value",
-           "parse_job", "parse_address"]
+           "parse_job", "parse_address", "stored_at", "job_names"]
 
 JOB_KEY = "tft/job"
 RESTART_KEY = "tft/restart_all"
@@ -80,6 +80,12 @@ def job_value(token: str, job: JobIdentity) -> str:
     return sign_value(token.encode(), JOB_KEY, job.to_json())
 
 
+def job_names(token: str) -> tuple[str, str]:
+    """Where the scheduler keeps the job's identity: :data:`JOB_KEY`, and the name only
+    holders of the token can compute (:func:`stored_at`), which the other nodes read."""
+    return JOB_KEY, stored_at(token.encode(), JOB_KEY)
+
+
 def parse_job(token: str, stored: bytes) -> JobIdentity:
     """The identity in :data:`JOB_KEY`'s value. Raises BadValue."""
     try:
@@ -96,6 +102,14 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def stored_at(key: bytes, name: str) -> str:
+    """The store key under which the value of ``name`` signed with ``key`` is kept:
+    ``<name>/<a MAC of the name>``, which only the job's processes can compute. A stranger
+    who overwrites the plain names hides nothing from them; one who lists the store's keys
+    and overwrites these too can deny service, never steer (docs/security.md)."""
+    return f"{name}/{keyed_name(key, name)}"
+
+
 def read_signed(client: TCPStoreClient, key: bytes, name: str) -> str | None:
     """The value signed with ``key`` under ``name``, or ``None`` when unset (no waiting).
 
@@ -103,9 +117,10 @@ def read_signed(client: TCPStoreClient, key: bytes, name: str) -> str | None:
         BadValue: it is set to anything else (the client's connection is then left as
             it was, or dropped when the value was too long to read).
     """
-    if not client.check([name]):
+    where = stored_at(key, name)
+    if not client.check([where]):
         return None
-    stored = bytes(client.get(name, MAX_VALUE_BYTES))
+    stored = bytes(client.get(where, MAX_VALUE_BYTES))
     try:
         return open_value(key, name, stored)
     except BadSignature as err:
@@ -119,8 +134,9 @@ def raise_counter(client: TCPStoreClient, key: bytes, name: str, value: int) -> 
     store's compare-and-set makes them agree, and a value is never lowered. A value that
     is not the job's (a stranger's) counts as unset, and is replaced.
     """
+    where = stored_at(key, name)
     while True:
-        current = bytes(client.get(name, MAX_VALUE_BYTES)) if client.check([name]) else b""
+        current = bytes(client.get(where, MAX_VALUE_BYTES)) if client.check([where]) else b""
         try:
             have = int(open_value(key, name, current)) if current else -1
         except (BadSignature, ValueError):
@@ -128,7 +144,7 @@ def raise_counter(client: TCPStoreClient, key: bytes, name: str, value: int) -> 
         if have >= value:
             return have
         desired = sign_value(key, name, str(value))
-        got = bytes(client.compare_set(name, current, desired, MAX_VALUE_BYTES))
+        got = bytes(client.compare_set(where, current, desired, MAX_VALUE_BYTES))
         if got == desired.encode():
             return value
         time.sleep(0.01)  # another node raised it in between: read again

@@ -56,7 +56,7 @@ from recovery.control.membership import (
     Refused,
     describe_incomplete,
 )
-from recovery.control.nodes import JOB_KEY, MAX_VALUE_BYTES, JobIdentity, job_value
+from recovery.control.nodes import JOB_KEY, MAX_VALUE_BYTES, JobIdentity, job_names, job_value
 from recovery.control.replies import KeptReplies, SentReplies
 from recovery.control.requests import BadRequest, Request, parse_request
 from recovery.control.rpc import (
@@ -203,6 +203,8 @@ class Scheduler:
         self._failed = False
         self._exit = (0, "")
         self._client: Any = None
+        self._news: TCPStoreClient | None = None
+        self._port = config.port
         self._published = NO_GENERATION
         self._saved = ""
         self._saved_at = 0.0
@@ -251,11 +253,12 @@ class Scheduler:
                          describe_bind_error(err))
             return 1
         server = host_store(cfg.host, cfg.port, cfg.listen_fd if own is None else own.fileno())
-        port = server.port
+        port = self._port = server.port
         self._client = open_client(cfg.host, port, _LOOP_TIMEOUT.total_seconds())
         reloaded = self._reload()
         # The other nodes wait for this key: the scheduler is up, and this is the job.
-        self._client.set(JOB_KEY, self._job_value)
+        for name in job_names(cfg.token):
+            self._client.set(name, self._job_value)
         endpoint = Endpoint(cfg.host, port, os.getpid(), cfg.run_id, self._started)
         if cfg.log_dir is not None:
             endpoint.write(cfg.log_dir)
@@ -367,12 +370,13 @@ class Scheduler:
         client to use next time (``None``: a new one then)."""
         try:
             guard = guard or TCPStoreClient(host, port, _TICKER_TIMEOUT)
-            held = guard.get(JOB_KEY, MAX_VALUE_BYTES) if guard.check([JOB_KEY]) else b""
-            if held != self._job_value.encode():
-                guard.set(JOB_KEY, self._job_value)
-                if (count := overwritten.note()) is not None:
-                    logger.warning("%s was overwritten %d time(s) by someone else; put back",
-                                   JOB_KEY, count)
+            for name in job_names(self.config.token):
+                held = guard.get(name, MAX_VALUE_BYTES) if guard.check([name]) else b""
+                if held != self._job_value.encode():
+                    guard.set(name, self._job_value)
+                    if (count := overwritten.note()) is not None:
+                        logger.warning("%s was overwritten %d time(s) by someone else; put "
+                                       "back", JOB_KEY, count)
             return guard
         except StoreError:  # a value too long (the connection is dropped), or the store ends
             if guard is not None:
@@ -615,9 +619,33 @@ class Scheduler:
             logger.info("%s %s", name, " ".join(f"{k}={v}" for k, v in fields.items()))
         self._publish_generation()
         if any(name in _NEWS_EVENTS for name, _fields in decided):
-            self._client.add(NEWS, 1)
+            self._bump_news()
         if rules_ran or decided:  # O(members): not for every heartbeat
             self._check_end()
+
+    def _bump_news(self) -> None:
+        """Add one to :data:`NEWS`, through a client of its own: anyone may set the key
+        to something that is not a number, and the store then drops the connection that
+        adds to it. Such a value is removed, and the count starts again."""
+        for _attempt in range(2):
+            try:
+                self._news = self._news or TCPStoreClient(self.config.host, self._port,
+                                                          _TICKER_TIMEOUT)
+                self._news.add(NEWS, 1)
+                return
+            except StoreError as err:
+                logger.warning("%s could not be raised (%s): reset", NEWS, err)
+                self._news = None
+                try:
+                    cleaner = TCPStoreClient(self.config.host, self._port, _TICKER_TIMEOUT)
+                except StoreError:
+                    return
+                try:
+                    cleaner.delete_key(NEWS)
+                except StoreError:
+                    return
+                finally:
+                    cleaner.close()
 
     def _judge_behind(self, now: float) -> bool:
         """Whether the queue has not been drained for :data:`BEHIND_AFTER` s (a flood, or

@@ -25,7 +25,7 @@ from recovery.ckpt.lineage import join_lineage, read_lineage, record_lineage
 from recovery.control.files import StateFile
 from recovery.control.nodes import (
     END_KEY, JOB_KEY, MAX_VALUE_BYTES, RESTART_KEY, JobIdentity, job_value, raise_counter,
-    read_signed, rendezvous_key,
+    job_names, read_signed, rendezvous_key, stored_at,
 )
 from recovery.control.signing import job_key, sign_value
 from recovery.control.tcpstore_client import TCPStoreClient
@@ -70,7 +70,8 @@ def test_nodes_raising_the_restart_count_at_once_agree_on_the_highest(
 
 def test_a_node_takes_the_job_its_scheduler_published_and_its_rendezvous(server: Any) -> None:
     job = JobIdentity("run-1", "lineage1", 4, 2)
-    server.set(JOB_KEY, job_value("the-secret", job))
+    for name in job_names("the-secret"):
+        server.set(name, job_value("the-secret", job))
     with pytest.raises(ConfigError, match="TFT_JOB_TOKEN is not the one node 0"):
         NodeLink("127.0.0.1", server.port, "another-secret").wait_for_job(
             5, wrong_token_after=0.3)
@@ -88,9 +89,10 @@ def test_a_node_takes_the_job_its_scheduler_published_and_its_rendezvous(server:
 @pytest.mark.parametrize("forged", ["unsigned", "another job's", "too long", "not a value"])
 def test_a_value_that_is_not_the_jobs_reads_as_unset_and_is_reported(
         server: Any, forged: str) -> None:
-    """Anyone may write node 0's store: a node neither follows nor crashes on a value
-    the job did not sign (a stranger's, or another job's sharing the token), one too long
-    to read, or garbage; it reports each key's refusals."""
+    """Anyone may write node 0's store, and list its keys: a node neither follows nor
+    crashes on a value the job did not sign (a stranger's, or another job's sharing the
+    token), one too long to read, or garbage, even where the job keeps its values; it
+    reports each key's refusals."""
     run = f"run-forged-{next(_FRESH)}"
     other = job_key("the-secret", "another-run")
     values = {"unsigned": lambda name, value: value,
@@ -99,8 +101,9 @@ def test_a_value_that_is_not_the_jobs_reads_as_unset_and_is_reported(
               "not a value": lambda name, value: b"\xff\x00" * 40}[forged]
     for name, value in ((rendezvous_key(3), "10.9.9.9:1"), (RESTART_KEY, "9"),
                         (END_KEY, "a stranger says stop")):
-        server.set(name, values(name, value))
-    server.set(JOB_KEY, values(JOB_KEY, JobIdentity(run, "x", 4).to_json()))
+        server.set(stored_at(job_key("the-secret", run), name), values(name, value))
+    for name in job_names("the-secret"):
+        server.set(name, values(JOB_KEY, JobIdentity(run, "x", 4).to_json()))
     reported: list[tuple[str, str, int]] = []
     link = NodeLink("127.0.0.1", server.port, "the-secret", run,
                     report=lambda *refused: reported.append(refused))
@@ -112,7 +115,8 @@ def test_a_value_that_is_not_the_jobs_reads_as_unset_and_is_reported(
                                                        END_KEY, JOB_KEY}
     link.restart_all(2)  # a stranger's count is replaced by the job's
     assert link.restarts_started() == 2
-    server.delete_key(JOB_KEY)
+    for name in job_names("the-secret"):
+        server.delete_key(name)
 
 
 def test_a_node_whose_scheduler_never_comes_up_gives_up_with_one_line() -> None:
