@@ -51,6 +51,7 @@ from enum import Enum
 from typing import Any
 
 from recovery import env as names
+from recovery.control.nodes import stored_at
 from recovery.control.signing import (
     BadSignature, Kind, job_key, keyed_name, new_nonce, open_value, seal, sign_value, unseal,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "NEWS",
     "reply_key",
     "ready_key",
+    "ready_at",
     "ready_value",
     "is_ready",
     "generation_prefix",
@@ -84,6 +86,9 @@ MAX_REPLY_BYTES = 8 << 20
 far smaller): its connection is dropped before the value is read."""
 NEWS = "tft/news"
 _RECONNECT_PAUSE = 0.1
+_MAX_NEWS_BYTES = 65_536
+"""The news counter is a few digits; a stranger's value up to this is read and ignored
+(a longer one costs the connection)."""
 _PROBE_TIMEOUT = 1.0
 
 
@@ -110,6 +115,13 @@ def ready_key(generation: int) -> str:
     """Set by the scheduler once ``generation`` is formed: its members may rendezvous. Its
     value is ``generation``, signed with the job's key (:func:`ready_value`)."""
     return f"tft/ready/{generation}"
+
+
+def ready_at(key: bytes, generation: int) -> str:
+    """Where :func:`ready_value` is kept: under a name only the job can compute
+    (recovery/control/nodes.py ``stored_at``), so that a stranger who overwrites
+    :func:`ready_key` keeps no member waiting."""
+    return stored_at(key, ready_key(generation))
 
 
 def ready_value(key: bytes, generation: int) -> str:
@@ -311,10 +323,19 @@ class SchedulerLink:
             if client is None:
                 return None
             try:
-                return client.add(NEWS, 0)  # reads it, never waits for it
+                # check, then get: never waits for it. Not add(0): anyone may set it to
+                # something that is not a number, and the store then drops a connection
+                # that adds to it, requests in flight included.
+                if not client.check([NEWS]):
+                    return 0
+                news = client.get(NEWS, _MAX_NEWS_BYTES)
             except StoreError:
                 self._drop()
                 return None
+        try:
+            return int(news)
+        except ValueError:
+            return None
 
     def _verified(self, op: Op, rid: str, nonce: str, raw: bytes) -> dict[str, Any]:
         """The reply in ``raw`` when it is the scheduler's answer to this very attempt."""

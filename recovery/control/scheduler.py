@@ -66,7 +66,7 @@ from recovery.control.rpc import (
     describe_bind_error,
     listen_on,
     open_client,
-    ready_key,
+    ready_at,
     ready_value,
     reply_key,
 )
@@ -672,7 +672,7 @@ class Scheduler:
         """Let the members of a newly formed generation rendezvous (recovery/runtime/cluster.py)."""
         generation = self.membership.generation
         if generation > self._published:
-            self._client.set(ready_key(generation), ready_value(self._key, generation))
+            self._client.set(ready_at(self._key, generation), ready_value(self._key, generation))
             self._published = generation
 
     def _snapshot(self, finished: bool) -> dict[str, Any]:

@@ -46,7 +46,7 @@ from recovery.control.rpc import (
     is_ready,
     open_client,
     port_open,
-    ready_key,
+    ready_at,
 )
 from recovery.control.signing import MissingToken, checked_token
 from recovery.timeouts import Timeouts
@@ -506,8 +506,8 @@ def _wait_for_generation(link: SchedulerLink, generation: int, deadline: float,
         try:
             # The rendezvous of the group waits on this client too: as long as we may.
             store = store or open_client(link.host, link.port, max(left, REPLY_TIMEOUT))
-            if store.check([ready_key(generation)]) and is_ready(
-                    link.key, generation, store.get(ready_key(generation))):
+            ready = ready_at(link.key, generation)
+            if store.check([ready]) and is_ready(link.key, generation, store.get(ready)):
                 return store
         except DistNetworkError:
             store = None  # the scheduler died: wait for its relaunch

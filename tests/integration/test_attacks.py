@@ -17,12 +17,13 @@ from pathlib import Path
 
 import pytest
 from support import (
-    BIN, TFT_OFF, events, free_tcp_port, log_has, spawn, spawned_pids, terminate, wait_for,
-    wait_for_event,
+    BIN, TFT_OFF, events, free_tcp_port, log_has, signed_request, spawn, spawned_pids,
+    terminate, wait_for, wait_for_event,
 )
 from support_mnist import EVENT, assert_recovered, final_digests, mnist_job, wait_job
 from test_multinode import finish_ok, log_dir, nodes_running
 
+from recovery import env as names
 from recovery.control.rpc import REQUESTS
 from recovery.control.tcpstore_client import TCPStoreClient
 
@@ -58,10 +59,37 @@ def test_planted_keys_and_announced_values_leave_a_recovering_job_unharmed(
         wait_for(lambda: log_has(logs, 0, "step=30 "), EVENT, "rank 0 past step 30")
         first = spawned_pids(logs)
         os.kill(first[1], signal.SIGKILL)
+        [start] = events(logs, "job_start")
+        replay_into_another_job(tmp_path, signed_request(
+            SHARED_TOKEN["TFT_JOB_TOKEN"], "inject", run_id=start["run_id"], rank=0,
+            fault="kill", at_step=1))
         output = wait_job(proc)
     assert proc.returncode == 0, output
     assert_recovered(logs, first, [1], mnist_reference)
     assert not events(logs, "verdict") and not events(logs, "hang")
+
+
+def replay_into_another_job(tmp_path: Path, captured: bytes) -> None:
+    """A request signed for one job, as anyone who reaches its port can capture it (here
+    an injection, made as the job's ``tftctl`` makes it, rather than popped from the
+    live job's queue), pushed into the queue of a second job that shares the token:
+    refused there, as a request whose signature does not verify, and nothing done."""
+    port, logs = free_tcp_port(), tmp_path / "other_job"
+    env = {**SHARED_TOKEN, names.MS_ROLE: names.ROLE_SCHEDULER,
+           names.MS_SCHED_HOST: "127.0.0.1", names.MS_SCHED_PORT: str(port),
+           names.MS_WORKER_NUM: "3", names.TFT_RUN_ID: "another-job-same-token",
+           names.TFT_LOG_DIR: str(logs), names.MS_RECOVERY_PATH: str(tmp_path / "other_rec")}
+    other = spawn([sys.executable, "-m", "recovery.control.scheduler"], env=env)
+    try:
+        wait_for_event(logs, EVENT, "the second job's scheduler", event="scheduler_start")
+        client = TCPStoreClient("127.0.0.1", port, 10)
+        client.queue_push(REQUESTS, captured)
+        refused = wait_for_event(logs, EVENT, "the replay refused", event="request_refused")
+        assert refused["reason"] == "signature", refused
+        assert not [e for e in events(logs) if e["event"] in ("register", "attach", "inject",
+                                                              "leave", "last_words_claim")]
+    finally:
+        terminate(other)
 
 
 def test_a_planted_rendezvous_misleads_no_node_of_a_restarting_job(tmp_path: Path) -> None:
