@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-import pytest
 from support import (
     BIN, TFT_OFF, events, free_tcp_port, log_has, signed_request, spawn, spawned_pids,
     terminate, wait_for, wait_for_event,
@@ -117,3 +116,25 @@ def test_a_planted_rendezvous_misleads_no_node_of_a_restarting_job(tmp_path: Pat
             text = (log_dir(tmp_path, node) / f"worker_{rank}.log").read_text()
             values |= {line for line in text.splitlines() if line.startswith("done value=")}
     assert len(values) == 1, values
+
+
+def test_a_flood_of_junk_requests_slows_the_job_and_kills_no_rank(
+        tmp_path: Path, mnist_reference: dict[int, str]) -> None:
+    """40 s of junk pushed faster than the scheduler pops it, with --heartbeat_timeout=30:
+    the members' beats wait behind it, so the scheduler, behind, judges nobody and says
+    so; the job ends 0, bitwise equal to a fault-free run, no rank killed."""
+    port = free_tcp_port()
+    logs = tmp_path / "flooded"
+    proc = spawn(mnist_job(tmp_path, "flooded", port, "--heartbeat_timeout=30"),
+                 env=SHARED_TOKEN)
+    try:
+        wait_for_event(logs, EVENT, "generation 0", event="generation")
+        with attacker("flood", "127.0.0.1", port, 40, "20000"):
+            output = wait_job(proc)
+    finally:
+        terminate(proc)
+    assert proc.returncode == 0, output
+    assert final_digests(logs) == mnist_reference
+    assert not events(logs, "verdict") and not events(logs, "hang")
+    assert len([e for e in events(logs, "spawn") if e["role"] == "worker"]) == 3
+    assert events(logs, "scheduler_behind"), "the flood never put the scheduler behind"

@@ -163,8 +163,7 @@ def test_a_late_reply_to_an_earlier_attempt_is_waited_past_not_counted_forged(
             else:
                 time.sleep(0.3)  # attempt 2 meets attempt 1's reply first
             client.set(reply_key(header.rid), seal(key, Kind.REPLY, header.op, header.rid,
-                                                   header.nonce, '{"ok": true, "n": %d}'
-                                                   % attempt))
+                                                   header.nonce, f'{{"ok": true, "n": {attempt}}}'))
         answered.set()
 
     thread = threading.Thread(target=scheduler, daemon=True)
