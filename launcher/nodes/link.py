@@ -138,8 +138,7 @@ class NodeLink:
             for where in reversed(job_names(self._token)):  # the keyed name first
                 try:
                     job = self._job_at(where)
-                except (BadValue, ValueTooLarge) as err:
-                    self._refused(JOB_KEY, str(err))
+                except (BadValue, ValueTooLarge) as err:  # told below, in one line
                     problem = problem or str(err)
                 if job is not None:
                     return job
