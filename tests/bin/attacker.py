@@ -8,7 +8,7 @@ Modes, each for SECONDS:
   to them, the job identity rewritten (another lineage), garbage in the restart count,
   the job's end, the ready keys, the news counter; and, ahead of every generation it
   sees meet (its keys listed), the keys of the next three generations under the same
-  names, with garbage.
+  names (and the next three process group numbers), with garbage.
 * ``announce``: announces a value of 4 GiB for ``tft/job`` and a request of 4 GiB on the
   queue, sends 1 MiB of each, and holds the connections open.
 * ``flood``: pushes RATE junk requests a second (a well-formed header, a wrong MAC).
@@ -27,6 +27,7 @@ from datetime import timedelta
 HOST, PORT, SECONDS = sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 GARBAGE = b"\xff\x00 not yours {"
 _GEN = re.compile(r"^/?gen(\d+)(-[0-9a-f]*)?/(.*)$")
+_GROUP = re.compile(r"^/(\d+)/(.*)$")
 
 
 def write_keys() -> None:
@@ -52,11 +53,22 @@ def write_keys() -> None:
         seen = {m.group(1, 3) for key in store.list_keys() if (m := _GEN.match(key))}
         for generation, rest in seen:
             for ahead in range(int(generation) + 1, int(generation) + 4):
-                store.set(f"gen{ahead}/{rest}", GARBAGE)
+                for name in _group_names(rest):
+                    store.set(f"gen{ahead}/{name}", GARBAGE)
         for g in range(12):
             for r in range(8):
                 store.set(f"gen{g}/tft/arrived/{r}", "1")
         time.sleep(0.02)
+
+
+def _group_names(rest: str) -> list[str]:
+    """``rest`` (a key of torch's process group, ``/<group>/...``) for this group and the
+    next three: each new process group of a process takes the next number."""
+    found = _GROUP.match(rest)
+    if found is None:
+        return [rest]
+    first = int(found.group(1))
+    return [f"/{n}/{found.group(2)}" for n in range(first, first + 4)]
 
 
 def _connect() -> socket.socket:
