@@ -18,6 +18,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from launcher.errors import ConfigError
+from recovery.safe_files import folder_problem
 from recovery.control.rpc import describe_bind_error, listen_on
 from recovery import env as names
 from recovery.train.modes import parse_enable_tft
@@ -96,7 +97,8 @@ class LaunchConfig:
     """Off a terminal, seconds between two progress lines (0: none)."""
     run_id: str = field(default_factory=lambda: time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3))
     job_token: str = field(
-        default_factory=lambda: os.environ.get(names.TFT_JOB_TOKEN) or secrets.token_hex(16))
+        default_factory=lambda: os.environ.get(names.TFT_JOB_TOKEN) or secrets.token_hex(16),
+        repr=False)
     """The key of the control plane's signatures: the same on every node of a job, so a
     multi-node job takes it from TFT_JOB_TOKEN; a new random one otherwise."""
     lineage: str = ""
@@ -268,6 +270,15 @@ class LaunchConfig:
                 pass
         except OSError as err:
             raise ConfigError(f"{option} {directory} is not writable: {err.strerror}") from None
+        check_own_folder(directory, option)
+
+
+def check_own_folder(directory: Path, option: str) -> None:
+    """ConfigError (one line) unless ``directory`` is the user's own and writable by
+    nobody else (recovery/safe_files.py)."""
+    problem = folder_problem(directory)
+    if problem is not None:
+        raise ConfigError(f"{option} {directory}: {problem}")
 
 
 AUTO_NODE_RANK = -1

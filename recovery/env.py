@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = [
     "WorkerEnv",
@@ -88,6 +88,10 @@ TFT_JOB_TOKEN = "TFT_JOB_TOKEN"
 """The job's secret: the key of every request's and reply's signature (control/signing.py)."""
 TFT_INSECURE_NO_TOKEN = "TFT_INSECURE_NO_TOKEN"
 """Set to 1 to run with an empty job token: no authentication at all (docs/security.md)."""
+TFT_NODE_NUM = "TFT_NODE_NUM"
+"""The job's node count (``--nnodes``), when given; the scheduler signs it into ``tft/job``."""
+TFT_INSECURE_WEAK_TOKEN = "TFT_INSECURE_WEAK_TOKEN"
+"""Set to 1 to accept a user-set job token shorter than 128 bits (docs/security.md)."""
 TFT_TOKEN_FILE = "TFT_TOKEN_FILE"
 """templates/run.sh and recover.sh only: where the job token they made is kept (mode 0600)."""
 TFT_CLUSTER_TIME_OUT = "TFT_CLUSTER_TIME_OUT"
@@ -116,6 +120,8 @@ DATA_PATH = "DATA_PATH"
 
 # Not "./recovery": run from this repository that would be the library package itself.
 DEFAULT_RECOVERY_PATH = "./tft_recovery"
+DEFAULT_RUN_ID = "none"
+"""The run id of a process started without one (by hand, without TFT_RUN_ID)."""
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -159,7 +165,7 @@ class WorkerEnv:
     generation: int
     log_dir: str | None
     is_recover: bool
-    job_token: str
+    job_token: str = field(repr=False)
     insecure_no_token: bool
     enable_recovery: bool
     recovery_path: str
@@ -196,7 +202,7 @@ class WorkerEnv:
             sched_port=_int(env, MS_SCHED_PORT, master_port),
             restart_count=_int(env, TORCHELASTIC_RESTART_COUNT, _int(env, TFT_RESTART_COUNT, 0)),
             max_restarts=_int(env, TORCHELASTIC_MAX_RESTARTS, 0),
-            run_id=env.get(TFT_RUN_ID) or env.get(TORCHELASTIC_RUN_ID) or "none",
+            run_id=env.get(TFT_RUN_ID) or env.get(TORCHELASTIC_RUN_ID) or DEFAULT_RUN_ID,
             incarnation=_int(env, TFT_INCARNATION, 0),
             generation=_int(env, TFT_GENERATION, 0),
             log_dir=env.get(TFT_LOG_DIR) or None,

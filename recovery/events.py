@@ -24,6 +24,8 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
+from recovery.safe_files import open_append
+
 __all__ = ["EVENTS_FILE", "LOCK_TIMEOUT", "LOCK_POLL", "EventLog", "read_events"]
 
 logger = logging.getLogger(__name__)
@@ -75,7 +77,7 @@ class EventLog:
 
     def _append(self, line: bytes) -> None:
         assert self.path is not None
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = open_append(self.path)
         try:
             os.write(fd, line)
         finally:

@@ -21,7 +21,8 @@ from filelock import FileLock
 from recovery import env as names
 from recovery.control.files import StateFile
 from recovery.control.rpc import new_request_id
-from recovery.control.signing import Kind, new_nonce, seal
+from recovery.control.signing import Kind, job_key, new_nonce, seal
+from recovery.env import DEFAULT_RUN_ID
 from recovery.events import read_events
 
 REPO = Path(__file__).resolve().parent.parent
@@ -171,7 +172,8 @@ def scheduler_stalled(recovery_path: Path) -> Iterator[None]:
         yield
 
 
-def signed_request(token: str, op: str, rid: str | None = None, **fields: Any) -> bytes:
-    """A request as a client of the job whose token is ``token`` sends it."""
-    return seal(token.encode(), Kind.REQUEST, op, rid or new_request_id(), new_nonce(),
+def signed_request(token: str, op: str, rid: str | None = None, run_id: str = DEFAULT_RUN_ID,
+                   **fields: Any) -> bytes:
+    """A request as a client of job ``run_id`` whose token is ``token`` sends it."""
+    return seal(job_key(token, run_id), Kind.REQUEST, op, rid or new_request_id(), new_nonce(),
                 json.dumps(fields)).encode()

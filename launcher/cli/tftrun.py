@@ -29,7 +29,7 @@ from launcher.cli.compat import (
 from launcher.nodes.cluster_env import DEFAULT_MASTER_ADDR, fill_from_cluster
 from launcher.config import (
     AUTO_NODE_RANK, DEFAULT_MASTER_PORT, DEFAULT_PROGRESS_INTERVAL, DEFAULT_SIGNALS, LaunchConfig,
-    bind_listener,
+    bind_listener, check_own_folder,
 )
 from launcher.errors import ConfigError
 from launcher.view.logs import archive_previous_run
@@ -40,6 +40,7 @@ from launcher.nodes.ranks import place_node, take_node_rank
 from launcher.view.render import make_view
 from launcher.supervisor.loop import Supervisor
 from recovery import env as names
+from recovery.control.signing import WeakToken, checked_strength
 from recovery.env import DEFAULT_RECOVERY_PATH
 from recovery.control.nodes import JobIdentity
 from recovery.events import EVENTS_FILE, EventLog
@@ -390,6 +391,11 @@ def _run(config: LaunchConfig) -> int:
         raise ConfigError(f"a job of several nodes needs one secret on every node: set "
                           f"{names.TFT_JOB_TOKEN} to the same value on each (e.g. the output of "
                           f"python3 -c 'import secrets; print(secrets.token_hex(16))')")
+    try:
+        checked_strength(os.environ.get(names.TFT_JOB_TOKEN, ""),
+                         allow_weak=os.environ.get(names.TFT_INSECURE_WEAK_TOKEN) == "1")
+    except WeakToken as err:
+        raise ConfigError(str(err)) from None
     os.umask(os.umask(0) | 0o022)  # nothing tftrun or its children write is world-writable
     # The route to --master_addr does not depend on the port (0 is not one to connect to).
     config = place_node(replace(config, node_addr=config.node_addr or local_address_towards(
@@ -434,6 +440,7 @@ def _writable(recovery_path: Path) -> Path:
         recovery_path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ConfigError(f"--recovery_path {recovery_path} is not writable: {err.strerror}") from None
+    check_own_folder(recovery_path, "--recovery_path")
     return recovery_path
 
 
@@ -441,11 +448,13 @@ def _join_job(config: LaunchConfig) -> LaunchConfig:
     """A node other than node 0 waits for node 0's scheduler and takes its job identity:
     one run id and one lineage for every node (the token, every node is given); and its
     node rank, when left out."""
-    job = NodeLink(config.master_addr, config.master_port).wait_for_job(config.cluster_time_out,
-                                                                        config.job_token)
+    job = NodeLink(config.master_addr, config.master_port,
+                   config.job_token).wait_for_job(config.cluster_time_out)
     if job.worker_num != config.worker_num:
         raise ConfigError(f"--worker_num={config.worker_num}, but node 0 runs "
                           f"{job.worker_num} workers")
+    if config.nnodes is not None and job.node_num not in (0, config.nnodes):
+        raise ConfigError(f"--nnodes={config.nnodes}, but node 0 runs {job.node_num} nodes")
     return take_node_rank(replace(config, run_id=job.run_id, lineage=job.lineage))
 
 
@@ -469,7 +478,7 @@ def _keep_job(config: LaunchConfig) -> LaunchConfig:
     if kept is not None and kept.lineage == config.lineage and kept.worker_num == config.worker_num:
         config = replace(config, run_id=kept.run_id)
     save_job(config.recovery_path, JobIdentity(config.run_id, config.lineage,
-                                               config.worker_num))
+                                               config.worker_num, config.nnodes or 0))
     return config
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -36,7 +36,7 @@ class UntrustedEndpoint(LookupError):
 @dataclass(frozen=True)
 class TrustedEndpoint:
     endpoint: Endpoint
-    token: str
+    token: str = field(repr=False)
 
 
 def trusted_endpoint(log_dir: Path) -> TrustedEndpoint:

@@ -3,7 +3,9 @@ restart-all count and the job's end, through the cluster store on node 0
 (recovery/control/nodes.py lists the keys).
 
 Every call is bounded: while node 0's scheduler is down, a read answers ``None`` after
-about :data:`TIMEOUT` seconds and the caller carries on with what it knew.
+about :data:`TIMEOUT` seconds and the caller carries on with what it knew. A value that
+is not the job's (unsigned, too long, malformed: anyone may write these keys) reads as
+unset too, and is reported through ``report`` (at most one report per key every 10 s).
 """
 
 from __future__ import annotations
@@ -12,20 +14,22 @@ import logging
 import socket
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from launcher.errors import ConfigError
 from recovery import env as names
 from recovery.control.nodes import (
-    END_KEY, JOB_KEY, RESTART_KEY, TOKEN_PROOF_KEY, JobIdentity, raise_counter, read_text,
-    rendezvous_key,
+    END_KEY, JOB_KEY, MAX_VALUE_BYTES, RESTART_KEY, BadValue, JobIdentity, parse_address,
+    job_names, parse_job, raise_counter, read_signed, rendezvous_key, stored_at,
 )
 from recovery.ckpt.durable import write_atomic
 from recovery.ckpt.layout import SCHEDULER_DIR
 from recovery.control.files import StateFile
 from recovery.control.rpc import port_open
-from recovery.control.tcpstore_client import StoreError, TCPStoreClient
-from recovery.control.signing import token_proof
+from recovery.control.signing import job_key, sign_value
+from recovery.control.tcpstore_client import StoreError, TCPStoreClient, ValueTooLarge
+from recovery.control.throttle import Throttle
 
 __all__ = ["NodeLink", "NodeWatch", "local_address_towards", "save_job", "saved_job",
            "job_still_waited_for", "TIMEOUT", "JOB_FILE"]
@@ -36,6 +40,12 @@ JOB_FILE = "job.json"
 """Node 0's job identity, beside the scheduler's state: a returning node 0 takes it back."""
 TIMEOUT = 2.0
 _POLL = 0.1
+WRONG_TOKEN_AFTER = 5.0
+"""Seconds ``tft/job`` may fail its check in a row before a joining node takes its own
+token for wrong: node 0's scheduler puts back a value a stranger overwrote within about
+a second (recovery/control/scheduler.py)."""
+Report = Callable[[str, str, int], None]
+"""``report(key, why, count)``: ``count`` values of ``key`` were refused, the latest for ``why``."""
 
 
 def local_address_towards(host: str, port: int) -> str:
@@ -95,35 +105,62 @@ def job_still_waited_for(recovery_path: Path, node_time_out: float,
 
 
 class NodeLink:
-    """This node's supervisor's client of the cluster store at ``host:port``."""
+    """This node's supervisor's client of the cluster store at ``host:port``.
 
-    def __init__(self, host: str, port: int) -> None:
+    Args:
+        token: the job token (``tft/job`` is signed with it).
+        run_id: the job's run id (the other keys are signed with the job's key); empty
+            before the job is known (:meth:`wait_for_job` needs none).
+        report: told about refused values (see the module docstring).
+    """
+
+    def __init__(self, host: str, port: int, token: str, run_id: str = "",
+                 report: Report | None = None) -> None:
         self._host, self._port = host, port
+        self._token = token
+        self._key = job_key(token, run_id)
+        self._report = report
+        self._refusals: dict[str, Throttle] = {}
         self._client: TCPStoreClient | None = None
         self.reachable = True
         """Whether the last call reached the store."""
 
-    def wait_for_job(self, timeout: float, token: str) -> JobIdentity:
+    def wait_for_job(self, timeout: float,
+                     wrong_token_after: float = WRONG_TOKEN_AFTER) -> JobIdentity:
         """Wait up to ``timeout`` s for node 0's scheduler to publish the job; ConfigError
-        (one line) when it does not, or when node 0 was given another job token than
-        ``token``."""
+        (one line) when it does not, or when it is there under :data:`JOB_KEY` but has
+        not verified with this node's token for ``wrong_token_after`` s (node 0 was
+        given another one: this node cannot even compute where node 0 keeps it)."""
         deadline = time.monotonic() + timeout
+        bad_since: float | None = None
         while True:
-            text = self._read(JOB_KEY)
-            if text is not None:
+            job, problem = None, None
+            for where in reversed(job_names(self._token)):  # the keyed name first
                 try:
-                    job = JobIdentity.from_json(text)
-                except ValueError as err:
-                    raise ConfigError(f"{self._where()}: {err}") from None
-                if self._read(TOKEN_PROOF_KEY) != token_proof(token, job.run_id):
-                    raise ConfigError(f"{names.TFT_JOB_TOKEN} is not the one node 0 at "
-                                      f"{self._where()} was given: give every node of the "
-                                      f"job the same secret")
-                return job
+                    job = self._job_at(where)
+                except (BadValue, ValueTooLarge) as err:  # told below, in one line
+                    problem = problem or str(err)
+                if job is not None:
+                    return job
+            if problem is None:
+                bad_since = None
+            elif bad_since is None:
+                bad_since = time.monotonic()
+            elif time.monotonic() - bad_since > wrong_token_after:
+                raise ConfigError(f"{names.TFT_JOB_TOKEN} is not the one node 0 at "
+                                  f"{self._where()} was given (its {JOB_KEY} does not "
+                                  f"verify): give every node of the job the same secret")
             if time.monotonic() > deadline:
                 raise ConfigError(f"node 0's scheduler at {self._where()} did not come up "
                                   f"within --cluster_time_out={timeout:g}s")
             time.sleep(_POLL * 5)
+
+    def _job_at(self, where: str) -> JobIdentity | None:
+        """The job's identity stored under ``where``; ``None``: unset. Raises BadValue,
+        ValueTooLarge."""
+        stored = self._with_client(lambda client: client.get(where, MAX_VALUE_BYTES)
+                                   if client.check([where]) else None)
+        return None if stored is None else parse_job(self._token, stored)
 
     def publish_rendezvous(self, restart_count: int, host: str, port: int) -> None:
         """Node 0: where the workers of group restart ``restart_count`` meet."""
@@ -133,21 +170,27 @@ class NodeLink:
         """Where the workers of group restart ``restart_count`` meet, once node 0 said;
         ``None`` after ``timeout`` s."""
         deadline = time.monotonic() + timeout
-        while (text := self._read(rendezvous_key(restart_count))) is None:
+        while (where := self._read(rendezvous_key(restart_count), parse_address)) is None:
             if time.monotonic() > deadline:
                 return None
             time.sleep(_POLL)
-        host, _, port = text.rpartition(":")
-        return host, int(port)
+        return where
 
     def restart_all(self, restart_count: int) -> None:
         """This node starts group restart ``restart_count``: the others follow."""
-        self._with_client(lambda client: raise_counter(client, RESTART_KEY, restart_count))
+        for _attempt in range(2):
+            try:
+                self._with_client(lambda client: raise_counter(client, self._key, RESTART_KEY,
+                                                               restart_count))
+                return
+            except ValueTooLarge as err:  # unreadable, so not comparable: removed
+                self._refused(RESTART_KEY, str(err))
+                self._with_client(lambda client: client.delete_key(
+                    stored_at(self._key, RESTART_KEY)))
 
     def restarts_started(self) -> int | None:
         """The highest group restart any node started; ``None``: unknown just now."""
-        text = self._read(RESTART_KEY)
-        return None if text is None else int(text)
+        return self._read(RESTART_KEY, _count)
 
     def end(self, reason: str) -> None:
         """The job ends on every node, for ``reason``."""
@@ -155,7 +198,7 @@ class NodeLink:
 
     def ended(self) -> str | None:
         """Why another node ended the job, if one did."""
-        return self._read(END_KEY)
+        return self._read(END_KEY, str)
 
     def close(self) -> None:
         if self._client is not None:
@@ -166,14 +209,34 @@ class NodeLink:
     def _where(self) -> str:
         return f"{self._host}:{self._port}"
 
-    def _read(self, key: str) -> str | None:
-        return self._with_client(lambda client: read_text(client, key))
+    def _read(self, key: str, parse: Callable[[str], Any]) -> Any:
+        """``parse`` of the job's value of ``key``; ``None`` when unset or not the job's."""
+        try:
+            text = self._with_client(lambda client: read_signed(client, self._key, key))
+            return None if text is None else parse(text)
+        except (BadValue, ValueTooLarge, ValueError) as err:
+            self._refused(key, str(err))
+            return None
+
+    def _refused(self, key: str, why: str) -> None:
+        throttle = self._refusals.setdefault(key, Throttle())
+        if (count := throttle.note()) is not None:
+            logger.warning("refused %d value(s) of %s in the cluster store at %s (latest: %s)",
+                           count, key, self._where(), why)
+            if self._report is not None:
+                self._report(key, why, count)
 
     def _write(self, key: str, value: str) -> None:
-        self._with_client(lambda client: client.set(key, value))
+        self._with_client(lambda client: client.set(stored_at(self._key, key),
+                                                    sign_value(self._key, key, value)))
 
     def _with_client(self, use: Any) -> Any:
-        """``use(client)``, or ``None`` when the store cannot be reached just now."""
+        """``use(client)``, or ``None`` when the store cannot be reached just now.
+
+        Raises:
+            ValueTooLarge: a value was too long to read (the connection is dropped; the
+                store was reached).
+        """
         try:
             if self._client is None:
                 if not port_open(self._host, self._port):
@@ -181,6 +244,10 @@ class NodeLink:
                     return None
                 self._client = TCPStoreClient(self._host, self._port, TIMEOUT)
             result = use(self._client)
+        except ValueTooLarge:
+            self._client = None
+            self.reachable = True
+            raise
         except StoreError as err:
             logger.debug("the cluster store at %s: %s", self._where(), err)
             self._client = None  # a broken connection is not reused: a new one next time
@@ -188,6 +255,13 @@ class NodeLink:
             return None
         self.reachable = True
         return result
+
+
+def _count(text: str) -> int:
+    """A restart count. Raises BadValue."""
+    if not text.isdigit():
+        raise BadValue(f"not a count: {text[:80]!r}")
+    return int(text)
 
 
 class NodeWatch:

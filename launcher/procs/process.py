@@ -21,13 +21,14 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
 from launcher.procs.sessions import Session, kill_members
+from launcher.procs.spec import OWN_PYTHON
+from recovery.safe_files import open_append
 
 __all__ = ["Child", "Stopping", "Watchdog", "become_subreaper", "open_log", "spawn", "stop_all",
            "sweep"]
@@ -119,7 +120,7 @@ def _die_with(parent_pid: int) -> None:
 
 def open_log(log_path: Path, header: str) -> BinaryIO:
     """Open ``log_path`` to append, unbuffered, with ``header`` written as a line first."""
-    log = open(log_path, "ab", buffering=0)
+    log = os.fdopen(open_append(log_path), "ab", buffering=0)
     log.write(header.encode() + b"\n")
     return log
 
@@ -179,7 +180,7 @@ class Watchdog:
         read_fd, self._write_fd = os.pipe()
         try:
             self._popen = subprocess.Popen(
-                [sys.executable, "-m", "launcher.procs.watchdog", str(read_fd)],
+                [*OWN_PYTHON, "-m", "launcher.procs.watchdog", str(read_fd)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 start_new_session=True, close_fds=True, pass_fds=(read_fd,))
         except BaseException:

@@ -15,7 +15,8 @@ import signal
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["ProcStat", "Session", "kill_members", "members", "proc_stat"]
+__all__ = ["ProcStat", "Session", "JobProcesses", "kill_members", "members", "proc_stat",
+           "every_process"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ def proc_stat(pid: int) -> ProcStat | None:
     return ProcStat(pid, fields[0], int(fields[1]), int(fields[3]), int(fields[19]))
 
 
-def _every_process() -> list[ProcStat]:
+def every_process() -> list[ProcStat]:
     stats = []
     for name in os.listdir("/proc"):
         if name.isdigit() and (stat := proc_stat(int(name))) is not None:
@@ -79,7 +80,7 @@ def members(sessions: Iterable[Session]) -> list[ProcStat]:
     since = {s.sid: s.since for s in sessions}  # a reused sid: its newest session
     if not since:
         return []
-    return [p for p in _every_process() if p.session in since and p.starttime >= since[p.session]]
+    return [p for p in every_process() if p.session in since and p.starttime >= since[p.session]]
 
 
 def kill_members(sessions: Iterable[Session]) -> list[ProcStat]:
@@ -92,3 +93,57 @@ def kill_members(sessions: Iterable[Session]) -> list[ProcStat]:
             except (ProcessLookupError, PermissionError):
                 pass  # it ended meanwhile
     return found
+
+
+class JobProcesses:
+    """What the watchdog (launcher/procs/watchdog.py) knows to be the job's: each process
+    by its identity, (pid, start time), never by a pid or a session id alone.
+
+    A session is followed while it holds processes, and the kernel never gives its id to
+    another session meanwhile; once a look finds it empty it is forgotten, so that a
+    session id reused after a pid wrap, months into a long job, never reaches a stranger.
+    Each look records the identities of the followed sessions' members. (Between two
+    looks, a second apart, a followed session could empty and its id be reused only if
+    the whole pid space wrapped within that second.)
+    """
+
+    def __init__(self) -> None:
+        self._sessions: dict[int, int] = {}  # sid -> its leader's start time
+        self.known: set[tuple[int, int]] = set()
+        """(pid, start time) of every process seen to be the job's."""
+
+    def add(self, session: Session) -> None:
+        """A child tftrun started, leader of ``session``: the job's from its start."""
+        self._sessions[session.sid] = session.since
+        self.known.add((session.sid, session.since))
+
+    @property
+    def sessions(self) -> list[int]:
+        return list(self._sessions)
+
+    def look(self, processes: list[ProcStat]) -> list[ProcStat]:
+        """Record the job's processes among ``processes`` (all of them, one pass over
+        ``/proc``), forget the sessions left empty; the job's processes found.
+
+        A process is the job's when its identity is known, when it is in a followed
+        session and started no sooner than the session's leader (started since the last
+        look, perhaps orphaned already), or when its parent (by identity, in the same
+        pass) is the job's (a process that left its session with ``setsid``).
+        """
+        by_pid = {p.pid: p for p in processes}
+        job: dict[int, ProcStat] = {
+            p.pid: p for p in processes
+            if (p.pid, p.starttime) in self.known
+            or self._sessions.get(p.session, _NEVER) <= p.starttime}
+        grew = True
+        while grew:
+            grew = False
+            for p in processes:
+                parent = job.get(p.ppid)
+                if p.pid not in job and parent is not None and by_pid.get(p.ppid) is parent:
+                    job[p.pid] = p
+                    grew = True
+        self.known = {(p.pid, p.starttime) for p in job.values()}
+        occupied = {p.session for p in job.values()}
+        self._sessions = {sid: since for sid, since in self._sessions.items() if sid in occupied}
+        return list(job.values())

@@ -79,7 +79,9 @@ def wait_for_go(fd: int) -> dict[str, Any] | None:
 
 def become(message: dict[str, Any]) -> None:
     """Turn this process into the worker that ``message`` describes and run its script."""
-    log_fd = os.open(message["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    from recovery.safe_files import open_append
+
+    log_fd = open_append(message["log"])
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     os.close(log_fd)

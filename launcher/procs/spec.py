@@ -41,6 +41,13 @@ class ProcessSpec:
             raise ValueError("a worker has a rank; the scheduler and a spare have none")
 
 
+OWN_PYTHON = (sys.executable, "-u", *(("-P",) if sys.version_info >= (3, 11) else ()))
+"""How tftrun starts its own modules (the scheduler, the watchdog): ``-P`` keeps the
+working folder off ``sys.path``, where ``python -m`` would put it first, so that a
+``recovery/`` or ``launcher/`` folder there is never run instead (Python 3.11 and later;
+docs/security.md). ``PYTHONPATH`` is still honoured."""
+
+
 def _common_env(config: LaunchConfig, base: Mapping[str, str]) -> dict[str, str]:
     env = dict(base)
     env.update({
@@ -64,6 +71,8 @@ def _common_env(config: LaunchConfig, base: Mapping[str, str]) -> dict[str, str]
         env[names.MS_ENABLE_TFT] = config.enable_tft
     if config.lineage:
         env[names.TFT_LINEAGE] = config.lineage
+    if config.nnodes is not None:
+        env[names.TFT_NODE_NUM] = str(config.nnodes)
     return env
 
 
@@ -118,7 +127,7 @@ def scheduler_spec(config: LaunchConfig, listen_fd: int,
     """The scheduler, serving the cluster store on the inherited socket ``listen_fd``."""
     env = _common_env(config, os.environ if base_env is None else base_env)
     env.update({names.MS_ROLE: names.ROLE_SCHEDULER, names.TFT_STORE_FD: str(listen_fd)})
-    argv = (sys.executable, "-u", "-m", "recovery.control.scheduler")
+    argv = (*OWN_PYTHON, "-m", "recovery.control.scheduler")
     return ProcessSpec(Role.SCHEDULER, None, argv, env, config.log_dir / "scheduler.log")
 
 

@@ -63,17 +63,17 @@ class Supervisor:
         """Relaunches of single ranks (per-rank recovery)."""
         self._follower = LogFollower(view.output) if config.join else None
         self.children = Children(config, self._emit, self._follower, store_socket)
-        self._nodes = NodeLink(config.master_addr, config.master_port) if config.multi_node else None
+        self._nodes = self._node_link() if config.multi_node else None
         """Node 0's cluster store, to agree with the other nodes (only with other nodes)."""
         self._meeting = MeetingPlace(config, self.children.hosts_scheduler, self._nodes)
         # Connected once the workers are started, on one node once something needs it.
         self._control = SchedulerControl(config.master_addr, config.master_port,
                                          config.job_token,
-                                         rejoin_cooldown=config.rejoin_cooldown, connect=False)
+                                         rejoin_cooldown=config.rejoin_cooldown, connect=False,
+                                         run_id=config.run_id)
         self._wakeup: Wakeup | None = None
         self._watch = SchedulerWatch(
-            self._control, NodeLink(config.master_addr, config.master_port)
-            if config.multi_node else None, self._wake)
+            self._control, self._node_link() if config.multi_node else None, self._wake)
         self._observer = Observer(config, self._watch, events.path)
         self._restart_at: float | None = None
         self._restart_why = ""
@@ -147,6 +147,17 @@ class Supervisor:
     # ----------------------------------------------------------------- children
     def _emit(self, event: str, **fields: object) -> None:
         self.view.on_event(self.events.emit(event, **fields))
+
+    def _node_link(self) -> NodeLink:
+        """A link to node 0's cluster store that reports values not the job's as events
+        (from whichever thread reads them: the events file only, not the view)."""
+        config = self.config
+        return NodeLink(config.master_addr, config.master_port, config.job_token, config.run_id,
+                        self._refused_value)
+
+    def _refused_value(self, key: str, why: str, count: int) -> None:
+        """Values of a cluster-store key that are not the job's (launcher/nodes/link.py)."""
+        self.events.emit("store_value_refused", key=key, reason=why, count=count)
 
     def _start_workers(self) -> None:
         where = self.children.rendezvous = self._meeting.choose(self.restart_count)

@@ -69,7 +69,8 @@ class MeetingPlace:
             return
         announce: Callable[[], None] | None = None
         if self._nodes is not None:
-            publisher = NodeLink(self._config.master_addr, self._config.master_port)
+            publisher = NodeLink(self._config.master_addr, self._config.master_port,
+                                 self._config.job_token, self._config.run_id)
             announce = partial(publisher.publish_rendezvous, restart_count, *where)
         self._store.serve(announce)
 

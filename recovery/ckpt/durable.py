@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from recovery.ckpt.layout import temp_owner_pid, temp_path
+from recovery.safe_files import NOFOLLOW
 
 __all__ = ["FileDigest", "write_atomic", "create_atomic", "fsync_dir", "file_digest",
            "remove_stale_temps", "create_numbered_dir"]
@@ -65,6 +66,11 @@ def fsync_dir(directory: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def _create(temp: Path) -> BinaryIO:
+    """``temp`` created for writing, exclusively and never through a symbolic link."""
+    return os.fdopen(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o644), "wb")
+
+
 def write_atomic(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> FileDigest:
     """Write a file durably and atomically; return the digest of what was written.
 
@@ -82,7 +88,7 @@ def write_atomic(path: str | os.PathLike[str], write: Callable[[BinaryIO], objec
     path = Path(path)
     temp = temp_path(path)
     try:
-        with open(temp, "wb") as file:
+        with _create(temp) as file:
             writer = _HashingWriter(file)
             write(writer)  # type: ignore[arg-type]
             file.flush()
@@ -108,7 +114,7 @@ def create_atomic(path: str | os.PathLike[str], data: bytes) -> bool:
     path = Path(path)
     temp = temp_path(path, tag=str(threading.get_ident()))
     try:
-        with open(temp, "wb") as file:
+        with _create(temp) as file:
             file.write(data)
             file.flush()
             os.fsync(file.fileno())

@@ -7,7 +7,7 @@ Periodic checkpoints (one directory per rank under the recovery path)::
         <prefix>_<n>-<epoch>_<step>.ckpt    the n-th later run with the same prefix
         manifest.json                       size + sha256 of every complete checkpoint
         manifest.json.lock                  serialises manifest updates
-        .<name>.<pid>.tmp                   a file being written (never a checkpoint)
+        .<name>.<random>.<pid>.tmp          a file being written (never a checkpoint)
 
 Last-words checkpoints (TTP) use the same file-name pattern with the prefix
 ``ttp_rank_<r>``, one directory per saved step::
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,13 +177,15 @@ def manifest_lock_path(directory: str | os.PathLike[str]) -> Path:
 
 
 def temp_path(final: str | os.PathLike[str], tag: str = "") -> Path:
-    """Where ``final`` is written before its atomic rename (hidden, owner pid, ``.tmp``).
+    """Where ``final`` is written before its atomic rename (hidden, a random part, owner
+    pid, ``.tmp``): a new name at every call.
 
     ``tag`` tells apart the temporary files of several writers in one process.
     """
     final = Path(final)
     tagged = f"{final.name}.{tag}" if tag else final.name
-    return final.with_name(f".{tagged}.{os.getpid()}{_TEMP_SUFFIX}")
+    # A random part, as mkstemp's: nobody can plant a link at the name ahead of the writer.
+    return final.with_name(f".{tagged}.{secrets.token_hex(4)}.{os.getpid()}{_TEMP_SUFFIX}")
 
 
 def temp_owner_pid(name: str) -> int | None:

@@ -186,6 +186,9 @@ class Member:
     # another member of the generation has reported a higher one (monotonic).
     generation_step: int | None = None
     behind_since: float | None = None
+    least_delay: float | None = None
+    """The least (scheduler's wall clock - a request's signed stamp) seen from this
+    process: its clock's offset from the scheduler's, plus the quickest delivery."""
 
     def is_process(self, pid: int, incarnation: int, host: str | None = None) -> bool:
         return (self.pid == pid and self.incarnation == incarnation
@@ -311,8 +314,12 @@ class Membership:
         return self._admit(node_id, rank, identity, event)
 
     def heartbeat(self, identity: Identity, token: str, global_step: int | None,
-                  phase: str | None = None) -> Accepted | Refused:
+                  phase: str | None = None, sent: float | None = None) -> Accepted | Refused:
         """A registered process is alive and at ``global_step``, doing ``phase`` (if it says).
+
+        ``sent``: the beat's signed stamp (the sender's wall clock). The member was alive
+        then, not when the scheduler got round to its beat: a beat that waited in a
+        flooded queue does not make its sender look fresher (nor staler) than it is.
 
         A process the scheduler does not know (its state was lost) is admitted again
         under the registration rules: that is how workers re-attach after a scheduler
@@ -334,7 +341,7 @@ class Membership:
         elif member.state not in LIVE_STATES:
             return self._refuse(identity, RefuseReason.STALE,
                                 f"node {identity.node_id} was declared {member.state.value}")
-        self._confirm(member)
+        self._confirm(member, sent)
         if phase is not None:
             member.phase = phase
         if global_step is not None and global_step != member.global_step:
@@ -642,20 +649,38 @@ class Membership:
             member.global_step = member.phase = member.generation_step = None
             member.behind_since = None
         member.heartbeat_at = member.progress_at = now
+        member.least_delay = None
         self._last_refusal.pop(identity.node_id, None)
         self._emit(event, **member.fields(), host=member.host,
                    generation=self._generation_of(member))
         self._update_completeness()
         return Accepted(node_id, rank, self._generation_of(member))
 
-    def _confirm(self, member: Member) -> Accepted:
-        """A live member was heard from: it is alive (again, after a scheduler restart)."""
-        member.heartbeat_at = self.clock.monotonic()
+    def _confirm(self, member: Member, sent: float | None = None) -> Accepted:
+        """A live member was heard from: it is alive (again, after a scheduler restart),
+        as of ``sent`` (its request's signed stamp), or now."""
+        member.heartbeat_at = max(member.heartbeat_at, self._heard_at(member, sent))
         if member.state is MemberState.UNCONFIRMED:
             member.transition(MemberState.ALIVE)
             self._emit("attach", **member.fields(), host=member.host,
                        generation=self._generation_of(member))
         return Accepted(member.node_id, member.rank, self._generation_of(member))
+
+    def _heard_at(self, member: Member, sent: float | None) -> float:
+        """When (monotonic) ``member`` sent a request stamped ``sent`` by its own clock.
+
+        Clocks of two hosts differ, so the stamp is read against the member's least
+        delay so far (see :class:`Member`): what its request waited beyond that is how
+        long ago it was sent. A first request that waited long sets a large least delay
+        and makes the member look fresher, never staler, than it is.
+        """
+        now = self.clock.monotonic()
+        if sent is None:
+            return now
+        delay = self.clock.time() - sent
+        member.least_delay = delay if member.least_delay is None else min(member.least_delay,
+                                                                         delay)
+        return now - (delay - member.least_delay)
 
     def _start_cooldown(self, node_id: str, rank: int | None, reason: str) -> None:
         now = self.clock.time()

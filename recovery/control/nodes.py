@@ -3,13 +3,11 @@
 Nodes share no file system, only the network. Everything one node's tftrun must learn
 from another goes through these keys of the cluster store (the scheduler's, on node 0):
 
-* ``tft/job``: the job's identity (run id, lineage, worker count), set by the
-  scheduler when it starts. A node other than node 0 waits for it before it starts
-  anything: it is also the sign that node 0's scheduler is up.
-* ``tft/job_token_proof``: that node 0 holds the job token, without the token
-  (:func:`recovery.control.signing.token_proof` of the run id), set just before
-  ``tft/job``. A node given another token sees the difference and stops before it starts
-  anything.
+* ``tft/job``: the job's identity (run id, lineage, worker count, node count), set by
+  the scheduler when it starts. A node other than node 0 waits for it before it starts
+  anything: it is also the sign that node 0's scheduler is up. Its value carries a MAC
+  keyed with the job token over the whole identity: the proof that node 0 holds the
+  token, without the token. A node given another token cannot verify it and stops.
 * ``tft/rendezvous/<n>``: ``host:port`` of the fresh ``env://`` store of group restart
   ``n``, hosted by node 0's supervisor (launcher/nodes/rendezvous.py). Every node's workers of
   restart ``n`` meet there.
@@ -19,10 +17,11 @@ from another goes through these keys of the cluster store (the scheduler's, on n
   every node (a failure no restart fixes, a node that did not come back).
 
 The store has no authentication (docs/security.md): whoever reaches the port can read and
-write these keys. So none of them holds a secret: the job token is never here. Every node
-is given the same token (``TFT_JOB_TOKEN``) by whoever starts it, and a node misled by a
-forged key gets no further than the scheduler, which refuses its workers' unsigned or
-wrongly signed requests.
+write these keys. So none of them holds a secret, and every value is signed
+(:func:`recovery.control.signing.sign_value`): ``tft/job`` with the token, the others with
+the job's key (:func:`recovery.control.signing.job_key`), each MAC over the key's name and
+its value. A value that does not verify, is longer than :data:`MAX_VALUE_BYTES` or does
+not parse is read as unset, and reported: a stranger can hide a key, never steer a node.
 """
 
 from __future__ import annotations
@@ -30,15 +29,18 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from recovery.control.signing import BadSignature, keyed_name, open_value, sign_value
+from recovery.control.tcpstore_client import TCPStoreClient
 
-__all__ = ["JOB_KEY", "TOKEN_PROOF_KEY", "RESTART_KEY", "END_KEY", "JobIdentity", "rendezvous_key",
-           "raise_counter", "read_text"]
+__all__ = ["JOB_KEY", "RESTART_KEY", "END_KEY", "MAX_VALUE_BYTES", "JobIdentity",
+           "BadValue", "rendezvous_key", "raise_counter", "read_signed", "job_value",
+           "parse_job", "parse_address", "stored_at", "job_names"]
 
 JOB_KEY = "tft/job"
-TOKEN_PROOF_KEY = "tft/job_token_proof"
 RESTART_KEY = "tft/restart_all"
 END_KEY = "tft/end"
+MAX_VALUE_BYTES = 65_536
+"""The most a node reads of a control key: a longer value is nobody's."""
 
 
 def rendezvous_key(restart_count: int) -> str:
@@ -52,6 +54,7 @@ class JobIdentity:
     run_id: str
     lineage: str
     worker_num: int
+    node_num: int = 1
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -61,31 +64,87 @@ class JobIdentity:
         """Raises ValueError when ``text`` is not a job identity."""
         try:
             data = json.loads(text)
-            return cls(str(data["run_id"]), str(data["lineage"]), int(data["worker_num"]))
-        except (KeyError, TypeError, json.JSONDecodeError) as err:
-            raise ValueError(f"not a job identity: {text!r:.80}") from err
+            return cls(str(data["run_id"]), str(data["lineage"]), int(data["worker_num"]),
+                       int(data.get("node_num", 1)))
+        except (KeyError, TypeError, AttributeError, json.JSONDecodeError,
+                RecursionError) as err:
+            raise ValueError(f"not a job identity: {str(text)[:80]!r}") from err
 
 
-def read_text(client: Any, key: str) -> str | None:
-    """The value of ``key`` in the store, or ``None`` when it is not set (no waiting)."""
-    if not client.check([key]):
+class BadValue(ValueError):
+    """A control key holds what none of the job's processes wrote."""
+
+
+def job_value(token: str, job: JobIdentity) -> str:
+    """What the scheduler stores under :data:`JOB_KEY`: the identity, signed with the token."""
+    return sign_value(token.encode(), JOB_KEY, job.to_json())
+
+
+def job_names(token: str) -> tuple[str, str]:
+    """Where the scheduler keeps the job's identity: :data:`JOB_KEY`, and the name only
+    holders of the token can compute (:func:`stored_at`), which the other nodes read."""
+    return JOB_KEY, stored_at(token.encode(), JOB_KEY)
+
+
+def parse_job(token: str, stored: bytes) -> JobIdentity:
+    """The identity in :data:`JOB_KEY`'s value. Raises BadValue."""
+    try:
+        return JobIdentity.from_json(open_value(token.encode(), JOB_KEY, stored))
+    except (BadSignature, ValueError) as err:
+        raise BadValue(str(err)) from None
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``host:port`` as a pair. Raises BadValue."""
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise BadValue(f"not host:port: {text[:80]!r}")
+    return host, int(port)
+
+
+def stored_at(key: bytes, name: str) -> str:
+    """The store key under which the value of ``name`` signed with ``key`` is kept:
+    ``<name>/<a MAC of the name>``, which only the job's processes can compute. A stranger
+    who overwrites the plain names hides nothing from them; one who lists the store's keys
+    and overwrites these too can deny service, never steer (docs/security.md)."""
+    return f"{name}/{keyed_name(key, name)}"
+
+
+def read_signed(client: TCPStoreClient, key: bytes, name: str) -> str | None:
+    """The value signed with ``key`` under ``name``, or ``None`` when unset (no waiting).
+
+    Raises:
+        BadValue: it is set to anything else (the client's connection is then left as
+            it was, or dropped when the value was too long to read).
+    """
+    where = stored_at(key, name)
+    if not client.check([where]):
         return None
-    return bytes(client.get(key)).decode()
+    stored = bytes(client.get(where, MAX_VALUE_BYTES))
+    try:
+        return open_value(key, name, stored)
+    except BadSignature as err:
+        raise BadValue(str(err)) from None
 
 
-def raise_counter(client: Any, key: str, value: int) -> int:
-    """Raise the integer under ``key`` to at least ``value``, atomically; the result.
+def raise_counter(client: TCPStoreClient, key: bytes, name: str, value: int) -> int:
+    """Raise the signed integer under ``name`` to at least ``value``, atomically; the result.
 
     Several nodes may raise it at once (each restarting after the same failure): the
-    store's compare-and-set makes them agree, and a value is never lowered.
+    store's compare-and-set makes them agree, and a value is never lowered. A value that
+    is not the job's (a stranger's) counts as unset, and is replaced.
     """
+    where = stored_at(key, name)
     while True:
-        current = read_text(client, key)
-        have = int(current) if current is not None else -1
+        current = bytes(client.get(where, MAX_VALUE_BYTES)) if client.check([where]) else b""
+        try:
+            have = int(open_value(key, name, current)) if current else -1
+        except (BadSignature, ValueError):
+            have = -1
         if have >= value:
             return have
-        expected = current if current is not None else ""
-        got = bytes(client.compare_set(key, expected, str(value))).decode()
-        if got == str(value):
+        desired = sign_value(key, name, str(value))
+        got = bytes(client.compare_set(where, current, desired, MAX_VALUE_BYTES))
+        if got == desired.encode():
             return value
         time.sleep(0.01)  # another node raised it in between: read again

@@ -50,7 +50,11 @@ from datetime import timedelta
 from enum import Enum
 from typing import Any
 
-from recovery.control.signing import BadSignature, Kind, new_nonce, seal, unseal
+from recovery import env as names
+from recovery.control.nodes import stored_at
+from recovery.control.signing import (
+    BadSignature, Kind, job_key, keyed_name, new_nonce, open_value, seal, sign_value, unseal,
+)
 from recovery.control.tcpstore_client import StoreError, StoreTimeout, TCPStoreClient
 from recovery.control.throttle import Throttle
 
@@ -60,6 +64,10 @@ __all__ = [
     "NEWS",
     "reply_key",
     "ready_key",
+    "ready_at",
+    "ready_value",
+    "is_ready",
+    "generation_prefix",
     "SchedulerLink",
     "SchedulerUnavailable",
     "NoReply",
@@ -73,8 +81,14 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 REQUESTS = "tft/requests"
+MAX_REPLY_BYTES = 8 << 20
+"""A reply announced larger than this is nobody's (a status of thousands of members is
+far smaller): its connection is dropped before the value is read."""
 NEWS = "tft/news"
 _RECONNECT_PAUSE = 0.1
+_MAX_NEWS_BYTES = 65_536
+"""The news counter is a few digits; a stranger's value up to this is read and ignored
+(a longer one costs the connection)."""
 _PROBE_TIMEOUT = 1.0
 
 
@@ -99,8 +113,35 @@ def reply_key(rid: str) -> str:
 
 
 def ready_key(generation: int) -> str:
-    """Set by the scheduler once ``generation`` is formed: its members may rendezvous."""
+    """Set by the scheduler once ``generation`` is formed: its members may rendezvous. Its
+    value is ``generation``, signed with the job's key (:func:`ready_value`)."""
     return f"tft/ready/{generation}"
+
+
+def ready_at(key: bytes, generation: int) -> str:
+    """Where :func:`ready_value` is kept: under a name only the job can compute
+    (recovery/control/nodes.py ``stored_at``), so that a stranger who overwrites
+    :func:`ready_key` keeps no member waiting."""
+    return stored_at(key, ready_key(generation))
+
+
+def ready_value(key: bytes, generation: int) -> str:
+    return sign_value(key, ready_key(generation), str(generation))
+
+
+def is_ready(key: bytes, generation: int, stored: bytes) -> bool:
+    """Whether ``stored`` is the scheduler's :func:`ready_value` of ``generation``."""
+    try:
+        return open_value(key, ready_key(generation), stored) == str(generation)
+    except BadSignature:
+        return False
+
+
+def generation_prefix(key: bytes, generation: int) -> str:
+    """The store prefix under which the members of ``generation`` rendezvous (their
+    arrival keys, then torch's own): a MAC of the generation keyed with the job's key,
+    which nobody without the token can compute ahead of them."""
+    return f"gen{generation}-{keyed_name(key, f'generation {generation}')}/"
 
 
 class SchedulerUnavailable(ConnectionError):
@@ -185,18 +226,21 @@ class SchedulerLink:
     Args:
         host: the scheduler's address.
         port: its store port.
-        token: the job token: the key every request is signed with and every reply
-            verified with (never sent).
+        token: the job token; with ``run_id``, it makes the job's key
+            (:func:`recovery.control.signing.job_key`), which every request is signed
+            with and every reply verified with (neither is ever sent).
         reply_timeout: how long a request waits for its reply, in seconds.
         on_connect: called (in the connecting thread) after every (re)connection.
         connect: start connecting now; False: at :meth:`start`.
+        run_id: the job's run id (a scheduler started without one has the default).
     """
 
     def __init__(self, host: str, port: int, token: str, reply_timeout: float,
-                 on_connect: Callable[[], object] | None = None, connect: bool = True) -> None:
+                 on_connect: Callable[[], object] | None = None, connect: bool = True,
+                 run_id: str = names.DEFAULT_RUN_ID) -> None:
         self.host = host
         self.port = port
-        self._key = token.encode()
+        self._key = job_key(token, run_id)
         self.unverified = 0
         """Replies that failed their check (forged, or signed with another token)."""
         self._unverified_log = Throttle()
@@ -236,9 +280,7 @@ class SchedulerLink:
                 raise SchedulerUnavailable(f"no connection to the scheduler at {self.where}")
             try:
                 client.queue_push(REQUESTS, request)
-                # get waits for the key, up to the client's timeout (the reply timeout).
-                reply = client.get(reply_key(rid))
-                client.delete_key(reply_key(rid))
+                reply = self._reply_to(client, op, rid, nonce)
             except StoreError as err:
                 # A timed-out connection is mid-message: a new one is made, and its
                 # on_connect delivers what waits for it (SchedulerControl's exit reports),
@@ -250,6 +292,30 @@ class SchedulerLink:
                 raise SchedulerUnavailable(f"scheduler at {self.where}: {err}") from None
         return self._verified(op, rid, nonce, reply)
 
+    @property
+    def key(self) -> bytes:
+        """The job's key (recovery/control/signing.py): what this link signs with."""
+        return self._key
+
+    def _reply_to(self, client: TCPStoreClient, op: Op, rid: str, nonce: str) -> bytes:
+        """The reply under ``rid``'s key that answers this attempt; a signed reply to an
+        earlier attempt of the same request (it came after that attempt stopped waiting)
+        is removed and waited past, up to the reply timeout, not taken for a forgery."""
+        deadline = time.monotonic() + self._reply_timeout
+        while True:
+            # get waits for the key, up to the client's timeout (the reply timeout).
+            reply = client.get(reply_key(rid), MAX_REPLY_BYTES)
+            client.delete_key(reply_key(rid))
+            if not self._earlier_attempt(op, rid, nonce, reply) or time.monotonic() > deadline:
+                return reply
+
+    def _earlier_attempt(self, op: Op, rid: str, nonce: str, raw: bytes) -> bool:
+        try:
+            sealed = unseal(self._key, Kind.REPLY, raw)
+        except BadSignature:
+            return False
+        return (sealed.op, sealed.rid) == (op.value, rid) and sealed.nonce != nonce
+
     def news(self) -> int | None:
         """The scheduler's news counter (see the module docstring); ``None`` when it
         cannot be read now (not connected, or the connection broke)."""
@@ -258,10 +324,19 @@ class SchedulerLink:
             if client is None:
                 return None
             try:
-                return client.add(NEWS, 0)  # reads it, never waits for it
+                # check, then get: never waits for it. Not add(0): anyone may set it to
+                # something that is not a number, and the store then drops a connection
+                # that adds to it, requests in flight included.
+                if not client.check([NEWS]):
+                    return 0
+                news = client.get(NEWS, _MAX_NEWS_BYTES)
             except StoreError:
                 self._drop()
                 return None
+        try:
+            return int(news)
+        except ValueError:
+            return None
 
     def _verified(self, op: Op, rid: str, nonce: str, raw: bytes) -> dict[str, Any]:
         """The reply in ``raw`` when it is the scheduler's answer to this very attempt."""

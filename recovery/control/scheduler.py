@@ -39,7 +39,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -57,7 +57,7 @@ from recovery.control.membership import (
     describe_incomplete,
 )
 from recovery.control.node_ranks import Given, NodeRanks
-from recovery.control.nodes import JOB_KEY, TOKEN_PROOF_KEY, JobIdentity
+from recovery.control.nodes import JOB_KEY, MAX_VALUE_BYTES, JobIdentity, job_names, job_value
 from recovery.control.replies import KeptReplies, SentReplies
 from recovery.control.requests import BadRequest, Request, parse_request
 from recovery.control.rpc import (
@@ -67,7 +67,8 @@ from recovery.control.rpc import (
     describe_bind_error,
     listen_on,
     open_client,
-    ready_key,
+    ready_at,
+    ready_value,
     reply_key,
 )
 from recovery.control.signing import (
@@ -76,11 +77,14 @@ from recovery.control.signing import (
     MissingToken,
     ReplayGuard,
     Sealed,
+    WeakToken,
+    checked_strength,
     checked_token,
+    job_key,
     seal,
-    token_proof,
     unseal,
 )
+from recovery.control.tcpstore_client import StoreError, TCPStoreClient
 from recovery.control.throttle import Throttle
 from recovery.control.files import Endpoint, StateFile
 from recovery.timeouts import Timeouts
@@ -100,6 +104,12 @@ _LOOP_TIMEOUT = timedelta(days=1)  # the ticker wakes the loop long before
 _TICKER_TIMEOUT = 1.0
 _PAST_DEADLINE = 0.001
 _JOIN_TIMEOUT = 5.0
+BEHIND_AFTER = 2.0
+"""Seconds of batches that each left requests waiting after which the scheduler is
+behind: a beat may be waiting in the queue, so no member is judged silent (or stalled)
+until it has caught up."""
+JOB_KEY_EVERY = 1.0
+"""How often the ticker checks that :data:`JOB_KEY` still holds the job's identity."""
 _WRONG_TOKEN = {"ok": False, "reason": "token", "retry_after": None,
                 "message": "wrong job token: the request's signature does not verify"}
 _TICK = json.dumps({"op": Op.TICK.value}).encode()
@@ -134,12 +144,14 @@ class SchedulerConfig:
     port: int
     listen_fd: int | None
     worker_num: int
-    token: str
+    token: str = field(repr=False)
     run_id: str
     log_dir: str | None
     recovery_path: str
     timeouts: Timeouts
     lineage: str = ""
+    node_num: int = 0
+    """The job's node count, 0 when not given (``--nnodes``)."""
 
     @property
     def supervised(self) -> bool:
@@ -155,12 +167,14 @@ class SchedulerConfig:
             port=worker.sched_port,
             listen_fd=int(fd_text) if fd_text else None,
             worker_num=worker.world_size,
-            token=checked_token(worker.job_token, worker.insecure_no_token),
+            token=checked_strength(checked_token(worker.job_token, worker.insecure_no_token),
+                                   allow_weak=env.get(names.TFT_INSECURE_WEAK_TOKEN) == "1"),
             run_id=worker.run_id,
             log_dir=worker.log_dir,
             recovery_path=worker.recovery_path,
             timeouts=Timeouts.from_env(env),
             lineage=worker.lineage,
+            node_num=int(env.get(names.TFT_NODE_NUM) or 0),
         )
 
 
@@ -176,7 +190,9 @@ class Scheduler:
         self.replies = KeptReplies()
         self.node_ranks = NodeRanks()
         self._sent = SentReplies()
-        self._key = config.token.encode()
+        self._key = job_key(config.token, config.run_id)
+        self._job_value = job_value(config.token, JobIdentity(
+            config.run_id, config.lineage, config.worker_num, config.node_num))
         self._replays = ReplayGuard()
         self._refusals: dict[str, Throttle] = {}
         self._decided: list[tuple[str, dict[str, Any]]] = []
@@ -189,11 +205,20 @@ class Scheduler:
         self._failed = False
         self._exit = (0, "")
         self._client: Any = None
+        self._news: TCPStoreClient | None = None
+        self._port = config.port
         self._published = NO_GENERATION
         self._saved = ""
         self._saved_at = 0.0
         self._overdue_reported = False
         self._started = time.time()
+        self._undrained_since: float | None = None
+        """Since when (monotonic) every batch has left requests waiting; None: the last
+        one took all that waited."""
+        self._behind: Throttle | None = None
+        """While behind: the throttle of its reports."""
+        self._stamp: float | None = None
+        """The signed stamp (sender's wall clock, s) of the request being handled."""
         self._checked_at = -math.inf  # monotonic
         self._check_pending = False  # a request came since the rules last ran
         self._rules_due: float | None = None  # Membership.next_due() when they last ran
@@ -231,13 +256,12 @@ class Scheduler:
                          describe_bind_error(err))
             return 1
         server = host_store(cfg.host, cfg.port, cfg.listen_fd if own is None else own.fileno())
-        port = server.port
+        port = self._port = server.port
         self._client = open_client(cfg.host, port, _LOOP_TIMEOUT.total_seconds())
         reloaded = self._reload()
         # The other nodes wait for this key: the scheduler is up, and this is the job.
-        self._client.set(TOKEN_PROOF_KEY, token_proof(cfg.token, cfg.run_id))
-        self._client.set(JOB_KEY, JobIdentity(cfg.run_id, cfg.lineage,
-                                              cfg.worker_num).to_json())
+        for name in job_names(cfg.token):
+            self._client.set(name, self._job_value)
         endpoint = Endpoint(cfg.host, port, os.getpid(), cfg.run_id, self._started)
         if cfg.log_dir is not None:
             endpoint.write(cfg.log_dir)
@@ -332,21 +356,48 @@ class Scheduler:
 
     def _tick(self, host: str, port: int) -> None:
         """Wake the loop when something is due that no request brings (see
-        :meth:`_next_wakeup`), and never else: a tick is a request the loop pops."""
+        :meth:`_next_wakeup`), and never else: a tick is a request the loop pops. Between
+        two, every :data:`JOB_KEY_EVERY` seconds, put the job's identity back in
+        :data:`JOB_KEY` if anyone overwrote it (that wakes no loop)."""
         from torch.distributed import DistError
 
         client = open_client(host, port, _TICKER_TIMEOUT)
+        guard: TCPStoreClient | None = None
+        overwritten = Throttle()
+        next_guard = time.monotonic() + JOB_KEY_EVERY
         while not self._loop_exited.is_set():
+            if time.monotonic() >= next_guard:
+                guard = self._guard_job_key(guard, host, port, overwritten)
+                next_guard = time.monotonic() + JOB_KEY_EVERY
             with self._wake_changed:
                 left = self._wake_at - time.monotonic()
                 if left > 0:
-                    self._wake_changed.wait(None if left == math.inf else left)
+                    self._wake_changed.wait(min(left, next_guard - time.monotonic()))
                     continue
                 self._wake_at = math.inf  # the loop sets the next once it has handled this
             try:
                 client.queue_push(REQUESTS, _TICK)
             except DistError:
                 return
+
+    def _guard_job_key(self, guard: TCPStoreClient | None, host: str, port: int,
+                       overwritten: Throttle) -> TCPStoreClient | None:
+        """Set :data:`JOB_KEY` again when it holds anything but the job's identity; the
+        client to use next time (``None``: a new one then)."""
+        try:
+            guard = guard or TCPStoreClient(host, port, _TICKER_TIMEOUT)
+            for name in job_names(self.config.token):
+                held = guard.get(name, MAX_VALUE_BYTES) if guard.check([name]) else b""
+                if held != self._job_value.encode():
+                    guard.set(name, self._job_value)
+                    if (count := overwritten.note()) is not None:
+                        logger.warning("%s was overwritten %d time(s) by someone else; put "
+                                       "back", JOB_KEY, count)
+            return guard
+        except StoreError:  # a value too long (the connection is dropped), or the store ends
+            if guard is not None:
+                guard.close()
+            return None
 
     def _wake_loop_at(self, when: float) -> None:
         """Have the ticker wake the loop at ``when`` (monotonic), or earlier if it is to."""
@@ -393,8 +444,14 @@ class Scheduler:
         # Requests already waiting join the batch: one save and one run of the
         # rules for them all (a burst of registrations costs one fsync, not one each).
         # One length for the batch, not one per request: each is a store round trip.
-        waiting = min(BATCH - 1, self._client.queue_len(REQUESTS))
-        answers.extend(self._handle(self._client.queue_pop(REQUESTS)) for _ in range(waiting))
+        counted_at = time.monotonic()
+        waiting = self._client.queue_len(REQUESTS)
+        if waiting < BATCH:  # all sent before counted_at is handled with this batch
+            self._undrained_since = None
+        elif self._undrained_since is None:
+            self._undrained_since = counted_at
+        answers.extend(self._handle(self._client.queue_pop(REQUESTS))
+                       for _ in range(min(BATCH - 1, waiting)))
         self.wakeups += 1
         self._after_request()
         # Only now, with the decisions persisted: what a worker is told survives a
@@ -426,7 +483,7 @@ class Scheduler:
         except BadSignature as err:
             header = err.header
             self._refused("signature", None if header is None else header.op, str(err))
-            if header is None:
+            if header is None or self._behind is not None:  # a flood is not answered
                 return None, None
             return header.rid, seal(None, Kind.REPLY, header.op, header.rid, header.nonce,
                                     json.dumps(_WRONG_TOKEN))
@@ -440,6 +497,7 @@ class Scheduler:
             self._refused(problem, sealed.op, message)
             return sealed.rid, self._sealed(sealed, {"ok": False, "reason": "clock",
                                                      "message": message, "retry_after": None})
+        self._stamp = sealed.ts_ms / 1000
         try:
             request = parse_request(sealed)
             self._check_pending = True
@@ -505,7 +563,7 @@ class Scheduler:
         """A beat; the reply hands the member the injections queued for its rank."""
         fields = request.fields
         answer = self.membership.heartbeat(Identity.from_json(fields), self.config.token,
-                                           fields["step"], fields["phase"])
+                                           fields["step"], fields["phase"], sent=self._stamp)
         return self._handing_out_injections(answer)
 
     def _handing_out_injections(self, answer: Accepted | Refused) -> dict[str, Any]:
@@ -575,8 +633,9 @@ class Scheduler:
     def _after_request(self) -> None:
         """Apply the periodic rules when due, persist, then make the decisions known."""
         now = time.monotonic()
-        rules_ran = now - self._checked_at >= CHECK_EVERY or (
-            self._rules_due is not None and now >= self._rules_due)
+        rules_ran = not self._judge_behind(now) and (
+            now - self._checked_at >= CHECK_EVERY
+            or (self._rules_due is not None and now >= self._rules_due))
         if rules_ran:
             self.membership.check()
             self._checked_at, self._check_pending = now, False
@@ -589,15 +648,60 @@ class Scheduler:
             logger.info("%s %s", name, " ".join(f"{k}={v}" for k, v in fields.items()))
         self._publish_generation()
         if any(name in _NEWS_EVENTS for name, _fields in decided):
-            self._client.add(NEWS, 1)
+            self._bump_news()
         if rules_ran or decided:  # O(members): not for every heartbeat
             self._check_end()
+
+    def _bump_news(self) -> None:
+        """Add one to :data:`NEWS`, through a client of its own: anyone may set the key
+        to something that is not a number, and the store then drops the connection that
+        adds to it. Such a value is removed, and the count starts again."""
+        for _attempt in range(2):
+            try:
+                self._news = self._news or TCPStoreClient(self.config.host, self._port,
+                                                          _TICKER_TIMEOUT)
+                self._news.add(NEWS, 1)
+                return
+            except StoreError as err:
+                logger.warning("%s could not be raised (%s): reset", NEWS, err)
+                self._news = None
+                try:
+                    cleaner = TCPStoreClient(self.config.host, self._port, _TICKER_TIMEOUT)
+                except StoreError:
+                    return
+                try:
+                    cleaner.delete_key(NEWS)
+                except StoreError:
+                    return
+                finally:
+                    cleaner.close()
+
+    def _judge_behind(self, now: float) -> bool:
+        """Whether the queue has not been drained for :data:`BEHIND_AFTER` s (a flood, or
+        more requests than it handles): then no verdict is given, and it says so, in a
+        ``scheduler_behind`` event at most every 10 s, and ``scheduler_caught_up`` once
+        it has."""
+        behind = 0.0 if self._undrained_since is None else now - self._undrained_since
+        if behind <= BEHIND_AFTER:
+            if self._behind is not None:
+                self._behind = None
+                self.events.emit("scheduler_caught_up")
+                logger.warning("caught up with the requests: verdicts are given again")
+            return False
+        self._behind = self._behind or Throttle()
+        if (count := self._behind.note()) is not None:
+            message = (f"requests have waited for more than {behind:.1f}s (a flood, or more "
+                       f"than it can handle): no member is judged until they are handled")
+            self.events.emit("scheduler_behind", behind_s=round(behind, 3), batches=count,
+                             message=message)
+            logger.warning("%s", message)
+        return True
 
     def _publish_generation(self) -> None:
         """Let the members of a newly formed generation rendezvous (recovery/runtime/cluster.py)."""
         generation = self.membership.generation
         if generation > self._published:
-            self._client.set(ready_key(generation), str(generation))
+            self._client.set(ready_at(self._key, generation), ready_value(self._key, generation))
             self._published = generation
 
     def _snapshot(self, finished: bool) -> dict[str, Any]:
@@ -649,7 +753,7 @@ def main() -> int:
     os.umask(os.umask(0) | 0o022)  # what it writes is never world-writable
     try:
         config = SchedulerConfig.from_env()
-    except MissingToken as err:
+    except (MissingToken, WeakToken) as err:
         logger.error("%s", err)
         return 2
     scheduler = Scheduler(config)

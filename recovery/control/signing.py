@@ -35,8 +35,9 @@ from enum import Enum
 from recovery import env as names
 
 __all__ = ["Kind", "Sealed", "BadSignature", "seal", "unseal", "new_nonce", "ReplayGuard",
-           "MissingToken", "checked_token", "token_proof", "UNSIGNED", "MAX_MESSAGE_BYTES",
-           "REPLAY_WINDOW"]
+           "MissingToken", "WeakToken", "checked_token", "checked_strength", "job_key",
+           "sign_value", "open_value", "keyed_name", "UNSIGNED", "MAX_MESSAGE_BYTES",
+           "REPLAY_WINDOW", "MIN_TOKEN_BITS"]
 
 MAGIC = "tft1"
 UNSIGNED = "-"
@@ -165,9 +166,74 @@ def checked_token(token: str, insecure_no_token: bool) -> str:
     return token
 
 
-def token_proof(token: str, run_id: str) -> str:
-    """What shows that whoever published job ``run_id`` holds ``token``, without showing
-    the token: HMAC-SHA256 keyed with it over ``job <run_id>`` (no request or reply MAC
-    covers a text of that form). A node compares node 0's with its own before it starts
-    anything, so a node given another token is told so at once."""
-    return hmac.new(token.encode(), f"job {run_id}".encode(), hashlib.sha256).hexdigest()
+MIN_TOKEN_BITS = 128
+"""A token set by the user must hold at least this much (hex or base64 text counted by
+what its characters can carry), unless TFT_INSECURE_WEAK_TOKEN=1: the MACs on the wire let
+whoever sees them test guesses of the token offline."""
+
+
+class WeakToken(ValueError):
+    """A user-set job token too short to resist an offline guess."""
+
+
+def _token_bits(token: str) -> float:
+    """What ``token`` can hold at most: its length times the bits of its alphabet."""
+    if re.fullmatch(r"[0-9a-fA-F]*", token):
+        per_char = 4.0
+    elif re.fullmatch(r"[A-Za-z0-9+/=_-]*", token):
+        per_char = 6.0
+    else:
+        per_char = 8.0 * len(token.encode()) / max(len(token), 1)
+    return per_char * len(token)
+
+
+def checked_strength(token: str, allow_weak: bool) -> str:
+    """``token``, unless it is non-empty, shorter than :data:`MIN_TOKEN_BITS` and the
+    user did not opt in (an empty token is :func:`checked_token`'s business)."""
+    if token and not allow_weak and _token_bits(token) < MIN_TOKEN_BITS:
+        raise WeakToken(f"{names.TFT_JOB_TOKEN} holds less than {MIN_TOKEN_BITS} bits (e.g. "
+                        f"32 hex digits: python3 -c 'import secrets; "
+                        f"print(secrets.token_hex(16))'); {names.TFT_INSECURE_WEAK_TOKEN}=1 "
+                        f"accepts it")
+    return token
+
+
+def job_key(token: str, run_id: str) -> bytes:
+    """The one key that signs everything of job ``run_id``: HMAC-SHA256 keyed with the
+    token over ``tft job key <run_id>``. Two jobs that share a token sign with different
+    keys, so neither accepts a message captured from the other."""
+    return hmac.new(token.encode(), f"tft job key {run_id}".encode(), hashlib.sha256).digest()
+
+
+def _value_mac(key: bytes, name: str, value: str) -> str:
+    return hmac.new(key, f"value {name}\n{value}".encode(), hashlib.sha256).hexdigest()
+
+
+def sign_value(key: bytes, name: str, value: str) -> str:
+    """What to store under ``name``: ``<mac> <value>``, the MAC keyed with ``key`` over
+    the key's name and the value (a value signed for one key never passes for another's;
+    the job is in ``key``, see :func:`job_key`)."""
+    return f"{_value_mac(key, name, value)} {value}"
+
+
+def open_value(key: bytes, name: str, stored: bytes | str) -> str:
+    """The value :func:`sign_value` stored under ``name``.
+
+    Raises:
+        BadSignature: anything else (unsigned, signed for another key or job, not text).
+    """
+    try:
+        text = stored.decode() if isinstance(stored, bytes) else stored
+    except UnicodeDecodeError:
+        raise BadSignature("not text") from None
+    mac, _, value = text.partition(" ")
+    if not hmac.compare_digest(mac.encode(), _value_mac(key, name, value).encode()):
+        raise BadSignature(f"the value of {name} does not verify")
+    return value
+
+
+def keyed_name(key: bytes, what: str) -> str:
+    """A store prefix for ``what`` (e.g. ``generation 3``) that only the job's processes
+    can compute: 32 hex digits of a MAC keyed with the job key. Nobody without it can
+    plant keys under it ahead of the job."""
+    return hmac.new(key, f"name {what}".encode(), hashlib.sha256).hexdigest()[:32]

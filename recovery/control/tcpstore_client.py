@@ -27,7 +27,7 @@ import struct
 from collections.abc import Sequence
 from typing import NoReturn
 
-__all__ = ["TCPStoreClient", "StoreError", "StoreTimeout"]
+__all__ = ["TCPStoreClient", "StoreError", "StoreTimeout", "ValueTooLarge"]
 
 VALIDATION_MAGIC = 0x3C85F7CE
 
@@ -59,6 +59,10 @@ class StoreError(ConnectionError):
 
 class StoreTimeout(StoreError):
     """The store did not answer in time (for ``get``: the key was not set in time)."""
+
+
+class ValueTooLarge(StoreError):
+    """A value announced longer than the caller takes (the connection is dropped)."""
 
 
 KEY_PREFIX = "/"
@@ -117,17 +121,19 @@ class TCPStoreClient:
     def set(self, key: str, value: str | bytes) -> None:
         self._send(bytes([Query.SET]) + _key(key) + _encoded(value))
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, limit: int) -> bytes:
         """The value of ``key``, waiting up to the timeout for it to be set.
 
         Raises:
             StoreTimeout: it was not set in time.
+            ValueTooLarge: its announced length is over ``limit`` bytes (nothing of it
+                is read: anyone may set any key to anything).
         """
         self._send(bytes([Query.WAIT]) + _keys([key]))
         if self._unpack("<B") != _STOP_WAITING:
             raise StoreError(f"the store at {self._where} answered a wait unexpectedly")
         self._send(bytes([Query.GET]) + _key(key))
-        return self._read_value()
+        return self._read_value(limit)
 
     def add(self, key: str, amount: int) -> int:
         """Add ``amount`` to the integer under ``key`` (0 if unset); the new value."""
@@ -139,12 +145,14 @@ class TCPStoreClient:
         self._send(bytes([Query.CHECK]) + _keys(keys))
         return self._unpack("<B") == _READY
 
-    def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
+    def compare_set(self, key: str, expected: str | bytes, desired: str | bytes,
+                    limit: int) -> bytes:
         """Set ``key`` to ``desired`` if it holds ``expected`` (or is unset and
-        ``expected`` is empty); the value it holds afterwards."""
+        ``expected`` is empty); the value it holds afterwards (see :meth:`get` for
+        ``limit``)."""
         self._send(bytes([Query.COMPARE_SET]) + _key(key) + _encoded(expected)
                    + _encoded(desired))
-        return self._read_value()
+        return self._read_value(limit)
 
     def delete_key(self, key: str) -> bool:
         self._send(bytes([Query.DELETE_KEY]) + _key(key))
@@ -165,8 +173,12 @@ class TCPStoreClient:
         except OSError as err:
             self._broken(StoreError, f"sending: {err}")
 
-    def _read_value(self) -> bytes:
-        return self._receive(self._unpack("<Q"))
+    def _read_value(self, limit: int) -> bytes:
+        size = self._unpack("<Q")
+        if size > limit:
+            self._broken(ValueTooLarge, f"a value of {size} bytes announced (at most "
+                                        f"{limit} taken)")
+        return self._receive(size)
 
     def _unpack(self, layout: str) -> int:
         (value,) = struct.unpack(layout, self._receive(struct.calcsize(layout)))

@@ -8,7 +8,8 @@ The same ``python train.py`` plays either role, as in msrun's dynamic-cluster mo
   scheduler (retrying while it is unreachable or refuses for a cooldown, until
   ``cluster_time_out``), starts its heartbeat, waits for all ``worker_num`` workers, and
   initialises the default process group of the generation it joined, under the store
-  prefix ``gen{g}/`` (a fresh key space per generation, DESIGN.md §3);
+  prefix ``gen{g}-<MAC>/`` (a fresh key space per generation, DESIGN.md §3, that nobody
+  without the token can name ahead: recovery/control/rpc.py ``generation_prefix``);
 * without ``MS_SCHED_PORT`` there is no scheduler to join: under plain torchrun
   (``WORLD_SIZE`` > 1) the group is initialised from ``env://``; run alone, it is a
   single-process group (world size 1), so that the script's collectives still work.
@@ -41,9 +42,11 @@ from recovery.control.rpc import (
     SchedulerLink,
     SchedulerUnavailable,
     UnverifiedReply,
+    generation_prefix,
+    is_ready,
     open_client,
     port_open,
-    ready_key,
+    ready_at,
 )
 from recovery.control.signing import MissingToken, checked_token
 from recovery.timeouts import Timeouts
@@ -253,7 +256,7 @@ class ClusterContext:
                             "was ready", self.node_id, self.incarnation, generation, newer)
                 generation = newer
                 continue
-            store = dist.PrefixStore(f"gen{generation}/", client)
+            store = dist.PrefixStore(generation_prefix(session.link.key, generation), client)
             try:
                 if group.meet(store, self.rank, self.world_size,
                               lambda: session.heartbeat.generation > generation, deadline,
@@ -394,7 +397,8 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None) -> Clu
     except MissingToken as err:
         logger.error("%s", err)
         raise RegistrationRefused(str(err)) from None
-    link = SchedulerLink(worker_env.sched_host, worker_env.sched_port, token, REPLY_TIMEOUT)
+    link = SchedulerLink(worker_env.sched_host, worker_env.sched_port, token, REPLY_TIMEOUT,
+                         run_id=worker_env.run_id)
     claim = _identity(worker_env)
     accepted = _register(link, claim, deadline)
     rank, generation = int(accepted["rank"]), int(accepted["generation"])
@@ -502,7 +506,8 @@ def _wait_for_generation(link: SchedulerLink, generation: int, deadline: float,
         try:
             # The rendezvous of the group waits on this client too: as long as we may.
             store = store or open_client(link.host, link.port, max(left, REPLY_TIMEOUT))
-            if store.check([ready_key(generation)]):
+            ready = ready_at(link.key, generation)
+            if store.check([ready]) and is_ready(link.key, generation, store.get(ready)):
                 return store
         except DistNetworkError:
             store = None  # the scheduler died: wait for its relaunch

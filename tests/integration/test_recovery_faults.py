@@ -59,7 +59,7 @@ def test_rank_0_killed_during_a_checkpoint_save(
 
     The save is caught in the act: once rank 0 is near step 40, the test polls its
     checkpoint folder without pause for the temporary file of that checkpoint
-    (``.mnist-1_40.ckpt.<pid>.tmp``, recovery/ckpt/layout.py) and kills rank 0 the moment it
+    (``.mnist-1_40.ckpt.<random>.<pid>.tmp``, recovery/ckpt/layout.py) and kills rank 0 the moment it
     appears. That the kill landed inside the save is checked, not assumed: the temporary
     file is still there after the kill (a finished save renames it away), and the
     relaunched rank 0 removes it as a dead writer's leftover. The step-40 checkpoint then
@@ -68,9 +68,10 @@ def test_rank_0_killed_during_a_checkpoint_save(
     with faulty_job(tmp_path, free_port) as (proc, log_dir):
         wait_for(lambda: log_has(log_dir, 0, "step=35 "), EVENT, "rank 0 past step 35")
         first = spawned_pids(log_dir)
-        temp = (rank_dir(tmp_path / "faulty_recovery", 0)
-                / f".{checkpoint_name('mnist', TrainPosition(1, 40, 40))}.{first[0]}.tmp")
-        wait_for(temp.exists, EVENT, f"{temp.name} being written", interval=0)
+        pattern = f".{checkpoint_name('mnist', TrainPosition(1, 40, 40))}.*.{first[0]}.tmp"
+        folder = rank_dir(tmp_path / "faulty_recovery", 0)
+        [temp] = wait_for(lambda: list(folder.glob(pattern)), EVENT,
+                          f"{pattern} being written", interval=0)
         kill(first[0])
         assert temp.exists(), "the kill came after the save had finished"
         wait_recovered(log_dir)

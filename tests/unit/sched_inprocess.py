@@ -11,7 +11,8 @@ from typing import Any
 
 from support import signed_request, wait_for_event
 
-from recovery.control.signing import BadSignature, Kind, unseal
+from recovery.control.signing import BadSignature, Kind, job_key, unseal
+from recovery.env import DEFAULT_RUN_ID
 from recovery.control.scheduler import Scheduler, SchedulerConfig
 from recovery.timeouts import Timeouts
 
@@ -26,7 +27,7 @@ def signed(op: str, token: str = TOKEN, rid: str | None = None, **fields: Any) -
 def answer(reply: str | bytes, token: str = TOKEN) -> dict[str, Any]:
     """The fields of a reply's body, and ``signed``: whether it verifies with ``token``."""
     try:
-        return {**json.loads(unseal(token.encode(), Kind.REPLY, reply).body), "signed": True}
+        return {**json.loads(unseal(job_key(token, DEFAULT_RUN_ID), Kind.REPLY, reply).body), "signed": True}
     except BadSignature as err:
         assert err.header is not None, err
         return {**json.loads(err.header.body), "signed": False}
@@ -35,7 +36,7 @@ def answer(reply: str | bytes, token: str = TOKEN) -> dict[str, Any]:
 def scheduler_config(tmp_path: Path, port: int, worker_num: int = 2) -> SchedulerConfig:
     return SchedulerConfig(
         host="127.0.0.1", port=port, listen_fd=None, worker_num=worker_num, token=TOKEN,
-        run_id="r1", log_dir=str(tmp_path / "logs"), recovery_path=str(tmp_path / "recovery"),
+        run_id=DEFAULT_RUN_ID, log_dir=str(tmp_path / "logs"), recovery_path=str(tmp_path / "recovery"),
         timeouts=Timeouts(rejoin_cooldown=30.0, cluster_time_out=60.0))
 
 
@@ -58,7 +59,7 @@ def scheduler(tmp_path: Path) -> Scheduler:
     from torch.distributed import HashStore
 
     sched = Scheduler(SchedulerConfig(
-        host="127.0.0.1", port=1, listen_fd=None, worker_num=2, token=TOKEN, run_id="r1",
+        host="127.0.0.1", port=1, listen_fd=None, worker_num=2, token=TOKEN, run_id=DEFAULT_RUN_ID,
         log_dir=str(tmp_path / "logs"), recovery_path=str(tmp_path / "recovery"),
         timeouts=Timeouts()))
     sched._client = HashStore()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,9 +16,12 @@ from sched_inprocess import TOKEN, answer, scheduler_config, signed
 from support import events
 
 from recovery.control.client import SchedulerControl
-from recovery.control.rpc import REQUESTS, NoReply, Op, SchedulerLink, open_client, reply_key
+from recovery.control.rpc import (
+    REQUESTS, NoReply, Op, SchedulerLink, SchedulerUnavailable, open_client, reply_key,
+)
 from recovery.control.scheduler import Scheduler, host_store
-from recovery.control.signing import Kind, seal, unseal
+from recovery.control.signing import Kind, job_key, seal, unseal
+from recovery.env import DEFAULT_RUN_ID
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -96,7 +100,7 @@ def copied_header(body: bytes, key: bytes) -> Callable[[bytes], str | None]:
     (lambda _raw: b"\xff not even JSON", "ignored"),
     (copied_header(FORGED_VERDICTS, b"a guessed token"), "ignored"),
     # The genuine token, a malformed answer (a scheduler's bug): no crash either.
-    (copied_header(MALFORMED, TOKEN.encode()), "verified"),
+    (copied_header(MALFORMED, job_key(TOKEN, DEFAULT_RUN_ID)), "verified"),
 ], ids=["plain", "malformed", "garbage", "wrong-key", "malformed-but-signed"])
 def test_a_forged_or_malformed_reply_is_ignored_and_counted(
         free_port: int, forge: Callable[[bytes], bytes | str | None], expected: str) -> None:
@@ -140,3 +144,46 @@ def test_a_replayed_request_is_not_carried_out_again(tmp_path: Path) -> None:
     assert again is not None and answer(again)["id"] == answer(reply)["id"]
     assert len(scheduler.injections.pending) == 1
 
+
+
+def test_a_late_reply_to_an_earlier_attempt_is_waited_past_not_counted_forged(
+        free_port: int) -> None:
+    """Attempt 1 stops waiting; its genuine reply comes late and is what attempt 2 finds
+    first under the request's id: attempt 2 takes it away and waits for its own."""
+    key = job_key(TOKEN, DEFAULT_RUN_ID)
+    server = host_store("127.0.0.1", free_port, None)
+    answered = threading.Event()
+
+    def scheduler() -> None:  # answers every attempt, the first one late
+        client = open_client("127.0.0.1", free_port, 30)
+        for attempt in range(2):
+            header = unseal(key, Kind.REQUEST, client.queue_pop(REQUESTS))
+            if attempt == 0:
+                time.sleep(1.0)  # past attempt 1's reply timeout
+            else:
+                time.sleep(0.3)  # attempt 2 meets attempt 1's reply first
+            client.set(reply_key(header.rid), seal(key, Kind.REPLY, header.op, header.rid,
+                                                   header.nonce, f'{{"ok": true, "n": {attempt}}}'))
+        answered.set()
+
+    thread = threading.Thread(target=scheduler, daemon=True)
+    thread.start()
+    link = SchedulerLink("127.0.0.1", free_port, TOKEN, reply_timeout=0.6)
+    try:
+        assert link.wait_connected(10)
+        with pytest.raises(NoReply):
+            link.call(Op.VERDICTS, rid="same-request")
+        deadline = time.monotonic() + 10
+        while True:  # the timed-out connection is being made again
+            try:
+                time.sleep(0.5)  # attempt 1's late reply is set by now
+                reply = link.call(Op.VERDICTS, rid="same-request")
+                break
+            except SchedulerUnavailable:
+                assert time.monotonic() < deadline
+        assert reply == {"ok": True, "n": 1} and link.unverified == 0
+        assert answered.wait(10)
+    finally:
+        link.close()
+        thread.join(10)
+        del server

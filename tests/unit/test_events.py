@@ -4,6 +4,7 @@ writer cost a warning, never the process and never an unbounded wait."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -12,15 +13,22 @@ from pathlib import Path
 
 import pytest
 
+from recovery import events as events_module
 from recovery.events import EVENTS_FILE, LOCK_TIMEOUT, EventLog, read_events
 
 pytestmark = pytest.mark.timeout(30)
 
 
 def test_a_full_log_volume_costs_one_warning_and_the_next_good_write_records_again(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """``/dev/full`` answers every write with ENOSPC, as a full volume does."""
-    (tmp_path / EVENTS_FILE).symlink_to("/dev/full")
+        tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``/dev/full`` answers every write with ENOSPC, as a full volume does (opened in
+    place of the file: a link to it would be refused, see the next test)."""
+    full = "/dev/full"
+    monkeypatch.setattr(events_module, "open_append",
+                        lambda path: os.open(full if Path(path).exists() else path,
+                                             os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
+    (tmp_path / EVENTS_FILE).touch()
     log = EventLog(tmp_path)
     with caplog.at_level(logging.WARNING, logger="recovery.events"):
         assert log.emit("spawn", rank=0)["event"] == "spawn"
@@ -30,6 +38,17 @@ def test_a_full_log_volume_costs_one_warning_and_the_next_good_write_records_aga
     (tmp_path / EVENTS_FILE).unlink()
     log.emit("exit", rank=0)
     assert [e["event"] for e in read_events(tmp_path)] == ["exit"]
+
+
+def test_a_link_planted_in_place_of_the_events_file_is_refused_not_followed(
+        tmp_path: Path) -> None:
+    """Another user's ``events.jsonl -> ~/.bashrc`` in a shared folder: nothing is
+    written through it."""
+    victim = tmp_path / "bashrc"
+    victim.write_text("# the user's own\n")
+    (tmp_path / EVENTS_FILE).symlink_to(victim)
+    EventLog(tmp_path).emit("spawn", rank=0)
+    assert victim.read_text() == "# the user's own\n"
 
 
 def test_a_lock_held_by_a_stopped_writer_delays_an_event_but_loses_it_not(

@@ -584,3 +584,34 @@ def test_a_member_that_progressed_within_the_timeout_of_its_generation_is_never_
             cluster.stop(args[0])
         elif action in ("join", "wait", "restart_scheduler"):
             getattr(cluster, action)(*args)
+
+
+# ----------------------------------------------------------------- liveness by signed time
+def test_a_beat_counts_from_its_signed_stamp_read_against_the_senders_clock() -> None:
+    """Silence is measured from when a member sent its beats (their signed stamps), not
+    from when the scheduler got round to them; a host whose clock is far off is read
+    against its own least delay, and is neither lost nor spared for that."""
+    clock = FakeClock()
+    ms = make(clock=clock)
+    join_all(ms, {"0": 100, "1": 101})
+    skew = -120.0  # node 1's clock is two minutes behind the scheduler's
+    accepted(ms.heartbeat(ident("0", 100), TOKEN, 1, sent=clock.time()))
+    accepted(ms.heartbeat(ident("1", 101), TOKEN, 1, sent=clock.time() + skew))
+    clock.advance(3.0)
+    sent_0, sent_1 = clock.time(), clock.time() + skew
+    clock.advance(2.5)  # both beats waited 2.5 s in the queue
+    accepted(ms.heartbeat(ident("0", 100), TOKEN, 2, sent=sent_0))
+    accepted(ms.heartbeat(ident("1", 101), TOKEN, 2, sent=sent_1))
+    clock.advance(2.6)  # 5.1 s since they were sent; 2.6 s since they were handled
+    ms.check()
+    assert {m.state for m in ms.members.values()} == {MemberState.LOST}
+
+
+def test_a_late_first_beat_makes_a_member_look_fresher_never_staler() -> None:
+    clock = FakeClock()
+    ms = make(clock=clock)
+    join_all(ms, {"0": 100, "1": 101})
+    accepted(ms.heartbeat(ident("0", 100), TOKEN, 1, sent=clock.time() - 4.0))
+    clock.advance(4.9)
+    ms.check()
+    assert ms.members["0"].state is MemberState.ALIVE

@@ -26,9 +26,13 @@ from recovery.ckpt import layout
 from recovery.ckpt.lineage import join_lineage, read_lineage, record_lineage
 from recovery.control.files import StateFile
 from recovery.control.nodes import (
-    JOB_KEY, RESTART_KEY, TOKEN_PROOF_KEY, JobIdentity, raise_counter, read_text,
+    END_KEY, JOB_KEY, MAX_VALUE_BYTES, RESTART_KEY, JobIdentity, job_value, raise_counter,
+    job_names, read_signed, rendezvous_key, stored_at,
 )
-from recovery.control.signing import token_proof
+from recovery.control.signing import job_key, sign_value
+from recovery.control.tcpstore_client import TCPStoreClient
+
+KEY = job_key("the-secret", "run-1")
 
 
 _FRESH = itertools.count()
@@ -41,10 +45,9 @@ def server() -> Any:
 
 
 @pytest.fixture(scope="module")
-def nodes(server: Any) -> list[Any]:
+def nodes(server: Any) -> list[TCPStoreClient]:
     """One store client per node."""
-    return [TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=5))
-            for _ in range(4)]
+    return [TCPStoreClient("127.0.0.1", server.port, 5) for _ in range(5)]
 
 
 @settings(max_examples=25, deadline=None)
@@ -56,7 +59,7 @@ def test_nodes_raising_the_restart_count_at_once_agree_on_the_highest(
     name = f"{RESTART_KEY}/{next(_FRESH)}"  # every example counts from nothing
 
     def node(index: int) -> list[int]:
-        return [raise_counter(nodes[index], name, value) for value in raises[index]]
+        return [raise_counter(nodes[index], KEY, name, value) for value in raises[index]]
 
     with ThreadPoolExecutor(len(raises)) as pool:
         results = list(pool.map(node, range(len(raises))))
@@ -64,23 +67,58 @@ def test_nodes_raising_the_restart_count_at_once_agree_on_the_highest(
         assert all(g >= a for a, g in zip(asked, got))
         assert got == sorted(got)
     highest = max((v for r in raises for v in r), default=None)
-    assert read_text(server, name) == (None if highest is None else str(highest))
+    assert read_signed(nodes[4], KEY, name) == (None if highest is None else str(highest))
 
 
 def test_a_node_takes_the_job_its_scheduler_published_and_its_rendezvous(server: Any) -> None:
-    job = JobIdentity("run-1", "lineage1", 4)
-    server.set(TOKEN_PROOF_KEY, token_proof("the-secret", job.run_id))
-    server.set(JOB_KEY, job.to_json())
-    link = NodeLink("127.0.0.1", server.port)
+    job = JobIdentity("run-1", "lineage1", 4, 2)
+    for name in job_names("the-secret"):
+        server.set(name, job_value("the-secret", job))
     with pytest.raises(ConfigError, match="TFT_JOB_TOKEN is not the one node 0"):
-        link.wait_for_job(5, "another-secret")
-    assert link.wait_for_job(5, "the-secret") == job
+        NodeLink("127.0.0.1", server.port, "another-secret").wait_for_job(
+            5, wrong_token_after=0.3)
+    assert NodeLink("127.0.0.1", server.port, "the-secret").wait_for_job(5) == job
+    link = NodeLink("127.0.0.1", server.port, "the-secret", "run-1")
     assert link.rendezvous(7, timeout=0.2) is None
-    NodeLink("127.0.0.1", server.port).publish_rendezvous(7, "127.0.0.2", 4242)
+    NodeLink("127.0.0.1", server.port, "the-secret", "run-1").publish_rendezvous(
+        7, "127.0.0.2", 4242)
     assert link.rendezvous(7, timeout=1) == ("127.0.0.2", 4242)
     assert link.ended() is None
     link.end("node 1: rank 3 exited with code 1; restart budget (0) spent")
     assert "node 1" in (link.ended() or "")
+
+
+@pytest.mark.parametrize("forged", ["unsigned", "another job's", "too long", "not a value"])
+def test_a_value_that_is_not_the_jobs_reads_as_unset_and_is_reported(
+        server: Any, forged: str) -> None:
+    """Anyone may write node 0's store, and list its keys: a node neither follows nor
+    crashes on a value the job did not sign (a stranger's, or another job's sharing the
+    token), one too long to read, or garbage, even where the job keeps its values; it
+    reports each key's refusals."""
+    run = f"run-forged-{next(_FRESH)}"
+    other = job_key("the-secret", "another-run")
+    values = {"unsigned": lambda name, value: value,
+              "another job's": lambda name, value: sign_value(other, name, value),
+              "too long": lambda name, value: "x" * (MAX_VALUE_BYTES + 1),
+              "not a value": lambda name, value: b"\xff\x00" * 40}[forged]
+    for name, value in ((rendezvous_key(3), "10.9.9.9:1"), (RESTART_KEY, "9"),
+                        (END_KEY, "a stranger says stop")):
+        server.set(stored_at(job_key("the-secret", run), name), values(name, value))
+    for name in job_names("the-secret"):
+        server.set(name, values(JOB_KEY, JobIdentity(run, "x", 4).to_json()))
+    reported: list[tuple[str, str, int]] = []
+    link = NodeLink("127.0.0.1", server.port, "the-secret", run,
+                    report=lambda *refused: reported.append(refused))
+    assert link.rendezvous(3, timeout=0.3) is None
+    assert link.restarts_started() is None and link.ended() is None and link.reachable
+    with pytest.raises(ConfigError, match="does not verify"):
+        link.wait_for_job(5, wrong_token_after=0.3)
+    assert {key for key, _why, _count in reported} == {rendezvous_key(3), RESTART_KEY,
+                                                       END_KEY}
+    link.restart_all(2)  # a stranger's count is replaced by the job's
+    assert link.restarts_started() == 2
+    for name in job_names("the-secret"):
+        server.delete_key(name)
 
 
 def test_a_node_whose_scheduler_never_comes_up_gives_up_with_one_line() -> None:
@@ -88,7 +126,7 @@ def test_a_node_whose_scheduler_never_comes_up_gives_up_with_one_line() -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # bound, never listening: nothing answers
         with pytest.raises(ConfigError, match="did not come up within --cluster_time_out=0.5s"):
-            NodeLink("127.0.0.1", port).wait_for_job(0.5, "the-secret")
+            NodeLink("127.0.0.1", port, "the-secret").wait_for_job(0.5)
 
 
 def test_the_node_address_is_the_interface_that_reaches_the_master() -> None:

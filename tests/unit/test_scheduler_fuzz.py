@@ -23,7 +23,8 @@ from recovery.control.inject import FAULTS
 from recovery.control.rpc import REQUESTS, Op, open_client, reply_key
 from recovery.control.files import StateFile
 from recovery.control.scheduler import Scheduler
-from recovery.control.signing import Kind, new_nonce, seal
+from recovery.control.signing import Kind, job_key, new_nonce, seal
+from recovery.env import DEFAULT_RUN_ID
 
 PLAUSIBLE = {
     "node_id": st.sampled_from(["0", "1", ""]), "pid": st.integers(1, 5000),
@@ -74,7 +75,7 @@ def requests(draw: st.DrawFn) -> tuple[bytes, bool]:
             body[name] = draw(others if draw(st.booleans()) else st.sampled_from(EDGES))
     # inf and NaN as Python writes them: Infinity, NaN
     how = draw(st.sampled_from(["job", "job", "other token", "tampered", "unsigned"]))
-    key = None if how == "unsigned" else (b"other" if how == "other token" else TOKEN.encode())
+    key = None if how == "unsigned" else (b"other" if how == "other token" else job_key(TOKEN, DEFAULT_RUN_ID))
     raw = bytearray(seal(key, Kind.REQUEST, op.value, draw(st.uuids()).hex, new_nonce(),
                          json.dumps(body)).encode())
     if how == "tampered":
@@ -85,7 +86,7 @@ def requests(draw: st.DrawFn) -> tuple[bytes, bool]:
 
 def nested(depth: int, opener: str) -> bytes:
     closer = "]" if opener == "[" else "}"
-    return seal(TOKEN.encode(), Kind.REQUEST, "status", "r1", new_nonce(),
+    return seal(job_key(TOKEN, DEFAULT_RUN_ID), Kind.REQUEST, "status", "r1", new_nonce(),
                 '{"x": %s1%s}' % (opener * depth, closer * depth)).encode()
 
 

@@ -29,7 +29,8 @@ from recovery.control.membership import Identity
 from recovery.control.rpc import REQUESTS, Op, SchedulerLink, open_client, reply_key
 from recovery.control.files import StateFile
 from recovery.control.scheduler import Scheduler
-from recovery.control.signing import Kind, new_nonce, seal
+from recovery.control.signing import Kind, job_key, new_nonce, seal
+from recovery.env import DEFAULT_RUN_ID
 from recovery.timeouts import Timeouts
 
 pytestmark = pytest.mark.timeout(60)
@@ -102,7 +103,7 @@ def ask(store: Any, raw: bytes | str, rid: str) -> dict[str, Any]:
 
 def with_body(op: str, rid: str, body: str) -> str:
     """A request signed with the job's token whose body is ``body``, as it is."""
-    return seal(TOKEN.encode(), Kind.REQUEST, op, rid, new_nonce(), body)
+    return seal(job_key(TOKEN, DEFAULT_RUN_ID), Kind.REQUEST, op, rid, new_nonce(), body)
 
 
 MALFORMED_BODIES = {

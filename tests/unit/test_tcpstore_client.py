@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.distributed import TCPStore
 
-from recovery.control.tcpstore_client import StoreError, StoreTimeout, TCPStoreClient
+from recovery.control.tcpstore_client import StoreError, StoreTimeout, TCPStoreClient, ValueTooLarge
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -47,7 +47,7 @@ def test_a_value_set_by_either_client_is_read_alike_by_both(server: TCPStore,
     client.set(f"ours/{key}", value)
     assert server.get(f"ours/{key}") == value
     server.set(f"torch/{key}", value)
-    assert client.get(f"torch/{key}") == value
+    assert client.get(f"torch/{key}", len(value)) == value
     assert client.check([f"ours/{key}", f"torch/{key}"])
     assert not client.check([f"ours/{key}", f"unset/{key}"])
 
@@ -57,9 +57,9 @@ def test_counters_and_compare_set_agree_with_torchs_client(server: TCPStore,
     assert client.add("counter", 5) == 5
     assert server.add("counter", 2) == 7
     assert client.add("counter", 0) == 7
-    assert client.compare_set("cas", "", "first") == b"first"  # unset: set
-    assert client.compare_set("cas", "other", "second") == b"first"  # mismatch: kept
-    assert client.compare_set("cas", "first", "second") == b"second"
+    assert client.compare_set("cas", "", "first", 64) == b"first"  # unset: set
+    assert client.compare_set("cas", "other", "second", 64) == b"first"  # mismatch: kept
+    assert client.compare_set("cas", "first", "second", 64) == b"second"
     assert server.get("cas") == b"second"
 
 
@@ -82,7 +82,7 @@ def test_get_waits_for_a_key_set_later(server: TCPStore, client: TCPStoreClient)
     setter = threading.Timer(0.3, lambda: server.set("late", "here"))
     setter.start()
     try:
-        assert client.get("late") == b"here"
+        assert client.get("late", 4) == b"here"
     finally:
         setter.join()
 
@@ -91,7 +91,7 @@ def test_get_of_a_key_never_set_times_out_and_the_connection_is_spent(server: TC
     ours = TCPStoreClient("127.0.0.1", server.port, timeout=0.3)
     started = time.monotonic()
     with pytest.raises(StoreTimeout):
-        ours.get("never")
+        ours.get("never", 1)
     assert time.monotonic() - started < 3
     with pytest.raises(StoreError):
         ours.check(["never"])
@@ -110,3 +110,14 @@ def test_a_listening_port_nobody_serves_is_refused_within_the_timeout() -> None:
 def test_a_port_nobody_listens_on_is_refused_at_once(free_port: int) -> None:
     with pytest.raises(StoreError):
         TCPStoreClient("127.0.0.1", free_port, timeout=5.0)
+
+
+def test_a_value_announced_longer_than_the_caller_takes_is_not_read(server: TCPStore) -> None:
+    """Anyone may set a key to megabytes: the length is checked before anything is
+    allocated, and the connection (now mid-value) is dropped."""
+    server.set("huge", b"x" * 100_000)
+    ours = TCPStoreClient("127.0.0.1", server.port, timeout=5)
+    with pytest.raises(ValueTooLarge, match="100000 bytes"):
+        ours.get("huge", 65_536)
+    with pytest.raises(StoreError):
+        ours.check(["huge"])
