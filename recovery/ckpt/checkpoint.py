@@ -226,8 +226,8 @@ def write_checkpoint(
     """
     digest = write_atomic(directory / name, lambda file: torch.save(state, file))
     entry = CheckpointEntry(
-        name, *position, state["rank"], state["world_size"], digest.size, digest.sha256, time.time(),
-        lineage=state.get("lineage"), kind=kind,
+        name, *position, state["rank"], state["world_size"], digest.size, None, time.time(),
+        lineage=state.get("lineage"), kind=kind, xxh3_128=digest.checksum,
     )
     stale = keep({**manifest.entries(), name: entry}.values())
     manifest.add(entry, remove=stale)

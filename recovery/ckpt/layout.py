@@ -5,7 +5,7 @@ Periodic checkpoints (one directory per rank under the recovery path)::
     <recovery_path>/checkpoints/rank_<r>/
         <prefix>-<epoch>_<step>.ckpt        epoch from 1; step = steps done in that epoch
         <prefix>_<n>-<epoch>_<step>.ckpt    the n-th later run with the same prefix
-        manifest.json                       size + sha256 of every complete checkpoint
+        manifest.json                       size + checksum of every complete checkpoint
         manifest.json.lock                  serialises manifest updates
         .<name>.<pid>.tmp                   a file being written (never a checkpoint)
 
