@@ -8,6 +8,7 @@ most a temporary file behind, never a torn file under the final name.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -78,13 +79,17 @@ def fsync_dir(directory: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def write_atomic(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> FileDigest:
+def write_atomic(path: str | os.PathLike[str], write: Callable[[BinaryIO], object],
+                 reuse: str | os.PathLike[str] | None = None) -> FileDigest:
     """Write a file durably and atomically; return the digest of what was written.
 
     Args:
         path: the final name.
         write: called with a binary file object open on the temporary file; it only
             needs ``write`` (and ``flush``).
+        reuse: a file of this process's to write over, if it exists (it becomes the
+            temporary file): its pages are overwritten rather than allocated anew, and
+            no file is freed, which halves the kernel's CPU for a file of megabytes.
 
     Returns:
         The size and checksum (:data:`XXH3`) of the bytes ``write`` wrote.
@@ -95,9 +100,14 @@ def write_atomic(path: str | os.PathLike[str], write: Callable[[BinaryIO], objec
     path = Path(path)
     temp = temp_path(path)
     try:
-        with open(temp, "wb") as file:
+        if reuse is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(reuse, temp)
+        # Not truncated on open (that would free the reused pages): cut after the write.
+        with os.fdopen(os.open(temp, os.O_WRONLY | os.O_CREAT, 0o666), "wb") as file:
             writer = _HashingWriter(file)
             write(writer)  # type: ignore[arg-type]
+            file.truncate()
             file.flush()
             os.fsync(file.fileno())
         os.replace(temp, path)

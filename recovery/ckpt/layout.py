@@ -184,6 +184,12 @@ def temp_path(final: str | os.PathLike[str], tag: str = "") -> Path:
     return final.with_name(f".{tagged}.{os.getpid()}{_TEMP_SUFFIX}")
 
 
+def spare_path(directory: str | os.PathLike[str]) -> Path:
+    """Where this process keeps a pruned checkpoint file for its next save to overwrite
+    (a temporary file: removed like one when its owner died)."""
+    return temp_path(Path(directory) / "spare")
+
+
 def temp_owner_pid(name: str) -> int | None:
     """The pid of the process that writes the temporary file ``name``; ``None`` if not one."""
     match = _TEMP.match(name)
