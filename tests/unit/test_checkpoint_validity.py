@@ -137,3 +137,8 @@ def test_write_atomic_leaves_nothing_when_the_writer_fails(tmp_path: Path) -> No
     assert os.listdir(tmp_path) == []
     digest = write_atomic(tmp_path / "y.bin", lambda f: f.write(b"abc"))
     assert digest == file_digest(tmp_path / "y.bin") and digest.size == 3
+    spare = tmp_path / ".spare.tmp"
+    spare.write_bytes(b"x" * 100_000)  # a larger file, written over: cut to what was written
+    digest = write_atomic(tmp_path / "z.bin", lambda f: f.write(b"abcd"), reuse=spare)
+    assert (tmp_path / "z.bin").read_bytes() == b"abcd" and not spare.exists()
+    assert digest == file_digest(tmp_path / "z.bin")
