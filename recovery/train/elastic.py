@@ -546,10 +546,9 @@ class ElasticTrainer:
         self._step_events.reached(self.position.global_step, self.ctx.generation, RESTORED)
         self._emit_as_leader("rollback", step=self.position.global_step, source=source,
                              generation=self.ctx.generation, **fields)
-        if self.ctx.rank == 0:
-            self._events.emit("recovered", generation=self.ctx.generation,
-                              step=self.position.global_step, source=source,
-                              seconds=round(time.time() - self._fault_time(), 3))
+        self._emit_as_leader("recovered", generation=self.ctx.generation,
+                             step=self.position.global_step, source=source,
+                             seconds=round(time.time() - self._fault_time(), 3))
 
     def _emit_as_leader(self, event: str, **fields: Any) -> None:
         """Emit an event the ranks agree on once, from rank 0."""
