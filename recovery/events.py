@@ -18,7 +18,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,8 @@ from filelock import FileLock, Timeout
 
 from recovery.safe_files import open_append
 
-__all__ = ["EVENTS_FILE", "LOCK_TIMEOUT", "LOCK_POLL", "EventLog", "read_events"]
+__all__ = ["EVENTS_FILE", "LOCK_TIMEOUT", "LOCK_POLL", "EventLog", "read_events",
+           "newest_events"]
 
 logger = logging.getLogger(__name__)
 
@@ -104,3 +105,43 @@ def read_events(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
             yield json.loads(line)
         except json.JSONDecodeError:
             continue  # the torn tail of a writer killed mid-line
+
+
+BACKWARDS_CHUNK = 1 << 20
+"""Bytes :func:`newest_events` reads at a time, from the end of the file towards its start."""
+
+
+def newest_events(path: str | os.PathLike[str], names: Collection[str],
+                  chunk: int = BACKWARDS_CHUNK) -> Iterator[dict[str, Any]]:
+    """Yield the events named ``names`` of an ``events.jsonl`` (or of a log dir), newest
+    first, reading the file backwards: a caller that stops at the first it needs reads
+    only the end of a file that grows with the job's age. Only the lines that hold one
+    of the names are parsed (most are the workers' ``step`` events)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / EVENTS_FILE
+    needles = [json.dumps(name).encode() for name in names]
+    try:
+        file = open(path, "rb")
+    except FileNotFoundError:
+        return
+    with file:
+        end = file.seek(0, os.SEEK_END)
+        rest = b""  # the start of a line whose beginning is in the next chunk back
+        while end > 0:
+            start = max(0, end - chunk)
+            file.seek(start)
+            data = file.read(end - start) + rest
+            lines = data.split(b"\n")
+            rest = lines.pop(0) if start > 0 else b""
+            if len(rest) > BACKWARDS_CHUNK:
+                rest = b""  # no event is that long (a hole, garbage): skipped
+            for line in reversed(lines):
+                if any(needle in line for needle in needles):
+                    try:
+                        event = json.loads(line)
+                    except ValueError:
+                        continue  # the torn tail of a writer killed mid-line
+                    if event.get("event") in names:
+                        yield event
+            end = start

@@ -2,7 +2,7 @@
 
 ``ls`` and ``verify`` take one rank's directory or any folder above such directories (a
 ``checkpoints/`` folder, a whole recovery path); both check every file fully: manifest,
-size, sha256 and ``weights_only`` loading. ``ls`` lists the checkpoints a job would
+size, checksum and ``weights_only`` loading. ``ls`` lists the checkpoints a job would
 consider: those of the lineage recorded in the recovery path the folder belongs to
 (``--all``: every lineage's, earlier jobs' moved to ``previous/<n>/`` included).
 """

@@ -20,11 +20,12 @@ from typing import Annotated, Any
 import typer
 
 from launcher.errors import TftrunError
-from recovery.events import read_events
+from recovery.events import newest_events
 from recovery.control.rpc import Op, SchedulerLink, SchedulerUnavailable
 from launcher.cli.trusted import UntrustedEndpoint, trusted_endpoint
 
-__all__ = ["status", "query", "connect", "format_status", "describe_last_fault", "NoJobError"]
+__all__ = ["status", "query", "connect", "format_status", "describe_last_fault",
+           "last_fault_events", "NoJobError"]
 
 ANSWER_TIMEOUT = 5.0
 _COLUMNS = ("node", "rank", "pid", "incarnation", "state", "heartbeat", "step", "phase",
@@ -99,6 +100,21 @@ def _newest(events: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
     return next((e for e in reversed(events) if e.get("event") == name), None)
 
 
+_FAULT_EVENTS = ("fault", "rollback", "recovered")
+
+
+def last_fault_events(log_dir: Path) -> list[dict[str, Any]]:
+    """The newest ``fault`` event and the ``rollback``/``recovered`` events after it, in
+    file order: read from the end of ``events.jsonl`` back to that fault, not the job's
+    whole history."""
+    found = []
+    for event in newest_events(log_dir, _FAULT_EVENTS):
+        found.append(event)
+        if event["event"] == "fault":
+            break
+    return found[::-1]
+
+
 def describe_last_fault(events: list[dict[str, Any]], now: float | None = None) -> str:
     """One line on the newest ``fault`` event and the recovery that followed it, if any."""
     now = time.time() if now is None else now
@@ -131,4 +147,4 @@ def status(
         typer.echo(json.dumps(answer, indent=1))
         return
     typer.echo(format_status(answer))
-    typer.echo(describe_last_fault(list(read_events(log_dir))))
+    typer.echo(describe_last_fault(last_fault_events(log_dir)))

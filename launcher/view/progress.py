@@ -10,6 +10,7 @@ without the scheduler learns that a generation formed from its workers' next ``s
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,22 +20,45 @@ from recovery.train.step_events import PAUSED, STEADY
 __all__ = ["EventTail", "RankProgress", "Progress", "progress_bar", "format_eta"]
 
 
-class EventTail:
-    """The events appended to an ``events.jsonl`` since the last call; only whole lines."""
+READ_AT_MOST = 256 * 1024
+"""Bytes one :meth:`EventTail.read` reads at most: a pass of the supervisor's loop costs
+the same whether the file grew by a line or by hundreds of megabytes since the last one
+(the events of a steady job add about a kilobyte a second)."""
 
-    def __init__(self, path: Path) -> None:
+
+class EventTail:
+    """The events appended to an ``events.jsonl`` since the last call; only whole lines.
+
+    Each call reads at most ``max_bytes``. Behind by more, a tail that ``catches_up``
+    reads on from where it was at the next call (no event is lost); one that does not
+    (the live view, which shows the present) jumps to the newest ``max_bytes`` and leaves
+    the events before them unread.
+    """
+
+    def __init__(self, path: Path, catches_up: bool = True,
+                 max_bytes: int = READ_AT_MOST) -> None:
         self._path = path
         self._offset = 0
+        self._catches_up = catches_up
+        self._max_bytes = max_bytes
 
     def read(self) -> list[dict[str, Any]]:
         try:
             with open(self._path, "rb") as file:
-                file.seek(self._offset)
-                data = file.read()
+                start = self._offset
+                if not self._catches_up:
+                    start = max(start, os.fstat(file.fileno()).st_size - self._max_bytes)
+                file.seek(start)
+                data = file.read(self._max_bytes)
         except OSError:
             return []
+        if start > self._offset:  # jumped ahead, into a line: it starts after its end
+            begin = data.find(b"\n") + 1
+            start, data = start + begin, data[begin:]
         end = data.rfind(b"\n") + 1
-        self._offset += end
+        if end == 0 and len(data) >= self._max_bytes:
+            end = len(data)  # a line longer than a whole read: unreadable, skipped
+        self._offset = start + end
         events = []
         for line in data[:end].splitlines():
             try:

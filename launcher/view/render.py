@@ -106,7 +106,8 @@ class PlainView:
     def __init__(self, stream: Any = None, events_path: Path | None = None,
                  progress_interval: float = 0.0) -> None:
         self._stream = stream or sys.stdout
-        self._tail = EventTail(events_path) if events_path is not None else None
+        self._tail = (EventTail(events_path, catches_up=False)
+                      if events_path is not None else None)
         self._progress = Progress()
         self._interval = progress_interval
         self._next_line = time.monotonic() + progress_interval
@@ -148,7 +149,8 @@ class LiveView:
                  title: str = "tftrun") -> None:
         self._title = title
         self._console = console
-        self._tail = EventTail(events_path) if events_path is not None else None
+        self._tail = (EventTail(events_path, catches_up=False)
+                      if events_path is not None else None)
         self._progress = Progress()
         self._live = Live(self._table([], ""), console=console, refresh_per_second=4,
                           transient=False)

@@ -19,6 +19,7 @@ only a temporary file.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -224,14 +225,19 @@ def write_checkpoint(
     Returns:
         The names dropped.
     """
-    digest = write_atomic(directory / name, lambda file: torch.save(state, file))
+    spare = layout.spare_path(directory)
+    digest = write_atomic(directory / name, lambda file: torch.save(state, file), reuse=spare)
     entry = CheckpointEntry(
-        name, *position, state["rank"], state["world_size"], digest.size, digest.sha256, time.time(),
-        lineage=state.get("lineage"), kind=kind,
+        name, *position, state["rank"], state["world_size"], digest.size, None, time.time(),
+        lineage=state.get("lineage"), kind=kind, xxh3_128=digest.checksum,
     )
     stale = keep({**manifest.entries(), name: entry}.values())
     manifest.add(entry, remove=stale)
     for stale_name in stale:
+        if stale_name == stale[-1] and not spare.exists():
+            # Kept for the next save to write over, rather than freed and allocated anew.
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(directory / stale_name, spare)
         (directory / stale_name).unlink(missing_ok=True)
     if stale:
         fsync_dir(directory)

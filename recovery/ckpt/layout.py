@@ -5,7 +5,7 @@ Periodic checkpoints (one directory per rank under the recovery path)::
     <recovery_path>/checkpoints/rank_<r>/
         <prefix>-<epoch>_<step>.ckpt        epoch from 1; step = steps done in that epoch
         <prefix>_<n>-<epoch>_<step>.ckpt    the n-th later run with the same prefix
-        manifest.json                       size + sha256 of every complete checkpoint
+        manifest.json                       size + checksum of every complete checkpoint
         manifest.json.lock                  serialises manifest updates
         .<name>.<random>.<pid>.tmp          a file being written (never a checkpoint)
 
@@ -186,6 +186,14 @@ def temp_path(final: str | os.PathLike[str], tag: str = "") -> Path:
     tagged = f"{final.name}.{tag}" if tag else final.name
     # A random part, as mkstemp's: nobody can plant a link at the name ahead of the writer.
     return final.with_name(f".{tagged}.{secrets.token_hex(4)}.{os.getpid()}{_TEMP_SUFFIX}")
+
+
+def spare_path(directory: str | os.PathLike[str]) -> Path:
+    """Where this process keeps a pruned checkpoint file for its next save to overwrite
+    (a temporary file: removed like one when its owner died). One name per process, not
+    a new one per call as :func:`temp_path`'s: the next save must find it. It is only
+    ever renamed, then opened with ``O_NOFOLLOW``: a link planted there is never followed."""
+    return Path(directory) / f".spare.{os.getpid()}{_TEMP_SUFFIX}"
 
 
 def temp_owner_pid(name: str) -> int | None:

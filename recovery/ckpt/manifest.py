@@ -1,11 +1,12 @@
 """The checkpoint manifest: which files are complete, and which one is the newest valid.
 
 Each checkpoint directory has a ``manifest.json`` listing every checkpoint written to it
-completely, with its size and sha256. A file is *valid* only if all of these hold:
+completely, with its size and checksum (XXH3-128; sha256 for a file written before,
+which still verifies). A file is *valid* only if all of these hold:
 
 1. it is in the manifest (a file the manifest does not list was never finished);
 2. its size is the recorded size (catches truncation);
-3. its sha256 is the recorded one (catches bit flips);
+3. its checksum is the recorded one (catches bit flips);
 4. it loads with ``torch.load(weights_only=True)`` (no arbitrary unpickling).
 
 Each entry also records the job's lineage (:mod:`recovery.ckpt.lineage`) and the kind of
@@ -41,7 +42,7 @@ import torch
 from filelock import FileLock
 
 from recovery.ckpt import layout
-from recovery.ckpt.durable import file_digest, write_atomic
+from recovery.ckpt.durable import SHA256, XXH3, file_digest, write_atomic
 from recovery.position import TrainPosition
 
 __all__ = [
@@ -94,7 +95,8 @@ class CheckpointEntry:
     ``seq`` orders entries by the time they were recorded; it only breaks a tie between
     two files of the same ``(epoch, step_in_epoch)`` (two runs with different prefixes).
     ``lineage`` is the id of the job that wrote it; ``None`` in a manifest written before
-    lineages existed.
+    lineages existed. The file's checksum is ``xxh3_128``; an entry written before XXH3
+    was used has ``sha256`` instead (:attr:`checksum` says which).
     """
 
     name: str
@@ -104,11 +106,12 @@ class CheckpointEntry:
     rank: int
     world_size: int
     size: int
-    sha256: str
+    sha256: str | None
     time: float
     seq: int = 0
     lineage: str | None = None
     kind: CheckpointKind = CheckpointKind.PERIODIC
+    xxh3_128: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", CheckpointKind(self.kind))  # a str when read from JSON
@@ -123,16 +126,23 @@ class CheckpointEntry:
 
         The step within the epoch is recorded under ``step``, as manifests always were
         (those already written must stay readable): only here and in :meth:`from_json` is
-        it mapped to :attr:`step_in_epoch`.
+        it mapped to :attr:`step_in_epoch`. An entry written before XXH3 (no ``xxh3_128``)
+        is recorded as it was.
         """
         return {("step" if key == "step_in_epoch" else key): value
-                for key, value in asdict(self).items()}
+                for key, value in asdict(self).items()
+                if not (key == "xxh3_128" and value is None)}
 
     @classmethod
     def from_json(cls, record: Mapping[str, Any]) -> CheckpointEntry:
         """The entry :meth:`to_json` recorded."""
         return cls(**{("step_in_epoch" if key == "step" else key): value
                       for key, value in record.items()})
+
+    @property
+    def checksum(self) -> tuple[str, str | None]:
+        """``(algorithm, hex digest)`` the file is checked with."""
+        return (XXH3, self.xxh3_128) if self.xxh3_128 is not None else (SHA256, self.sha256)
 
 
 @dataclass(frozen=True)
@@ -265,22 +275,24 @@ def find_checkpoint_dirs(root: str | os.PathLike[str]) -> list[Path]:
 
 
 _FileVersion = tuple[int, int, int]
-_verified: dict[str, tuple[_FileVersion, str]] = {}
-"""By path: the (size, mtime_ns, inode) of the file this process last hashed there, and its sha256."""
+_verified: dict[tuple[str, str], tuple[_FileVersion, str]] = {}
+"""By path and algorithm: the (size, mtime_ns, inode) of the file this process last hashed
+there, and its checksum."""
 _VERIFIED_MAX = 1024
 
 
-def _sha256(path: Path, stat: os.stat_result) -> str:
+def _checksum(path: Path, stat: os.stat_result, algorithm: str) -> str:
     version = (stat.st_size, stat.st_mtime_ns, stat.st_ino)
-    known = _verified.get(str(path))
+    key = (str(path), algorithm)
+    known = _verified.get(key)
     if known is not None and known[0] == version:
         return known[1]
-    sha256 = file_digest(path).sha256
+    checksum = file_digest(path, algorithm).checksum
     if len(_verified) >= _VERIFIED_MAX:  # forget the files pruned since
-        for gone in [name for name in _verified if not os.path.exists(name)]:
+        for gone in [k for k in _verified if not os.path.exists(k[0])]:
             del _verified[gone]
-    _verified[str(path)] = (version, sha256)
-    return sha256
+    _verified[key] = (version, checksum)
+    return checksum
 
 
 def problem(candidate: Candidate) -> str | None:
@@ -293,8 +305,9 @@ def problem(candidate: Candidate) -> str | None:
         return "missing: listed in the manifest but not on disk"
     if stat.st_size != candidate.entry.size:
         return f"truncated or torn: {stat.st_size} bytes, the manifest says {candidate.entry.size}"
-    if _sha256(candidate.path, stat) != candidate.entry.sha256:
-        return "corrupt: sha256 differs from the manifest"
+    algorithm, expected = candidate.entry.checksum
+    if _checksum(candidate.path, stat, algorithm) != expected:
+        return f"corrupt: {algorithm} differs from the manifest"
     return None
 
 

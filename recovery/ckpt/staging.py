@@ -129,8 +129,38 @@ def _copy(view: torch.Tensor, tensor: torch.Tensor) -> None:
         view.copy_(tensor)
 
 
+@dataclass(frozen=True)
+class _Staged:
+    """What a slot of the buffer holds: the bytes of ``tensor`` at version ``version``.
+
+    The tensor is kept, so that its memory cannot be another tensor's by the next save."""
+
+    tensor: torch.Tensor
+    version: int
+
+    def holds(self, tensor: torch.Tensor) -> bool:
+        """Whether the slot holds ``tensor``'s bytes already: the same memory, and no
+        in-place change since (autograd's version counter, shared by its views)."""
+        staged = self.tensor
+        return (tensor.data_ptr() == staged.data_ptr() and tensor.stride() == staged.stride()
+                and tensor.device == staged.device and _version(tensor) == self.version)
+
+
+def _version(tensor: torch.Tensor) -> int | None:
+    """The tensor's version counter (None: it has none, an inference tensor)."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return None
+
+
 class SharedStage:
-    """One shared-memory buffer, reused from save to save while the layout stays."""
+    """One shared-memory buffer, reused from save to save while the layout stays.
+
+    A tensor unchanged since the last save (the same memory, its version counter the
+    same: no in-place operation on it or on a view of it) is not copied again: its
+    bytes are in the buffer already (frozen layers, buffers, the step counts).
+    """
 
     def __init__(self) -> None:
         self._fd: int | None = None
@@ -139,9 +169,13 @@ class SharedStage:
         self._specs: list[TensorSpec] = []
         self._views: list[torch.Tensor] = []
         self._buffer: SharedBuffer | None = None
+        self._staged: list[_Staged | None] = []
+        self.copied = 0
+        """Tensors the last :meth:`stage` copied (the others were in the buffer already)."""
 
     def stage(self, tensors: list[torch.Tensor]) -> tuple[SharedBuffer, list[TensorSpec]]:
-        """Copy ``tensors`` into the buffer (a new one if their layout changed).
+        """Copy ``tensors`` into the buffer (a new one if their layout changed), all but
+        those it holds already.
 
         The caller must know that no reader uses the buffer any more.
         """
@@ -149,8 +183,17 @@ class SharedStage:
         if self._buffer is None or layout != self._layout:
             self._allocate(*_specs(tensors))
             self._layout = layout
-        for view, tensor in zip(self._views, tensors):
-            _copy(view, tensor.detach())
+            self._staged = [None] * len(tensors)
+        self.copied = 0
+        for index, (view, tensor) in enumerate(zip(self._views, tensors)):
+            tensor = tensor.detach()
+            staged = self._staged[index]
+            if staged is not None and staged.holds(tensor):
+                continue
+            _copy(view, tensor)
+            version = _version(tensor)
+            self._staged[index] = None if version is None else _Staged(tensor, version)
+            self.copied += 1
         assert self._buffer is not None
         return self._buffer, self._specs
 
@@ -168,6 +211,7 @@ class SharedStage:
         if self._fd is not None:
             os.close(self._fd)
             self._fd, self._buffer = None, None
+        self._staged = []
 
 
 def rebuild(buffer: Any, specs: list[TensorSpec], skeleton: Any) -> Any:

@@ -165,7 +165,7 @@ def _become_writer(parent: int, keep_fd: int) -> None:
     os.closerange(3, keep_fd)
     os.closerange(keep_fd + 1, os.sysconf("SC_OPEN_MAX"))
     torch.set_num_threads(1)
-    # The zip's CRC32 is a quarter of a save's CPU, and the manifest's sha256 already
+    # The zip's CRC32 is a quarter of a save's CPU, and the manifest's checksum already
     # guards every byte; torch.load does not check it. Only this process saves this way.
     torch.serialization.set_crc32_options(False)
 

@@ -221,15 +221,20 @@ class Member:
 
 @dataclass(frozen=True)
 class Accepted:
-    """The process holds ``node_id`` with ``rank``; it joins ``generation``."""
+    """The process holds ``node_id`` with ``rank``; it joins ``generation``.
+
+    ``fault_at`` is when the scheduler heard of the newest fault (:attr:`Membership.fault_at`):
+    what a rank's recovery is timed from, without reading any history.
+    """
 
     node_id: str
     rank: int
     generation: int
+    fault_at: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"ok": True, "node_id": self.node_id, "rank": self.rank,
-                "generation": self.generation}
+                "generation": self.generation, "fault_at": self.fault_at}
 
 
 @dataclass(frozen=True)
@@ -272,6 +277,9 @@ class Membership:
         self.members: dict[str, Member] = {}
         self._rank_holders: dict[int, str] = {}  # rank -> node id; a member's rank never changes
         self.cooldowns: dict[str, float] = {}  # node id -> unix time
+        self.fault_at: float | None = None
+        """When the newest fault was heard of (unix time): an abnormal exit reported, or a
+        member declared lost. Workers get it with every reply (:class:`Accepted`)."""
         self._formed: frozenset[tuple[str, int]] = frozenset()
         self._incomplete_since: float | None = None  # monotonic
         self._events: list[tuple[str, dict[str, Any]]] = []
@@ -351,7 +359,7 @@ class Membership:
             if member.state is MemberState.HUNG:
                 logger.info("node %s progresses again (step %d)", member.node_id, global_step)
                 member.transition(MemberState.ALIVE)
-        return Accepted(member.node_id, member.rank, self._generation_of(member))
+        return self._accepted(member)
 
     def report_exit(self, node_id: str, pid: int, incarnation: int, abnormal: bool,
                     reason: str, by: str, finished: bool = False) -> float:
@@ -527,6 +535,7 @@ class Membership:
             "formed": sorted([node, inc] for node, inc in self._formed),
             "members": [m.to_json() for m in self.members.values()],
             "cooldowns": dict(self.cooldowns),
+            "fault_at": self.fault_at,
         }
 
     def load(self, data: dict[str, Any]) -> str | None:
@@ -547,6 +556,7 @@ class Membership:
             generation = int(data["generation"])
             formed = frozenset((str(node), int(inc)) for node, inc in data["formed"])
             cooldowns = {str(k): float(v) for k, v in data["cooldowns"].items()}
+            fault_at = None if data.get("fault_at") is None else float(data["fault_at"])
             members = [Member.from_json(raw) for raw in data["members"]]
         except (KeyError, TypeError, ValueError) as err:
             return f"it is malformed ({err!r})"
@@ -556,6 +566,7 @@ class Membership:
                 member.state = MemberState.UNCONFIRMED
             member.heartbeat_at = member.progress_at = now
         self.generation, self._formed, self.cooldowns = generation, formed, cooldowns
+        self.fault_at = fault_at
         self.members = {m.node_id: m for m in members}
         self._rank_holders = {m.rank: m.node_id for m in members}
         self._incomplete_since = None
@@ -654,7 +665,7 @@ class Membership:
         self._emit(event, **member.fields(), host=member.host,
                    generation=self._generation_of(member))
         self._update_completeness()
-        return Accepted(node_id, rank, self._generation_of(member))
+        return self._accepted(member)
 
     def _confirm(self, member: Member, sent: float | None = None) -> Accepted:
         """A live member was heard from: it is alive (again, after a scheduler restart),
@@ -664,7 +675,10 @@ class Membership:
             member.transition(MemberState.ALIVE)
             self._emit("attach", **member.fields(), host=member.host,
                        generation=self._generation_of(member))
-        return Accepted(member.node_id, member.rank, self._generation_of(member))
+        return self._accepted(member)
+
+    def _accepted(self, member: Member) -> Accepted:
+        return Accepted(member.node_id, member.rank, self._generation_of(member), self.fault_at)
 
     def _heard_at(self, member: Member, sent: float | None) -> float:
         """When (monotonic) ``member`` sent a request stamped ``sent`` by its own clock.
@@ -683,7 +697,9 @@ class Membership:
         return now - (delay - member.least_delay)
 
     def _start_cooldown(self, node_id: str, rank: int | None, reason: str) -> None:
+        """A fault: the node may not register again for ``rejoin_cooldown`` seconds."""
         now = self.clock.time()
+        self.fault_at = now
         until = max(self.cooldowns.get(node_id, 0.0), now + self.timeouts.rejoin_cooldown)
         self.cooldowns[node_id] = until
         self._emit("cooldown", node_id=node_id, rank=rank, until=until,

@@ -175,6 +175,13 @@ class ClusterContext:
             return self.generation
         return max(self.generation, self._session.heartbeat.generation)
 
+    @property
+    def fault_at(self) -> float | None:
+        """When the scheduler heard of the newest fault (unix time), as of its last reply:
+        an abnormal exit or a member declared lost; None when it knows of none (or
+        there is no scheduler)."""
+        return None if self._session is None else self._session.heartbeat.fault_at
+
     def look_for_news(self) -> None:
         """Ask the scheduler for news sooner than the next heartbeat would (rate-limited:
         :func:`recovery.runtime.heartbeat.news_look_interval`); :attr:`latest_generation`
@@ -407,7 +414,7 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None) -> Clu
                           news_every=timeouts.heartbeat_interval,
                           look_every=news_look_interval(worker_env.world_size,
                                                         timeouts.heartbeat_interval))
-    heartbeat.receive(accepted.get("inject", []))
+    heartbeat.accepted(accepted)
     heartbeat.start()
     ctx = ClusterContext(rank, worker_env.world_size, generation,
                          identity.node_id, identity.incarnation, backend,

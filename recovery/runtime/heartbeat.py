@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from recovery.control.inject import Inbox, Injection
 from recovery.control.membership import Identity
@@ -92,6 +93,9 @@ class Heartbeat:
         self.phase: str | None = None
         self.inbox = Inbox()
         self.generation = generation
+        self.fault_at: float | None = None
+        """When the scheduler heard of the newest fault (unix time; None: none yet), as of
+        the last reply (recovery/control/membership.py)."""
         self._link = link
         self._fields = dataclasses.asdict(identity)
         self._interval = interval
@@ -151,8 +155,7 @@ class Heartbeat:
             logger.warning("%s re-attached to the scheduler", self._prefix)
             self._lost = False
         if reply.get("ok"):
-            self.generation = int(reply["generation"])
-            self.receive(reply.get("inject", []))
+            self.accepted(reply)
             return True
         message = str(reply.get("message"))
         logger.error("%s evicted by the scheduler: %s", self._prefix, message)
@@ -180,6 +183,14 @@ class Heartbeat:
                            self._prefix, global_step, type(global_step).__name__)
             self._unsendable_step_reported = True
         return None
+
+    def accepted(self, reply: dict[str, Any]) -> None:
+        """Take what a reply accepting this process says: the generation, when the
+        newest fault was heard of, the fault injections for this rank."""
+        self.generation = int(reply["generation"])
+        fault_at = reply.get("fault_at")
+        self.fault_at = None if fault_at is None else float(fault_at)
+        self.receive(reply.get("inject", []))
 
     def receive(self, injections: list[dict[str, object]]) -> None:
         """Put fault injections the scheduler handed out (with a beat, or with the

@@ -61,7 +61,7 @@ from recovery.runtime.cluster import ClusterContext
 from recovery.train.collectives import Wait, all_gather_rows, blocking
 from recovery.ckpt.digest import params_sha256
 from recovery.env import WorkerEnv
-from recovery.events import EventLog, read_events
+from recovery.events import EventLog
 from recovery.faults import is_recoverable_device_error
 from recovery.train.grad_sync import all_reduce_gradients
 from recovery.control.inject import Injection, deliver
@@ -553,19 +553,29 @@ class ElasticTrainer:
                              generation=self.ctx.generation, **fields)
         self._emit_as_leader("recovered", generation=self.ctx.generation,
                              step=self.position.global_step, source=source,
-                             seconds=round(time.time() - self._last_fault_time(), 3))
+                             seconds=round(time.time() - self._fault_time(), 3))
 
     def _emit_as_leader(self, event: str, **fields: Any) -> None:
         """Emit an event the ranks agree on once, from rank 0."""
         if self.ctx.rank == 0:
             self._events.emit(event, **fields)
 
-    def _last_fault_time(self) -> float:
-        """When the fault happened: the newest ``fault`` event, else when this rank saw it."""
-        faults = ([e["ts"] for e in read_events(self._events.path) if e["event"] == "fault"]
-                  if self._events.path else [])
+    def _fault_time(self) -> float:
+        """When the fault recovered from happened, from what this process holds: a recovery
+        never reads a file that grows with the job's age (events.jsonl).
+
+        A device error repaired in place: when this rank saw it (in the step's all-reduce).
+        Any other: when the scheduler heard of the newest fault (the abnormal exit, the
+        silent rank), which a relaunched rank learns when it registers; without one, when
+        this rank saw the fault, else now.
+        """
         fault = self._machine.fault
-        return max(faults, default=fault.at if fault is not None else time.time())
+        if fault is not None and fault.ranks:
+            return fault.at
+        heard = self.ctx.fault_at
+        if heard is not None:
+            return heard
+        return fault.at if fault is not None else time.time()
 
     # ------------------------------------------------------------------ stop signals
     @contextlib.contextmanager

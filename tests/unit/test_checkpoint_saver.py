@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import random
 import shutil
 import socket
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 from recovery import env as envnames
+from recovery.ckpt import layout
 from recovery.ckpt.checkpoint import CheckpointConfig, CheckpointSaver
 from recovery.ckpt.manifest import CheckpointError
 from recovery.position import TrainPosition
@@ -321,3 +323,27 @@ def test_the_writer_process_runs_at_the_training_processs_priority_and_leaves_it
     finally:
         saver.close()
     assert load_checkpoint(tmp_path / "net-1_1.ckpt")["position"]["global_step"] == 1
+
+
+def test_a_pruned_file_is_written_over_by_the_next_save_and_a_dead_writers_spare_goes(
+        tmp_path: Path) -> None:
+    """Its pages are reused, not freed and allocated again; every checkpoint still verifies."""
+    model = torch.nn.Linear(64, 64)
+    saver = CheckpointSaver(model, config=CheckpointConfig(keep_checkpoint_max=2),
+                            directory=tmp_path, prefix="net")
+    paths = [saver.save(TrainPosition(1, g, g)) for g in (1, 2, 3)]
+    spare = layout.spare_path(tmp_path)
+    assert not paths[0].exists() and spare.exists()
+    first_inode = spare.stat().st_ino
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    fourth = saver.save(TrainPosition(1, 4, 4))
+    assert fourth.stat().st_ino == first_inode  # the pruned file, written over
+    assert spare.exists() and sorted(p.name for p in tmp_path.glob("*.ckpt")) == [
+        "net-1_3.ckpt", "net-1_4.ckpt"]
+    assert torch.equal(load_checkpoint(fourth)["model"]["weight"], model.weight)
+    assert load_checkpoint(paths[2])["position"]["global_step"] == 3
+    dead = tmp_path / spare.name.replace(f".{os.getpid()}.", ".999999999.")
+    spare.rename(dead)
+    CheckpointSaver(model, directory=tmp_path, prefix="net")  # clears dead writers' files
+    assert not dead.exists()

@@ -71,3 +71,40 @@ def test_staged_states_come_back_exactly_and_the_buffer_is_reused_while_the_layo
         assert_same(second, read_back(buffer, specs, skeleton))
     finally:
         stage.close()
+
+
+def test_only_the_tensors_changed_since_the_last_save_are_copied_again() -> None:
+    """A frozen layer's weights are in the buffer already; an in-place change through any
+    view, a new tensor or a new layout is copied (and read back as it is now)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    model[0].requires_grad_(False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    stage = staging.SharedStage()
+
+    def staged() -> tuple[Any, Any]:
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                 "rng": torch.get_rng_state()}
+        skeleton, parts = staging.split(state)
+        return state, read_back(*stage.stage(parts), skeleton)
+
+    try:
+        for _ in range(2):
+            model(torch.randn(5, 4)).sum().backward()
+            optimizer.step()
+            state, back = staged()
+            assert_same(state, back)
+        # Layer 1's weight and bias and their momentum changed, and the RNG state is a new
+        # tensor; layer 0 (frozen, no momentum) was staged already.
+        assert stage.copied == 5
+        _, back = staged()
+        assert stage.copied == 1  # nothing changed but the (new) RNG state tensor
+        model[0].weight[0].mul_(2.0)  # in place, through a view
+        state, back = staged()
+        assert stage.copied == 2 and torch.equal(back["model"]["0.weight"], model[0].weight)
+        with torch.no_grad():
+            model[0].bias.copy_(torch.ones(3))  # as load_state_dict does
+        state, back = staged()
+        assert stage.copied == 2 and torch.equal(back["model"]["0.bias"], torch.ones(3))
+    finally:
+        stage.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import shutil
@@ -12,7 +14,7 @@ import torch
 
 from recovery.ckpt import layout
 from recovery.ckpt.checkpoint import CheckpointSaver
-from recovery.ckpt.durable import file_digest, write_atomic
+from recovery.ckpt.durable import SHA256, file_digest, write_atomic
 from recovery.position import TrainPosition
 from recovery.ckpt.manifest import CheckpointEntry, InvalidCheckpointError, Manifest, newest_valid, verify_dir
 from recovery.ckpt.restore import load_checkpoint, resume
@@ -58,7 +60,7 @@ def test_truncated_and_bit_flipped_files_are_skipped_with_one_warning_each(
     warnings = skipped(caplog)
     assert len(warnings) == 2
     assert str(three[2]) in warnings[0] and "truncated" in warnings[0]
-    assert str(three[1]) in warnings[1] and "sha256" in warnings[1]
+    assert str(three[1]) in warnings[1] and "xxh3_128 differs" in warnings[1]
     assert all("\n" not in w for w in warnings)
 
 
@@ -85,7 +87,8 @@ def test_a_file_that_needs_arbitrary_unpickling_is_refused_even_if_listed(
     directory = three[0].parent
     unsafe = directory / "net-1_40.ckpt"
     digest = write_atomic(unsafe, lambda f: torch.save({"model": {}, "hook": shutil.copy}, f))
-    Manifest(directory).add(CheckpointEntry(unsafe.name, 1, 40, 40, 0, 1, digest.size, digest.sha256, 0.0))
+    Manifest(directory).add(CheckpointEntry(unsafe.name, 1, 40, 40, 0, 1, digest.size, None, 0.0,
+                                            xxh3_128=digest.checksum))
     with caplog.at_level(logging.WARNING):
         assert chosen(directory) == three[2]
     assert "arbitrary unpickling" in skipped(caplog)[0]
@@ -96,7 +99,26 @@ def test_a_file_that_needs_arbitrary_unpickling_is_refused_even_if_listed(
 def test_verify_dir_names_every_bad_file(three: list[Path]) -> None:
     flip_a_bit(three[0])
     results = {c.path.name: reason for c, reason in verify_dir(three[0].parent)}
-    assert results == {"net-1_30.ckpt": None, "net-1_20.ckpt": None, "net-1_10.ckpt": "corrupt: sha256 differs from the manifest"}
+    assert results == {"net-1_30.ckpt": None, "net-1_20.ckpt": None, "net-1_10.ckpt": "corrupt: xxh3_128 differs from the manifest"}
+
+
+def test_checkpoints_of_sha256_manifests_still_verify_and_load(three: list[Path]) -> None:
+    """A manifest written before XXH3 (its entries hold a sha256 and no xxh3_128 key)."""
+    manifest = layout.manifest_path(three[0].parent)
+    content = json.loads(manifest.read_text())
+    for entry in content["entries"]:
+        entry["sha256"] = hashlib.sha256((three[0].parent / entry["name"]).read_bytes()).hexdigest()
+        del entry["xxh3_128"]
+    manifest.write_text(json.dumps(content))
+    found = newest_valid(three[0].parent)
+    assert found is not None and found[0].path == three[2]
+    assert found[0].entry is not None and found[0].entry.checksum[0] == SHA256
+    assert load_checkpoint(three[1])["position"]["global_step"] == 20
+    flip_a_bit(three[0])
+    results = {c.path.name: reason for c, reason in verify_dir(three[0].parent)}
+    assert results == {"net-1_30.ckpt": None, "net-1_20.ckpt": None,
+                       "net-1_10.ckpt": "corrupt: sha256 differs from the manifest"}
+    assert file_digest(three[1], SHA256).checksum == content["entries"][1]["sha256"]
 
 
 def test_a_damaged_manifest_trusts_no_file(three: list[Path], caplog: pytest.LogCaptureFixture) -> None:
@@ -115,3 +137,8 @@ def test_write_atomic_leaves_nothing_when_the_writer_fails(tmp_path: Path) -> No
     assert os.listdir(tmp_path) == []
     digest = write_atomic(tmp_path / "y.bin", lambda f: f.write(b"abc"))
     assert digest == file_digest(tmp_path / "y.bin") and digest.size == 3
+    spare = tmp_path / ".spare.tmp"
+    spare.write_bytes(b"x" * 100_000)  # a larger file, written over: cut to what was written
+    digest = write_atomic(tmp_path / "z.bin", lambda f: f.write(b"abcd"), reuse=spare)
+    assert (tmp_path / "z.bin").read_bytes() == b"abcd" and not spare.exists()
+    assert digest == file_digest(tmp_path / "z.bin")

@@ -67,7 +67,7 @@ def test_show_refuses_an_invalid_file_in_one_line(tree: Path, capsys: pytest.Cap
     path.write_bytes(path.read_bytes()[:-1] + b"!")
     assert ctl.main(["ckpt", "show", str(path)]) == 1
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "corrupt: sha256 differs" in err
+    assert err.count("\n") == 0 and "corrupt: xxh3_128 differs" in err
 
 
 def test_a_directory_that_does_not_exist_is_a_usage_error(tmp_path: Path) -> None:

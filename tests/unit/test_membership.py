@@ -185,6 +185,26 @@ def test_an_exit_report_about_another_process_than_the_holder_is_ignored() -> No
     assert ms.members["1"].state is MemberState.ALIVE and ms.cooldown_left("1") == 0.0
 
 
+def test_every_reply_says_when_the_newest_fault_was_heard_of_and_a_reload_keeps_it() -> None:
+    """What a recovery is timed from (recovery/train/elastic.py), with no history read."""
+    clock = FakeClock()
+    ms = make(clock=clock, cooldown=0.0)
+    join_all(ms, {"0": 100, "1": 101})
+    assert accepted(ms.heartbeat(ident("0", 100), TOKEN, global_step=1)).fault_at is None
+    clock.advance(3.0)
+    ms.report_exit("1", 101, 0, abnormal=True, reason="SIGKILL", by="supervisor")
+    clock.advance(2.0)
+    assert accepted(ms.register(ident("1", 102, incarnation=1), TOKEN)).fault_at == T0 + 3.0
+    reply = accepted(ms.heartbeat(ident("0", 100), TOKEN, global_step=2)).to_json()
+    assert reply["fault_at"] == T0 + 3.0
+    clock.advance(6.0)  # rank 0's beats stop: a heartbeat verdict is a fault too
+    accepted(ms.heartbeat(ident("1", 102, incarnation=1), TOKEN, global_step=2))
+    ms.check()
+    assert ms.verdicts() == {0: "heartbeat"} and ms.fault_at == T0 + 11.0
+    fresh, problem = reloaded(ms, clock)
+    assert problem is None and fresh.fault_at == T0 + 11.0
+
+
 # ----------------------------------------------------------------- heartbeats and hangs
 def test_silence_past_the_heartbeat_timeout_is_a_heartbeat_verdict_and_fences_the_process() -> None:
     clock = FakeClock()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -58,6 +59,49 @@ def test_the_tail_reads_only_whole_new_lines(tmp_path: Path) -> None:
         file.write('ent": "step", "rank": 0, "step": 2}\n')
     assert [e["step"] for e in tail.read()] == [2]
     assert tail.read() == []
+
+
+def _append_steps(path: Path, megabytes: int, rank: int = 3) -> None:
+    """``megabytes`` of step events of ``rank`` (step 1, 2, ...), as a busy job appends them."""
+    lines = [json.dumps(step(1.0, rank, i)) + "\n" for i in range(1, 2001)]
+    block = "".join(lines).encode()
+    with open(path, "ab") as file:
+        for _ in range(megabytes * 1_000_000 // len(block)):
+            file.write(block)
+
+
+def test_a_tail_far_behind_reads_a_bounded_chunk_per_call_and_loses_nothing(
+        tmp_path: Path) -> None:
+    """A pass of the supervisor's loop must not parse what a busy job appended since the
+    last: 300 MB appended mid-run kept the job's end waiting 24-37 s (issue 28)."""
+    path = tmp_path / "events.jsonl"
+    _append_steps(path, 8)
+    path.open("a").write(json.dumps({"ts": 9.0, "event": "register", "node_id": "0"}) + "\n")
+    tail = EventTail(path)
+    first = tail.read()
+    assert 0 < sum(len(json.dumps(e)) + 1 for e in first) <= 1_000_000
+    read = len(first)
+    while (events := tail.read()):
+        read += len(events)
+    assert read == path.read_bytes().count(b"\n")
+
+
+def test_the_view_of_a_file_far_behind_shows_the_newest_events_in_one_cheap_pass(
+        tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_text(json.dumps(step(0.5, 0, 1)) + "\n")
+    out = io.StringIO()
+    view = PlainView(out, path, progress_interval=0.001)
+    view.show_rows([Row(0, 11, "running", 0, "")])
+    _append_steps(path, 32, rank=0)
+    started = time.monotonic()
+    view.show_rows([Row(0, 11, "running", 0, "")])
+    assert time.monotonic() - started < 2.0  # all 32 MB parsed: 5-10 s here
+    assert "rank 0 step 2000 " in out.getvalue().splitlines()[-1]
+    with open(path, "a") as file:
+        file.write(json.dumps(step(3.0, 0, 2001)) + "\n")
+    view.show_rows([Row(0, 11, "running", 0, "")])
+    assert "rank 0 step 2001 " in out.getvalue().splitlines()[-1]
 
 
 def test_the_plain_progress_line_counts_a_cooldown_down(tmp_path: Path) -> None:

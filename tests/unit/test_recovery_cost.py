@@ -20,7 +20,7 @@ from support import free_tcp_port
 import recovery.ckpt.manifest as manifest
 from recovery.ckpt import layout
 from recovery.ckpt.checkpoint import CheckpointConfig, CheckpointSaver
-from recovery.ckpt.durable import FileDigest
+from recovery.ckpt.durable import XXH3, FileDigest
 from recovery.ckpt.last_words import save_last_words
 from recovery.ckpt.manifest import candidates, problem
 from recovery.position import TrainPosition
@@ -38,13 +38,13 @@ def _saver(recovery_path: Path, keep: int = 3, prefix: str = "net", lineage: str
 
 @pytest.fixture
 def hashed(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
-    """How many times each file's sha256 was computed (by the real function)."""
+    """How many times each file's checksum was computed (by the real function)."""
     counts: Counter[str] = Counter()
     real = manifest.file_digest
 
-    def counting(path: str | os.PathLike[str]) -> FileDigest:
+    def counting(path: str | os.PathLike[str], algorithm: str = XXH3) -> FileDigest:
         counts[Path(path).name] += 1
-        return real(path)
+        return real(path, algorithm)
 
     monkeypatch.setattr(manifest, "file_digest", counting)
     return counts
@@ -86,7 +86,7 @@ def test_a_file_changed_after_it_was_verified_is_verified_again(tmp_path: Path) 
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
     os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1))  # even within one clock tick
-    assert problem(candidate) == "corrupt: sha256 differs from the manifest"
+    assert problem(candidate) == "corrupt: xxh3_128 differs from the manifest"
 
 
 def test_last_words_directories_are_pruned_by_the_keep_rule(tmp_path: Path) -> None:

@@ -56,7 +56,7 @@ def test_requests_are_served_and_the_end_is_persisted(tmp_path: Path, free_port:
             assert endpoint is not None and endpoint.port == free_port
             assert link.wait_connected(10)
             assert register(link, "0", 100) == {"ok": True, "node_id": "0", "rank": 0,
-                                                "generation": 0}
+                                                "generation": 0, "fault_at": None}
             refused = register(link, "0", 101)
             assert (refused["ok"], refused["reason"]) == (False, "duplicate")
             status = link.call(Op.STATUS)

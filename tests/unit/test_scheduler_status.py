@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from launcher.cli.status import NoJobError, describe_last_fault, format_status, query
+from launcher.cli.status import (
+    NoJobError, describe_last_fault, format_status, last_fault_events, query,
+)
+from recovery.events import newest_events
 from recovery.control.files import Endpoint
 
 STATUS = {
@@ -66,3 +71,23 @@ def test_the_last_fault_line_names_the_newest_fault_and_its_recovery() -> None:
         "last fault: rank 1 cause=uce 10s ago; rolled back to step 40 (source checkpoint)")
     assert describe_last_fault([FAULT, rollback, {**recovered, "source": None}],
                                now=1010.0).endswith("recovered in 0.8 s (source checkpoint)")
+
+
+def test_the_last_fault_is_read_from_the_end_of_the_events_file(tmp_path: Path) -> None:
+    """Before the newest fault the file may hold a week of steps: they are never read (a
+    sparse gigabyte stands for them here)."""
+    path = tmp_path / "events.jsonl"
+    with open(path, "wb") as file:
+        file.truncate(1 << 30)
+    older = {**FAULT, "ts": 900.0, "rank": 0, "cause": "SIGKILL"}
+    recovered = {"ts": 1000.8, "event": "recovered", "generation": 1, "step": 40,
+                 "seconds": 0.8, "source": "in_place"}
+    steps = [{"ts": 1000.0 + i, "event": "step", "rank": 0, "step": i} for i in range(300)]
+    with open(path, "a") as file:
+        file.write("\n")
+        for event in (older, FAULT, *steps, recovered, *steps):
+            file.write(json.dumps(event) + "\n")
+    assert last_fault_events(tmp_path) == [FAULT, recovered]
+    newest = newest_events(path, ["fault"], chunk=64)  # lines cut across chunks
+    assert [e["ts"] for e in itertools.islice(newest, 2)] == [1000.0, 900.0]
+    assert last_fault_events(tmp_path / "nowhere") == []
