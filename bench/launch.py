@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from common import SCRIPTS, add_json_flag, emit, median, ratio, ratio_line, torchrun_cmd, tftrun_cmd
+from common import SCRIPTS, add_json_flag, emit, median, ratio, ratio_line, tftrun_cmd, torchrun_cmd
 
 PHASES = ("to the script", "import torch", "rendezvous + all_reduce", "launch to first step")
 

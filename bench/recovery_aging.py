@@ -8,8 +8,9 @@ number of logged steps) a fresh log dir gets that many ``step`` lines, then rank
 recovery is timed as :class:`recovery.train.elastic.ElasticTrainer` does it after a fault
 (its ``_roll_back``: agree on the newest common checkpoint, load and restore it, write the
 ``step``, ``rollback`` and ``recovered`` events), in a one-rank gloo group: one untimed
-rollback per age, then ``--rounds`` rounds, the ages alternating; the median is reported. The checkpoints are the same for every age (the main job's
-MLP and optimizer, 5.4 MB; their own aging is bench/ckpt_aging.py's). The design target
+rollback per age, then ``--rounds`` rounds, the ages alternating; the median is reported.
+The checkpoints are the same for every age (the main job's MLP and optimizer, 5.4 MB;
+their own aging is bench/ckpt_aging.py's). The design target
 (issue 28): the oldest job's recovery within 1.1x the youngest's. Run by hand; not a test.
 """
 

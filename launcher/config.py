@@ -18,14 +18,16 @@ from enum import StrEnum
 from pathlib import Path
 
 from launcher.errors import ConfigError
-from recovery.safe_files import folder_problem
-from recovery.control.rpc import describe_bind_error, listen_on
 from recovery import env as names
-from recovery.train.modes import parse_enable_tft
+from recovery.control.rpc import describe_bind_error, listen_on
+from recovery.safe_files import folder_problem
 from recovery.timeouts import (
-    DEFAULT_CLUSTER_TIME_OUT, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_PROGRESS_TIMEOUT,
+    DEFAULT_CLUSTER_TIME_OUT,
+    DEFAULT_HEARTBEAT_TIMEOUT,
+    DEFAULT_PROGRESS_TIMEOUT,
     DEFAULT_REJOIN_COOLDOWN,
 )
+from recovery.train.modes import parse_enable_tft
 
 __all__ = ["LaunchConfig", "bind_listener", "RestartPolicy", "DEFAULT_PROGRESS_INTERVAL",
            "AUTO_NODE_RANK", "with_node_rank", "DEFAULT_SIGNALS", "ENTRY_KINDS",

@@ -21,7 +21,11 @@ def capture_rng_state() -> dict[str, Any]:
     py_version, py_internal, py_gauss = random.getstate()
     np_kind, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
     return {
-        "python": {"version": py_version, "state": torch.from_numpy(np.array(py_internal, dtype=np.int64)), "gauss": py_gauss},
+        "python": {
+            "version": py_version,
+            "state": torch.from_numpy(np.array(py_internal, dtype=np.int64)),
+            "gauss": py_gauss,
+        },
         "numpy": {
             "kind": np_kind,
             "keys": torch.from_numpy(np_keys.astype(np.int64)),

@@ -16,10 +16,11 @@ launch script by hand may leave them unset and get the defaults):
   overloaded host can withhold for seconds; a false "dead" costs a kill, a cooldown
   and a restart, so the timeout sits well above such pauses.
 * ``progress_timeout`` (300 s): a worker that heartbeats but stays behind another
-  worker's step of its generation this long is hung (recovery/control/membership.py). It must exceed the longest legitimate pause of one rank while
-  the others wait at the next collective (a rank-0-only checkpoint save, an evaluation
-  pass), and stay under torch's NCCL collective timeout (10 min), so that the verdict
-  comes before the waiting ranks' collectives fail.
+  worker's step of its generation this long is hung (recovery/control/membership.py).
+  It must exceed the longest legitimate pause of one rank while the others wait at the
+  next collective (a rank-0-only checkpoint save, an evaluation pass), and stay under
+  torch's NCCL collective timeout (10 min), so that the verdict comes before the waiting
+  ranks' collectives fail.
 """
 
 from __future__ import annotations

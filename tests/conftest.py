@@ -15,10 +15,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-from support import free_tcp_port
-from support_chaos import CHAOS_SEED, SEED_VARIABLE
 
 from recovery import env as names
+from support import free_tcp_port
+from support_chaos import CHAOS_SEED, SEED_VARIABLE
 
 PR_SET_CHILD_SUBREAPER = 36
 

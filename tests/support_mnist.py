@@ -24,7 +24,8 @@ WORKERS = 3
 
 def write_idx(path: Path, array: np.ndarray, compress: bool = False) -> Path:
     """Write ``array`` (uint8) as an idx file; ``compress`` adds ``.gz`` to the name."""
-    raw = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape) + array.astype(np.uint8).tobytes()
+    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    raw = header + array.astype(np.uint8).tobytes()
     if compress:
         path = path.with_name(path.name + ".gz")
         raw = gzip.compress(raw)

@@ -38,8 +38,8 @@ from step_log import FAULT_FILE, StepRecord, steps_file
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "templates" / "mnist"))
 import train  # noqa: E402 - the template, found through its folder
 
-from recovery.train.elastic import ElasticTrainer  # noqa: E402
 from recovery.control.inject import Injection, new_id  # noqa: E402
+from recovery.train.elastic import ElasticTrainer  # noqa: E402
 
 FAULTS = ("kill", "uce")
 

@@ -24,17 +24,17 @@ from launcher.cli.common import new_app
 from launcher.errors import TftrunError
 from recovery.ckpt.layout import rank_of_dir
 from recovery.ckpt.lineage import LineageError, read_lineage
-from recovery.ckpt.manifest import (
-    Candidate, CheckpointError, candidates, find_checkpoint_dirs, verify_dir,
-)
+from recovery.ckpt.manifest import Candidate, CheckpointError, candidates, find_checkpoint_dirs, verify_dir
 from recovery.ckpt.restore import load_checkpoint
 
 __all__ = ["app"]
 
 app = new_app("ckpt", "Inspect and verify checkpoints.")
 
-_Dir = Annotated[Path, typer.Argument(help="A rank's checkpoint directory, or a folder above several.", exists=True, file_okay=False)]
-_File = Annotated[Path, typer.Argument(help="A checkpoint file (<prefix>-<epoch>_<step>.ckpt).", exists=True, dir_okay=False)]
+_Dir = Annotated[Path, typer.Argument(help="A rank's checkpoint directory, or a folder above several.",
+                                       exists=True, file_okay=False)]
+_File = Annotated[Path, typer.Argument(help="A checkpoint file (<prefix>-<epoch>_<step>.ckpt).",
+                                        exists=True, dir_okay=False)]
 
 
 _All = Annotated[bool, typer.Option("--all", help="List the checkpoints of every lineage, not only the current one.")]
@@ -83,7 +83,8 @@ def ls(directory: _Dir, every_lineage: _All = False) -> None:
     table = Table("rank", "epoch", "step", "size", "time", "valid", "lineage", "file")
     for candidate, reason in shown:
         rank = _rank(candidate)
-        written = "-" if candidate.entry is None else datetime.fromtimestamp(candidate.entry.time).strftime("%Y-%m-%d %H:%M:%S")
+        written = ("-" if candidate.entry is None
+                   else datetime.fromtimestamp(candidate.entry.time).strftime("%Y-%m-%d %H:%M:%S"))
         table.add_row(
             "?" if rank < 0 else str(rank), str(candidate.epoch), str(candidate.step_in_epoch), _size(candidate),
             written, "yes" if reason is None else f"no: {reason}", _lineage(candidate), str(candidate.path),

@@ -21,13 +21,13 @@ from typing import Annotated, Any
 import psutil
 import typer
 
-from launcher.errors import ConfigError, TftrunError
 from launcher.cli.status import NoJobError, connect, query
-from recovery.env import WorkerEnv
-from recovery.events import EventLog
+from launcher.errors import ConfigError, TftrunError
 from recovery.control.inject import FAULTS, Injection, check, check_fault, new_id
 from recovery.control.membership import LIVE_STATES
 from recovery.control.rpc import Op
+from recovery.env import WorkerEnv
+from recovery.events import EventLog
 
 __all__ = ["inject"]
 

@@ -19,10 +19,10 @@ from typing import Annotated, Any
 
 import typer
 
-from launcher.errors import TftrunError
-from recovery.events import newest_events
-from recovery.control.rpc import Op, SchedulerLink, SchedulerUnavailable
 from launcher.cli.trusted import UntrustedEndpoint, trusted_endpoint
+from launcher.errors import TftrunError
+from recovery.control.rpc import Op, SchedulerLink, SchedulerUnavailable
+from recovery.events import newest_events
 
 __all__ = ["status", "query", "connect", "format_status", "describe_last_fault",
            "last_fault_events", "NoJobError"]

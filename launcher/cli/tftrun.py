@@ -23,31 +23,44 @@ from filelock import FileLock, Timeout
 
 from launcher.cli.common import finite_float, new_app, run_app
 from launcher.cli.compat import (
-    RDZV_BACKENDS, Entry, console_ranks, parse_endpoint, parse_nnodes, parse_rdzv_conf,
-    parse_signals, rdzv_conf_note, resolve_nproc, strip_python,
+    RDZV_BACKENDS,
+    Entry,
+    console_ranks,
+    parse_endpoint,
+    parse_nnodes,
+    parse_rdzv_conf,
+    parse_signals,
+    rdzv_conf_note,
+    resolve_nproc,
+    strip_python,
 )
-from launcher.nodes.cluster_env import DEFAULT_MASTER_ADDR, fill_from_cluster
 from launcher.config import (
-    AUTO_NODE_RANK, DEFAULT_MASTER_PORT, DEFAULT_PROGRESS_INTERVAL, DEFAULT_SIGNALS, LaunchConfig,
-    bind_listener, check_own_folder,
+    AUTO_NODE_RANK,
+    DEFAULT_MASTER_PORT,
+    DEFAULT_PROGRESS_INTERVAL,
+    DEFAULT_SIGNALS,
+    LaunchConfig,
+    bind_listener,
+    check_own_folder,
 )
 from launcher.errors import ConfigError
-from launcher.view.logs import archive_previous_run
-from launcher.nodes.link import (
-    NodeLink, job_still_waited_for, local_address_towards, save_job, saved_job,
-)
+from launcher.nodes.cluster_env import DEFAULT_MASTER_ADDR, fill_from_cluster
+from launcher.nodes.link import NodeLink, job_still_waited_for, local_address_towards, save_job, saved_job
 from launcher.nodes.ranks import place_node, take_node_rank
-from launcher.view.render import make_view
 from launcher.supervisor.loop import Supervisor
+from launcher.view.logs import archive_previous_run
+from launcher.view.render import make_view
 from recovery import env as names
-from recovery.control.signing import WeakToken, checked_strength
-from recovery.env import DEFAULT_RECOVERY_PATH
-from recovery.control.nodes import JobIdentity
-from recovery.events import EVENTS_FILE, EventLog
 from recovery.ckpt.layout import previous_dir
 from recovery.ckpt.lineage import LineageError, join_lineage, open_lineage
+from recovery.control.nodes import JobIdentity
+from recovery.control.signing import WeakToken, checked_strength
+from recovery.env import DEFAULT_RECOVERY_PATH
+from recovery.events import EVENTS_FILE, EventLog
 from recovery.timeouts import (
-    DEFAULT_CLUSTER_TIME_OUT, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_PROGRESS_TIMEOUT,
+    DEFAULT_CLUSTER_TIME_OUT,
+    DEFAULT_HEARTBEAT_TIMEOUT,
+    DEFAULT_PROGRESS_TIMEOUT,
     DEFAULT_REJOIN_COOLDOWN,
 )
 

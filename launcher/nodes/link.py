@@ -13,19 +13,30 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from launcher.errors import ConfigError
 from recovery import env as names
-from recovery.control.nodes import (
-    END_KEY, JOB_KEY, MAX_VALUE_BYTES, RESTART_KEY, BadValue, JobIdentity, parse_address,
-    job_names, parse_job, raise_counter, read_signed, rendezvous_key, stored_at,
-)
 from recovery.ckpt.durable import write_atomic
 from recovery.ckpt.layout import SCHEDULER_DIR
 from recovery.control.files import StateFile
+from recovery.control.nodes import (
+    END_KEY,
+    JOB_KEY,
+    MAX_VALUE_BYTES,
+    RESTART_KEY,
+    BadValue,
+    JobIdentity,
+    job_names,
+    parse_address,
+    parse_job,
+    raise_counter,
+    read_signed,
+    rendezvous_key,
+    stored_at,
+)
 from recovery.control.rpc import port_open
 from recovery.control.signing import job_key, sign_value
 from recovery.control.tcpstore_client import StoreError, TCPStoreClient, ValueTooLarge

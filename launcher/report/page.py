@@ -10,8 +10,8 @@ import time
 from collections.abc import Sequence
 from html import escape
 
-from launcher.report.svg import steps_svg, timeline_svg
 from launcher.report.model import Timeline
+from launcher.report.svg import steps_svg, timeline_svg
 
 __all__ = ["render_html"]
 

@@ -21,8 +21,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.report.model import (
-    FaultMark, GenerationMark, Incarnation, IncarnationEnding, Lane, PhaseSpan, Recovery,
-    SpanPhase, StepPoint, Timeline,
+    FaultMark,
+    GenerationMark,
+    Incarnation,
+    IncarnationEnding,
+    Lane,
+    PhaseSpan,
+    Recovery,
+    SpanPhase,
+    StepPoint,
+    Timeline,
 )
 from recovery.train.step_events import RESTORED
 

@@ -14,7 +14,13 @@ from launcher.config import LaunchConfig
 from launcher.procs.process import Child, Watchdog, spawn
 from launcher.procs.spare_pool import Spare, SparePool
 from launcher.procs.spec import (
-    ProcessSpec, Role, prepare_error_file, scheduler_spec, script_argv, spare_spec, worker_spec,
+    ProcessSpec,
+    Role,
+    prepare_error_file,
+    scheduler_spec,
+    script_argv,
+    spare_spec,
+    worker_spec,
 )
 from launcher.supervisor.failures import ExitInfo
 from launcher.supervisor.state import Failure, Worker, WorkerState

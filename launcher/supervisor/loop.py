@@ -28,9 +28,25 @@ from launcher.supervisor.failures import ExitInfo
 from launcher.supervisor.meeting import MeetingPlace, point_at_remote_scheduler
 from launcher.supervisor.observer import Observer
 from launcher.supervisor.policy import (
-    Action, Close, Ending, GiveUp, Hang, JobView, KeepSpares, Kill, Relaunch,
-    RelaunchScheduler, RestartAll, ScheduleRelaunch, SchedulerSpent, StartAll, Stop,
-    StopWorkers, TeardownCrash, WaitUntil, decide,
+    Action,
+    Close,
+    Ending,
+    GiveUp,
+    Hang,
+    JobView,
+    KeepSpares,
+    Kill,
+    Relaunch,
+    RelaunchScheduler,
+    RestartAll,
+    ScheduleRelaunch,
+    SchedulerSpent,
+    StartAll,
+    Stop,
+    StopWorkers,
+    TeardownCrash,
+    WaitUntil,
+    decide,
 )
 from launcher.supervisor.signals import Wakeup, handled
 from launcher.supervisor.state import Failure, Worker, WorkerState

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from launcher.supervisor.failures import ExitInfo
 from launcher.procs.process import Child
+from launcher.supervisor.failures import ExitInfo
 from recovery.transitions import check_transition
 
 __all__ = ["WorkerState", "Worker", "Failure", "TRANSITIONS", "SPAWN_FAILED"]

@@ -33,13 +33,13 @@ import torch
 
 from recovery.ckpt import layout, staging
 from recovery.ckpt.durable import fsync_dir, remove_stale_temps, write_atomic
-from recovery.env import WorkerEnv
 from recovery.ckpt.lineage import job_lineage
 from recovery.ckpt.manifest import CheckpointEntry, CheckpointError, CheckpointKind, KeepRule, Manifest
-from recovery.position import TrainPosition
-from recovery.rng import GlobalRngState
 from recovery.ckpt.restore import FORMAT, FORMAT_VERSION, ResumePoint, job_rank_and_world_size, resume
 from recovery.ckpt.writer_process import WriteRequest, WriterProcess
+from recovery.env import WorkerEnv
+from recovery.position import TrainPosition
+from recovery.rng import GlobalRngState
 from recovery.stateful import Stateful
 
 __all__ = ["CheckpointConfig", "CheckpointSaver", "write_checkpoint"]
@@ -71,7 +71,8 @@ def _normalize_append_info(append_info: Sequence[str | Mapping[str, Any]] | None
                 raise ValueError("append_info takes at most one dict of user values")
             items.append(_checked_user_values(item))
         else:
-            raise TypeError(f"append_info entry {item!r} has type {type(item).__name__}: use 'epoch_num', 'step_num' or a dict")
+            raise TypeError(f"append_info entry {item!r} has type {type(item).__name__}: "
+                            "use 'epoch_num', 'step_num' or a dict")
     return tuple(items)
 
 
@@ -311,7 +312,8 @@ class CheckpointSaver:
         self.directory.mkdir(parents=True, exist_ok=True)
         remove_stale_temps(self.directory)
         self.manifest = Manifest(self.directory)
-        self.prefix = layout.run_prefix(layout.check_prefix(prefix), [*os.listdir(self.directory), *self.manifest.entries()])
+        self.prefix = layout.run_prefix(layout.check_prefix(prefix),
+                                        [*os.listdir(self.directory), *self.manifest.entries()])
         self.keep_rule = KeepRule(prefix, self.lineage, self.config.keep_checkpoint_max)
         self._writer = WriterProcess(_StagedWriter(self.directory, self.keep_rule)) if self.config.async_save else None
         self._stage = staging.SharedStage() if self.config.async_save else None

@@ -24,8 +24,7 @@ import os
 import re
 import secrets
 import sys
-from collections.abc import Sequence
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 

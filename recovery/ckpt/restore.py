@@ -27,9 +27,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from recovery.env import WorkerEnv
 from recovery.ckpt.lineage import job_lineage
 from recovery.ckpt.manifest import CheckpointError, load_verified, newest_valid
+from recovery.env import WorkerEnv
 from recovery.position import TrainPosition
 from recovery.rng import GlobalRngState
 from recovery.stateful import Stateful
@@ -79,7 +79,8 @@ def _checked_format(state: Any, path: Path) -> dict[str, Any]:
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a tftrun checkpoint (no format={FORMAT!r} key)")
     if state.get("version") != FORMAT_VERSION:
-        raise CheckpointError(f"{path} has checkpoint format version {state.get('version')}; this reads {FORMAT_VERSION}")
+        raise CheckpointError(f"{path} has checkpoint format version {state.get('version')}; "
+                              f"this reads {FORMAT_VERSION}")
     return state
 
 

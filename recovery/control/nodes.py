@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass
+
 from recovery.control.signing import BadSignature, keyed_name, open_value, sign_value
 from recovery.control.tcpstore_client import TCPStoreClient
 

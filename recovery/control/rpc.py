@@ -53,7 +53,15 @@ from typing import Any
 from recovery import env as names
 from recovery.control.nodes import stored_at
 from recovery.control.signing import (
-    BadSignature, Kind, job_key, keyed_name, new_nonce, open_value, seal, sign_value, unseal,
+    BadSignature,
+    Kind,
+    job_key,
+    keyed_name,
+    new_nonce,
+    open_value,
+    seal,
+    sign_value,
+    unseal,
 )
 from recovery.control.tcpstore_client import StoreError, StoreTimeout, TCPStoreClient
 from recovery.control.throttle import Throttle

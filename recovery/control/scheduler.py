@@ -44,18 +44,10 @@ from datetime import timedelta
 from typing import Any
 
 from recovery import env as names
-from recovery.env import WorkerEnv
-from recovery.events import EventLog
-from recovery.control.inject import Injection, InjectionQueue, check, new_id
 from recovery.control.claims import LastWords
-from recovery.control.membership import (
-    NO_GENERATION,
-    Accepted,
-    Identity,
-    Membership,
-    Refused,
-    describe_incomplete,
-)
+from recovery.control.files import Endpoint, StateFile
+from recovery.control.inject import Injection, InjectionQueue, check, new_id
+from recovery.control.membership import NO_GENERATION, Accepted, Identity, Membership, Refused, describe_incomplete
 from recovery.control.node_ranks import Given, NodeRanks
 from recovery.control.nodes import JOB_KEY, MAX_VALUE_BYTES, JobIdentity, job_names, job_value
 from recovery.control.replies import KeptReplies, SentReplies
@@ -86,7 +78,8 @@ from recovery.control.signing import (
 )
 from recovery.control.tcpstore_client import StoreError, TCPStoreClient
 from recovery.control.throttle import Throttle
-from recovery.control.files import Endpoint, StateFile
+from recovery.env import WorkerEnv
+from recovery.events import EventLog
 from recovery.timeouts import Timeouts
 
 __all__ = ["SchedulerConfig", "Scheduler", "host_store", "main", "EXIT_CLUSTER_TIMEOUT"]

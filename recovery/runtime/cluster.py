@@ -30,11 +30,6 @@ from datetime import timedelta
 from typing import Any, NoReturn
 
 from recovery import env as names
-from recovery.runtime import group
-from recovery.runtime.abort import Aborted, ShouldAbort, never
-from recovery.env import WorkerEnv
-from recovery.exit_codes import REGISTRATION_REFUSED
-from recovery.runtime.heartbeat import Heartbeat, news_look_interval
 from recovery.control.inject import Injection
 from recovery.control.membership import Identity, describe_incomplete
 from recovery.control.rpc import (
@@ -49,6 +44,11 @@ from recovery.control.rpc import (
     ready_at,
 )
 from recovery.control.signing import MissingToken, checked_token
+from recovery.env import WorkerEnv
+from recovery.exit_codes import REGISTRATION_REFUSED
+from recovery.runtime import group
+from recovery.runtime.abort import Aborted, ShouldAbort, never
+from recovery.runtime.heartbeat import Heartbeat, news_look_interval
 from recovery.timeouts import Timeouts
 
 __all__ = ["init", "ClusterContext", "ClusterError"]
@@ -253,10 +253,15 @@ class ClusterContext:
 
         session = self._session
         assert session is not None
+
+        def superseded(candidate: int) -> Callable[[], bool]:
+            # Bound to this attempt's generation, not to the loop variable.
+            return lambda: session.heartbeat.generation > candidate
+
         while True:
             client = _wait_for_generation(
                 session.link, generation, deadline, session.timeouts, self.world_size,
-                self.rank, lambda: session.heartbeat.generation > generation, should_abort)
+                self.rank, superseded(generation), should_abort)
             if client is None:
                 newer = session.heartbeat.generation
                 logger.info("[worker %s/%d] generation %d was superseded by %d before it "
@@ -265,9 +270,8 @@ class ClusterContext:
                 continue
             store = dist.PrefixStore(generation_prefix(session.link.key, generation), client)
             try:
-                if group.meet(store, self.rank, self.world_size,
-                              lambda: session.heartbeat.generation > generation, deadline,
-                              should_abort) \
+                if group.meet(store, self.rank, self.world_size, superseded(generation),
+                              deadline, should_abort) \
                         and group.connect(self.backend, store, self.rank, self.world_size,
                                           session.timeouts.heartbeat_timeout,
                                           session.group_timeout):

@@ -56,22 +56,22 @@ import torch.distributed as dist
 
 from recovery.ckpt import layout
 from recovery.ckpt.checkpoint import CheckpointSaver
-from recovery.runtime.abort import Aborted, ShouldAbort, never
-from recovery.runtime.cluster import ClusterContext
-from recovery.train.collectives import Wait, all_gather_rows, blocking
 from recovery.ckpt.digest import params_sha256
+from recovery.ckpt.last_words import save_last_words
+from recovery.ckpt.manifest import Candidate, CheckpointKind, candidates, problem
+from recovery.ckpt.restore import ResumePoint, load_checkpoint, restore_checkpoint
+from recovery.control.inject import Injection, deliver
 from recovery.env import WorkerEnv
 from recovery.events import EventLog
 from recovery.faults import is_recoverable_device_error
+from recovery.position import TrainPosition
+from recovery.runtime.abort import Aborted, ShouldAbort, never
+from recovery.runtime.cluster import ClusterContext
+from recovery.train.collectives import Wait, all_gather_rows, blocking
 from recovery.train.grad_sync import all_reduce_gradients
-from recovery.control.inject import Injection, deliver
-from recovery.ckpt.last_words import save_last_words
-from recovery.ckpt.manifest import Candidate, CheckpointKind, candidates, problem
 from recovery.train.modes import TftModes, parse_enable_tft
 from recovery.train.phase import phase_of
 from recovery.train.replica import ReplicaReport, broadcast_state, choose_source, gather_reports
-from recovery.position import TrainPosition
-from recovery.ckpt.restore import ResumePoint, load_checkpoint, restore_checkpoint
 from recovery.train.sampler import ResumableDistributedSampler
 from recovery.train.state import TrainerMachine, TrainerState
 from recovery.train.step_events import PAUSED, RESTORED, StepEvents

@@ -54,7 +54,9 @@ class ResumableDistributedSampler(Sampler[int]):
         shuffle: bool = True,
     ) -> None:
         initialized = torch.distributed.is_available() and torch.distributed.is_initialized()
-        self.num_replicas = num_replicas if num_replicas is not None else (torch.distributed.get_world_size() if initialized else 1)
+        if num_replicas is None:
+            num_replicas = torch.distributed.get_world_size() if initialized else 1
+        self.num_replicas = num_replicas
         self.rank = rank if rank is not None else (torch.distributed.get_rank() if initialized else 0)
         if not 0 <= self.rank < self.num_replicas:
             raise ValueError(f"rank {self.rank} is not in [0, {self.num_replicas})")

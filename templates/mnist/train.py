@@ -13,8 +13,8 @@ step), RNG states are checkpointed and gradients are averaged in one fixed layou
 (``recovery.all_reduce_gradients``, not DDP), so a resumed run ends bitwise equal to an
 uninterrupted one. Under tftrun, the loop survives ``kill -9`` of any rank: the dead rank
 is relaunched, every rank rolls back to the newest checkpoint they all hold, and training
-goes on (``recovery.train.elastic.ElasticTrainer``). Output: ``step=<n> loss=<x>`` every ``--log_every`` steps, and on rank 0
-at the end ``final step=<n> params_sha256=<hex>``.
+goes on (``recovery.train.elastic.ElasticTrainer``). Output: ``step=<n> loss=<x>`` every
+``--log_every`` steps, and on rank 0 at the end ``final step=<n> params_sha256=<hex>``.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from mnist_data import load_dataset
 import recovery
 from recovery.ckpt.checkpoint import CheckpointConfig, CheckpointSaver
 from recovery.ckpt.digest import params_sha256
-from recovery.train.elastic import ElasticTrainer
-from recovery.env import DATA_PATH, WorkerEnv
 from recovery.ckpt.manifest import CheckpointError
+from recovery.env import DATA_PATH, WorkerEnv
+from recovery.train.elastic import ElasticTrainer
 from recovery.train.sampler import ResumableDistributedSampler
 
 logger = logging.getLogger("mnist")
@@ -55,11 +55,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--max_steps", type=int, default=0, help="stop after this global step (0: no limit)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the weights and of the data order")
     parser.add_argument("--save_steps", type=int, default=100, help="checkpoint every N global steps (>= 1)")
-    parser.add_argument("--is_recover", type=int, default=0, choices=[0, 1], help="resume from the newest valid checkpoint")
+    parser.add_argument("--is_recover", type=int, default=0, choices=[0, 1],
+                        help="resume from the newest valid checkpoint")
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (the seeds' job uses 0)")
-    parser.add_argument("--ckpt_dir", default=None, help="this rank's checkpoint directory (default: per rank under MS_RECOVERY_PATH)")
+    parser.add_argument("--ckpt_dir", default=None,
+                        help="this rank's checkpoint directory (default: per rank under MS_RECOVERY_PATH)")
     parser.add_argument("--keep_max", type=int, default=5, help="checkpoints to keep per rank")
     parser.add_argument("--async_save", type=int, default=0, choices=[0, 1], help="write checkpoints in the background")
     parser.add_argument("--synthetic_size", type=int, default=60000, help="samples in the synthetic set (no DATA_PATH)")

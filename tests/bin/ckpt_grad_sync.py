@@ -24,7 +24,8 @@ def main() -> None:
         torch.nn.Parameter(torch.zeros(5)),
     ]
     for index in (0, 1, 3):
-        params[index].grad = torch.arange(params[index].numel(), dtype=params[index].dtype).view_as(params[index]) * scale
+        param = params[index]
+        param.grad = torch.arange(param.numel(), dtype=param.dtype).view_as(param) * scale
     all_reduce_gradients(params)
     print(json.dumps([None if p.grad is None else p.grad.flatten().tolist() for p in params]), flush=True)
     dist.destroy_process_group()

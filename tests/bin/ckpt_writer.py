@@ -19,7 +19,8 @@ from recovery.position import TrainPosition
 
 def main(directory: str, mode: str, megabytes: int) -> None:
     model = torch.nn.Linear(4, 2)
-    saver = CheckpointSaver(model, directory=directory, prefix="net", config=CheckpointConfig(async_save=mode == "async"))
+    saver = CheckpointSaver(model, directory=directory, prefix="net",
+                            config=CheckpointConfig(async_save=mode == "async"))
     saver.save(TrainPosition(1, 1, 1))
     saver.wait()
     model.register_buffer("big", torch.ones(megabytes * 2**20 // 4))

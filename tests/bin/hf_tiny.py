@@ -11,9 +11,7 @@ import sys
 import time
 
 import torch
-from transformers import (
-    BertConfig, BertForSequenceClassification, Trainer, TrainerCallback, TrainingArguments,
-)
+from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 
 

@@ -15,7 +15,7 @@ steps, out_dir = int(sys.argv[1]), sys.argv[2]
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 value = torch.tensor([float(rank + 1)])
-for step in range(steps):
+for _ in range(steps):
     dist.all_reduce(value)
     value /= dist.get_world_size()
 print(f"rank {rank} done value={value.item()}", flush=True)

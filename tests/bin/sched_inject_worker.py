@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 
 import recovery
-from recovery.faults import DeviceError
 from recovery.control.inject import deliver
+from recovery.faults import DeviceError
 
 
 def main() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from support import TFT_OFF, free_tcp_port, run
 from support_mnist import WORKERS, final_digests, mnist_job
 

@@ -9,10 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from support import BIN, REPO, wait_for
-
 from recovery import env as names
 from recovery.control.client import SchedulerControl
+from support import BIN, REPO, wait_for
 
 SCRIPT = BIN / "sched_train.py"
 TOKEN = "f0e1d2c3b4a5968778695a4b3c2d1e0f"

@@ -15,16 +15,25 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from support import (
-    BIN, TFT_OFF, events, free_tcp_port, log_has, signed_request, spawn, spawned_pids,
-    terminate, wait_for, wait_for_event,
-)
-from support_mnist import EVENT, assert_recovered, final_digests, mnist_job, wait_job
 from test_multinode import finish_ok, log_dir, nodes_running
 
 from recovery import env as names
 from recovery.control.rpc import REQUESTS
 from recovery.control.tcpstore_client import TCPStoreClient
+from support import (
+    BIN,
+    TFT_OFF,
+    events,
+    free_tcp_port,
+    log_has,
+    signed_request,
+    spawn,
+    spawned_pids,
+    terminate,
+    wait_for,
+    wait_for_event,
+)
+from support_mnist import EVENT, assert_recovered, final_digests, mnist_job, wait_job
 
 NO_TOKEN = {k: v for k, v in os.environ.items() if k != "TFT_JOB_TOKEN"}
 SHARED_TOKEN = {**TFT_OFF, "TFT_JOB_TOKEN": "f0e1d2c3b4a5968778695a4b3c2d1e0f"}

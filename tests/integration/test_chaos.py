@@ -28,10 +28,19 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+
 from support import events, log_has, pid_gone, spawn, spawned_pids, terminate, wait_for
 from support_chaos import (
-    FAULTS, KILL_ONE, KILL_SCHEDULER, KILL_TWO, KILL_WHILE_REJOINING, SEED_VARIABLE, SIGSTOP,
-    CHAOS_SEED, Trial, chaos_schedule,
+    CHAOS_SEED,
+    FAULTS,
+    KILL_ONE,
+    KILL_SCHEDULER,
+    KILL_TWO,
+    KILL_WHILE_REJOINING,
+    SEED_VARIABLE,
+    SIGSTOP,
+    Trial,
+    chaos_schedule,
 )
 from support_mnist import EVENT, JOB_END, WORKERS, final_digests, mnist_job
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import psutil
 import torch
-from support import BIN, REPO, wait_for
 
 from recovery.ckpt import layout
 from recovery.ckpt.checkpoint import CheckpointSaver
 from recovery.ckpt.manifest import newest_valid, verify_dir
 from recovery.ckpt.restore import resume
+from support import BIN, REPO, wait_for
 
 
 def writer(directory: Path, mode: str, megabytes: int) -> subprocess.Popen[str]:

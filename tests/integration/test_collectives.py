@@ -1,4 +1,5 @@
-"""recovery.train.collectives over real gloo ranks: ragged integer rows gathered, state broadcast, a malicious payload refused."""
+"""recovery.train.collectives over real gloo ranks: ragged integer rows gathered, state
+broadcast, a malicious payload refused."""
 
 from __future__ import annotations
 
@@ -7,9 +8,8 @@ import os
 import sys
 from pathlib import Path
 
-from support import BIN, run_together
-
 from recovery import env as envnames
+from support import BIN, run_together
 
 
 def test_rows_are_gathered_and_state_is_broadcast(free_port: int) -> None:

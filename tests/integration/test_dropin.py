@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import BIN, run, spawn, tftrun_cmd
 
 from recovery import env as names
+from support import BIN, run, spawn, tftrun_cmd
 
 pytestmark = pytest.mark.timeout(180)
 

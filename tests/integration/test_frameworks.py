@@ -10,6 +10,7 @@ import signal
 from pathlib import Path
 
 import pytest
+
 from support import BIN, events, log_has, spawn, spawned_pids, tftrun_cmd, wait_for
 
 pytestmark = pytest.mark.timeout(400)

@@ -7,14 +7,15 @@ import os
 import sys
 
 import torch
-from support import BIN, run_together
 
 from recovery import env as envnames
 from recovery.train.grad_sync import all_reduce_gradients
+from support import BIN, run_together
 
 
 def test_gradients_are_averaged_across_ranks(free_port: int) -> None:
-    base = {**os.environ, envnames.WORLD_SIZE: "2", envnames.MASTER_ADDR: "127.0.0.1", envnames.MASTER_PORT: str(free_port)}
+    base = {**os.environ, envnames.WORLD_SIZE: "2", envnames.MASTER_ADDR: "127.0.0.1",
+            envnames.MASTER_PORT: str(free_port)}
     base.pop(envnames.TORCHELASTIC_USE_AGENT_STORE, None)
     results = run_together([[sys.executable, str(BIN / "ckpt_grad_sync.py")]] * 2, timeout=60,
                            envs=[{**base, envnames.RANK: str(rank)} for rank in range(2)])

@@ -7,6 +7,7 @@ import json
 import sys
 
 import pytest
+
 from support import BIN, run_together
 
 pytestmark = pytest.mark.timeout(120)

@@ -15,10 +15,10 @@ import signal
 from pathlib import Path
 
 import pytest
-from support import TFT_OFF, events, log_has, spawn, spawned_pids, terminate, wait_for
-from support_mnist import EVENT, WORKERS, assert_recovered, mnist_job, wait_job
 
 from recovery import env as names
+from support import TFT_OFF, events, log_has, spawn, spawned_pids, terminate, wait_for
+from support_mnist import EVENT, WORKERS, assert_recovered, mnist_job, wait_job
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -14,13 +14,12 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
-from support import BIN, events, run, spawn, terminate, tftctl_cmd, tftrun_cmd, wait_for, \
-    wait_for_event
 
 from launcher.cli import tftctl as ctl
 from launcher.cli.status import query
 from recovery import env as names
 from recovery.control.client import SchedulerControl
+from support import BIN, events, run, spawn, terminate, tftctl_cmd, tftrun_cmd, wait_for, wait_for_event
 
 pytestmark = pytest.mark.timeout(150)
 

@@ -11,12 +11,21 @@ from pathlib import Path
 
 import psutil
 import pytest
-from support import (
-    BIN, events, log_has, pid_gone, run, spawn, spawned_pids, terminate, tftrun_cmd, wait_for,
-    wait_for_event,
-)
 
 from recovery import env as names
+from support import (
+    BIN,
+    events,
+    log_has,
+    pid_gone,
+    run,
+    spawn,
+    spawned_pids,
+    terminate,
+    tftrun_cmd,
+    wait_for,
+    wait_for_event,
+)
 
 pytestmark = pytest.mark.timeout(180)
 

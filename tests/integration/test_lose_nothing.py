@@ -13,22 +13,12 @@ import signal
 from pathlib import Path
 
 import pytest
-from support import (
-    REPO,
-    events,
-    free_tcp_port,
-    run,
-    spawn,
-    terminate,
-    tftrun_cmd,
-    wait_for,
-    wait_for_event,
-)
 
 from launcher.cli import tftctl as ctl
 from recovery.ckpt import layout
 from recovery.ckpt.manifest import candidates, problem
 from recovery.position import TrainPosition
+from support import REPO, events, free_tcp_port, run, spawn, terminate, tftrun_cmd, wait_for, wait_for_event
 
 pytestmark = pytest.mark.timeout(300)
 

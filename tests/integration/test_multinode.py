@@ -16,8 +16,18 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
 from support import (
-    BIN, TFT_OFF, events, free_tcp_port, pid_gone, run, spawn, spawned_pids, terminate, wait_for,
+    BIN,
+    TFT_OFF,
+    events,
+    free_tcp_port,
+    pid_gone,
+    run,
+    spawn,
+    spawned_pids,
+    terminate,
+    wait_for,
     wait_for_event,
 )
 from support_mnist import EVENT, JOB, JOB_END, TRAIN, final_digests, worker_launches

@@ -18,14 +18,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from support import (
-    BIN, TFT_OFF, events, log_has, spawn, spawned_pids, terminate, tftrun_cmd, wait_for,
-    wait_for_event,
-)
-from support_mnist import EVENT, assert_recovered, mnist_job, wait_job
 
 from recovery.ckpt.layout import checkpoint_name, rank_dir
 from recovery.position import TrainPosition
+from support import BIN, TFT_OFF, events, log_has, spawn, spawned_pids, terminate, tftrun_cmd, wait_for, wait_for_event
+from support_mnist import EVENT, assert_recovered, mnist_job, wait_job
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from support import REPO, tftrun_cmd
-from support_mnist import TEMPLATE, write_mnist
 
 from recovery import env as envnames
 from recovery.ckpt import layout
 from recovery.ckpt.restore import load_checkpoint
+from support import REPO, tftrun_cmd
+from support_mnist import TEMPLATE, write_mnist
 
 TRAIN = str(TEMPLATE / "train.py")
 COMMON = ["--epochs", "2", "--synthetic_size", "4096", "--save_steps", "20", "--momentum", "0.9"]
@@ -120,7 +120,8 @@ def test_resumed_run_ends_bitwise_equal_to_the_straight_run(runs: dict) -> None:
         assert len(loss_lines(straight[rank].out, 0)) == 10
     assert_same_final_state(runs["base"] / "straight", runs["base"] / "by_hand")
     # Gradients were averaged every step: both replicas hold the same parameters.
-    replicas = [load_checkpoint(layout.rank_dir(runs["base"] / "straight", r) / "mnist-2_36.ckpt")["model"] for r in (0, 1)]
+    replicas = [load_checkpoint(layout.rank_dir(runs["base"] / "straight", r) / "mnist-2_36.ckpt")["model"]
+                for r in (0, 1)]
     assert all(torch.equal(replicas[0][key], replicas[1][key]) for key in replicas[0])
 
 

@@ -6,12 +6,10 @@ import time
 from pathlib import Path
 
 import pytest
-from support import (
-    TFT_OFF, events, kill_rank_and_wait, log_has, spawn, terminate, wait_for,
-)
-from support_mnist import final_digests, mnist_job
 
 from recovery.events import EventLog
+from support import TFT_OFF, events, kill_rank_and_wait, log_has, spawn, terminate, wait_for
+from support_mnist import final_digests, mnist_job
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -9,10 +9,8 @@ from pathlib import Path
 
 import pytest
 from sched_cluster import SCRIPT
-from support import (
-    BIN, events, log_has, pid_gone, spawn, spawned_pids, terminate, tftrun_cmd, wait_for,
-    wait_for_event,
-)
+
+from support import BIN, events, log_has, pid_gone, spawn, spawned_pids, terminate, tftrun_cmd, wait_for, wait_for_event
 from support_mnist import WORKERS, final_digests, mnist_job
 
 pytestmark = pytest.mark.timeout(240)

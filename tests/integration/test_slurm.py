@@ -14,10 +14,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from support import BIN, free_tcp_port, run, tftrun_cmd
 
 from launcher.nodes.cluster_env import expand_hostlist
 from recovery import env as names
+from support import BIN, free_tcp_port, run, tftrun_cmd
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -14,11 +14,11 @@ import signal
 from pathlib import Path
 
 import pytest
-from support import events, spawn, spawned_pids, terminate, tftrun_cmd, wait_for
-from support_mnist import TRAIN
 
 from recovery.ckpt import layout
 from recovery.position import TrainPosition
+from support import events, spawn, spawned_pids, terminate, tftrun_cmd, wait_for
+from support_mnist import TRAIN
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -23,15 +23,12 @@ from pathlib import Path
 
 import psutil
 import pytest
-from support import (
-    BIN, TFT_OFF, events, log_has, spawn, spawned_pids, terminate, tftrun_cmd, wait_for,
-    wait_for_event,
-)
 
 from launcher.config import LaunchConfig
-from launcher.view.render import PlainView
 from launcher.supervisor.loop import EXIT_SUPERVISOR_ERROR, Supervisor
+from launcher.view.render import PlainView
 from recovery.events import EventLog
+from support import BIN, TFT_OFF, events, log_has, spawn, spawned_pids, terminate, tftrun_cmd, wait_for, wait_for_event
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -12,14 +12,25 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from support import (
-    BIN, REPO, TFT_OFF, events, kill_rank_and_wait, log_has, pid_gone, spawn, spawned_pids,
-    terminate, tftrun_cmd, wait_for, wait_for_event,
-)
-from support_mnist import final_digests, mnist_job
 
 from launcher.procs.spare import READY
 from launcher.procs.spec import SPARE_PROGRAM
+from support import (
+    BIN,
+    REPO,
+    TFT_OFF,
+    events,
+    kill_rank_and_wait,
+    log_has,
+    pid_gone,
+    spawn,
+    spawned_pids,
+    terminate,
+    tftrun_cmd,
+    wait_for,
+    wait_for_event,
+)
+from support_mnist import final_digests, mnist_job
 
 pytestmark = pytest.mark.timeout(300)
 

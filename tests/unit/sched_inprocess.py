@@ -9,12 +9,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from support import signed_request, wait_for_event
-
+from recovery.control.scheduler import Scheduler, SchedulerConfig
 from recovery.control.signing import BadSignature, Kind, job_key, unseal
 from recovery.env import DEFAULT_RUN_ID
-from recovery.control.scheduler import Scheduler, SchedulerConfig
 from recovery.timeouts import Timeouts
+from support import signed_request, wait_for_event
 
 TOKEN = "job-token"
 

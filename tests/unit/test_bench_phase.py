@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+
 from support import REPO
 
 sys.path.insert(0, str(REPO / "bench"))

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from support import REPO
 
 sys.path.insert(0, str(REPO / "bench"))

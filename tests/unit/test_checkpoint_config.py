@@ -13,7 +13,8 @@ from recovery.position import TrainPosition
 
 def test_append_info_takes_epoch_num_step_num_and_user_values() -> None:
     lr = torch.tensor([0.5])
-    config = CheckpointConfig(append_info=["epoch_num", "step_num", {"lr": 0.01, "tag": "a", "warm": True, "n": 3, "t": lr}])
+    config = CheckpointConfig(
+        append_info=["epoch_num", "step_num", {"lr": 0.01, "tag": "a", "warm": True, "n": 3, "t": lr}])
     values = config.append_values(TrainPosition(epoch=2, step_in_epoch=5, global_step=105))
     assert values["epoch_num"] == 2
     assert values["step_num"] == 105

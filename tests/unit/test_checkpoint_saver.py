@@ -21,8 +21,8 @@ from recovery import env as envnames
 from recovery.ckpt import layout
 from recovery.ckpt.checkpoint import CheckpointConfig, CheckpointSaver
 from recovery.ckpt.manifest import CheckpointError
-from recovery.position import TrainPosition
 from recovery.ckpt.restore import ResumePoint, WorldSizeMismatchError, load_checkpoint, resume
+from recovery.position import TrainPosition
 from recovery.train.sampler import ResumableDistributedSampler
 
 
@@ -80,7 +80,8 @@ def assert_same_state(a: Any, b: Any) -> None:
 @pytest.mark.parametrize("async_save", [False, True])
 def test_resume_restores_model_optimizer_scheduler_rng_and_data_position(tmp_path: Path, async_save: bool) -> None:
     job = Job()
-    saver = job.saver(tmp_path, save_checkpoint_steps=100, append_info=["epoch_num", "step_num", {"note": "x"}], async_save=async_save)
+    saver = job.saver(tmp_path, save_checkpoint_steps=100, append_info=["epoch_num", "step_num", {"note": "x"}],
+                      async_save=async_save)
     for _ in range(5):
         job.step()
     random.seed(11)
@@ -203,12 +204,14 @@ def test_default_directory_is_per_rank_under_the_recovery_path(tmp_path: Path, m
     assert load_checkpoint(saver.save(TrainPosition(1, 1, 1)))["world_size"] == 4
 
 
-def test_resuming_with_another_world_size_is_refused_unless_allowed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_resuming_with_another_world_size_is_refused_unless_allowed(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(envnames.WORLD_SIZE, "4")
     Job().saver(tmp_path).save(TrainPosition(1, 2, 2))
     monkeypatch.setenv(envnames.WORLD_SIZE, "2")
     job = Job(seed=5)
-    with pytest.raises(WorldSizeMismatchError, match="world size 4, this job has world size 2.*allow_world_size_change"):
+    with pytest.raises(WorldSizeMismatchError,
+                       match="world size 4, this job has world size 2.*allow_world_size_change"):
         resume(tmp_path, job.model)
     assert resume(tmp_path, job.model, allow_world_size_change=True).global_step == 2
 

@@ -15,9 +15,9 @@ import torch
 from recovery.ckpt import layout
 from recovery.ckpt.checkpoint import CheckpointSaver
 from recovery.ckpt.durable import SHA256, file_digest, write_atomic
-from recovery.position import TrainPosition
 from recovery.ckpt.manifest import CheckpointEntry, InvalidCheckpointError, Manifest, newest_valid, verify_dir
 from recovery.ckpt.restore import load_checkpoint, resume
+from recovery.position import TrainPosition
 
 
 @pytest.fixture
@@ -69,7 +69,8 @@ def test_a_file_missing_from_the_manifest_is_never_loaded(three: list[Path], cap
     shutil.copy(three[2], unlisted)  # complete and loadable, but never recorded
     with caplog.at_level(logging.WARNING):
         assert chosen(three[0].parent) == three[2]
-    assert len(skipped(caplog)) == 1 and str(unlisted) in skipped(caplog)[0] and "not in the manifest" in skipped(caplog)[0]
+    assert len(skipped(caplog)) == 1
+    assert str(unlisted) in skipped(caplog)[0] and "not in the manifest" in skipped(caplog)[0]
     with pytest.raises(InvalidCheckpointError, match="not in the manifest"):
         load_checkpoint(unlisted)
 
@@ -99,7 +100,8 @@ def test_a_file_that_needs_arbitrary_unpickling_is_refused_even_if_listed(
 def test_verify_dir_names_every_bad_file(three: list[Path]) -> None:
     flip_a_bit(three[0])
     results = {c.path.name: reason for c, reason in verify_dir(three[0].parent)}
-    assert results == {"net-1_30.ckpt": None, "net-1_20.ckpt": None, "net-1_10.ckpt": "corrupt: xxh3_128 differs from the manifest"}
+    assert results == {"net-1_30.ckpt": None, "net-1_20.ckpt": None,
+                       "net-1_10.ckpt": "corrupt: xxh3_128 differs from the manifest"}
 
 
 def test_checkpoints_of_sha256_manifests_still_verify_and_load(three: list[Path]) -> None:

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.nodes.cluster_env import DEFAULT_MASTER_ADDR, NodePlace, expand_hostlist, resolve_place
 from launcher.errors import ConfigError
+from launcher.nodes.cluster_env import DEFAULT_MASTER_ADDR, NodePlace, expand_hostlist, resolve_place
 from recovery import env as names
 
 # ---------------------------------------------------------------- hostlists

@@ -13,15 +13,13 @@ from pathlib import Path
 
 import pytest
 from sched_inprocess import TOKEN, answer, scheduler_config, signed
-from support import events
 
 from recovery.control.client import SchedulerControl
-from recovery.control.rpc import (
-    REQUESTS, NoReply, Op, SchedulerLink, SchedulerUnavailable, open_client, reply_key,
-)
+from recovery.control.rpc import REQUESTS, NoReply, Op, SchedulerLink, SchedulerUnavailable, open_client, reply_key
 from recovery.control.scheduler import Scheduler, host_store
 from recovery.control.signing import Kind, job_key, seal, unseal
 from recovery.env import DEFAULT_RUN_ID
+from support import events
 
 pytestmark = pytest.mark.timeout(60)
 

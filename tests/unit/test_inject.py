@@ -11,20 +11,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sched_inprocess import TOKEN, ask, reloaded, scheduler
-from support import REPO, events
+from sched_inprocess import ask, reloaded, scheduler
 
 from launcher.cli.inject import _signal_target
 from recovery import env as names
-from recovery.runtime.cluster import ClusterContext, _Session
-from recovery.faults import DeviceError, is_recoverable_device_error
-from recovery.runtime.heartbeat import Heartbeat
-from recovery.control.inject import Inbox, InjectedError, Injection, check, deliver
 from recovery.control.claims import LastWords
+from recovery.control.inject import Inbox, InjectedError, Injection, check, deliver
 from recovery.control.membership import Identity
 from recovery.control.rpc import Op, SchedulerUnavailable
 from recovery.control.scheduler import Scheduler
+from recovery.faults import DeviceError, is_recoverable_device_error
+from recovery.runtime.cluster import ClusterContext, _Session
+from recovery.runtime.heartbeat import Heartbeat
 from recovery.timeouts import Timeouts
+from support import REPO, events
 
 WORKER = {"node_id": "1", "pid": 101, "incarnation": 0, "host": "h"}
 

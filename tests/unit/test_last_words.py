@@ -12,8 +12,8 @@ import recovery.ckpt.last_words as last_words
 from recovery.ckpt import layout
 from recovery.ckpt.checkpoint import CheckpointSaver
 from recovery.ckpt.manifest import candidates, problem
-from recovery.position import TrainPosition
 from recovery.ckpt.restore import load_checkpoint
+from recovery.position import TrainPosition
 
 POSITION = TrainPosition(epoch=2, step_in_epoch=7, global_step=57)
 

@@ -18,11 +18,17 @@ from recovery import env as names
 from recovery.ckpt import last_words, layout
 from recovery.ckpt.checkpoint import CheckpointSaver
 from recovery.ckpt.lineage import (
-    LineageError, adopt_lineage, job_lineage, main, open_lineage, read_lineage, record_lineage,
+    LineageError,
+    adopt_lineage,
+    job_lineage,
+    main,
+    open_lineage,
+    read_lineage,
+    record_lineage,
 )
 from recovery.ckpt.manifest import CheckpointEntry, CheckpointKind, Manifest, candidates, newest_valid
-from recovery.position import TrainPosition
 from recovery.ckpt.restore import load_checkpoint, resume
+from recovery.position import TrainPosition
 
 
 def saver_of(directory: Path, lineage: str, seed: int = 0) -> CheckpointSaver:
@@ -52,7 +58,8 @@ def test_candidates_of_a_lineage_leave_out_every_other_and_the_pre_lineage_ones(
     saver_of(shared, "bbbb").save(TrainPosition(1, 10, 10))
     (shared / "stray-1_50.ckpt").write_bytes(b"never listed")
     assert [c.step_in_epoch for c in candidates(shared)] == [50, 30, 10]
-    assert [(c.step_in_epoch, c.entry and c.entry.lineage) for c in candidates(shared, "bbbb")] == [(50, None), (10, "bbbb")]
+    lineages = [(c.step_in_epoch, c.entry and c.entry.lineage) for c in candidates(shared, "bbbb")]
+    assert lineages == [(50, None), (10, "bbbb")]
     assert candidates(legacy, "old") == []
 
 

@@ -8,17 +8,18 @@ from pathlib import Path
 import pytest
 import torch
 from filelock import FileLock
-from support import free_tcp_port
 
-from launcher.cli import tftctl as ctl, tftrun as cli
+from launcher.cli import tftctl as ctl
+from launcher.cli import tftrun as cli
 from launcher.config import LaunchConfig
 from launcher.procs.spec import worker_spec
 from recovery import env as names
 from recovery.ckpt import layout
 from recovery.ckpt.checkpoint import CheckpointSaver
-from recovery.env import WorkerEnv
 from recovery.ckpt.lineage import adopt_lineage, open_lineage
+from recovery.env import WorkerEnv
 from recovery.position import TrainPosition
+from support import free_tcp_port
 
 
 def save(recovery_path: Path, rank: int, step: int, lineage: str) -> Path:

@@ -12,15 +12,7 @@ from fake_clock import T0, FakeClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recovery.control.membership import (
-    Accepted,
-    Identity,
-    Member,
-    Membership,
-    MemberState,
-    RefuseReason,
-    Refused,
-)
+from recovery.control.membership import Accepted, Identity, Member, Membership, MemberState, Refused, RefuseReason
 from recovery.timeouts import Timeouts
 from recovery.transitions import IllegalTransition
 

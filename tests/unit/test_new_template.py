@@ -8,10 +8,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from support import REPO
 
 from launcher.cli import tftctl as ctl
 from launcher.cli.new import available_templates
+from support import REPO
 
 
 def test_copies_a_template_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sched_inprocess import ask, reloaded, scheduler
-from support import events
 
 from launcher.config import LaunchConfig, with_node_rank
 from launcher.errors import ConfigError
 from launcher.nodes.ranks import owns_address, place_node
 from recovery.control.node_ranks import Given, NodeRanks, Refused
+from support import events
 
 NODE_IDS = st.sampled_from([f"host{n}/10.0.0.{n}" for n in range(6)])
 

@@ -17,17 +17,24 @@ from torch.distributed import TCPStore
 
 from launcher.config import LaunchConfig
 from launcher.errors import ConfigError
+from launcher.nodes.link import NodeLink, NodeWatch, job_still_waited_for, local_address_towards, save_job
 from launcher.supervisor.policy import JobView, RankView, Stop, decide
 from launcher.supervisor.state import WorkerState
-from launcher.nodes.link import (
-    NodeLink, NodeWatch, job_still_waited_for, local_address_towards, save_job,
-)
 from recovery.ckpt import layout
 from recovery.ckpt.lineage import join_lineage, read_lineage, record_lineage
 from recovery.control.files import StateFile
 from recovery.control.nodes import (
-    END_KEY, JOB_KEY, MAX_VALUE_BYTES, RESTART_KEY, JobIdentity, job_value, raise_counter,
-    job_names, read_signed, rendezvous_key, stored_at,
+    END_KEY,
+    JOB_KEY,
+    MAX_VALUE_BYTES,
+    RESTART_KEY,
+    JobIdentity,
+    job_names,
+    job_value,
+    raise_counter,
+    read_signed,
+    rendezvous_key,
+    stored_at,
 )
 from recovery.control.signing import job_key, sign_value
 from recovery.control.tcpstore_client import TCPStoreClient

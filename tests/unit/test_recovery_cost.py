@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from support import free_tcp_port
 
 import recovery.ckpt.manifest as manifest
 from recovery.ckpt import layout
@@ -25,6 +24,7 @@ from recovery.ckpt.last_words import save_last_words
 from recovery.ckpt.manifest import candidates, problem
 from recovery.position import TrainPosition
 from recovery.train.elastic import checkpoint_dirs, choose_rollback
+from support import free_tcp_port
 
 LINEAGE = "job-a"
 

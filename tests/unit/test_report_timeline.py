@@ -12,13 +12,13 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support_report import SvgElements, check_trace
 
+from launcher.report.model import IncarnationEnding, SpanPhase
 from launcher.report.page import render_html
 from launcher.report.sources import read_job
-from launcher.report.model import IncarnationEnding, SpanPhase
 from launcher.report.timeline import build_timeline
 from launcher.report.trace import trace_events
+from support_report import SvgElements, check_trace
 
 T0 = 1_800_000_000.0
 

@@ -25,15 +25,41 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
 )
 
 from launcher.config import DEFAULT_SIGNALS, RestartPolicy
 from launcher.supervisor.failures import ExitInfo
 from launcher.supervisor.policy import (
-    AUTOMATIC_SPARES, PEERS_SETTLE, RESTART_GRACE, STATUS_WAIT, Action, Close, Ending, GiveUp, Hang, JobView,
-    KeepSpares, Kill, RankView, Relaunch, RelaunchScheduler, RestartAll, ScheduleRelaunch,
-    SchedulerSpent, StartAll, Stop, StopWorkers, TeardownCrash, WaitUntil, decide,
+    AUTOMATIC_SPARES,
+    PEERS_SETTLE,
+    RESTART_GRACE,
+    STATUS_WAIT,
+    Action,
+    Close,
+    Ending,
+    GiveUp,
+    Hang,
+    JobView,
+    KeepSpares,
+    Kill,
+    RankView,
+    Relaunch,
+    RelaunchScheduler,
+    RestartAll,
+    ScheduleRelaunch,
+    SchedulerSpent,
+    StartAll,
+    Stop,
+    StopWorkers,
+    TeardownCrash,
+    WaitUntil,
+    decide,
 )
 from launcher.supervisor.state import Failure, Worker, WorkerState
 from recovery.exit_codes import UNFIXABLE

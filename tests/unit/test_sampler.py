@@ -81,5 +81,6 @@ def test_its_state_dict_with_a_position_continues_exactly_there(caplog: pytest.L
     resumed.load_state_dict({**full.state_dict(), "epoch": 3, "step": 5})
     assert resumed.epoch == 3 and list(resumed) == list(full)[5 * 4 :]
     assert not caplog.records
-    ResumableDistributedSampler(64, 4, num_replicas=2, seed=10).load_state_dict({**full.state_dict(), "epoch": 3, "step": 5})
+    ResumableDistributedSampler(64, 4, num_replicas=2, seed=10).load_state_dict(
+        {**full.state_dict(), "epoch": 3, "step": 5})
     assert "will not continue exactly" in caplog.text

@@ -17,14 +17,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sched_inprocess import TOKEN, answer, running_scheduler, scheduler_config, signed
-from support import free_tcp_port
 
+from recovery.control.files import StateFile
 from recovery.control.inject import FAULTS
 from recovery.control.rpc import REQUESTS, Op, open_client, reply_key
-from recovery.control.files import StateFile
 from recovery.control.scheduler import Scheduler
 from recovery.control.signing import Kind, job_key, new_nonce, seal
 from recovery.env import DEFAULT_RUN_ID
+from support import free_tcp_port
 
 PLAUSIBLE = {
     "node_id": st.sampled_from(["0", "1", ""]), "pid": st.integers(1, 5000),
@@ -87,7 +87,7 @@ def requests(draw: st.DrawFn) -> tuple[bytes, bool]:
 def nested(depth: int, opener: str) -> bytes:
     closer = "]" if opener == "[" else "}"
     return seal(job_key(TOKEN, DEFAULT_RUN_ID), Kind.REQUEST, "status", "r1", new_nonce(),
-                '{"x": %s1%s}' % (opener * depth, closer * depth)).encode()
+                f'{{"x": {opener * depth}1{closer * depth}}}').encode()
 
 
 any_bytes = (st.builds(nested, st.integers(1, 3000), st.sampled_from(["[", '{"a":']))

@@ -13,10 +13,10 @@ from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
-from support import REPO, wait_for
 from torch.distributed import TCPStore
 
 from recovery.control.rpc import SchedulerLink
+from support import REPO, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 

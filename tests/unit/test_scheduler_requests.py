@@ -12,26 +12,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sched_inprocess import (
-    TOKEN,
-    answer,
-    running_scheduler,
-    scheduler_config,
-    signed,
-)
-from support import events, scheduler_stalled, wait_for, wait_for_event
+from sched_inprocess import TOKEN, answer, running_scheduler, scheduler_config, signed
 
 from recovery.control import replies
-from recovery.runtime.cluster import ClusterContext, _Session
 from recovery.control.client import SchedulerControl
-from recovery.runtime.heartbeat import Heartbeat
+from recovery.control.files import StateFile
 from recovery.control.membership import Identity
 from recovery.control.rpc import REQUESTS, Op, SchedulerLink, open_client, reply_key
-from recovery.control.files import StateFile
 from recovery.control.scheduler import Scheduler
 from recovery.control.signing import Kind, job_key, new_nonce, seal
 from recovery.env import DEFAULT_RUN_ID
+from recovery.runtime.cluster import ClusterContext, _Session
+from recovery.runtime.heartbeat import Heartbeat
 from recovery.timeouts import Timeouts
+from support import events, scheduler_stalled, wait_for, wait_for_event
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 from sched_inprocess import TOKEN, running_scheduler
-from support import events, wait_for_event
 
-from recovery.runtime.cluster import ClusterContext, ClusterError, _register, _Session
 from recovery.control.client import SchedulerControl
-from recovery.runtime.heartbeat import Heartbeat
+from recovery.control.files import Endpoint, StateFile
 from recovery.control.membership import Identity
 from recovery.control.rpc import Op, SchedulerLink
-from recovery.control.files import Endpoint, StateFile
+from recovery.runtime.cluster import ClusterContext, ClusterError, _register, _Session
+from recovery.runtime.heartbeat import Heartbeat
 from recovery.timeouts import Timeouts
+from support import events, wait_for_event
 
 pytestmark = pytest.mark.timeout(60)
 

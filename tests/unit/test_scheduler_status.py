@@ -10,11 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cli.status import (
-    NoJobError, describe_last_fault, format_status, last_fault_events, query,
-)
-from recovery.events import newest_events
+from launcher.cli.status import NoJobError, describe_last_fault, format_status, last_fault_events, query
 from recovery.control.files import Endpoint
+from recovery.events import newest_events
 
 STATUS = {
     "ok": True, "run_id": "r1", "generation": 2, "worker_num": 3, "missing": [2],

@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import wait_for
 
 from launcher.procs.process import Child, spawn
 from launcher.procs.spare_pool import SparePool, resident_mib
 from launcher.procs.spec import ProcessSpec, Role
+from support import wait_for
 
 DELAY = 0.3
 STAND_IN = "import os, sys; print(os.read(int(sys.argv[1]), 65536).decode(), flush=True)"

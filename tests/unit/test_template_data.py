@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from support_mnist import mnist_data, write_idx, write_mnist
 
 data = mnist_data()

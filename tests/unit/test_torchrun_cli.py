@@ -304,8 +304,9 @@ def test_console_ranks_follow_torchruns_logs_specs(nproc: int, redirect: dict[in
                                                     tee: dict[int, int],
                                                     allowed: set[int] | None) -> None:
     """A rank is on the console iff torch's DefaultLogsSpecs sends one of its streams there."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     import tempfile
+
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 
     def spell(mapping: dict[int, int]) -> str:
         return ",".join(f"{k}:{v}" for k, v in mapping.items()) or "0"
