@@ -31,6 +31,11 @@ def _become_subreaper() -> None:
 _become_subreaper()
 
 
+# One seed for the whole run: pytest-xdist's workers import this file after the
+# controller, and each must draw the same chaos schedule (the test ids carry the seed).
+os.environ.setdefault(SEED_VARIABLE, str(CHAOS_SEED))
+
+
 def pytest_report_header() -> str:
     return f"chaos seed: {CHAOS_SEED} (replay: {SEED_VARIABLE}={CHAOS_SEED})"
 

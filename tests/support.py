@@ -94,6 +94,12 @@ def log_has(log_dir: Path, rank: int, text: str) -> bool:
     return path.exists() and text in path.read_text(errors="ignore")
 
 
+PORT_OPTIONS = ("--master_port", "--master-port", "--standalone", "--rdzv_endpoint",
+                "--rdzv-endpoint")
+"""A tftrun command line that names none of these gets a free port (``--master_port=0``):
+tests run side by side (pytest-xdist), and two on tftrun's default port would collide."""
+
+
 def tftrun_cmd(*args: str, spare: bool = False) -> list[str]:
     """tftrun with ``args``; without a warm spare unless ``spare`` (tftrun's default: one
     for a script that uses recovery) or ``args`` name ``--warm_spare``. Most tests are
@@ -101,8 +107,10 @@ def tftrun_cmd(*args: str, spare: bool = False) -> list[str]:
     spare, tests/integration/test_lose_nothing.py, test_inject_tftrun.py and
     test_supervisor_stops.py took 274 s instead of 217 s on the 2 shared cores."""
     named = any(arg.startswith(("--warm_spare", "--warm-spare")) for arg in args)
+    placed = any(arg.startswith(PORT_OPTIONS) for arg in args)
     return [sys.executable, "-m", "launcher.cli.tftrun",
-            *(() if spare or named else ("--warm_spare=0",)), *args]
+            *(() if spare or named else ("--warm_spare=0",)),
+            *(() if placed else ("--master_port=0",)), *args]
 
 
 def tftctl_cmd(*args: str) -> list[str]:
