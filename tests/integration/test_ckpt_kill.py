@@ -28,12 +28,15 @@ def writer(directory: Path, mode: str, megabytes: int) -> subprocess.Popen[str]:
 
 def test_kill_9_mid_save_leaves_the_previous_checkpoint_valid_and_chosen(tmp_path: Path) -> None:
     proc = writer(tmp_path, "sync", 384)
-    temp = tmp_path / f".net-1_2.ckpt.{proc.pid}.tmp"
+    # A temporary name has a random part (layout.temp_path): found by its owner's pid.
+    pattern = f".net-1_2.ckpt.*.{proc.pid}.tmp"
     try:
-        wait_for(lambda: temp.exists() or proc.poll() is not None, 60, "the big checkpoint's temporary file")
+        wait_for(lambda: any(tmp_path.glob(pattern)) or proc.poll() is not None, 60,
+                 "the big checkpoint's temporary file")
         proc.send_signal(signal.SIGSTOP)
         # Caught mid-write: the temporary file is there and the final name is not.
-        assert temp.exists() and not (tmp_path / "net-1_2.ckpt").exists()
+        [temp] = tmp_path.glob(pattern)
+        assert not (tmp_path / "net-1_2.ckpt").exists()
     finally:
         proc.kill()
         proc.wait(30)
