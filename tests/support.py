@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -64,11 +65,28 @@ def events(log_dir: Path, name: str | None = None) -> list[dict[str, Any]]:
     return [e for e in read_events(log_dir) if name is None or e["event"] == name]
 
 
+TEST_PORTS = range(20000, 32000)
+"""Where tests pick the ports they name: below Linux's ephemeral range (32768-60999 by
+default), which the kernel hands to every outgoing connection; a port picked from that range
+can be taken by a gloo or store client of another test before the job binds it."""
+
+
 def free_tcp_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing uses right now and no outgoing connection will
+    be given: drawn from this xdist worker's share of :data:`TEST_PORTS`, so that two tests
+    running side by side never draw the same one."""
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    share = len(TEST_PORTS) // workers
+    first = TEST_PORTS.start + worker * share
+    for port in random.sample(range(first, first + share), share):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {first}-{first + share - 1}")
 
 
 def spawned_pids(log_dir: Path, role: str = "worker") -> dict[int | None, int]:
