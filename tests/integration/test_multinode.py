@@ -285,15 +285,16 @@ def test_an_elastic_plain_job_shrinks_without_a_lost_node_and_grows_when_it_retu
     ckpt = tmp_path / "plain_ckpt"
     ckpt.mkdir()
     port = free_tcp_port()
-    script = (BIN / "plain_resumable.py", "300", str(ckpt))
-    elastic = ("--rdzv_conf=last_call_timeout=1",)
-    with nodes_running(tmp_path, port, *script, options=elastic, nnodes="1:2") as procs:
-        kill_node(tmp_path, procs, 1, 10)
+    script = (BIN / "plain_resumable.py", "200", str(ckpt))
+    # With the default last call (30 s): the first round closes once both nodes joined
+    # (MAX), the next once node 1 is silent (3 s), the last once it joined again.
+    with nodes_running(tmp_path, port, *script, nnodes="1:2") as procs:
+        kill_node(tmp_path, procs, 1, 3)
         wait_for_event(log_dir(tmp_path, 0), EVENT, "node 0 alone", event="membership",
                        why="node_lost")
         worker_0 = log_dir(tmp_path, 0) / "worker_0.log"
         wait_for(lambda: _worlds(worker_0)[-1:] == [2], EVENT, "node 0's workers at 2")
-        procs[1] = spawn(node_cmd(tmp_path, 1, port, *script, options=elastic, nnodes="1:2"),
+        procs[1] = spawn(node_cmd(tmp_path, 1, port, *script, nnodes="1:2"),
                          env={**os.environ, **JOB_TOKEN})
         finish_ok(procs)
     changes = events(log_dir(tmp_path, 0), "membership")
