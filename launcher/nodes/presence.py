@@ -73,8 +73,15 @@ class NodePresence:
         self.tracker = BeatTracker(self._others, time.monotonic())
         self.next_round = 1
         """The group restart whose joins node 0 reads (set by the loop)."""
-        self.waiting: frozenset[int] = frozenset()
-        """Nodes that joined :attr:`next_round` (node 0 of an elastic job)."""
+        self._joins: tuple[int, frozenset[int]] = (0, frozenset())
+        """(a group restart, the nodes read as joined to it)."""
+
+    @property
+    def waiting(self) -> frozenset[int]:
+        """Nodes that joined :attr:`next_round` (node 0 of an elastic job); none while
+        the latest read was of an earlier round."""
+        restart, nodes = self._joins
+        return nodes if restart == self.next_round else frozenset()
 
     def start(self) -> None:
         self._thread.start()
@@ -100,7 +107,8 @@ class NodePresence:
             return
         self.tracker.seen(self._link.beats(self._others), time.monotonic())
         if self._elastic:
-            waiting = self._link.joined(self.next_round, self._others)
-            if waiting != self.waiting:
-                self.waiting = waiting
+            restart = self.next_round
+            joins = (restart, self._link.joined(restart, self._others))
+            if joins != self._joins:
+                self._joins = joins
                 self._wake()
