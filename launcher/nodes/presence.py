@@ -3,10 +3,12 @@
 A node's workers may never talk to the scheduler (a plain torchrun script), so a node is
 known alive by its tftrun, not by its ranks: a thread of each node's supervisor raises
 ``tft/node/<K>/beat`` every :data:`BEAT_INTERVAL`; on node 0 the same thread reads the
-other nodes' counts and dates each change on its own monotonic clock (the nodes' clocks
-are never compared). For an elastic job (``--nnodes=MIN:MAX``) it also reads which nodes
-asked to join the next group restart. The loop reads what the thread keeps; nothing here
-waits for the loop.
+counts of the nodes asked about (:meth:`BeatTracker.want`: those with ranks the scheduler
+lacks; every node of an elastic job) and dates each change on its own monotonic clock
+(the nodes' clocks are never compared). One read per node asked about and beat: a job
+whose ranks register (the large ones) costs node 0 no reads. For an elastic job
+(``--nnodes=MIN:MAX``) it also reads which nodes asked to join the next group restart.
+The loop reads what the thread keeps; nothing here waits for the loop.
 """
 
 from __future__ import annotations
@@ -32,6 +34,12 @@ class BeatTracker:
     def __init__(self, nodes: range, started: float) -> None:
         self._counts: dict[int, int] = {}
         self._changed: dict[int, float] = dict.fromkeys(nodes, started)
+        self.wanted: set[int] = set()
+        """The nodes whose beats are read (added to, never taken from)."""
+
+    def want(self, nodes: set[int] | range) -> None:
+        """Read the beats of ``nodes`` from now on."""
+        self.wanted |= set(nodes)
 
     def seen(self, counts: dict[int, int], now: float) -> None:
         for node, count in counts.items():
@@ -71,6 +79,8 @@ class NodePresence:
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="node-presence", daemon=True)
         self.tracker = BeatTracker(self._others, time.monotonic())
+        if self._elastic:
+            self.tracker.want(self._others)
         self.next_round = 1
         """The group restart whose joins node 0 reads (set by the loop)."""
         self._joins: tuple[int, frozenset[int]] = (0, frozenset())
@@ -103,9 +113,8 @@ class NodePresence:
     def _round(self) -> None:
         self._beats += 1
         self._link.beat(self._node_rank, self._beats)
-        if not self._others:
-            return
-        self.tracker.seen(self._link.beats(self._others), time.monotonic())
+        if wanted := sorted(self.tracker.wanted):
+            self.tracker.seen(self._link.beats(wanted), time.monotonic())
         if self._elastic:
             restart = self.next_round
             joins = (restart, self._link.joined(restart, self._others))

@@ -161,14 +161,16 @@ class Observer:
             return "" if self._watch.nodes.reachable else "node 0's scheduler"
         if self.snapshot is None or config.node_range is not None:
             return ""
-        missing = [r for r in self.snapshot.missing if r not in self._own
-                   and not self._beating(r // config.nproc, now)]
+        missing = [r for r in self.snapshot.missing if r not in self._own]
+        if self._beats is not None:
+            self._beats.want({r // config.nproc for r in missing})
+            missing = [r for r in missing if not self._beating(r // config.nproc, now)]
         return f"the ranks {missing} of another node" if missing else ""
 
     def _beating(self, node: int, now: float) -> bool:
         beats = self._beats
-        return (beats is not None and beats.heard(node)
-                and now - beats.silent_since(node) < NODE_SILENT)
+        assert beats is not None
+        return beats.heard(node) and now - beats.silent_since(node) < NODE_SILENT
 
     def others_finished(self) -> tuple[bool, int | None]:
         """Whether every rank of the other nodes finished, and the highest step they

@@ -266,7 +266,7 @@ def test_a_plain_script_on_two_nodes_outlives_node_time_out(tmp_path: Path) -> N
     tftrun's beats, not by the ranks (it used to end the job after --node_time_out)."""
     ckpt = tmp_path / "plain_ckpt"
     ckpt.mkdir()
-    finish_ok(start_nodes(tmp_path, free_tcp_port(), BIN / "plain_resumable.py", "120",
+    finish_ok(start_nodes(tmp_path, free_tcp_port(), BIN / "plain_resumable.py", "60",
                           str(ckpt), options=("--node_time_out=2",)))
     for node in (0, 1):
         assert [e["reason"] for e in events(log_dir(tmp_path, node), "job_end")] == [
