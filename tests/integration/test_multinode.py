@@ -30,7 +30,7 @@ from support import (
     wait_for,
     wait_for_event,
 )
-from support_mnist import EVENT, JOB, JOB_END, TRAIN, final_digests, worker_launches
+from support_mnist import EVENT, JOB, JOB_END, START, TRAIN, final_digests, worker_launches
 
 NODE_ADDRS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 JOB_TOKEN = {"TFT_JOB_TOKEN": "the-secret-every-node-is-given"}
@@ -180,7 +180,7 @@ def test_a_plain_script_killed_on_node_1_restarts_on_both_nodes_and_resumes(
     with nodes_running(tmp_path, free_tcp_port(), BIN / "plain_resumable.py", "60",
                        str(ckpt)) as procs:
         worker_2 = log_dir(tmp_path, 1) / "worker_2.log"
-        wait_for(lambda: worker_2.exists() and "step=10\n" in worker_2.read_text(), EVENT,
+        wait_for(lambda: worker_2.exists() and "step=10\n" in worker_2.read_text(), START,
                  "rank 2 past step 10")
         os.kill(spawned_pids(log_dir(tmp_path, 1))[2], signal.SIGKILL)
         finish_ok(procs)
@@ -198,7 +198,7 @@ def kill_node_and_start_it_again(tmp_path: Path, procs: list[subprocess.Popen[st
     """``kill -9`` node ``node``'s tftrun once its first rank passed ``at_step``; wait for
     its workers to die with it; start its tftrun again with the same command."""
     first = log_dir(tmp_path, node) / f"worker_{node * PER_NODE}.log"
-    wait_for(lambda: first.exists() and f"step={at_step} " in first.read_text(), EVENT,
+    wait_for(lambda: first.exists() and f"step={at_step} " in first.read_text(), START,
              f"node {node} past step {at_step}")
     workers = spawned_pids(log_dir(tmp_path, node))
     procs[node].kill()
