@@ -72,6 +72,9 @@ JOB_END = 150
 """Seconds a faulty job may take to end (a fault-free one takes about 10 s alone)."""
 EVENT = 45
 """Seconds to wait for one event of a recovery (one takes 3 to 10 s on 2 busy cores)."""
+START = 120
+"""Seconds to wait for a job just started to reach a step: every process imports torch
+first, and a two-node job took over 45 s to reach step 30 on 2 cores at load 12."""
 
 
 def wait_job(proc: subprocess.Popen[str]) -> str:

@@ -58,6 +58,7 @@ from recovery.control.nodes import JobIdentity
 from recovery.control.signing import WeakToken, checked_strength
 from recovery.env import DEFAULT_RECOVERY_PATH
 from recovery.events import EVENTS_FILE, EventLog
+from recovery.quick_exit import skip_final_collections
 from recovery.timeouts import (
     DEFAULT_CLUSTER_TIME_OUT,
     DEFAULT_HEARTBEAT_TIMEOUT,
@@ -533,7 +534,10 @@ def _open_lineage(config: LaunchConfig) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_app(app, "tftrun", argv)
+    try:
+        return run_app(app, "tftrun", argv)
+    finally:
+        skip_final_collections()
 
 
 if __name__ == "__main__":

@@ -100,13 +100,16 @@ def main() -> None:
     # This file's folder (launcher/) must not shadow a module that torch imports.
     sys.path.pop(0)
     from recovery.priority import lower_priority
+    from recovery.quick_exit import skip_final_collections
 
     go = GoListener(int(sys.argv[1]), lower_priority())
     warm_up()
     print(f"tftrun spare pid={os.getpid()}: {READY} after {time.monotonic() - started:.2f}s",
           flush=True)
     message = go.wait()
-    if message is not None:
+    if message is None:
+        skip_final_collections()  # retired idle: end at once, not after a full collection
+    else:
         become(message)
 
 

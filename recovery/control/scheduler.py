@@ -80,6 +80,7 @@ from recovery.control.tcpstore_client import StoreError, TCPStoreClient
 from recovery.control.throttle import Throttle
 from recovery.env import WorkerEnv
 from recovery.events import EventLog
+from recovery.quick_exit import skip_final_collections
 from recovery.timeouts import Timeouts
 
 __all__ = ["SchedulerConfig", "Scheduler", "host_store", "main", "EXIT_CLUSTER_TIMEOUT"]
@@ -753,7 +754,9 @@ def main() -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: scheduler.request_stop(
             f"received {signal.Signals(signum).name}"))
-    return scheduler.run()
+    status = scheduler.run()
+    skip_final_collections()
+    return status
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from support import (
     wait_for,
     wait_for_event,
 )
-from support_mnist import EVENT, assert_recovered, final_digests, mnist_job, wait_job
+from support_mnist import EVENT, START, assert_recovered, final_digests, mnist_job, wait_job
 
 NO_TOKEN = {k: v for k, v in os.environ.items() if k != "TFT_JOB_TOKEN"}
 SHARED_TOKEN = {**TFT_OFF, "TFT_JOB_TOKEN": "f0e1d2c3b4a5968778695a4b3c2d1e0f"}
@@ -64,7 +64,7 @@ def test_planted_keys_and_announced_values_leave_a_recovering_job_unharmed(
         wait_for_event(logs, EVENT, "the scheduler serving", event="scheduler_start")
         stack.enter_context(attacker("keys", "127.0.0.1", port, 120))
         stack.enter_context(attacker("announce", "127.0.0.1", port, 120))
-        wait_for(lambda: log_has(logs, 0, "step=30 "), EVENT, "rank 0 past step 30")
+        wait_for(lambda: log_has(logs, 0, "step=30 "), START, "rank 0 past step 30")
         first = spawned_pids(logs)
         os.kill(first[1], signal.SIGKILL)
         [start] = events(logs, "job_start")
@@ -112,7 +112,7 @@ def test_a_planted_rendezvous_misleads_no_node_of_a_restarting_job(tmp_path: Pat
         wait_for_event(log_dir(tmp_path, 0), EVENT, "node 0's scheduler", event="scheduler_start")
         with attacker("keys", "127.0.0.2", port, 120):
             worker_2 = log_dir(tmp_path, 1) / "worker_2.log"
-            wait_for(lambda: worker_2.exists() and "step=10\n" in worker_2.read_text(), EVENT,
+            wait_for(lambda: worker_2.exists() and "step=10\n" in worker_2.read_text(), START,
                      "rank 2 past step 10")
             os.kill(spawned_pids(log_dir(tmp_path, 1))[2], signal.SIGKILL)
             finish_ok(procs)

@@ -42,7 +42,7 @@ from support_chaos import (
     Trial,
     chaos_schedule,
 )
-from support_mnist import EVENT, JOB_END, WORKERS, final_digests, mnist_job
+from support_mnist import EVENT, JOB_END, START, WORKERS, final_digests, mnist_job
 
 SEED = CHAOS_SEED
 STEPS = range(10, 61, 5)
@@ -50,9 +50,6 @@ STEPS = range(10, 61, 5)
 TRIALS = chaos_schedule(SEED, WORKERS, STEPS)
 HANG_TIMEOUTS = ("--heartbeat_timeout=5", "--progress_timeout=5")
 """Issue 13's case: a SIGSTOPped rank is replaced, and only that rank."""
-START = 120
-"""Seconds to wait for the first struck rank to reach the trial's step (the job starts in
-8 s on 2 idle cores, 20 s on busy ones, then runs 8 to 10 steps a second)."""
 NOTABLE = ("scheduler_start", "generation", "verdict", "hang", "exit", "fault", "restart",
            "last_words_claim", "rollback", "recovered", "job_end")
 """The events a failing trial prints, to tell what went wrong at a glance."""

@@ -18,7 +18,7 @@ import pytest
 
 from recovery import env as names
 from support import TFT_OFF, events, log_has, spawn, spawned_pids, terminate, wait_for
-from support_mnist import EVENT, WORKERS, assert_recovered, mnist_job, wait_job
+from support_mnist import START, WORKERS, assert_recovered, mnist_job, wait_job
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -38,7 +38,7 @@ def test_only_the_stopped_rank_is_replaced_with_both_timeouts_at_5s(
     proc = spawn(mnist_job(tmp_path, "hang", free_port, "--heartbeat_timeout=5",
                            "--progress_timeout=5"), env=MODES[modes])
     try:
-        wait_for(lambda: log_has(log_dir, STOPPED, "step=30 "), EVENT,
+        wait_for(lambda: log_has(log_dir, STOPPED, "step=30 "), START,
                  f"rank {STOPPED} past step 30")
         first = spawned_pids(log_dir)
         os.kill(first[STOPPED], signal.SIGSTOP)

@@ -31,7 +31,7 @@ from support import (
     wait_for,
     wait_for_event,
 )
-from support_mnist import EVENT, JOB, JOB_END, TRAIN, final_digests, worker_launches
+from support_mnist import EVENT, JOB, JOB_END, START, TRAIN, final_digests, worker_launches
 
 NODE_ADDRS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 JOB_TOKEN = {"TFT_JOB_TOKEN": "the-secret-every-node-is-given"}
@@ -184,7 +184,7 @@ def test_a_plain_script_killed_on_node_1_restarts_on_both_nodes_and_resumes(
     with nodes_running(tmp_path, free_tcp_port(), BIN / "plain_resumable.py", "60",
                        str(ckpt)) as procs:
         worker_2 = log_dir(tmp_path, 1) / "worker_2.log"
-        wait_for(lambda: worker_2.exists() and "step=10\n" in worker_2.read_text(), EVENT,
+        wait_for(lambda: worker_2.exists() and "step=10\n" in worker_2.read_text(), START,
                  "rank 2 past step 10")
         os.kill(spawned_pids(log_dir(tmp_path, 1))[2], signal.SIGKILL)
         finish_ok(procs)
@@ -202,7 +202,7 @@ def kill_node(tmp_path: Path, procs: list[subprocess.Popen[str]], node: int,
     its workers to die with it."""
     first = log_dir(tmp_path, node) / f"worker_{node * PER_NODE}.log"
     wait_for(lambda: first.exists() and re.search(rf"step={at_step}\b", first.read_text()),
-             EVENT, f"node {node} past step {at_step}")
+             START, f"node {node} past step {at_step}")
     workers = spawned_pids(log_dir(tmp_path, node))
     procs[node].kill()
     procs[node].wait()
@@ -293,7 +293,8 @@ def test_an_elastic_plain_job_shrinks_without_a_lost_node_and_grows_when_it_retu
         wait_for_event(log_dir(tmp_path, 0), EVENT, "node 0 alone", event="membership",
                        why="node_lost")
         worker_0 = log_dir(tmp_path, 0) / "worker_0.log"
-        wait_for(lambda: _worlds(worker_0)[-1:] == [2], EVENT, "node 0's workers at 2")
+        # A restart's workers import torch before they print: a wait for a start.
+        wait_for(lambda: _worlds(worker_0)[-1:] == [2], START, "node 0's workers at 2")
         procs[1] = spawn(node_cmd(tmp_path, 1, port, *script, nnodes="1:2"),
                          env={**os.environ, **JOB_TOKEN})
         finish_ok(procs)

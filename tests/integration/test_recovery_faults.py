@@ -22,7 +22,7 @@ import pytest
 from recovery.ckpt.layout import checkpoint_name, rank_dir
 from recovery.position import TrainPosition
 from support import BIN, TFT_OFF, events, log_has, spawn, spawned_pids, terminate, tftrun_cmd, wait_for, wait_for_event
-from support_mnist import EVENT, assert_recovered, mnist_job, wait_job
+from support_mnist import EVENT, START, assert_recovered, mnist_job, wait_job
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -63,7 +63,7 @@ def test_rank_0_killed_during_a_checkpoint_save(
     exists on ranks 1 and 2 only, so the newest common one is step 20.
     """
     with faulty_job(tmp_path, free_port) as (proc, log_dir):
-        wait_for(lambda: log_has(log_dir, 0, "step=35 "), EVENT, "rank 0 past step 35")
+        wait_for(lambda: log_has(log_dir, 0, "step=35 "), START, "rank 0 past step 35")
         first = spawned_pids(log_dir)
         pattern = f".{checkpoint_name('mnist', TrainPosition(1, 40, 40))}.*.{first[0]}.tmp"
         folder = rank_dir(tmp_path / "faulty_recovery", 0)
@@ -86,7 +86,7 @@ def test_three_kills_of_different_ranks_one_after_another(
     training went on for a few steps: three rollbacks in three new generations."""
     victims = [1, 2, 0]
     with faulty_job(tmp_path, free_port, "--max_restarts=3") as (proc, log_dir):
-        wait_for(lambda: log_has(log_dir, 0, "step=30 "), EVENT, "rank 0 past step 30")
+        wait_for(lambda: log_has(log_dir, 0, "step=30 "), START, "rank 0 past step 30")
         first = spawned_pids(log_dir)
         for generation, victim in enumerate(victims, start=1):
             lines = (log_dir / "worker_0.log").read_text().count("step=")
@@ -116,7 +116,7 @@ def test_the_relaunched_rank_killed_again_while_it_rejoins(
     leaves them in the rendezvous for up to the heartbeat timeout (recovery/runtime/group.py):
     10 s here rather than the default 30 s, whichever way the race goes."""
     with faulty_job(tmp_path, free_port, "--heartbeat_timeout=10") as (proc, log_dir):
-        wait_for(lambda: log_has(log_dir, 2, "step=30 "), EVENT, "rank 2 past step 30")
+        wait_for(lambda: log_has(log_dir, 2, "step=30 "), START, "rank 2 past step 30")
         first = spawned_pids(log_dir)
         kill(first[2])
         relaunched = wait_for_event(log_dir, EVENT, "rank 2 relaunched", event="spawn",
@@ -136,7 +136,7 @@ def test_the_relaunched_rank_killed_again_while_it_rejoins(
 def test_two_ranks_killed_at_once(
         tmp_path: Path, free_port: int, mnist_reference: dict[int, str]) -> None:
     with faulty_job(tmp_path, free_port) as (proc, log_dir):
-        wait_for(lambda: log_has(log_dir, 0, "step=30 "), EVENT, "rank 0 past step 30")
+        wait_for(lambda: log_has(log_dir, 0, "step=30 "), START, "rank 0 past step 30")
         first = spawned_pids(log_dir)
         kill(first[1])
         kill(first[2])
@@ -154,7 +154,7 @@ def test_a_survivor_killed_while_the_group_re_forms(
     """Rank 2 dies; rank 0, a survivor, is killed after the ``fault`` of rank 2 and
     before the next generation is formed (rank 2's replacement is still starting)."""
     with faulty_job(tmp_path, free_port) as (proc, log_dir):
-        wait_for(lambda: log_has(log_dir, 0, "step=30 "), EVENT, "rank 0 past step 30")
+        wait_for(lambda: log_has(log_dir, 0, "step=30 "), START, "rank 0 past step 30")
         first = spawned_pids(log_dir)
         kill(first[2])
         wait_for_event(log_dir, EVENT, "the fault of rank 2", event="fault", rank=2)
@@ -173,7 +173,7 @@ def test_the_scheduler_killed_in_the_middle_of_a_recovery(
     tftrun relaunches it, it reloads its state, rank 2's replacement registers with it
     and the survivors re-attach; the recovery completes."""
     with faulty_job(tmp_path, free_port) as (proc, log_dir):
-        wait_for(lambda: log_has(log_dir, 0, "step=30 "), EVENT, "rank 0 past step 30")
+        wait_for(lambda: log_has(log_dir, 0, "step=30 "), START, "rank 0 past step 30")
         first = spawned_pids(log_dir)
         scheduler = spawned_pids(log_dir, "scheduler")[None]
         kill(first[2])
@@ -196,7 +196,7 @@ def test_a_hung_rank_is_declared_dead_and_replaced(
     """SIGSTOP of rank 1: no heartbeat for ``--heartbeat_timeout``, so the scheduler
     declares it dead, tftrun kills it (``hang``) and relaunches it; the job rolls back."""
     with faulty_job(tmp_path, free_port, "--heartbeat_timeout=3") as (proc, log_dir):
-        wait_for(lambda: log_has(log_dir, 1, "step=30 "), EVENT, "rank 1 past step 30")
+        wait_for(lambda: log_has(log_dir, 1, "step=30 "), START, "rank 1 past step 30")
         first = spawned_pids(log_dir)
         os.kill(first[1], signal.SIGSTOP)
         wait_recovered(log_dir)
@@ -221,7 +221,7 @@ def test_a_plain_torchrun_script_falls_back_to_restart_all(tmp_path: Path, free_
                             "--grace_period=5", str(BIN / "plain_resumable.py"), "60", str(ckpt)),
                  env=TFT_OFF)
     try:
-        wait_for(lambda: log_has(log_dir, 1, "step=5"), EVENT, "rank 1 at step 5")
+        wait_for(lambda: log_has(log_dir, 1, "step=5"), START, "rank 1 at step 5")
         first = spawned_pids(log_dir)
         kill(first[1])
         output = wait_job(proc)

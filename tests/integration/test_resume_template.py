@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ import torch
 from recovery import env as envnames
 from recovery.ckpt import layout
 from recovery.ckpt.restore import load_checkpoint
-from support import REPO, tftrun_cmd
+from support import REPO, free_tcp_port, tftrun_cmd
 from support_mnist import TEMPLATE, write_mnist
 
 TRAIN = str(TEMPLATE / "train.py")
@@ -40,19 +39,13 @@ class Rank:
     err: str
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def run_ranks(world_size: int, args: list[str], recovery_path: Path, **extra_env: str) -> list[Rank]:
     """Start one template process per rank, torchrun-style (rank 0 hosts the store)."""
     base = {k: v for k, v in os.environ.items() if k not in _CONTRACT}
     # One thread per rank, as tftrun (and torchrun) set it: the thread count changes how
     # float sums are split, so runs compared bit for bit must share it.
     base.update({envnames.MS_RECOVERY_PATH: str(recovery_path), envnames.WORLD_SIZE: str(world_size),
-                 envnames.MASTER_ADDR: "127.0.0.1", envnames.MASTER_PORT: str(_free_port()),
+                 envnames.MASTER_ADDR: "127.0.0.1", envnames.MASTER_PORT: str(free_tcp_port()),
                  envnames.OMP_NUM_THREADS: "1", **extra_env})
     procs: list[subprocess.Popen[str]] = []
     try:
