@@ -19,6 +19,7 @@ from pathlib import Path
 
 from launcher.errors import ConfigError
 from recovery import env as names
+from recovery.control.node_range import DEFAULT_LAST_CALL, NodeRange
 from recovery.control.rpc import describe_bind_error, listen_on
 from recovery.safe_files import folder_problem
 from recovery.timeouts import (
@@ -69,6 +70,13 @@ class LaunchConfig:
     node_rank: int | None = 0
     """None: not given; node 0's scheduler assigns it (:func:`with_node_rank`)."""
     nnodes: int | None = None
+    """The job's node count; MAX of an elastic range ``--nnodes=MIN:MAX``."""
+    min_nnodes: int | None = None
+    """MIN of ``--nnodes=MIN:MAX`` (None: not given); below ``nnodes``, the job is elastic
+    (recovery/control/node_range.py)."""
+    last_call: float = DEFAULT_LAST_CALL
+    """Seconds an elastic job's restart with MIN nodes waits for more (``--rdzv_conf
+    last_call_timeout``)."""
     node_addr: str = ""
     """This node's address: its workers' and its rendezvous stores' (empty: master_addr)."""
     node_id: str = ""
@@ -157,6 +165,13 @@ class LaunchConfig:
                 f"{self.first_rank + self.nproc - 1} of {self.worker_num}")
 
     @property
+    def node_range(self) -> NodeRange | None:
+        """``--nnodes=MIN:MAX`` with MIN < MAX (None: a fixed node count)."""
+        if self.min_nnodes is None or self.nnodes is None or self.min_nnodes >= self.nnodes:
+            return None
+        return NodeRange(self.min_nnodes, self.nnodes)
+
+    @property
     def local_addr(self) -> str:
         return self.node_addr or self.master_addr
 
@@ -209,6 +224,13 @@ class LaunchConfig:
                             ("--node_time_out", self.node_time_out)):
             if value <= 0:
                 raise ConfigError(f"{name} must be positive, got {value}")
+        if self.last_call < 0:
+            raise ConfigError(f"--rdzv_conf last_call_timeout must not be negative, got "
+                              f"{self.last_call:g}")
+        if self.node_range is not None and self.restart_policy is RestartPolicy.RANK:
+            raise ConfigError(f"--nnodes={self.min_nnodes}:{self.nnodes} restarts every worker "
+                              "at each change of nodes (torchrun's way); --restart_policy=rank "
+                              "cannot keep them: give --restart_policy=auto or all")
         if not isinstance(self.restart_policy, RestartPolicy):
             raise ConfigError(f"--restart_policy must be one of "
                               f"{', '.join(p.value for p in RestartPolicy)}, "

@@ -23,7 +23,7 @@ __all__ = [
 
 RDZV_BACKENDS = ("c10d", "static")
 """torchrun's backends whose meaning tftrun has: node 0 hosts the store at the endpoint."""
-RDZV_CONF_HONOURED = {"join_timeout": "cluster_time_out"}
+RDZV_CONF_HONOURED = {"join_timeout": "cluster_time_out", "last_call_timeout": "last_call"}
 """``--rdzv_conf`` keys tftrun honours → the tftrun option they set."""
 DEFAULT_RDZV_PORT = 29400
 """torchrun's port for an ``--rdzv_endpoint`` given without one."""
@@ -31,8 +31,8 @@ STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3
 """torchrun's ``Std`` flags, as ``--redirects`` and ``--tee`` spell them."""
 
 
-def parse_nnodes(text: str) -> int:
-    """``N`` or ``MIN:MAX`` with MIN == MAX; a true range is refused (no elasticity yet)."""
+def parse_nnodes(text: str) -> tuple[int, int]:
+    """``N`` or ``MIN:MAX`` (torchrun's elastic range) → (MIN, MAX); ``N`` is ``N:N``."""
     parts = text.split(":")
     try:
         low, high = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (0, -1)
@@ -41,11 +41,7 @@ def parse_nnodes(text: str) -> int:
     if len(parts) > 2 or low < 1 or high < low:
         raise ConfigError(f"--nnodes={text}: give a node count N >= 1 or MIN:MAX with "
                           "1 <= MIN <= MAX")
-    if low != high:
-        raise ConfigError(f"--nnodes={text}: an elastic range of nodes is not supported yet "
-                          f"(the elastic work builds on this); give a fixed count, e.g. "
-                          f"--nnodes={high}")
-    return low
+    return low, high
 
 
 def _cpu_count() -> int:

@@ -53,6 +53,7 @@ from launcher.view.render import make_view
 from recovery import env as names
 from recovery.ckpt.layout import previous_dir
 from recovery.ckpt.lineage import LineageError, join_lineage, open_lineage
+from recovery.control.node_range import DEFAULT_LAST_CALL
 from recovery.control.nodes import JobIdentity
 from recovery.control.signing import WeakToken, checked_strength
 from recovery.env import DEFAULT_RECOVERY_PATH
@@ -144,8 +145,10 @@ def launch(
         "nproc_per_node", "torchrun's workers on this node: a count, or auto, cpu, gpu, xpu "
         "(one per core or device). Without --nnodes: one node.")] = None,
     nnodes: Annotated[str | None, _pet_opt(
-        "nnodes", "torchrun's node count N (or MIN:MAX with MIN == MAX): worker_num defaults to "
-        "nnodes x nproc_per_node. [default: from Slurm, else 1 with --nproc_per_node]")] = None,
+        "nnodes", "torchrun's node count N, or its elastic range MIN:MAX (a plain script's "
+        "workers all restart with the new WORLD_SIZE when nodes are lost or join): "
+        "worker_num defaults to nnodes (MAX) x nproc_per_node. [default: from Slurm, else 1 "
+        "with --nproc_per_node]")] = None,
     master_addr: Annotated[str | None, _pet_opt(
         "master_addr", "Address of the scheduler (node 0). [default: from Slurm or "
         "Kubernetes, else 127.0.0.1]")] = None,
@@ -177,8 +180,10 @@ def launch(
     rdzv_id: Annotated[str | None, _pet_opt(
         "rdzv_id", "torchrun's job id: the workers' TORCHELASTIC_RUN_ID.")] = None,
     rdzv_conf: Annotated[str | None, _pet_opt(
-        "rdzv_conf", "torchrun's key=value,...: join_timeout sets --cluster_time_out; other "
-        "keys are ignored, with a warning.")] = None,
+        "rdzv_conf", "torchrun's key=value,...: join_timeout sets --cluster_time_out, "
+        "last_call_timeout how long an elastic --nnodes=MIN:MAX restart with MIN nodes waits "
+        f"for more [default: {DEFAULT_LAST_CALL:g}]; other keys are ignored, with a "
+        "warning.")] = None,
     module: Annotated[bool, _pet_opt(
         "module", "Run SCRIPT as a module, like python -m.", short="-m")] = False,
     no_python: Annotated[bool, _pet_opt(
@@ -289,11 +294,12 @@ def build_config(params: dict[str, Any]) -> LaunchConfig:
     p = SimpleNamespace(**params)
     _refuse_unsupported(p)
     entry = _entry(p)
-    master_addr, master_port, nnodes, cluster_time_out = _rendezvous(p)
+    master_addr, master_port, nnodes, cluster_time_out, last_call = _rendezvous(p)
     torchrun_style = nnodes is not None or any(params[name] for name in TORCHRUN_ONLY)
+    node_range = None if nnodes is None else parse_nnodes(nnodes)
     node_rank, node_count, master_addr = fill_from_cluster(
         None if p.node_rank == AUTO_NODE_RANK else p.node_rank,
-        None if nnodes is None else parse_nnodes(nnodes), master_addr)
+        None if node_range is None else node_range[1], master_addr)
     worker_num, local = _sizes(p, node_count, torchrun_style)
     console = None
     if p.redirects is not None or p.tee is not None or p.local_ranks_filter:
@@ -302,6 +308,7 @@ def build_config(params: dict[str, Any]) -> LaunchConfig:
         script=Path(entry.target), script_args=entry.args, entry=entry.kind,
         worker_num=worker_num, local_worker_num=local, master_addr=master_addr,
         master_port=master_port, node_rank=node_rank, node_id=p.node_id or "", nnodes=node_count,
+        min_nnodes=None if node_range is None else node_range[0], last_call=last_call,
         node_addr=p.node_addr or p.local_addr or "", log_dir=p.log_dir,
         join=parse_bool(p.join, "--join") or console is not None, console_ranks=console,
         cluster_time_out=cluster_time_out, max_restarts=p.max_restarts,
@@ -345,14 +352,15 @@ def _refuse_unsupported(p: SimpleNamespace) -> None:
               "process (as spawn does)", file=sys.stderr)
 
 
-def _rendezvous(p: SimpleNamespace) -> tuple[str | None, int, str | None, float]:
-    """Node 0's address and port, the node count and ``--cluster_time_out``, from msrun's
+def _rendezvous(p: SimpleNamespace) -> tuple[str | None, int, str | None, float, float]:
+    """Node 0's address and port, the node count, ``--cluster_time_out`` and an elastic
+    range's last call (``--rdzv_conf last_call_timeout``), from msrun's
     options, torchrun's ``--rdzv_*`` or ``--standalone`` (which overrides the address, the
     port and ``--rdzv_endpoint``, as torchrun's does; ``--rdzv_conf`` still counts)."""
     honoured, ignored = parse_rdzv_conf(p.rdzv_conf or "")
     master_addr, master_port, nnodes = p.master_addr, p.master_port, p.nnodes
     if p.standalone:
-        if nnodes is not None and parse_nnodes(nnodes) != 1:
+        if nnodes is not None and parse_nnodes(nnodes) != (1, 1):
             raise ConfigError(f"--standalone is one node, but --nnodes={nnodes}; leave one out")
         master_addr, master_port, nnodes = DEFAULT_MASTER_ADDR, 0, "1"
     elif p.rdzv_endpoint:
@@ -361,7 +369,12 @@ def _rendezvous(p: SimpleNamespace) -> tuple[str | None, int, str | None, float]
         print(rdzv_conf_note(ignored), file=sys.stderr)
     cluster_time_out = (p.cluster_time_out if p.cluster_time_out is not None
                         else float(honoured.get("cluster_time_out", DEFAULT_CLUSTER_TIME_OUT)))
-    return master_addr, master_port, nnodes, cluster_time_out
+    try:
+        last_call = float(honoured.get("last_call", DEFAULT_LAST_CALL))
+    except ValueError:
+        raise ConfigError(f"--rdzv_conf last_call_timeout={honoured['last_call']}: give "
+                          "seconds") from None
+    return master_addr, master_port, nnodes, cluster_time_out, last_call
 
 
 def _sizes(p: SimpleNamespace, node_count: int | None,

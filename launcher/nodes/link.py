@@ -29,12 +29,16 @@ from recovery.control.nodes import (
     RESTART_KEY,
     BadValue,
     JobIdentity,
+    beat_key,
     job_names,
+    join_key,
     parse_address,
     parse_job,
+    parse_nodes,
     raise_counter,
     read_signed,
     rendezvous_key,
+    round_key,
     stored_at,
 )
 from recovery.control.rpc import port_open
@@ -202,6 +206,33 @@ class NodeLink:
     def restarts_started(self) -> int | None:
         """The highest group restart any node started; ``None``: unknown just now."""
         return self._read(RESTART_KEY, _count)
+
+    def beat(self, node_rank: int, count: int) -> None:
+        """This node's tftrun is alive (its ``count``-th beat)."""
+        self._write(beat_key(node_rank), str(count))
+
+    def beats(self, node_ranks: range | list[int]) -> dict[int, int]:
+        """The latest beat count of each node of ``node_ranks`` that beat (none when the
+        store cannot be reached)."""
+        found = {node: self._read(beat_key(node), _count) for node in node_ranks}
+        return {node: count for node, count in found.items() if count is not None}
+
+    def join_round(self, restart_count: int, node_rank: int) -> None:
+        """This node joins group restart ``restart_count`` of an elastic job."""
+        self._write(join_key(restart_count, node_rank), str(node_rank))
+
+    def joined(self, restart_count: int, node_ranks: range | list[int]) -> frozenset[int]:
+        """The nodes of ``node_ranks`` that joined group restart ``restart_count``."""
+        return frozenset(node for node in node_ranks
+                         if self._read(join_key(restart_count, node), _count) == node)
+
+    def close_round(self, restart_count: int, nodes: tuple[int, ...]) -> None:
+        """Node 0: group restart ``restart_count`` runs on ``nodes``."""
+        self._write(round_key(restart_count), ",".join(map(str, nodes)))
+
+    def round_nodes(self, restart_count: int) -> tuple[int, ...] | None:
+        """The nodes group restart ``restart_count`` runs on, once node 0 closed it."""
+        return self._read(round_key(restart_count), parse_nodes)
 
     def end(self, reason: str) -> None:
         """The job ends on every node, for ``reason``."""

@@ -16,7 +16,7 @@ from recovery import env as names
 _NCCL_ASYNC_ERROR_HANDLING = "1"
 """torchrun's value for ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` unless the user set one."""
 
-__all__ = ["Role", "ProcessSpec", "worker_spec", "scheduler_spec", "spare_spec", "script_argv",
+__all__ = ["Role", "ProcessSpec", "Seat", "worker_spec", "scheduler_spec", "spare_spec", "script_argv",
            "SPARE_PROGRAM", "worker_argv", "error_file", "prepare_error_file", "signal_names"]
 
 SPARE_PROGRAM = Path(__file__).with_name("spare.py")
@@ -39,6 +39,24 @@ class ProcessSpec:
     def __post_init__(self) -> None:
         if (self.role is Role.WORKER) != (self.rank is not None):
             raise ValueError("a worker has a rank; the scheduler and a spare have none")
+
+
+@dataclass(frozen=True)
+class Seat:
+    """Where this node's workers sit in one generation: their first global rank, the
+    world size, the node's place among the generation's nodes and their count. Fixed
+    (``--node_rank × nproc`` of ``--worker_num``) but for an elastic node range
+    (``--nnodes=MIN:MAX``, recovery/control/node_range.py)."""
+
+    first_rank: int
+    world_size: int
+    group_rank: int
+    group_world_size: int
+
+    @classmethod
+    def fixed(cls, config: LaunchConfig) -> Seat:
+        return cls(config.first_rank, config.worker_num, config.assigned_rank,
+                   config.group_world_size)
 
 
 OWN_PYTHON = (sys.executable, "-u", *(("-P",) if sys.version_info >= (3, 11) else ()))
@@ -78,16 +96,21 @@ def _common_env(config: LaunchConfig, base: Mapping[str, str]) -> dict[str, str]
 
 def worker_spec(config: LaunchConfig, local_rank: int, incarnation: int, restart_count: int,
                 rendezvous_port: int, base_env: Mapping[str, str] | None = None,
-                rendezvous_host: str | None = None) -> ProcessSpec:
-    """The spec of this node's worker ``local_rank`` for one launch of it.
+                rendezvous_host: str | None = None, seat: Seat | None = None) -> ProcessSpec:
+    """The spec of this node's worker ``local_rank`` for one launch of it. Its log and
+    error file are named by its slot, ``--node_rank × nproc + local_rank``, whatever
+    ``RANK`` a generation of an elastic job gives it.
 
     Args:
         incarnation: increases with every launch of this rank within the job.
         restart_count: how many times the whole group was restarted (torchrun's count).
         rendezvous_port: the fresh store that ``env://`` meets at for this restart.
         rendezvous_host: its host (node 0's address); ``--master_addr`` when not given.
+        seat: its generation's ranks (:meth:`Seat.fixed` when not given).
     """
-    rank = config.first_rank + local_rank
+    slot = config.first_rank + local_rank
+    seat = seat or Seat.fixed(config)
+    rank = seat.first_rank + local_rank
     env = _common_env(config, os.environ if base_env is None else base_env)
     if config.nproc > 1:
         # torchrun's rule: N busy processes on few cores must not each spawn N threads.
@@ -96,30 +119,33 @@ def worker_spec(config: LaunchConfig, local_rank: int, incarnation: int, restart
     env.update({
         names.RANK: str(rank),
         names.LOCAL_RANK: str(local_rank),
-        names.WORLD_SIZE: str(config.worker_num),
+        names.WORLD_SIZE: str(seat.world_size),
         names.LOCAL_WORLD_SIZE: str(config.nproc),
-        names.GROUP_RANK: str(config.node_rank),
-        names.GROUP_WORLD_SIZE: str(config.group_world_size),
+        names.GROUP_RANK: str(seat.group_rank),
+        names.GROUP_WORLD_SIZE: str(seat.group_world_size),
         names.ROLE_NAME: config.role,
         names.ROLE_RANK: str(rank),
-        names.ROLE_WORLD_SIZE: str(config.worker_num),
+        names.ROLE_WORLD_SIZE: str(seat.world_size),
         names.MASTER_ADDR: rendezvous_host or config.master_addr,
         names.MASTER_PORT: str(rendezvous_port),
         names.TORCHELASTIC_USE_AGENT_STORE: str(True),
         names.TORCHELASTIC_RESTART_COUNT: str(restart_count),
         names.TORCHELASTIC_MAX_RESTARTS: str(config.max_restarts),
         names.TORCHELASTIC_RUN_ID: config.job_id or config.run_id,
-        names.TORCHELASTIC_ERROR_FILE: str(error_file(config, rank)),
+        names.TORCHELASTIC_ERROR_FILE: str(error_file(config, slot)),
         names.TORCHELASTIC_SIGNALS_TO_HANDLE: signal_names(config.signals_to_handle),
         names.RANK_ID: str(rank),
         names.DEVICE_ID: str(local_rank),
         names.MS_ROLE: names.ROLE_WORKER,
-        names.MS_NODE_ID: str(rank),
+        names.MS_NODE_ID: str(slot),
         names.TFT_INCARNATION: str(incarnation),
         names.TFT_RESTART_COUNT: str(restart_count),
         names.TFT_GENERATION: str(restart_count),
     })
-    return ProcessSpec(Role.WORKER, rank, worker_argv(config, env), env, config.log_dir / f"worker_{rank}.log")
+    if seat.world_size != config.worker_num:
+        env[names.MS_WORKER_NUM] = env[names.RANK_SIZE] = str(seat.world_size)
+    return ProcessSpec(Role.WORKER, slot, worker_argv(config, env), env,
+                       config.log_dir / f"worker_{slot}.log")
 
 
 def scheduler_spec(config: LaunchConfig, listen_fd: int,

@@ -16,6 +16,7 @@ from launcher.procs.spare_pool import Spare, SparePool
 from launcher.procs.spec import (
     ProcessSpec,
     Role,
+    Seat,
     prepare_error_file,
     scheduler_spec,
     script_argv,
@@ -61,6 +62,8 @@ class Children:
         """Restarts of the whole group (torchrun's ``TORCHELASTIC_RESTART_COUNT``)."""
         self.rendezvous: tuple[str, int] = (config.local_addr, 0)
         """Where this restart's ``env://`` workers meet."""
+        self.seat: Seat | None = None
+        """This generation's ranks, for an elastic node range (None: the fixed ones)."""
         self.scheduler: Child | None = None
         self.scheduler_launches = 0
         self.spares = SparePool(config.warm_spare or 0, self._start_spare)
@@ -110,7 +113,7 @@ class Children:
         prepare_error_file(self.config, worker.rank)
         host, port = self.rendezvous
         spec = worker_spec(self.config, worker.local_rank, worker.incarnation,
-                           self.restart_count, port, rendezvous_host=host)
+                           self.restart_count, port, rendezvous_host=host, seat=self.seat)
         try:
             spare = self.spares.hand_over(spec, script_argv(self.config),
                                           self.header(spec, worker.incarnation)) if warm else None

@@ -21,13 +21,17 @@ from contextlib import suppress
 
 from launcher.config import LaunchConfig
 from launcher.nodes.link import NodeLink
+from launcher.nodes.presence import NodePresence
+from launcher.nodes.rounds import RoundMeeting
 from launcher.procs.process import Watchdog, become_subreaper, sweep
+from launcher.procs.spec import Seat
 from launcher.supervisor.children import Children, node_workers
 from launcher.supervisor.closing import Closing, stop_everything_now
 from launcher.supervisor.failures import ExitInfo
 from launcher.supervisor.meeting import MeetingPlace, point_at_remote_scheduler
 from launcher.supervisor.observer import Observer
 from launcher.supervisor.policy import (
+    EXIT_PEER_ENDED,
     Action,
     Close,
     Ending,
@@ -55,6 +59,7 @@ from launcher.supervisor.watch import SchedulerWatch
 from launcher.view.logs import LogFollower
 from launcher.view.render import View
 from recovery.control.client import ExitReport, SchedulerControl
+from recovery.control.node_range import JobDone, Round, TooFew, membership_why
 from recovery.events import EventLog
 
 __all__ = ["Supervisor", "EXIT_SUPERVISOR_ERROR"]
@@ -90,7 +95,19 @@ class Supervisor:
         self._wakeup: Wakeup | None = None
         self._watch = SchedulerWatch(
             self._control, self._node_link() if config.multi_node else None, self._wake)
-        self._observer = Observer(config, self._watch, events.path)
+        self._presence = (NodePresence(self._node_link(), config.assigned_rank,
+                                       config.group_world_size, config.node_range is not None,
+                                       self._wake) if config.multi_node else None)
+        self._rounds = (RoundMeeting(config, config.node_range, self._nodes,
+                                     self._presence.tracker, self._signalled)
+                        if config.node_range is not None and self._nodes is not None
+                        and self._presence is not None else None)
+        self._round: Round | None = None
+        """An elastic job's current generation: its nodes."""
+        self._free_restarts = 0
+        """Group restarts for a change of an elastic job's nodes: not charged."""
+        self._observer = Observer(config, self._watch, events.path,
+                                  None if self._presence is None else self._presence.tracker)
         self._restart_at: float | None = None
         self._restart_why = ""
         self._relaunched_after: dict[int, Failure] = {}
@@ -118,6 +135,8 @@ class Supervisor:
             try:
                 try:
                     self._watch.start()
+                    if self._presence is not None:
+                        self._presence.start()
                     if self.children.hosts_scheduler:
                         self.children.start_scheduler()
                     self._start_workers()
@@ -129,6 +148,8 @@ class Supervisor:
                 if self._follower is not None:
                     self._follower.stop()
                 self._watch.close()
+                if self._presence is not None:
+                    self._presence.close()
                 self._control.close()
                 self._meeting.close()
                 if remote is not None:
@@ -175,13 +196,53 @@ class Supervisor:
         """Values of a cluster-store key that are not the job's (launcher/nodes/link.py)."""
         self.events.emit("store_value_refused", key=key, reason=why, count=count)
 
+    def _signalled(self) -> bool:
+        """Whether a signal to tftrun came in (kept for the policy)."""
+        if self._signal is None and self._wakeup is not None:
+            self._signal = self._wakeup.received()
+        return self._signal is not None
+
     def _start_workers(self) -> None:
+        if self._rounds is not None and not self._meet_round():
+            return
         where = self.children.rendezvous = self._meeting.choose(self.restart_count)
         for worker in self.workers:
             self.children.launch(worker)
         self._meeting.serve(self.restart_count, where)
         if self._nodes is not None:
             self._control.connect()
+
+    def _meet_round(self) -> bool:
+        """An elastic job: take this launch's generation from the round (its nodes, so
+        this node's ranks and the world size); False when the job ends instead, or a
+        signal came in."""
+        assert self._rounds is not None and self._presence is not None
+        met = self._rounds.meet(self.restart_count, self._round)
+        if isinstance(met, TooFew):
+            if self._nodes is not None and self.config.hosts_scheduler:
+                self._nodes.end(met.reason)
+            self._end(Ending(EXIT_PEER_ENDED, met.reason))
+        elif isinstance(met, JobDone):
+            self._end(Ending(0, met.reason))
+        if not isinstance(met, Round):
+            return False
+        nproc, node = self.config.nproc, self.config.assigned_rank
+        self.children.restart_count = met.generation
+        self.children.seat = Seat(met.first_rank(node, nproc), met.world(nproc),
+                                  met.nodes.index(node), len(met.nodes))
+        why = membership_why(None if self._round is None else self._round.nodes, met.nodes)
+        if why is not None and self.config.hosts_scheduler:
+            self._emit("membership", active=met.active(nproc), world=met.world(nproc),
+                       generation=met.generation, why=why.value, nodes=list(met.nodes))
+        self._round = met
+        self._presence.next_round = met.generation + 1
+        return True
+
+    def _rounds_closed(self) -> None:
+        """Node 0 of an elastic job that ended well: a node waiting to join the next
+        generation learns that none comes (torchrun closes its rendezvous likewise)."""
+        assert self._nodes is not None and self._presence is not None
+        self._nodes.close_round(self._presence.next_round, ())
 
     def _tend_spares(self) -> None:
         """Keep the spares the policy wants started; one that died idle is replaced, no fault."""
@@ -207,8 +268,7 @@ class Supervisor:
     # ----------------------------------------------------------------- policy
     def _observe(self, now: float) -> JobView:
         """What the policy needs to see; it waits for nothing outside this process."""
-        if self._signal is None and self._wakeup is not None:
-            self._signal = self._wakeup.received()
+        self._signalled()
         self._scheduler_exit = self.children.reap_scheduler()
         self._observer.read(now, self.workers)  # first: as the exits stood before them
         for info in self.children.reap_workers(self.workers):
@@ -228,7 +288,8 @@ class Supervisor:
         return JobView(
             tuple(self._observer.rank_view(w, undecided, self._relaunched_after.get(w.rank))
                   for w in self.workers), config.max_restarts,
-            config.restart_policy, self.restart_count, self.relaunches, self._restart_at,
+            config.restart_policy, self.restart_count - self._free_restarts, self.relaunches,
+            self._restart_at,
             self._ending, self._signal,
             verdicts=self._observer.verdicts(self.workers) if self._ending is None else {},
             peer_restart=peer_restart, peer_end=news.ended, grace_period=config.grace_period,
@@ -237,7 +298,18 @@ class Supervisor:
             other_ranks=config.worker_num - config.nproc, others_finished=others_finished,
             others_step=others_step, scheduler_exit=self._scheduler_exit,
             scheduler_launches=self.children.scheduler_launches,
-            warm_spare=config.warm_spare, spares=self.children.spares.size)
+            warm_spare=config.warm_spare, spares=self.children.spares.size,
+            **self._membership_view())
+
+    def _membership_view(self) -> dict[str, object]:
+        """Node 0 of an elastic job: its generation's nodes, who asks to join, who beats."""
+        if self._round is None or self._presence is None or not self.config.hosts_scheduler:
+            return {"node_range": self.config.node_range}
+        tracker = self._presence.tracker
+        return {"node_range": self.config.node_range, "round_nodes": self._round.nodes,
+                "waiting_nodes": self._presence.waiting,
+                "silent_since": {node: tracker.silent_since(node) for node in self._round.nodes
+                                 if node != self.config.assigned_rank}}
 
     def _carry_out(self, action: Action, now: float) -> None:
         """Do what the policy decided; the state moves go through ``Worker.transition``."""
@@ -262,8 +334,10 @@ class Supervisor:
                 self._emit("restart", what="rank", why=worker.relaunch_why,
                            restart_count=self.restart_count + self.relaunches, ranks=[rank])
                 self.children.launch(worker, warm=True)
-            case RestartAll(at, why):
+            case RestartAll(at, why, charged):
                 self._restart_at, self._restart_why = at, why
+                if not charged:
+                    self._free_restarts += 1
                 if self._nodes is not None:
                     news = self._watch.nodes
                     self._nodes.restart_all(max(self.restart_count + 1, news.restarts_started))
@@ -274,6 +348,8 @@ class Supervisor:
             case Stop(status, reason, everywhere):
                 if everywhere and self._nodes is not None:
                     self._nodes.end(reason)
+                if status == 0 and self._round is not None and self.config.hosts_scheduler:
+                    self._rounds_closed()
                 self._end(Ending(status, reason))
             case GiveUp(failure, reason):
                 if self._nodes is not None:

@@ -16,11 +16,13 @@ from pathlib import Path
 
 from launcher.config import LaunchConfig
 from launcher.nodes.link import NodeWatch
+from launcher.nodes.presence import BeatTracker
 from launcher.supervisor.policy import RankView
 from launcher.supervisor.state import Failure, Worker, WorkerState
 from launcher.supervisor.watch import SchedulerWatch, Snapshot
 from launcher.view.progress import EventTail
 from recovery.control.membership import MemberState, Verdict
+from recovery.control.node_range import NODE_SILENT
 
 __all__ = ["Observer"]
 
@@ -34,9 +36,11 @@ class Observer:
     """What came in since the last pass: call :meth:`read` first on each pass."""
 
     def __init__(self, config: LaunchConfig, watch: SchedulerWatch,
-                 events_path: Path | None) -> None:
+                 events_path: Path | None, beats: BeatTracker | None = None) -> None:
         self._config = config
         self._watch = watch
+        self._beats = beats
+        """When each other node's tftrun last beat (node 0 of several)."""
         self._own = range(config.first_rank, config.first_rank + config.nproc)
         self._tail = EventTail(events_path) if events_path is not None else None
         self.sees_registrations = config.hosts_scheduler and self._tail is not None
@@ -70,7 +74,7 @@ class Observer:
                 self.registered.add(member.node_id)
                 if member.global_step is not None:
                     self._note_step(member.rank, member.pid, member.global_step)
-        self._node_watch.seen(self._gone(), now)
+        self._node_watch.seen(self._gone(now), now)
 
     def _note_step(self, rank: int, pid: int, step: int) -> None:
         self._steps[rank, pid] = max(step, self._steps.get((rank, pid), step))
@@ -145,16 +149,28 @@ class Observer:
     def gone_since(self) -> float | None:
         return self._node_watch.since
 
-    def _gone(self) -> str:
-        """What of the other nodes is missing just now ('' when nothing is)."""
-        if not self._config.multi_node:
+    def _gone(self, now: float) -> str:
+        """What of the other nodes is missing just now ('' when nothing is): on node 0,
+        the ranks the scheduler lacks of nodes whose tftrun stopped beating (a plain
+        script's ranks never register: its node's beat says it is there). Nothing for
+        an elastic job: the policy's membership rules judge its nodes."""
+        config = self._config
+        if not config.multi_node:
             return ""
-        if not self._config.hosts_scheduler:
+        if not config.hosts_scheduler:
             return "" if self._watch.nodes.reachable else "node 0's scheduler"
-        if self.snapshot is None:
+        if self.snapshot is None or config.node_range is not None:
             return ""
         missing = [r for r in self.snapshot.missing if r not in self._own]
+        if self._beats is not None:
+            self._beats.want({r // config.nproc for r in missing})
+            missing = [r for r in missing if not self._beating(r // config.nproc, now)]
         return f"the ranks {missing} of another node" if missing else ""
+
+    def _beating(self, node: int, now: float) -> bool:
+        beats = self._beats
+        assert beats is not None
+        return beats.heard(node) and now - beats.silent_since(node) < NODE_SILENT
 
     def others_finished(self) -> tuple[bool, int | None]:
         """Whether every rank of the other nodes finished, and the highest step they

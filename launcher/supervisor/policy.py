@@ -26,7 +26,14 @@ The rules (docs/recovery.md, *The restart policy*):
   job ends: status 0 with a ``teardown_crash`` warning when its crash came after the
   peers' final step, else the crash's status;
 * spares: ``--warm_spare``, or :data:`AUTOMATIC_SPARES` once a worker of this node
-  registered (unless ``--restart_policy=all``).
+  registered (unless ``--restart_policy=all``);
+* an elastic node range (``--nnodes=MIN:MAX``, decided on node 0): a node of the
+  generation silent for ``--node_time_out`` restarts the group without it while ``MIN``
+  nodes remain, else ends the job for every node; a node that asked to join while the
+  generation has fewer than ``MAX`` restarts the group with it. Such a restart is not
+  charged to the budget (torchrun's rule for a membership change); one restart for each
+  change, none while a restart is pending. Who the restart runs on is the round's
+  business (recovery/control/node_range.py).
 
 A group restart stops the workers with SIGTERM and a short grace
 (:data:`RESTART_GRACE`) for those that never registered (their own SIGTERM handler, e.g.
@@ -42,6 +49,7 @@ from dataclasses import dataclass, field
 
 from launcher.config import RestartPolicy
 from launcher.supervisor.state import Failure, WorkerState
+from recovery.control.node_range import NodeRange
 from recovery.exit_codes import UNFIXABLE
 
 __all__ = [
@@ -148,6 +156,15 @@ class JobView:
     """``--warm_spare`` (None: not given)."""
     spares: int = 0
     """Spares kept now."""
+    node_range: NodeRange | None = None
+    """``--nnodes=MIN:MAX`` with MIN < MAX (None: a fixed node count)."""
+    round_nodes: tuple[int, ...] = ()
+    """Node 0 of an elastic job: the current generation's nodes (empty: none yet, or
+    another node, which follows node 0's restarts)."""
+    waiting_nodes: frozenset[int] = frozenset()
+    """Node 0 of an elastic job: nodes that asked to join the next generation."""
+    silent_since: Mapping[int, float] = field(default_factory=dict)
+    """Node 0 of an elastic job: when each other node of the generation last beat."""
 
     @property
     def charged(self) -> int:
@@ -183,10 +200,12 @@ class Relaunch:
 
 @dataclass(frozen=True)
 class RestartAll:
-    """Restart the whole group at ``at`` (charged now); a :class:`StopWorkers` comes with it."""
+    """Restart the whole group at ``at`` (charged now, unless not ``charged``: a change of
+    an elastic job's nodes); a :class:`StopWorkers` comes with it."""
 
     at: float
     why: str
+    charged: bool = True
 
 
 @dataclass(frozen=True)
@@ -327,6 +346,8 @@ def _about_workers(view: JobView, now: float) -> list[Action]:
         return [unfixable, _stop_all(view, now)]
     if (ending := _peers_finished(view, now)) is not None:
         return ending
+    if (change := _membership_change(view, now)) is not None:
+        return change
     actions: list[Action] = [Hang(r.rank, view.verdicts[r.rank]) for r in view.ranks
                              if r.state is WorkerState.RUNNING and not r.hung
                              and r.rank in view.verdicts]
@@ -348,6 +369,30 @@ def _about_workers(view: JobView, now: float) -> list[Action]:
         actions.append(StartAll())
     actions.append(WaitUntil(_next_deadline(view, decided, now)))
     return actions
+
+
+def _membership_change(view: JobView, now: float) -> list[Action] | None:
+    """Node 0 of an elastic job: restart the group for a node lost or one that asked to
+    join, or end the job below ``MIN`` (see the module docstring)."""
+    span = view.node_range
+    if span is None or not view.round_nodes or view.restart_at is not None:
+        return None
+    lost = [node for node in view.round_nodes if node in view.silent_since
+            and now - view.silent_since[node] >= view.node_time_out]
+    if lost:
+        left = len(view.round_nodes) - len(lost)
+        why = (f"nodes {lost} sent no beat for --node_time_out={view.node_time_out:g}s, "
+               f"{left} left")
+        if left < span.low:
+            return [Stop(EXIT_PEER_ENDED, f"node {view.node_rank}: {why}, fewer than "
+                                          f"--nnodes={span.low}:{span.high} needs", everywhere=True),
+                    _stop_all(view, now)]
+        return [RestartAll(now, why, charged=False), _stop_for_restart(view, now)]
+    joining = sorted(view.waiting_nodes - set(view.round_nodes))
+    if joining and len(view.round_nodes) < span.high:
+        return [RestartAll(now, f"nodes {joining} asked to join", charged=False),
+                _stop_for_restart(view, now)]
+    return None
 
 
 def _wind_down(view: JobView, now: float) -> list[Action]:
@@ -517,6 +562,8 @@ def _next_deadline(view: JobView, decided: Sequence[Action], now: float) -> floa
         due.append(view.restart_at)
     if view.gone_since is not None:
         due.append(view.gone_since + view.node_time_out)
+    due += [at for node in view.round_nodes if node in view.silent_since
+            and (at := view.silent_since[node] + view.node_time_out) > now]
     if _finished(view) and _relaunch_times(view) and _settled(view) > now:
         due.append(_settled(view))
     return min(due, default=float("inf"))

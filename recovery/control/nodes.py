@@ -15,6 +15,11 @@ from another goes through these keys of the cluster store (the scheduler's, on n
   restarts its workers raises it; the others see it and restart theirs.
 * ``tft/end``: why the job ended, set by the node that ended it for a reason that ends
   every node (a failure no restart fixes, a node that did not come back).
+* ``tft/node/<K>/beat``: a count node ``K``'s tftrun raises every half second: node 0
+  tells a live node from a lost one by it, whether or not its workers use ``recovery``.
+* ``tft/round/<n>/join/<K>``: node ``K`` joined group restart ``n`` of an elastic job
+  (``--nnodes=MIN:MAX``); ``tft/round/<n>``: the nodes node 0 closed that round with,
+  e.g. ``0,2`` (recovery/control/node_range.py).
 
 The store has no authentication (docs/security.md): whoever reaches the port can read and
 write these keys. So none of them holds a secret, and every value is signed
@@ -35,7 +40,8 @@ from recovery.control.tcpstore_client import TCPStoreClient
 
 __all__ = ["JOB_KEY", "RESTART_KEY", "END_KEY", "MAX_VALUE_BYTES", "JobIdentity",
            "BadValue", "rendezvous_key", "raise_counter", "read_signed", "job_value",
-           "parse_job", "parse_address", "stored_at", "job_names"]
+           "parse_job", "parse_address", "stored_at", "job_names", "beat_key", "round_key",
+           "join_key", "parse_nodes"]
 
 JOB_KEY = "tft/job"
 RESTART_KEY = "tft/restart_all"
@@ -46,6 +52,28 @@ MAX_VALUE_BYTES = 65_536
 
 def rendezvous_key(restart_count: int) -> str:
     return f"tft/rendezvous/{restart_count}"
+
+
+def beat_key(node_rank: int) -> str:
+    return f"tft/node/{node_rank}/beat"
+
+
+def round_key(restart_count: int) -> str:
+    return f"tft/round/{restart_count}"
+
+
+def join_key(restart_count: int, node_rank: int) -> str:
+    return f"{round_key(restart_count)}/join/{node_rank}"
+
+
+def parse_nodes(text: str) -> tuple[int, ...]:
+    """A round's nodes, ``0,2``, as node ranks (empty: the job ended). Raises BadValue."""
+    if not text:
+        return ()
+    parts = text.split(",")
+    if not all(part.isdigit() for part in parts):
+        raise BadValue(f"not node ranks: {text[:80]!r}")
+    return tuple(int(part) for part in parts)
 
 
 @dataclass(frozen=True)

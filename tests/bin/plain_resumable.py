@@ -19,6 +19,7 @@ fail_rank = int(sys.argv[3]) if len(sys.argv) > 3 else -1
 fail_code = int(sys.argv[4]) if len(sys.argv) > 4 else 0
 dist.init_process_group("gloo")
 rank = dist.get_rank()
+print(f"world={dist.get_world_size()} rank={rank}", flush=True)
 path = os.path.join(ckpt_dir, "state.pt")
 start, value = 0, torch.tensor([1.0])
 if os.path.exists(path):

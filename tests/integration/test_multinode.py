@@ -9,6 +9,7 @@ rendezvous from node 0's scheduler.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -38,16 +39,18 @@ PER_NODE = 2
 
 
 def node_cmd(tmp_path: Path, node: int, port: int, script: Path, *script_args: str,
-             options: tuple[str, ...] = (), auto_rank: bool = False) -> list[str]:
-    """tftrun for node ``node`` of a 2-node x 2-rank job; its files under tmp_path/node<K>.
-    ``auto_rank``: no node rank given (node 0 leaves the flag out, the others give msrun's
-    ``--node_rank=-1``): node 0 is the node at the master's address, the others ask it."""
+             options: tuple[str, ...] = (), auto_rank: bool = False,
+             nnodes: str = "2") -> list[str]:
+    """tftrun for node ``node`` of a 2-node x 2-rank job (``--nnodes``: ``nnodes``); its
+    files under tmp_path/node<K>. ``auto_rank``: no node rank given (node 0 leaves the
+    flag out, the others give msrun's ``--node_rank=-1``): node 0 is the node at the
+    master's address, the others ask it."""
     from support import tftrun_cmd
 
     home = tmp_path / f"node{node}"
     rank = f"--node_rank={-1 if auto_rank else node}"
     return tftrun_cmd(
-        "--nnodes=2", f"--nproc_per_node={PER_NODE}", *([] if auto_rank and node == 0 else [rank]),
+        f"--nnodes={nnodes}", f"--nproc_per_node={PER_NODE}", *([] if auto_rank and node == 0 else [rank]),
         f"--master_addr={NODE_ADDRS[0]}", f"--master_port={port}",
         f"--node_addr={NODE_ADDRS[node]}", f"--log_dir={home / 'logs'}",
         f"--recovery_path={home / 'recovery'}", "--rejoin_cooldown=0",
@@ -56,10 +59,10 @@ def node_cmd(tmp_path: Path, node: int, port: int, script: Path, *script_args: s
 
 def start_nodes(tmp_path: Path, port: int, script: Path, *script_args: str,
                 options: tuple[str, ...] = (), env: dict[str, str] | None = None,
-                auto_rank: bool = False) -> list[subprocess.Popen[str]]:
+                auto_rank: bool = False, nnodes: str = "2") -> list[subprocess.Popen[str]]:
     """Node 1 first, then node 0: the nodes may start in any order."""
     started = [spawn(node_cmd(tmp_path, node, port, script, *script_args, options=options,
-                              auto_rank=auto_rank),
+                              auto_rank=auto_rank, nnodes=nnodes),
                      env={**(env or os.environ), **JOB_TOKEN}) for node in (1, 0)]
     return started[::-1]
 
@@ -67,11 +70,12 @@ def start_nodes(tmp_path: Path, port: int, script: Path, *script_args: str,
 @contextmanager
 def nodes_running(tmp_path: Path, port: int, script: Path, *script_args: str,
                   options: tuple[str, ...] = (), env: dict[str, str] | None = None,
-                  auto_rank: bool = False) -> Iterator[list[subprocess.Popen[str]]]:
+                  auto_rank: bool = False, nnodes: str = "2"
+                  ) -> Iterator[list[subprocess.Popen[str]]]:
     """Both nodes' tftrun, stopped on the way out whatever happened (a node the test
     replaced in the list included)."""
     procs = start_nodes(tmp_path, port, script, *script_args, options=options, env=env,
-                        auto_rank=auto_rank)
+                        auto_rank=auto_rank, nnodes=nnodes)
     try:
         yield procs
     finally:
@@ -192,19 +196,25 @@ def test_a_plain_script_killed_on_node_1_restarts_on_both_nodes_and_resumes(
             assert "resumed from step=" in text and "done value=" in text, text[-2000:]
 
 
-def kill_node_and_start_it_again(tmp_path: Path, procs: list[subprocess.Popen[str]], node: int,
-                                 port: int, at_step: int, *again: str,
-                                 auto_rank: bool = False) -> None:
+def kill_node(tmp_path: Path, procs: list[subprocess.Popen[str]], node: int,
+              at_step: int) -> None:
     """``kill -9`` node ``node``'s tftrun once its first rank passed ``at_step``; wait for
-    its workers to die with it; start its tftrun again with the same command."""
+    its workers to die with it."""
     first = log_dir(tmp_path, node) / f"worker_{node * PER_NODE}.log"
-    wait_for(lambda: first.exists() and f"step={at_step} " in first.read_text(), START,
-             f"node {node} past step {at_step}")
+    wait_for(lambda: first.exists() and re.search(rf"step={at_step}\b", first.read_text()),
+             START, f"node {node} past step {at_step}")
     workers = spawned_pids(log_dir(tmp_path, node))
     procs[node].kill()
     procs[node].wait()
     wait_for(lambda: all(pid_gone(pid) for pid in workers.values()), EVENT,
              f"node {node}'s workers gone with its tftrun")
+
+
+def kill_node_and_start_it_again(tmp_path: Path, procs: list[subprocess.Popen[str]], node: int,
+                                 port: int, at_step: int, *again: str,
+                                 auto_rank: bool = False) -> None:
+    """:func:`kill_node`, then start its tftrun again with the same command."""
+    kill_node(tmp_path, procs, node, at_step)
     procs[node] = spawn(node_cmd(tmp_path, node, port, TRAIN, *JOB, options=(*NODE_LOSS, *again),
                                  auto_rank=auto_rank),
                         env={**os.environ, **JOB_TOKEN})
@@ -249,3 +259,56 @@ def test_node_0_killed_and_started_again_resumes_its_scheduler_and_node_1_never_
     assert start["reloaded"] is True
     assert "node 0 returns to job" in outputs[0]
     assert job_digests(tmp_path) == two_nodes_fault_free
+
+
+def test_a_plain_script_on_two_nodes_outlives_node_time_out(tmp_path: Path) -> None:
+    """Its ranks never register with the scheduler: node 0 knows node 1 is there by its
+    tftrun's beats, not by the ranks (it used to end the job after --node_time_out)."""
+    ckpt = tmp_path / "plain_ckpt"
+    ckpt.mkdir()
+    finish_ok(start_nodes(tmp_path, free_tcp_port(), BIN / "plain_resumable.py", "60",
+                          str(ckpt), options=("--node_time_out=2",)))
+    for node in (0, 1):
+        assert [e["reason"] for e in events(log_dir(tmp_path, node), "job_end")] == [
+            "all workers succeeded"]
+
+
+def _worlds(log: Path) -> list[int]:
+    """The WORLD_SIZE of each launch a plain_resumable.py worker log shows."""
+    return [int(world) for world in re.findall(r"^world=(\d+) ", log.read_text(), re.M)]
+
+
+def test_an_elastic_plain_job_shrinks_without_a_lost_node_and_grows_when_it_returns(
+        tmp_path: Path) -> None:
+    """--nnodes=1:2: node 1's tftrun killed, node 0's workers restart alone at WORLD_SIZE
+    2 from the script's checkpoint; node 1 started again, every worker restarts at 4."""
+    ckpt = tmp_path / "plain_ckpt"
+    ckpt.mkdir()
+    port = free_tcp_port()
+    script = (BIN / "plain_resumable.py", "200", str(ckpt))
+    # With the default last call (30 s): the first round closes once both nodes joined
+    # (MAX), the next once node 1 is silent (3 s), the last once it joined again.
+    with nodes_running(tmp_path, port, *script, nnodes="1:2") as procs:
+        kill_node(tmp_path, procs, 1, 3)
+        wait_for_event(log_dir(tmp_path, 0), EVENT, "node 0 alone", event="membership",
+                       why="node_lost")
+        worker_0 = log_dir(tmp_path, 0) / "worker_0.log"
+        # A restart's workers import torch before they print: a wait for a start.
+        wait_for(lambda: _worlds(worker_0)[-1:] == [2], START, "node 0's workers at 2")
+        procs[1] = spawn(node_cmd(tmp_path, 1, port, *script, nnodes="1:2"),
+                         env={**os.environ, **JOB_TOKEN})
+        finish_ok(procs)
+    changes = events(log_dir(tmp_path, 0), "membership")
+    assert [(e["why"], e["nodes"], e["world"], e["active"]) for e in changes] == [
+        ("start", [0, 1], 4, [0, 1, 2, 3]), ("node_lost", [0], 2, [0, 1]),
+        ("node_joined", [0, 1], 4, [0, 1, 2, 3])]
+    generations = [e["generation"] for e in changes]
+    assert generations == sorted(set(generations)), generations
+    assert _worlds(worker_0) == [4, 2, 4]
+    returned = (log_dir(tmp_path, 1) / "worker_2.log").read_text()
+    assert _worlds(log_dir(tmp_path, 1) / "worker_2.log") == [4]
+    assert "world=4 rank=2" in returned and "resumed from step=" in returned
+    for node in (0, 1):  # every launch after the first resumed from the script's checkpoint
+        text = (log_dir(tmp_path, node) / f"worker_{2 * node}.log").read_text()
+        assert "done value=" in text, text[-2000:]
+    assert worker_0.read_text().count("resumed from step=") == 2

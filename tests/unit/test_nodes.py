@@ -18,6 +18,8 @@ from torch.distributed import TCPStore
 from launcher.config import LaunchConfig
 from launcher.errors import ConfigError
 from launcher.nodes.link import NodeLink, NodeWatch, job_still_waited_for, local_address_towards, save_job
+from launcher.nodes.presence import BeatTracker
+from launcher.procs.spec import Seat, worker_spec
 from launcher.supervisor.policy import JobView, RankView, Stop, decide
 from launcher.supervisor.state import WorkerState
 from recovery.ckpt import layout
@@ -221,3 +223,43 @@ def test_node_0_started_again_returns_only_to_a_job_the_other_nodes_still_wait_f
 def test_node_0_without_a_kept_job_starts_a_new_one(tmp_path: Path) -> None:
     StateFile(tmp_path).save({"run_id": "run-1", "finished": False})
     assert job_still_waited_for(tmp_path, node_time_out=60.0, now=0.0) is None
+
+
+def test_nodes_beat_and_meet_in_rounds_through_the_store(server: Any) -> None:
+    """Node 0 and node 2 join group restart 3 of an elastic job; node 0 closes it; node 1
+    reads which nodes it runs on. A round's value that is not the job's reads as unset."""
+    node_0, node_1 = (NodeLink("127.0.0.1", server.port, "the-secret", "run-2")
+                      for _ in range(2))
+    assert node_0.round_nodes(3) is None and node_0.joined(3, range(3)) == frozenset()
+    node_1.join_round(3, 2)
+    node_0.join_round(3, 0)
+    assert node_0.joined(3, range(3)) == {0, 2}
+    node_0.close_round(3, (0, 2))
+    assert node_1.round_nodes(3) == (0, 2)
+    node_0.close_round(4, ())  # the job ended well: no later round
+    assert node_1.round_nodes(4) == ()
+    server.set(stored_at(job_key("the-secret", "run-2"), "tft/round/5"), "0,1,2")
+    assert node_1.round_nodes(5) is None
+    node_1.beat(1, 7)
+    assert node_0.beats(range(1, 3)) == {1: 7}
+
+
+def test_a_node_is_silent_since_its_last_changed_beat() -> None:
+    tracker = BeatTracker(range(1, 3), started=10.0)
+    assert tracker.silent_since(1) == 10.0 and not tracker.heard(1)
+    tracker.seen({1: 4}, now=11.0)
+    tracker.seen({1: 4, 2: 1}, now=12.0)  # node 1 beat no more
+    assert (tracker.silent_since(1), tracker.silent_since(2)) == (11.0, 12.0)
+    assert tracker.heard(1) and tracker.heard(2)
+
+
+def test_a_seat_gives_the_generations_ranks_and_keeps_the_slots_files(tmp_path: Path) -> None:
+    config = LaunchConfig(script=Path("train.py"), worker_num=6, local_worker_num=2,
+                          node_rank=2, nnodes=3, min_nnodes=1, log_dir=tmp_path)
+    spec = worker_spec(config, 1, 0, 4, 1234, seat=Seat(2, 4, 1, 2))  # nodes 0 and 2
+    env = spec.env
+    assert (env["RANK"], env["WORLD_SIZE"], env["GROUP_RANK"], env["GROUP_WORLD_SIZE"]) == (
+        "3", "4", "1", "2")
+    assert spec.rank == 5 and spec.log_path == tmp_path / "worker_5.log"
+    fixed = worker_spec(config, 1, 0, 4, 1234).env
+    assert (fixed["RANK"], fixed["WORLD_SIZE"], fixed["GROUP_RANK"]) == ("5", "6", "2")

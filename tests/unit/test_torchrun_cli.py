@@ -11,7 +11,9 @@ import re
 import shlex
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 import torch.distributed.run as torchrun
@@ -24,6 +26,7 @@ from launcher.config import DEFAULT_SIGNALS, LaunchConfig, with_node_rank
 from launcher.errors import ConfigError
 from launcher.procs.spec import worker_spec
 from recovery import env as names
+from recovery.control.node_range import DEFAULT_LAST_CALL, NodeRange
 
 SCRIPT = "train.py"
 VALUES = {"$NUM_TRAINERS": "2", "$NUM_NODES": "2", "$JOB_ID": "job7",
@@ -94,7 +97,18 @@ def test_a_torchrun_command_line_means_the_same(argv: list[str]) -> None:
         assert worker_spec(placed, 0, 1, 0, 1).env[names.TORCHELASTIC_RUN_ID] == "job7"
 
 
-@pytest.mark.parametrize("argv", ELASTIC + [a for a in DOCSTRING if any("numa" in x for x in a)],
+@pytest.mark.parametrize("argv", ELASTIC, ids=" ".join)
+def test_an_elastic_torchrun_command_line_means_the_same(argv: list[str]) -> None:
+    config = cli.config_from_argv(argv)
+    args = torchrun.parse_args(argv)
+    low, high = torchrun.parse_min_max_nnodes(args.nnodes)
+    assert config.node_range == NodeRange(low, high)
+    assert config.worker_num == high * int(args.nproc_per_node)  # ranks are < MAX x nproc
+    assert config.max_restarts == args.max_restarts
+    assert config.last_call == DEFAULT_LAST_CALL
+
+
+@pytest.mark.parametrize("argv", [a for a in DOCSTRING if any("numa" in x for x in a)],
                          ids=" ".join)
 def test_what_tftrun_cannot_do_yet_is_one_line_and_exit_2(
         argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -232,7 +246,7 @@ def test_rdzv_conf_join_timeout_is_honoured_and_others_warned_once(
     assert config.cluster_time_out == 90
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["tftrun: --rdzv_conf read_timeout, is_host: ignored (tftrun honours "
-                   "join_timeout; see docs/from-torchrun.md)"]
+                   "join_timeout, last_call_timeout; see docs/from-torchrun.md)"]
 
 
 def test_standalone_is_one_node_a_free_port_and_a_fresh_run_id() -> None:
@@ -325,13 +339,35 @@ def test_console_ranks_follow_torchruns_logs_specs(nproc: int, redirect: dict[in
 
 
 @settings(max_examples=100, deadline=None)
-@given(low=st.integers(1, 64), high=st.integers(1, 64))
-def test_nnodes_accepts_equal_bounds_only(low: int, high: int) -> None:
-    if low == high:
-        assert parse_nnodes(f"{low}:{high}") == low == parse_nnodes(str(low))
+@given(low=st.integers(-2, 64), high=st.integers(-2, 64))
+def test_nnodes_reads_a_count_or_a_range(low: int, high: int) -> None:
+    if 1 <= low <= high:
+        assert parse_nnodes(f"{low}:{high}") == (low, high)
+        assert parse_nnodes(str(low)) == (low, low)
     else:
         with pytest.raises(ConfigError, match="--nnodes"):
             parse_nnodes(f"{low}:{high}")
+
+
+ELASTIC_NODE_1 = ["--nproc_per_node=2", "--node_rank=1", "--master_addr=10.0.0.1",
+                  "--master_port=29500"]
+
+
+def test_equal_bounds_are_the_fixed_count_and_a_range_is_elastic() -> None:
+    fixed = cli.config_from_argv(["--nnodes=2", *ELASTIC_NODE_1, SCRIPT])
+    assert cli.config_from_argv(["--nnodes=2:2", *ELASTIC_NODE_1, SCRIPT]) == replace(
+        fixed, min_nnodes=2, run_id=ANY, job_token=ANY)
+    assert fixed.node_range is None and fixed.min_nnodes == 2
+    elastic = cli.config_from_argv(["--nnodes=1:3", "--rdzv_conf=last_call_timeout=4",
+                                    *ELASTIC_NODE_1, SCRIPT])
+    assert (elastic.node_range, elastic.worker_num, elastic.last_call) == (NodeRange(1, 3), 6, 4.0)
+
+
+def test_an_elastic_range_refuses_per_rank_restarts_with_one_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--nnodes=1:2", "--restart_policy=rank", *ELASTIC_NODE_1, SCRIPT]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "--nnodes=1:2" in line and "--restart_policy=rank" in line
 
 
 def test_the_config_defaults_are_what_the_cli_gives() -> None:

@@ -1,0 +1,112 @@
+"""The rounds of an elastic job (``--nnodes=MIN:MAX``), carried out through node 0's
+cluster store: every node joins the group restart it is about to start, node 0 closes it
+by the rules of recovery/control/node_range.py, and each node learns the nodes it closed
+with, so its ranks.
+
+Each wait is bounded and polls ``interrupted`` (a signal to tftrun), as the rest of a
+launch's waits for node 0 do (launcher/supervisor/meeting.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from launcher.config import LaunchConfig
+from launcher.nodes.link import NodeLink
+from launcher.nodes.presence import BeatTracker
+from recovery.control.node_range import NODE_SILENT, Close, JobDone, NodeRange, Round, RoundWait, TooFew, close_round
+
+__all__ = ["RoundMeeting"]
+
+_POLL = 0.1
+
+
+class RoundMeeting:
+    """Joins this node to each group restart of an elastic job and returns its nodes.
+
+    Args:
+        link: node 0's cluster store (a link of the loop's own).
+        beats: node 0: when each other node last beat.
+        interrupted: whether a signal to tftrun came in (the wait gives up at once).
+    """
+
+    def __init__(self, config: LaunchConfig, span: NodeRange, link: NodeLink,
+                 beats: BeatTracker, interrupted: Callable[[], bool]) -> None:
+        self._config = config
+        self._span = span
+        self._link = link
+        self._beats = beats
+        self._interrupted = interrupted
+        self._nodes = range(span.high)
+
+    def meet(self, restart_count: int,
+             previous: Round | None) -> Round | TooFew | JobDone | None:
+        """The round of group restart ``restart_count`` (or of a later one, for a node
+        that arrives while a round runs without it); TooFew: the job ends; JobDone: it
+        ended well before this node joined; None: a signal came in."""
+        if self._config.assigned_rank == 0:
+            return self._close(restart_count, previous)
+        return self._await(max(restart_count, self._link.restarts_started() or 0))
+
+    def _close(self, restart_count: int, previous: Round | None) -> Round | TooFew | None:
+        """Node 0: wait for the nodes by the rules, then say which the round runs on."""
+        config, link = self._config, self._link
+        link.join_round(restart_count, 0)
+        opened = time.monotonic()
+        reached: float | None = None
+        time_out = config.cluster_time_out if previous is None else config.node_time_out
+        while True:
+            joined = link.joined(restart_count, self._nodes) | {0}
+            now = time.monotonic()
+            if reached is None and len(joined) >= self._span.low:
+                reached = now
+            decision = close_round(RoundWait(joined, self._expected(previous, joined, now),
+                                             opened, reached),
+                                   self._span, now, config.last_call, time_out)
+            if isinstance(decision, Close):
+                link.close_round(restart_count, decision.nodes)
+                return Round(restart_count, decision.nodes)
+            if isinstance(decision, TooFew):
+                return TooFew(f"node 0: group restart {restart_count}: {decision.reason}")
+            if self._interrupted():
+                return None
+            time.sleep(min(_POLL, max(0.0, decision.until - now)))
+
+    def _expected(self, previous: Round | None, joined: frozenset[int],
+                  now: float) -> frozenset[int]:
+        """Whom a round waits for: every node of the job at the start; later, the previous
+        generation's nodes and those that joined, less the silent ones."""
+        if previous is None:
+            return frozenset(self._nodes)
+        alive = {node for node in self._nodes[1:]
+                 if now - self._beats.silent_since(node) < NODE_SILENT}
+        return frozenset((set(previous.nodes) | joined) & (alive | {0}))
+
+    def _await(self, restart_count: int) -> Round | TooFew | JobDone | None:
+        """Another node: join, and wait for node 0 to close the round; a round closed
+        without this node is followed by a join of the next one (node 0 then restarts
+        the group for it)."""
+        config, link = self._config, self._link
+        node = config.assigned_rank
+        waited = max(config.cluster_time_out, config.node_time_out) + config.last_call
+        deadline = time.monotonic() + waited
+        while True:
+            link.join_round(restart_count, node)
+            nodes = link.round_nodes(restart_count)
+            if nodes == ():
+                return JobDone(f"node {node}: the job ended before group restart "
+                               f"{restart_count} took this node")
+            if nodes is not None and node in nodes:
+                return Round(restart_count, nodes)
+            if nodes is not None:
+                restart_count += 1
+                continue
+            if ended := link.ended():
+                return TooFew(ended)
+            if time.monotonic() > deadline:
+                return TooFew(f"node {node}: node 0 did not start group restart "
+                              f"{restart_count} with it within {waited:g}s")
+            if self._interrupted():
+                return None
+            time.sleep(_POLL)

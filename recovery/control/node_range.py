@@ -1,0 +1,167 @@
+"""torchrun's elastic node range (``--nnodes=MIN:MAX``) for plain scripts: the pure rules.
+
+Every group restart of an elastic job is a *round*: each node's tftrun joins it, node 0
+closes it, and the nodes it closed with are the next generation's, every one of their
+workers restarted with the new ``WORLD_SIZE`` and contiguous ranks (node ``i`` of the
+round, counted in node rank order, runs ranks ``i × nproc …``). What decides when a round
+closes, and at what size, is here, free of I/O and clocks (tests/unit/test_node_range.py);
+launcher/nodes/rounds.py carries it out through node 0's cluster store, and
+launcher/supervisor/policy.py decides when a membership change restarts the group.
+
+A round closes (:func:`close_round`):
+
+* at once when ``MAX`` nodes joined, or when ``MIN`` joined and every node node 0 waits
+  for (:attr:`RoundWait.expected`) joined;
+* else once ``MIN`` joined and ``last_call`` seconds passed since (torchrun's
+  ``last_call_timeout``);
+* below ``MIN`` it waits up to ``time_out`` seconds from the round's opening, then the
+  job ends (:class:`TooFew`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from enum import StrEnum
+
+__all__ = ["NodeRange", "Round", "RoundWait", "Close", "Wait", "TooFew", "JobDone", "close_round",
+           "MembershipWhy", "membership_why", "DEFAULT_LAST_CALL", "NODE_SILENT"]
+
+DEFAULT_LAST_CALL = 30.0
+"""Seconds a round with ``MIN`` nodes waits for more (torchrun's ``last_call_timeout``
+default; ``--rdzv_conf last_call_timeout=S`` sets it)."""
+NODE_SILENT = 3.0
+"""Seconds without a beat from a node's tftrun (it beats every half second) after which a
+closing round no longer waits for it."""
+
+
+@dataclass(frozen=True)
+class NodeRange:
+    """``--nnodes=MIN:MAX``: the fewest and the most nodes a generation may have."""
+
+    low: int
+    high: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.low <= self.high:
+            raise ValueError(f"not a node range: {self.low}:{self.high}")
+
+    @property
+    def elastic(self) -> bool:
+        return self.low < self.high
+
+
+@dataclass(frozen=True)
+class Round:
+    """One generation's nodes (node ranks, ascending) and where each node's ranks start."""
+
+    generation: int
+    nodes: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not self.nodes or list(self.nodes) != sorted(set(self.nodes)):
+            raise ValueError(f"a round's nodes are distinct and ascending, got {self.nodes}")
+
+    def world(self, nproc: int) -> int:
+        """``WORLD_SIZE``: every node of the round runs ``nproc`` workers."""
+        return len(self.nodes) * nproc
+
+    def first_rank(self, node: int, nproc: int) -> int:
+        """The first global rank of ``node``'s workers: contiguous, in node rank order."""
+        return self.nodes.index(node) * nproc
+
+    def active(self, nproc: int) -> list[int]:
+        return list(range(self.world(nproc)))
+
+
+@dataclass(frozen=True)
+class RoundWait:
+    """A round node 0 is closing, as it stands at one moment.
+
+    Args:
+        joined: the nodes that joined it.
+        expected: the nodes worth waiting for: every node of the job for the first round;
+            later, the previous generation's nodes and the nodes that asked to join, less
+            those silent for :data:`NODE_SILENT` (a lost node is not waited for).
+        opened_at: when node 0 opened it (monotonic).
+        reached_at: when ``MIN`` nodes had first joined (None: not yet).
+    """
+
+    joined: frozenset[int]
+    expected: frozenset[int]
+    opened_at: float
+    reached_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Close:
+    nodes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Wait:
+    until: float
+
+
+@dataclass(frozen=True)
+class TooFew:
+    """The job ends: too few nodes (or another node ended it)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class JobDone:
+    """The job ended well before this node could join it."""
+
+    reason: str
+
+
+def close_round(wait: RoundWait, span: NodeRange, now: float, last_call: float,
+                time_out: float) -> Close | Wait | TooFew:
+    """Close the round now (with which nodes), wait (until when), or end the job.
+
+    ``time_out``: how long a round may stay below ``MIN`` (``--cluster_time_out`` for the
+    first round, ``--node_time_out`` later). Never more than ``MAX`` nodes: the lowest
+    node ranks are taken (node ranks are below ``MAX`` anyway).
+    """
+    joined = tuple(sorted(wait.joined))[:span.high]
+    if len(joined) < span.low:
+        if now - wait.opened_at >= time_out:
+            return TooFew(f"{len(joined)} of the job's nodes (at least {span.low} needed by "
+                          f"--nnodes={span.low}:{span.high}) joined within {time_out:g}s")
+        return Wait(wait.opened_at + time_out)
+    if len(joined) == span.high or wait.expected <= set(joined):
+        return Close(joined)
+    reached = now if wait.reached_at is None else wait.reached_at
+    if now - reached >= last_call:
+        return Close(joined)
+    return Wait(reached + last_call)
+
+
+class MembershipWhy(StrEnum):
+    """The ``why`` of a ``membership`` event (docs/events.md)."""
+
+    START = "start"
+    """The job's first generation."""
+    NODE_LOST = "node_lost"
+    """Fewer nodes than the generation before (a node lost)."""
+    NODE_JOINED = "node_joined"
+    """More nodes than the generation before (a node arrived or came back)."""
+    NODES_CHANGED = "nodes_changed"
+    """Nodes lost and others joined between the two generations."""
+
+
+def membership_why(before: Collection[int] | None, after: Collection[int]) -> MembershipWhy | None:
+    """Why the nodes changed from ``before`` (None: no generation yet) to ``after``;
+    None when they did not."""
+    if before is None:
+        return MembershipWhy.START
+    lost, joined = set(before) - set(after), set(after) - set(before)
+    if lost and joined:
+        return MembershipWhy.NODES_CHANGED
+    if lost:
+        return MembershipWhy.NODE_LOST
+    if joined:
+        return MembershipWhy.NODE_JOINED
+    return None
