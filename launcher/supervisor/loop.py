@@ -230,10 +230,11 @@ class Supervisor:
         self.children.restart_count = met.generation
         self.children.seat = Seat(met.first_rank(node, nproc), met.world(nproc),
                                   met.nodes.index(node), len(met.nodes))
-        why = membership_why(None if self._round is None else self._round.nodes, met.nodes)
-        if why is not None and self.config.hosts_scheduler:
+        before = None if self._round is None else self._round.nodes
+        if self.config.hosts_scheduler and (before is None or set(before) != set(met.nodes)):
             self._emit("membership", active=met.active(nproc), world=met.world(nproc),
-                       generation=met.generation, why=why.value, nodes=list(met.nodes))
+                       generation=met.generation, why=membership_why(before, met.nodes).value,
+                       nodes=list(met.nodes))
         self._round = met
         self._presence.next_round = met.generation + 1
         return True

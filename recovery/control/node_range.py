@@ -140,28 +140,24 @@ def close_round(wait: RoundWait, span: NodeRange, now: float, last_call: float,
 
 
 class MembershipWhy(StrEnum):
-    """The ``why`` of a ``membership`` event (docs/events.md)."""
+    """The ``why`` of a ``membership`` event (docs/events.md), whoever changed: the ranks of
+    a degraded job (recovery/control/membership.py) or the nodes of an elastic range."""
 
     START = "start"
     """The job's first generation."""
-    NODE_LOST = "node_lost"
-    """Fewer nodes than the generation before (a node lost)."""
-    NODE_JOINED = "node_joined"
-    """More nodes than the generation before (a node arrived or came back)."""
-    NODES_CHANGED = "nodes_changed"
-    """Nodes lost and others joined between the two generations."""
+    SHRINK = "shrink"
+    """Some of the members before are gone and none came in: the others go on."""
+    GROW = "grow"
+    """Members came in (arrived, or came back) and none left."""
+    REPLACE = "replace"
+    """Members left and others came in, or the same ones in new processes."""
 
 
-def membership_why(before: Collection[int] | None, after: Collection[int]) -> MembershipWhy | None:
-    """Why the nodes changed from ``before`` (None: no generation yet) to ``after``;
-    None when they did not."""
-    if before is None:
+def membership_why(before: Collection[int] | None, after: Collection[int]) -> MembershipWhy:
+    """Why the members went from ``before`` (None or empty: no generation yet) to ``after``."""
+    if not before:
         return MembershipWhy.START
-    lost, joined = set(before) - set(after), set(after) - set(before)
-    if lost and joined:
-        return MembershipWhy.NODES_CHANGED
-    if lost:
-        return MembershipWhy.NODE_LOST
-    if joined:
-        return MembershipWhy.NODE_JOINED
-    return None
+    old, new = set(before), set(after)
+    if new < old:
+        return MembershipWhy.SHRINK
+    return MembershipWhy.GROW if new > old else MembershipWhy.REPLACE

@@ -291,7 +291,7 @@ def test_an_elastic_plain_job_shrinks_without_a_lost_node_and_grows_when_it_retu
     with nodes_running(tmp_path, port, *script, nnodes="1:2") as procs:
         kill_node(tmp_path, procs, 1, 3)
         wait_for_event(log_dir(tmp_path, 0), EVENT, "node 0 alone", event="membership",
-                       why="node_lost")
+                       why="shrink")
         worker_0 = log_dir(tmp_path, 0) / "worker_0.log"
         # A restart's workers import torch before they print: a wait for a start.
         wait_for(lambda: _worlds(worker_0)[-1:] == [2], START, "node 0's workers at 2")
@@ -300,8 +300,8 @@ def test_an_elastic_plain_job_shrinks_without_a_lost_node_and_grows_when_it_retu
         finish_ok(procs)
     changes = events(log_dir(tmp_path, 0), "membership")
     assert [(e["why"], e["nodes"], e["world"], e["active"]) for e in changes] == [
-        ("start", [0, 1], 4, [0, 1, 2, 3]), ("node_lost", [0], 2, [0, 1]),
-        ("node_joined", [0, 1], 4, [0, 1, 2, 3])]
+        ("start", [0, 1], 4, [0, 1, 2, 3]), ("shrink", [0], 2, [0, 1]),
+        ("grow", [0, 1], 4, [0, 1, 2, 3])]
     generations = [e["generation"] for e in changes]
     assert generations == sorted(set(generations)), generations
     assert _worlds(worker_0) == [4, 2, 4]
