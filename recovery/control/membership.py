@@ -263,13 +263,22 @@ class Membership:
         token: the job token every request must present.
         timeouts: cooldown, heartbeat and progress timeouts.
         clock: the clocks (injected by tests).
+        min_worker_num: the fewest workers a generation may have (default
+            ``worker_num``). Below ``worker_num``, a member of the formed generation that
+            dies (or is declared lost) does not stop the others: a *degraded* generation of
+            the live members forms at once, if they are at least ``min_worker_num``
+            (docs/elastic.md). The first generation always waits for all.
     """
 
     def __init__(self, worker_num: int, token: str, timeouts: Timeouts,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, min_worker_num: int | None = None) -> None:
         if worker_num < 1:
             raise ValueError(f"worker_num must be at least 1, got {worker_num}")
+        min_worker_num = worker_num if min_worker_num is None else min_worker_num
+        if not 1 <= min_worker_num <= worker_num:
+            raise ValueError(f"min_worker_num must be in [1, {worker_num}], got {min_worker_num}")
         self.worker_num = worker_num
+        self.min_worker_num = min_worker_num
         self.token = token
         self.timeouts = timeouts
         self.clock: Clock = SystemClock() if clock is None else clock
@@ -475,6 +484,11 @@ class Membership:
         if self._incomplete_since is not None:
             due.append(self._incomplete_since + self.timeouts.cluster_time_out)
         return min((d for d in due if d >= after), default=None)
+
+    def active_ranks(self) -> list[int]:
+        """The ranks of the formed generation, ascending (all of them unless degraded)."""
+        return sorted(self.members[node].rank for node, _incarnation in self._formed
+                      if node in self.members)
 
     def cooldown_left(self, node_id: str) -> float:
         return max(0.0, self.cooldowns.get(node_id, 0.0) - self.clock.time())
@@ -723,18 +737,43 @@ class Membership:
                 self._incomplete_since = self.clock.monotonic()
         else:
             self._incomplete_since = None
-        if len(live) < self.worker_num:
-            return
         processes = frozenset((m.node_id, m.incarnation) for m in live)
-        if processes == self._formed:
+        if processes == self._formed or not (len(live) == self.worker_num
+                                             or self._shrinks_to(processes)):
             return
+        before = set(self.active_ranks())
         self.generation += 1
         self._formed = processes
         now = self.clock.monotonic()
         for member in live:  # every member's stall clock starts now
             member.progress_at, member.generation_step, member.behind_since = now, None, None
-        self._emit("generation", generation=self.generation, world_size=self.worker_num,
+        self._emit("generation", generation=self.generation, world_size=len(live),
                    members=[m.fields() for m in sorted(live, key=lambda m: m.rank)])
+        active = self.active_ranks()
+        self._emit("membership", active=active, world=len(active), generation=self.generation,
+                   why=_why(before, set(active)), lost=sorted(before - set(active)),
+                   joined=sorted(set(active) - before) if before else [])
+
+    def _shrinks_to(self, processes: frozenset[tuple[str, int]]) -> bool:
+        """Whether the live ``processes`` form a degraded generation: some members of the
+        formed one died or were declared lost (none finished or was stopped), and at
+        least ``min_worker_num`` are left."""
+        if self.generation == NO_GENERATION or not processes < self._formed \
+                or len(processes) < self.min_worker_num:
+            return False
+        gone = [self.members[node] for node, _incarnation in self._formed - processes]
+        return all(member.state in {MemberState.DEAD, MemberState.LOST} for member in gone)
+
+
+def _why(before: set[int], after: set[int]) -> str:
+    """The ``why`` of a ``membership`` event: ``start`` (the first generation), ``shrink``
+    (ranks lost, the others train on), ``grow`` (ranks back), ``replace`` (the same ranks,
+    some of them new processes)."""
+    if not before:
+        return "start"
+    if after < before:
+        return "shrink"
+    return "grow" if after > before else "replace"
 
 
 def _two_highest(steps: Any) -> tuple[int | None, int | None]:

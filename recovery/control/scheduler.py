@@ -145,6 +145,8 @@ class SchedulerConfig:
     lineage: str = ""
     node_num: int = 0
     """The job's node count, 0 when not given (``--nnodes``)."""
+    min_worker_num: int | None = None
+    """The fewest workers a generation may have (None: ``worker_num``)."""
 
     @property
     def supervised(self) -> bool:
@@ -168,6 +170,7 @@ class SchedulerConfig:
             timeouts=Timeouts.from_env(env),
             lineage=worker.lineage,
             node_num=int(env.get(names.TFT_NODE_NUM) or 0),
+            min_worker_num=worker.min_worker_num,
         )
 
 
@@ -176,7 +179,8 @@ class Scheduler:
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
-        self.membership = Membership(config.worker_num, config.token, config.timeouts)
+        self.membership = Membership(config.worker_num, config.token, config.timeouts,
+                                     min_worker_num=config.min_worker_num)
         self.events = EventLog(config.log_dir, node_rank=0)  # the scheduler runs on node 0
         self.injections = InjectionQueue()
         self.last_words = LastWords()
@@ -694,7 +698,8 @@ class Scheduler:
         """Let the members of a newly formed generation rendezvous (recovery/runtime/cluster.py)."""
         generation = self.membership.generation
         if generation > self._published:
-            self._client.set(ready_at(self._key, generation), ready_value(self._key, generation))
+            self._client.set(ready_at(self._key, generation),
+                             ready_value(self._key, generation, self.membership.active_ranks()))
             self._published = generation
 
     def _snapshot(self, finished: bool) -> dict[str, Any]:

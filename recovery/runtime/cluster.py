@@ -38,10 +38,10 @@ from recovery.control.rpc import (
     SchedulerUnavailable,
     UnverifiedReply,
     generation_prefix,
-    is_ready,
     open_client,
     port_open,
     ready_at,
+    ready_ranks,
 )
 from recovery.control.signing import MissingToken, checked_token
 from recovery.env import WorkerEnv
@@ -102,6 +102,9 @@ class ClusterContext:
         node_id: its node id (``MS_NODE_ID``, or the one the scheduler assigned).
         incarnation: unique per launch of a process.
         backend: the process group's backend.
+        active: the ranks of :attr:`generation`'s group, ascending: all ``world_size`` of
+            them, or fewer in a degraded generation (docs/elastic.md). This rank's place
+            in the group is :attr:`group_rank`.
     """
 
     def __init__(self, rank: int, world_size: int, generation: int, node_id: str,
@@ -113,9 +116,20 @@ class ClusterContext:
         self.incarnation = incarnation
         self.backend = backend
         self._session = session
+        self.active: tuple[int, ...] = tuple(range(world_size))
         self._failed = False
         self.stop_status: int | None = None
         """128 + N when a stop signal N ends this process (set by the trainer)."""
+
+    @property
+    def group_rank(self) -> int:
+        """This rank's rank in the process group of its generation."""
+        return self.active.index(self.rank)
+
+    @property
+    def degraded(self) -> bool:
+        """Whether the generation trains without some of the job's ranks."""
+        return len(self.active) < self.world_size
 
     def report_step(self, global_step: int) -> None:
         """Tell the scheduler (with the next heartbeat) that training reached ``global_step``."""
@@ -259,20 +273,24 @@ class ClusterContext:
             return lambda: session.heartbeat.generation > candidate
 
         while True:
-            client = _wait_for_generation(
+            ready = _wait_for_generation(
                 session.link, generation, deadline, session.timeouts, self.world_size,
                 self.rank, superseded(generation), should_abort)
-            if client is None:
+            if ready is None:
                 newer = session.heartbeat.generation
                 logger.info("[worker %s/%d] generation %d was superseded by %d before it "
                             "was ready", self.node_id, self.incarnation, generation, newer)
                 generation = newer
                 continue
+            client, active = ready
+            if self.rank not in active:
+                raise ClusterError(f"generation {generation} was formed without rank {self.rank}")
             store = dist.PrefixStore(generation_prefix(session.link.key, generation), client)
+            group_rank = active.index(self.rank)
             try:
-                if group.meet(store, self.rank, self.world_size, superseded(generation),
+                if group.meet(store, group_rank, len(active), superseded(generation),
                               deadline, should_abort) \
-                        and group.connect(self.backend, store, self.rank, self.world_size,
+                        and group.connect(self.backend, store, group_rank, len(active),
                                           session.timeouts.heartbeat_timeout,
                                           session.group_timeout):
                     break
@@ -282,8 +300,9 @@ class ClusterContext:
                            self.node_id, self.incarnation, generation)
             generation = self._newer_generation(generation, deadline, should_abort)
         self.generation = generation
-        logger.info("[worker %s/%d] rank %d of %d in generation %d", self.node_id,
-                    self.incarnation, self.rank, self.world_size, generation)
+        self.active = tuple(active)
+        logger.info("[worker %s/%d] rank %d of %d in generation %d (%d members)", self.node_id,
+                    self.incarnation, self.rank, self.world_size, generation, len(active))
 
     def _newer_generation(self, generation: int, deadline: float,
                           should_abort: ShouldAbort) -> int:
@@ -488,9 +507,9 @@ def _say_once(said: str, message: str) -> str:
 def _wait_for_generation(link: SchedulerLink, generation: int, deadline: float,
                          timeouts: Timeouts, world_size: int, rank: int,
                          superseded: Callable[[], bool],
-                         should_abort: ShouldAbort = never) -> Any | None:
-    """A store client, once the scheduler says ``generation`` is formed; ``None`` once
-    ``superseded()`` says a newer generation has this worker in it.
+                         should_abort: ShouldAbort = never) -> tuple[Any, list[int]] | None:
+    """A store client and the members' ranks, once the scheduler says ``generation`` is
+    formed; ``None`` once ``superseded()`` says a newer generation has this worker in it.
 
     The scheduler makes only the newest generation ready: one formed and superseded in
     the same batch of requests (the registrations of two relaunched ranks) never is.
@@ -518,8 +537,9 @@ def _wait_for_generation(link: SchedulerLink, generation: int, deadline: float,
             # The rendezvous of the group waits on this client too: as long as we may.
             store = store or open_client(link.host, link.port, max(left, REPLY_TIMEOUT))
             ready = ready_at(link.key, generation)
-            if store.check([ready]) and is_ready(link.key, generation, store.get(ready)):
-                return store
+            if store.check([ready]) and (
+                    active := ready_ranks(link.key, generation, store.get(ready))) is not None:
+                return store, active
         except DistNetworkError:
             store = None  # the scheduler died: wait for its relaunch
         time.sleep(_GENERATION_POLL)

@@ -81,6 +81,11 @@ class ResumableDistributedSampler(Sampler[int]):
         self._cursor_step = 0  # the step in the epoch the cursor was recorded at
 
     @property
+    def cursor_step(self) -> int:
+        """The step in the epoch :attr:`cursor` was recorded at."""
+        return self._cursor_step
+
+    @property
     def epoch_micro_batches(self) -> int:
         """Micro-batches (of ``batch_size`` samples) the epoch trains."""
         return self.steps_per_epoch * self.num_replicas

@@ -1,0 +1,104 @@
+"""Training through a fault (docs/elastic.md): a real ``kill -9`` under tftrun with
+``--min_worker_num`` below ``--worker_num``.
+
+The survivors of the kill train on at once in a degraded generation, with the same
+global batch; the killed rank is relaunched after its cooldown (shortened here to
+``--rejoin_cooldown=5`` so the job need not train for the default 30 s), heals from a live
+rank at a step boundary, and the job ends whole. What must hold, read from every rank's
+``committed ...`` log lines (``--log_params_hash``):
+
+* after every committed step every active rank holds the same parameter hash;
+* the healed rank's state equals its donors' after its first step;
+* each step's shares cover its micro-batches once, and the epoch's committed samples are
+  a permutation of the data set.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from launcher.cli import tftctl as ctl
+from recovery.train.sampler import ResumableDistributedSampler
+from support import REPO, events, spawn, terminate, tftrun_cmd, wait_for_event
+
+pytestmark = pytest.mark.timeout(300)
+
+TRAIN = str(REPO / "templates" / "mnist" / "train.py")
+GATED = str(REPO / "tests" / "bin" / "gated.py")
+WORKERS, BATCH, SAMPLES, EPOCHS, KILL_STEP, KILLED = 3, 32, 12000, 8, 40, 1
+COMMITTED = re.compile(r"committed epoch=(\d+) step=(\d+) generation=(\d+) world=(\d+) "
+                       r"cursor=(\d+) micro_batches=([\d,]*) params_sha256=(\w+)")
+
+
+def committed_lines(log_dir: Path) -> list[tuple[int, ...]]:
+    """(rank, epoch, step, generation, world, cursor, hash, share...) of every rank's log."""
+    found = []
+    for path in sorted(log_dir.glob("worker_*.log*")):
+        rank = int(re.findall(r"worker_(\d+)", path.name)[0])
+        for match in COMMITTED.finditer(path.read_text(errors="ignore")):
+            epoch, step, generation, world, cursor, share, digest = match.groups()
+            found.append((rank, int(epoch), int(step), int(generation), int(world), int(cursor),
+                          digest, tuple(int(n) for n in share.split(",") if n)))
+    return found
+
+
+def test_survivors_train_through_a_kill_and_the_relaunched_rank_heals(tmp_path: Path,
+                                                                      free_port: int) -> None:
+    log_dir, gate = tmp_path / "logs", tmp_path / "gate"
+    proc = spawn(tftrun_cmd(
+        f"--worker_num={WORKERS}", "--min_worker_num=2", f"--log_dir={log_dir}",
+        f"--recovery_path={tmp_path / 'recovery'}", f"--master_port={free_port}",
+        "--rejoin_cooldown=5", "--cluster_time_out=120", GATED, str(gate), TRAIN,
+        "--epochs", str(EPOCHS), "--save_steps", "1000", "--synthetic_size", str(SAMPLES),
+        "--batch_size", str(BATCH), "--log_every", "50", "--log_params_hash"), env=dict(os.environ))
+    try:
+        wait_for_event(log_dir, 60, "the scheduler up", event="scheduler_start")
+        assert ctl.main(["inject", f"--log_dir={log_dir}", f"--rank={KILLED}", "--fault=kill",
+                         f"--at_step={KILL_STEP}"]) == 0
+        gate.touch()
+        out, err = proc.communicate(timeout=280)
+    finally:
+        terminate(proc)
+    assert proc.returncode == 0, out + err
+
+    changes = [(e["why"], e["active"], e["world"]) for e in events(log_dir, "membership")]
+    assert changes == [("start", [0, 1, 2], 3), ("shrink", [0, 2], 2), ("grow", [0, 1, 2], 3)]
+    lines = committed_lines(log_dir)
+    by_step: dict[int, dict[int, list[tuple[int, ...]]]] = defaultdict(lambda: defaultdict(list))
+    for line in lines:
+        by_step[line[2]][line[3]].append(line)
+    steps_per_epoch = SAMPLES // WORKERS // BATCH
+    assert sorted(by_step) == list(range(1, EPOCHS * steps_per_epoch + 1))
+    degraded = [step for step, gens in by_step.items() if any(g[0][4] == 2 for g in gens.values())]
+    assert degraded, "no step was trained by the survivors alone"
+
+    sampler = ResumableDistributedSampler(SAMPLES, BATCH, num_replicas=WORKERS, rank=0)
+    trained: dict[int, list[int]] = defaultdict(list)
+    healed_first = None
+    for step in sorted(by_step):
+        # The generation that committed the step last (a rank that died right after
+        # completing it committed it alone, and its state died with it).
+        generation = max(by_step[step])
+        members = by_step[step][generation]
+        _rank, epoch, _step, _gen, world, cursor, _digest, _share = members[0]
+        assert len(members) == world and len({m[0] for m in members}) == world
+        assert len({m[6] for m in members}) == 1, f"step {step}: ranks disagree on the parameters"
+        shares = sorted(n for m in members for n in m[7])
+        assert shares == list(range(cursor - WORKERS, cursor)), f"step {step}: {shares}"
+        sampler.set_epoch(epoch)
+        for number in shares:
+            trained[epoch].extend(sampler.micro_batch(number).tolist())
+        if healed_first is None and world == WORKERS and step > KILL_STEP \
+                and any(m[0] == KILLED for m in members):
+            healed_first = step
+    assert healed_first is not None and healed_first < EPOCHS * steps_per_epoch, \
+        "the relaunched rank did not heal before the end"
+    for epoch in range(1, EPOCHS + 1):
+        assert sorted(trained[epoch]) == list(range(SAMPLES)), f"epoch {epoch}"
+    ends = {e["rank"]: e["params_sha256"] for e in events(log_dir, "train_end")}
+    assert set(ends) == {0, 1, 2} and len(set(ends.values())) == 1
