@@ -237,7 +237,8 @@ class Supervisor:
             other_ranks=config.worker_num - config.nproc, others_finished=others_finished,
             others_step=others_step, scheduler_exit=self._scheduler_exit,
             scheduler_launches=self.children.scheduler_launches,
-            warm_spare=config.warm_spare, spares=self.children.spares.size)
+            warm_spare=config.warm_spare, spares=self.children.spares.size,
+            min_worker_num=config.min_worker_num)
 
     def _carry_out(self, action: Action, now: float) -> None:
         """Do what the policy decided; the state moves go through ``Worker.transition``."""
