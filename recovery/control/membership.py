@@ -189,6 +189,10 @@ class Member:
     least_delay: float | None = None
     """The least (scheduler's wall clock - a request's signed stamp) seen from this
     process: its clock's offset from the scheduler's, plus the quickest delivery."""
+    ready: bool = True
+    """Whether it may be put in a generation: a rank relaunched into a job that trains
+    without it registers unready, and says it is ready once its training loop can take
+    a live rank's state (docs/elastic.md), so the others train on until then."""
 
     def is_process(self, pid: int, incarnation: int, host: str | None = None) -> bool:
         return (self.pid == pid and self.incarnation == incarnation
@@ -209,14 +213,14 @@ class Member:
         mapped to :attr:`global_step`."""
         return {**self.fields(), "host": self.host, "state": self.state.value,
                 "step": self.global_step, "phase": self.phase,
-                "generation_step": self.generation_step}
+                "generation_step": self.generation_step, "ready": self.ready}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Member:
         return cls(str(data["node_id"]), int(data["rank"]), int(data["pid"]),
                    int(data["incarnation"]), str(data["host"]), MemberState(data["state"]),
                    data.get("step"), data.get("phase"),
-                   generation_step=data.get("generation_step"))
+                   generation_step=data.get("generation_step"), ready=data.get("ready", True))
 
 
 @dataclass(frozen=True)
@@ -296,11 +300,15 @@ class Membership:
         self._update_completeness()
 
     # ----------------------------------------------------------------- requests
-    def register(self, identity: Identity, token: str) -> Accepted | Refused:
-        """A process asks to join. See docs/scheduler.md for the rules, in this order."""
-        return self._register(identity, token, "register")
+    def register(self, identity: Identity, token: str, ready: bool = True) -> Accepted | Refused:
+        """A process asks to join. See docs/scheduler.md for the rules, in this order.
 
-    def _register(self, identity: Identity, token: str, event: str) -> Accepted | Refused:
+        ``ready=False``: it is not put in a generation until a heartbeat says it is ready.
+        """
+        return self._register(identity, token, "register", ready)
+
+    def _register(self, identity: Identity, token: str, event: str,
+                  ready: bool = True) -> Accepted | Refused:
         if not self.token_ok(token):
             return self._refuse(identity, RefuseReason.TOKEN,
                                 "wrong job token: this process belongs to another job")
@@ -328,11 +336,14 @@ class Membership:
                 f"node {node_id} is held by a live process (pid {member.pid} on "
                 f"{member.host}, incarnation {member.incarnation})",
                 self.timeouts.heartbeat_interval)
-        return self._admit(node_id, rank, identity, event)
+        return self._admit(node_id, rank, identity, event, ready)
 
     def heartbeat(self, identity: Identity, token: str, global_step: int | None,
-                  phase: str | None = None, sent: float | None = None) -> Accepted | Refused:
+                  phase: str | None = None, sent: float | None = None,
+                  ready: bool | None = None) -> Accepted | Refused:
         """A registered process is alive and at ``global_step``, doing ``phase`` (if it says).
+
+        ``ready=True`` from a member registered unready: it may now be put in a generation.
 
         ``sent``: the beat's signed stamp (the sender's wall clock). The member was alive
         then, not when the scheduler got round to its beat: a beat that waited in a
@@ -347,7 +358,7 @@ class Membership:
                                 "wrong job token: this process belongs to another job")
         member = self.members.get(identity.node_id)
         if member is None:
-            accepted = self._register(identity, token, "attach")
+            accepted = self._register(identity, token, "attach", ready is not False)
             if isinstance(accepted, Refused):
                 return accepted
             member = self.members[accepted.node_id]
@@ -361,6 +372,9 @@ class Membership:
         self._confirm(member, sent)
         if phase is not None:
             member.phase = phase
+        if ready and not member.ready:
+            member.ready = True
+            self._update_completeness()
         if global_step is not None and global_step != member.global_step:
             member.global_step = member.generation_step = global_step
             member.progress_at = self.clock.monotonic()
@@ -659,7 +673,8 @@ class Membership:
                                 f"rank {rank} belongs to node {holder}")
         return rank
 
-    def _admit(self, node_id: str, rank: int, identity: Identity, event: str) -> Accepted:
+    def _admit(self, node_id: str, rank: int, identity: Identity, event: str,
+               ready: bool = True) -> Accepted:
         now = self.clock.monotonic()
         member = self.members.get(node_id)
         if member is None:
@@ -675,6 +690,7 @@ class Membership:
             member.behind_since = None
         member.heartbeat_at = member.progress_at = now
         member.least_delay = None
+        member.ready = ready
         self._last_refusal.pop(identity.node_id, None)
         self._emit(event, **member.fields(), host=member.host,
                    generation=self._generation_of(member))
@@ -737,6 +753,7 @@ class Membership:
                 self._incomplete_since = self.clock.monotonic()
         else:
             self._incomplete_since = None
+        live = [m for m in live if m.ready]
         processes = frozenset((m.node_id, m.incarnation) for m in live)
         if processes == self._formed or not (len(live) == self.worker_num
                                              or self._shrinks_to(processes)):

@@ -553,14 +553,15 @@ class Scheduler:
         member the injections already queued for its rank, as a beat's does: beats are
         seconds apart, and a fast rank could pass the step before its first one."""
         answer = self.membership.register(Identity.from_json(request.fields),
-                                          self.config.token)
+                                          self.config.token, request.fields["ready"] is not False)
         return self._handing_out_injections(answer)
 
     def _on_heartbeat(self, request: Request) -> dict[str, Any]:
         """A beat; the reply hands the member the injections queued for its rank."""
         fields = request.fields
         answer = self.membership.heartbeat(Identity.from_json(fields), self.config.token,
-                                           fields["step"], fields["phase"], sent=self._stamp)
+                                           fields["step"], fields["phase"], sent=self._stamp,
+                                           ready=fields["ready"])
         return self._handing_out_injections(answer)
 
     def _handing_out_injections(self, answer: Accepted | Refused) -> dict[str, Any]:

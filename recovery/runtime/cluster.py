@@ -117,6 +117,7 @@ class ClusterContext:
         self.backend = backend
         self._session = session
         self.active: tuple[int, ...] = tuple(range(world_size))
+        self._join_pending = False
         self._failed = False
         self.stop_status: int | None = None
         """128 + N when a stop signal N ends this process (set by the trainer)."""
@@ -204,6 +205,31 @@ class ClusterContext:
         if self._session is not None:
             self._session.heartbeat.look_for_news()
 
+    @property
+    def join_pending(self) -> bool:
+        """Whether this worker registered but joins no group before :meth:`complete_join`."""
+        return self._join_pending
+
+    def complete_join(self, should_abort: ShouldAbort = never) -> None:
+        """Say this worker is ready, and join the generation the scheduler then forms.
+
+        A rank relaunched into a job that may train without it (``--min_worker_num``
+        below ``--worker_num``) registers unready: the others train on while it builds
+        its model and data, and take it in only once its training loop calls this
+        (:class:`recovery.train.elastic.ElasticTrainer` does, before its first step).
+
+        Raises:
+            ClusterError: no generation with it formed within ``cluster_time_out``.
+            Aborted: ``should_abort()`` said so while waiting.
+        """
+        session = self._session
+        assert session is not None and self._join_pending
+        session.heartbeat.ready = True
+        deadline = time.monotonic() + session.timeouts.cluster_time_out
+        session.heartbeat.beat()
+        self._init_group(session.heartbeat.generation, deadline, should_abort)
+        self._join_pending = False
+
     def rejoin(self, should_abort: ShouldAbort = never) -> None:
         """Leave this generation's process group and join the next one the scheduler forms.
 
@@ -284,7 +310,10 @@ class ClusterContext:
                 continue
             client, active = ready
             if self.rank not in active:
-                raise ClusterError(f"generation {generation} was formed without rank {self.rank}")
+                # Formed before this worker was ready (survivors shrinking again): the
+                # next one takes it in.
+                generation = self._newer_generation(generation, deadline, should_abort)
+                continue
             store = dist.PrefixStore(generation_prefix(session.link.key, generation), client)
             group_rank = active.index(self.rank)
             try:
@@ -430,7 +459,8 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None) -> Clu
     link = SchedulerLink(worker_env.sched_host, worker_env.sched_port, token, REPLY_TIMEOUT,
                          run_id=worker_env.run_id)
     claim = _identity(worker_env)
-    accepted = _register(link, claim, deadline)
+    defer = _defers_join(worker_env)
+    accepted = _register(link, claim, deadline, ready=not defer)
     rank, generation = int(accepted["rank"]), int(accepted["generation"])
     identity = Identity(accepted["node_id"], claim.pid, claim.incarnation, claim.host, rank)
     heartbeat = Heartbeat(link, identity, timeouts.beat_interval, generation,
@@ -438,6 +468,7 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None) -> Clu
                           look_every=news_look_interval(worker_env.world_size,
                                                         timeouts.heartbeat_interval))
     heartbeat.accepted(accepted)
+    heartbeat.ready = False if defer else None
     heartbeat.start()
     ctx = ClusterContext(rank, worker_env.world_size, generation,
                          identity.node_id, identity.incarnation, backend,
@@ -452,11 +483,25 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None) -> Clu
     # so the freeze comes before the first process group is made: nothing of any group
     # is ever frozen.
     gc.freeze()
-    ctx._init_group(generation, deadline)
+    if defer:
+        ctx._join_pending = True
+        logger.info("[worker %s/%d] registered as rank %d; joins once its training loop is "
+                    "ready (the others train on meanwhile)", identity.node_id,
+                    identity.incarnation, rank)
+    else:
+        ctx._init_group(generation, deadline)
     return ctx
 
 
-def _register(link: SchedulerLink, identity: Identity, deadline: float) -> dict[str, Any]:
+def _defers_join(worker_env: WorkerEnv) -> bool:
+    """Whether this worker joins no group in ``init()`` but in :meth:`ClusterContext.complete_join`:
+    a relaunched (or restarted) rank of a job that may train without it."""
+    relaunched = worker_env.incarnation > 0 or worker_env.restart_count > 0
+    return relaunched and worker_env.min_worker_num < worker_env.world_size
+
+
+def _register(link: SchedulerLink, identity: Identity, deadline: float,
+              ready: bool = True) -> dict[str, Any]:
     """Register, retrying while the scheduler is unreachable or refuses for a while.
 
     The scheduler's refusal of a request signed with another token is unsigned, as it
@@ -472,7 +517,7 @@ def _register(link: SchedulerLink, identity: Identity, deadline: float) -> dict[
         try:
             reply = link.call(Op.REGISTER, node_id=identity.node_id, pid=identity.pid,
                               incarnation=identity.incarnation, host=identity.host,
-                              rank=identity.rank)
+                              rank=identity.rank, ready=ready)
         except UnverifiedReply as err:
             token_refusals = token_refusals + 1 if err.claimed == "token" else 0
             if token_refusals >= _TOKEN_REFUSALS:

@@ -282,10 +282,10 @@ class ElasticTrainer:
                     TrainerState.STOPPING: self._stop}
         self._step_events.total = self._total_steps(epochs, max_steps)
         with self._stop_signals_noted():
-            if self.ctx.generation > 0 or self._resume:
+            if self.ctx.join_pending or self.ctx.generation > 0 or self._resume:
                 # A relaunched rank, or a resumed job: take the state the others can give.
                 self._machine.transition(TrainerState.RESYNCING)
-                self._unless_stopped(self._resync, newcomer=True)
+                self._unless_stopped(self._join_and_resync)
             if self._machine.state is not TrainerState.STOPPING:
                 if self.position.global_step == 0:
                     # A checkpoint of the initial state, so that a fault before the first
@@ -519,6 +519,14 @@ class ElasticTrainer:
         logger.warning("[rank %d] stopping at step %d: %s", self.ctx.rank,
                        self.position.global_step, why)
         raise SystemExit(status)
+
+    def _join_and_resync(self) -> None:
+        """A newcomer's first resync; a relaunched rank of a job that trained on without it
+        joins only now that its model and data are built, so the others wait only for the
+        state transfer (docs/elastic.md)."""
+        if self.ctx.join_pending:
+            self.ctx.complete_join(self._should_abort)
+        self._resync(newcomer=True)
 
     def _resync(self, newcomer: bool) -> None:
         """In a freshly joined group: take the newest consistent replica's state, or roll back."""

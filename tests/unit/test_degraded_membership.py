@@ -112,3 +112,25 @@ def test_every_generation_has_at_least_min_worker_num_live_members(
         live = set(pids) - dead
         if len(live) == worker_num or (min_worker_num <= len(live) and live <= before):
             assert {str(r) for r in ms.active_ranks()} == live  # shrunk at once, or whole
+
+
+def test_a_relaunched_rank_that_registers_unready_joins_only_once_it_says_it_is_ready() -> None:
+    """The others train on while it builds its model: the generation grows at its ready
+    beat, not at its registration; a death meanwhile still shrinks the generation."""
+    clock = FakeClock()
+    ms = make(4, 2, clock)
+    join_all(ms, {str(r): 100 + r for r in range(4)})
+    ms.report_exit("1", 101, 0, abnormal=True, reason="SIGKILL", by="supervisor")
+    clock.advance(30.0)
+    newcomer = ident("1", 201, incarnation=1)
+    assert accepted(ms.register(newcomer, TOKEN, ready=False)).generation == 2
+    assert [e["why"] for e in membership_events(ms)] == ["start", "shrink"]
+    ms.report_exit("3", 103, 0, abnormal=True, reason="SIGKILL", by="supervisor")
+    assert [(e["why"], e["active"]) for e in membership_events(ms)] == [("shrink", [0, 2])]
+    assert accepted(ms.heartbeat(newcomer, TOKEN, None, ready=False)).generation == 3
+    assert membership_events(ms) == []
+    assert accepted(ms.heartbeat(newcomer, TOKEN, None, ready=True)).generation == 2 + 1
+    assert membership_events(ms) == []  # rank 3 is still missing: the job is not whole
+    clock.advance(30.0)
+    accepted(ms.register(ident("3", 203, incarnation=1), TOKEN))
+    assert [(e["why"], e["active"]) for e in membership_events(ms)] == [("grow", [0, 1, 2, 3])]
