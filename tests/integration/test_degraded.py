@@ -10,27 +10,43 @@ rank at a step boundary, and the job ends whole. What must hold, read from every
 * after every committed step every active rank holds the same parameter hash;
 * the healed rank's state equals its donors' after its first step;
 * each step's shares cover its micro-batches once, and the epoch's committed samples are
-  a permutation of the data set.
+  a permutation of the data set;
+* the final loss is within :data:`LOSS_TOLERANCE` of a fault-free run's with the same seed,
+  after as many steps and samples (bitwise equality cannot hold across a change of W).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
+import torch
+import torch.nn.functional as F
 
 from launcher.cli import tftctl as ctl
+from recovery.ckpt import layout
+from recovery.ckpt.restore import load_checkpoint
 from recovery.train.sampler import ResumableDistributedSampler
-from support import REPO, events, spawn, terminate, tftrun_cmd, wait_for_event
+from support import REPO, events, free_tcp_port, run, spawn, terminate, tftrun_cmd, wait_for_event
+
+sys.path.insert(0, str(REPO / "templates" / "mnist"))
+from mnist_data import load_dataset  # noqa: E402 - the template's folder is not a package
+from train import MEAN, STD, build_model  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
 TRAIN = str(REPO / "templates" / "mnist" / "train.py")
 GATED = str(REPO / "tests" / "bin" / "gated.py")
 WORKERS, BATCH, SAMPLES, EPOCHS, KILL_STEP, KILLED = 3, 32, 12000, 8, 40, 1
+LOSS_TOLERANCE = 0.01
+"""Relative difference of the final loss (over the first 2 000 samples) allowed between
+the degraded run and the fault-free one."""
+JOB = ["--epochs", str(EPOCHS), "--save_steps", "1000", "--synthetic_size", str(SAMPLES),
+       "--batch_size", str(BATCH), "--log_every", "50", "--log_params_hash"]
 COMMITTED = re.compile(r"committed epoch=(\d+) step=(\d+) generation=(\d+) world=(\d+) "
                        r"cursor=(\d+) micro_batches=([\d,]*) params_sha256=(\w+)")
 
@@ -47,15 +63,18 @@ def committed_lines(log_dir: Path) -> list[tuple[int, ...]]:
     return found
 
 
-def test_survivors_train_through_a_kill_and_the_relaunched_rank_heals(tmp_path: Path,
-                                                                      free_port: int) -> None:
+def tftrun(tmp_path: Path, port: int, *script: str) -> list[str]:
+    return tftrun_cmd(f"--worker_num={WORKERS}", "--min_worker_num=2", f"--log_dir={tmp_path / 'logs'}",
+                      f"--recovery_path={tmp_path / 'recovery'}", f"--master_port={port}",
+                      "--rejoin_cooldown=5", "--cluster_time_out=120", *script, TRAIN, *JOB)
+
+
+@pytest.fixture(scope="module")
+def degraded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The job with rank 1 killed at step 40; its folder."""
+    tmp_path = tmp_path_factory.mktemp("degraded")
     log_dir, gate = tmp_path / "logs", tmp_path / "gate"
-    proc = spawn(tftrun_cmd(
-        f"--worker_num={WORKERS}", "--min_worker_num=2", f"--log_dir={log_dir}",
-        f"--recovery_path={tmp_path / 'recovery'}", f"--master_port={free_port}",
-        "--rejoin_cooldown=5", "--cluster_time_out=120", GATED, str(gate), TRAIN,
-        "--epochs", str(EPOCHS), "--save_steps", "1000", "--synthetic_size", str(SAMPLES),
-        "--batch_size", str(BATCH), "--log_every", "50", "--log_params_hash"), env=dict(os.environ))
+    proc = spawn(tftrun(tmp_path, free_tcp_port(), GATED, str(gate)), env=dict(os.environ))
     try:
         wait_for_event(log_dir, 60, "the scheduler up", event="scheduler_start")
         assert ctl.main(["inject", f"--log_dir={log_dir}", f"--rank={KILLED}", "--fault=kill",
@@ -65,7 +84,38 @@ def test_survivors_train_through_a_kill_and_the_relaunched_rank_heals(tmp_path: 
     finally:
         terminate(proc)
     assert proc.returncode == 0, out + err
+    return tmp_path
 
+
+def final_loss(recovery_path: Path) -> float:
+    """Rank 0's final model's mean loss over the first 2 000 samples of the data set."""
+    def position(path: Path) -> tuple[int, int]:
+        epoch, step = re.findall(r"-(\d+)_(\d+)\.ckpt$", path.name)[0]
+        return int(epoch), int(step)
+
+    final = max(layout.rank_dir(recovery_path, 0).glob("*.ckpt"), key=position)
+    assert position(final) == (EPOCHS, SAMPLES // WORKERS // BATCH)
+    model = build_model()
+    model.load_state_dict(load_checkpoint(final)["model"])
+    images, labels = load_dataset(None, SAMPLES)
+    with torch.no_grad():
+        inputs = (images[torch.arange(2000)].float() / 255 - MEAN) / STD
+        return float(F.cross_entropy(model(inputs), labels[torch.arange(2000)]))
+
+
+def test_the_final_loss_stays_within_the_tolerance_of_a_fault_free_run(
+        degraded: Path, tmp_path: Path, free_port: int) -> None:
+    reference = run(tftrun(tmp_path, free_port), timeout=250)
+    assert reference.returncode == 0, reference.stdout + reference.stderr
+    steps = EPOCHS * (SAMPLES // WORKERS // BATCH)
+    for folder in (tmp_path, degraded):
+        assert {e["step"] for e in events(folder / "logs", "train_end")} == {steps}
+    expected, got = final_loss(tmp_path / "recovery"), final_loss(degraded / "recovery")
+    assert abs(got - expected) <= LOSS_TOLERANCE * expected, (got, expected)
+
+
+def test_survivors_train_through_a_kill_and_the_relaunched_rank_heals(degraded: Path) -> None:
+    log_dir = degraded / "logs"
     changes = [(e["why"], e["active"], e["world"]) for e in events(log_dir, "membership")]
     assert changes == [("start", [0, 1, 2], 3), ("shrink", [0, 2], 2), ("grow", [0, 1, 2], 3)]
     lines = committed_lines(log_dir)
