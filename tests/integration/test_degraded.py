@@ -42,9 +42,9 @@ pytestmark = pytest.mark.timeout(300)
 TRAIN = str(REPO / "templates" / "mnist" / "train.py")
 GATED = str(REPO / "tests" / "bin" / "gated.py")
 WORKERS, BATCH, SAMPLES, EPOCHS, KILL_STEP, KILLED = 3, 32, 12000, 8, 40, 1
-LOSS_TOLERANCE = 0.01
+LOSS_TOLERANCE = 1e-4
 """Relative difference of the final loss (over the first 2 000 samples) allowed between
-the degraded run and the fault-free one."""
+the degraded run and the fault-free one (seen: 7e-8; the sums' order is all that differs)."""
 JOB = ["--epochs", str(EPOCHS), "--save_steps", "1000", "--synthetic_size", str(SAMPLES),
        "--batch_size", str(BATCH), "--log_every", "50", "--log_params_hash"]
 COMMITTED = re.compile(r"committed epoch=(\d+) step=(\d+) generation=(\d+) world=(\d+) "
