@@ -20,10 +20,17 @@ its last completed step.
   survivor, if it is consistent and the scheduler picks it, saves the last-words
   checkpoint of its last completed step for every rank (TTP, :mod:`recovery.ckpt.last_words`);
   then it drops the broken group and joins the generation the scheduler forms once the
-  dead rank is relaunched. There every member reports its state; the newest consistent
+  dead rank is relaunched (or at once, without it, when ``--min_worker_num`` allows: a
+  degraded generation). There every member reports its state; the newest consistent
   one sends its state to the others over the new group (ARF, :mod:`recovery.train.replica`), or,
   without such a replica, every rank restores the newest checkpoint all ranks hold,
   last-words ones included. The relaunched rank does the same from its first step.
+* **Degraded steps** (docs/elastic.md). Each step is planned for the generation's live
+  ranks from the epoch's cursor (:mod:`recovery.train.shares`): ``step.indices`` may hold
+  several micro-batches, and :meth:`ElasticTrainer.all_reduce_gradients` weights this
+  rank's gradient by their count and divides the sum by the step's micro-batches. The
+  cursor moves only when a step commits, so a voided step is planned again at the new
+  membership and every sample of an epoch is trained once.
 * **A rank's device fails** (a :class:`recovery.faults.DeviceError` in its step). The
   rank flags it in the step's gradient all-reduce (no extra round trip); every rank voids
   the step, the faulty rank discards its state and receives a healthy replica's over the
@@ -378,6 +385,10 @@ class ElasticTrainer:
     def all_reduce_gradients(self) -> None:
         """Average the gradients over the group in one fixed flat layout.
 
+        In a degraded generation the average is over the step's micro-batches, not the
+        group's ranks: each rank's gradient (the mean over its ``step.indices``) counts
+        once per micro-batch it computed (docs/elastic.md).
+
         On a peer failure this returns without raising: the step is void (the optimizer
         update that follows does nothing), and the loop recovers before the next step. A
         recoverable device error of this rank (or an injected ``uce``) is flagged to every
@@ -398,8 +409,9 @@ class ElasticTrainer:
         flags[self.ctx.rank] = 1.0 if damaged else 0.0
         step = self._step
         try:
+            # Weighted by this rank's micro-batches, over the step's (recovery/train/shares.py).
             all_reduce_gradients(self.model.parameters(), flags=flags, wait=self._wait,
-                                 weight=step.micro_batches if step else 1,
+                                 weight=max(step.micro_batches, 1) if step else 1,
                                  divisor=(step.divisor or None) if step else None)
         except PeerFailure as failure:
             self._pause(str(failure))
