@@ -233,9 +233,10 @@ class ElasticTrainer:
         batch_policy: what a step trains in a degraded generation (``constant``, the
             default, or ``shrink``; recovery/train/shares.py); by default from
             ``TFT_BATCH_POLICY``.
-        log_params_hash: log the parameters' sha256 after every committed step (the
-            worker log's ``params_sha256 step=...`` lines; for tests, it costs a hash of
-            the model a step).
+        log_params_hash: log every committed step with the parameters' sha256 (the
+            worker log's ``committed epoch=E step=S generation=G world=W cursor=C
+            micro_batches=a,b params_sha256=H`` lines; for tests: it hashes the model
+            every step).
     """
 
     def __init__(self, ctx: ClusterContext, model: torch.nn.Module,
