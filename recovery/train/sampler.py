@@ -147,14 +147,17 @@ class ResumableDistributedSampler(Sampler[int]):
                 "the data order will not continue exactly", seed, batch_size, self.seed, self.batch_size,
             )
         self.set_epoch(state_dict["epoch"])
-        self.set_init_step(state_dict["step"])
         # Files written before the cursor existed lack it; a cursor of another job size
         # counts other micro-batches, and one recorded at another step than the
         # checkpoint's was not moved by the loop (which then iterated by steps): the step
-        # alone places the sampler then.
+        # alone places the sampler then. Otherwise the cursor does: under ``shrink`` an
+        # epoch may have had more steps than ``steps_per_epoch``.
         if state_dict.get("num_replicas") == self.num_replicas \
                 and state_dict.get("cursor_step") == state_dict["step"]:
             self.set_cursor(state_dict["step"], state_dict["cursor"])
+            self.init_step = self.cursor // self.num_replicas
+        else:
+            self.set_init_step(state_dict["step"])
 
     def epoch_indices(self) -> torch.Tensor:
         """This rank's indices of the whole current epoch, skipped steps included."""
