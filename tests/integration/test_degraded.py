@@ -63,18 +63,16 @@ def committed_lines(log_dir: Path) -> list[tuple[int, ...]]:
     return found
 
 
-def tftrun(tmp_path: Path, port: int, *script: str) -> list[str]:
+def tftrun(tmp_path: Path, port: int, *script: str, job: tuple[str, ...] = ()) -> list[str]:
     return tftrun_cmd(f"--worker_num={WORKERS}", "--min_worker_num=2", f"--log_dir={tmp_path / 'logs'}",
                       f"--recovery_path={tmp_path / 'recovery'}", f"--master_port={port}",
-                      "--rejoin_cooldown=5", "--cluster_time_out=120", *script, TRAIN, *JOB)
+                      "--rejoin_cooldown=5", "--cluster_time_out=120", *script, TRAIN, *JOB, *job)
 
 
-@pytest.fixture(scope="module")
-def degraded(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The job with rank 1 killed at step 40; its folder."""
-    tmp_path = tmp_path_factory.mktemp("degraded")
+def run_with_kill(tmp_path: Path, *job: str) -> None:
+    """The job with rank 1 killed at step 40; it must end 0."""
     log_dir, gate = tmp_path / "logs", tmp_path / "gate"
-    proc = spawn(tftrun(tmp_path, free_tcp_port(), GATED, str(gate)), env=dict(os.environ))
+    proc = spawn(tftrun(tmp_path, free_tcp_port(), GATED, str(gate), job=job), env=dict(os.environ))
     try:
         wait_for_event(log_dir, 60, "the scheduler up", event="scheduler_start")
         assert ctl.main(["inject", f"--log_dir={log_dir}", f"--rank={KILLED}", "--fault=kill",
@@ -84,6 +82,13 @@ def degraded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     finally:
         terminate(proc)
     assert proc.returncode == 0, out + err
+
+
+@pytest.fixture(scope="module")
+def degraded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The job with rank 1 killed at step 40 (constant global batch); its folder."""
+    tmp_path = tmp_path_factory.mktemp("degraded")
+    run_with_kill(tmp_path)
     return tmp_path
 
 
@@ -151,4 +156,35 @@ def test_survivors_train_through_a_kill_and_the_relaunched_rank_heals(degraded: 
     for epoch in range(1, EPOCHS + 1):
         assert sorted(trained[epoch]) == list(range(SAMPLES)), f"epoch {epoch}"
     ends = {e["rank"]: e["params_sha256"] for e in events(log_dir, "train_end")}
+    assert set(ends) == {0, 1, 2} and len(set(ends.values())) == 1
+
+
+def test_with_the_shrink_policy_each_sample_is_trained_at_most_once(tmp_path: Path) -> None:
+    """``--batch_policy=shrink``: a degraded step trains one micro-batch per live rank, so
+    an epoch has more steps; the shares of each step are distinct micro-batches, the
+    active ranks agree after every step, and only an epoch's tail may stay untrained."""
+    run_with_kill(tmp_path, "--batch_policy", "shrink")
+    by_step: dict[int, dict[int, list[tuple[int, ...]]]] = defaultdict(lambda: defaultdict(list))
+    for line in committed_lines(tmp_path / "logs"):
+        by_step[line[2]][line[3]].append(line)
+    sampler = ResumableDistributedSampler(SAMPLES, BATCH, num_replicas=WORKERS, rank=0)
+    trained: dict[int, list[int]] = defaultdict(list)
+    shrunk = 0
+    for step in sorted(by_step):
+        members = by_step[step][max(by_step[step])]
+        _rank, epoch, _step, _gen, world, cursor, _digest, _share = members[0]
+        assert len(members) == world and len({m[6] for m in members}) == 1, f"step {step}"
+        shares = sorted(n for m in members for n in m[7])
+        assert shares == list(range(cursor - world, cursor)), f"step {step}: {shares}"
+        shrunk += world < WORKERS
+        sampler.set_epoch(epoch)
+        for number in shares:
+            trained[epoch].extend(sampler.micro_batch(number).tolist())
+    assert shrunk, "no step was trained by the survivors alone"
+    assert sorted(by_step) == list(range(1, len(by_step) + 1))
+    assert len(by_step) > EPOCHS * (SAMPLES // WORKERS // BATCH)  # more, smaller steps
+    for epoch, samples in trained.items():
+        assert len(set(samples)) == len(samples), f"epoch {epoch} trained a sample twice"
+        assert SAMPLES - len(samples) < WORKERS * BATCH, f"epoch {epoch} left more than its tail"
+    ends = {e["rank"]: e["params_sha256"] for e in events(tmp_path / "logs", "train_end")}
     assert set(ends) == {0, 1, 2} and len(set(ends.values())) == 1
