@@ -7,7 +7,9 @@ global batch; the killed rank is relaunched after its cooldown (shortened here t
 rank at a step boundary, and the job ends whole. What must hold, read from every rank's
 ``committed ...`` log lines (``--log_params_hash``):
 
-* after every committed step every active rank holds the same parameter hash;
+* after every committed step every active rank that committed it holds the same parameter
+  hash (a rank that saw a membership change before the step's all-reduce completed voids
+  it and takes a committer's state: its next step's hash agrees);
 * the healed rank's state equals its donors' after its first step;
 * each step's shares cover its micro-batches once, and the epoch's committed samples are
   a permutation of the data set;
@@ -61,6 +63,27 @@ def committed_lines(log_dir: Path) -> list[tuple[int, ...]]:
             found.append((rank, int(epoch), int(step), int(generation), int(world), int(cursor),
                           digest, tuple(int(n) for n in share.split(",") if n)))
     return found
+
+
+def step_micro_batches(step: int, members: list[tuple], size: int) -> range:  # type: ignore[type-arg]
+    """The micro-batches step ``step`` trained, checked against what its committers logged.
+
+    A step is committed by the members of its generation that completed its all-reduce:
+    all of them, or, when the next membership change came during it, some of them (a
+    rank that saw the change first voids the step and takes a committer's state over
+    the new group). They agree on the parameters; their shares are distinct parts of the
+    step's micro-batches, all of them when every member logged the step.
+    """
+    _rank, _epoch, _step, _gen, world, cursor, _digest, _share = members[0]
+    ranks = [m[0] for m in members]
+    assert 1 <= len(ranks) == len(set(ranks)) <= world, f"step {step}: {ranks}"
+    assert len({m[6] for m in members}) == 1, f"step {step}: ranks disagree on the parameters"
+    trained = range(cursor - size, cursor)
+    shares = sorted(n for m in members for n in m[7])
+    assert len(shares) == len(set(shares)) and set(shares) <= set(trained), f"step {step}: {shares}"
+    if len(ranks) == world:
+        assert shares == list(trained), f"step {step}: {shares}"
+    return trained
 
 
 def tftrun(tmp_path: Path, port: int, *script: str, job: tuple[str, ...] = ()) -> list[str]:
@@ -140,13 +163,9 @@ def test_survivors_train_through_a_kill_and_the_relaunched_rank_heals(degraded: 
         # completing it committed it alone, and its state died with it).
         generation = max(by_step[step])
         members = by_step[step][generation]
-        _rank, epoch, _step, _gen, world, cursor, _digest, _share = members[0]
-        assert len(members) == world and len({m[0] for m in members}) == world
-        assert len({m[6] for m in members}) == 1, f"step {step}: ranks disagree on the parameters"
-        shares = sorted(n for m in members for n in m[7])
-        assert shares == list(range(cursor - WORKERS, cursor)), f"step {step}: {shares}"
+        epoch, world = members[0][1], members[0][4]
         sampler.set_epoch(epoch)
-        for number in shares:
+        for number in step_micro_batches(step, members, WORKERS):
             trained[epoch].extend(sampler.micro_batch(number).tolist())
         if healed_first is None and world == WORKERS and step > KILL_STEP \
                 and any(m[0] == KILLED for m in members):
@@ -172,13 +191,10 @@ def test_with_the_shrink_policy_each_sample_is_trained_at_most_once(tmp_path: Pa
     shrunk = 0
     for step in sorted(by_step):
         members = by_step[step][max(by_step[step])]
-        _rank, epoch, _step, _gen, world, cursor, _digest, _share = members[0]
-        assert len(members) == world and len({m[6] for m in members}) == 1, f"step {step}"
-        shares = sorted(n for m in members for n in m[7])
-        assert shares == list(range(cursor - world, cursor)), f"step {step}: {shares}"
+        epoch, world = members[0][1], members[0][4]
         shrunk += world < WORKERS
         sampler.set_epoch(epoch)
-        for number in shares:
+        for number in step_micro_batches(step, members, world):
             trained[epoch].extend(sampler.micro_batch(number).tolist())
     assert shrunk, "no step was trained by the survivors alone"
     assert sorted(by_step) == list(range(1, len(by_step) + 1))
