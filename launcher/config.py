@@ -65,6 +65,9 @@ class LaunchConfig:
     script_args: tuple[str, ...] = ()
     worker_num: int = 8
     local_worker_num: int | None = None
+    min_worker_num: int | None = None
+    """The fewest workers the job trains on while ranks are missing (docs/elastic.md);
+    None: ``worker_num`` (a dead rank pauses the others until it is back)."""
     master_addr: str = "127.0.0.1"
     master_port: int = DEFAULT_MASTER_PORT
     node_rank: int | None = 0
@@ -197,6 +200,9 @@ class LaunchConfig:
         if self.nproc > self.worker_num:
             raise ConfigError(
                 f"--local_worker_num={self.nproc} is more than --worker_num={self.worker_num}")
+        if self.min_worker_num is not None and not 1 <= self.min_worker_num <= self.worker_num:
+            raise ConfigError(f"--min_worker_num must be in 1..--worker_num={self.worker_num}, "
+                              f"got {self.min_worker_num}")
         if self.node_rank is not None:
             self.check_node_rank()
         if (self.nnodes is not None and self.local_worker_num is not None

@@ -96,6 +96,11 @@ TFT_TOKEN_FILE = "TFT_TOKEN_FILE"
 """templates/run.sh and recover.sh only: where the job token they made is kept (mode 0600)."""
 TFT_CLUSTER_TIME_OUT = "TFT_CLUSTER_TIME_OUT"
 TFT_REJOIN_COOLDOWN = "TFT_REJOIN_COOLDOWN"
+TFT_MIN_WORKER_NUM = "TFT_MIN_WORKER_NUM"
+"""``--min_worker_num``: the fewest workers the job trains on while ranks are missing
+(docs/elastic.md); unset: ``worker_num`` (no degraded training)."""
+TFT_BATCH_POLICY = "TFT_BATCH_POLICY"
+"""What a degraded step trains: ``constant`` (default) or ``shrink`` (docs/elastic.md)."""
 TFT_HEARTBEAT_TIMEOUT = "TFT_HEARTBEAT_TIMEOUT"
 TFT_PROGRESS_TIMEOUT = "TFT_PROGRESS_TIMEOUT"
 TFT_LINEAGE = "TFT_LINEAGE"
@@ -172,6 +177,10 @@ class WorkerEnv:
     enable_tft: str
     lineage: str
     """The launcher's lineage id; empty when started without tftrun (see recovery/ckpt/lineage.py)."""
+    min_worker_num: int
+    """The fewest workers a generation may have (``world_size`` unless set)."""
+    batch_policy: str
+    """``constant`` or ``shrink`` (recovery/train/shares.py); empty when not set."""
 
     @property
     def is_scheduler(self) -> bool:
@@ -213,4 +222,6 @@ class WorkerEnv:
             recovery_path=env.get(MS_RECOVERY_PATH) or DEFAULT_RECOVERY_PATH,
             enable_tft=env.get(MS_ENABLE_TFT, ""),
             lineage=env.get(TFT_LINEAGE, "").strip(),
+            min_worker_num=_int(env, TFT_MIN_WORKER_NUM, world_size),
+            batch_policy=env.get(TFT_BATCH_POLICY, "").strip(),
         )

@@ -141,6 +141,10 @@ def launch(
         "nproc_per_node when either is given (torchrun), else 8 (msrun)]")] = None,
     local_worker_num: Annotated[int | None, _opt(
         "local_worker_num", "Workers on this node. [default: worker_num]")] = None,
+    min_worker_num: Annotated[int | None, _opt(
+        "min_worker_num", "The fewest workers the job trains on while ranks are missing: "
+        "below worker_num, the survivors of a death train on at once, with the same global "
+        "batch (docs/elastic.md). [default: worker_num]")] = None,
     nproc_per_node: Annotated[str | None, _pet_opt(
         "nproc_per_node", "torchrun's workers on this node: a count, or auto, cpu, gpu, xpu "
         "(one per core or device). Without --nnodes: one node.")] = None,
@@ -306,7 +310,8 @@ def build_config(params: dict[str, Any]) -> LaunchConfig:
         console = console_ranks(p.redirects, p.tee, p.local_ranks_filter, local or worker_num)
     config = LaunchConfig(
         script=Path(entry.target), script_args=entry.args, entry=entry.kind,
-        worker_num=worker_num, local_worker_num=local, master_addr=master_addr,
+        worker_num=worker_num, local_worker_num=local, min_worker_num=p.min_worker_num,
+        master_addr=master_addr,
         master_port=master_port, node_rank=node_rank, node_id=p.node_id or "", nnodes=node_count,
         min_nnodes=None if node_range is None else node_range[0], last_call=last_call,
         node_addr=p.node_addr or p.local_addr or "", log_dir=p.log_dir,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 __all__ = ["IncarnationEnding", "SpanPhase", "Lane", "Incarnation", "FaultMark", "PhaseSpan",
-           "GenerationMark",
+           "GenerationMark", "DegradedSpan",
            "Recovery", "StepPoint", "Timeline"]
 
 
@@ -77,6 +77,18 @@ class GenerationMark:
 
 
 @dataclass(frozen=True)
+class DegradedSpan:
+    """A stretch the job trained with ranks missing (``--min_worker_num``, docs/elastic.md):
+    from the ``membership`` event that shrank it to the next that changed it."""
+
+    start: float
+    end: float
+    generation: int
+    active: tuple[int, ...]
+    worker_num: int
+
+
+@dataclass(frozen=True)
 class Recovery:
     """One episode: faults, and how training went on after them."""
 
@@ -134,6 +146,7 @@ class Timeline:
     digests: dict[int, str]
     restarts: int
     relaunches: int
+    degraded: tuple[DegradedSpan, ...] = ()
 
     @property
     def nodes(self) -> list[int]:

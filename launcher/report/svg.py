@@ -179,6 +179,21 @@ def _bars(timeline: Timeline, scale: _Scale, rows: dict[int, float]) -> list[str
     return parts
 
 
+def _degraded(timeline: Timeline, scale: _Scale, top: float, bottom: float) -> list[str]:
+    """A shaded band over every lane while the job trained with ranks missing."""
+    parts = []
+    for stretch in timeline.degraded:
+        x0, x1 = scale.x(stretch.start), scale.x(stretch.end)
+        ranks = ", ".join(map(str, stretch.active))
+        parts.append(
+            f'<rect class="degraded" data-generation="{stretch.generation}" x="{x0:.1f}" '
+            f'y="{top:.1f}" width="{max(x1 - x0, 1):.1f}" height="{bottom - top:.1f}" '
+            f'fill="#fff3e0" fill-opacity="0.6"><title>degraded: ranks {ranks} of '
+            f'{stretch.worker_num} trained on (generation {stretch.generation}), '
+            f'{_seconds(stretch.end - stretch.start)}</title></rect>')
+    return parts
+
+
 def _generations(timeline: Timeline, scale: _Scale, top: float, bottom: float) -> list[str]:
     parts = []
     for mark in timeline.generations:
@@ -239,7 +254,8 @@ def timeline_svg(timeline: Timeline) -> str:
     lanes_top = AXIS + RECOVERY_ROW
     rows, lanes, bottom = _lane_rows(timeline, lanes_top)
     height = bottom + LEGEND
-    parts = [*_axis(scale, AXIS - 4, bottom, AXIS - 12), *lanes, *_bars(timeline, scale, rows),
+    parts = [*_axis(scale, AXIS - 4, bottom, AXIS - 12), *lanes,
+             *_degraded(timeline, scale, lanes_top - 4, bottom), *_bars(timeline, scale, rows),
              *_generations(timeline, scale, lanes_top - 4, bottom),
              *_recoveries(timeline, scale, AXIS),
              *_faults(timeline, scale, rows), *_legend(timeline, bottom + 24)]

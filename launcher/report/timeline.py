@@ -11,6 +11,10 @@ it says where training went on. The steps redone are the highest step the job re
 before the rollback minus the step rolled back to. While an episode is open, the time
 from its first fault to the next ``generation`` event is *re-forming*, and from there to
 the rollback *resynchronising*; both are drawn on every incarnation alive then.
+
+A ``membership`` event with fewer ranks than the job's first one opens a *degraded* span
+(the survivors train on without the missing ranks); the next ``membership`` event closes
+it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.report.model import (
+    DegradedSpan,
     FaultMark,
     GenerationMark,
     Incarnation,
@@ -79,6 +84,11 @@ class _Builder:
     digests: dict[int, str] = field(default_factory=dict)
     restarts: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     relaunches: int = 0
+    worker_num: int | None = None
+    """The ranks of the job's first generation (its ``membership`` event's ``world``)."""
+    degraded: list[DegradedSpan] = field(default_factory=list)
+    shrunk: dict[str, Any] | None = None
+    """The ``membership`` event of the degraded stretch under way (None: none)."""
 
     def feed(self, event: dict[str, Any]) -> None:
         handler = getattr(self, "_on_" + str(event.get("event")), None)
@@ -153,6 +163,20 @@ class _Builder:
         self.generations.append(mark)
         if self.episode is not None and self.episode.generation_at is None:
             self.episode.generation_at, self.episode.generation = mark.ts, mark.generation
+
+    def _on_membership(self, event: dict[str, Any], node: int) -> None:
+        self._close_degraded(event["ts"])
+        world = int(event.get("world") or 0)
+        self.worker_num = self.worker_num or world
+        if world < self.worker_num:
+            self.shrunk = event
+
+    def _close_degraded(self, at: float) -> None:
+        if self.shrunk is not None:
+            self.degraded.append(DegradedSpan(
+                self.shrunk["ts"], at, int(self.shrunk["generation"]),
+                tuple(int(r) for r in self.shrunk.get("active") or ()), self.worker_num or 0))
+            self.shrunk = None
 
     # ------------------------------------------------------------------ workers
     def _on_step(self, event: dict[str, Any], node: int) -> None:
@@ -231,6 +255,7 @@ class _Builder:
             episode = self.episode
             self.recoveries.append(Recovery(tuple(episode.faults), None, reached=episode.reached,
                                             restart=episode.restart))
+        self._close_degraded(self.end)
         ends = list(self.node_ends.values())
         ended = bool(ends) and set(self.node_ends) >= self.node_starts
         exitcode = max((int(e.get("exitcode") or 0) for e in ends), default=None)
@@ -244,7 +269,8 @@ class _Builder:
             generations=tuple(self.generations), recoveries=tuple(self.recoveries),
             steps={rank: tuple(points) for rank, points in sorted(self.steps.items())},
             total_steps=self.total, digests=dict(sorted(self.digests.items())),
-            restarts=max(self.restarts.values(), default=0), relaunches=self.relaunches)
+            restarts=max(self.restarts.values(), default=0), relaunches=self.relaunches,
+            degraded=tuple(self.degraded))
 
 
 def build_timeline(events: Iterable[dict[str, Any]], now: float | None = None) -> Timeline:

@@ -5,7 +5,8 @@ One process per node, one thread per rank. Each incarnation is a complete event 
 are complete events nested in its incarnations (a cooldown lies between two of them);
 each fault is an instant event (``i``) on its rank's thread, each generation a global
 instant. Each recovery, labelled with its source and seconds, is a complete event on a
-``recoveries`` thread of node 0. The job's unix start time is in ``otherData``.
+``recoveries`` thread of node 0, and so is each stretch the job trained degraded (ranks
+missing, docs/elastic.md). The job's unix start time is in ``otherData``.
 """
 
 from __future__ import annotations
@@ -69,5 +70,9 @@ def trace_events(timeline: Timeline) -> dict[str, Any]:
                            source=recovery.source, seconds=recovery.seconds,
                            step=recovery.global_step, steps_redone=recovery.steps_redone,
                            faults=[f"rank {f.rank}: {f.cause}" for f in recovery.faults]))
+    for stretch in timeline.degraded:
+        events.append(span(f"degraded: {len(stretch.active)} of {stretch.worker_num} ranks",
+                           "degraded", 0, RECOVERIES_TID, stretch.start, stretch.end,
+                           generation=stretch.generation, active=list(stretch.active)))
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"run_id": timeline.run_id, "start_unix_s": timeline.start}}

@@ -300,7 +300,7 @@ class Supervisor:
             others_step=others_step, scheduler_exit=self._scheduler_exit,
             scheduler_launches=self.children.scheduler_launches,
             warm_spare=config.warm_spare, spares=self.children.spares.size,
-            **self._membership_view())
+            min_worker_num=config.min_worker_num, **self._membership_view())
 
     def _membership_view(self) -> dict[str, object]:
         """Node 0 of an elastic job: its generation's nodes, who asks to join, who beats."""

@@ -24,7 +24,9 @@ The rules (docs/recovery.md, *The restart policy*):
 * the ending job: once every other rank exited 0, a rank relaunched alone (waiting in
   COOLDOWN, or running without a generation to join) or about to be is stopped and the
   job ends: status 0 with a ``teardown_crash`` warning when its crash came after the
-  peers' final step, else the crash's status;
+  peers' final step, status 0 too when at least ``--min_worker_num`` (below the job's
+  size) peers finished (they trained on without it, docs/elastic.md), else the crash's
+  status;
 * spares: ``--warm_spare``, or :data:`AUTOMATIC_SPARES` once a worker of this node
   registered (unless ``--restart_policy=all``);
 * an elastic node range (``--nnodes=MIN:MAX``, decided on node 0): a node of the
@@ -165,6 +167,9 @@ class JobView:
     """Node 0 of an elastic job: nodes that asked to join the next generation."""
     silent_since: Mapping[int, float] = field(default_factory=dict)
     """Node 0 of an elastic job: when each other node of the generation last beat."""
+    min_worker_num: int | None = None
+    """``--min_worker_num`` (None: the job's size): with fewer, the survivors of a death
+    train on without the dead rank (docs/elastic.md)."""
 
     @property
     def charged(self) -> int:
@@ -456,6 +461,12 @@ def _peers_finished(view: JobView, now: float) -> list[Action] | None:
     short = [r for r in left
              if final is None or (r.failure_step if r.failure_step is not None else _NO_STEP)
              < final]
+    size = len(view.ranks) + view.other_ranks
+    if short and view.min_worker_num is not None and view.min_worker_num <= peers < size:
+        # Degraded training: the peers trained the lost ranks' samples too, to the end.
+        what = ", ".join(f"rank {r.rank} ({_crash(r).reason})" for r in left)
+        return [Stop(0, f"all workers finished; the survivors trained on without {what}"),
+                stop]
     if short:  # every one when the peers' final step is not known
         first = short[0]
         at = "no step" if first.failure_step is None else f"step {first.failure_step}"

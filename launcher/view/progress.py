@@ -89,6 +89,10 @@ class Progress:
     """The newest generation known to have formed (or to train)."""
     recovering: str | None = None
     """``re-forming generation g`` or ``resynchronising generation g`` while it lasts."""
+    world: int | None = None
+    """The ranks training now (the newest ``membership`` event's ``world``)."""
+    worker_num: int | None = None
+    """The job's ranks (its first ``membership`` event's ``world``)."""
     _target: int | None = None
 
     def feed(self, events: list[dict[str, Any]]) -> None:
@@ -125,6 +129,18 @@ class Progress:
         if self._target is not None:
             self._target = generation
             self.recovering = f"resynchronising generation {generation}"
+
+    def _on_membership(self, event: dict[str, Any]) -> None:
+        self.world = int(event["world"])
+        self.worker_num = self.worker_num or self.world
+
+    @property
+    def degraded(self) -> str | None:
+        """``degraded: W of N ranks`` while the job trains with ranks missing
+        (docs/elastic.md); None otherwise."""
+        if self.world is None or self.worker_num is None or self.world >= self.worker_num:
+            return None
+        return f"degraded: {self.world} of {self.worker_num} ranks"
 
     def _on_recovered(self, event: dict[str, Any]) -> None:
         self._trains_in(int(event.get("generation") or 0))

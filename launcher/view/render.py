@@ -87,8 +87,7 @@ def progress_line(progress: Progress, rows: list[Row]) -> str | None:
     if progress.global_step is None and progress.recovering is None and not waiting:
         return None
     parts = [progress_bar(progress)]
-    if progress.recovering:
-        parts.append(progress.recovering)
+    parts += [note for note in (progress.degraded, progress.recovering) if note]
     if len(rows) <= 8:
         parts.append(", ".join(_rank_text(progress, row) for row in rows))
     else:
@@ -161,7 +160,7 @@ class LiveView:
         else runs on the node (the warm spares)."""
         progress = self._progress
         parts = [progress_bar(progress) if progress.global_step is not None else "",
-                 progress.recovering or "", spares]
+                 progress.degraded or "", progress.recovering or "", spares]
         caption = "  ".join(part for part in parts if part) or None
         table = Table(title=self._title, caption=None if caption is None else Text(caption),
                       expand=False)

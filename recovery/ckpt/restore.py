@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from recovery import env as names
 from recovery.ckpt.lineage import job_lineage
 from recovery.ckpt.manifest import CheckpointError, load_verified, newest_valid
 from recovery.env import WorkerEnv
@@ -68,8 +69,10 @@ class ResumePoint(TrainPosition):
 
 
 def job_rank_and_world_size() -> tuple[int, int]:
-    """This process's rank and world size: the process group's, else the env contract's."""
-    if dist.is_available() and dist.is_initialized():
+    """This process's rank and the job's size: the env contract's under a scheduler
+    (whose process group may be a degraded one, of fewer ranks: docs/elastic.md), else
+    the process group's, else the env contract's."""
+    if names.MS_SCHED_PORT not in os.environ and dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     env = WorkerEnv.from_env()
     return env.rank, env.world_size

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
+from recovery.control.node_range import membership_why
 from recovery.timeouts import Timeouts
 from recovery.transitions import check_transition
 
@@ -189,6 +190,10 @@ class Member:
     least_delay: float | None = None
     """The least (scheduler's wall clock - a request's signed stamp) seen from this
     process: its clock's offset from the scheduler's, plus the quickest delivery."""
+    ready: bool = True
+    """Whether it may be put in a generation: a rank relaunched into a job that trains
+    without it registers unready, and says it is ready once its training loop can take
+    a live rank's state (docs/elastic.md), so the others train on until then."""
 
     def is_process(self, pid: int, incarnation: int, host: str | None = None) -> bool:
         return (self.pid == pid and self.incarnation == incarnation
@@ -209,14 +214,14 @@ class Member:
         mapped to :attr:`global_step`."""
         return {**self.fields(), "host": self.host, "state": self.state.value,
                 "step": self.global_step, "phase": self.phase,
-                "generation_step": self.generation_step}
+                "generation_step": self.generation_step, "ready": self.ready}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Member:
         return cls(str(data["node_id"]), int(data["rank"]), int(data["pid"]),
                    int(data["incarnation"]), str(data["host"]), MemberState(data["state"]),
                    data.get("step"), data.get("phase"),
-                   generation_step=data.get("generation_step"))
+                   generation_step=data.get("generation_step"), ready=data.get("ready", True))
 
 
 @dataclass(frozen=True)
@@ -263,13 +268,22 @@ class Membership:
         token: the job token every request must present.
         timeouts: cooldown, heartbeat and progress timeouts.
         clock: the clocks (injected by tests).
+        min_worker_num: the fewest workers a generation may have (default
+            ``worker_num``). Below ``worker_num``, a member of the formed generation that
+            dies (or is declared lost) does not stop the others: a *degraded* generation of
+            the live members forms at once, if they are at least ``min_worker_num``
+            (docs/elastic.md). The first generation always waits for all.
     """
 
     def __init__(self, worker_num: int, token: str, timeouts: Timeouts,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, min_worker_num: int | None = None) -> None:
         if worker_num < 1:
             raise ValueError(f"worker_num must be at least 1, got {worker_num}")
+        min_worker_num = worker_num if min_worker_num is None else min_worker_num
+        if not 1 <= min_worker_num <= worker_num:
+            raise ValueError(f"min_worker_num must be in [1, {worker_num}], got {min_worker_num}")
         self.worker_num = worker_num
+        self.min_worker_num = min_worker_num
         self.token = token
         self.timeouts = timeouts
         self.clock: Clock = SystemClock() if clock is None else clock
@@ -287,11 +301,15 @@ class Membership:
         self._update_completeness()
 
     # ----------------------------------------------------------------- requests
-    def register(self, identity: Identity, token: str) -> Accepted | Refused:
-        """A process asks to join. See docs/scheduler.md for the rules, in this order."""
-        return self._register(identity, token, "register")
+    def register(self, identity: Identity, token: str, ready: bool = True) -> Accepted | Refused:
+        """A process asks to join. See docs/scheduler.md for the rules, in this order.
 
-    def _register(self, identity: Identity, token: str, event: str) -> Accepted | Refused:
+        ``ready=False``: it is not put in a generation until a heartbeat says it is ready.
+        """
+        return self._register(identity, token, "register", ready)
+
+    def _register(self, identity: Identity, token: str, event: str,
+                  ready: bool = True) -> Accepted | Refused:
         if not self.token_ok(token):
             return self._refuse(identity, RefuseReason.TOKEN,
                                 "wrong job token: this process belongs to another job")
@@ -319,11 +337,14 @@ class Membership:
                 f"node {node_id} is held by a live process (pid {member.pid} on "
                 f"{member.host}, incarnation {member.incarnation})",
                 self.timeouts.heartbeat_interval)
-        return self._admit(node_id, rank, identity, event)
+        return self._admit(node_id, rank, identity, event, ready)
 
     def heartbeat(self, identity: Identity, token: str, global_step: int | None,
-                  phase: str | None = None, sent: float | None = None) -> Accepted | Refused:
+                  phase: str | None = None, sent: float | None = None,
+                  ready: bool | None = None) -> Accepted | Refused:
         """A registered process is alive and at ``global_step``, doing ``phase`` (if it says).
+
+        ``ready=True`` from a member registered unready: it may now be put in a generation.
 
         ``sent``: the beat's signed stamp (the sender's wall clock). The member was alive
         then, not when the scheduler got round to its beat: a beat that waited in a
@@ -338,7 +359,7 @@ class Membership:
                                 "wrong job token: this process belongs to another job")
         member = self.members.get(identity.node_id)
         if member is None:
-            accepted = self._register(identity, token, "attach")
+            accepted = self._register(identity, token, "attach", ready is not False)
             if isinstance(accepted, Refused):
                 return accepted
             member = self.members[accepted.node_id]
@@ -352,6 +373,9 @@ class Membership:
         self._confirm(member, sent)
         if phase is not None:
             member.phase = phase
+        if ready and not member.ready:
+            member.ready = True
+            self._update_completeness()
         if global_step is not None and global_step != member.global_step:
             member.global_step = member.generation_step = global_step
             member.progress_at = self.clock.monotonic()
@@ -475,6 +499,11 @@ class Membership:
         if self._incomplete_since is not None:
             due.append(self._incomplete_since + self.timeouts.cluster_time_out)
         return min((d for d in due if d >= after), default=None)
+
+    def active_ranks(self) -> list[int]:
+        """The ranks of the formed generation, ascending (all of them unless degraded)."""
+        return sorted(self.members[node].rank for node, _incarnation in self._formed
+                      if node in self.members)
 
     def cooldown_left(self, node_id: str) -> float:
         return max(0.0, self.cooldowns.get(node_id, 0.0) - self.clock.time())
@@ -645,7 +674,8 @@ class Membership:
                                 f"rank {rank} belongs to node {holder}")
         return rank
 
-    def _admit(self, node_id: str, rank: int, identity: Identity, event: str) -> Accepted:
+    def _admit(self, node_id: str, rank: int, identity: Identity, event: str,
+               ready: bool = True) -> Accepted:
         now = self.clock.monotonic()
         member = self.members.get(node_id)
         if member is None:
@@ -661,6 +691,7 @@ class Membership:
             member.behind_since = None
         member.heartbeat_at = member.progress_at = now
         member.least_delay = None
+        member.ready = ready
         self._last_refusal.pop(identity.node_id, None)
         self._emit(event, **member.fields(), host=member.host,
                    generation=self._generation_of(member))
@@ -723,18 +754,33 @@ class Membership:
                 self._incomplete_since = self.clock.monotonic()
         else:
             self._incomplete_since = None
-        if len(live) < self.worker_num:
-            return
+        live = [m for m in live if m.ready]
         processes = frozenset((m.node_id, m.incarnation) for m in live)
-        if processes == self._formed:
+        if processes == self._formed or not (len(live) == self.worker_num
+                                             or self._shrinks_to(processes)):
             return
+        before = set(self.active_ranks())
         self.generation += 1
         self._formed = processes
         now = self.clock.monotonic()
         for member in live:  # every member's stall clock starts now
             member.progress_at, member.generation_step, member.behind_since = now, None, None
-        self._emit("generation", generation=self.generation, world_size=self.worker_num,
+        self._emit("generation", generation=self.generation, world_size=len(live),
                    members=[m.fields() for m in sorted(live, key=lambda m: m.rank)])
+        active = self.active_ranks()
+        self._emit("membership", active=active, world=len(active), generation=self.generation,
+                   why=membership_why(before, active).value, lost=sorted(before - set(active)),
+                   joined=sorted(set(active) - before) if before else [])
+
+    def _shrinks_to(self, processes: frozenset[tuple[str, int]]) -> bool:
+        """Whether the live ``processes`` form a degraded generation: some members of the
+        formed one died or were declared lost (none finished or was stopped), and at
+        least ``min_worker_num`` are left."""
+        if self.generation == NO_GENERATION or not processes < self._formed \
+                or len(processes) < self.min_worker_num:
+            return False
+        gone = [self.members[node] for node, _incarnation in self._formed - processes]
+        return all(member.state in {MemberState.DEAD, MemberState.LOST} for member in gone)
 
 
 def _two_highest(steps: Any) -> tuple[int | None, int | None]:

@@ -82,9 +82,14 @@ class Text:
 
 @dataclass(frozen=True)
 class Flag:
-    def check(self, name: str, value: Any) -> bool:
+    optional: bool = False
+
+    def check(self, name: str, value: Any) -> bool | None:
+        if value is None and self.optional:
+            return None
         if not isinstance(value, bool):
-            raise BadRequest(f"{name} must be true or false, not {_show(value)}")
+            raise BadRequest(f"{name} must be true or false"
+                             f"{' or null' if self.optional else ''}, not {_show(value)}")
         return value
 
 
@@ -102,9 +107,9 @@ SCHEMAS: dict[Op, dict[str, Field]] = {
     Op.TICK: {},
     Op.STATUS: {},
     Op.VERDICTS: {},
-    Op.REGISTER: _IDENTITY,
+    Op.REGISTER: {**_IDENTITY, "ready": Flag(optional=True)},
     Op.HEARTBEAT: {**_IDENTITY, "step": Int(optional=True),
-                   "phase": Text(_TEXT, optional=True)},
+                   "phase": Text(_TEXT, optional=True), "ready": Flag(optional=True)},
     Op.LEAVE: _ENDED,
     Op.EXIT: _ENDED,
     Op.COOLDOWN: {"node_id": Text()},

@@ -74,7 +74,7 @@ __all__ = [
     "ready_key",
     "ready_at",
     "ready_value",
-    "is_ready",
+    "ready_ranks",
     "generation_prefix",
     "SchedulerLink",
     "SchedulerUnavailable",
@@ -122,7 +122,8 @@ def reply_key(rid: str) -> str:
 
 def ready_key(generation: int) -> str:
     """Set by the scheduler once ``generation`` is formed: its members may rendezvous. Its
-    value is ``generation``, signed with the job's key (:func:`ready_value`)."""
+    value is ``generation`` and its members' ranks, signed with the job's key
+    (:func:`ready_value`)."""
     return f"tft/ready/{generation}"
 
 
@@ -133,16 +134,22 @@ def ready_at(key: bytes, generation: int) -> str:
     return stored_at(key, ready_key(generation))
 
 
-def ready_value(key: bytes, generation: int) -> str:
-    return sign_value(key, ready_key(generation), str(generation))
+def ready_value(key: bytes, generation: int, ranks: list[int]) -> str:
+    """``generation:r0,r1,...``: the generation and the ranks of its members, ascending."""
+    return sign_value(key, ready_key(generation), f"{generation}:{','.join(map(str, ranks))}")
 
 
-def is_ready(key: bytes, generation: int, stored: bytes) -> bool:
-    """Whether ``stored`` is the scheduler's :func:`ready_value` of ``generation``."""
+def ready_ranks(key: bytes, generation: int, stored: bytes) -> list[int] | None:
+    """The members' ranks if ``stored`` is the scheduler's :func:`ready_value` of
+    ``generation``; ``None`` otherwise."""
     try:
-        return open_value(key, ready_key(generation), stored) == str(generation)
+        value = open_value(key, ready_key(generation), stored)
     except BadSignature:
-        return False
+        return None
+    number, _, ranks = value.partition(":")
+    if number != str(generation):
+        return None
+    return [int(rank) for rank in ranks.split(",") if rank]
 
 
 def generation_prefix(key: bytes, generation: int) -> str:

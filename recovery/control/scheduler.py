@@ -146,6 +146,8 @@ class SchedulerConfig:
     lineage: str = ""
     node_num: int = 0
     """The job's node count, 0 when not given (``--nnodes``)."""
+    min_worker_num: int | None = None
+    """The fewest workers a generation may have (None: ``worker_num``)."""
 
     @property
     def supervised(self) -> bool:
@@ -169,6 +171,7 @@ class SchedulerConfig:
             timeouts=Timeouts.from_env(env),
             lineage=worker.lineage,
             node_num=int(env.get(names.TFT_NODE_NUM) or 0),
+            min_worker_num=worker.min_worker_num,
         )
 
 
@@ -177,7 +180,8 @@ class Scheduler:
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
-        self.membership = Membership(config.worker_num, config.token, config.timeouts)
+        self.membership = Membership(config.worker_num, config.token, config.timeouts,
+                                     min_worker_num=config.min_worker_num)
         self.events = EventLog(config.log_dir, node_rank=0)  # the scheduler runs on node 0
         self.injections = InjectionQueue()
         self.last_words = LastWords()
@@ -550,14 +554,15 @@ class Scheduler:
         member the injections already queued for its rank, as a beat's does: beats are
         seconds apart, and a fast rank could pass the step before its first one."""
         answer = self.membership.register(Identity.from_json(request.fields),
-                                          self.config.token)
+                                          self.config.token, request.fields["ready"] is not False)
         return self._handing_out_injections(answer)
 
     def _on_heartbeat(self, request: Request) -> dict[str, Any]:
         """A beat; the reply hands the member the injections queued for its rank."""
         fields = request.fields
         answer = self.membership.heartbeat(Identity.from_json(fields), self.config.token,
-                                           fields["step"], fields["phase"], sent=self._stamp)
+                                           fields["step"], fields["phase"], sent=self._stamp,
+                                           ready=fields["ready"])
         return self._handing_out_injections(answer)
 
     def _handing_out_injections(self, answer: Accepted | Refused) -> dict[str, Any]:
@@ -695,7 +700,8 @@ class Scheduler:
         """Let the members of a newly formed generation rendezvous (recovery/runtime/cluster.py)."""
         generation = self.membership.generation
         if generation > self._published:
-            self._client.set(ready_at(self._key, generation), ready_value(self._key, generation))
+            self._client.set(ready_at(self._key, generation),
+                             ready_value(self._key, generation, self.membership.active_ranks()))
             self._published = generation
 
     def _snapshot(self, finished: bool) -> dict[str, Any]:

@@ -38,10 +38,10 @@ from recovery.control.rpc import (
     SchedulerUnavailable,
     UnverifiedReply,
     generation_prefix,
-    is_ready,
     open_client,
     port_open,
     ready_at,
+    ready_ranks,
 )
 from recovery.control.signing import MissingToken, checked_token
 from recovery.env import WorkerEnv
@@ -102,6 +102,9 @@ class ClusterContext:
         node_id: its node id (``MS_NODE_ID``, or the one the scheduler assigned).
         incarnation: unique per launch of a process.
         backend: the process group's backend.
+        active: the ranks of :attr:`generation`'s group, ascending: all ``world_size`` of
+            them, or fewer in a degraded generation (docs/elastic.md). This rank's place
+            in the group is :attr:`group_rank`.
     """
 
     def __init__(self, rank: int, world_size: int, generation: int, node_id: str,
@@ -113,9 +116,21 @@ class ClusterContext:
         self.incarnation = incarnation
         self.backend = backend
         self._session = session
+        self.active: tuple[int, ...] = tuple(range(world_size))
+        self._join_pending = False
         self._failed = False
         self.stop_status: int | None = None
         """128 + N when a stop signal N ends this process (set by the trainer)."""
+
+    @property
+    def group_rank(self) -> int:
+        """This rank's rank in the process group of its generation."""
+        return self.active.index(self.rank)
+
+    @property
+    def degraded(self) -> bool:
+        """Whether the generation trains without some of the job's ranks."""
+        return len(self.active) < self.world_size
 
     def report_step(self, global_step: int) -> None:
         """Tell the scheduler (with the next heartbeat) that training reached ``global_step``."""
@@ -190,6 +205,31 @@ class ClusterContext:
         if self._session is not None:
             self._session.heartbeat.look_for_news()
 
+    @property
+    def join_pending(self) -> bool:
+        """Whether this worker registered but joins no group before :meth:`complete_join`."""
+        return self._join_pending
+
+    def complete_join(self, should_abort: ShouldAbort = never) -> None:
+        """Say this worker is ready, and join the generation the scheduler then forms.
+
+        A rank relaunched into a job that may train without it (``--min_worker_num``
+        below ``--worker_num``) registers unready: the others train on while it builds
+        its model and data, and take it in only once its training loop calls this
+        (:class:`recovery.train.elastic.ElasticTrainer` does, before its first step).
+
+        Raises:
+            ClusterError: no generation with it formed within ``cluster_time_out``.
+            Aborted: ``should_abort()`` said so while waiting.
+        """
+        session = self._session
+        assert session is not None and self._join_pending
+        session.heartbeat.ready = True
+        deadline = time.monotonic() + session.timeouts.cluster_time_out
+        session.heartbeat.beat()
+        self._init_group(session.heartbeat.generation, deadline, should_abort)
+        self._join_pending = False
+
     def rejoin(self, should_abort: ShouldAbort = never) -> None:
         """Leave this generation's process group and join the next one the scheduler forms.
 
@@ -259,20 +299,27 @@ class ClusterContext:
             return lambda: session.heartbeat.generation > candidate
 
         while True:
-            client = _wait_for_generation(
+            ready = _wait_for_generation(
                 session.link, generation, deadline, session.timeouts, self.world_size,
                 self.rank, superseded(generation), should_abort)
-            if client is None:
+            if ready is None:
                 newer = session.heartbeat.generation
                 logger.info("[worker %s/%d] generation %d was superseded by %d before it "
                             "was ready", self.node_id, self.incarnation, generation, newer)
                 generation = newer
                 continue
+            client, active = ready
+            if self.rank not in active:
+                # Formed before this worker was ready (survivors shrinking again): the
+                # next one takes it in.
+                generation = self._newer_generation(generation, deadline, should_abort)
+                continue
             store = dist.PrefixStore(generation_prefix(session.link.key, generation), client)
+            group_rank = active.index(self.rank)
             try:
-                if group.meet(store, self.rank, self.world_size, superseded(generation),
+                if group.meet(store, group_rank, len(active), superseded(generation),
                               deadline, should_abort) \
-                        and group.connect(self.backend, store, self.rank, self.world_size,
+                        and group.connect(self.backend, store, group_rank, len(active),
                                           session.timeouts.heartbeat_timeout,
                                           session.group_timeout):
                     break
@@ -282,8 +329,9 @@ class ClusterContext:
                            self.node_id, self.incarnation, generation)
             generation = self._newer_generation(generation, deadline, should_abort)
         self.generation = generation
-        logger.info("[worker %s/%d] rank %d of %d in generation %d", self.node_id,
-                    self.incarnation, self.rank, self.world_size, generation)
+        self.active = tuple(active)
+        logger.info("[worker %s/%d] rank %d of %d in generation %d (%d members)", self.node_id,
+                    self.incarnation, self.rank, self.world_size, generation, len(active))
 
     def _newer_generation(self, generation: int, deadline: float,
                           should_abort: ShouldAbort) -> int:
@@ -411,7 +459,8 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None) -> Clu
     link = SchedulerLink(worker_env.sched_host, worker_env.sched_port, token, REPLY_TIMEOUT,
                          run_id=worker_env.run_id)
     claim = _identity(worker_env)
-    accepted = _register(link, claim, deadline)
+    defer = _defers_join(worker_env)
+    accepted = _register(link, claim, deadline, ready=not defer)
     rank, generation = int(accepted["rank"]), int(accepted["generation"])
     identity = Identity(accepted["node_id"], claim.pid, claim.incarnation, claim.host, rank)
     heartbeat = Heartbeat(link, identity, timeouts.beat_interval, generation,
@@ -419,6 +468,7 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None) -> Clu
                           look_every=news_look_interval(worker_env.world_size,
                                                         timeouts.heartbeat_interval))
     heartbeat.accepted(accepted)
+    heartbeat.ready = False if defer else None
     heartbeat.start()
     ctx = ClusterContext(rank, worker_env.world_size, generation,
                          identity.node_id, identity.incarnation, backend,
@@ -433,11 +483,25 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None) -> Clu
     # so the freeze comes before the first process group is made: nothing of any group
     # is ever frozen.
     gc.freeze()
-    ctx._init_group(generation, deadline)
+    if defer:
+        ctx._join_pending = True
+        logger.info("[worker %s/%d] registered as rank %d; joins once its training loop is "
+                    "ready (the others train on meanwhile)", identity.node_id,
+                    identity.incarnation, rank)
+    else:
+        ctx._init_group(generation, deadline)
     return ctx
 
 
-def _register(link: SchedulerLink, identity: Identity, deadline: float) -> dict[str, Any]:
+def _defers_join(worker_env: WorkerEnv) -> bool:
+    """Whether this worker joins no group in ``init()`` but in :meth:`ClusterContext.complete_join`:
+    a relaunched (or restarted) rank of a job that may train without it."""
+    relaunched = worker_env.incarnation > 0 or worker_env.restart_count > 0
+    return relaunched and worker_env.min_worker_num < worker_env.world_size
+
+
+def _register(link: SchedulerLink, identity: Identity, deadline: float,
+              ready: bool = True) -> dict[str, Any]:
     """Register, retrying while the scheduler is unreachable or refuses for a while.
 
     The scheduler's refusal of a request signed with another token is unsigned, as it
@@ -453,7 +517,7 @@ def _register(link: SchedulerLink, identity: Identity, deadline: float) -> dict[
         try:
             reply = link.call(Op.REGISTER, node_id=identity.node_id, pid=identity.pid,
                               incarnation=identity.incarnation, host=identity.host,
-                              rank=identity.rank)
+                              rank=identity.rank, ready=ready)
         except UnverifiedReply as err:
             token_refusals = token_refusals + 1 if err.claimed == "token" else 0
             if token_refusals >= _TOKEN_REFUSALS:
@@ -488,9 +552,9 @@ def _say_once(said: str, message: str) -> str:
 def _wait_for_generation(link: SchedulerLink, generation: int, deadline: float,
                          timeouts: Timeouts, world_size: int, rank: int,
                          superseded: Callable[[], bool],
-                         should_abort: ShouldAbort = never) -> Any | None:
-    """A store client, once the scheduler says ``generation`` is formed; ``None`` once
-    ``superseded()`` says a newer generation has this worker in it.
+                         should_abort: ShouldAbort = never) -> tuple[Any, list[int]] | None:
+    """A store client and the members' ranks, once the scheduler says ``generation`` is
+    formed; ``None`` once ``superseded()`` says a newer generation has this worker in it.
 
     The scheduler makes only the newest generation ready: one formed and superseded in
     the same batch of requests (the registrations of two relaunched ranks) never is.
@@ -518,8 +582,9 @@ def _wait_for_generation(link: SchedulerLink, generation: int, deadline: float,
             # The rendezvous of the group waits on this client too: as long as we may.
             store = store or open_client(link.host, link.port, max(left, REPLY_TIMEOUT))
             ready = ready_at(link.key, generation)
-            if store.check([ready]) and is_ready(link.key, generation, store.get(ready)):
-                return store
+            if store.check([ready]) and (
+                    active := ready_ranks(link.key, generation, store.get(ready))) is not None:
+                return store, active
         except DistNetworkError:
             store = None  # the scheduler died: wait for its relaunch
         time.sleep(_GENERATION_POLL)

@@ -91,6 +91,9 @@ class Heartbeat:
         self.global_step: int | None = None
         """The latest step reported (``report_step``); each beat sends it as ``step``."""
         self.phase: str | None = None
+        self.ready: bool | None = None
+        """Sent with each beat: False while a deferred join waits for the training loop
+        (recovery/runtime/cluster.py ``complete_join``), then True; None: not said."""
         self.inbox = Inbox()
         self.generation = generation
         self.fault_at: float | None = None
@@ -144,7 +147,8 @@ class Heartbeat:
         """
         try:
             reply = self._link.call(Op.HEARTBEAT, **self._fields, step=self._sendable_step(),
-                                    phase=None if self.phase is None else str(self.phase))
+                                    phase=None if self.phase is None else str(self.phase),
+                                    ready=self.ready)
         except SchedulerUnavailable as err:
             if not self._lost:
                 logger.warning("%s lost the scheduler (%s); training goes on, reconnecting",

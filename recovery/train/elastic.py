@@ -20,10 +20,17 @@ its last completed step.
   survivor, if it is consistent and the scheduler picks it, saves the last-words
   checkpoint of its last completed step for every rank (TTP, :mod:`recovery.ckpt.last_words`);
   then it drops the broken group and joins the generation the scheduler forms once the
-  dead rank is relaunched. There every member reports its state; the newest consistent
+  dead rank is relaunched (or at once, without it, when ``--min_worker_num`` allows: a
+  degraded generation). There every member reports its state; the newest consistent
   one sends its state to the others over the new group (ARF, :mod:`recovery.train.replica`), or,
   without such a replica, every rank restores the newest checkpoint all ranks hold,
   last-words ones included. The relaunched rank does the same from its first step.
+* **Degraded steps** (docs/elastic.md). Each step is planned for the generation's live
+  ranks from the epoch's cursor (:mod:`recovery.train.shares`): ``step.indices`` may hold
+  several micro-batches, and :meth:`ElasticTrainer.all_reduce_gradients` weights this
+  rank's gradient by their count and divides the sum by the step's micro-batches. The
+  cursor moves only when a step commits, so a voided step is planned again at the new
+  membership and every sample of an epoch is trained once.
 * **A rank's device fails** (a :class:`recovery.faults.DeviceError` in its step). The
   rank flags it in the step's gradient all-reduce (no extra round trip); every rank voids
   the step, the faulty rank discards its state and receives a healthy replica's over the
@@ -73,6 +80,7 @@ from recovery.train.modes import TftModes, parse_enable_tft
 from recovery.train.phase import phase_of
 from recovery.train.replica import ReplicaReport, broadcast_state, choose_source, gather_reports
 from recovery.train.sampler import ResumableDistributedSampler
+from recovery.train.shares import BatchPolicy, plan_step
 from recovery.train.state import TrainerMachine, TrainerState
 from recovery.train.step_events import PAUSED, RESTORED, StepEvents
 
@@ -109,9 +117,27 @@ class _StopRequest:
 @dataclass(frozen=True)
 class Step(TrainPosition):
     """One training step to run, and the position once it is done (``global_step`` counts
-    from 1 over the whole run); ``indices`` are this rank's samples of it."""
+    from 1 over the whole run); ``indices`` are this rank's samples of it.
+
+    In a degraded generation (docs/elastic.md) ``indices`` hold all the micro-batches this
+    rank computes for the step (``micro_batches`` of them, each ``micro_batch_size``
+    samples, in that order): compute the loss as the mean over them, as always, or
+    accumulate over ``indices.split(micro_batch_size)`` with each loss divided by
+    ``micro_batches``. ``cursor`` is the epoch's cursor once the step commits.
+    """
 
     indices: torch.Tensor = field(kw_only=True)
+    share: tuple[int, ...] = field(default=(), kw_only=True)
+    """The epoch's micro-batches this rank computes (recovery/train/shares.py)."""
+    micro_batch_size: int = field(default=0, kw_only=True)
+    divisor: int = field(default=0, kw_only=True)
+    """What the share-weighted gradient sum is divided by (0: the group's size)."""
+    cursor: int = field(default=0, kw_only=True)
+
+    @property
+    def micro_batches(self) -> int:
+        """How many micro-batches ``indices`` hold."""
+        return len(self.share)
 
 
 def _is_timeout(err: RuntimeError) -> bool:
@@ -204,13 +230,21 @@ class ElasticTrainer:
         allow_world_size_change: resume from checkpoints of another world size.
         modes: the lose-nothing modes; by default from ``MS_ENABLE_TFT``
             (:mod:`recovery.train.modes`).
+        batch_policy: what a step trains in a degraded generation (``constant``, the
+            default, or ``shrink``; recovery/train/shares.py); by default from
+            ``TFT_BATCH_POLICY``.
+        log_params_hash: log every committed step with the parameters' sha256 (the
+            worker log's ``committed epoch=E step=S generation=G world=W cursor=C
+            micro_batches=a,b params_sha256=H`` lines; for tests: it hashes the model
+            every step).
     """
 
     def __init__(self, ctx: ClusterContext, model: torch.nn.Module,
                  optimizer: torch.optim.Optimizer, *, saver: CheckpointSaver,
                  sampler: ResumableDistributedSampler, lr_scheduler: Any = None,
                  resume: bool = False, allow_world_size_change: bool = False,
-                 modes: TftModes | None = None) -> None:
+                 modes: TftModes | None = None, batch_policy: BatchPolicy | str | None = None,
+                 log_params_hash: bool = False) -> None:
         self.ctx = ctx
         self.model = model
         self.optimizer = optimizer
@@ -221,6 +255,10 @@ class ElasticTrainer:
         self.rollbacks = 0
         worker_env = WorkerEnv.from_env()
         self.modes = modes or parse_enable_tft(worker_env.enable_tft)
+        self.batch_policy = BatchPolicy(batch_policy or worker_env.batch_policy
+                                        or BatchPolicy.CONSTANT)
+        self._log_params_hash = log_params_hash
+        self._step: Step | None = None  # the step being run, for its gradient's weight
         self._machine = TrainerMachine(ctx.rank)
         self.phase = phase_of(optimizer)
         self.phase.listener = ctx.report_phase
@@ -252,10 +290,10 @@ class ElasticTrainer:
                     TrainerState.STOPPING: self._stop}
         self._step_events.total = self._total_steps(epochs, max_steps)
         with self._stop_signals_noted():
-            if self.ctx.generation > 0 or self._resume:
+            if self.ctx.join_pending or self.ctx.generation > 0 or self._resume:
                 # A relaunched rank, or a resumed job: take the state the others can give.
                 self._machine.transition(TrainerState.RESYNCING)
-                self._unless_stopped(self._resync, newcomer=True)
+                self._unless_stopped(self._join_and_resync)
             if self._machine.state is not TrainerState.STOPPING:
                 if self.position.global_step == 0:
                     # A checkpoint of the initial state, so that a fault before the first
@@ -291,23 +329,36 @@ class ElasticTrainer:
         return min(total, max_steps) if max_steps else total
 
     def _schedule(self, epochs: int, max_steps: int) -> Iterator[Step]:
-        """The steps from the current position on."""
+        """The steps from the current position on, each planned for the generation's live
+        ranks from the epoch's cursor when it is reached (recovery/train/shares.py)."""
         start = self.position
         global_step = start.global_step
+        sampler = self.sampler
         for epoch in range(start.epoch, epochs + 1):
-            self.sampler.set_epoch(epoch)
+            sampler.set_epoch(epoch)
+            step_in_epoch = 0
             if epoch == start.epoch:
-                self.sampler.set_init_step(start.step_in_epoch)
-            for step_in_epoch, indices in self.sampler.batches():
+                step_in_epoch = start.step_in_epoch
+                if sampler.cursor_step != step_in_epoch:
+                    sampler.set_init_step(step_in_epoch)
+            while (plan := plan_step(sampler.cursor, sampler.epoch_micro_batches,
+                                     self.ctx.world_size, self.ctx.active,
+                                     self.batch_policy)) is not None:
                 if max_steps and global_step >= max_steps:
                     return
                 global_step += 1
-                yield Step(epoch, step_in_epoch, global_step, indices=indices)
+                step_in_epoch += 1
+                share = plan.share(self.ctx.rank)
+                yield Step(epoch, step_in_epoch, global_step,
+                           indices=torch.cat([sampler.micro_batch(n) for n in share]),
+                           share=share, micro_batch_size=sampler.batch_size,
+                           divisor=plan.divisor, cursor=plan.next_cursor)
 
     def _run(self, step: Step) -> Iterator[Step]:
         """Hand ``step`` to the user's loop body; complete it if the trainer still trains."""
         self._take_injection(step.global_step)
         self.phase.start_step(step.global_step)
+        self._step = step
         if self.ctx.latest_generation != self.ctx.generation:
             self._pause("the scheduler formed a new generation")
         else:
@@ -318,6 +369,13 @@ class ElasticTrainer:
     def _complete(self, step: Step) -> None:
         """The step is done on this rank: record it, checkpoint, stop if asked to."""
         self.position = TrainPosition(*step)
+        self.sampler.set_cursor(step.step_in_epoch, step.cursor)
+        if self._log_params_hash:
+            share = ",".join(map(str, step.share))
+            logger.info("committed epoch=%d step=%d generation=%d world=%d cursor=%d "
+                        "micro_batches=%s params_sha256=%s", step.epoch, step.global_step,
+                        self.ctx.generation, len(self.ctx.active), step.cursor, share,
+                        params_sha256(self.model))
         self.ctx.report_step(step.global_step)
         self._step_events.completed(step.global_step, self.ctx.generation)
         self.saver.step_end(*step)
@@ -327,6 +385,10 @@ class ElasticTrainer:
     # ------------------------------------------------------------------ collectives
     def all_reduce_gradients(self) -> None:
         """Average the gradients over the group in one fixed flat layout.
+
+        In a degraded generation the average is over the step's micro-batches, not the
+        group's ranks: each rank's gradient (the mean over its ``step.indices``) counts
+        once per micro-batch it computed (docs/elastic.md).
 
         On a peer failure this returns without raising: the step is void (the optimizer
         update that follows does nothing), and the loop recovers before the next step. A
@@ -346,8 +408,12 @@ class ElasticTrainer:
             raise damaged  # in-place recovery is off: the rank dies and is relaunched
         flags = torch.zeros(self.ctx.world_size)
         flags[self.ctx.rank] = 1.0 if damaged else 0.0
+        step = self._step
         try:
-            all_reduce_gradients(self.model.parameters(), flags=flags, wait=self._wait)
+            # Weighted by this rank's micro-batches, over the step's (recovery/train/shares.py).
+            all_reduce_gradients(self.model.parameters(), flags=flags, wait=self._wait,
+                                 weight=max(step.micro_batches, 1) if step else 1,
+                                 divisor=(step.divisor or None) if step else None)
         except PeerFailure as failure:
             self._pause(str(failure))
             return
@@ -467,6 +533,14 @@ class ElasticTrainer:
                        self.position.global_step, why)
         raise SystemExit(status)
 
+    def _join_and_resync(self) -> None:
+        """A newcomer's first resync; a relaunched rank of a job that trained on without it
+        joins only now that its model and data are built, so the others wait only for the
+        state transfer (docs/elastic.md)."""
+        if self.ctx.join_pending:
+            self.ctx.complete_join(self._should_abort)
+        self._resync(newcomer=True)
+
     def _resync(self, newcomer: bool) -> None:
         """In a freshly joined group: take the newest consistent replica's state, or roll back."""
         self.saver.wait()
@@ -485,13 +559,20 @@ class ElasticTrainer:
     def _copy_from_replica(self, source: ReplicaReport, reports: list[ReplicaReport],
                            label: str, damaged: frozenset[int] = frozenset()) -> None:
         """Broadcast ``source``'s state; the ranks behind it (or damaged) load it."""
-        mine = reports[self.ctx.rank]
-        receive = (self.ctx.rank in damaged or not mine.consistent
-                   or mine.global_step != source.global_step)
+        def behind(report: ReplicaReport) -> bool:
+            return (report.rank in damaged or not report.consistent
+                    or report.global_step != source.global_step)
+
+        receive = behind(next(r for r in reports if r.rank == self.ctx.rank))
+        if not any(behind(report) for report in reports):
+            # Every member holds the source's state (survivors re-forming after a death):
+            # nothing to send.
+            self._after_restore(label, from_rank=source.rank)
+            return
         state = self.saver.state(self.position) if self.ctx.rank == source.rank else None
         if receive and self.ctx.rank in damaged:
             self._discard_state()
-        state = broadcast_state(state, source.rank, self._wait)
+        state = broadcast_state(state, self.ctx.active.index(source.rank), self._wait)
         if receive:
             self.position = restore_checkpoint(
                 state, self.model, self.optimizer, self.lr_scheduler, sampler=self.sampler,
@@ -556,8 +637,8 @@ class ElasticTrainer:
                              seconds=round(time.time() - self._fault_time(), 3))
 
     def _emit_as_leader(self, event: str, **fields: Any) -> None:
-        """Emit an event the ranks agree on once, from rank 0."""
-        if self.ctx.rank == 0:
+        """Emit an event the ranks agree on once, from the group's first member."""
+        if self.ctx.group_rank == 0:
             self._events.emit(event, **fields)
 
     def _fault_time(self) -> float:

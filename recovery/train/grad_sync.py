@@ -24,6 +24,8 @@ def all_reduce_gradients(
     group: dist.ProcessGroup | None = None,
     wait: Callable[[Any], None] | None = None,
     flags: torch.Tensor | None = None,
+    weight: int = 1,
+    divisor: int | None = None,
 ) -> None:
     """Replace each gradient by its average over the ranks of ``group``.
 
@@ -44,11 +46,17 @@ def all_reduce_gradients(
         flags: a small tensor summed over the ranks in the same collective (appended to
             the first buffer, so it costs no extra round trip); replaced by the sum. The
             trainer uses it to say which ranks' devices failed in this step.
+        weight: what this rank's gradients are multiplied by before the sum: the
+            micro-batches it computed, when a degraded step gave it more than one (its
+            gradient is the mean over all its samples; recovery/train/shares.py).
+        divisor: what the sum is divided by: the micro-batches of the step, never the
+            ranks of a degraded group (default: the world size, as at full membership).
     """
     if not (dist.is_available() and dist.is_initialized()):
         return
     world_size = dist.get_world_size(group)
-    if world_size == 1:
+    divisor = world_size if divisor is None else divisor
+    if world_size == 1 and weight == divisor == 1:
         return
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for param in parameters:
@@ -57,13 +65,15 @@ def all_reduce_gradients(
     for index, grads in enumerate(by_dtype.values()):
         extra = [flags.to(grads[0].dtype)] if flags is not None and index == 0 else []
         flat = torch.cat([grad.reshape(-1) for grad in grads] + extra)
-        if wait is None:
+        if weight != 1:
+            flat[:flat.numel() - sum(t.numel() for t in extra)].mul_(weight)
+        if world_size > 1 and wait is None:
             dist.all_reduce(flat, group=group)
-        else:
+        elif world_size > 1:
             wait(dist.all_reduce(flat, group=group, async_op=True))
         if extra:
             flags.copy_(flat[-flags.numel():])
             flat = flat[:-flags.numel()]
-        flat.div_(world_size)
+        flat.div_(divisor)
         for grad, reduced in zip(grads, flat.split([grad.numel() for grad in grads])):
             grad.copy_(reduced.view_as(grad))

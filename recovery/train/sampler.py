@@ -73,11 +73,27 @@ class ResumableDistributedSampler(Sampler[int]):
             )
         self.epoch = 0
         self.init_step = 0
+        self._order_of: tuple[int, int, bool] | None = None
+        self._order_cache = torch.empty(0, dtype=torch.int64)
+        self.cursor = 0
+        """Micro-batches of the current epoch that committed steps trained
+        (:mod:`recovery.train.shares`): ``init_step * num_replicas`` at full membership."""
+        self._cursor_step = 0  # the step in the epoch the cursor was recorded at
+
+    @property
+    def cursor_step(self) -> int:
+        """The step in the epoch :attr:`cursor` was recorded at."""
+        return self._cursor_step
+
+    @property
+    def epoch_micro_batches(self) -> int:
+        """Micro-batches (of ``batch_size`` samples) the epoch trains."""
+        return self.steps_per_epoch * self.num_replicas
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch to iterate; a different epoch than the current starts at step 0."""
         if epoch != self.epoch:
-            self.init_step = 0
+            self.init_step = self.cursor = self._cursor_step = 0
         self.epoch = epoch
 
     def set_init_step(self, step_in_epoch: int) -> None:
@@ -90,15 +106,32 @@ class ResumableDistributedSampler(Sampler[int]):
         if not 0 <= step_in_epoch <= self.steps_per_epoch:
             raise ValueError(f"init step {step_in_epoch} is not in [0, {self.steps_per_epoch}]")
         self.init_step = step_in_epoch
+        self.cursor, self._cursor_step = step_in_epoch * self.num_replicas, step_in_epoch
+
+    def set_cursor(self, step_in_epoch: int, cursor: int) -> None:
+        """Record that after step ``step_in_epoch`` of the epoch ``cursor`` micro-batches
+        are trained (a committed step moves it; under ``shrink`` a step may train fewer
+        than ``num_replicas``).
+
+        Raises:
+            ValueError: ``cursor`` is negative or beyond the epoch's end.
+        """
+        if not 0 <= cursor <= self.epoch_micro_batches:
+            raise ValueError(f"cursor {cursor} is not in [0, {self.epoch_micro_batches}]")
+        self.cursor, self._cursor_step = cursor, step_in_epoch
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint records of the data order: ``seed`` and ``batch_size``.
+        """What a checkpoint records of the data order: ``seed``, ``batch_size`` and the
+        epoch's ``cursor``.
 
-        The data position is the checkpoint's own (its epoch and step in the epoch): a
-        checkpoint adds it as ``epoch`` and ``step``, the keys its files have always had
-        (:class:`recovery.ckpt.checkpoint.CheckpointSaver`).
+        The rest of the data position is the checkpoint's own (its epoch and step in the
+        epoch): a checkpoint adds it as ``epoch`` and ``step``, the keys its files have
+        always had (:class:`recovery.ckpt.checkpoint.CheckpointSaver`). The cursor differs
+        from ``step * num_replicas`` only after steps trained with ranks missing under
+        the ``shrink`` batch policy.
         """
-        return {"seed": self.seed, "batch_size": self.batch_size}
+        return {"seed": self.seed, "batch_size": self.batch_size, "cursor": self.cursor,
+                "cursor_step": self._cursor_step, "num_replicas": self.num_replicas}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue after step ``state_dict["step"]`` of epoch ``state_dict["epoch"]``.
@@ -114,17 +147,41 @@ class ResumableDistributedSampler(Sampler[int]):
                 "the data order will not continue exactly", seed, batch_size, self.seed, self.batch_size,
             )
         self.set_epoch(state_dict["epoch"])
-        self.set_init_step(state_dict["step"])
+        # Files written before the cursor existed lack it; a cursor of another job size
+        # counts other micro-batches, and one recorded at another step than the
+        # checkpoint's was not moved by the loop (which then iterated by steps): the step
+        # alone places the sampler then. Otherwise the cursor does: under ``shrink`` an
+        # epoch may have had more steps than ``steps_per_epoch``.
+        if state_dict.get("num_replicas") == self.num_replicas \
+                and state_dict.get("cursor_step") == state_dict["step"]:
+            self.set_cursor(state_dict["step"], state_dict["cursor"])
+            self.init_step = self.cursor // self.num_replicas
+        else:
+            self.set_init_step(state_dict["step"])
 
     def epoch_indices(self) -> torch.Tensor:
         """This rank's indices of the whole current epoch, skipped steps included."""
-        if self.shuffle:
-            generator = torch.Generator()
-            generator.manual_seed(self.seed + self.epoch)
-            order = torch.randperm(self.dataset_size, generator=generator)
-        else:
-            order = torch.arange(self.dataset_size)
-        return order[self.rank :: self.num_replicas][: self.steps_per_epoch * self.batch_size]
+        return self._order()[self.rank :: self.num_replicas][: self.steps_per_epoch * self.batch_size]
+
+    def micro_batch(self, number: int) -> torch.Tensor:
+        """The samples of the epoch's micro-batch ``number``: at full membership rank
+        ``number % num_replicas``'s batch of step ``number // num_replicas + 1``."""
+        if not 0 <= number < self.epoch_micro_batches:
+            raise ValueError(f"micro-batch {number} is not in [0, {self.epoch_micro_batches})")
+        return self._order()[number % self.num_replicas :: self.num_replicas][
+            number // self.num_replicas * self.batch_size :][: self.batch_size]
+
+    def _order(self) -> torch.Tensor:
+        """The epoch's permutation of the data set (cached per epoch)."""
+        if self._order_of != (self.seed, self.epoch, self.shuffle):
+            if self.shuffle:
+                generator = torch.Generator()
+                generator.manual_seed(self.seed + self.epoch)
+                self._order_cache = torch.randperm(self.dataset_size, generator=generator)
+            else:
+                self._order_cache = torch.arange(self.dataset_size)
+            self._order_of = (self.seed, self.epoch, self.shuffle)
+        return self._order_cache
 
     def batches(self) -> Iterator[tuple[int, torch.Tensor]]:
         """``(step_in_epoch, indices)`` for each remaining step of the epoch, counted from 1.

@@ -66,6 +66,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--async_save", type=int, default=0, choices=[0, 1], help="write checkpoints in the background")
     parser.add_argument("--synthetic_size", type=int, default=60000, help="samples in the synthetic set (no DATA_PATH)")
     parser.add_argument("--log_every", type=int, default=10, help="print the loss every N steps")
+    parser.add_argument("--batch_policy", default=None, choices=["constant", "shrink"],
+                        help="what a step trains while ranks are missing (docs/elastic.md); "
+                             "default: TFT_BATCH_POLICY, else constant")
+    parser.add_argument("--log_params_hash", action="store_true",
+                        help="log each committed step's parameter hash and micro-batches")
     parser.add_argument(
         "--allow_world_size_change", action="store_true",
         help="resume even if the checkpoints were written with another number of workers",
@@ -107,7 +112,8 @@ def train(args: argparse.Namespace, ctx: recovery.ClusterContext) -> None:
     )
     saver = CheckpointSaver(model, optimizer, config=config, prefix="mnist", directory=args.ckpt_dir, sampler=sampler)
     trainer = ElasticTrainer(ctx, model, optimizer, saver=saver, sampler=sampler, resume=bool(args.is_recover),
-                             allow_world_size_change=args.allow_world_size_change)
+                             allow_world_size_change=args.allow_world_size_change,
+                             batch_policy=args.batch_policy, log_params_hash=args.log_params_hash)
     # A plain loop: resuming, pausing when a peer dies, rolling back and going on happen
     # inside trainer.steps() and trainer.all_reduce_gradients().
     for step in trainer.steps(args.epochs, args.max_steps):

@@ -11,7 +11,7 @@ import pytest
 from support import REPO
 
 sys.path.insert(0, str(REPO / "bench"))
-from fault_recovery import MODES, Column, columns, recovery, spare_warm_time, steady_rate, table  # noqa: E402 - bench/ is not a package
+from fault_recovery import MODES, Column, columns, recovery, spare_warm_time, steady_rate, survivors_idle, table  # noqa: E402 - bench/ is not a package
 from jobs.step_log import FAULT_FILE, StepRecord, read_fault_time, read_steps, steps_file  # noqa: E402
 
 FAULT_AT = 100.0
@@ -130,3 +130,16 @@ def test_the_table_gives_each_tftrun_column_its_ratio_to_torchrun() -> None:
     assert recovery_line.split() == ["recovery", "s", "8.000", "0.200", "0.03", "6.000", "0.75", "<=", "0.3"]
     # A baseline of 0 gives no ratio rather than an error.
     assert redone_line.split()[2:] == ["0.000", "0.000", "nan", "10.000", "nan", "0"]
+
+
+def test_degraded_survivors_idle_is_their_longest_gap_beyond_a_normal_step(tmp_path: Path) -> None:
+    """Rank 1 dies after step 100 and never comes back before the end; rank 0 trains on
+    after a 0.6 s gap (0.1 s a step): 0.5 s idle; recovery is rank 0's alone."""
+    write_log(tmp_path, 0, [*steps_up_to(100, 10, start_time=90.0),
+                            (101, 100.6, 10), (102, 100.7, 10)])
+    write_log(tmp_path, 1, steps_up_to(100, 11, start_time=90.0))
+    steps = read_steps(tmp_path)
+    assert survivors_idle(steps, 1, FAULT_AT) == pytest.approx(0.5)
+    assert recovery(steps, FAULT_AT, may_stay_out=1).seconds == pytest.approx(0.6)
+    with pytest.raises(ValueError, match="rank 1 never completed a step"):
+        recovery(steps, FAULT_AT)

@@ -59,7 +59,9 @@ def test_numeric_node_ids_keep_their_rank_and_a_full_cluster_forms_a_generation(
     assert (second.rank, second.generation) == (0, 0)
     assert ms.complete and ms.generation == 0
     events = ms.drain_events()
-    assert [name for name, _ in events] == ["register", "register", "generation"]
+    assert [name for name, _ in events] == ["register", "register", "generation", "membership"]
+    assert events[3][1] == {"active": [0, 1], "world": 2, "generation": 0, "why": "start",
+                            "lost": [], "joined": []}
     assert events[0][1] == {"node_id": "1", "rank": 1, "pid": 101, "incarnation": 0,
                             "host": "host-a", "generation": 0}
     assert [m["rank"] for m in events[2][1]["members"]] == [0, 1]
@@ -151,7 +153,7 @@ def test_an_abnormal_exit_starts_the_cooldown_which_refuses_then_accepts() -> No
     assert (name, fields["left"]) == ("refuse", pytest.approx(17.5))
     clock.advance(17.5)
     assert accepted(ms.register(ident("1", 102, incarnation=1), TOKEN)).generation == 1
-    assert names(ms) == ["register", "generation"]
+    assert names(ms) == ["register", "generation", "membership"]
 
 
 def test_a_cooldown_of_zero_lets_a_dead_node_back_at_once() -> None:

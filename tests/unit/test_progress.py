@@ -149,3 +149,17 @@ def test_with_several_nodes_the_live_table_says_which_node_it_shows(tmp_path: Pa
     view.close()
     assert "tftrun: node 1 (10.0.0.2), ranks 4-7 of 8" in console.file.getvalue()
     assert LaunchConfig(script=tmp_path / "train.py", worker_num=4).node_title == "tftrun"
+
+
+def test_while_ranks_are_missing_the_progress_line_says_how_many_train() -> None:
+    progress = Progress()
+    progress.feed([{"ts": 0.0, "event": "membership", "world": 3, "active": [0, 1, 2],
+                    "generation": 0, "why": "start"}, step(1.0, 0, 10), step(2.0, 0, 20)])
+    assert progress.degraded is None
+    progress.feed([{"ts": 2.5, "event": "membership", "world": 2, "active": [0, 2],
+                    "generation": 1, "why": "shrink"}])
+    line = progress_line(progress, [Row(0, 11, "running", 0, ""), Row(1, None, "cooldown 3s", 1, "")])
+    assert line is not None and "20/100" in line and "; degraded: 2 of 3 ranks;" in line
+    progress.feed([{"ts": 9.0, "event": "membership", "world": 3, "active": [0, 1, 2],
+                    "generation": 2, "why": "grow"}])
+    assert progress.degraded is None

@@ -169,3 +169,30 @@ def test_a_survivors_paused_step_written_just_after_the_fault_counts_as_reached(
     ]
     [recovery] = build_timeline(events).recoveries
     assert recovery.steps_redone == 5
+
+
+def test_a_stretch_trained_with_ranks_missing_is_a_degraded_span_in_every_view() -> None:
+    """``--min_worker_num``: rank 1 dies, ranks 0 and 2 train on (generation 1) until it is
+    back (generation 2)."""
+    events = [
+        {"ts": T0, "event": "job_start", "run_id": "r", "pid": 1},
+        *({"ts": T0 + 0.1, "event": "spawn", "role": "worker", "rank": r, "pid": 10 + r,
+           "incarnation": 0} for r in range(3)),
+        {"ts": T0 + 0.2, "event": "membership", "active": [0, 1, 2], "world": 3,
+         "generation": 0, "why": "start"},
+        {"ts": T0 + 2.0, "event": "membership", "active": [0, 2], "world": 2,
+         "generation": 1, "why": "shrink"},
+        {"ts": T0 + 9.0, "event": "membership", "active": [0, 1, 2], "world": 3,
+         "generation": 2, "why": "grow"},
+        {"ts": T0 + 10.0, "event": "membership", "active": [0, 1], "world": 2,
+         "generation": 3, "why": "shrink"},
+        {"ts": T0 + 12.0, "event": "job_end", "exitcode": 0, "reason": "done"},
+    ]
+    timeline = build_timeline(events)
+    assert [(s.start - T0, s.end - T0, s.active, s.worker_num) for s in timeline.degraded] \
+        == [(2.0, 9.0, (0, 2), 3), (10.0, 12.0, (0, 1), 3)]
+    trace = [e for e in trace_events(timeline)["traceEvents"] if e.get("cat") == "degraded"]
+    assert [(e["name"], e["dur"]) for e in trace] == [("degraded: 2 of 3 ranks", 7_000_000),
+                                                      ("degraded: 2 of 3 ranks", 2_000_000)]
+    page = render_html(timeline, ["logs"])
+    assert page.count('class="degraded"') == 2 and "degraded: ranks 0, 2 of 3" in page

@@ -543,3 +543,24 @@ def test_a_rank_relaunched_alone_whose_peers_all_finished_ends_the_job(
         [give_up, stopping] = actions
         assert isinstance(give_up, GiveUp) and give_up.failure is crash
         assert "before its peers' final step 5" in give_up.reason and stopping == stop
+
+
+@pytest.mark.parametrize(("min_worker_num", "status"), [(2, 0), (3, 3), (None, 3)])
+def test_with_degraded_training_a_rank_still_rejoining_when_its_peers_finished_ends_the_job_well(
+        min_worker_num: int | None, status: int) -> None:
+    """Rank 1 died at step 3 and runs again, not yet rejoined; ranks 0 and 2 finished at
+    step 5. With ``--min_worker_num=2`` they trained on without it (docs/elastic.md): the
+    job succeeded. Otherwise the crash's status, as before."""
+    crash = Failure(1, 41, 0, 0.0, 3, "exited with code 3", "exit code 3", 3)
+    view = JobView((RankView(0, WorkerState.SUCCEEDED, step=5),
+                    RankView(1, WorkerState.RUNNING, registered=True, failure_step=3,
+                             relaunched_after=crash),
+                    RankView(2, WorkerState.SUCCEEDED, step=5)), max_restarts=3, warm_spare=0,
+                   min_worker_num=min_worker_num)
+    [ending, stopping] = decide(view, 1.0)
+    assert stopping == StopWorkers(15, {1: 1.0 + RESTART_GRACE})
+    if status == 0:
+        assert ending == Stop(0, "all workers finished; the survivors trained on without "
+                                 "rank 1 (exited with code 3)")
+    else:
+        assert isinstance(ending, GiveUp) and ending.failure is crash
