@@ -78,7 +78,8 @@ def _common_env(config: LaunchConfig, base: Mapping[str, str]) -> dict[str, str]
 
 def worker_spec(config: LaunchConfig, local_rank: int, incarnation: int, restart_count: int,
                 rendezvous_port: int, base_env: Mapping[str, str] | None = None,
-                rendezvous_host: str | None = None) -> ProcessSpec:
+                rendezvous_host: str | None = None, beat_socket: str | None = None
+                ) -> ProcessSpec:
     """The spec of this node's worker ``local_rank`` for one launch of it.
 
     Args:
@@ -86,6 +87,7 @@ def worker_spec(config: LaunchConfig, local_rank: int, incarnation: int, restart
         restart_count: how many times the whole group was restarted (torchrun's count).
         rendezvous_port: the fresh store that ``env://`` meets at for this restart.
         rendezvous_host: its host (node 0's address); ``--master_addr`` when not given.
+        beat_socket: the node supervisor's beat socket (``TFT_BEAT_SOCKET``), if it has one.
     """
     rank = config.first_rank + local_rank
     env = _common_env(config, os.environ if base_env is None else base_env)
@@ -119,6 +121,8 @@ def worker_spec(config: LaunchConfig, local_rank: int, incarnation: int, restart
         names.TFT_RESTART_COUNT: str(restart_count),
         names.TFT_GENERATION: str(restart_count),
     })
+    if beat_socket is not None:
+        env[names.TFT_BEAT_SOCKET] = beat_socket
     return ProcessSpec(Role.WORKER, rank, worker_argv(config, env), env, config.log_dir / f"worker_{rank}.log")
 
 

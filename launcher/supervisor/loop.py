@@ -22,6 +22,7 @@ from contextlib import suppress
 from launcher.config import LaunchConfig
 from launcher.nodes.link import NodeLink
 from launcher.procs.process import Watchdog, become_subreaper, sweep
+from launcher.supervisor.beats import BeatServer, node_name
 from launcher.supervisor.children import Children, node_workers
 from launcher.supervisor.closing import Closing, stop_everything_now
 from launcher.supervisor.failures import ExitInfo
@@ -56,6 +57,7 @@ from launcher.view.logs import LogFollower
 from launcher.view.render import View
 from recovery.control.client import ExitReport, SchedulerControl
 from recovery.events import EventLog
+from recovery.timeouts import Timeouts
 
 __all__ = ["Supervisor", "EXIT_SUPERVISOR_ERROR"]
 
@@ -91,6 +93,13 @@ class Supervisor:
         self._watch = SchedulerWatch(
             self._control, self._node_link() if config.multi_node else None, self._wake)
         self._observer = Observer(config, self._watch, events.path)
+        self._beats = BeatServer(node_name(config.local_addr, config.node_rank),
+                                 config.master_addr, config.master_port, config.job_token,
+                                 config.run_id, Timeouts(
+                                     heartbeat_timeout=config.heartbeat_timeout,
+                                     progress_timeout=config.progress_timeout))
+        """Takes the workers' heartbeats and beats once for the node."""
+        self.children.beat_socket = self._beats.path
         self._restart_at: float | None = None
         self._restart_why = ""
         self._relaunched_after: dict[int, Failure] = {}
@@ -118,6 +127,7 @@ class Supervisor:
             try:
                 try:
                     self._watch.start()
+                    self._beats.start()
                     if self.children.hosts_scheduler:
                         self.children.start_scheduler()
                     self._start_workers()
@@ -129,6 +139,7 @@ class Supervisor:
                 if self._follower is not None:
                     self._follower.stop()
                 self._watch.close()
+                self._beats.close()
                 self._control.close()
                 self._meeting.close()
                 if remote is not None:

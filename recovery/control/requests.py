@@ -22,7 +22,8 @@ from typing import Any
 from recovery.control.rpc import Op
 from recovery.control.signing import Sealed
 
-__all__ = ["BadRequest", "Request", "parse_request", "MAX_REQUEST_BYTES", "MAX_DEPTH"]
+__all__ = ["BadRequest", "Request", "parse_request", "MAX_REQUEST_BYTES", "MAX_DEPTH",
+           "NODE_BEAT_RANKS"]
 
 MAX_REQUEST_BYTES = 16_384
 MAX_DEPTH = 4
@@ -88,12 +89,50 @@ class Flag:
         return value
 
 
-Field = Int | Text | Flag
+@dataclass(frozen=True)
+class Records:
+    """A list of at most ``most`` objects, each with the fields of ``schema``."""
+
+    schema: dict[str, Int | Text | Flag | Choice]
+    most: int
+
+    def check(self, name: str, value: Any) -> list[dict[str, Any]]:
+        if not isinstance(value, list) or not 1 <= len(value) <= self.most \
+                or not all(isinstance(item, dict) for item in value):
+            raise BadRequest(f"{name} must be a list of 1 to {self.most} objects, "
+                             f"not {_show(value)}")
+        return [{field: kind.check(f"{name}[{index}].{field}", item.get(field))
+                 for field, kind in self.schema.items()} for index, item in enumerate(value)]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One of a few strings."""
+
+    choices: tuple[str, ...]
+
+    def check(self, name: str, value: Any) -> str:
+        if value not in self.choices:
+            raise BadRequest(f"{name} must be one of {', '.join(self.choices)}, "
+                             f"not {_show(value)}")
+        return value
+
+
+Field = Int | Text | Flag | Records
 
 _IDENTITY: dict[str, Field] = {
     "node_id": Text(optional=True), "pid": Int(low=0), "incarnation": Int(low=0),
     "host": Text(optional=True), "rank": Int(optional=True),
 }
+_BEAT: dict[str, Field] = {**_IDENTITY, "step": Int(optional=True),
+                           "phase": Text(_TEXT, optional=True)}
+NODE_BEAT_RANKS = 64
+"""At most this many ranks in one ``node_beat`` (a node with more sends several)."""
+_NODE_RANK_BEAT: dict[str, Int | Text | Flag | Choice] = {
+    **_BEAT, "op": Choice((Op.REGISTER.value, Op.HEARTBEAT.value)),
+    "age": Int(low=0, high=86_400_000)}
+"""One rank in a ``node_beat``: what its own register or heartbeat would carry, and how
+long ago (ms) its supervisor last heard from it."""
 _ENDED: dict[str, Field] = {
     "node_id": Text(), "rank": Int(optional=True), "pid": Int(low=0), "incarnation": Int(low=0),
     "abnormal": Flag(), "reason": Text(_TEXT, optional=True),
@@ -103,8 +142,8 @@ SCHEMAS: dict[Op, dict[str, Field]] = {
     Op.STATUS: {},
     Op.VERDICTS: {},
     Op.REGISTER: _IDENTITY,
-    Op.HEARTBEAT: {**_IDENTITY, "step": Int(optional=True),
-                   "phase": Text(_TEXT, optional=True)},
+    Op.HEARTBEAT: _BEAT,
+    Op.NODE_BEAT: {"node": Text(), "ranks": Records(_NODE_RANK_BEAT, NODE_BEAT_RANKS)},
     Op.LEAVE: _ENDED,
     Op.EXIT: _ENDED,
     Op.COOLDOWN: {"node_id": Text()},

@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from recovery.control.beat_channel import LocalLink
 from recovery.control.inject import Inbox, Injection
 from recovery.control.membership import Identity
 from recovery.control.rpc import Op, SchedulerLink, SchedulerUnavailable
@@ -74,7 +75,8 @@ class Heartbeat:
     """Beats every ``interval`` seconds until stopped, and sooner when there is news.
 
     Args:
-        link: the connection to the scheduler.
+        link: the connection to the scheduler, or to the node's supervisor, which beats
+            for the node (recovery/control/beat_channel.py).
         identity: this process, as the scheduler admitted it.
         interval: seconds between beats.
         on_evicted: called with the scheduler's message when a beat is refused; the
@@ -85,7 +87,7 @@ class Heartbeat:
             soonest (:func:`news_look_interval`); ``None``: none is.
     """
 
-    def __init__(self, link: SchedulerLink, identity: Identity, interval: float,
+    def __init__(self, link: SchedulerLink | LocalLink, identity: Identity, interval: float,
                  generation: int, on_evicted: Callable[[str], None] = _exit_evicted,
                  news_every: float | None = None, look_every: float | None = None) -> None:
         self.global_step: int | None = None
