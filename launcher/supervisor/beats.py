@@ -26,6 +26,7 @@ from pathlib import Path
 from recovery.control.node_beats import MAX_LOCAL_BYTES, NodeBeats, decode, encode
 from recovery.control.rpc import Op, SchedulerLink, SchedulerUnavailable
 from recovery.control.throttle import Throttle
+from recovery.runtime.heartbeat import JITTER
 from recovery.timeouts import Timeouts
 
 __all__ = ["BeatServer", "node_name"]
@@ -47,7 +48,8 @@ class BeatServer:
         self.node = node
         self._folder = Path(tempfile.mkdtemp(prefix="tft-beats-"))
         self.path = str(self._folder / "beats.sock")
-        self._beats = NodeBeats(timeouts.heartbeat_timeout, timeouts.beat_interval)
+        self._beats = NodeBeats(timeouts.heartbeat_timeout, timeouts.beat_interval,
+                                jitter=JITTER)
         self._news_every = timeouts.heartbeat_interval
         self._link = SchedulerLink(host, port, token, _REPLY_TIMEOUT, connect=False,
                                    run_id=run_id)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,11 +81,16 @@ class NodeBeats:
     Args:
         heartbeat_timeout: a rank silent for longer is sent at once, to be judged.
         interval: seconds between two beats of the node when nothing else is due.
+        jitter: each spacing is up to this share of ``interval`` shorter, so that nodes
+            that beat together after a new generation drift apart (as a rank's beats do,
+            recovery/runtime/heartbeat.py).
     """
 
-    def __init__(self, heartbeat_timeout: float, interval: float) -> None:
+    def __init__(self, heartbeat_timeout: float, interval: float, jitter: float = 0.0) -> None:
         self.heartbeat_timeout = heartbeat_timeout
         self.interval = interval
+        self._jitter = jitter
+        self._spacing = interval
         self.ranks: dict[int, RankBeat] = {}
         self.news = 0
         """Moves whenever an answer brings a rank something new (a generation, a fault
@@ -127,7 +133,7 @@ class NodeBeats:
         """When (monotonic) the next beat is due: at once for a registration, when a
         rank's silence passes the heartbeat timeout (to be judged), else an interval
         after the last beat."""
-        due = self.beaten_at + self.interval
+        due = self.beaten_at + self._spacing
         for rank in self.ranks.values():
             if rank.registering:
                 return -math.inf
@@ -140,6 +146,7 @@ class NodeBeats:
         about :data:`BEAT_BYTES`: each rank's key and entry (op, identity, step, phase,
         age in ms). Registrations go out once; a rank the scheduler refused, none."""
         self.beaten_at = now
+        self._spacing = self.interval * (1 - self._jitter * random.random())
         batches: list[list[tuple[int, dict[str, Any]]]] = []
         size = BEAT_BYTES
         for key, rank in self.ranks.items():

@@ -116,6 +116,11 @@ _TICK = json.dumps({"op": Op.TICK.value}).encode()
 _NEWS_EVENTS = frozenset({"generation", "verdict", "inject"})
 """Decisions the workers are to hear before their next (spaced) beat: the news counter
 moves, and they beat at once (recovery/control/rpc.py)."""
+_SAVED_LATER = frozenset({"register", "attach", "refuse"})
+"""Decisions saved with the next spaced save, not before their replies: a process admitted
+that a relaunched scheduler does not know re-attaches with its next beat, under the same
+rank, and a refusal changes nothing. At tens of thousands of ranks a save takes seconds,
+and a generation's registrations would otherwise each wait for one."""
 _KEPT = frozenset({Op.EXIT, Op.LEAVE, Op.INJECT, Op.LAST_WORDS})
 """The ops whose replies are kept for a retry: carried out twice, they would not do the
 same (a second cooldown, a second injection, a claim granted but never learned)."""
@@ -674,7 +679,8 @@ class Scheduler:
             self._rules_due = self.membership.next_due(after=now)
             self._rules_every = _spaced(CHECK_EVERY, time.monotonic() - now)
         decided = [*self.membership.drain_events(), *self._decided]
-        self._save(finished=False, now=bool(decided) or self._changed)
+        self._save(finished=False, now=self._changed or any(
+            name not in _SAVED_LATER for name, _fields in decided))
         self._decided, self._changed = [], False
         for name, fields in decided:
             self.events.emit(name, **fields)

@@ -39,11 +39,11 @@ from recovery.control.inject import Inbox, Injection
 from recovery.control.membership import Identity
 from recovery.control.rpc import Op, SchedulerLink, SchedulerUnavailable
 
-__all__ = ["Heartbeat", "EXIT_EVICTED", "news_look_interval"]
+__all__ = ["Heartbeat", "EXIT_EVICTED", "news_look_interval", "JITTER"]
 
 logger = logging.getLogger(__name__)
 
-_JITTER = 0.2
+JITTER = 0.2
 """Each wait for the next beat is up to this share of the interval shorter: thousands of
 ranks that beat together after a new generation drift apart, and never further apart
 than the interval (docs/scale.md)."""
@@ -233,7 +233,7 @@ class Heartbeat:
             next_beat = self._next_beat()
 
     def _next_beat(self) -> float:
-        return time.monotonic() + self._interval * random.uniform(1 - _JITTER, 1)
+        return time.monotonic() + self._interval * random.uniform(1 - JITTER, 1)
 
     def _until(self, next_beat: float) -> float:
         """How long to wait before looking again: until the next beat, or the next read

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sched_inprocess import TOKEN, ask, scheduler
 
-from recovery.control.membership import Identity, MemberState, Membership
+from recovery.control.membership import Identity, Membership, MemberState
 from recovery.control.node_beats import BEAT_BYTES, NodeBeats
 from recovery.control.requests import MAX_REQUEST_BYTES, NODE_BEAT_RANKS
 from recovery.timeouts import Timeouts

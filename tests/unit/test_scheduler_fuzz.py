@@ -35,13 +35,20 @@ PLAUSIBLE = {
     "consistent": st.booleans(), "nproc": st.integers(1, 2),
 }
 """Values a client sends, by field."""
+PLAUSIBLE["node"] = st.sampled_from(["h/0", "h/1"])
+PLAUSIBLE["ranks"] = st.lists(st.fixed_dictionaries({
+    "op": st.sampled_from(["register", "heartbeat"]), "age": st.integers(0, 40_000),
+    **{name: PLAUSIBLE[name] for name in ("node_id", "pid", "incarnation", "host", "rank",
+                                          "step", "phase")}}), min_size=1, max_size=3)
+"""A node's beat: a few ranks, each registering or beating, some silent past the timeout."""
 
 IDENTITY = ("node_id", "pid", "incarnation", "host", "rank")
 ENDED = ("node_id", "rank", "pid", "incarnation", "abnormal", "reason")
 FIELDS = {Op.REGISTER: IDENTITY, Op.HEARTBEAT: (*IDENTITY, "step", "phase"), Op.LEAVE: ENDED,
           Op.EXIT: ENDED, Op.COOLDOWN: ("node_id",), Op.INJECT: ("rank", "fault", "at_step"),
           Op.LAST_WORDS: ("rank", "generation", "step", "consistent", "reason"),
-          Op.VERDICTS: (), Op.STATUS: (), Op.TICK: (), Op.NODE_RANK: ("node_id", "nproc")}
+          Op.VERDICTS: (), Op.STATUS: (), Op.TICK: (), Op.NODE_RANK: ("node_id", "nproc"),
+          Op.NODE_BEAT: ("node", "ranks")}
 """The fields of each request, as the clients send them."""
 
 json_values = st.recursive(
