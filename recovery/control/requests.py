@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from itertools import accumulate
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,8 +33,9 @@ _NAME = 256
 """Characters of a name: node id, host, fault."""
 _TEXT = 4096
 """Characters of free text: a reason, a phase."""
-_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]')
-"""A string (to the end of the text when unterminated: linear time) or a bracket."""
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"?')
+"""A string (to the end of the text when unterminated: linear time)."""
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 
 
 class BadRequest(ValueError):
@@ -200,16 +202,9 @@ def _deeper_than(limit: int, text: str) -> bool:
     """Whether the arrays and objects of the JSON ``text`` nest deeper than ``limit``."""
     if text.count("[") + text.count("{") <= limit:
         return False  # no deeper than its brackets, strings' included: a heartbeat's case
-    depth = 0
-    for token in _TOKEN.finditer(text):
-        first = text[token.start()]
-        if first in "[{":
-            depth += 1
-            if depth > limit:
-                return True
-        elif first in "]}":
-            depth -= 1
-    return False
+    # The brackets outside strings, found by the regex engine; only they are walked.
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    return bool(brackets) and max(accumulate(1 if bracket in "[{" else -1 for bracket in brackets)) > limit
 
 
 def _number(text: str) -> float | _NotFinite:

@@ -682,8 +682,8 @@ class Scheduler:
         self._save(finished=False, now=self._changed or any(
             name not in _SAVED_LATER for name, _fields in decided))
         self._decided, self._changed = [], False
+        self.events.emit_all(decided)
         for name, fields in decided:
-            self.events.emit(name, **fields)
             logger.info("%s %s", name, " ".join(f"{k}={v}" for k, v in fields.items()))
         self._publish_generation()
         if any(name in _NEWS_EVENTS for name, _fields in decided):

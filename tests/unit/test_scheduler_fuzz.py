@@ -114,6 +114,7 @@ def scheduler(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scheduler]:
 def handled(scheduler: Scheduler, raw: bytes, authentic: bool = True) -> None:
     """Hand ``raw`` to the scheduler as its loop does; check what must hold of any request."""
     state = StateFile(scheduler.config.recovery_path).path
+    scheduler._save(finished=False)  # what earlier requests left to a spaced save is saved
     before, on_disk = scheduler._snapshot(finished=False), state.read_bytes()
     _rid, sent = scheduler._handle(raw)
     scheduler._after_request()
