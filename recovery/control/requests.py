@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from itertools import accumulate
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 from recovery.control.rpc import Op
