@@ -349,13 +349,19 @@ class EventTail:
         raise TimeoutError(f"no {event} event {match} within {timeout:g}s")
 
 
-def _cpu_percent(process: psutil.Process, seconds: float) -> float:
-    """The process's CPU time over the next ``seconds``, as a percentage of one core."""
-    before, started = process.cpu_times(), time.monotonic()
+def _cpu_percent(process: psutil.Process, seconds: float) -> tuple[float, list[float]]:
+    """The process's CPU time over the next ``seconds``, as a percentage of one core, and
+    its busiest threads' shares (the loop's Python, the store's event loop), busiest first."""
+    def times() -> dict[int, float]:
+        return {t.id: t.user_time + t.system_time for t in process.threads()}
+
+    before, started = times(), time.monotonic()
     time.sleep(seconds)
-    after = process.cpu_times()
-    used = (after.user + after.system) - (before.user + before.system)
-    return 100.0 * used / (time.monotonic() - started)
+    after = times()
+    elapsed = time.monotonic() - started
+    used = {tid: spent - before.get(tid, 0.0) for tid, spent in after.items()}
+    shares = sorted((100.0 * u / elapsed for u in used.values()), reverse=True)
+    return 100.0 * sum(used.values()) / elapsed, [round(share, 1) for share in shares[:3]]
 
 
 def _percentile(values: list[float], share: float) -> float:
@@ -428,7 +434,7 @@ def measure(workers: int, procs: int, window: float, heartbeat_timeout: float,
                 process.start()
                 sims.processes.append(process)
             unconnected = sum(r[1] for r in sims.gather("connected", 300))
-            idle_cpu = _cpu_percent(sched, window)
+            idle_cpu, _idle_threads = _cpu_percent(sched, window)
             go = time.time()
             sims.tell_all("go")
             # A verdict before the generation: beats queued past the heartbeat timeout,
@@ -447,7 +453,7 @@ def measure(workers: int, procs: int, window: float, heartbeat_timeout: float,
                         "last_register_reply_s": max(r[1] for r in registered) - go}
             time.sleep(2 * interval)  # every rank's heartbeat under way
             window_start = time.time()
-            busy_cpu = _cpu_percent(sched, window)
+            busy_cpu, busy_threads = _cpu_percent(sched, window)
             window_end = time.time()
             silent = 0  # node 0, or rank 0: in the first simulator either way
             sims.commands[0].put(("silence", silent))
@@ -475,6 +481,7 @@ def measure(workers: int, procs: int, window: float, heartbeat_timeout: float,
         "generation_formed_s": formed["ts"] - go,
         "last_register_reply_s": max(r[1] for r in registered) - go,
         "scheduler_cpu_percent": busy_cpu, "scheduler_idle_cpu_percent": idle_cpu,
+        "scheduler_busiest_threads_cpu_percent": busy_threads,
         "beats_in_window": len(trips), "beats_per_s": len(trips) / (window_end - window_start),
         "rtt_p50_ms": _percentile(trips, 0.5) * 1e3, "rtt_p99_ms": _percentile(trips, 0.99) * 1e3,
         "rtt_mean_ms": statistics.fmean(trips) * 1e3 if trips else float("nan"),

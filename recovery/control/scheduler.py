@@ -89,7 +89,7 @@ logger = logging.getLogger(__name__)
 CHECK_EVERY = 0.1
 """The periodic rules run at most this often, and this soon after any request."""
 PERSIST_EVERY = 1.0
-RULES_SHARE = 0.05
+RULES_SHARE = 0.02
 """The share of a core that the periodic rules, and the saves of heartbeat-only changes,
 may each take: with tens of thousands of members a run of the rules (O(members)) takes
 tens of ms and a save hundreds, and each is then spaced to cost at most this. Deadlines
