@@ -433,7 +433,7 @@ def measure(workers: int, procs: int, window: float, heartbeat_timeout: float,
                     *args, port, timeouts, sims.commands[-1], sims.results[-1]), daemon=True)
                 process.start()
                 sims.processes.append(process)
-            unconnected = sum(r[1] for r in sims.gather("connected", 300))
+            unconnected = sum(r[1] for r in sims.gather("connected", 900))
             idle_cpu, _idle_threads = _cpu_percent(sched, window)
             go = time.time()
             sims.tell_all("go")
@@ -500,6 +500,9 @@ def text(results: list[dict[str, Any]], cores: int) -> list[str]:
              f"{'idle %':>6} {'beats/s':>8} {'p50 ms':>7} {'p99 ms':>8} {'failed':>6} "
              f"{'verdict s':>9} {'past timeout s':>14}"]
     for r in results:
+        if "failed" in r:
+            lines.append(f"{r['ranks']:>6} {r['mode']:>5} not measured: {r['failed']}")
+            continue
         if r["collapsed"]:
             lines.append(f"{r['ranks']:>6} {r['mode']:>5} no generation: "
                          f"{r['verdicts_before_generation']} verdicts first (beats queued past "
@@ -522,7 +525,7 @@ def met_targets(results: list[dict[str, Any]]) -> dict[str, dict[str, bool] | No
     met: dict[str, dict[str, bool] | None] = {}
     for r in results:
         targets = _TARGETS.get(r["ranks"])
-        if targets is None or r["mode"] != "node":
+        if targets is None or r["mode"] != "node" or "failed" in r:
             continue
         met[str(r["ranks"])] = None if r["collapsed"] else {
             name: abs(r[names[name]]) < limit for name, limit in targets.items()}
@@ -557,8 +560,12 @@ def main() -> None:
     results = []
     for workers in args.ranks:
         for mode in args.mode:
-            results.append(measure(workers, args.procs, args.measure, args.heartbeat_timeout,
-                                   mode, args.ranks_per_node))
+            try:
+                results.append(measure(workers, args.procs, args.measure,
+                                       args.heartbeat_timeout, mode, args.ranks_per_node))
+            except (RuntimeError, TimeoutError) as err:  # the other sizes still count
+                results.append({"ranks": workers, "mode": mode, "failed": str(err),
+                                "load_average_1_5": os.getloadavg()[:2]})
             print(f"{workers} ranks measured ({mode} mode), load {os.getloadavg()[:2]}",
                   file=sys.stderr, flush=True)
     emit({"cores": os.cpu_count(), "load_average_1_5_15": os.getloadavg(),
