@@ -79,8 +79,10 @@ _THREAD_STACK = 256 * 1024  # thousands of threads per simulator process
 _TARGETS = {8192: {"cpu_percent": 10.0, "p99_ms": 100.0, "generation_s": 2.0,
                    "verdict_past_timeout_s": 1.0},
             65536: {"cpu_percent": 50.0, "p99_ms": 200.0, "generation_s": 5.0}}
-_NODE_THREADS = 32
-"""Threads per simulator process in node mode: each drives its share of the nodes."""
+_NODES_PER_THREAD = 8
+"""Nodes one simulator thread drives in node mode, one beat after another: few enough that
+a thread's nodes are not kept waiting for each other's round trips (each node is its own
+process in a real job)."""
 
 
 class TimedHeartbeat(Heartbeat):
@@ -274,8 +276,9 @@ def simulate_nodes(nodes: list[int], per_node: int, port: int, timeouts: Timeout
         sim.register(now)
     stop = threading.Event()
     everyone = list(sims.values())
-    drivers = [threading.Thread(target=_drive, args=(everyone[i::_NODE_THREADS], stop))
-               for i in range(min(_NODE_THREADS, len(everyone)))]
+    threads = max(1, len(everyone) // _NODES_PER_THREAD)
+    drivers = [threading.Thread(target=_drive, args=(everyone[i::threads], stop))
+               for i in range(threads)]
     for thread in drivers:
         thread.start()
     deadline = time.monotonic() + 600

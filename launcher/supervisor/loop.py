@@ -93,13 +93,8 @@ class Supervisor:
         self._watch = SchedulerWatch(
             self._control, self._node_link() if config.multi_node else None, self._wake)
         self._observer = Observer(config, self._watch, events.path)
-        self._beats = BeatServer(node_name(config.local_addr, config.node_rank),
-                                 config.master_addr, config.master_port, config.job_token,
-                                 config.run_id, Timeouts(
-                                     heartbeat_timeout=config.heartbeat_timeout,
-                                     progress_timeout=config.progress_timeout))
-        """Takes the workers' heartbeats and beats once for the node."""
-        self.children.beat_socket = self._beats.path
+        self._beats: BeatServer | None = None
+        """Takes the workers' heartbeats and beats once for the node (while it runs)."""
         self._restart_at: float | None = None
         self._restart_why = ""
         self._relaunched_after: dict[int, Failure] = {}
@@ -115,6 +110,18 @@ class Supervisor:
         return self.children.restart_count
 
     # ----------------------------------------------------------------- lifecycle
+    def _start_beats(self) -> None:
+        """Serve the workers' heartbeats on a socket of this node; the workers started
+        from now on are told where (``TFT_BEAT_SOCKET``)."""
+        config = self.config
+        self._beats = BeatServer(node_name(config.local_addr, config.node_rank),
+                                 config.master_addr, config.master_port, config.job_token,
+                                 config.run_id, Timeouts(
+                                     heartbeat_timeout=config.heartbeat_timeout,
+                                     progress_timeout=config.progress_timeout))
+        self.children.beat_socket = self._beats.path
+        self._beats.start()
+
     def run(self) -> int:
         become_subreaper()
         watchdog = self.children.watchdog = Watchdog()
@@ -127,7 +134,7 @@ class Supervisor:
             try:
                 try:
                     self._watch.start()
-                    self._beats.start()
+                    self._start_beats()
                     if self.children.hosts_scheduler:
                         self.children.start_scheduler()
                     self._start_workers()
@@ -139,7 +146,8 @@ class Supervisor:
                 if self._follower is not None:
                     self._follower.stop()
                 self._watch.close()
-                self._beats.close()
+                if self._beats is not None:
+                    self._beats.close()
                 self._control.close()
                 self._meeting.close()
                 if remote is not None:
