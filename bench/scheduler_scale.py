@@ -167,8 +167,13 @@ def simulate(ranks: list[int], port: int, timeouts: Timeouts, commands: Any, res
         beat.stop()
     for sim in sims:
         sim.link.close()
-    results.put(("trips", [t for b in beats for t in b.trips], sum(b.failed for b in beats),
-                 sum(b.evicted for b in beats)))
+    _send_trips(results, beats)
+
+
+def _send_trips(results: Any, beaters: list[Any]) -> None:
+    """The timed beats of a simulator's heartbeats (nodes), its failed beats and evictions."""
+    results.put(("trips", [t for b in beaters for t in b.trips], sum(b.failed for b in beaters),
+                 sum(b.evicted for b in beaters)))
 
 
 class SimulatedNode:
@@ -295,8 +300,7 @@ def simulate_nodes(nodes: list[int], per_node: int, port: int, timeouts: Timeout
         thread.join()
     for sim in everyone:
         sim.link.close()
-    results.put(("trips", [t for s in everyone for t in s.trips], sum(s.failed for s in everyone),
-                 sum(s.evicted for s in everyone)))
+    _send_trips(results, everyone)
 
 
 def _scheduler_env(workers: int, port: int, tmp: Path, heartbeat_timeout: float) -> dict[str, str]:
