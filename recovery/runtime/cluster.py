@@ -240,7 +240,11 @@ class ClusterContext:
                     "incarnation": self.incarnation}
         if session.link.wait_connected(_LEAVE_WAIT):
             try:
-                session.link.call(Op.LEAVE, **identity, abnormal=abnormal, reason=reason)
+                # Asked again on a new connection if need be: under tftrun the heartbeats
+                # go through the node's supervisor, so this link's connection may have
+                # died unnoticed with a scheduler since relaunched.
+                session.link.call_until(Op.LEAVE, time.monotonic() + _LEAVE_WAIT, **identity,
+                                        abnormal=abnormal, reason=reason)
             except SchedulerUnavailable as err:
                 logger.warning("could not tell the scheduler this worker ends: %s", err)
         session.link.close()
