@@ -107,6 +107,10 @@ TFT_LINEAGE = "TFT_LINEAGE"
 """The job's lineage id (recovery/ckpt/lineage.py): the checkpoints this job may restore."""
 TFT_STORE_FD = "TFT_STORE_FD"
 """Set for the scheduler only: an inherited listening socket to host the store on."""
+TFT_BEAT_SOCKET = "TFT_BEAT_SOCKET"
+"""Set by tftrun for its workers: the Unix socket of the node's supervisor, which takes
+their heartbeats and sends one beat for the node (recovery/control/node_beats.py). Not
+set (a script started by hand): each rank beats to the scheduler itself."""
 
 # Read, never set: what a cluster manager tells tftrun itself about its node
 # (launcher/nodes/cluster_env.py; docs/multi-node.md#slurm-and-kubernetes).

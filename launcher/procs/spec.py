@@ -97,7 +97,8 @@ def _common_env(config: LaunchConfig, base: Mapping[str, str]) -> dict[str, str]
 
 def worker_spec(config: LaunchConfig, local_rank: int, incarnation: int, restart_count: int,
                 rendezvous_port: int, base_env: Mapping[str, str] | None = None,
-                rendezvous_host: str | None = None, seat: Seat | None = None) -> ProcessSpec:
+                rendezvous_host: str | None = None, seat: Seat | None = None,
+                beat_socket: str | None = None) -> ProcessSpec:
     """The spec of this node's worker ``local_rank`` for one launch of it. Its log and
     error file are named by its slot, ``--node_rank × nproc + local_rank``, whatever
     ``RANK`` a generation of an elastic job gives it.
@@ -108,6 +109,7 @@ def worker_spec(config: LaunchConfig, local_rank: int, incarnation: int, restart
         rendezvous_port: the fresh store that ``env://`` meets at for this restart.
         rendezvous_host: its host (node 0's address); ``--master_addr`` when not given.
         seat: its generation's ranks (:meth:`Seat.fixed` when not given).
+        beat_socket: the node supervisor's beat socket (``TFT_BEAT_SOCKET``), if it has one.
     """
     slot = config.first_rank + local_rank
     seat = seat or Seat.fixed(config)
@@ -145,6 +147,8 @@ def worker_spec(config: LaunchConfig, local_rank: int, incarnation: int, restart
     })
     if seat.world_size != config.worker_num:
         env[names.MS_WORKER_NUM] = env[names.RANK_SIZE] = str(seat.world_size)
+    if beat_socket is not None:
+        env[names.TFT_BEAT_SOCKET] = beat_socket
     return ProcessSpec(Role.WORKER, slot, worker_argv(config, env), env,
                        config.log_dir / f"worker_{slot}.log")
 

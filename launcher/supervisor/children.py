@@ -67,6 +67,8 @@ class Children:
         self.scheduler: Child | None = None
         self.scheduler_launches = 0
         self.spares = SparePool(config.warm_spare or 0, self._start_spare)
+        self.beat_socket: str | None = None
+        """The node's beat socket (launcher/supervisor/beats.py), named to its workers."""
 
     @property
     def hosts_scheduler(self) -> bool:
@@ -113,7 +115,8 @@ class Children:
         prepare_error_file(self.config, worker.rank)
         host, port = self.rendezvous
         spec = worker_spec(self.config, worker.local_rank, worker.incarnation,
-                           self.restart_count, port, rendezvous_host=host, seat=self.seat)
+                           self.restart_count, port, rendezvous_host=host, seat=self.seat,
+                           beat_socket=self.beat_socket)
         try:
             spare = self.spares.hand_over(spec, script_argv(self.config),
                                           self.header(spec, worker.incarnation)) if warm else None

@@ -25,6 +25,7 @@ from launcher.nodes.presence import NodePresence
 from launcher.nodes.rounds import RoundMeeting
 from launcher.procs.process import Watchdog, become_subreaper, sweep
 from launcher.procs.spec import Seat
+from launcher.supervisor.beats import BeatServer, node_name
 from launcher.supervisor.children import Children, node_workers
 from launcher.supervisor.closing import Closing, stop_everything_now
 from launcher.supervisor.failures import ExitInfo
@@ -61,6 +62,7 @@ from launcher.view.render import View
 from recovery.control.client import ExitReport, SchedulerControl
 from recovery.control.node_range import JobDone, Round, TooFew, membership_why
 from recovery.events import EventLog
+from recovery.timeouts import Timeouts
 
 __all__ = ["Supervisor", "EXIT_SUPERVISOR_ERROR"]
 
@@ -106,6 +108,8 @@ class Supervisor:
         """An elastic job's current generation: its nodes."""
         self._free_restarts = 0
         """Group restarts for a change of an elastic job's nodes: not charged."""
+        self._beats: BeatServer | None = None
+        """Takes the workers' heartbeats and beats once for the node (while it runs)."""
         self._observer = Observer(config, self._watch, events.path,
                                   None if self._presence is None else self._presence.tracker)
         self._restart_at: float | None = None
@@ -123,6 +127,18 @@ class Supervisor:
         return self.children.restart_count
 
     # ----------------------------------------------------------------- lifecycle
+    def _start_beats(self) -> None:
+        """Serve the workers' heartbeats on a socket of this node; the workers started
+        from now on are told where (``TFT_BEAT_SOCKET``)."""
+        config = self.config
+        self._beats = BeatServer(node_name(config.local_addr, config.node_rank),
+                                 config.master_addr, config.master_port, config.job_token,
+                                 config.run_id, Timeouts(
+                                     heartbeat_timeout=config.heartbeat_timeout,
+                                     progress_timeout=config.progress_timeout))
+        self.children.beat_socket = self._beats.path
+        self._beats.start()
+
     def run(self) -> int:
         become_subreaper()
         watchdog = self.children.watchdog = Watchdog()
@@ -135,6 +151,7 @@ class Supervisor:
             try:
                 try:
                     self._watch.start()
+                    self._start_beats()
                     if self._presence is not None:
                         self._presence.start()
                     if self.children.hosts_scheduler:
@@ -148,6 +165,8 @@ class Supervisor:
                 if self._follower is not None:
                     self._follower.stop()
                 self._watch.close()
+                if self._beats is not None:
+                    self._beats.close()
                 if self._presence is not None:
                     self._presence.close()
                 self._control.close()

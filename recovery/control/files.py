@@ -65,12 +65,18 @@ class StateFile:
             return _read_json(self.path)
 
     def save(self, data: dict[str, Any]) -> None:
+        self.save_text(json.dumps(data, sort_keys=True))
+
+    def save_text(self, text: str) -> None:
+        """Save the state already written as JSON (the scheduler compares it with the
+        last one saved first: one encoding, not two)."""
         if not self._private:
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             self.path.parent.chmod(0o700)
             self._private = True
+        payload = text.encode()
         with self._lock:
-            _write_json(self.path, data)
+            write_atomic(self.path, lambda file: file.write(payload))
 
 
 @dataclass(frozen=True)

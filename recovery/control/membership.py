@@ -194,6 +194,8 @@ class Member:
     """Whether it may be put in a generation: a rank relaunched into a job that trains
     without it registers unready, and says it is ready once its training loop can take
     a live rank's state (docs/elastic.md), so the others train on until then."""
+    via: str | None = None
+    """The node whose supervisor beats for it (``node_beat``); None: it beats itself."""
 
     def is_process(self, pid: int, incarnation: int, host: str | None = None) -> bool:
         return (self.pid == pid and self.incarnation == incarnation
@@ -222,6 +224,19 @@ class Member:
                    int(data["incarnation"]), str(data["host"]), MemberState(data["state"]),
                    data.get("step"), data.get("phase"),
                    generation_step=data.get("generation_step"), ready=data.get("ready", True))
+
+
+@dataclass
+class NodeSeen:
+    """A node whose supervisor beats for its ranks (``node_beat``), as last heard."""
+
+    heard_at: float
+    """Monotonic: its latest beat."""
+    beats: int = 0
+    ranks: int = 0
+    """How many ranks its latest beat carried."""
+    judged: bool = False
+    """Declared silent since its latest beat."""
 
 
 @dataclass(frozen=True)
@@ -289,6 +304,8 @@ class Membership:
         self.clock: Clock = SystemClock() if clock is None else clock
         self.generation = NO_GENERATION
         self.members: dict[str, Member] = {}
+        self.nodes: dict[str, NodeSeen] = {}
+        """The nodes whose supervisors beat for their ranks, by name."""
         self._rank_holders: dict[int, str] = {}  # rank -> node id; a member's rank never changes
         self.cooldowns: dict[str, float] = {}  # node id -> unix time
         self.fault_at: float | None = None
@@ -301,12 +318,26 @@ class Membership:
         self._update_completeness()
 
     # ----------------------------------------------------------------- requests
-    def register(self, identity: Identity, token: str, ready: bool = True) -> Accepted | Refused:
-        """A process asks to join. See docs/scheduler.md for the rules, in this order.
+    def register(self, identity: Identity, token: str, ready: bool = True,
+                 via: str | None = None) -> Accepted | Refused:
+        """A process asks to join (through its node's supervisor, ``via``, if not itself).
+        See docs/scheduler.md for the rules, in this order.
 
         ``ready=False``: it is not put in a generation until a heartbeat says it is ready.
         """
-        return self._register(identity, token, "register", ready)
+        answer = self._register(identity, token, "register", ready)
+        if isinstance(answer, Accepted):
+            self.members[answer.node_id].via = via
+        return answer
+
+    def heard_from_node(self, node: str, ranks: int) -> None:
+        """``node``'s supervisor beat for ``ranks`` of its ranks: the node is alive."""
+        seen = self.nodes.get(node)
+        if seen is None:
+            seen = self.nodes[node] = NodeSeen(self.clock.monotonic())
+        seen.heard_at, seen.judged = self.clock.monotonic(), False
+        seen.beats += 1
+        seen.ranks = ranks
 
     def _register(self, identity: Identity, token: str, event: str,
                   ready: bool = True) -> Accepted | Refused:
@@ -341,7 +372,8 @@ class Membership:
 
     def heartbeat(self, identity: Identity, token: str, global_step: int | None,
                   phase: str | None = None, sent: float | None = None,
-                  ready: bool | None = None) -> Accepted | Refused:
+                  ready: bool | None = None, via: str | None = None,
+                  silent: float = 0.0) -> Accepted | Refused:
         """A registered process is alive and at ``global_step``, doing ``phase`` (if it says).
 
         ``ready=True`` from a member registered unready: it may now be put in a generation.
@@ -349,6 +381,11 @@ class Membership:
         ``sent``: the beat's signed stamp (the sender's wall clock). The member was alive
         then, not when the scheduler got round to its beat: a beat that waited in a
         flooded queue does not make its sender look fresher (nor staler) than it is.
+
+        ``via``: the node whose supervisor sent the beat for it (``node_beat``), and
+        ``silent``: seconds since the supervisor last heard from the process. The
+        supervisor judges its ranks: one silent past the heartbeat timeout is declared
+        lost at once.
 
         A process the scheduler does not know (its state was lost) is admitted again
         under the registration rules: that is how workers re-attach after a scheduler
@@ -370,6 +407,12 @@ class Membership:
         elif member.state not in LIVE_STATES:
             return self._refuse(identity, RefuseReason.STALE,
                                 f"node {identity.node_id} was declared {member.state.value}")
+        member.via = via
+        if silent > self.timeouts.heartbeat_timeout:
+            self._declare_lost(member, silent)
+            self._update_completeness()
+            return self._refuse(identity, RefuseReason.STALE,
+                                f"node {identity.node_id} was silent for {silent:.1f}s")
         self._confirm(member, sent)
         if phase is not None:
             member.phase = phase
@@ -417,16 +460,39 @@ class Membership:
     def check(self) -> None:
         """Apply the heartbeat and progress rules; called periodically."""
         now = self.clock.monotonic()
+        self._check_nodes(now)
         for member in self._live():
             silent = now - member.heartbeat_at
             if silent > self.timeouts.heartbeat_timeout:
-                member.transition(MemberState.LOST)
-                self._emit("verdict", **member.fields(), verdict=Verdict.HEARTBEAT.value,
-                           silent_s=round(silent, 3))
-                self._start_cooldown(member.node_id, member.rank,
-                                     f"no heartbeat for {silent:.1f}s")
+                self._declare_lost(member, silent)
         self._update_completeness()
         self._check_progress(now)
+
+    def _check_nodes(self, now: float) -> None:
+        """Silence per node: a node whose supervisor has not beaten for the heartbeat
+        timeout is ``node_silent``, and each of its live ranks gets its verdict (the
+        supervisor, or its host, is gone; nobody vouches for them)."""
+        silent_nodes = {node: now - seen.heard_at for node, seen in self.nodes.items()
+                        if not seen.judged and now - seen.heard_at > self.timeouts.heartbeat_timeout}
+        if not silent_nodes:
+            return
+        ranks: dict[str, list[Member]] = {node: [] for node in silent_nodes}
+        for member in self._live():
+            if member.via in ranks:
+                ranks[member.via].append(member)
+        for node, silent in silent_nodes.items():
+            self.nodes[node].judged = True
+            self._emit("node_silent", node=node, silent_s=round(silent, 3),
+                       ranks=sorted(m.rank for m in ranks[node]))
+            for member in ranks[node]:
+                self._declare_lost(member, silent)
+
+    def _declare_lost(self, member: Member, silent: float) -> None:
+        """The heartbeat rule's verdict on ``member``, silent for ``silent`` seconds."""
+        member.transition(MemberState.LOST)
+        self._emit("verdict", **member.fields(), verdict=Verdict.HEARTBEAT.value,
+                   silent_s=round(silent, 3), **({} if member.via is None else {"node": member.via}))
+        self._start_cooldown(member.node_id, member.rank, f"no heartbeat for {silent:.1f}s")
 
     def _check_progress(self, now: float) -> None:
         """The progress rule, within the current generation (docs/scheduler.md).
@@ -491,7 +557,8 @@ class Membership:
         again, the generation whole again). One that falls exactly at ``after`` has not
         passed: the rules compare strictly (silent *more than* the timeout), so it fires
         on the next check."""
-        due = []
+        due = [seen.heard_at + self.timeouts.heartbeat_timeout
+               for seen in self.nodes.values() if not seen.judged]
         for member in self._live():
             due.append(member.heartbeat_at + self.timeouts.heartbeat_timeout)
             if member.behind_since is not None and member.state is MemberState.ALIVE:
@@ -546,8 +613,12 @@ class Membership:
             rows.append({**member.to_json(),
                          "heartbeat_age": round(now - member.heartbeat_at, 3) if live else None,
                          "cooldown_left": round(self.cooldown_left(member.node_id), 3)})
+        nodes = {node: {"beats": seen.beats, "ranks": seen.ranks, "silent": seen.judged,
+                        "heartbeat_age": round(now - seen.heard_at, 3)}
+                 for node, seen in sorted(self.nodes.items())}
         return {"worker_num": self.worker_num, "generation": self.generation,
-                "complete": self.complete, "missing": self.missing_ranks(), "members": rows}
+                "complete": self.complete, "missing": self.missing_ranks(), "members": rows,
+                "nodes": nodes}
 
     def drain_events(self) -> list[tuple[str, dict[str, Any]]]:
         """The events decided since the last call, oldest first: ``(name, fields)``."""

@@ -7,9 +7,11 @@ with it instead of doing the request twice. It is persisted with the scheduler's
 request carried out just before a ``kill -9`` is answered by the relaunched scheduler.
 
 A reply set in the store stays there until someone deletes it. Its client does, after
-reading it; the reply of a client that gave up, or an answer to a retry already
-answered, nobody reads. :class:`SentReplies` lists the replies set and says which are old
-enough (:data:`REPLY_KEEP`) to be removed.
+reading it, or, for a request it gave up waiting for, once it has connected again
+(recovery/control/rpc.py): the scheduler spends no round trip on the replies of the job's
+own clients. The answers no client of the job reads (to a request signed with another
+key, or stamped too long ago) it removes itself: :class:`SentReplies` lists those and
+says which are old enough (:data:`REPLY_KEEP`) to be removed.
 """
 
 from __future__ import annotations

@@ -17,12 +17,14 @@ import json
 import math
 import re
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 from recovery.control.rpc import Op
 from recovery.control.signing import Sealed
 
-__all__ = ["BadRequest", "Request", "parse_request", "MAX_REQUEST_BYTES", "MAX_DEPTH"]
+__all__ = ["BadRequest", "Request", "parse_request", "MAX_REQUEST_BYTES", "MAX_DEPTH",
+           "NODE_BEAT_RANKS"]
 
 MAX_REQUEST_BYTES = 16_384
 MAX_DEPTH = 4
@@ -31,8 +33,9 @@ _NAME = 256
 """Characters of a name: node id, host, fault."""
 _TEXT = 4096
 """Characters of free text: a reason, a phase."""
-_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]')
-"""A string (to the end of the text when unterminated: linear time) or a bracket."""
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?')
+"""A string (to the end of the text when unterminated: linear time)."""
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 
 
 class BadRequest(ValueError):
@@ -93,12 +96,56 @@ class Flag:
         return value
 
 
-Field = Int | Text | Flag
+@dataclass(frozen=True)
+class Records:
+    """A list of at most ``most`` objects, each with the fields of ``schema``."""
+
+    schema: dict[str, Int | Text | Flag | Choice]
+    most: int
+
+    def check(self, name: str, value: Any) -> list[dict[str, Any]]:
+        if not isinstance(value, list) or not 1 <= len(value) <= self.most \
+                or not all(isinstance(item, dict) for item in value):
+            raise BadRequest(f"{name} must be a list of 1 to {self.most} objects, "
+                             f"not {_show(value)}")
+        checked = []
+        for index, item in enumerate(value):
+            try:  # the item's place is named only in an error: thousands pass each second
+                checked.append({field: kind.check(field, item.get(field))
+                                for field, kind in self.schema.items()})
+            except BadRequest as err:
+                raise BadRequest(f"{name}[{index}].{err}") from None
+        return checked
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One of a few strings."""
+
+    choices: tuple[str, ...]
+
+    def check(self, name: str, value: Any) -> str:
+        if value not in self.choices:
+            raise BadRequest(f"{name} must be one of {', '.join(self.choices)}, "
+                             f"not {_show(value)}")
+        return value
+
+
+Field = Int | Text | Flag | Records
 
 _IDENTITY: dict[str, Field] = {
     "node_id": Text(optional=True), "pid": Int(low=0), "incarnation": Int(low=0),
     "host": Text(optional=True), "rank": Int(optional=True),
 }
+_BEAT: dict[str, Field] = {**_IDENTITY, "step": Int(optional=True),
+                           "phase": Text(_TEXT, optional=True), "ready": Flag(optional=True)}
+NODE_BEAT_RANKS = 64
+"""At most this many ranks in one ``node_beat`` (a node with more sends several)."""
+_NODE_RANK_BEAT: dict[str, Int | Text | Flag | Choice] = {
+    **_BEAT, "op": Choice((Op.REGISTER.value, Op.HEARTBEAT.value)),
+    "age": Int(low=0, high=86_400_000)}
+"""One rank in a ``node_beat``: what its own register or heartbeat would carry, and how
+long ago (ms) its supervisor last heard from it."""
 _ENDED: dict[str, Field] = {
     "node_id": Text(), "rank": Int(optional=True), "pid": Int(low=0), "incarnation": Int(low=0),
     "abnormal": Flag(), "reason": Text(_TEXT, optional=True),
@@ -108,8 +155,8 @@ SCHEMAS: dict[Op, dict[str, Field]] = {
     Op.STATUS: {},
     Op.VERDICTS: {},
     Op.REGISTER: {**_IDENTITY, "ready": Flag(optional=True)},
-    Op.HEARTBEAT: {**_IDENTITY, "step": Int(optional=True),
-                   "phase": Text(_TEXT, optional=True), "ready": Flag(optional=True)},
+    Op.HEARTBEAT: _BEAT,
+    Op.NODE_BEAT: {"node": Text(), "ranks": Records(_NODE_RANK_BEAT, NODE_BEAT_RANKS)},
     Op.LEAVE: _ENDED,
     Op.EXIT: _ENDED,
     Op.COOLDOWN: {"node_id": Text()},
@@ -166,16 +213,9 @@ def _deeper_than(limit: int, text: str) -> bool:
     """Whether the arrays and objects of the JSON ``text`` nest deeper than ``limit``."""
     if text.count("[") + text.count("{") <= limit:
         return False  # no deeper than its brackets, strings' included: a heartbeat's case
-    depth = 0
-    for token in _TOKEN.finditer(text):
-        first = text[token.start()]
-        if first in "[{":
-            depth += 1
-            if depth > limit:
-                return True
-        elif first in "]}":
-            depth -= 1
-    return False
+    # The brackets outside strings, found by the regex engine; only they are walked.
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    return bool(brackets) and max(accumulate(1 if bracket in "[{" else -1 for bracket in brackets)) > limit
 
 
 def _number(text: str) -> float | _NotFinite:

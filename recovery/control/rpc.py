@@ -9,7 +9,10 @@ needed (docs/scheduler.md):
 * the scheduler pops requests one at a time, verifies each before it reads its body,
   handles it and sets the reply, signed and carrying the request's nonce, under
   :func:`reply_key` of the request's ``rid``;
-* the client waits for that key, reads it, deletes it and verifies it. A reply that does
+* the client waits for that key, reads it, deletes it and verifies it; the reply of a
+  request it gave up waiting for, it deletes once a later request of its own is
+  answered (the queue is first in, first out: the earlier reply is set by then), so that
+  the scheduler never spends a round trip on a clean-up. A reply that does
   not verify (forged by anyone who reaches the store, or the scheduler's unsigned refusal
   of a wrong token) is counted in :attr:`SchedulerLink.unverified` and never acted on:
   :meth:`SchedulerLink.call` raises :class:`UnverifiedReply`, a :class:`NoReply`.
@@ -105,6 +108,7 @@ class Op(str, Enum):
 
     REGISTER = "register"
     HEARTBEAT = "heartbeat"
+    NODE_BEAT = "node_beat"
     LEAVE = "leave"
     EXIT = "exit"
     COOLDOWN = "cooldown"
@@ -262,6 +266,9 @@ class SchedulerLink:
         self._reply_timeout = reply_timeout
         self._on_connect = on_connect
         self._client: TCPStoreClient | None = None
+        self._abandoned: list[str] = []
+        """Request ids whose replies this link stopped waiting for: removed from the
+        store once a later request is answered."""
         self._lock = threading.Lock()
         self._connected = threading.Event()
         self._closed = threading.Event()
@@ -296,12 +303,14 @@ class SchedulerLink:
             try:
                 client.queue_push(REQUESTS, request)
                 reply = self._reply_to(client, op, rid, nonce)
+                self._clear_abandoned(client)
             except StoreError as err:
                 # A timed-out connection is mid-message: a new one is made, and its
                 # on_connect delivers what waits for it (SchedulerControl's exit reports),
                 # under the same request ids.
                 self._drop()
                 if isinstance(err, StoreTimeout):
+                    self._abandoned.append(rid)
                     raise NoReply(f"no answer to {op.value} from the scheduler at "
                                   f"{self.where} within {self._reply_timeout:g}s") from None
                 raise SchedulerUnavailable(f"scheduler at {self.where}: {err}") from None
@@ -443,6 +452,13 @@ class SchedulerLink:
                 if self._connected.is_set() or self._closed.is_set():
                     self._connector = None
                     return
+
+    def _clear_abandoned(self, client: TCPStoreClient) -> None:
+        """Remove the replies of the requests given up on: a later request is answered,
+        so theirs are set (a request that got none, a replay, has none to remove)."""
+        while self._abandoned:
+            client.delete_key(reply_key(self._abandoned[-1]))
+            self._abandoned.pop()
 
     def _open(self) -> TCPStoreClient | None:
         if not port_open(self.host, self.port) or self._closed.is_set():

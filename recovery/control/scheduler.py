@@ -90,6 +90,12 @@ logger = logging.getLogger(__name__)
 CHECK_EVERY = 0.1
 """The periodic rules run at most this often, and this soon after any request."""
 PERSIST_EVERY = 1.0
+RULES_SHARE = 0.02
+"""The share of a core that the periodic rules, and the saves of heartbeat-only changes,
+may each take: with tens of thousands of members a run of the rules (O(members)) takes
+tens of ms and a save hundreds, and each is then spaced to cost at most this. Deadlines
+(a heartbeat timeout, a progress timeout) still wake the rules on time, and decisions are
+still saved before their replies."""
 BATCH = 256
 """At most this many waiting requests are handled before their decisions are persisted
 and they are answered."""
@@ -111,6 +117,11 @@ _TICK = json.dumps({"op": Op.TICK.value}).encode()
 _NEWS_EVENTS = frozenset({"generation", "verdict", "inject"})
 """Decisions the workers are to hear before their next (spaced) beat: the news counter
 moves, and they beat at once (recovery/control/rpc.py)."""
+_SAVED_LATER = frozenset({"register", "attach", "refuse"})
+"""Decisions saved with the next spaced save, not before their replies: a process admitted
+that a relaunched scheduler does not know re-attaches with its next beat, under the same
+rank, and a refusal changes nothing. At tens of thousands of ranks a save takes seconds,
+and a generation's registrations would otherwise each wait for one."""
 _KEPT = frozenset({Op.EXIT, Op.LEAVE, Op.INJECT, Op.LAST_WORDS})
 """The ops whose replies are kept for a retry: carried out twice, they would not do the
 same (a second cooldown, a second injection, a claim granted but never learned)."""
@@ -228,11 +239,19 @@ class Scheduler:
         """Times the loop woke for a request or a tick (a batch of waiting requests counts
         once): a quiet scheduler's count stays still."""
         self.ticks = 0
+        self.node_beats = 0
+        """``node_beat`` requests handled (each for all the ranks of one node)."""
+        self._rules_every = CHECK_EVERY
+        """Seconds between two runs of the rules for requests: :data:`CHECK_EVERY`, or
+        longer where a run costs more than :data:`RULES_SHARE` of that (many members)."""
+        self._persist_every = PERSIST_EVERY
+        """Seconds between two saves of heartbeat-only changes: as for the rules."""
         self._handlers: dict[Op, Callable[[Request], dict[str, Any] | None]] = {
             Op.TICK: lambda _request: None,
             Op.STATUS: self._on_status,
             Op.REGISTER: self._on_register,
             Op.HEARTBEAT: self._on_heartbeat,
+            Op.NODE_BEAT: self._on_node_beat,
             Op.LEAVE: lambda request: self._on_exit(request, by="worker"),
             Op.EXIT: lambda request: self._on_exit(request, by="supervisor"),
             Op.COOLDOWN: self._on_cooldown,
@@ -412,8 +431,8 @@ class Scheduler:
             return now
         # Just past a rules deadline: the rules compare strictly (silent > timeout).
         due = [self._rules_due + _PAST_DEADLINE if self._rules_due is not None else math.inf,
-               self._checked_at + CHECK_EVERY if self._check_pending else math.inf,
-               self._saved_at + PERSIST_EVERY if self._unsaved else math.inf]
+               self._checked_at + self._rules_every if self._check_pending else math.inf,
+               self._saved_at + self._persist_every if self._unsaved else math.inf]
         reply_expiry = self._sent.next_expiry()
         if reply_expiry is not None:
             due.append(reply_expiry)
@@ -457,7 +476,6 @@ class Scheduler:
         for rid, reply in answers:
             if rid is not None and reply is not None:
                 self._client.set(reply_key(rid), reply)
-                self._sent.sent(rid)
         for expired in self._sent.expired():
             self._client.delete_key(reply_key(expired))
         self._wake_loop_at(self._next_wakeup(time.monotonic()))
@@ -465,7 +483,9 @@ class Scheduler:
     # ----------------------------------------------------------------- requests
     def _handle(self, raw: bytes) -> tuple[str | None, str | None]:
         """Decide on one request: its id (to reply under, ``None``: no reply) and the
-        reply's wire text.
+        reply's wire text. The job's own clients remove the replies they get (and those
+        they gave up on); an answer no client of the job reads (to a request signed with
+        another key, or stamped too long ago) is listed to be removed later.
 
         The signature is verified before anything else is read: a request that does not
         verify is answered, unsigned, ``token`` (it is the only answer a process holding
@@ -483,6 +503,7 @@ class Scheduler:
             self._refused("signature", None if header is None else header.op, str(err))
             if header is None or self._behind is not None:  # a flood is not answered
                 return None, None
+            self._sent.sent(header.rid)
             return header.rid, seal(None, Kind.REPLY, header.op, header.rid, header.nonce,
                                     json.dumps(_WRONG_TOKEN))
         problem = self._replays.check(sealed)
@@ -493,6 +514,7 @@ class Scheduler:
             message = (f"its time stamp is more than {self._replays.window:g}s from the "
                        f"scheduler's clock: old, or the clocks of the hosts differ")
             self._refused(problem, sealed.op, message)
+            self._sent.sent(sealed.rid)
             return sealed.rid, self._sealed(sealed, {"ok": False, "reason": "clock",
                                                      "message": message, "retry_after": None})
         self._stamp = sealed.ts_ms / 1000
@@ -547,7 +569,8 @@ class Scheduler:
                 "heartbeat_timeout": cfg.timeouts.heartbeat_timeout,
                 "progress_timeout": cfg.timeouts.progress_timeout,
                 "cluster_time_out": cfg.timeouts.cluster_time_out,
-                "loop": {"wakeups": self.wakeups, "ticks": self.ticks}}
+                "loop": {"wakeups": self.wakeups, "ticks": self.ticks,
+                         "node_beats": self.node_beats}}
 
     def _on_register(self, request: Request) -> dict[str, Any]:
         """A registration (signed: it holds the job token); the reply hands the new
@@ -564,6 +587,28 @@ class Scheduler:
                                            fields["step"], fields["phase"], sent=self._stamp,
                                            ready=fields["ready"])
         return self._handing_out_injections(answer)
+
+    def _on_node_beat(self, request: Request) -> dict[str, Any]:
+        """One node's beat: its supervisor registers and beats for its ranks at once
+        (recovery/control/node_beats.py). The reply holds each rank's answer, in the
+        request's order, as its own register or heartbeat would have had it."""
+        node, ranks = request.fields["node"], request.fields["ranks"]
+        self.membership.heard_from_node(node, len(ranks))
+        self.node_beats += 1
+        answers = []
+        for entry in ranks:
+            identity = Identity.from_json(entry)
+            age = entry["age"] / 1000
+            if entry["op"] == Op.REGISTER.value:
+                answer = self.membership.register(identity, self.config.token,
+                                                  entry["ready"] is not False, via=node)
+            else:
+                sent = None if self._stamp is None else self._stamp - age
+                answer = self.membership.heartbeat(identity, self.config.token, entry["step"],
+                                                   entry["phase"], sent=sent,
+                                                   ready=entry["ready"], via=node, silent=age)
+            answers.append(self._handing_out_injections(answer))
+        return {"ok": True, "ranks": answers}
 
     def _handing_out_injections(self, answer: Accepted | Refused) -> dict[str, Any]:
         """``answer`` as a reply, with the injections queued for an accepted rank."""
@@ -633,17 +678,19 @@ class Scheduler:
         """Apply the periodic rules when due, persist, then make the decisions known."""
         now = time.monotonic()
         rules_ran = not self._judge_behind(now) and (
-            now - self._checked_at >= CHECK_EVERY
+            now - self._checked_at >= self._rules_every
             or (self._rules_due is not None and now >= self._rules_due))
         if rules_ran:
             self.membership.check()
             self._checked_at, self._check_pending = now, False
             self._rules_due = self.membership.next_due(after=now)
+            self._rules_every = _spaced(CHECK_EVERY, time.monotonic() - now)
         decided = [*self.membership.drain_events(), *self._decided]
-        self._save(finished=False, now=bool(decided) or self._changed)
+        self._save(finished=False, now=self._changed or any(
+            name not in _SAVED_LATER for name, _fields in decided))
         self._decided, self._changed = [], False
+        self.events.emit_all(decided)
         for name, fields in decided:
-            self.events.emit(name, **fields)
             logger.info("%s %s", name, " ".join(f"{k}={v}" for k, v in fields.items()))
         self._publish_generation()
         if any(name in _NEWS_EVENTS for name, _fields in decided):
@@ -716,15 +763,17 @@ class Scheduler:
         """Persist the state when it changed: at once after a decision, else at most every
         PERSIST_EVERY seconds (heartbeats only move steps; the snapshot, O(members), is
         not even built in between)."""
-        if not now and time.monotonic() - self._saved_at < PERSIST_EVERY:
+        started = time.monotonic()
+        if not now and started - self._saved_at < self._persist_every:
             self._unsaved = True
             return
         self._unsaved = False
         text = json.dumps(self._snapshot(finished), sort_keys=True)
         if text == self._saved:
             return
-        self._state.save(json.loads(text))
+        self._state.save_text(text)
         self._saved, self._saved_at = text, time.monotonic()
+        self._persist_every = _spaced(PERSIST_EVERY, self._saved_at - started)
 
     def _check_end(self) -> None:
         ms = self.membership
@@ -744,6 +793,12 @@ class Scheduler:
             if not self.config.supervised:
                 self._finish(EXIT_CLUSTER_TIMEOUT, message)
         self._overdue_reported = overdue
+
+
+def _spaced(least: float, cost: float) -> float:
+    """Seconds between two runs of something periodic that took ``cost`` seconds: at
+    least ``least``, and enough that it takes at most :data:`RULES_SHARE` of a core."""
+    return max(least, cost / RULES_SHARE)
 
 
 def main() -> int:

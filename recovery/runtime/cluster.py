@@ -30,6 +30,7 @@ from datetime import timedelta
 from typing import Any, NoReturn
 
 from recovery import env as names
+from recovery.control.beat_channel import LocalLink
 from recovery.control.inject import Injection
 from recovery.control.membership import Identity, describe_incomplete
 from recovery.control.rpc import (
@@ -279,7 +280,11 @@ class ClusterContext:
                     "incarnation": self.incarnation}
         if session.link.wait_connected(_LEAVE_WAIT):
             try:
-                session.link.call(Op.LEAVE, **identity, abnormal=abnormal, reason=reason)
+                # Asked again on a new connection if need be: under tftrun the heartbeats
+                # go through the node's supervisor, so this link's connection may have
+                # died unnoticed with a scheduler since relaunched.
+                session.link.call_until(Op.LEAVE, time.monotonic() + _LEAVE_WAIT, **identity,
+                                        abnormal=abnormal, reason=reason)
             except SchedulerUnavailable as err:
                 logger.warning("could not tell the scheduler this worker ends: %s", err)
         session.link.close()
@@ -458,12 +463,13 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None) -> Clu
         raise RegistrationRefused(str(err)) from None
     link = SchedulerLink(worker_env.sched_host, worker_env.sched_port, token, REPLY_TIMEOUT,
                          run_id=worker_env.run_id)
+    beats = _beat_link(link)
     claim = _identity(worker_env)
     defer = _defers_join(worker_env)
-    accepted = _register(link, claim, deadline, ready=not defer)
+    accepted = _register(beats, claim, deadline, ready=not defer)
     rank, generation = int(accepted["rank"]), int(accepted["generation"])
     identity = Identity(accepted["node_id"], claim.pid, claim.incarnation, claim.host, rank)
-    heartbeat = Heartbeat(link, identity, timeouts.beat_interval, generation,
+    heartbeat = Heartbeat(beats, identity, timeouts.beat_interval, generation,
                           news_every=timeouts.heartbeat_interval,
                           look_every=news_look_interval(worker_env.world_size,
                                                         timeouts.heartbeat_interval))
@@ -500,7 +506,14 @@ def _defers_join(worker_env: WorkerEnv) -> bool:
     return relaunched and worker_env.min_worker_num < worker_env.world_size
 
 
-def _register(link: SchedulerLink, identity: Identity, deadline: float,
+def _beat_link(link: SchedulerLink) -> SchedulerLink | LocalLink:
+    """Where registration and heartbeats go: the node's supervisor when tftrun named its
+    socket (``TFT_BEAT_SOCKET``: it beats once for the node), else the scheduler."""
+    path = os.environ.get(names.TFT_BEAT_SOCKET)
+    return LocalLink(path, REPLY_TIMEOUT) if path else link
+
+
+def _register(link: SchedulerLink | LocalLink, identity: Identity, deadline: float,
               ready: bool = True) -> dict[str, Any]:
     """Register, retrying while the scheduler is unreachable or refuses for a while.
 

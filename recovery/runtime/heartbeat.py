@@ -34,15 +34,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from recovery.control.beat_channel import LocalLink
 from recovery.control.inject import Inbox, Injection
 from recovery.control.membership import Identity
 from recovery.control.rpc import Op, SchedulerLink, SchedulerUnavailable
 
-__all__ = ["Heartbeat", "EXIT_EVICTED", "news_look_interval"]
+__all__ = ["Heartbeat", "EXIT_EVICTED", "news_look_interval", "JITTER"]
 
 logger = logging.getLogger(__name__)
 
-_JITTER = 0.2
+JITTER = 0.2
 """Each wait for the next beat is up to this share of the interval shorter: thousands of
 ranks that beat together after a new generation drift apart, and never further apart
 than the interval (docs/scale.md)."""
@@ -74,7 +75,8 @@ class Heartbeat:
     """Beats every ``interval`` seconds until stopped, and sooner when there is news.
 
     Args:
-        link: the connection to the scheduler.
+        link: the connection to the scheduler, or to the node's supervisor, which beats
+            for the node (recovery/control/beat_channel.py).
         identity: this process, as the scheduler admitted it.
         interval: seconds between beats.
         on_evicted: called with the scheduler's message when a beat is refused; the
@@ -85,7 +87,7 @@ class Heartbeat:
             soonest (:func:`news_look_interval`); ``None``: none is.
     """
 
-    def __init__(self, link: SchedulerLink, identity: Identity, interval: float,
+    def __init__(self, link: SchedulerLink | LocalLink, identity: Identity, interval: float,
                  generation: int, on_evicted: Callable[[str], None] = _exit_evicted,
                  news_every: float | None = None, look_every: float | None = None) -> None:
         self.global_step: int | None = None
@@ -235,7 +237,7 @@ class Heartbeat:
             next_beat = self._next_beat()
 
     def _next_beat(self) -> float:
-        return time.monotonic() + self._interval * random.uniform(1 - _JITTER, 1)
+        return time.monotonic() + self._interval * random.uniform(1 - JITTER, 1)
 
     def _until(self, next_beat: float) -> float:
         """How long to wait before looking again: until the next beat, or the next read

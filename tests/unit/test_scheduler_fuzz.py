@@ -35,13 +35,20 @@ PLAUSIBLE = {
     "consistent": st.booleans(), "nproc": st.integers(1, 2),
 }
 """Values a client sends, by field."""
+PLAUSIBLE["node"] = st.sampled_from(["h/0", "h/1"])
+PLAUSIBLE["ranks"] = st.lists(st.fixed_dictionaries({
+    "op": st.sampled_from(["register", "heartbeat"]), "age": st.integers(0, 40_000),
+    **{name: PLAUSIBLE[name] for name in ("node_id", "pid", "incarnation", "host", "rank",
+                                          "step", "phase")}}), min_size=1, max_size=3)
+"""A node's beat: a few ranks, each registering or beating, some silent past the timeout."""
 
 IDENTITY = ("node_id", "pid", "incarnation", "host", "rank")
 ENDED = ("node_id", "rank", "pid", "incarnation", "abnormal", "reason")
 FIELDS = {Op.REGISTER: IDENTITY, Op.HEARTBEAT: (*IDENTITY, "step", "phase"), Op.LEAVE: ENDED,
           Op.EXIT: ENDED, Op.COOLDOWN: ("node_id",), Op.INJECT: ("rank", "fault", "at_step"),
           Op.LAST_WORDS: ("rank", "generation", "step", "consistent", "reason"),
-          Op.VERDICTS: (), Op.STATUS: (), Op.TICK: (), Op.NODE_RANK: ("node_id", "nproc")}
+          Op.VERDICTS: (), Op.STATUS: (), Op.TICK: (), Op.NODE_RANK: ("node_id", "nproc"),
+          Op.NODE_BEAT: ("node", "ranks")}
 """The fields of each request, as the clients send them."""
 
 json_values = st.recursive(
@@ -107,6 +114,7 @@ def scheduler(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scheduler]:
 def handled(scheduler: Scheduler, raw: bytes, authentic: bool = True) -> None:
     """Hand ``raw`` to the scheduler as its loop does; check what must hold of any request."""
     state = StateFile(scheduler.config.recovery_path).path
+    scheduler._save(finished=False)  # what earlier requests left to a spaced save is saved
     before, on_disk = scheduler._snapshot(finished=False), state.read_bytes()
     _rid, sent = scheduler._handle(raw)
     scheduler._after_request()

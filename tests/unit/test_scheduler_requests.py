@@ -18,7 +18,7 @@ from recovery.control import replies
 from recovery.control.client import SchedulerControl
 from recovery.control.files import StateFile
 from recovery.control.membership import Identity
-from recovery.control.rpc import REQUESTS, Op, SchedulerLink, open_client, reply_key
+from recovery.control.rpc import REQUESTS, NoReply, Op, SchedulerLink, open_client, reply_key
 from recovery.control.scheduler import Scheduler
 from recovery.control.signing import Kind, job_key, new_nonce, seal
 from recovery.env import DEFAULT_RUN_ID
@@ -78,14 +78,39 @@ def test_an_exit_report_re_sent_after_a_timeout_is_counted_once(
         control.close()
 
 
-def test_a_reply_nobody_reads_is_removed_from_the_store(
+def test_a_reply_to_another_jobs_request_is_removed_by_the_scheduler(
         tmp_path: Path, free_port: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(replies, "REPLY_KEEP", 0.5)
     with running_scheduler(tmp_path, free_port):
         store = open_client("127.0.0.1", free_port, 10)
-        store.queue_push(REQUESTS, signed("status", rid="abandoned"))
-        wait_for(lambda: store.check([reply_key("abandoned")]), 10, "the reply set")
-        wait_for(lambda: not store.check([reply_key("abandoned")]), 10, "the reply removed")
+        store.queue_push(REQUESTS, signed("status", token="another job's token", rid="stranger"))
+        wait_for(lambda: store.check([reply_key("stranger")]), 10, "the reply set")
+        wait_for(lambda: not store.check([reply_key("stranger")]), 10, "the reply removed")
+
+
+def test_a_reply_given_up_on_is_removed_by_its_client_not_by_the_scheduler(
+        tmp_path: Path, free_port: int) -> None:
+    """docs/scale.md: the scheduler spends no round trip on cleaning up after the job's
+    own clients; a client removes the reply it stopped waiting for once a later request
+    of its own is answered (the queue is first in, first out)."""
+    with running_scheduler(tmp_path, free_port) as scheduler:
+        released = threading.Event()
+        status = scheduler._handlers[Op.STATUS]
+        scheduler._handlers[Op.STATUS] = lambda request: (released.wait(10), status(request))[1]
+        link = SchedulerLink("127.0.0.1", free_port, TOKEN, reply_timeout=REPLY_TIMEOUT)
+        store = open_client("127.0.0.1", free_port, 10)
+        try:
+            assert link.wait_connected(10)
+            with pytest.raises(NoReply):
+                link.call(Op.STATUS, rid="given-up")
+            released.set()
+            wait_for(lambda: store.check([reply_key("given-up")]), 10, "the late reply set")
+            assert scheduler._sent.next_expiry() is None  # none of the scheduler's to remove
+            assert link.wait_connected(10)
+            assert link.call(Op.STATUS)["ok"]
+            assert not store.check([reply_key("given-up")])
+        finally:
+            link.close()
 
 
 def ask(store: Any, raw: bytes | str, rid: str) -> dict[str, Any]:

@@ -1,0 +1,196 @@
+"""The node's beat server: its workers' heartbeats in, one ``node_beat`` per node out.
+
+Workers under tftrun connect to a Unix ``SOCK_SEQPACKET`` socket in a folder only this
+user may enter, named to them in ``TFT_BEAT_SOCKET`` (recovery/control/beat_channel.py).
+One thread serves the connections: it records each report and answers a heartbeat at
+once from the scheduler's latest answer (recovery/control/node_beats.py); a
+registration waits for the next beat. Another sends the node's beats: every beat
+interval, at once for a registration or for a rank silent past the heartbeat timeout, and
+at once when the scheduler's news counter moved (read about once a second, for the whole
+node). The supervisor's loop never waits on either.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import selectors
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from recovery.control.node_beats import MAX_LOCAL_BYTES, NodeBeats, decode, encode
+from recovery.control.rpc import Op, SchedulerLink, SchedulerUnavailable
+from recovery.control.throttle import Throttle
+from recovery.runtime.heartbeat import JITTER
+from recovery.timeouts import Timeouts
+
+__all__ = ["BeatServer", "node_name"]
+
+logger = logging.getLogger(__name__)
+
+_REPLY_TIMEOUT = 5.0
+_JOIN = 5.0
+_GATHER = 0.05
+"""Seconds a beat for a registration waits for the node's other ranks to register too
+(they start together): one beat for them all."""
+
+
+class BeatServer:
+    """Serves the node's workers and beats for them under the name ``node``."""
+
+    def __init__(self, node: str, host: str, port: int, token: str, run_id: str,
+                 timeouts: Timeouts) -> None:
+        self.node = node
+        self._folder = Path(tempfile.mkdtemp(prefix="tft-beats-"))
+        self.path = str(self._folder / "beats.sock")
+        self._beats = NodeBeats(timeouts.heartbeat_timeout, timeouts.beat_interval,
+                                jitter=JITTER)
+        self._news_every = timeouts.heartbeat_interval
+        self._link = SchedulerLink(host, port, token, _REPLY_TIMEOUT, connect=False,
+                                   run_id=run_id)
+        self._lock = threading.Lock()  # the NodeBeats, and sends on the connections
+        self._wake = threading.Event()
+        self._closed = threading.Event()
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._listener.bind(self.path)
+        self._listener.listen(1024)
+        self._connections: dict[int, socket.socket] = {}
+        self._failing = Throttle()
+        self._threads = [threading.Thread(target=self._serve, name="beat-server", daemon=True),
+                         threading.Thread(target=self._beat, name="node-beats", daemon=True)]
+
+    def start(self) -> None:
+        """Serve; the scheduler is connected to once a worker connects (a script that
+        does not use ``recovery`` never does)."""
+        for thread in self._threads:
+            thread.start()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._wake.set()
+        self._listener.close()
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(_JOIN)
+        with self._lock:
+            for conn in self._connections.values():
+                conn.close()
+            self._connections.clear()
+        self._link.close()
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+    # ----------------------------------------------------------------- local side
+    def _serve(self) -> None:
+        selector = selectors.DefaultSelector()
+        selector.register(self._listener, selectors.EVENT_READ)
+        try:
+            while not self._closed.is_set():
+                for ready, _mask in selector.select(timeout=0.5):
+                    sock = ready.fileobj
+                    assert isinstance(sock, socket.socket)
+                    if sock is self._listener:
+                        self._accept(selector)
+                    else:
+                        self._read(selector, sock)
+        except OSError:
+            if not self._closed.is_set():
+                logger.exception("the beat server failed")
+        finally:
+            selector.close()
+
+    def _accept(self, selector: selectors.BaseSelector) -> None:
+        conn, _address = self._listener.accept()
+        self._link.start()
+        with self._lock:
+            self._connections[conn.fileno()] = conn
+        selector.register(conn, selectors.EVENT_READ)
+
+    def _read(self, selector: selectors.BaseSelector, conn: socket.socket) -> None:
+        key = conn.fileno()
+        try:
+            data = conn.recv(MAX_LOCAL_BYTES)
+        except OSError:
+            data = b""
+        message = decode(data) if data else None
+        if message is None:  # closed (its process ended) or not ours to read
+            selector.unregister(conn)
+            with self._lock:
+                self._beats.forget(key)
+                self._connections.pop(key, None)
+            conn.close()
+            return
+        op = message.get("op")
+        with self._lock:
+            if op == "news":
+                self._send(key, {"news": self._beats.news})
+            elif op in (Op.REGISTER.value, Op.HEARTBEAT.value):
+                self._beats.heard(key, op, message, time.monotonic())
+                if op == Op.HEARTBEAT.value:
+                    self._send(key, self._beats.answer(key) or {"waiting": True})
+        if op == Op.REGISTER.value:
+            self._wake.set()
+
+    def _send(self, key: int, message: dict[str, object]) -> None:
+        """Send to connection ``key`` (under the lock); a closed one is left to the
+        server thread."""
+        conn = self._connections.get(key)
+        if conn is not None:
+            try:
+                conn.send(encode(message))
+            except OSError:
+                pass
+
+    # ----------------------------------------------------------------- scheduler side
+    def _beat(self) -> None:
+        news_seen: int | None = None
+        next_news = time.monotonic()
+        while not self._closed.is_set():
+            with self._lock:
+                due = self._beats.next_due()
+            now = time.monotonic()
+            if due == -math.inf:
+                self._closed.wait(_GATHER)
+            elif now < due:
+                self._wake.wait(min(due, next_news) - now)
+                self._wake.clear()
+                if self._closed.is_set():
+                    return
+            now = time.monotonic()
+            if now >= next_news:
+                next_news = now + self._news_every
+                news = self._link.news()
+                if news is not None and news != news_seen:
+                    news_seen = news
+                    self._send_beats()  # something happened: every rank hears it now
+                    continue
+            with self._lock:
+                due = self._beats.next_due()
+            if time.monotonic() >= due:
+                self._send_beats()
+
+    def _send_beats(self) -> None:
+        with self._lock:
+            batches = self._beats.beats(time.monotonic())
+        for sent in batches:
+            try:
+                reply = self._link.call(Op.NODE_BEAT, node=self.node,
+                                        ranks=[entry for _key, entry in sent])
+                with self._lock:
+                    for key, answer in self._beats.fan_out(sent, reply).items():
+                        self._send(key, answer)
+            except (SchedulerUnavailable, ValueError) as err:
+                if (count := self._failing.note()) is not None:
+                    logger.warning("node beat failed %d time(s): %s", count, err)
+
+
+def node_name(host: str, node_rank: int | None) -> str:
+    """This node's name in its beats: its host and node rank (its pid while it has none)."""
+    return f"{host}/{node_rank if node_rank is not None else f'pid{os.getpid()}'}"[:256]
+
+
+

@@ -1,0 +1,113 @@
+"""A worker's end of its node's beat socket: registers and heartbeats go to the supervisor.
+
+Under tftrun (``TFT_BEAT_SOCKET`` set) a worker's registration and heartbeats go to its
+node's supervisor over a Unix ``SOCK_SEQPACKET`` socket (one message per request, and the
+supervisor sees the connection close the moment the process ends), not through the
+scheduler's store: no store round trip, no name lookup. The supervisor batches them into
+one ``node_beat`` per node (recovery/control/node_beats.py). :class:`LocalLink` answers
+what :class:`recovery.runtime.heartbeat.Heartbeat` and the registration ask of a
+:class:`recovery.control.rpc.SchedulerLink`: ``call`` for ``register`` and ``heartbeat``
+(a heartbeat is answered at once with the scheduler's latest answer for this rank), and
+``news``, the supervisor's news counter, read locally.
+
+Every other request (leave, last words, status) still goes to the scheduler itself.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Any
+
+from recovery.control.node_beats import MAX_LOCAL_BYTES, decode, encode
+from recovery.control.rpc import NoReply, Op, SchedulerUnavailable
+
+__all__ = ["LocalLink"]
+
+_LOCAL_OPS = frozenset({Op.REGISTER, Op.HEARTBEAT})
+
+
+class LocalLink:
+    """The connection to the node's supervisor at ``path``; ``reply_timeout`` bounds
+    each wait for an answer (a registration's goes to the scheduler and back)."""
+
+    def __init__(self, path: str, reply_timeout: float) -> None:
+        self.path = path
+        self._reply_timeout = reply_timeout
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+
+    @property
+    def where(self) -> str:
+        return f"the node's supervisor at {self.path}"
+
+    def wait_connected(self, timeout: float) -> bool:
+        """Whether the supervisor's socket can be reached (connects if need be)."""
+        with self._lock:
+            return self._connected() is not None
+
+    def call(self, op: Op, rid: str | None = None, **fields: Any) -> dict[str, Any]:
+        """Send a registration or a heartbeat; the supervisor's answer.
+
+        Raises:
+            SchedulerUnavailable: the supervisor cannot be reached, or has no answer yet
+                (:class:`NoReply` when it did not answer in time).
+        """
+        if op not in _LOCAL_OPS:
+            raise ValueError(f"{op.value} goes to the scheduler, not to the node's supervisor")
+        reply = self._ask({"op": op.value, **fields})
+        if "ok" not in reply:
+            raise SchedulerUnavailable(f"no answer from the scheduler yet ({self.where})")
+        return reply
+
+    def news(self) -> int | None:
+        """The supervisor's news counter; ``None`` when it cannot be read now."""
+        try:
+            news = self._ask({"op": "news"}).get("news")
+        except SchedulerUnavailable:
+            return None
+        return news if isinstance(news, int) else None
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+    def _ask(self, message: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            sock = self._connected()
+            if sock is None:
+                raise SchedulerUnavailable(f"cannot reach {self.where}")
+            try:
+                sock.sendall(encode(message))
+                data = sock.recv(MAX_LOCAL_BYTES)
+            except TimeoutError:
+                self._drop()  # an answer may still come: never read as the next one's
+                raise NoReply(f"no answer from {self.where} within "
+                              f"{self._reply_timeout:g}s") from None
+            except OSError as err:
+                self._drop()
+                raise SchedulerUnavailable(f"{self.where}: {err}") from None
+        reply = decode(data) if data else None
+        if reply is None:
+            with self._lock:
+                self._drop()
+            raise SchedulerUnavailable(f"{self.where} closed the connection or answered "
+                                       "something else")
+        return reply
+
+    def _connected(self) -> socket.socket | None:
+        if self._sock is None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            sock.settimeout(self._reply_timeout)
+            try:
+                sock.connect(self.path)
+            except OSError:
+                sock.close()
+                return None
+            self._sock = sock
+        return self._sock
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None

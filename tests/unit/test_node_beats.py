@@ -1,0 +1,199 @@
+"""Beats per node: a supervisor's batching and fan-out (recovery/control/node_beats.py) and
+the scheduler's judgement of a node's silence (recovery/control/membership.py), exactly,
+on a fake clock; and one node beat through the real scheduler's request handling."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from fake_clock import FakeClock
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sched_inprocess import TOKEN, ask, scheduler
+
+from recovery.control.membership import Identity, Membership, MemberState
+from recovery.control.node_beats import BEAT_BYTES, NodeBeats
+from recovery.control.requests import MAX_REQUEST_BYTES, NODE_BEAT_RANKS
+from recovery.timeouts import Timeouts
+
+TIMEOUT = 30.0
+INTERVAL = 6.0
+
+
+def report(rank: int, **fields: Any) -> dict[str, Any]:
+    return {"node_id": str(rank), "pid": 100 + rank, "incarnation": 1, "host": "h",
+            "rank": rank, **fields}
+
+
+def accepted(rank: int, generation: int = 0, **extra: Any) -> dict[str, Any]:
+    return {"ok": True, "node_id": str(rank), "rank": rank, "generation": generation,
+            "fault_at": None, **extra}
+
+
+def registered(ranks: int, now: float = 0.0) -> NodeBeats:
+    """A node whose ``ranks`` ranks registered through one beat and were accepted."""
+    beats = NodeBeats(TIMEOUT, INTERVAL)
+    for rank in range(ranks):
+        beats.heard(rank, "register", report(rank), now)
+    for sent in beats.beats(now):
+        beats.fan_out(sent, {"ok": True, "ranks": [accepted(key) for key, _e in sent]})
+    return beats
+
+
+def test_registrations_go_out_at_once_and_once_and_each_rank_gets_its_own_answer() -> None:
+    beats = NodeBeats(TIMEOUT, INTERVAL)
+    beats.heard(7, "register", report(0), 0.0)
+    beats.heard(9, "register", report(1), 0.0)
+    assert beats.next_due() == -math.inf
+    [sent] = beats.beats(0.0)
+    assert [(key, entry["op"], entry["rank"]) for key, entry in sent] == [
+        (7, "register", 0), (9, "register", 1)]
+    answers = beats.fan_out(sent, {"ok": True, "ranks": [
+        accepted(0, inject=[{"id": "i1"}]), {"ok": False, "reason": "cooldown"}]})
+    assert answers == {7: accepted(0, inject=[{"id": "i1"}]), 9: {"ok": False, "reason": "cooldown"}}
+    assert beats.next_due() == INTERVAL  # nothing waits: the next beat an interval on
+    [again] = beats.beats(INTERVAL)
+    assert [(key, entry["op"]) for key, entry in again] == [(7, "heartbeat")]  # the refused one asks anew
+
+
+def test_a_beat_carries_each_ranks_step_phase_and_age_and_hands_injections_out_once() -> None:
+    beats = registered(2)
+    beats.heard(0, "heartbeat", report(0, step=12, phase="train"), 4.0)
+    beats.heard(1, "heartbeat", report(1, step=11, phase="save"), 5.5)
+    [sent] = beats.beats(6.0)
+    assert [(e["step"], e["phase"], e["age"]) for _k, e in sent] == [(12, "train", 2000),
+                                                                      (11, "save", 500)]
+    news = beats.news
+    beats.fan_out(sent, {"ok": True, "ranks": [accepted(0), accepted(1, inject=[{"id": "x"}])]})
+    assert beats.news == news + 1  # rank 1 has something new; rank 0 nothing
+    assert beats.answer(1) == accepted(1, inject=[{"id": "x"}])
+    assert beats.answer(1) == accepted(1)  # handed out once
+    beats.fan_out(sent, {"ok": True, "ranks": [accepted(0, generation=1), accepted(1)]})
+    assert beats.news == news + 2 and beats.answer(0) == accepted(0, generation=1)
+
+
+def test_a_rank_silent_past_the_timeout_is_sent_at_once_and_not_again_once_refused() -> None:
+    beats = registered(2)
+    beats.heard(0, "heartbeat", report(0, step=1), 3.0)
+    beats.heard(1, "heartbeat", report(1, step=1), 20.0)
+    for beaten_at in (0.0, 6.0, 12.0, 18.0, 24.0):
+        assert beats.next_due() == beaten_at + INTERVAL  # the interval comes first
+        beats.beats(beaten_at + INTERVAL)
+    assert beats.next_due() == 3.0 + TIMEOUT + 0.001  # rank 0's silence passes the timeout
+    [sent] = beats.beats(3.0 + TIMEOUT + 0.001)
+    assert dict((k, e["age"]) for k, e in sent)[0] > TIMEOUT * 1000
+    beats.fan_out(sent, {"ok": True, "ranks": [{"ok": False, "reason": "stale"}, accepted(1)]})
+    assert beats.answer(0) == {"ok": False, "reason": "stale"}  # it hears it is out
+    assert [k for k, _e in beats.beats(40.0)[0]] == [1]
+
+
+def test_a_rank_whose_connection_closed_is_not_beaten_for() -> None:
+    beats = registered(3)
+    beats.forget(1)
+    assert [k for k, _e in beats.beats(INTERVAL)[0]] == [0, 2]
+
+
+@settings(max_examples=50, deadline=None)
+@given(phases=st.lists(st.text(max_size=4096), min_size=1, max_size=200))
+def test_a_nodes_beat_fits_its_requests_whatever_its_ranks_say(phases: list[str]) -> None:
+    beats = registered(len(phases))
+    for rank, phase in enumerate(phases):
+        beats.heard(rank, "heartbeat", report(rank, step=rank, phase=phase), 1.0)
+    batches = beats.beats(2.0)
+    assert [k for sent in batches for k, _e in sent] == list(range(len(phases)))
+    for sent in batches:
+        assert 1 <= len(sent) <= NODE_BEAT_RANKS
+        body = json.dumps({"node": "h/0", "ranks": [e for _k, e in sent]}).encode()
+        assert len(body) <= MAX_REQUEST_BYTES
+        assert len(sent) == 1 or len(body) <= BEAT_BYTES + 200
+
+
+# ----------------------------------------------------------------- the scheduler's side
+def membership(nodes: int, per_node: int, clock: FakeClock) -> Membership:
+    """A formed generation of ``nodes`` nodes of ``per_node`` ranks, registered by node beats."""
+    ms = Membership(nodes * per_node, TOKEN, Timeouts(heartbeat_timeout=TIMEOUT), clock)
+    for node in range(nodes):
+        ms.heard_from_node(f"n{node}", per_node)
+        for rank in range(node * per_node, (node + 1) * per_node):
+            ms.register(Identity(str(rank), 100 + rank, 1, "h", rank), TOKEN, via=f"n{node}")
+    ms.drain_events()
+    return ms
+
+
+def beat_node(ms: Membership, node: int, per_node: int, silent: float = 0.0) -> None:
+    ms.heard_from_node(f"n{node}", per_node)
+    for rank in range(node * per_node, (node + 1) * per_node):
+        ms.heartbeat(Identity(str(rank), 100 + rank, 1, "h", rank), TOKEN, 5, None,
+                     via=f"n{node}", silent=silent)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), nodes=st.integers(1, 6), per_node=st.integers(1, 4))
+def test_a_node_is_judged_silent_exactly_when_its_beats_stop_for_the_timeout(
+        data: st.DataObject, nodes: int, per_node: int) -> None:
+    clock = FakeClock()
+    ms = membership(nodes, per_node, clock)
+    last = {node: 0.0 for node in range(nodes)}
+    elapsed = 0.0
+    for step in data.draw(st.lists(st.floats(0.5, 8.0), min_size=1, max_size=12)):
+        clock.advance(step)
+        elapsed += step
+        for node in data.draw(st.sets(st.sampled_from(range(nodes)))):
+            if elapsed - last[node] <= TIMEOUT:  # a judged node's supervisor is gone
+                beat_node(ms, node, per_node)
+                last[node] = elapsed
+        ms.check()
+    events = ms.drain_events()
+    silent = {e["node"] for name, e in events if name == "node_silent"}
+    assert silent == {f"n{node}" for node in range(nodes) if elapsed - last[node] > TIMEOUT}
+    for node in range(nodes):
+        states = {ms.members[str(r)].state for r in range(node * per_node, (node + 1) * per_node)}
+        assert states == ({MemberState.LOST} if f"n{node}" in silent else {MemberState.ALIVE})
+    verdicts = [e for name, e in events if name == "verdict"]
+    assert sorted(v["rank"] for v in verdicts) == sorted(
+        r for node in silent for r in range(int(node[1:]) * per_node, (int(node[1:]) + 1) * per_node))
+    assert all(v["verdict"] == "heartbeat" and v["node"] in silent for v in verdicts)
+
+
+def test_the_node_is_due_on_the_clock_when_its_beats_stop() -> None:
+    clock = FakeClock()
+    ms = membership(2, 2, clock)
+    clock.advance(10.0)
+    beat_node(ms, 1, 2)
+    assert ms.next_due(after=clock.mono) == clock.mono - 10.0 + TIMEOUT  # node 0's
+    clock.advance(TIMEOUT - 10.0 + 0.001)
+    ms.check()
+    assert [(e["node"], e["ranks"]) for n, e in ms.drain_events() if n == "node_silent"] == [
+        ("n0", [0, 1])]
+
+
+def test_a_rank_its_supervisor_has_not_heard_for_the_timeout_is_lost_at_once() -> None:
+    clock = FakeClock()
+    ms = membership(1, 2, clock)
+    answer = ms.heartbeat(Identity("1", 101, 1, "h", 1), TOKEN, 5, None, via="n0",
+                          silent=TIMEOUT + 0.5)
+    assert not answer.to_json()["ok"]
+    assert ms.members["1"].state is MemberState.LOST and ms.members["0"].state is MemberState.ALIVE
+    [verdict] = [e for n, e in ms.drain_events() if n == "verdict"]
+    assert (verdict["rank"], verdict["silent_s"], verdict["node"]) == (1, TIMEOUT + 0.5, "n0")
+
+
+def test_a_node_beat_through_the_scheduler_answers_each_rank_and_shows_in_status(
+        tmp_path: Path) -> None:
+    sched = scheduler(tmp_path)
+    ranks = [{"op": "register", **report(r), "step": None, "phase": None, "age": 0}
+             for r in range(2)]
+    reply = ask(sched, "node_beat", node="h/0", ranks=ranks)
+    assert reply["ok"] and [(a["ok"], a["rank"], a["generation"]) for a in reply["ranks"]] == [
+        (True, 0, 0), (True, 1, 0)]
+    beat = [{**entry, "op": "heartbeat", "step": 3, "phase": "train", "age": 200} for entry in ranks]
+    assert [a["ok"] for a in ask(sched, "node_beat", node="h/0", ranks=beat)["ranks"]] == [True, True]
+    status = ask(sched, "status")
+    assert status["nodes"]["h/0"]["beats"] == 2 and status["nodes"]["h/0"]["ranks"] == 2
+    assert status["loop"]["node_beats"] == 2
+    assert [(m["step"], m["phase"]) for m in status["members"]] == [(3, "train"), (3, "train")]
+    refused = ask(sched, "node_beat", node="h/0", ranks=[{**ranks[0], "age": -1}])
+    assert refused["reason"] == "bad_request"
