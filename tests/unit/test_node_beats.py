@@ -43,6 +43,23 @@ def registered(ranks: int, now: float = 0.0) -> NodeBeats:
     return beats
 
 
+def test_a_rank_that_becomes_ready_is_beaten_for_at_once_and_the_scheduler_hears_it() -> None:
+    """Degraded training's deferred join: a relaunched rank registers unready and says
+    when it is ready; the job is whole again only once the scheduler hears so."""
+    beats = NodeBeats(TIMEOUT, INTERVAL)
+    beats.heard(0, "register", report(0, ready=False), 0.0)
+    [sent] = beats.beats(0.0)
+    assert sent[0][1]["ready"] is False
+    beats.fan_out(sent, {"ok": True, "ranks": [accepted(0)]})
+    beats.heard(0, "heartbeat", report(0, step=None, ready=False), 1.0)
+    assert beats.next_due() == INTERVAL  # nothing new: the usual spacing
+    beats.heard(0, "heartbeat", report(0, step=None, ready=True), 2.0)
+    assert beats.next_due() == -math.inf
+    [sent] = beats.beats(2.0)
+    assert (sent[0][1]["op"], sent[0][1]["ready"]) == ("heartbeat", True)
+    assert beats.next_due() > 2.0
+
+
 def test_registrations_go_out_at_once_and_once_and_each_rank_gets_its_own_answer() -> None:
     beats = NodeBeats(TIMEOUT, INTERVAL)
     beats.heard(7, "register", report(0), 0.0)
