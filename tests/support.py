@@ -118,17 +118,26 @@ PORT_OPTIONS = ("--master_port", "--master-port", "--standalone", "--rdzv_endpoi
 tests run side by side (pytest-xdist), and two on tftrun's default port would collide."""
 
 
-def tftrun_cmd(*args: str, spare: bool = False) -> list[str]:
+def tftrun_cmd(*args: str, spare: bool = False, cwd_recovery_path: bool = False) -> list[str]:
     """tftrun with ``args``; without a warm spare unless ``spare`` (tftrun's default: one
     for a script that uses recovery) or ``args`` name ``--warm_spare``. Most tests are
     about something else, and a spare's warm-up takes a core for seconds: with the default
     spare, tests/integration/test_lose_nothing.py, test_inject_tftrun.py and
-    test_supervisor_stops.py took 274 s instead of 217 s on the 2 shared cores."""
+    test_supervisor_stops.py took 274 s instead of 217 s on the 2 shared cores.
+
+    Unless ``args`` name ``--recovery_path`` (or ``cwd_recovery_path``: tftrun's own default,
+    ``./tft_recovery`` in its working folder), the test's own recovery path
+    (``MS_RECOVERY_PATH``, tests/conftest.py): tests run side by side in the repository's
+    folder, and a second job on its ``./tft_recovery`` is refused at once (seen in CI: a
+    test then waited 120 s for a spare of a job that had exited)."""
     named = any(arg.startswith(("--warm_spare", "--warm-spare")) for arg in args)
     placed = any(arg.startswith(PORT_OPTIONS) for arg in args)
+    kept = cwd_recovery_path or any(arg.startswith(("--recovery_path", "--recovery-path"))
+                                    for arg in args)
     return [sys.executable, "-m", "launcher.cli.tftrun",
             *(() if spare or named else ("--warm_spare=0",)),
-            *(() if placed else ("--master_port=0",)), *args]
+            *(() if placed else ("--master_port=0",)),
+            *(() if kept else (f"--recovery_path={os.environ[names.MS_RECOVERY_PATH]}",)), *args]
 
 
 def tftctl_cmd(*args: str) -> list[str]:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from recovery.control.node_beats import MAX_LOCAL_BYTES, NodeBeats, decode, encode
 from recovery.control.rpc import Op, SchedulerLink, SchedulerUnavailable
+from recovery.control.signing import WRONG_TOKEN, local_proof_ok
 from recovery.control.throttle import Throttle
 from recovery.runtime.heartbeat import JITTER
 from recovery.timeouts import Timeouts
@@ -51,6 +52,7 @@ class BeatServer:
         self._beats = NodeBeats(timeouts.heartbeat_timeout, timeouts.beat_interval,
                                 jitter=JITTER)
         self._news_every = timeouts.heartbeat_interval
+        self._token = token
         self._link = SchedulerLink(host, port, token, _REPLY_TIMEOUT, connect=False,
                                    run_id=run_id)
         self._lock = threading.Lock()  # the NodeBeats, and sends on the connections
@@ -128,6 +130,9 @@ class BeatServer:
         with self._lock:
             if op == "news":
                 self._send(key, {"news": self._beats.news})
+            elif op in (Op.REGISTER.value, Op.HEARTBEAT.value) \
+                    and not local_proof_ok(message.get("proof"), self._token):
+                self._send(key, WRONG_TOKEN)  # another job's worker: refused for good
             elif op in (Op.REGISTER.value, Op.HEARTBEAT.value):
                 self._beats.heard(key, op, message, time.monotonic())
                 if op == Op.HEARTBEAT.value:

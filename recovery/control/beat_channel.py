@@ -21,6 +21,7 @@ from typing import Any
 
 from recovery.control.node_beats import MAX_LOCAL_BYTES, decode, encode
 from recovery.control.rpc import NoReply, Op, SchedulerUnavailable
+from recovery.control.signing import local_proof
 
 __all__ = ["LocalLink"]
 
@@ -29,10 +30,13 @@ _LOCAL_OPS = frozenset({Op.REGISTER, Op.HEARTBEAT})
 
 class LocalLink:
     """The connection to the node's supervisor at ``path``; ``reply_timeout`` bounds
-    each wait for an answer (a registration's goes to the scheduler and back)."""
+    each wait for an answer (a registration's goes to the scheduler and back). Each
+    request carries the proof that this worker holds ``token``: a worker started with
+    another job's token is refused for good, as the scheduler would refuse it."""
 
-    def __init__(self, path: str, reply_timeout: float) -> None:
+    def __init__(self, path: str, reply_timeout: float, token: str) -> None:
         self.path = path
+        self._proof = local_proof(token)
         self._reply_timeout = reply_timeout
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
@@ -55,7 +59,7 @@ class LocalLink:
         """
         if op not in _LOCAL_OPS:
             raise ValueError(f"{op.value} goes to the scheduler, not to the node's supervisor")
-        reply = self._ask({"op": op.value, **fields})
+        reply = self._ask({"op": op.value, **fields, "proof": self._proof})
         if "ok" not in reply:
             raise SchedulerUnavailable(f"no answer from the scheduler yet ({self.where})")
         return reply

@@ -64,6 +64,7 @@ from recovery.control.rpc import (
     reply_key,
 )
 from recovery.control.signing import (
+    WRONG_TOKEN,
     BadSignature,
     Kind,
     MissingToken,
@@ -110,8 +111,6 @@ behind: a beat may be waiting in the queue, so no member is judged silent (or st
 until it has caught up."""
 JOB_KEY_EVERY = 1.0
 """How often the ticker checks that :data:`JOB_KEY` still holds the job's identity."""
-_WRONG_TOKEN = {"ok": False, "reason": "token", "retry_after": None,
-                "message": "wrong job token: the request's signature does not verify"}
 _TICK = json.dumps({"op": Op.TICK.value}).encode()
 """What the ticker pushes: the one message that is not signed (it only wakes the loop)."""
 _NEWS_EVENTS = frozenset({"generation", "verdict", "inject"})
@@ -505,7 +504,7 @@ class Scheduler:
                 return None, None
             self._sent.sent(header.rid)
             return header.rid, seal(None, Kind.REPLY, header.op, header.rid, header.nonce,
-                                    json.dumps(_WRONG_TOKEN))
+                                    json.dumps(WRONG_TOKEN))
         problem = self._replays.check(sealed)
         if problem == "replayed":
             self._refused(problem, sealed.op, "a request already accepted, sent again")

@@ -37,7 +37,22 @@ from recovery import env as names
 __all__ = ["Kind", "Sealed", "BadSignature", "seal", "unseal", "new_nonce", "ReplayGuard",
            "MissingToken", "WeakToken", "checked_token", "checked_strength", "job_key",
            "sign_value", "open_value", "keyed_name", "UNSIGNED", "MAX_MESSAGE_BYTES",
-           "REPLAY_WINDOW", "MIN_TOKEN_BITS"]
+           "REPLAY_WINDOW", "MIN_TOKEN_BITS", "WRONG_TOKEN", "local_proof", "local_proof_ok"]
+
+WRONG_TOKEN = {"ok": False, "reason": "token", "retry_after": None,
+               "message": "wrong job token: the request's signature does not verify"}
+"""The answer to a request signed (or, on the node's beat socket, proven) with another
+token than the job's: the worker is refused for good."""
+
+
+def local_proof(token: str) -> str:
+    """What a worker sends its node's supervisor over the beat socket to show it holds
+    the job token (the socket is local: the supervisor signs what it passes on)."""
+    return hashlib.sha256(b"tft-local-beat\0" + token.encode()).hexdigest()
+
+
+def local_proof_ok(proof: object, token: str) -> bool:
+    return isinstance(proof, str) and hmac.compare_digest(proof, local_proof(token))
 
 MAGIC = "tft1"
 UNSIGNED = "-"

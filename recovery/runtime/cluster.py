@@ -463,7 +463,7 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None) -> Clu
         raise RegistrationRefused(str(err)) from None
     link = SchedulerLink(worker_env.sched_host, worker_env.sched_port, token, REPLY_TIMEOUT,
                          run_id=worker_env.run_id)
-    beats = _beat_link(link)
+    beats = _beat_link(link, token)
     claim = _identity(worker_env)
     defer = _defers_join(worker_env)
     accepted = _register(beats, claim, deadline, ready=not defer)
@@ -506,11 +506,11 @@ def _defers_join(worker_env: WorkerEnv) -> bool:
     return relaunched and worker_env.min_worker_num < worker_env.world_size
 
 
-def _beat_link(link: SchedulerLink) -> SchedulerLink | LocalLink:
+def _beat_link(link: SchedulerLink, token: str) -> SchedulerLink | LocalLink:
     """Where registration and heartbeats go: the node's supervisor when tftrun named its
     socket (``TFT_BEAT_SOCKET``: it beats once for the node), else the scheduler."""
     path = os.environ.get(names.TFT_BEAT_SOCKET)
-    return LocalLink(path, REPLY_TIMEOUT) if path else link
+    return LocalLink(path, REPLY_TIMEOUT, token) if path else link
 
 
 def _register(link: SchedulerLink | LocalLink, identity: Identity, deadline: float,

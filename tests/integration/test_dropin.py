@@ -38,7 +38,8 @@ def test_two_standalone_jobs_in_two_folders_both_run(tmp_path: Path) -> None:
     procs = {}
     for name, argv in lines.items():
         folder = tmp_path / name
-        procs[name] = spawn(tftrun_cmd(*argv, ALLREDUCE, "3", str(_out(folder))), cwd=folder)
+        procs[name] = spawn(tftrun_cmd(*argv, ALLREDUCE, "3", str(_out(folder)),
+                                       cwd_recovery_path=True), cwd=folder)
     results = {name: proc.communicate(timeout=150) for name, proc in procs.items()}
     ports = set()
     for name, proc in procs.items():
