@@ -101,6 +101,9 @@ class LaunchConfig:
     is_recover: bool = False
     recovery_path: Path = Path("tft_recovery")
     enable_tft: str | None = None
+    fork_server: bool = True
+    """Fork this node's workers from a warm interpreter that imported torch once
+    (launcher/procs/fork_server.py); False: every worker is a fresh process."""
     warm_spare: int | None = None
     """Spare processes kept warm on this node for relaunched ranks (launcher/procs/spare_pool.py);
     None (the default): one, once a worker of this node registers with the scheduler (its

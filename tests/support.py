@@ -119,8 +119,9 @@ tests run side by side (pytest-xdist), and two on tftrun's default port would co
 
 
 def tftrun_cmd(*args: str, spare: bool = False, cwd_recovery_path: bool = False) -> list[str]:
-    """tftrun with ``args``; without a warm spare unless ``spare`` (tftrun's default: one
-    for a script that uses recovery) or ``args`` name ``--warm_spare``. Most tests are
+    """tftrun with ``args``; without a warm spare unless ``spare`` (tftrun's automatic
+    spare: one for a script that uses recovery, when its workers start as fresh processes,
+    so ``spare`` also gives ``--fork_server=false``) or ``args`` name ``--warm_spare``. Most tests are
     about something else, and a spare's warm-up takes a core for seconds: with the default
     spare, tests/integration/test_lose_nothing.py, test_inject_tftrun.py and
     test_supervisor_stops.py took 274 s instead of 217 s on the 2 shared cores.
@@ -135,7 +136,7 @@ def tftrun_cmd(*args: str, spare: bool = False, cwd_recovery_path: bool = False)
     kept = cwd_recovery_path or any(arg.startswith(("--recovery_path", "--recovery-path"))
                                     for arg in args)
     return [sys.executable, "-m", "launcher.cli.tftrun",
-            *(() if spare or named else ("--warm_spare=0",)),
+            *(("--fork_server=false",) if spare else () if named else ("--warm_spare=0",)),
             *(() if placed else ("--master_port=0",)),
             *(() if kept else (f"--recovery_path={os.environ[names.MS_RECOVERY_PATH]}",)), *args]
 

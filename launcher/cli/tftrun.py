@@ -262,6 +262,10 @@ def launch(
         "warm_spare", "Spare processes kept ready on this node, torch imported, to take a "
         "relaunched rank's place without a cold start; 0: none. Default: 1 once a worker "
         "registers (its script uses recovery), unless --restart_policy=all.")] = None,
+    fork_server: Annotated[str, _opt(
+        "fork_server", "True: fork this node's workers, and their relaunches, from one "
+        "warm Python that imported torch once (a Python script or -m module); False: start "
+        "each as a fresh process.")] = "True",
     progress_interval: Annotated[float, _float_opt(
         "progress_interval", "Off a terminal (CI, a pipe): seconds between two progress "
         "lines (each rank's step and steps/s, the ETA, a recovery under way); 0: none.")
@@ -324,6 +328,7 @@ def build_config(params: dict[str, Any]) -> LaunchConfig:
         restart_policy=p.restart_policy, is_recover=parse_bool(p.is_recover, "--is_recover"),
         recovery_path=p.recovery_path, enable_tft=p.enable_tft,
         warm_spare=p.warm_spare if entry.kind == "script" else 0,
+        fork_server=parse_bool(p.fork_server, "--fork_server"),
         progress_interval=p.progress_interval, role=p.role,
         job_id="" if p.standalone or p.rdzv_id in (None, "none") else p.rdzv_id,
         signals_to_handle=parse_signals(p.signals_to_handle),

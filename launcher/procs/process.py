@@ -24,13 +24,13 @@ import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from launcher.procs.sessions import Session, kill_members
 from launcher.procs.spec import OWN_PYTHON
 from recovery.safe_files import open_append
 
-__all__ = ["Child", "Stopping", "Watchdog", "become_subreaper", "open_log", "spawn", "stop_all",
+__all__ = ["Adopted", "Child", "Stopping", "Watchdog", "become_subreaper", "open_log", "spawn", "stop_all",
            "sweep"]
 
 logger = logging.getLogger(__name__)
@@ -72,20 +72,54 @@ def sweep() -> None:
     _ended_sessions[:] = [s for s in _ended_sessions if s.sid in occupied]
 
 
-class Child:
-    """A started process: its Popen, and what it was started as."""
+class Reapable(Protocol):
+    """What :class:`Child` needs of a process: a ``subprocess.Popen``'s part."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], started_at: float) -> None:
-        self.popen = popen
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+
+class Adopted:
+    """A process that another one forked and the kernel re-parented to this one, a child
+    subreaper (the fork server's workers, launcher/procs/fork_server.py): reaped with
+    ``waitpid`` as ``Popen`` reaps its own; ``returncode`` as ``Popen`` gives it (−N for
+    a death by signal N)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                # Not this process's child (any more): reaped elsewhere, its status lost.
+                logger.warning("pid %d was reaped elsewhere: its exit status is unknown",
+                               self.pid)
+                self.returncode = -signal.SIGKILL
+            else:
+                if pid != 0:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+
+class Child:
+    """A started process: its Popen (or :class:`Adopted`), and what it was started as."""
+
+    def __init__(self, process: Reapable, started_at: float) -> None:
+        self.process = process
         self.started_at = started_at
-        self.session = Session.led_by(popen.pid)
+        self.session = Session.led_by(process.pid)
         # Its pid is free again, so a session of that id that ended is empty now: forget
         # it, lest the sweep take this child for one of its members.
         _ended_sessions[:] = [s for s in _ended_sessions if s.sid != self.session.sid]
 
     @property
     def pid(self) -> int:
-        return self.popen.pid
+        return self.process.pid
 
     def poll(self) -> int | None:
         """Reap the process if it has ended; its returncode, or None while it runs.
@@ -93,9 +127,9 @@ class Child:
         When it is first seen ended, every process it left in its session is killed at
         once: none outlives it into its relaunch.
         """
-        if self.popen.returncode is not None:
-            return self.popen.returncode
-        returncode = self.popen.poll()
+        if self.process.returncode is not None:
+            return self.process.returncode
+        returncode = self.process.poll()
         if returncode is not None:
             _ended_sessions.append(self.session)
             sweep()
@@ -104,7 +138,7 @@ class Child:
     def signal_group(self, sig: int) -> None:
         """Send ``sig`` to the child's whole process group; a gone group is not an error."""
         try:
-            os.killpg(self.popen.pid, sig)
+            os.killpg(self.process.pid, sig)
         except (ProcessLookupError, PermissionError):
             # Already gone (PermissionError: the pid was reaped and reused elsewhere).
             pass

@@ -1,6 +1,12 @@
-"""A warm spare worker (``tftrun --warm_spare``), run as ``python -u spare.py GO_FD``.
+"""A warm worker interpreter, in one of two roles.
 
-It pays a worker's cold start ahead of need (``import torch``, the first optimizer step,
+* A warm spare (``tftrun --warm_spare``), run as ``python -u spare.py GO_FD``: it becomes
+  one worker, described by the one message it reads.
+* The node's fork server (launcher/procs/fork_server.py), run as ``python -u spare.py
+  --fork-server SOCKET_FD SUPERVISOR_PID ROOM``: it forks every worker of the node from
+  its warm interpreter, one per message on the socket (:func:`serve`).
+
+A spare pays a worker's cold start ahead of need (``import torch``, the first optimizer step,
 which imports ``torch._dynamo``, and the ``recovery`` library where it can be imported),
 at a lower CPU priority where it may go back (recovery/priority.py), while it reads one
 JSON message from the pipe ``GO_FD`` until EOF: ``env``, ``argv`` (the script and its
@@ -18,16 +24,28 @@ apart from those being imported already.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import runpy
+import signal
+import socket
 import sys
 import threading
 import time
+import warnings
+from types import TracebackType
 from typing import Any
 
 READY = "warm"
 """Printed (with the pid) to the spare's own log once the cold start is paid."""
+FORK_SERVER = "--fork-server"
+"""The first argument that makes this program the fork server (launcher/procs/spec.py)."""
+MAX_MESSAGE = 1 << 20
+"""The largest request the fork server reads (a worker's environment is a few KiB)."""
+ADOPTION_WAIT = 5.0
+"""Seconds a forked worker waits to be re-parented to the supervisor before it gives up."""
+_PR_SET_PDEATHSIG = 1
 
 
 def warm_up() -> None:
@@ -88,17 +106,130 @@ def become(message: dict[str, Any]) -> None:
     os.environ.clear()
     os.environ.update(message["env"])
     os.chdir(message["cwd"])
-    script = message["argv"][0]
     sys.argv = list(message["argv"])
-    # What `python script.py` puts first on sys.path: the script's (real) folder.
-    sys.path.insert(0, os.path.dirname(os.path.realpath(script)))
-    runpy.run_path(script, run_name="__main__")
+    target = sys.argv[0]
+    try:
+        if message.get("module"):
+            # What `python -m module` puts first on sys.path: the working folder.
+            sys.path.insert(0, os.getcwd())
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            # What `python script.py` puts first on sys.path: the script's (real) folder.
+            sys.path.insert(0, os.path.dirname(os.path.realpath(target)))
+            runpy.run_path(target, run_name="__main__")
+    except Exception as error:  # noqa: BLE001 - reported as Python reports it, status 1
+        trace = _script_frames(error.__traceback__)
+        sys.excepthook(type(error), error.with_traceback(trace), trace)
+        sys.exit(1)
+
+
+def _script_frames(trace: TracebackType | None) -> TracebackType | None:
+    """``trace`` without its first frames, this program's and runpy's: the traceback a
+    script run by ``python`` shows."""
+    ours = {__file__, getattr(runpy, "__file__", None), "<frozen runpy>"}
+    while trace is not None and trace.tb_frame.f_code.co_filename in ours:
+        trace = trace.tb_next
+    return trace
+
+
+def serve(sock: socket.socket, supervisor: int) -> dict[str, Any] | None:
+    """The fork server: say it is warm, then fork a worker for each request until EOF.
+
+    Returns None in the server (EOF: the supervisor closed the socket, or is gone); in
+    each forked worker it returns that worker's message, to :func:`become`.
+
+    A worker is forked twice over (server → a short-lived middle process → the worker),
+    so that it is orphaned at once and re-parented to the supervisor, a child subreaper
+    (launcher/procs/process.py): the supervisor reaps it and reads its exit status as it
+    does for a process it started itself. The worker leads a session of its own before
+    its pid is answered, so that a signal to its process group reaches it from the first.
+    """
+    sock.send(json.dumps({READY: os.getpid()}).encode())
+    while data := sock.recv(MAX_MESSAGE):
+        message = json.loads(data)
+        try:
+            pid = _fork_worker(sock, supervisor)
+        except OSError as err:
+            sock.send(json.dumps({"error": f"fork: {err}"}).encode())
+            continue
+        if pid is None:
+            return message  # in the worker
+        sock.send(json.dumps({"pid": pid}).encode())
+    return None
+
+
+def _fork_worker(sock: socket.socket, supervisor: int) -> int | None:
+    """Fork a worker; its pid in the server, None in the worker itself."""
+    read_fd, write_fd = os.pipe()
+    middle = _fork()
+    if middle == 0:  # the middle process: fork the worker and end, whatever happens
+        try:
+            worker = _fork()
+        except OSError:
+            os._exit(1)
+        if worker != 0:
+            os._exit(0)
+        os.close(read_fd)
+        sock.close()
+        os.setsid()
+        os.write(write_fd, str(os.getpid()).encode())
+        os.close(write_fd)
+        _wait_for_adoption(supervisor)
+        return None
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        answer = pipe.read()
+    os.waitpid(middle, 0)
+    if not answer:
+        raise OSError("the forked worker ended before it started")
+    return int(answer)
+
+
+def _fork() -> int:
+    """``os.fork``, without the warning Python 3.12 and later give for a process with
+    threads: torch's import leaves one native thread, which holds no lock the worker
+    needs (torch's DataLoader forks its workers from such processes too)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return os.fork()
+
+
+def _wait_for_adoption(supervisor: int) -> None:
+    """In a forked worker: once the middle process is gone and the kernel has given this
+    process to the supervisor, die with the supervisor as a spawned worker does
+    (``PR_SET_PDEATHSIG``)."""
+    deadline = time.monotonic() + ADOPTION_WAIT
+    while os.getppid() != supervisor:
+        if time.monotonic() > deadline:
+            os._exit(1)  # not adopted: the supervisor is not a subreaper, or is gone
+        time.sleep(0.0005)
+    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != supervisor:
+        os._exit(1)  # the supervisor died before the prctl took effect
+
+
+def retitle(title: str) -> None:
+    """Make this process's command line (``ps``, ``pgrep -f``, psutil) read ``title``, as
+    a spawned worker's would: it is written over the memory that held the server's own
+    arguments (``ROOM`` bytes of padding made it long enough; a longer title is cut).
+    The last byte is left non-zero, which tells the kernel to read the title up to its
+    NUL, as for ``setproctitle``; its arguments are separated by spaces."""
+    with open("/proc/self/stat", "rb") as file:
+        stat = file.read()
+    fields = stat[stat.rindex(b")") + 2:].split()
+    start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (proc(5))
+    room = end - start
+    data = title.encode()[:room - 2] + b"\0"
+    ctypes.memmove(start, data.ljust(room, b" "), room)
 
 
 def main() -> None:
     started = time.monotonic()
     # This file's folder (launcher/) must not shadow a module that torch imports.
     sys.path.pop(0)
+    if sys.argv[1] == FORK_SERVER:
+        fork_server(int(sys.argv[2]), int(sys.argv[3]))
+        return
     from recovery.priority import lower_priority
     from recovery.quick_exit import skip_final_collections
 
@@ -111,6 +242,31 @@ def main() -> None:
         skip_final_collections()  # retired idle: end at once, not after a full collection
     else:
         become(message)
+
+
+def fork_server(sock_fd: int, supervisor: int) -> None:
+    """Warm up at the workers' priority (they wait for it), then serve; in a forked
+    worker, become it."""
+    from recovery.quick_exit import skip_final_collections
+
+    warm_up()
+    with socket.socket(fileno=sock_fd) as sock:
+        message = serve(sock, supervisor)
+    if message is None:
+        skip_final_collections()
+        return
+    retitle(message["title"])
+    _reseed_numpy()
+    become(message)
+
+
+def _reseed_numpy() -> None:
+    """numpy's global generator, if the server imported it, was seeded once in the server:
+    each worker draws its own seed, as a fresh process would (Python's ``random`` is
+    reseeded at fork by Python itself; torch's default seed is fixed in every process)."""
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()
 
 
 if __name__ == "__main__":

@@ -153,7 +153,7 @@ class SparePool:
         """Stop every idle spare (retired, then ``sig``); each with its returncode."""
         idle = self.retire_all()
         stop_all([s.child for s in idle], sig, grace_period)
-        return [(s, s.child.popen.returncode) for s in idle]
+        return [(s, s.child.process.returncode) for s in idle]
 
 
 def resident_mib(pid: int) -> float | None:

@@ -11,13 +11,15 @@ from enum import Enum
 from pathlib import Path
 
 from launcher.config import LaunchConfig
+from launcher.procs.spare import FORK_SERVER
 from recovery import env as names
 
 _NCCL_ASYNC_ERROR_HANDLING = "1"
 """torchrun's value for ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` unless the user set one."""
 
 __all__ = ["Role", "ProcessSpec", "Seat", "worker_spec", "scheduler_spec", "spare_spec", "script_argv",
-           "SPARE_PROGRAM", "worker_argv", "error_file", "prepare_error_file", "signal_names"]
+           "SPARE_PROGRAM", "worker_argv", "fork_server_spec", "forks_workers", "error_file",
+           "prepare_error_file", "signal_names"]
 
 SPARE_PROGRAM = Path(__file__).with_name("spare.py")
 
@@ -26,6 +28,7 @@ class Role(str, Enum):
     SCHEDULER = "scheduler"
     WORKER = "worker"
     SPARE = "spare"
+    FORK_SERVER = "fork_server"
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,29 @@ def spare_spec(config: LaunchConfig, go_fd: int, restart_count: int,
     env = worker_spec(config, 0, 0, restart_count, rendezvous_port).env
     argv = (sys.executable, "-u", str(SPARE_PROGRAM), str(go_fd))
     return ProcessSpec(Role.SPARE, None, argv, env, config.log_dir / "spare.log")
+
+
+TITLE_ROOM = 4096
+"""Bytes of padding in the fork server's command line: the room a forked worker has to
+show its own (launcher/procs/spare.py, ``retitle``)."""
+
+
+def forks_workers(config: LaunchConfig, env: Mapping[str, str] | None = None) -> bool:
+    """Whether this node's workers are forked from a fork server: ``--fork_server`` on,
+    a Python script or module (not ``--no_python``), run by tftrun's own Python (a
+    ``PYTHON_EXEC`` naming another one gets what it names)."""
+    python = (os.environ if env is None else env).get(names.PYTHON_EXEC)
+    return (config.fork_server and config.entry in ("script", "module")
+            and python in (None, "", sys.executable))
+
+
+def fork_server_spec(config: LaunchConfig, sock_fd: int, supervisor_pid: int) -> ProcessSpec:
+    """The fork server (launcher/procs/spare.py), serving on the inherited socket
+    ``sock_fd``. It gets a worker's environment, as a spare does (:func:`spare_spec`)."""
+    env = worker_spec(config, 0, 0, 0, 0).env
+    argv = (sys.executable, "-u", str(SPARE_PROGRAM), FORK_SERVER, str(sock_fd),
+            str(supervisor_pid), " " * TITLE_ROOM)
+    return ProcessSpec(Role.FORK_SERVER, None, argv, env, config.log_dir / "fork_server.log")
 
 
 def script_argv(config: LaunchConfig) -> tuple[str, ...]:

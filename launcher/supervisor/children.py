@@ -6,17 +6,21 @@ here decides: the loop says what to start (launcher/supervisor/loop.py).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from socket import socket
 
 from launcher.config import LaunchConfig
+from launcher.procs.fork_server import ForkServer
 from launcher.procs.process import Child, Watchdog, spawn
 from launcher.procs.spare_pool import Spare, SparePool
 from launcher.procs.spec import (
     ProcessSpec,
     Role,
     Seat,
+    fork_server_spec,
+    forks_workers,
     prepare_error_file,
     scheduler_spec,
     script_argv,
@@ -69,6 +73,8 @@ class Children:
         self.spares = SparePool(config.warm_spare or 0, self._start_spare)
         self.beat_socket: str | None = None
         """The node's beat socket (launcher/supervisor/beats.py), named to its workers."""
+        self.fork_server: ForkServer | None = None
+        """Forks the workers warm (launcher/procs/fork_server.py), once started."""
 
     @property
     def hosts_scheduler(self) -> bool:
@@ -96,6 +102,26 @@ class Children:
             self._follower.follow(spec.log_path, label)
         return child
 
+    def start_fork_server(self) -> None:
+        """Start the fork server, when this node's workers are to be forked: it warms up
+        while the scheduler starts, and the first launch waits for it."""
+        if not forks_workers(self.config):
+            return
+
+        def start(sock_fd: int) -> Child:
+            spec = fork_server_spec(self.config, sock_fd, os.getpid())
+            child = spawn(spec.argv, spec.env, spec.log_path, self.header(spec, 0), (sock_fd,))
+            assert self.watchdog is not None
+            self.watchdog.watch(child)
+            return child
+
+        self.fork_server = ForkServer(start)
+
+    def stop_fork_server(self) -> Child | None:
+        """Close the fork server's socket (it ends); its Child, to be reaped, if any."""
+        server, self.fork_server = self.fork_server, None
+        return None if server is None else server.close()
+
     def start_scheduler(self) -> None:
         """Start the scheduler on the inherited socket (a relaunched one gets the same port)."""
         assert self._store_socket is not None
@@ -120,10 +146,12 @@ class Children:
         try:
             spare = self.spares.hand_over(spec, script_argv(self.config),
                                           self.header(spec, worker.incarnation)) if warm else None
-            if spare is None:
-                child = self._spawn(spec, worker.incarnation)
-            else:
+            if spare is not None:
                 child = self._started(spec, spare, worker.incarnation, warm=True)
+            elif (forked := self._fork(spec, worker.incarnation)) is not None:
+                child = self._started(spec, forked, worker.incarnation, forked=True)
+            else:
+                child = self._spawn(spec, worker.incarnation)
         except OSError as err:
             worker.launch_failed(Failure.of_spawn(worker.rank, worker.incarnation,
                                                   time.monotonic(), err))
@@ -131,6 +159,18 @@ class Children:
                        cause="spawn", error=str(err))
             return
         worker.launched(child)
+
+    def _fork(self, spec: ProcessSpec, incarnation: int) -> Child | None:
+        """``spec``'s worker forked by the fork server; None without one."""
+        if self.fork_server is None or not self.fork_server.ready():
+            return None
+        message = {"argv": list(script_argv(self.config)), "title": " ".join(spec.argv),
+                   "module": self.config.entry == "module"}
+        child = self.fork_server.fork(spec, message, self.header(spec, incarnation))
+        if child is not None:
+            assert self.watchdog is not None
+            self.watchdog.watch(child)
+        return child
 
     def _start_spare(self, go_fd: int, serial: int) -> Child:
         spec = spare_spec(self.config, go_fd, self.restart_count, self.rendezvous[1])

@@ -1,4 +1,5 @@
-"""The last of a job on this node: the idle spares and the scheduler stopped in order.
+"""The last of a job on this node: the idle spares, the fork server and the scheduler
+stopped in order.
 
 Once no worker runs (the policy's ``Close``), the exit reports are given a moment to
 reach the scheduler, then the spares and the scheduler get SIGTERM, the grace period,
@@ -36,6 +37,8 @@ class Closing:
         self._scheduler: Child | None = children.scheduler
         children.scheduler = None
         stopped = [s.child for s in self._spares]
+        if (server := children.stop_fork_server()) is not None:
+            stopped.append(server)
         if self._scheduler is not None:
             stopped.append(self._scheduler)
         self._stopping = Stopping(stopped, signal.SIGTERM, grace_period)
@@ -49,10 +52,10 @@ class Closing:
 
 
 def _record(children: Children, spares: list[Spare], scheduler: Child | None) -> None:
-    children.record_spare_exits([(s, s.child.popen.returncode) for s in spares], expected=True)
+    children.record_spare_exits([(s, s.child.process.returncode) for s in spares], expected=True)
     if scheduler is not None:
         children.exit_info(Role.SCHEDULER, None, scheduler, children.scheduler_launches - 1,
-                           scheduler.popen.returncode, expected=True)
+                           scheduler.process.returncode, expected=True)
 
 
 def stop_everything_now(children: Children, workers: list[Worker], watch: SchedulerWatch,
@@ -61,13 +64,14 @@ def stop_everything_now(children: Children, workers: list[Worker], watch: Schedu
     worker's end is told the scheduler (``tell``) before it is stopped."""
     running = [w for w in workers if w.child is not None and w.child.poll() is None]
     spares = children.spares.retire_all()
-    stop_all([*(w.child for w in running if w.child), *(s.child for s in spares)],
-             signal.SIGTERM, grace_period)
+    server = children.stop_fork_server()
+    stop_all([*(w.child for w in running if w.child), *(s.child for s in spares),
+              *([server] if server is not None else [])], signal.SIGTERM, grace_period)
     for worker in running:
         assert worker.child is not None
         worker.last_exit = children.exit_info(Role.WORKER, worker.rank, worker.child,
                                               worker.incarnation,
-                                              worker.child.popen.returncode, expected=True)
+                                              worker.child.process.returncode, expected=True)
         tell(worker.last_exit)
     watch.delivered(REPORTS_WAIT)
     scheduler, children.scheduler = children.scheduler, None

@@ -150,6 +150,7 @@ class Supervisor:
             remote = point_at_remote_scheduler(self.config)
             try:
                 try:
+                    self.children.start_fork_server()
                     self._watch.start()
                     self._start_beats()
                     if self._presence is not None:
@@ -319,6 +320,7 @@ class Supervisor:
             others_step=others_step, scheduler_exit=self._scheduler_exit,
             scheduler_launches=self.children.scheduler_launches,
             warm_spare=config.warm_spare, spares=self.children.spares.size,
+            forks_workers=self.children.fork_server is not None,
             min_worker_num=config.min_worker_num, **self._membership_view())
 
     def _membership_view(self) -> dict[str, object]:

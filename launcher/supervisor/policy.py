@@ -73,7 +73,8 @@ such a process does on SIGTERM saves nothing the restart needs, and a script tha
 catches SIGTERM and keeps running (Lightning does) would hold the restart for the whole
 ``--grace_period``."""
 AUTOMATIC_SPARES = 1
-"""Spares kept without ``--warm_spare`` once this node's script is seen using recovery."""
+"""Spares kept without ``--warm_spare`` once this node's script is seen using recovery,
+unless its workers start from the fork server (as warm as a spare)."""
 PEERS_SETTLE = 5.0
 """Seconds after a rank finished during which a rank that died is not yet restarted with
 the group: its other peers, ending too, may still finish (their exits come seconds apart
@@ -156,6 +157,8 @@ class JobView:
     scheduler_launches: int = 0
     warm_spare: int | None = None
     """``--warm_spare`` (None: not given)."""
+    forks_workers: bool = False
+    """Workers start from the fork server, warm: no automatic spare is kept."""
     spares: int = 0
     """Spares kept now."""
     node_range: NodeRange | None = None
@@ -322,7 +325,7 @@ def _about_spares(view: JobView) -> list[Action]:
     if wanted is None:
         registered = any(r.registered for r in view.ranks)
         wanted = (AUTOMATIC_SPARES if registered and view.restart_policy is not RestartPolicy.ALL
-                  else 0)
+                  and not view.forks_workers else 0)
         wanted = max(wanted, view.spares)  # the automatic spare, once started, is kept
     return [KeepSpares(wanted)] if wanted != view.spares else []
 

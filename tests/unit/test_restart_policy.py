@@ -111,6 +111,7 @@ class PolicyMachine(RuleBasedStateMachine):
         self.scheduler_exit = ""
         self.scheduler_launches = 1
         self.warm_spare: int | None = None
+        self.forks_workers = False
         self.spares = 0
         self.steps: dict[int, int] = {}
         """pid → the last step that process reported."""
@@ -124,11 +125,12 @@ class PolicyMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------ the world
     @initialize(max_restarts=st.integers(0, 4), policy=st.sampled_from(list(RestartPolicy)),
                 registered=st.sets(ranks), warm_spare=st.sampled_from([None, None, 0, 2]),
-                other_ranks=st.sampled_from([0, 0, 3]))
+                other_ranks=st.sampled_from([0, 0, 3]), forks_workers=st.booleans())
     def start(self, max_restarts: int, policy: RestartPolicy, registered: set[int],
-              warm_spare: int | None, other_ranks: int) -> None:
+              warm_spare: int | None, other_ranks: int, forks_workers: bool) -> None:
         self.max_restarts, self.policy, self.registered = max_restarts, policy, registered
         self.warm_spare, self.spares = warm_spare, warm_spare or 0
+        self.forks_workers = forks_workers
         self.other_ranks, self.others_finished = other_ranks, not other_ranks
         for worker in self.workers:
             self._launch(worker)
@@ -252,7 +254,7 @@ class PolicyMachine(RuleBasedStateMachine):
             other_ranks=self.other_ranks, others_finished=self.others_finished,
             others_step=5 if self.others_finished and self.other_ranks else None,
             scheduler_exit=self.scheduler_exit, scheduler_launches=self.scheduler_launches,
-            warm_spare=self.warm_spare, spares=self.spares)
+            warm_spare=self.warm_spare, spares=self.spares, forks_workers=self.forks_workers)
 
     def _rank_view(self, worker: Worker, undecided: bool) -> RankView:
         registered = True if worker.rank in self.registered else (
@@ -424,12 +426,13 @@ class PolicyMachine(RuleBasedStateMachine):
         assert self.scheduler_launches <= self.max_restarts + 1
 
     def _check_the_spares(self) -> None:
-        """``--warm_spare`` when given; else one once a rank registered, unless ``all``."""
+        """``--warm_spare`` when given; else one once a rank registered, unless ``all`` or
+        the workers start from the fork server."""
         if self.ending is not None:
             return
         if self.warm_spare is not None:
             expected = self.warm_spare
-        elif self.policy is RestartPolicy.ALL:
+        elif self.policy is RestartPolicy.ALL or self.forks_workers:
             expected = 0
         else:
             expected = AUTOMATIC_SPARES if self.registered or self.spares else 0

@@ -55,7 +55,7 @@ def test_spares_start_after_the_delay_and_a_used_one_is_replaced_later(tmp_path:
     [first] = starter.started
     child = pool.hand_over(worker(tmp_path), ("train.py", "--epochs", "2"), "==== header ====")
     assert child is first
-    assert child.popen.wait(timeout=30) == 0
+    assert child.process.wait(timeout=30) == 0
     log = (tmp_path / "worker_1.log").read_text()
     assert log.startswith("==== header ====\n")
     assert '"argv": ["train.py", "--epochs", "2"]' in (tmp_path / "spare.log").read_text()
@@ -76,7 +76,7 @@ def test_an_idle_spare_that_dies_is_reported_once_and_replaced(tmp_path: Path) -
     assert dead.child is starter.started[0] and returncode == -signal.SIGKILL
     wait_for(lambda: tended(pool, starter, 2), 10, "its replacement")
     assert pool.hand_over(worker(tmp_path), ("train.py",), "header") is starter.started[1]
-    assert starter.started[1].popen.wait(timeout=30) == 0
+    assert starter.started[1].process.wait(timeout=30) == 0
     assert pool.stop(signal.SIGTERM, 5) == []
 
 

@@ -1,0 +1,126 @@
+"""The node's fork server: workers forked from one warm interpreter, not started cold.
+
+A worker's cold start is mostly ``import torch``: 1.3 s of CPU on an idle core here, 2 s
+and more when the job's processes share the cores. The fork server
+(launcher/procs/spare.py in its fork-server role) pays it once per node, at the job's
+start, at the workers' priority and with a worker's environment; each worker, at the
+start and at every relaunch, is then a ``fork`` of it that runs its script as
+``__main__`` in a fresh session, as a spawned one would (docs/cli.md#the-fork-server).
+
+The supervisor talks to it over a socket pair (``SOCK_SEQPACKET``: one JSON message
+each way per worker). The worker it forks is re-parented to the supervisor (a child
+subreaper), which reaps it like any child (:class:`~launcher.procs.process.Adopted`).
+When the server is gone, or not warm in time, :meth:`ForkServer.fork` answers None and
+the caller starts the worker cold, as without it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from launcher.procs.process import Adopted, Child, open_log
+from launcher.procs.spare import MAX_MESSAGE, READY
+from launcher.procs.spec import ProcessSpec
+
+__all__ = ["ForkServer", "WARM_TIMEOUT", "REPLY_TIMEOUT"]
+
+logger = logging.getLogger(__name__)
+
+WARM_TIMEOUT = 60.0
+"""Seconds the first fork waits for the server to be warm (its ``import torch``)."""
+REPLY_TIMEOUT = 10.0
+"""Seconds a fork waits for the server's answer (two ``fork`` calls) before giving up on it."""
+
+
+class ForkServer:
+    """The supervisor's end of the fork server. ``start(fd)`` starts the server process
+    on its end ``fd`` of a fresh socket pair."""
+
+    def __init__(self, start: Callable[[int], Child]) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.child: Child = start(theirs.fileno())
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self._sock: socket.socket | None = ours
+        self._warm = False
+
+    def fork(self, spec: ProcessSpec, message: dict[str, Any], header: str) -> Child | None:
+        """Fork ``spec``'s worker, to run ``message`` (the script, its arguments and
+        command line; spec's environment and log are added); None when the server cannot
+        (call :meth:`ready` first).
+
+        Raises OSError when the server could not fork (no memory, no pids): a failed
+        launch, as a failed spawn is.
+        """
+        if not self.ready():
+            return None
+        with open_log(spec.log_path, header):
+            pass
+        request = {**message, "env": dict(spec.env), "cwd": os.getcwd(),
+                   "log": str(spec.log_path.resolve())}
+        reply = self._ask(request)
+        if reply is None:
+            return None
+        if "pid" not in reply:
+            raise OSError(str(reply.get("error", reply)))
+        return Child(Adopted(int(reply["pid"])), time.time())
+
+    def close(self) -> Child:
+        """Close the socket (the server reads EOF and ends); the server's Child, to reap."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        return self.child
+
+    def ready(self) -> bool:
+        """Whether the server is warm, waiting for it the first time (a worker started
+        cold meanwhile would pay the same import on the same cores)."""
+        if self._warm:
+            return self._sock is not None
+        reply = self._receive(WARM_TIMEOUT)
+        self._warm = reply is not None and READY in reply
+        if not self._warm:
+            self._lose(f"it was not ready within {WARM_TIMEOUT:.0f} s")
+        return self._warm
+
+    def _ask(self, request: dict[str, Any]) -> dict[str, Any] | None:
+        assert self._sock is not None
+        try:
+            self._sock.send(json.dumps(request).encode())
+        except OSError as err:
+            self._lose(f"it is gone ({err})")
+            return None
+        reply = self._receive(REPLY_TIMEOUT)
+        if reply is None:
+            self._lose(f"it did not answer within {REPLY_TIMEOUT:.0f} s")
+        return reply
+
+    def _receive(self, timeout: float) -> dict[str, Any] | None:
+        """The server's next message; None at EOF (it ended), after ``timeout``, or when
+        the socket is closed."""
+        if self._sock is None:
+            return None
+        self._sock.settimeout(timeout)
+        try:
+            data = self._sock.recv(MAX_MESSAGE)
+        except OSError:
+            return None
+        return json.loads(data) if data else None
+
+    def _lose(self, why: str) -> None:
+        """Give up on the server for the rest of the job: workers start cold from now on."""
+        logger.warning("tftrun: the fork server (pid %d) is not used: %s; workers start "
+                       "as fresh processes", self.child.pid, why)
+        self.close()
+        self.child.signal_group(signal.SIGKILL)
