@@ -827,6 +827,11 @@ class Membership:
             self._incomplete_since = None
         live = [m for m in live if m.ready]
         processes = frozenset((m.node_id, m.incarnation) for m in live)
+        if len(live) < self.worker_num:
+            # Degraded: only the survivors of the formed generation; a rank back from a
+            # relaunch waits until the job is whole.
+            processes &= self._formed
+            live = [m for m in live if (m.node_id, m.incarnation) in processes]
         if processes == self._formed or not (len(live) == self.worker_num
                                              or self._shrinks_to(processes)):
             return

@@ -61,7 +61,7 @@ def test_planted_keys_and_announced_values_leave_a_recovering_job_unharmed(
     with ExitStack() as stack:
         proc = spawn(mnist_job(tmp_path, "faulty", port), env=SHARED_TOKEN)
         stack.callback(terminate, proc)
-        wait_for_event(logs, EVENT, "the scheduler serving", event="scheduler_start")
+        wait_for_event(logs, START, "the scheduler serving", event="scheduler_start")
         stack.enter_context(attacker("keys", "127.0.0.1", port, 120))
         stack.enter_context(attacker("announce", "127.0.0.1", port, 120))
         wait_for(lambda: log_has(logs, 0, "step=30 "), START, "rank 0 past step 30")
@@ -89,7 +89,7 @@ def replay_into_another_job(tmp_path: Path, captured: bytes) -> None:
            names.TFT_LOG_DIR: str(logs), names.MS_RECOVERY_PATH: str(tmp_path / "other_rec")}
     other = spawn([sys.executable, "-m", "recovery.control.scheduler"], env=env)
     try:
-        wait_for_event(logs, EVENT, "the second job's scheduler", event="scheduler_start")
+        wait_for_event(logs, START, "the second job's scheduler", event="scheduler_start")
         client = TCPStoreClient("127.0.0.1", port, 10)
         client.queue_push(REQUESTS, captured)
         refused = wait_for_event(logs, EVENT, "the replay refused", event="request_refused")
@@ -109,7 +109,7 @@ def test_a_planted_rendezvous_misleads_no_node_of_a_restarting_job(tmp_path: Pat
     ckpt.mkdir()
     port = free_tcp_port()
     with nodes_running(tmp_path, port, BIN / "plain_resumable.py", "60", str(ckpt)) as procs:
-        wait_for_event(log_dir(tmp_path, 0), EVENT, "node 0's scheduler", event="scheduler_start")
+        wait_for_event(log_dir(tmp_path, 0), START, "node 0's scheduler", event="scheduler_start")
         with attacker("keys", "127.0.0.2", port, 120):
             worker_2 = log_dir(tmp_path, 1) / "worker_2.log"
             wait_for(lambda: worker_2.exists() and "step=10\n" in worker_2.read_text(), START,

@@ -164,7 +164,7 @@ def test_a_rank_killed_on_node_1_is_relaunched_alone_and_takes_a_replica(
 
     with nodes_running(tmp_path, free_tcp_port(), TRAIN, *JOB,
                        env={**os.environ, "MS_ENABLE_TFT": "{ARF:1}"}) as procs:
-        wait_for_event(log_dir(tmp_path, 0), EVENT, "node 0's scheduler up", event="scheduler_start")
+        wait_for_event(log_dir(tmp_path, 0), START, "node 0's scheduler up", event="scheduler_start")
         # Through node 0's scheduler, as tftctl on node 0 would: rank 3 runs on node 1.
         assert ctl.main(["inject", f"--log_dir={log_dir(tmp_path, 0)}", "--rank=3",
                          "--fault=kill", "--at_step=40"]) == 0

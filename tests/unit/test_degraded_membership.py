@@ -74,6 +74,24 @@ def test_a_min_worker_num_outside_the_job_is_refused() -> None:
         make(2, 3)
 
 
+def test_a_death_while_a_relaunched_rank_waits_to_join_shrinks_to_the_survivors() -> None:
+    """Rank 2 is back but waits for the job to be whole (rank 1 is still missing) when
+    rank 0 dies: the generation shrinks to the survivors of the formed one at once, and
+    holds no dead member (it had kept rank 0, dead, found by Hypothesis)."""
+    clock = FakeClock()
+    ms = make(4, 1, clock)
+    join_all(ms, {str(r): 100 + r for r in range(4)})
+    ms.report_exit("1", 101, 0, abnormal=True, reason="SIGKILL", by="supervisor")
+    ms.report_exit("2", 102, 0, abnormal=True, reason="SIGKILL", by="supervisor")
+    clock.advance(30.0)
+    accepted(ms.register(ident("2", 202, incarnation=1), TOKEN))
+    ms.drain_events()
+    ms.report_exit("0", 100, 0, abnormal=True, reason="SIGKILL", by="supervisor")
+    assert ms.active_ranks() == [3]
+    assert [(e["why"], e["active"], e["lost"]) for e in membership_events(ms)] == [
+        ("shrink", [3], [0])]
+
+
 @settings(max_examples=200, deadline=None)
 @given(worker_num=st.integers(2, 5), spare=st.integers(0, 4),
        deaths=st.lists(st.tuples(st.booleans(), st.integers(0, 4)), max_size=12))
