@@ -198,10 +198,11 @@ def launch(
     role: Annotated[str, _pet_opt("role", "The workers' ROLE_NAME.")] = "default",
     start_method: Annotated[str, _pet_opt(
         "start_method", "Accepted for torchrun's command lines: spawn, fork or forkserver. "
-        "tftrun always starts each worker as a fresh process.")] = "spawn",
+        "It chooses nothing: see --fork_server.")] = "spawn",
     log_dir: Annotated[Path, _pet_opt(
-        "log_dir", "Folder for worker_<rank>.log, scheduler.log and events.jsonl; an "
-        "earlier run's files there are moved to previous/<n>/.")] = Path("logs"),
+        "log_dir", "Folder for worker_<rank>.log, scheduler.log, fork_server.log and "
+        "events.jsonl; an earlier run's files there are moved to previous/<n>/.")
+    ] = Path("logs"),
     join: Annotated[str, _opt(
         "join", "True: also stream every worker's output here, prefixed with its rank.")
     ] = "False",
@@ -358,8 +359,8 @@ def _refuse_unsupported(p: SimpleNamespace) -> None:
         raise ConfigError(f"--start_method={p.start_method}: give one of "
                           f"{', '.join(START_METHODS)}")
     if p.start_method != "spawn":
-        print(f"tftrun: --start_method={p.start_method}: tftrun starts each worker as a fresh "
-              "process (as spawn does)", file=sys.stderr)
+        print(f"tftrun: --start_method={p.start_method} chooses nothing: workers are forked "
+              "from a warm fork server unless --fork_server=False", file=sys.stderr)
 
 
 def _rendezvous(p: SimpleNamespace) -> tuple[str | None, int, str | None, float, float]:

@@ -117,6 +117,8 @@ def become(message: dict[str, Any]) -> None:
             # What `python script.py` puts first on sys.path: the script's (real) folder.
             sys.path.insert(0, os.path.dirname(os.path.realpath(target)))
             runpy.run_path(target, run_name="__main__")
+    except SystemExit:
+        raise  # an exception that is also a SystemExit ends with its code, as in Python
     except Exception as error:  # noqa: BLE001 - reported as Python reports it, status 1
         trace = _script_frames(error.__traceback__)
         sys.excepthook(type(error), error.with_traceback(trace), trace)

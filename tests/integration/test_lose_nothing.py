@@ -111,9 +111,10 @@ def test_last_words_of_the_last_completed_step_are_saved_and_resumed(
     [rollback] = events(log_dir, "rollback")
     assert (rollback["source"], rollback["step"]) == ("last_words", n)
     # Timed from when the scheduler heard of the fault, which a relaunched rank 0 learns
-    # when it registers: at least its cold start (a fallback to "now" would give ~0).
+    # when it registers: at least its start, its registration and its restore, 0.28 s
+    # seen forked from the fork server (a fallback to "now" gives a few milliseconds).
     [recovered] = events(log_dir, "recovered")
-    assert 0.3 < recovered["seconds"] < 120
+    assert 0.05 < recovered["seconds"] < 120
     assert digests(log_dir) == {0: expected, 1: expected, 2: expected}
 
 
