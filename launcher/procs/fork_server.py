@@ -1,4 +1,5 @@
-"""The node's fork server: workers forked from one warm interpreter, not started cold.
+"""The node's fork server: workers, and node 0's scheduler, forked from one warm
+interpreter, not started cold.
 
 A worker's cold start is mostly ``import torch``: 1.3 s of CPU on an idle core here, 2 s
 and more when the job's processes share the cores. The fork server
@@ -55,10 +56,12 @@ class ForkServer:
         self._sock: socket.socket | None = ours
         self._warm = False
 
-    def fork(self, spec: ProcessSpec, message: dict[str, Any], header: str) -> Child | None:
-        """Fork ``spec``'s worker, to run ``message`` (the script, its arguments and
-        command line; spec's environment and log are added); None when the server cannot
-        (call :meth:`ready` first).
+    def fork(self, spec: ProcessSpec, message: dict[str, Any], header: str,
+             fds: dict[str, int] | None = None) -> Child | None:
+        """Fork ``spec``'s process, to run ``message`` (the script or module, its
+        arguments and command line; spec's environment and log are added); None when the
+        server cannot (call :meth:`ready` first). ``fds``: open files the process gets,
+        each named to it by the environment variable that is its key.
 
         Raises OSError when the server could not fork (no memory, no pids): a failed
         launch, as a failed spawn is.
@@ -67,9 +70,10 @@ class ForkServer:
             return None
         with open_log(spec.log_path, header):
             pass
+        fds = fds or {}
         request = {**message, "env": dict(spec.env), "cwd": os.getcwd(),
-                   "log": str(spec.log_path.resolve())}
-        reply = self._ask(request)
+                   "log": str(spec.log_path.resolve()), "fd_env": list(fds)}
+        reply = self._ask(request, list(fds.values()))
         if reply is None:
             return None
         if "pid" not in reply:
@@ -94,10 +98,10 @@ class ForkServer:
             self._lose(f"it was not ready within {WARM_TIMEOUT:.0f} s")
         return self._warm
 
-    def _ask(self, request: dict[str, Any]) -> dict[str, Any] | None:
+    def _ask(self, request: dict[str, Any], fds: list[int]) -> dict[str, Any] | None:
         assert self._sock is not None
         try:
-            self._sock.send(json.dumps(request).encode())
+            socket.send_fds(self._sock, [json.dumps(request).encode()], fds)
         except OSError as err:
             self._lose(f"it is gone ({err})")
             return None

@@ -43,6 +43,9 @@ FORK_SERVER = "--fork-server"
 """The first argument that makes this program the fork server (launcher/procs/spec.py)."""
 MAX_MESSAGE = 1 << 20
 """The largest request the fork server reads (a worker's environment is a few KiB)."""
+MAX_FDS = 4
+"""The most open files a request passes to the process it forks (the scheduler's one:
+the store's listening socket, named by the environment variable ``fd_env`` gives)."""
 ADOPTION_WAIT = 5.0
 """Seconds a forked worker waits to be re-parented to the supervisor before it gives up."""
 _PR_SET_PDEATHSIG = 1
@@ -110,8 +113,10 @@ def become(message: dict[str, Any]) -> None:
     target = sys.argv[0]
     try:
         if message.get("module"):
-            # What `python -m module` puts first on sys.path: the working folder.
-            sys.path.insert(0, os.getcwd())
+            if not message.get("safe_path"):
+                # What `python -m module` puts first on sys.path: the working folder
+                # (``-P``, tftrun's own modules: nothing).
+                sys.path.insert(0, os.getcwd())
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
             # What `python script.py` puts first on sys.path: the script's (real) folder.
@@ -147,17 +152,23 @@ def serve(sock: socket.socket, supervisor: int) -> dict[str, Any] | None:
     its pid is answered, so that a signal to its process group reaches it from the first.
     """
     sock.send(json.dumps({READY: os.getpid()}).encode())
-    while data := sock.recv(MAX_MESSAGE):
+    while True:
+        data, fds, _flags, _address = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
+        if not data:
+            return None
         message = json.loads(data)
         try:
             pid = _fork_worker(sock, supervisor)
         except OSError as err:
             sock.send(json.dumps({"error": f"fork: {err}"}).encode())
-            continue
-        if pid is None:
-            return message  # in the worker
-        sock.send(json.dumps({"pid": pid}).encode())
-    return None
+            pid = -1
+        if pid is None:  # in the worker: the files passed with the request are its own
+            message["env"].update(zip(message.get("fd_env", ()), map(str, fds)))
+            return message
+        for fd in fds:
+            os.close(fd)
+        if pid > 0:
+            sock.send(json.dumps({"pid": pid}).encode())
 
 
 def _fork_worker(sock: socket.socket, supervisor: int) -> int | None:

@@ -17,11 +17,12 @@ from recovery import env as names
 _NCCL_ASYNC_ERROR_HANDLING = "1"
 """torchrun's value for ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` unless the user set one."""
 
-__all__ = ["Role", "ProcessSpec", "Seat", "worker_spec", "scheduler_spec", "spare_spec", "script_argv",
-           "SPARE_PROGRAM", "worker_argv", "fork_server_spec", "forks_workers", "error_file",
-           "prepare_error_file", "signal_names"]
+__all__ = ["SCHEDULER_MODULE", "Role", "ProcessSpec", "Seat", "worker_spec", "scheduler_spec",
+           "spare_spec", "script_argv", "SPARE_PROGRAM", "worker_argv", "fork_server_spec",
+           "forks_workers", "error_file", "prepare_error_file", "signal_names"]
 
 SPARE_PROGRAM = Path(__file__).with_name("spare.py")
+SCHEDULER_MODULE = "recovery.control.scheduler"
 
 
 class Role(str, Enum):
@@ -161,7 +162,7 @@ def scheduler_spec(config: LaunchConfig, listen_fd: int,
     """The scheduler, serving the cluster store on the inherited socket ``listen_fd``."""
     env = _common_env(config, os.environ if base_env is None else base_env)
     env.update({names.MS_ROLE: names.ROLE_SCHEDULER, names.TFT_STORE_FD: str(listen_fd)})
-    argv = (*OWN_PYTHON, "-m", "recovery.control.scheduler")
+    argv = (*OWN_PYTHON, "-m", SCHEDULER_MODULE)
     return ProcessSpec(Role.SCHEDULER, None, argv, env, config.log_dir / "scheduler.log")
 
 

@@ -16,6 +16,7 @@ from launcher.procs.fork_server import ForkServer
 from launcher.procs.process import Child, Watchdog, spawn
 from launcher.procs.spare_pool import Spare, SparePool
 from launcher.procs.spec import (
+    SCHEDULER_MODULE,
     ProcessSpec,
     Role,
     Seat,
@@ -30,6 +31,7 @@ from launcher.procs.spec import (
 from launcher.supervisor.failures import ExitInfo
 from launcher.supervisor.state import Failure, Worker, WorkerState
 from launcher.view.logs import LogFollower
+from recovery import env as names
 
 __all__ = ["Children", "node_workers"]
 
@@ -123,11 +125,15 @@ class Children:
         return None if server is None else server.close()
 
     def start_scheduler(self) -> None:
-        """Start the scheduler on the inherited socket (a relaunched one gets the same port)."""
+        """Start the scheduler on the inherited socket (a relaunched one gets the same
+        port): forked by the fork server when there is one, which passes it the socket."""
         assert self._store_socket is not None
         fd = self._store_socket.fileno()
-        self.scheduler = self._spawn(scheduler_spec(self.config, fd), self.scheduler_launches,
-                                     pass_fds=(fd,))
+        spec = scheduler_spec(self.config, fd)
+        incarnation = self.scheduler_launches
+        forked = self._fork(spec, incarnation, {names.TFT_STORE_FD: fd})
+        self.scheduler = (self._spawn(spec, incarnation, pass_fds=(fd,)) if forked is None
+                          else self._started(spec, forked, incarnation, forked=True))
         self.scheduler_launches += 1
 
     def launch(self, worker: Worker, warm: bool = False) -> None:
@@ -160,13 +166,19 @@ class Children:
             return
         worker.launched(child)
 
-    def _fork(self, spec: ProcessSpec, incarnation: int) -> Child | None:
-        """``spec``'s worker forked by the fork server; None without one."""
+    def _fork(self, spec: ProcessSpec, incarnation: int,
+              fds: dict[str, int] | None = None) -> Child | None:
+        """``spec``'s process forked by the fork server (``fds``: open files it gets, by
+        the environment variables that name them); None without one."""
         if self.fork_server is None or not self.fork_server.ready():
             return None
-        message = {"argv": list(script_argv(self.config)), "title": " ".join(spec.argv),
-                   "module": self.config.entry == "module"}
-        child = self.fork_server.fork(spec, message, self.header(spec, incarnation))
+        if spec.role is Role.SCHEDULER:  # tftrun's own module, as OWN_PYTHON runs it
+            message = {"argv": [SCHEDULER_MODULE], "module": True, "safe_path": True}
+        else:
+            message = {"argv": list(script_argv(self.config)),
+                       "module": self.config.entry == "module"}
+        message["title"] = " ".join(spec.argv)
+        child = self.fork_server.fork(spec, message, self.header(spec, incarnation), fds)
         if child is not None:
             assert self.watchdog is not None
             self.watchdog.watch(child)

@@ -44,6 +44,9 @@ def test_kill_9_of_the_scheduler_under_tftrun_restarts_no_worker_and_the_job_fin
         spawned = [e for e in events(log_dir, "spawn") if e["role"] == "worker"]
         assert {e["rank"]: e["pid"] for e in spawned} == workers and len(spawned) == 2
         assert [e["what"] for e in events(log_dir, "restart")] == ["scheduler"]
+        # Both schedulers forked warm by the fork server, on the socket it passed them.
+        schedulers = [e for e in events(log_dir, "spawn") if e["role"] == "scheduler"]
+        assert [e.get("forked") for e in schedulers] == [True, True]
         finished = {e["pid"] for e in events(log_dir, "leave") if e["state"] == "finished"}
         assert finished == set(workers.values())
     finally:
