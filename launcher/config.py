@@ -29,6 +29,7 @@ from recovery.timeouts import (
     DEFAULT_REJOIN_COOLDOWN,
 )
 from recovery.train.modes import parse_enable_tft
+from recovery.train.shares import BatchPolicy
 
 __all__ = ["LaunchConfig", "bind_listener", "RestartPolicy", "DEFAULT_PROGRESS_INTERVAL",
            "AUTO_NODE_RANK", "with_node_rank", "DEFAULT_SIGNALS", "ENTRY_KINDS",
@@ -68,6 +69,9 @@ class LaunchConfig:
     min_worker_num: int | None = None
     """The fewest workers the job trains on while ranks are missing (docs/elastic.md);
     None: ``worker_num`` (a dead rank pauses the others until it is back)."""
+    batch_policy: BatchPolicy = BatchPolicy.CONSTANT
+    """What a step trains while ranks are missing (the workers' ``TFT_BATCH_POLICY``). A
+    string is taken for its value; one that names none is refused by :meth:`validate`."""
     master_addr: str = "127.0.0.1"
     master_port: int = DEFAULT_MASTER_PORT
     node_rank: int | None = 0
@@ -132,6 +136,8 @@ class LaunchConfig:
     def __post_init__(self) -> None:
         if self.restart_policy in RestartPolicy.__members__.values():
             object.__setattr__(self, "restart_policy", RestartPolicy(self.restart_policy))
+        if self.batch_policy in BatchPolicy.__members__.values():
+            object.__setattr__(self, "batch_policy", BatchPolicy(self.batch_policy))
 
     @property
     def nproc(self) -> int:
@@ -241,6 +247,10 @@ class LaunchConfig:
             raise ConfigError(f"--restart_policy must be one of "
                               f"{', '.join(p.value for p in RestartPolicy)}, "
                               f"got {self.restart_policy!r}")
+        if not isinstance(self.batch_policy, BatchPolicy):
+            raise ConfigError(f"--batch_policy must be one of "
+                              f"{', '.join(p.value for p in BatchPolicy)}, "
+                              f"got {self.batch_policy!r}")
         self._check_signals()
         self._check_enable_tft()
         self._check_script()

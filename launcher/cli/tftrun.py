@@ -145,6 +145,11 @@ def launch(
         "min_worker_num", "The fewest workers the job trains on while ranks are missing: "
         "below worker_num, the survivors of a death train on at once, with the same global "
         "batch (docs/elastic.md). [default: worker_num]")] = None,
+    batch_policy: Annotated[str, _opt(
+        "batch_policy", "What a step trains while ranks are missing (--min_worker_num): "
+        "'constant' the same global batch (the survivors compute the lost ranks' share), "
+        "'shrink' one micro-batch per live rank (torchft's). Sets TFT_BATCH_POLICY for the "
+        "workers (docs/elastic.md).")] = "constant",
     nproc_per_node: Annotated[str | None, _pet_opt(
         "nproc_per_node", "torchrun's workers on this node: a count, or auto, cpu, gpu, xpu "
         "(one per core or device). Without --nnodes: one node.")] = None,
@@ -311,6 +316,7 @@ def build_config(params: dict[str, Any]) -> LaunchConfig:
     config = LaunchConfig(
         script=Path(entry.target), script_args=entry.args, entry=entry.kind,
         worker_num=worker_num, local_worker_num=local, min_worker_num=p.min_worker_num,
+        batch_policy=p.batch_policy,
         master_addr=master_addr,
         master_port=master_port, node_rank=node_rank, node_id=p.node_id or "", nnodes=node_count,
         min_nnodes=None if node_range is None else node_range[0], last_call=last_call,
