@@ -204,3 +204,10 @@ def test_with_the_shrink_policy_each_sample_is_trained_at_most_once(tmp_path: Pa
         assert SAMPLES - len(samples) < WORKERS * BATCH, f"epoch {epoch} left more than its tail"
     ends = {e["rank"]: e["params_sha256"] for e in events(tmp_path / "logs", "train_end")}
     assert set(ends) == {0, 1, 2} and len(set(ends.values())) == 1
+    # The step events' total is where the loop ends if the membership holds: never behind
+    # the step, and, the job whole again, its real end.
+    step_events = events(tmp_path / "logs", "step")
+    behind = [(e["rank"], e["step"], e["total"]) for e in step_events if e["step"] > e["total"]]
+    assert not behind, f"step events past their total: {behind[:5]}"
+    last = {e["rank"]: e["total"] for e in step_events}
+    assert last == dict.fromkeys((0, 1, 2), max(by_step)), last
