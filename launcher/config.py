@@ -95,6 +95,10 @@ class LaunchConfig:
     """Seconds a lost node may take to come back (launcher/supervisor/loop.py, NodeWatch)."""
     max_restarts: int = 3
     rejoin_cooldown: float = DEFAULT_REJOIN_COOLDOWN
+    rejoin_timeout: float | None = None
+    """Seconds a dead rank may take to train again before it is retired, with
+    ``min_worker_num`` below ``worker_num`` (docs/elastic.md); None: :attr:`retire_after`'s
+    default."""
     monitor_interval: float = 0.1
     heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
     progress_timeout: float = DEFAULT_PROGRESS_TIMEOUT
@@ -138,6 +142,15 @@ class LaunchConfig:
             object.__setattr__(self, "restart_policy", RestartPolicy(self.restart_policy))
         if self.batch_policy in BatchPolicy.__members__.values():
             object.__setattr__(self, "batch_policy", BatchPolicy(self.batch_policy))
+
+    @property
+    def retire_after(self) -> float:
+        """``--rejoin_timeout``; by default the cooldown plus torchrun's last call (30 s):
+        a relaunched rank gets its cooldown, then as long as torchrun's rendezvous waits
+        for a late node once enough are there."""
+        if self.rejoin_timeout is not None:
+            return self.rejoin_timeout
+        return self.rejoin_cooldown + DEFAULT_LAST_CALL
 
     @property
     def nproc(self) -> int:
@@ -233,7 +246,8 @@ class LaunchConfig:
                             ("--heartbeat_timeout", self.heartbeat_timeout),
                             ("--progress_timeout", self.progress_timeout),
                             ("--grace_period", self.grace_period),
-                            ("--node_time_out", self.node_time_out)):
+                            ("--node_time_out", self.node_time_out),
+                            ("--rejoin_timeout", self.retire_after)):
             if value <= 0:
                 raise ConfigError(f"{name} must be positive, got {value}")
         if self.last_call < 0:

@@ -232,6 +232,10 @@ def launch(
     rejoin_cooldown: Annotated[float, _float_opt(
         "rejoin_cooldown", "Seconds a dead worker's node id may not re-register "
         "(msrun's 30 s).")] = DEFAULT_REJOIN_COOLDOWN,
+    rejoin_timeout: Annotated[float | None, _float_opt(
+        "rejoin_timeout", "With --min_worker_num: seconds a dead worker may take to train "
+        "again before it is retired for good and the job trains on without it. [default: "
+        f"rejoin_cooldown + {DEFAULT_LAST_CALL:g} (torchrun's last call)]")] = None,
     monitor_interval: Annotated[float, _float_opt(
         "monitor_interval", "Seconds between checks of the workers (deaths are seen at "
         "once regardless).", pet=True)] = 0.1,
@@ -324,7 +328,8 @@ def build_config(params: dict[str, Any]) -> LaunchConfig:
         join=parse_bool(p.join, "--join") or console is not None, console_ranks=console,
         cluster_time_out=cluster_time_out, max_restarts=p.max_restarts,
         node_time_out=cluster_time_out if p.node_time_out is None else p.node_time_out,
-        rejoin_cooldown=p.rejoin_cooldown, monitor_interval=p.monitor_interval,
+        rejoin_cooldown=p.rejoin_cooldown, rejoin_timeout=p.rejoin_timeout,
+        monitor_interval=p.monitor_interval,
         heartbeat_timeout=p.heartbeat_timeout, progress_timeout=p.progress_timeout,
         grace_period=p.grace_period if p.shutdown_timeout is None else p.shutdown_timeout,
         restart_policy=p.restart_policy, is_recover=parse_bool(p.is_recover, "--is_recover"),

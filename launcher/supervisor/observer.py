@@ -13,6 +13,7 @@ cooldown ends, which step each process reached, and what of the other nodes is m
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from launcher.config import LaunchConfig
 from launcher.nodes.link import NodeWatch
@@ -53,6 +54,9 @@ class Observer:
         self.registered: set[str] = set()
         """Node ids seen registered with the scheduler: capable of per-rank recovery."""
         self.snapshot: Snapshot | None = None
+        self.membership: dict[str, Any] | None = None
+        """The newest ``membership`` event in this node's events file (the scheduler's
+        node has them all): the active ranks and the generation."""
 
     def read(self, now: float, workers: list[Worker]) -> None:
         """Take the new events of this node and the latest snapshot. Call it before the
@@ -63,6 +67,8 @@ class Observer:
             name, rank, step = event.get("event"), event.get("rank"), event.get("step")
             if name == "register" and "node_id" in event and self.sees_registrations:
                 self.registered.add(str(event["node_id"]))
+            elif name == "membership" and isinstance(event.get("active"), list):
+                self.membership = event
             elif name == "leave" and step is not None:
                 self._note_step(int(event["rank"]), int(event["pid"]), int(step))
             elif name in WORKER_STEP_EVENTS and step is not None \
