@@ -1,0 +1,66 @@
+"""Retire for good (docs/elastic.md): under tftrun with ``--min_worker_num=2`` of 3, rank 1
+is killed and none of its relaunches comes back (each exits 1 at once, until
+``--max_restarts`` is spent). ``--rejoin_timeout`` after the kill it is retired: a
+``membership`` event with ``why: shrink`` and ``retired: [1]``, no relaunch after it; the
+two others train to the end with the same global batch, and the job exits 0.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from launcher.cli import tftctl as ctl
+from support import REPO, events, free_tcp_port, spawn, terminate, tftrun_cmd, wait_for_event
+
+pytestmark = pytest.mark.timeout(240)
+
+TRAIN = str(REPO / "templates" / "mnist" / "train.py")
+GATED = str(REPO / "tests" / "bin" / "gated.py")
+NO_RETURN = str(REPO / "tests" / "bin" / "no_return.py")
+WORKERS, BATCH, SAMPLES, EPOCHS, KILL_STEP, KILLED = 3, 32, 12000, 12, 20, 1
+"""12 epochs: the survivors train about 20 s after the kill on 2 shared cores (66 steps/s),
+well past the retirement at 6 s."""
+REJOIN_TIMEOUT, MAX_RESTARTS = 6, 2
+STEPS = EPOCHS * (SAMPLES // WORKERS // BATCH)
+
+
+def test_a_rank_that_cannot_come_back_is_retired_and_the_others_finish(tmp_path: Path) -> None:
+    log_dir, gate = tmp_path / "logs", tmp_path / "gate"
+    command = tftrun_cmd(
+        f"--worker_num={WORKERS}", "--min_worker_num=2", f"--log_dir={log_dir}",
+        f"--recovery_path={tmp_path / 'recovery'}", f"--master_port={free_tcp_port()}",
+        "--rejoin_cooldown=1", f"--rejoin_timeout={REJOIN_TIMEOUT}",
+        f"--max_restarts={MAX_RESTARTS}", "--cluster_time_out=120", "--node_time_out=120",
+        NO_RETURN, str(KILLED), GATED, str(gate), TRAIN, "--epochs", str(EPOCHS),
+        "--save_steps", "1000", "--synthetic_size", str(SAMPLES), "--batch_size", str(BATCH),
+        "--log_every", "100")
+    proc = spawn(command, env=dict(os.environ))
+    try:
+        wait_for_event(log_dir, 60, "the scheduler up", event="scheduler_start")
+        assert ctl.main(["inject", f"--log_dir={log_dir}", f"--rank={KILLED}", "--fault=kill",
+                         f"--at_step={KILL_STEP}"]) == 0
+        gate.touch()
+        out, err = proc.communicate(timeout=220)
+    finally:
+        terminate(proc)
+    assert proc.returncode == 0, out + err
+
+    changes = [(e["why"], e["active"], e.get("retired", [])) for e in events(log_dir, "membership")]
+    assert changes == [("start", [0, 1, 2], []), ("shrink", [0, 2], []),
+                       ("shrink", [0, 2], [KILLED])], changes
+    [retire] = [e for e in events(log_dir, "membership") if e.get("retired")]
+    assert retire["world"] == 2 and f"--rejoin_timeout={REJOIN_TIMEOUT}s" in retire["reason"]
+    # Timed from the exit the supervisor saw; the fault event is written just after it.
+    [fault] = [e for e in events(log_dir, "fault") if e.get("rank") == KILLED][:1]
+    assert REJOIN_TIMEOUT - 0.5 <= retire["ts"] - fault["ts"] < REJOIN_TIMEOUT + 5
+    relaunches = [e for e in events(log_dir, "restart") if e.get("what") == "rank"]
+    assert len(relaunches) == MAX_RESTARTS and all(e["ts"] < retire["ts"] for e in relaunches)
+
+    ends = {e["rank"]: e for e in events(log_dir, "train_end")}
+    assert set(ends) == {0, 2} and {e["step"] for e in ends.values()} == {STEPS}
+    assert ends[0]["params_sha256"] == ends[2]["params_sha256"]
+    [job_end] = events(log_dir, "job_end")
+    assert job_end["exitcode"] == 0 and "ranks [1] were retired" in job_end["reason"]
