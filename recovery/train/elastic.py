@@ -394,6 +394,7 @@ class ElasticTrainer:
                         params_sha256(self.model))
         self.ctx.report_step(step.global_step)
         self._update_total()
+        self._step_events.batch = step.divisor * step.micro_batch_size or None  # its samples
         self._step_events.completed(step.global_step, self.ctx.generation)
         self.saver.step_end(*step)
         if self._stop_request is not None:
