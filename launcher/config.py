@@ -96,7 +96,7 @@ class LaunchConfig:
     max_restarts: int = 3
     rejoin_cooldown: float = DEFAULT_REJOIN_COOLDOWN
     rejoin_timeout: float | None = None
-    """Seconds a dead rank may take to train again before it is retired, with
+    """Seconds a dead rank may take to register again before it is retired, with
     ``min_worker_num`` below ``worker_num`` (docs/elastic.md); None: :attr:`retire_after`'s
     default."""
     monitor_interval: float = 0.1

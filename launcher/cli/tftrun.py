@@ -233,8 +233,8 @@ def launch(
         "rejoin_cooldown", "Seconds a dead worker's node id may not re-register "
         "(msrun's 30 s).")] = DEFAULT_REJOIN_COOLDOWN,
     rejoin_timeout: Annotated[float | None, _float_opt(
-        "rejoin_timeout", "With --min_worker_num: seconds a dead worker may take to train "
-        "again before it is retired for good and the job trains on without it. [default: "
+        "rejoin_timeout", "With --min_worker_num: seconds a dead worker may take to "
+        "register again before it is retired for good and the job trains on without it. [default: "
         f"rejoin_cooldown + {DEFAULT_LAST_CALL:g} (torchrun's last call)]")] = None,
     monitor_interval: Annotated[float, _float_opt(
         "monitor_interval", "Seconds between checks of the workers (deaths are seen at "

@@ -22,7 +22,7 @@ from launcher.supervisor.policy import RankView
 from launcher.supervisor.state import Failure, Worker, WorkerState
 from launcher.supervisor.watch import SchedulerWatch, Snapshot
 from launcher.view.progress import EventTail
-from recovery.control.membership import MemberState, Verdict
+from recovery.control.membership import LIVE_STATES, MemberState, Verdict
 from recovery.control.node_range import NODE_SILENT
 
 __all__ = ["Observer"]
@@ -31,6 +31,7 @@ WORKER_STEP_EVENTS = ("step", "train_end")
 """The events in which a worker says which step it completed."""
 _VERDICTS = {MemberState.LOST.value: Verdict.HEARTBEAT.value,
              MemberState.HUNG.value: Verdict.PROGRESS.value}
+_LIVE = frozenset(state.value for state in LIVE_STATES)
 
 
 class Observer:
@@ -107,7 +108,14 @@ class Observer:
                         worker.hung, worker.relaunch_why, current,
                         None if crash is None else self.step(worker.rank, crash.pid),
                         relaunched_after,
-                        worker.last_exit.at if finished and worker.last_exit else None)
+                        worker.last_exit.at if finished and worker.last_exit else None,
+                        holds_rank=running and self.holds_rank(worker))
+
+    def holds_rank(self, worker: Worker) -> bool:
+        """Whether the latest snapshot holds ``worker``'s process as its rank's live member."""
+        return self.snapshot is not None and any(
+            m.rank == worker.rank and m.pid == worker.pid and m.state in _LIVE
+            for m in self.snapshot.members)
 
     def registered_or_unknown(self, worker: Worker) -> bool | None:
         """Whether ``worker``'s node id registered; None while it cannot be known yet: a

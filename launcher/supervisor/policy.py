@@ -28,7 +28,7 @@ The rules (docs/recovery.md, *The restart policy*):
   size) peers finished (they trained on without it, docs/elastic.md), else the crash's
   status;
 * degraded training (``--min_worker_num`` below the job's size, docs/elastic.md): a rank
-  that is not back (training again) within ``--rejoin_timeout`` of the death that began
+  that is not back (registered again) within ``--rejoin_timeout`` of the death that began
   its absence is retired while at least ``--min_worker_num`` ranks train: it is not
   relaunched any more (a relaunch still starting is stopped) and the job ends well
   without it; a rank whose relaunch would overspend the budget is not relaunched and
@@ -119,6 +119,9 @@ class RankView:
     :func:`down_since`); None while it is not absent."""
     retired: bool = False
     """Retired for good (:class:`Retire`): no longer one of the job's ranks."""
+    holds_rank: bool = False
+    """RUNNING: the scheduler holds its process as the rank's live member (it registered,
+    perhaps still unready while it builds its model)."""
 
 
 @dataclass(frozen=True)
@@ -185,7 +188,7 @@ class JobView:
     """``--min_worker_num`` (None: the job's size): with fewer, the survivors of a death
     train on without the dead rank (docs/elastic.md)."""
     rejoin_timeout: float = 60.0
-    """``--rejoin_timeout``: seconds an absent rank may take to train again before it is
+    """``--rejoin_timeout``: seconds an absent rank may take to register again before it is
     retired (degraded training only)."""
 
     @property
@@ -434,12 +437,14 @@ def _membership_change(view: JobView, now: float) -> list[Action] | None:
 def down_since(before: float | None, rank: RankView) -> float | None:
     """When ``rank``'s absence began, given when it had begun as of the last pass
     (``before``; None: it was not absent): the failure that began it, kept while the rank
-    stays absent (FAILED, waiting in COOLDOWN, or relaunched alone and not training yet),
-    None once it trains again or is stopped (a group restart, the job's end, retired)."""
+    stays absent (FAILED, waiting in COOLDOWN, or relaunched alone and neither registered
+    nor training yet), None once it is back (registered again, or training) or stopped (a
+    group restart, the job's end, retired)."""
     if rank.retired:
         return None
     if rank.state in (WorkerState.FAILED, WorkerState.COOLDOWN) or (
-            rank.state is WorkerState.RUNNING and rank.relaunched_after is not None):
+            rank.state is WorkerState.RUNNING and rank.relaunched_after is not None
+            and not rank.holds_rank):
         return before if before is not None else _crash(rank).at
     return None
 

@@ -130,6 +130,8 @@ class PolicyMachine(RuleBasedStateMachine):
         self.down_since: dict[int, float] = {}
         """Absent ranks: when each one's absence began (as the supervisor keeps it)."""
         self.retired: set[int] = set()
+        self.holding: set[int] = set()
+        """Pids the scheduler holds as their rank's live member (they registered)."""
 
     # ------------------------------------------------------------ the world
     @initialize(max_restarts=st.integers(0, 4), policy=st.sampled_from(list(RestartPolicy)),
@@ -164,6 +166,14 @@ class PolicyMachine(RuleBasedStateMachine):
     @rule(rank=ranks)
     def rank_registers(self, rank: int) -> None:
         self.registered.add(rank)
+
+    @precondition(lambda self: not self.closed)
+    @rule(rank=ranks)
+    def process_registers(self, rank: int) -> None:
+        """The rank's running process registers (a relaunched one is back)."""
+        child = self.workers[rank].child
+        if self.workers[rank].state is WorkerState.RUNNING and child is not None:
+            self.holding.add(child.pid)
 
     @precondition(lambda self: not self.closed)
     @rule(silent=st.booleans())
@@ -283,7 +293,9 @@ class PolicyMachine(RuleBasedStateMachine):
                        and worker.last_exit is not None else None)
         seen = RankView(worker.rank, worker.state, worker.deadline, worker.failure, registered,
                         cooldown, worker.hung, worker.relaunch_why, step, crash_step,
-                        relaunched_after, finished_at, retired=worker.rank in self.retired)
+                        relaunched_after, finished_at, retired=worker.rank in self.retired,
+                        holds_rank=worker.state is WorkerState.RUNNING and worker.child is not None
+                        and worker.child.pid in self.holding)
         since = down_since(self.down_since.get(worker.rank), seen)
         if since is None:
             self.down_since.pop(worker.rank, None)
@@ -515,6 +527,9 @@ class PolicyMachine(RuleBasedStateMachine):
         --rejoin_timeout, and only while enough ranks train on."""
         assert self._degraded() and self.min_worker_num is not None
         assert rank in self.down_since and rank not in self.retired
+        worker = self.workers[rank]
+        assert worker.child is None or worker.state is not WorkerState.RUNNING \
+            or worker.child.pid not in self.holding, f"rank {rank} registered again, retired"
         assert self.now >= self.down_since[rank] + REJOIN_TIMEOUT
         assert self._training() >= self.min_worker_num
 
