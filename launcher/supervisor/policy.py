@@ -115,7 +115,7 @@ class RankView:
     finished_at: float | None = None
     """SUCCEEDED: when its process exited 0."""
     down_since: float | None = None
-    """When its absence began: the death after which it has not trained again (see
+    """When its absence began: the death after which it has not registered again (see
     :func:`down_since`); None while it is not absent."""
     retired: bool = False
     """Retired for good (:class:`Retire`): no longer one of the job's ranks."""
@@ -561,7 +561,7 @@ def _peers_finished(view: JobView, now: float) -> list[Action] | None:
     generation that cannot form: stop it and end the job; status 0, with a warning, when
     each crash came after the peers' final step (a teardown's crash), else the crash's."""
     left = [r for r in view.ranks if r.state is not WorkerState.SUCCEEDED and not r.retired]
-    peers = len(view.ranks) - len(left) + view.other_ranks
+    peers = len(_finished(view)) + view.other_ranks
     if (not left or not peers or not view.others_finished or view.restart_at is not None
             or not all(_stranded(view, r) for r in left)):
         return None

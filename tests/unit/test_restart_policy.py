@@ -713,3 +713,17 @@ def test_with_degraded_training_a_rank_the_budget_cannot_relaunch_is_retired_in_
     assert isinstance(give_up, GiveUp) and give_up.reason == (
         "only 1 ranks train, fewer than --min_worker_num=2, and ranks [1, 2] were not back "
         "within --node_time_out=600s")
+
+
+def test_a_retired_rank_does_not_count_as_a_peer_that_finished() -> None:
+    """Rank 1 was retired; rank 0 finished at step 5; rank 2, relaunched after a crash at
+    step 3, is still starting. One peer finished, fewer than ``--min_worker_num=2``: the
+    job did not train on without rank 2, so it ends with rank 2's crash."""
+    crash = Failure(2, 42, 0, 0.0, 3, "exited with code 3", "exit code 3", 3)
+    view = JobView((RankView(0, WorkerState.SUCCEEDED, step=5),
+                    RankView(1, WorkerState.STOPPED, retired=True),
+                    RankView(2, WorkerState.RUNNING, registered=True, failure_step=3,
+                             relaunched_after=crash)), max_restarts=3, warm_spare=0,
+                   min_worker_num=2)
+    [ending, _stopping] = decide(view, 1.0)
+    assert isinstance(ending, GiveUp) and ending.failure is crash
