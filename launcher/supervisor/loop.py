@@ -431,9 +431,9 @@ class Supervisor:
         last = self._observer.membership
         if last is not None:
             active, generation = [r for r in last["active"] if r != worker.rank], last["generation"]
-        else:  # another node's supervisor: its own ranks are all it knows of
-            active = [w.rank for w in self.workers
-                      if w.rank not in self._retired and w.rank not in self._down_since]
+        else:  # not the scheduler's node: the other nodes' ranks count as training
+            active = [r for r in range(self.config.worker_num)
+                      if r not in self._retired and r not in self._down_since]
             generation = None
         self._emit("membership", active=active, world=len(active), generation=generation,
                    why=MembershipWhy.SHRINK.value, lost=[], joined=[], retired=[worker.rank],
