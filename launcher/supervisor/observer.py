@@ -109,7 +109,8 @@ class Observer:
                         None if crash is None else self.step(worker.rank, crash.pid),
                         relaunched_after,
                         worker.last_exit.at if finished and worker.last_exit else None,
-                        holds_rank=running and self.holds_rank(worker))
+                        # asked only of a rank relaunched alone: O(members) each
+                        holds_rank=relaunched_after is not None and self.holds_rank(worker))
 
     def holds_rank(self, worker: Worker) -> bool:
         """Whether the latest snapshot holds ``worker``'s process as its rank's live member."""

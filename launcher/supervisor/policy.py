@@ -120,8 +120,8 @@ class RankView:
     retired: bool = False
     """Retired for good (:class:`Retire`): no longer one of the job's ranks."""
     holds_rank: bool = False
-    """RUNNING: the scheduler holds its process as the rank's live member (it registered,
-    perhaps still unready while it builds its model)."""
+    """Relaunched alone (``relaunched_after``): the scheduler holds its new process as the
+    rank's live member (it registered, perhaps still unready while it builds its model)."""
 
 
 @dataclass(frozen=True)
