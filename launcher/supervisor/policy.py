@@ -487,9 +487,10 @@ def _absences(view: JobView, now: float) -> list[Action] | None:
         return None
     first = min(absent, key=lambda r: r.down_since or 0.0)
     ranks = sorted(r.rank for r in absent)
-    return [GiveUp(_crash(first), f"only {training} ranks train, fewer than --min_worker_num="
-                                  f"{view.min_worker_num}, and ranks {ranks} were not back "
-                                  f"within --node_time_out={view.node_time_out:g}s"),
+    size = len(view.ranks) + view.other_ranks
+    return [GiveUp(_crash(first), f"{training} of {size} ranks train, fewer than "
+                                  f"--min_worker_num={view.min_worker_num}, and ranks {ranks} "
+                                  f"were not back within --node_time_out={view.node_time_out:g}s"),
             _stop_all(view, now)]
 
 

@@ -83,7 +83,7 @@ def test_below_min_worker_num_none_is_retired_and_the_job_ends_at_node_time_out(
     assert status != 0, output  # the status of the first rank gone's last failure
     assert not [e for e in events(log_dir, "membership") if e.get("retired")]
     [job_end] = events(log_dir, "job_end")
-    assert job_end["reason"] == (f"only 1 ranks train, fewer than --min_worker_num=2, and ranks "
+    assert job_end["reason"] == (f"1 of 3 ranks train, fewer than --min_worker_num=2, and ranks "
                                  f"[1, 2] were not back within --node_time_out={NODE_TIME_OUT}s")
     second = max(e["ts"] for e in events(log_dir, "fault") if e["cause"] == "SIGKILL")
     assert NODE_TIME_OUT - 0.5 <= job_end["ts"] - second < NODE_TIME_OUT + 15

@@ -711,7 +711,7 @@ def test_with_degraded_training_a_rank_the_budget_cannot_relaunch_is_retired_in_
     assert decide(two_dead, 60.0) == [WaitUntil(605.0)]  # one trains: fewer than 2, none retired
     [give_up, _stop] = decide(two_dead, 605.0)
     assert isinstance(give_up, GiveUp) and give_up.reason == (
-        "only 1 ranks train, fewer than --min_worker_num=2, and ranks [1, 2] were not back "
+        "1 of 3 ranks train, fewer than --min_worker_num=2, and ranks [1, 2] were not back "
         "within --node_time_out=600s")
 
 
