@@ -29,6 +29,7 @@ from recovery.timeouts import (
     DEFAULT_REJOIN_COOLDOWN,
 )
 from recovery.train.modes import parse_enable_tft
+from recovery.train.shares import BatchPolicy
 
 __all__ = ["LaunchConfig", "bind_listener", "RestartPolicy", "DEFAULT_PROGRESS_INTERVAL",
            "AUTO_NODE_RANK", "with_node_rank", "DEFAULT_SIGNALS", "ENTRY_KINDS",
@@ -68,6 +69,9 @@ class LaunchConfig:
     min_worker_num: int | None = None
     """The fewest workers the job trains on while ranks are missing (docs/elastic.md);
     None: ``worker_num`` (a dead rank pauses the others until it is back)."""
+    batch_policy: BatchPolicy = BatchPolicy.CONSTANT
+    """What a step trains while ranks are missing (the workers' ``TFT_BATCH_POLICY``). A
+    string is taken for its value; one that names none is refused by :meth:`validate`."""
     master_addr: str = "127.0.0.1"
     master_port: int = DEFAULT_MASTER_PORT
     node_rank: int | None = 0
@@ -91,6 +95,10 @@ class LaunchConfig:
     """Seconds a lost node may take to come back (launcher/supervisor/loop.py, NodeWatch)."""
     max_restarts: int = 3
     rejoin_cooldown: float = DEFAULT_REJOIN_COOLDOWN
+    rejoin_timeout: float | None = None
+    """Seconds a dead rank may take to register again before it is retired, with
+    ``min_worker_num`` below ``worker_num`` (docs/elastic.md); None: :attr:`retire_after`'s
+    default."""
     monitor_interval: float = 0.1
     heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
     progress_timeout: float = DEFAULT_PROGRESS_TIMEOUT
@@ -135,6 +143,17 @@ class LaunchConfig:
     def __post_init__(self) -> None:
         if self.restart_policy in RestartPolicy.__members__.values():
             object.__setattr__(self, "restart_policy", RestartPolicy(self.restart_policy))
+        if self.batch_policy in BatchPolicy.__members__.values():
+            object.__setattr__(self, "batch_policy", BatchPolicy(self.batch_policy))
+
+    @property
+    def retire_after(self) -> float:
+        """``--rejoin_timeout``; by default the cooldown plus torchrun's last call (30 s):
+        a relaunched rank gets its cooldown, then as long as torchrun's rendezvous waits
+        for a late node once enough are there."""
+        if self.rejoin_timeout is not None:
+            return self.rejoin_timeout
+        return self.rejoin_cooldown + DEFAULT_LAST_CALL
 
     @property
     def nproc(self) -> int:
@@ -230,7 +249,8 @@ class LaunchConfig:
                             ("--heartbeat_timeout", self.heartbeat_timeout),
                             ("--progress_timeout", self.progress_timeout),
                             ("--grace_period", self.grace_period),
-                            ("--node_time_out", self.node_time_out)):
+                            ("--node_time_out", self.node_time_out),
+                            ("--rejoin_timeout", self.retire_after)):
             if value <= 0:
                 raise ConfigError(f"{name} must be positive, got {value}")
         if self.last_call < 0:
@@ -244,6 +264,10 @@ class LaunchConfig:
             raise ConfigError(f"--restart_policy must be one of "
                               f"{', '.join(p.value for p in RestartPolicy)}, "
                               f"got {self.restart_policy!r}")
+        if not isinstance(self.batch_policy, BatchPolicy):
+            raise ConfigError(f"--batch_policy must be one of "
+                              f"{', '.join(p.value for p in BatchPolicy)}, "
+                              f"got {self.batch_policy!r}")
         self._check_signals()
         self._check_enable_tft()
         self._check_script()

@@ -145,6 +145,11 @@ def launch(
         "min_worker_num", "The fewest workers the job trains on while ranks are missing: "
         "below worker_num, the survivors of a death train on at once, with the same global "
         "batch (docs/elastic.md). [default: worker_num]")] = None,
+    batch_policy: Annotated[str, _opt(
+        "batch_policy", "What a step trains while ranks are missing (--min_worker_num): "
+        "'constant' the same global batch (the survivors compute the lost ranks' share), "
+        "'shrink' one micro-batch per live rank (torchft's). Sets TFT_BATCH_POLICY for the "
+        "workers (docs/elastic.md).")] = "constant",
     nproc_per_node: Annotated[str | None, _pet_opt(
         "nproc_per_node", "torchrun's workers on this node: a count, or auto, cpu, gpu, xpu "
         "(one per core or device). Without --nnodes: one node.")] = None,
@@ -228,6 +233,10 @@ def launch(
     rejoin_cooldown: Annotated[float, _float_opt(
         "rejoin_cooldown", "Seconds a dead worker's node id may not re-register "
         "(msrun's 30 s).")] = DEFAULT_REJOIN_COOLDOWN,
+    rejoin_timeout: Annotated[float | None, _float_opt(
+        "rejoin_timeout", "With --min_worker_num: seconds a dead worker may take to "
+        "register again before it is retired for good and the job trains on without it. [default: "
+        f"rejoin_cooldown + {DEFAULT_LAST_CALL:g} (torchrun's last call)]")] = None,
     monitor_interval: Annotated[float, _float_opt(
         "monitor_interval", "Seconds between checks of the workers (deaths are seen at "
         "once regardless).", pet=True)] = 0.1,
@@ -316,6 +325,7 @@ def build_config(params: dict[str, Any]) -> LaunchConfig:
     config = LaunchConfig(
         script=Path(entry.target), script_args=entry.args, entry=entry.kind,
         worker_num=worker_num, local_worker_num=local, min_worker_num=p.min_worker_num,
+        batch_policy=p.batch_policy,
         master_addr=master_addr,
         master_port=master_port, node_rank=node_rank, node_id=p.node_id or "", nnodes=node_count,
         min_nnodes=None if node_range is None else node_range[0], last_call=last_call,
@@ -323,7 +333,8 @@ def build_config(params: dict[str, Any]) -> LaunchConfig:
         join=parse_bool(p.join, "--join") or console is not None, console_ranks=console,
         cluster_time_out=cluster_time_out, max_restarts=p.max_restarts,
         node_time_out=cluster_time_out if p.node_time_out is None else p.node_time_out,
-        rejoin_cooldown=p.rejoin_cooldown, monitor_interval=p.monitor_interval,
+        rejoin_cooldown=p.rejoin_cooldown, rejoin_timeout=p.rejoin_timeout,
+        monitor_interval=p.monitor_interval,
         heartbeat_timeout=p.heartbeat_timeout, progress_timeout=p.progress_timeout,
         grace_period=p.grace_period if p.shutdown_timeout is None else p.shutdown_timeout,
         restart_policy=p.restart_policy, is_recover=parse_bool(p.is_recover, "--is_recover"),

@@ -165,6 +165,8 @@ class _Builder:
             self.episode.generation_at, self.episode.generation = mark.ts, mark.generation
 
     def _on_membership(self, event: dict[str, Any], node: int) -> None:
+        if event.get("retired"):
+            return  # a rank retired for good: the survivors' degraded stretch goes on
         self._close_degraded(event["ts"])
         world = int(event.get("world") or 0)
         self.worker_num = self.worker_num or world

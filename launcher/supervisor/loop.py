@@ -18,6 +18,7 @@ import socket
 import time
 from collections.abc import Mapping
 from contextlib import suppress
+from dataclasses import replace
 
 from launcher.config import LaunchConfig
 from launcher.nodes.link import NodeLink
@@ -33,6 +34,7 @@ from launcher.supervisor.meeting import MeetingPlace, point_at_remote_scheduler
 from launcher.supervisor.observer import Observer
 from launcher.supervisor.policy import (
     EXIT_PEER_ENDED,
+    RESTART_GRACE,
     Action,
     Close,
     Ending,
@@ -41,9 +43,11 @@ from launcher.supervisor.policy import (
     JobView,
     KeepSpares,
     Kill,
+    RankView,
     Relaunch,
     RelaunchScheduler,
     RestartAll,
+    Retire,
     ScheduleRelaunch,
     SchedulerSpent,
     StartAll,
@@ -52,6 +56,7 @@ from launcher.supervisor.policy import (
     TeardownCrash,
     WaitUntil,
     decide,
+    down_since,
 )
 from launcher.supervisor.signals import Wakeup, handled
 from launcher.supervisor.state import Failure, Worker, WorkerState
@@ -60,7 +65,7 @@ from launcher.supervisor.watch import SchedulerWatch
 from launcher.view.logs import LogFollower
 from launcher.view.render import View
 from recovery.control.client import ExitReport, SchedulerControl
-from recovery.control.node_range import JobDone, Round, TooFew, membership_why
+from recovery.control.node_range import JobDone, MembershipWhy, Round, TooFew, membership_why
 from recovery.events import EventLog
 from recovery.timeouts import Timeouts
 
@@ -116,6 +121,10 @@ class Supervisor:
         self._restart_why = ""
         self._relaunched_after: dict[int, Failure] = {}
         """Ranks relaunched alone since the last group restart: the failure each followed."""
+        self._down_since: dict[int, float] = {}
+        """Absent ranks: when each one's absence began (policy.down_since)."""
+        self._retired: set[int] = set()
+        """Ranks retired for good (degraded training) since the last group restart."""
         self._scheduler_exit = ""
         self._signal: int | None = None
         self._ending: Ending | None = None
@@ -307,8 +316,7 @@ class Supervisor:
                         if news.restarts_started > self.restart_count else "")
         config = self.config
         return JobView(
-            tuple(self._observer.rank_view(w, undecided, self._relaunched_after.get(w.rank))
-                  for w in self.workers), config.max_restarts,
+            tuple(self._rank_view(w, undecided) for w in self.workers), config.max_restarts,
             config.restart_policy, self.restart_count - self._free_restarts, self.relaunches,
             self._restart_at,
             self._ending, self._signal,
@@ -321,7 +329,20 @@ class Supervisor:
             scheduler_launches=self.children.scheduler_launches,
             warm_spare=config.warm_spare, spares=self.children.spares.size,
             forks_workers=self.children.fork_server is not None,
-            min_worker_num=config.min_worker_num, **self._membership_view())
+            min_worker_num=config.min_worker_num, rejoin_timeout=config.retire_after,
+            **self._membership_view())
+
+    def _rank_view(self, worker: Worker, undecided: bool) -> RankView:
+        """``worker`` as the policy sees it, with when its absence began (kept here from
+        pass to pass) and whether it was retired."""
+        seen = self._observer.rank_view(worker, undecided, self._relaunched_after.get(worker.rank))
+        seen = replace(seen, retired=worker.rank in self._retired)
+        since = down_since(self._down_since.get(worker.rank), seen)
+        if since is None:
+            self._down_since.pop(worker.rank, None)
+        else:
+            self._down_since[worker.rank] = since
+        return replace(seen, down_since=since)
 
     def _membership_view(self) -> dict[str, object]:
         """Node 0 of an elastic job: its generation's nodes, who asks to join, who beats."""
@@ -356,6 +377,8 @@ class Supervisor:
                 self._emit("restart", what="rank", why=worker.relaunch_why,
                            restart_count=self.restart_count + self.relaunches, ranks=[rank])
                 self.children.launch(worker, warm=True)
+            case Retire(rank, why):
+                self._retire(self._worker(rank), why, now)
             case RestartAll(at, why, charged):
                 self._restart_at, self._restart_why = at, why
                 if not charged:
@@ -397,6 +420,27 @@ class Supervisor:
                 if self._closing is None:
                     self._closing = Closing(self.children, self._watch, self.config.grace_period)
 
+    def _retire(self, worker: Worker, why: str, now: float) -> None:
+        """Take ``worker`` out of the job for good: its relaunch withdrawn (or stopped, if
+        it is starting), and a ``membership`` event saying so."""
+        self._retired.add(worker.rank)
+        if worker.state is WorkerState.RUNNING and worker.child is not None:
+            worker.transition(WorkerState.STOPPING,
+                              deadline=now + min(self.config.grace_period, RESTART_GRACE))
+            worker.child.signal_group(signal.SIGTERM)
+        elif worker.state in (WorkerState.FAILED, WorkerState.COOLDOWN):
+            worker.transition(WorkerState.STOPPED)
+        last = self._observer.membership
+        if last is not None:
+            active, generation = [r for r in last["active"] if r != worker.rank], last["generation"]
+        else:  # not the scheduler's node: the other nodes' ranks count as training
+            active = [r for r in range(self.config.worker_num)
+                      if r not in self._retired and r not in self._down_since]
+            generation = None
+        self._emit("membership", active=active, world=len(active), generation=generation,
+                   why=MembershipWhy.SHRINK.value, lost=[], joined=[], retired=[worker.rank],
+                   reason=why)
+
     def _worker(self, rank: int) -> Worker:
         return next(w for w in self.workers if w.rank == rank)
 
@@ -414,6 +458,7 @@ class Supervisor:
     def _restart_all(self) -> None:
         self._restart_at = None
         self._relaunched_after.clear()
+        self._retired.clear()  # a group restart starts every rank: the retired ones too
         # With other nodes, every node's workers of one restart carry its number.
         self.children.restart_count = max(self.restart_count + 1,
                                           self._watch.nodes.restarts_started)

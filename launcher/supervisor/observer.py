@@ -13,6 +13,7 @@ cooldown ends, which step each process reached, and what of the other nodes is m
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from launcher.config import LaunchConfig
 from launcher.nodes.link import NodeWatch
@@ -21,7 +22,7 @@ from launcher.supervisor.policy import RankView
 from launcher.supervisor.state import Failure, Worker, WorkerState
 from launcher.supervisor.watch import SchedulerWatch, Snapshot
 from launcher.view.progress import EventTail
-from recovery.control.membership import MemberState, Verdict
+from recovery.control.membership import LIVE_STATES, MemberState, Verdict
 from recovery.control.node_range import NODE_SILENT
 
 __all__ = ["Observer"]
@@ -30,6 +31,7 @@ WORKER_STEP_EVENTS = ("step", "train_end")
 """The events in which a worker says which step it completed."""
 _VERDICTS = {MemberState.LOST.value: Verdict.HEARTBEAT.value,
              MemberState.HUNG.value: Verdict.PROGRESS.value}
+_LIVE = frozenset(state.value for state in LIVE_STATES)
 
 
 class Observer:
@@ -53,6 +55,9 @@ class Observer:
         self.registered: set[str] = set()
         """Node ids seen registered with the scheduler: capable of per-rank recovery."""
         self.snapshot: Snapshot | None = None
+        self.membership: dict[str, Any] | None = None
+        """The newest ``membership`` event in this node's events file (the scheduler's
+        node has them all): the active ranks and the generation."""
 
     def read(self, now: float, workers: list[Worker]) -> None:
         """Take the new events of this node and the latest snapshot. Call it before the
@@ -63,6 +68,8 @@ class Observer:
             name, rank, step = event.get("event"), event.get("rank"), event.get("step")
             if name == "register" and "node_id" in event and self.sees_registrations:
                 self.registered.add(str(event["node_id"]))
+            elif name == "membership" and isinstance(event.get("active"), list):
+                self.membership = event
             elif name == "leave" and step is not None:
                 self._note_step(int(event["rank"]), int(event["pid"]), int(step))
             elif name in WORKER_STEP_EVENTS and step is not None \
@@ -101,7 +108,15 @@ class Observer:
                         worker.hung, worker.relaunch_why, current,
                         None if crash is None else self.step(worker.rank, crash.pid),
                         relaunched_after,
-                        worker.last_exit.at if finished and worker.last_exit else None)
+                        worker.last_exit.at if finished and worker.last_exit else None,
+                        # asked only of a rank relaunched alone: O(members) each
+                        holds_rank=relaunched_after is not None and self.holds_rank(worker))
+
+    def holds_rank(self, worker: Worker) -> bool:
+        """Whether the latest snapshot holds ``worker``'s process as its rank's live member."""
+        return self.snapshot is not None and any(
+            m.rank == worker.rank and m.pid == worker.pid and m.state in _LIVE
+            for m in self.snapshot.members)
 
     def registered_or_unknown(self, worker: Worker) -> bool | None:
         """Whether ``worker``'s node id registered; None while it cannot be known yet: a

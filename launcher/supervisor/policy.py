@@ -27,6 +27,14 @@ The rules (docs/recovery.md, *The restart policy*):
   peers' final step, status 0 too when at least ``--min_worker_num`` (below the job's
   size) peers finished (they trained on without it, docs/elastic.md), else the crash's
   status;
+* degraded training (``--min_worker_num`` below the job's size, docs/elastic.md): a rank
+  that is not back (registered again) within ``--rejoin_timeout`` of the death that began
+  its absence is retired while at least ``--min_worker_num`` ranks train: it is not
+  relaunched any more (a relaunch still starting is stopped) and the job ends well
+  without it; a rank whose relaunch would overspend the budget is not relaunched and
+  waits for that, instead of ending the job. Below ``--min_worker_num`` ranks the job
+  waits up to ``--node_time_out`` from the death that left too few, then ends (for every
+  node). A group restart brings every retired rank back;
 * spares: ``--warm_spare``, or :data:`AUTOMATIC_SPARES` once a worker of this node
   registered (unless ``--restart_policy=all``);
 * an elastic node range (``--nnodes=MIN:MAX``, decided on node 0): a node of the
@@ -59,6 +67,7 @@ __all__ = [
     "RestartAll", "StartAll", "Stop", "GiveUp", "StopWorkers", "Kill", "Close", "WaitUntil",
     "TeardownCrash", "RelaunchScheduler", "SchedulerSpent", "KeepSpares", "decide",
     "STATUS_WAIT", "EXIT_PEER_ENDED", "RESTART_GRACE", "AUTOMATIC_SPARES", "PEERS_SETTLE",
+    "Retire", "down_since",
 ]
 
 EXIT_PEER_ENDED = 1
@@ -106,6 +115,14 @@ class RankView:
     step yet (it waits for a generation to join)."""
     finished_at: float | None = None
     """SUCCEEDED: when its process exited 0."""
+    down_since: float | None = None
+    """When its absence began: the death after which it has not registered again (see
+    :func:`down_since`); None while it is not absent."""
+    retired: bool = False
+    """Retired for good (:class:`Retire`): no longer one of the job's ranks."""
+    holds_rank: bool = False
+    """Relaunched alone (``relaunched_after``): the scheduler holds its new process as the
+    rank's live member (it registered, perhaps still unready while it builds its model)."""
 
 
 @dataclass(frozen=True)
@@ -173,6 +190,9 @@ class JobView:
     min_worker_num: int | None = None
     """``--min_worker_num`` (None: the job's size): with fewer, the survivors of a death
     train on without the dead rank (docs/elastic.md)."""
+    rejoin_timeout: float = 60.0
+    """``--rejoin_timeout``: seconds an absent rank may take to register again before it is
+    retired (degraded training only)."""
 
     @property
     def charged(self) -> int:
@@ -293,6 +313,16 @@ class KeepSpares:
 
 
 @dataclass(frozen=True)
+class Retire:
+    """Degraded training: ``rank`` was not back within ``--rejoin_timeout``: it leaves the
+    job for good (its relaunch withdrawn, or stopped if it is starting; no other), and
+    the others train on without it (a ``membership`` event with ``retired``)."""
+
+    rank: int
+    why: str
+
+
+@dataclass(frozen=True)
 class WaitUntil:
     """Nothing is due before ``at`` (the loop wakes earlier for any child's exit)."""
 
@@ -301,7 +331,7 @@ class WaitUntil:
 
 Action = (Hang | ScheduleRelaunch | Relaunch | RestartAll | StartAll | Stop | GiveUp
           | StopWorkers | TeardownCrash | Kill | Close | RelaunchScheduler | SchedulerSpent
-          | KeepSpares | WaitUntil)
+          | KeepSpares | Retire | WaitUntil)
 
 
 def decide(view: JobView, now: float) -> list[Action]:
@@ -343,19 +373,23 @@ def _about_workers(view: JobView, now: float) -> list[Action]:
         reason = (f"node {view.node_rank}: {view.gone} did not come back within "
                   f"--node_time_out={view.node_time_out:g}s")
         return [Stop(EXIT_PEER_ENDED, reason, everywhere=True), _stop_all(view, now)]
-    if all(r.state is WorkerState.SUCCEEDED for r in view.ranks):
-        return [Stop(0, "all workers succeeded")]
+    if all(r.state is WorkerState.SUCCEEDED for r in view.ranks if not r.retired):
+        retired = [r.rank for r in view.ranks if r.retired]
+        return [Stop(0, "all workers succeeded" + (f"; ranks {retired} were retired"
+                                                     if retired else ""))]
     if view.peer_restart and view.restart_at is None:
         # The whole group restarts together; the node that started it charged it.
         return [RestartAll(now, view.peer_restart), _stop_for_restart(view, now)]
     failed = [r for r in view.ranks
-              if r.state is WorkerState.FAILED and view.restart_at is None]
+              if r.state is WorkerState.FAILED and view.restart_at is None and not r.retired]
     if unfixable := _unfixable(failed):
         return [unfixable, _stop_all(view, now)]
     if (ending := _peers_finished(view, now)) is not None:
         return ending
     if (change := _membership_change(view, now)) is not None:
         return change
+    if (absence := _absences(view, now)) is not None:
+        return absence
     actions: list[Action] = [Hang(r.rank, view.verdicts[r.rank]) for r in view.ranks
                              if r.state is WorkerState.RUNNING and not r.hung
                              and r.rank in view.verdicts]
@@ -401,6 +435,84 @@ def _membership_change(view: JobView, now: float) -> list[Action] | None:
         return [RestartAll(now, f"nodes {joining} asked to join", charged=False),
                 _stop_for_restart(view, now)]
     return None
+
+
+def down_since(before: float | None, rank: RankView) -> float | None:
+    """When ``rank``'s absence began, given when it had begun as of the last pass
+    (``before``; None: it was not absent): the failure that began it, kept while the rank
+    stays absent (FAILED, waiting in COOLDOWN, or relaunched alone and neither registered
+    nor training yet), None once it is back (registered again, or training) or stopped (a
+    group restart, the job's end, retired)."""
+    if rank.retired:
+        return None
+    if rank.state in (WorkerState.FAILED, WorkerState.COOLDOWN) or (
+            rank.state is WorkerState.RUNNING and rank.relaunched_after is not None
+            and not rank.holds_rank):
+        return before if before is not None else _crash(rank).at
+    return None
+
+
+def _degraded(view: JobView) -> bool:
+    """Whether the job trains on without dead ranks (``--min_worker_num`` below its size)."""
+    size = len(view.ranks) + view.other_ranks
+    return view.min_worker_num is not None and view.min_worker_num < size
+
+
+def _training(view: JobView, absent: Sequence[RankView]) -> int:
+    """The ranks that train while ``absent`` are away: the job's, less the absent and the
+    retired ones (the other nodes' ranks count as training)."""
+    retired = sum(r.retired for r in view.ranks)
+    return len(view.ranks) + view.other_ranks - retired - len(absent)
+
+
+def _absent(view: JobView) -> list[RankView]:
+    return [r for r in view.ranks if r.down_since is not None and not r.retired]
+
+
+def _absences(view: JobView, now: float) -> list[Action] | None:
+    """Degraded training: retire the ranks absent for ``--rejoin_timeout`` while at least
+    ``--min_worker_num`` train; with fewer, end the job once that lasted
+    ``--node_time_out`` (see the module docstring)."""
+    absent = _absent(view)
+    if not absent or view.restart_at is not None or not _degraded(view):
+        return None
+    assert view.min_worker_num is not None
+    training = _training(view, absent)
+    if training >= view.min_worker_num:
+        due = [r for r in absent if now >= (r.down_since or 0.0) + view.rejoin_timeout]
+        if not due:
+            return None
+        return [*(Retire(r.rank, f"rank {r.rank} ({_crash(r).reason}) was not back within "
+                                 f"--rejoin_timeout={view.rejoin_timeout:g}s") for r in due),
+                WaitUntil(now)]
+    since = _too_few_since(view, absent)
+    if now < since + view.node_time_out:
+        return None
+    first = min(absent, key=lambda r: r.down_since or 0.0)
+    ranks = sorted(r.rank for r in absent)
+    size = len(view.ranks) + view.other_ranks
+    return [GiveUp(_crash(first), f"{training} of {size} ranks train, fewer than "
+                                  f"--min_worker_num={view.min_worker_num}, and ranks {ranks} "
+                                  f"were not back within --node_time_out={view.node_time_out:g}s"),
+            _stop_all(view, now)]
+
+
+def _absence_deadlines(view: JobView, absent: Sequence[RankView]) -> list[float]:
+    """When :func:`_absences` acts next: each absent rank's retirement while enough train,
+    else the end of the job's wait with too few."""
+    assert view.min_worker_num is not None
+    if _training(view, absent) >= view.min_worker_num:
+        return [(r.down_since or 0.0) + view.rejoin_timeout for r in absent]
+    return [_too_few_since(view, absent) + view.node_time_out]
+
+
+def _too_few_since(view: JobView, absent: Sequence[RankView]) -> float:
+    """When the job fell below ``--min_worker_num`` training ranks: the absence that the
+    job could no longer take."""
+    assert view.min_worker_num is not None
+    deaths = sorted(r.down_since or 0.0 for r in absent)
+    spare = _training(view, absent) + len(absent) - view.min_worker_num
+    return deaths[min(max(spare, 0), len(deaths) - 1)]
 
 
 def _wind_down(view: JobView, now: float) -> list[Action]:
@@ -452,8 +564,8 @@ def _peers_finished(view: JobView, now: float) -> list[Action] | None:
     (or is about to be) after a crash. It could only wait ``--cluster_time_out`` for a
     generation that cannot form: stop it and end the job; status 0, with a warning, when
     each crash came after the peers' final step (a teardown's crash), else the crash's."""
-    left = [r for r in view.ranks if r.state is not WorkerState.SUCCEEDED]
-    peers = len(view.ranks) - len(left) + view.other_ranks
+    left = [r for r in view.ranks if r.state is not WorkerState.SUCCEEDED and not r.retired]
+    peers = len(_finished(view)) + view.other_ranks
     if (not left or not peers or not view.others_finished or view.restart_at is not None
             or not all(_stranded(view, r) for r in left)):
         return None
@@ -515,6 +627,8 @@ def _on_failures(view: JobView, failed: Sequence[RankView], now: float) -> list[
     why = "; ".join(f"rank {r.rank} {_failure(r).reason}" for r in failed)
     if _per_rank(view, failed):
         if view.charged + len(failed) > view.max_restarts:
+            if _degraded(view):
+                return []  # not relaunched: absent until retired, or the job ends (_absences)
             return [_give_up(view, failed[0], why), _stop_all(view, now)]
         return [ScheduleRelaunch(r.rank, max(now, r.cooldown_until, _settled(view)),
                                  f"rank {r.rank} {_failure(r).reason}") for r in failed]
@@ -580,4 +694,6 @@ def _next_deadline(view: JobView, decided: Sequence[Action], now: float) -> floa
             and (at := view.silent_since[node] + view.node_time_out) > now]
     if _finished(view) and _relaunch_times(view) and _settled(view) > now:
         due.append(_settled(view))
+    if _degraded(view) and (absent := _absent(view)):
+        due += [at for at in _absence_deadlines(view, absent) if at > now]
     return min(due, default=float("inf"))

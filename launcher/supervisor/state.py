@@ -24,7 +24,8 @@ class WorkerState(StrEnum):
     (:attr:`Worker.deadline`): ``COOLDOWN``, a relaunch decided and charged to the
     budget, waiting out the rank's re-registration cooldown; and ``STOPPING``, signalled
     by the supervisor, SIGKILLed at the deadline. ``STOPPED``: stopped on purpose, or a
-    relaunch withdrawn because the whole group restarts or the job ends.
+    relaunch withdrawn because the whole group restarts or the job ends, or a rank retired
+    for good (degraded training, launcher/supervisor/policy.py ``Retire``).
     """
 
     PENDING = "pending"
@@ -45,7 +46,7 @@ TRANSITIONS: dict[WorkerState, frozenset[WorkerState]] = {
                                     WorkerState.STOPPING}),
     WorkerState.STOPPING: frozenset({WorkerState.STOPPED}),
     WorkerState.SUCCEEDED: frozenset(_LAUNCHED),
-    WorkerState.FAILED: frozenset({WorkerState.COOLDOWN, *_LAUNCHED}),
+    WorkerState.FAILED: frozenset({WorkerState.COOLDOWN, WorkerState.STOPPED, *_LAUNCHED}),
     WorkerState.STOPPED: frozenset(_LAUNCHED),
     WorkerState.COOLDOWN: frozenset({WorkerState.STOPPED, *_LAUNCHED}),
 }

@@ -93,6 +93,8 @@ class Progress:
     """The ranks training now (the newest ``membership`` event's ``world``)."""
     worker_num: int | None = None
     """The job's ranks (its first ``membership`` event's ``world``)."""
+    batch: int | None = None
+    """Samples the newest reported step trained, job-wide (its ``step`` event's ``batch``)."""
     _target: int | None = None
 
     def feed(self, events: list[dict[str, Any]]) -> None:
@@ -113,6 +115,8 @@ class Progress:
         self.ranks[rank] = RankProgress(global_step, ts, rate, why)
         if event.get("total") is not None:
             self.total = int(event["total"])
+        if event.get("batch") is not None:
+            self.batch = int(event["batch"])
         generation = event.get("generation")
         if generation is not None:
             self._trains_in(int(generation))
@@ -136,11 +140,20 @@ class Progress:
 
     @property
     def degraded(self) -> str | None:
-        """``degraded: W of N ranks`` while the job trains with ranks missing
-        (docs/elastic.md); None otherwise."""
+        """``degraded: W of N ranks, S samples/s`` while the job trains with ranks missing
+        (docs/elastic.md; the samples/s once a speed and a step's batch are known); None
+        otherwise."""
         if self.world is None or self.worker_num is None or self.world >= self.worker_num:
             return None
-        return f"degraded: {self.world} of {self.worker_num} ranks"
+        note = f"degraded: {self.world} of {self.worker_num} ranks"
+        samples = self.samples_rate
+        return note if samples is None else f"{note}, {samples:.0f} samples/s"
+
+    @property
+    def samples_rate(self) -> float | None:
+        """Samples per second: the steps' speed times the newest step's batch."""
+        rate = self.rate
+        return None if rate is None or self.batch is None else rate * self.batch
 
     def _on_recovered(self, event: dict[str, Any]) -> None:
         self._trains_in(int(event.get("generation") or 0))

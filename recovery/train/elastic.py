@@ -80,7 +80,7 @@ from recovery.train.modes import TftModes, parse_enable_tft
 from recovery.train.phase import phase_of
 from recovery.train.replica import ReplicaReport, broadcast_state, choose_source, gather_reports
 from recovery.train.sampler import ResumableDistributedSampler
-from recovery.train.shares import BatchPolicy, plan_step
+from recovery.train.shares import BatchPolicy, plan_step, steps_left
 from recovery.train.state import TrainerMachine, TrainerState
 from recovery.train.step_events import PAUSED, RESTORED, StepEvents
 
@@ -268,6 +268,7 @@ class ElasticTrainer:
         self._step_events = StepEvents(self._events, ctx.rank, ctx.world_size)
         self._resume = resume or worker_env.is_recover or worker_env.restart_count > 0
         self._allow_world_size_change = allow_world_size_change
+        self._epochs, self._max_steps = 0, 0  # what steps() was asked to run
         # Inputs, not states: what arrived from outside, for the loop to act on.
         self._stop_request: _StopRequest | None = None
         self._injected_uce: Injection | None = None
@@ -288,7 +289,8 @@ class ElasticTrainer:
         handlers = {TrainerState.PAUSED: self._recover,
                     TrainerState.REPAIRING: self._repair_in_place,
                     TrainerState.STOPPING: self._stop}
-        self._step_events.total = self._total_steps(epochs, max_steps)
+        self._epochs, self._max_steps = epochs, max_steps
+        self._update_total()
         with self._stop_signals_noted():
             if self.ctx.join_pending or self.ctx.generation > 0 or self._resume:
                 # A relaunched rank, or a resumed job: take the state the others can give.
@@ -322,11 +324,25 @@ class ElasticTrainer:
         except Aborted as err:
             self._machine.fail(TrainerState.STOPPING, f"the job is being stopped: {err}")
 
-    def _total_steps(self, epochs: int, max_steps: int) -> int:
-        """The global step the loop ends at: every step of epochs 1..``epochs``, or
-        ``max_steps`` if fewer."""
-        total = self.sampler.steps_per_epoch * epochs
-        return min(total, max_steps) if max_steps else total
+    def _update_total(self) -> None:
+        """The step events' ``total``: the global step the loop ends at if the current
+        membership holds to the end (every step of epochs 1..``epochs``, or ``max_steps``
+        if fewer). Under ``shrink`` a degraded step trains fewer micro-batches, so the
+        epoch has more steps: the total is counted from the position and the cursor, at
+        the live ranks' count (recovery/train/shares.py)."""
+        position, sampler = self.position, self.sampler
+        placed = (sampler.epoch == position.epoch
+                  and sampler.cursor_step == position.step_in_epoch)
+        cursor = sampler.cursor if placed else position.step_in_epoch * sampler.num_replicas
+        live = len(self.ctx.active) or self.ctx.world_size
+
+        def left(from_cursor: int) -> int:
+            return steps_left(from_cursor, sampler.epoch_micro_batches, self.ctx.world_size,
+                              live, self.batch_policy)
+
+        total = (position.global_step + left(cursor)
+                 + max(0, self._epochs - position.epoch) * left(0))
+        self._step_events.total = min(total, self._max_steps) if self._max_steps else total
 
     def _schedule(self, epochs: int, max_steps: int) -> Iterator[Step]:
         """The steps from the current position on, each planned for the generation's live
@@ -377,6 +393,8 @@ class ElasticTrainer:
                         self.ctx.generation, len(self.ctx.active), step.cursor, share,
                         params_sha256(self.model))
         self.ctx.report_step(step.global_step)
+        self._update_total()
+        self._step_events.batch = step.divisor * step.micro_batch_size or None  # its samples
         self._step_events.completed(step.global_step, self.ctx.generation)
         self.saver.step_end(*step)
         if self._stop_request is not None:
@@ -629,6 +647,7 @@ class ElasticTrainer:
     def _after_restore(self, source: str, **fields: Any) -> None:
         """Record where training goes on: this rank's ``step`` event, and (rank 0) the
         ``rollback``/``recovered`` events."""
+        self._update_total()
         self._step_events.reached(self.position.global_step, self.ctx.generation, RESTORED)
         self._emit_as_leader("rollback", step=self.position.global_step, source=source,
                              generation=self.ctx.generation, **fields)

@@ -30,7 +30,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["BatchPolicy", "StepPlan", "plan_step"]
+__all__ = ["BatchPolicy", "StepPlan", "plan_step", "steps_left"]
 
 
 class BatchPolicy(enum.StrEnum):
@@ -111,3 +111,12 @@ def plan_step(cursor: int, epoch_micro_batches: int, worker_num: int,
             shares[live[orphans % len(live)]].append(cursor + offset)
             orphans += 1
     return StepPlan(cursor, {rank: tuple(sorted(share)) for rank, share in shares.items()})
+
+
+def steps_left(cursor: int, epoch_micro_batches: int, worker_num: int, live: int,
+               policy: BatchPolicy = BatchPolicy.CONSTANT) -> int:
+    """The steps :func:`plan_step` still plans in an epoch from ``cursor`` on while
+    ``live`` ranks stay live: ``worker_num`` micro-batches a step under ``constant``,
+    ``live`` under ``shrink`` (so more steps while ranks are missing)."""
+    per_step = live if policy is BatchPolicy.SHRINK else worker_num
+    return (epoch_micro_batches - cursor) // per_step

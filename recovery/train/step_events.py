@@ -34,7 +34,8 @@ def step_event_interval(world_size: int) -> float:
 
 class StepEvents:
     """Writes this rank's ``step`` events: ``rank``, ``step`` (global, completed), ``total``
-    (the steps the loop runs in all; None when unknown), ``generation`` and ``why``:
+    (the steps the loop runs in all; None when unknown), ``batch`` (the samples the last
+    committed step trained, job-wide; None before one), ``generation`` and ``why``:
     ``interval`` while training, ``paused`` when a fault stopped this rank, ``restored``
     when a rollback or a replica put it at that step (a speed is measured only between
     events of steady training)."""
@@ -42,6 +43,7 @@ class StepEvents:
     def __init__(self, events: EventLog, rank: int, world_size: int,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.total: int | None = None
+        self.batch: int | None = None
         self._events = events
         self._rank = rank
         self._interval = step_event_interval(world_size)
@@ -57,4 +59,4 @@ class StepEvents:
         """Write that this rank is at ``global_step`` now, whatever the interval."""
         self._next_at = self._clock() + self._interval
         self._events.emit(STEP_EVENT, rank=self._rank, step=global_step, total=self.total,
-                          generation=generation, why=why)
+                          batch=self.batch, generation=generation, why=why)

@@ -176,6 +176,9 @@ def test_survivors_train_through_a_kill_and_the_relaunched_rank_heals(degraded: 
         assert sorted(trained[epoch]) == list(range(SAMPLES)), f"epoch {epoch}"
     ends = {e["rank"]: e["params_sha256"] for e in events(log_dir, "train_end")}
     assert set(ends) == {0, 1, 2} and len(set(ends.values())) == 1
+    # The live view's samples/s: every step trained the same global batch, degraded or not.
+    assert {e["batch"] for e in events(log_dir, "step") if e["batch"] is not None} \
+        == {WORKERS * BATCH}
 
 
 def test_with_the_shrink_policy_each_sample_is_trained_at_most_once(tmp_path: Path) -> None:
@@ -204,3 +207,13 @@ def test_with_the_shrink_policy_each_sample_is_trained_at_most_once(tmp_path: Pa
         assert SAMPLES - len(samples) < WORKERS * BATCH, f"epoch {epoch} left more than its tail"
     ends = {e["rank"]: e["params_sha256"] for e in events(tmp_path / "logs", "train_end")}
     assert set(ends) == {0, 1, 2} and len(set(ends.values())) == 1
+    # The step events' total is where the loop ends if the membership holds: never behind
+    # the step, and, the job whole again, its real end.
+    step_events = events(tmp_path / "logs", "step")
+    behind = [(e["rank"], e["step"], e["total"]) for e in step_events if e["step"] > e["total"]]
+    assert not behind, f"step events past their total: {behind[:5]}"
+    last = {e["rank"]: e["total"] for e in step_events}
+    assert last == dict.fromkeys((0, 1, 2), max(by_step)), last
+    # A degraded step trained W micro-batches: the live view's samples/s says so.
+    assert {e["batch"] for e in step_events if e["batch"] is not None} \
+        == {WORKERS * BATCH, (WORKERS - 1) * BATCH}

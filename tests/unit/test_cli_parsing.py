@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 
 from launcher.cli import tftrun as cli
 from launcher.errors import ConfigError
+from launcher.procs.spec import worker_spec
+from recovery import env as names
 
 COMMAND = typer.main.get_command(cli.app)
 
@@ -83,7 +85,7 @@ def test_negative_warm_spare_is_one_line_and_exit_2(capsys: pytest.CaptureFixtur
     assert err == ["tftrun: error: --warm_spare must not be negative, got -1"]
 
 
-FLOAT_OPTIONS = ["cluster_time_out", "rejoin_cooldown", "monitor_interval", "heartbeat_timeout",
+FLOAT_OPTIONS = ["cluster_time_out", "rejoin_cooldown", "rejoin_timeout", "monitor_interval", "heartbeat_timeout",
                  "progress_timeout", "grace_period", "shutdown_timeout"]
 TORCHRUN_FLOAT_OPTIONS = {"monitor_interval", "shutdown_timeout"}
 """torchrun's options: their default may come from PET_<OPTION>, and the error says so."""
@@ -109,3 +111,34 @@ def test_a_float_option_refuses_nan_and_the_infinities(option: str, value: str) 
        value=st.floats(allow_nan=False, allow_infinity=False))
 def test_a_float_option_takes_every_finite_float(option: str, value: float) -> None:
     assert parse(f"--{option}={value!r}", "train.py")[option] == value
+
+
+def test_batch_policy_defaults_to_constant_and_reaches_the_workers() -> None:
+    assert cli.config_from_argv(["train.py"]).batch_policy == "constant"
+    config = cli.config_from_argv(["--batch-policy", "shrink", "--worker_num=2", "train.py"])
+    assert config.batch_policy == "shrink"
+    assert worker_spec(config, 0, 1, 0, 1).env[names.TFT_BATCH_POLICY] == "shrink"
+    default = cli.config_from_argv(["--worker_num=2", "train.py"])
+    assert worker_spec(default, 1, 1, 0, 1).env[names.TFT_BATCH_POLICY] == "constant"
+
+
+def test_an_unknown_batch_policy_is_one_line_and_exit_2(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    assert cli.main(["--batch_policy=grow", f"--log_dir={tmp_path}", str(script)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["tftrun: error: --batch_policy must be one of constant, shrink, got 'grow'"]
+
+
+def test_rejoin_timeout_defaults_to_the_cooldown_plus_torchruns_last_call() -> None:
+    assert cli.config_from_argv(["train.py"]).retire_after == 30.0 + 30.0
+    assert cli.config_from_argv(["--rejoin_cooldown=5", "train.py"]).retire_after == 35.0
+    assert cli.config_from_argv(["--rejoin-timeout", "8", "train.py"]).retire_after == 8.0
+
+
+def test_a_rejoin_timeout_not_positive_is_one_line_and_exit_2(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert cli.main(["--rejoin_timeout=0", f"--log_dir={tmp_path}", "train.py"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["tftrun: error: --rejoin_timeout must be positive, got 0.0"]

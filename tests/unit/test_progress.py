@@ -163,3 +163,21 @@ def test_while_ranks_are_missing_the_progress_line_says_how_many_train() -> None
     progress.feed([{"ts": 9.0, "event": "membership", "world": 3, "active": [0, 1, 2],
                     "generation": 2, "why": "grow"}])
     assert progress.degraded is None
+
+
+def test_while_ranks_are_missing_the_live_table_shows_w_and_the_samples_per_second(
+        tmp_path: Path) -> None:
+    """The step events' ``batch`` (samples a step trains, job-wide) times the steps' speed."""
+    events = [{"ts": 0.0, "event": "membership", "world": 3, "active": [0, 1, 2],
+               "generation": 0, "why": "start"},
+              {"ts": 2.5, "event": "membership", "world": 2, "active": [0, 2],
+               "generation": 1, "why": "shrink"},
+              {**step(3.0, 0, 20, 1), "batch": 96}, {**step(5.0, 0, 30, 1), "batch": 96}]
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    console = Console(file=io.StringIO(), force_terminal=True, width=160)
+    view = LiveView(console, path)
+    view.show_rows([Row(0, 11, "running", 0, ""), Row(1, None, "cooldown 3s", 1, "")])
+    view.close()
+    shown = " ".join(console.file.getvalue().split())  # the caption may wrap
+    assert "degraded: 2 of 3 ranks, 480 samples/s" in shown  # 5 steps/s x 96 samples

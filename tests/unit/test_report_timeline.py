@@ -196,3 +196,21 @@ def test_a_stretch_trained_with_ranks_missing_is_a_degraded_span_in_every_view()
                                                       ("degraded: 2 of 3 ranks", 2_000_000)]
     page = render_html(timeline, ["logs"])
     assert page.count('class="degraded"') == 2 and "degraded: ranks 0, 2 of 3" in page
+
+
+def test_a_retirement_goes_on_with_the_degraded_span() -> None:
+    """Rank 1 is retired for good (``--rejoin_timeout``) while ranks 0 and 2 train on in
+    generation 1: the supervisor's ``membership`` event with ``retired`` (from another
+    node without a generation) neither ends the degraded stretch nor starts another."""
+    events = [
+        {"ts": T0, "event": "job_start", "run_id": "r", "pid": 1},
+        {"ts": T0 + 0.2, "event": "membership", "active": [0, 1, 2], "world": 3,
+         "generation": 0, "why": "start"},
+        {"ts": T0 + 2.0, "event": "membership", "active": [0, 2], "world": 2,
+         "generation": 1, "why": "shrink"},
+        {"ts": T0 + 8.0, "event": "membership", "active": [0, 2], "world": 2,
+         "generation": None, "why": "shrink", "lost": [], "joined": [], "retired": [1]},
+        {"ts": T0 + 12.0, "event": "job_end", "exitcode": 0, "reason": "done"},
+    ]
+    assert [(s.start - T0, s.end - T0, s.active) for s in build_timeline(events).degraded] \
+        == [(2.0, 12.0, (0, 2))]

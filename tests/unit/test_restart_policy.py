@@ -13,13 +13,16 @@ rank relaunched or the job ending with a reason, the job ending once all ranks s
 and issue 27's: the scheduler relaunched within its budget only, the spares kept as
 asked, a lost node ending the job at ``--node_time_out``, a rank stranded by peers that
 all finished stopped at once (status 0 with ``teardown_crash`` only when it had reached
-their final step), a group restart's short grace for ranks that never registered.
+their final step), a group restart's short grace for ranks that never registered; and
+degraded training's (``--min_worker_num``, issue 25): a rank absent for
+``--rejoin_timeout`` is retired while enough ranks train, never before, never relaunched
+after (but by a group restart); with too few the job ends at ``--node_time_out``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -52,6 +55,7 @@ from launcher.supervisor.policy import (
     Relaunch,
     RelaunchScheduler,
     RestartAll,
+    Retire,
     ScheduleRelaunch,
     SchedulerSpent,
     StartAll,
@@ -60,6 +64,7 @@ from launcher.supervisor.policy import (
     TeardownCrash,
     WaitUntil,
     decide,
+    down_since,
 )
 from launcher.supervisor.state import Failure, Worker, WorkerState
 from recovery.exit_codes import UNFIXABLE
@@ -67,6 +72,7 @@ from recovery.exit_codes import UNFIXABLE
 WORKERS = 3
 GRACE = 10.0
 NODE_TIME_OUT = 30.0
+REJOIN_TIMEOUT = 12.0
 PASSES = 40
 """Passes one ``supervise`` step may take before the policy has nothing left to do now
 (each failed launch of a rank with no cooldown takes two)."""
@@ -121,14 +127,23 @@ class PolicyMachine(RuleBasedStateMachine):
         self.others_finished = False
         self.teardown_crashes: list[TeardownCrash] = []
         self.restart_stops: list[StopWorkers] = []
+        self.min_worker_num: int | None = None
+        self.down_since: dict[int, float] = {}
+        """Absent ranks: when each one's absence began (as the supervisor keeps it)."""
+        self.retired: set[int] = set()
+        self.holding: set[int] = set()
+        """Pids the scheduler holds as their rank's live member (they registered)."""
 
     # ------------------------------------------------------------ the world
     @initialize(max_restarts=st.integers(0, 4), policy=st.sampled_from(list(RestartPolicy)),
                 registered=st.sets(ranks), warm_spare=st.sampled_from([None, None, 0, 2]),
-                other_ranks=st.sampled_from([0, 0, 3]), forks_workers=st.booleans())
+                other_ranks=st.sampled_from([0, 0, 3]),
+                min_worker_num=st.sampled_from([None, None, 1, 2]), forks_workers=st.booleans())
     def start(self, max_restarts: int, policy: RestartPolicy, registered: set[int],
-              warm_spare: int | None, other_ranks: int, forks_workers: bool) -> None:
+              warm_spare: int | None, other_ranks: int, min_worker_num: int | None,
+              forks_workers: bool) -> None:
         self.max_restarts, self.policy, self.registered = max_restarts, policy, registered
+        self.min_worker_num = min_worker_num
         self.warm_spare, self.spares = warm_spare, warm_spare or 0
         self.forks_workers = forks_workers
         self.other_ranks, self.others_finished = other_ranks, not other_ranks
@@ -154,6 +169,14 @@ class PolicyMachine(RuleBasedStateMachine):
     @rule(rank=ranks)
     def rank_registers(self, rank: int) -> None:
         self.registered.add(rank)
+
+    @precondition(lambda self: not self.closed)
+    @rule(rank=ranks)
+    def process_registers(self, rank: int) -> None:
+        """The rank's running process registers (a relaunched one is back)."""
+        child = self.workers[rank].child
+        if self.workers[rank].state is WorkerState.RUNNING and child is not None:
+            self.holding.add(child.pid)
 
     @precondition(lambda self: not self.closed)
     @rule(silent=st.booleans())
@@ -240,6 +263,7 @@ class PolicyMachine(RuleBasedStateMachine):
         self._check_a_lost_node_ends_the_job()
         self._check_a_stranded_rank_ends_the_job()
         self._check_the_restart_grace()
+        self._check_absent_ranks_are_retired_or_the_job_ends()
 
     def _view(self) -> JobView:
         undecided = self.restart_at is None and self.ending is None
@@ -254,7 +278,8 @@ class PolicyMachine(RuleBasedStateMachine):
             other_ranks=self.other_ranks, others_finished=self.others_finished,
             others_step=5 if self.others_finished and self.other_ranks else None,
             scheduler_exit=self.scheduler_exit, scheduler_launches=self.scheduler_launches,
-            warm_spare=self.warm_spare, spares=self.spares, forks_workers=self.forks_workers)
+            warm_spare=self.warm_spare, spares=self.spares, min_worker_num=self.min_worker_num,
+            rejoin_timeout=REJOIN_TIMEOUT, forks_workers=self.forks_workers)
 
     def _rank_view(self, worker: Worker, undecided: bool) -> RankView:
         registered = True if worker.rank in self.registered else (
@@ -269,9 +294,17 @@ class PolicyMachine(RuleBasedStateMachine):
         crash_step = None if crash is None or crash.pid is None else self.steps.get(crash.pid)
         finished_at = (worker.last_exit.at if worker.state is WorkerState.SUCCEEDED
                        and worker.last_exit is not None else None)
-        return RankView(worker.rank, worker.state, worker.deadline, worker.failure, registered,
+        seen = RankView(worker.rank, worker.state, worker.deadline, worker.failure, registered,
                         cooldown, worker.hung, worker.relaunch_why, step, crash_step,
-                        relaunched_after, finished_at)
+                        relaunched_after, finished_at, retired=worker.rank in self.retired,
+                        holds_rank=worker.state is WorkerState.RUNNING and worker.child is not None
+                        and worker.child.pid in self.holding)
+        since = down_since(self.down_since.get(worker.rank), seen)
+        if since is None:
+            self.down_since.pop(worker.rank, None)
+        else:
+            self.down_since[worker.rank] = since
+        return replace(seen, down_since=since)
 
     def _carry_out(self, action: Action) -> None:
         """What launcher/supervisor/loop.py's ``_carry_out`` does, without the processes."""
@@ -284,6 +317,7 @@ class PolicyMachine(RuleBasedStateMachine):
                 worker.transition(WorkerState.COOLDOWN, deadline=at)
                 worker.relaunch_why = why
             case Relaunch(rank):
+                assert rank not in self.retired, f"retired rank {rank} relaunched"
                 self._check_relaunch_alone(rank)
                 assert self.workers[rank].failure is not None
                 self.relaunched_after[rank] = self.workers[rank].failure
@@ -305,9 +339,18 @@ class PolicyMachine(RuleBasedStateMachine):
                 assert self.scheduler_launches > self.max_restarts
             case KeepSpares(count):
                 self.spares = count
+            case Retire(rank):
+                self._check_retirement(rank)
+                self.retired.add(rank)
+                worker = self.workers[rank]
+                if worker.state is WorkerState.RUNNING:
+                    worker.transition(WorkerState.STOPPING, deadline=self.now + RESTART_GRACE)
+                elif worker.state in (WorkerState.FAILED, WorkerState.COOLDOWN):
+                    worker.transition(WorkerState.STOPPED)
             case StartAll():
                 self.restart_at = None
                 self.relaunched_after.clear()
+                self.retired.clear()
                 followed = self.peer_restarts > self.restarts
                 self.restarts = max(self.restarts + 1, self.peer_restarts)  # as the supervisor
                 self.followed += followed
@@ -396,7 +439,11 @@ class PolicyMachine(RuleBasedStateMachine):
         asking = [w for w in dead if self.policy == "auto" and w.rank not in self.registered
                   and self.scheduler_silent and w.failure is not None
                   and self.now < w.failure.at + STATUS_WAIT]
-        assert not dead or asking, f"ranks {[w.rank for w in dead]} are dead, nothing decided"
+        # Degraded training: a rank the budget cannot relaunch stays absent until it is
+        # retired or the job ends (_check_absent_ranks_are_retired_or_the_job_ends).
+        waiting = [w for w in dead if self._degraded() and w.rank in self.down_since]
+        assert not dead or asking or waiting, (
+            f"ranks {[w.rank for w in dead]} are dead, nothing decided")
         settle = max((w.last_exit.at + PEERS_SETTLE for w in self.workers
                       if w.state is WorkerState.SUCCEEDED and w.last_exit), default=None)
         for worker in self.workers:
@@ -415,7 +462,8 @@ class PolicyMachine(RuleBasedStateMachine):
             assert self.restart_at is not None, "another node's group restart was not followed"
 
     def _check_the_job_ends_once_all_ranks_succeeded(self) -> None:
-        if all(w.state is WorkerState.SUCCEEDED for w in self.workers):
+        if all(w.state is WorkerState.SUCCEEDED for w in self.workers
+               if w.rank not in self.retired):
             assert self.ending is not None
             assert self.ending.status in (0, *(128 + s for s in DEFAULT_SIGNALS))
 
@@ -450,8 +498,9 @@ class PolicyMachine(RuleBasedStateMachine):
             assert all(c.step >= c.final_step for c in self.teardown_crashes)
         if self.ending is not None or self.restart_at is not None:
             return
-        left = [w for w in self.workers if w.state is not WorkerState.SUCCEEDED]
-        peers = len(self.workers) - len(left) + self.other_ranks
+        left = [w for w in self.workers
+                if w.state is not WorkerState.SUCCEEDED and w.rank not in self.retired]
+        peers = len(self.workers) - len(left) - len(self.retired) + self.other_ranks
         stranded = [w for w in left if w.state is WorkerState.COOLDOWN or (
             w.state is WorkerState.RUNNING and w.rank in self.relaunched_after
             and w.child is not None and w.child.pid not in self.steps)]
@@ -467,6 +516,41 @@ class PolicyMachine(RuleBasedStateMachine):
         self.restart_stops.clear()
 
 
+    # ------------------------------------------------------------ degraded training
+    def _degraded(self) -> bool:
+        return (self.min_worker_num is not None
+                and self.min_worker_num < WORKERS + self.other_ranks)
+
+    def _training(self) -> int:
+        """The job's ranks less the absent and the retired (other nodes' ranks train)."""
+        absent = set(self.down_since) - self.retired
+        return WORKERS + self.other_ranks - len(self.retired) - len(absent)
+
+    def _check_retirement(self, rank: int) -> None:
+        """Only with degraded training, only an absent rank, only once it was absent for
+        --rejoin_timeout, and only while enough ranks train on."""
+        assert self._degraded() and self.min_worker_num is not None
+        assert rank in self.down_since and rank not in self.retired
+        worker = self.workers[rank]
+        assert worker.child is None or worker.state is not WorkerState.RUNNING \
+            or worker.child.pid not in self.holding, f"rank {rank} registered again, retired"
+        assert self.now >= self.down_since[rank] + REJOIN_TIMEOUT
+        assert self._training() >= self.min_worker_num
+
+    def _check_absent_ranks_are_retired_or_the_job_ends(self) -> None:
+        """No rank stays absent past --rejoin_timeout while enough train; with too few
+        for --node_time_out since every absence began, the job ends."""
+        if not self._degraded() or self.ending is not None or self.restart_at is not None:
+            return
+        assert self.min_worker_num is not None
+        overdue = [r for r, since in self.down_since.items()
+                   if self.now >= since + REJOIN_TIMEOUT and r not in self.retired]
+        if self._training() >= self.min_worker_num:
+            assert not overdue, f"ranks {overdue} absent past --rejoin_timeout, not retired"
+        elif self.down_since:
+            assert self.now < max(self.down_since.values()) + NODE_TIME_OUT, (
+                "too few ranks train for --node_time_out, and the job goes on")
+
 
 SETTINGS = settings(max_examples=80, stateful_step_count=30, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -474,6 +558,35 @@ SETTINGS = settings(max_examples=80, stateful_step_count=30, deadline=None,
 
 def test_the_restart_policy_under_random_events() -> None:
     run_state_machine_as_test(PolicyMachine, settings=SETTINGS)
+
+
+class DegradedPolicyMachine(PolicyMachine):
+    """The same world with degraded training on and every rank relaunched alone (rarely
+    drawn together above): deaths, relaunches that fail, the budget spent, retirements."""
+
+    @initialize(max_restarts=st.integers(0, 3), min_worker_num=st.sampled_from([1, 2]),
+                other_ranks=st.sampled_from([0, 0, 3]))
+    def start(self, max_restarts: int, min_worker_num: int, other_ranks: int) -> None:
+        self.max_restarts, self.policy = max_restarts, RestartPolicy.RANK
+        self.registered, self.min_worker_num = set(range(WORKERS)), min_worker_num
+        self.warm_spare = 0
+        self.other_ranks, self.others_finished = other_ranks, not other_ranks
+        for worker in self.workers:
+            self._launch(worker)
+
+    @precondition(lambda self: not self.closed)
+    @rule(rank=ranks, code=st.sampled_from([0, 1, -9]))
+    def process_exits(self, rank: int, code: int) -> None:
+        self._exit(self.workers[rank], code)
+
+    # The ends that have nothing to do with degraded training, left out so that the
+    # drawn jobs live long enough for absences, relaunches and retirements.
+    tftrun_is_signalled = another_node_ends_the_job = another_node_restarts_all = None  # type: ignore[assignment]
+    scheduler_dies = None  # type: ignore[assignment]
+
+
+def test_degraded_training_under_random_events() -> None:
+    run_state_machine_as_test(DegradedPolicyMachine, settings=SETTINGS)
 
 
 @pytest.mark.parametrize("code", sorted(UNFIXABLE))
@@ -567,3 +680,54 @@ def test_with_degraded_training_a_rank_still_rejoining_when_its_peers_finished_e
                                  "rank 1 (exited with code 3)")
     else:
         assert isinstance(ending, GiveUp) and ending.failure is crash
+
+
+def test_with_degraded_training_a_rank_the_budget_cannot_relaunch_is_retired_in_time() -> None:
+    """Rank 1 died at 0.0 and its budget is spent: the job does not end, the rank waits;
+    at ``--rejoin_timeout`` it is retired while two ranks train on (``--min_worker_num=2``),
+    and the job ends well without it. Without degraded training the spent budget ends the
+    job at once, as before; with two ranks dead (one trains, fewer than 2) none is retired
+    and the job ends ``--node_time_out`` after the death that left too few."""
+    def view(min_worker_num: int, rank_1: RankView) -> JobView:
+        return JobView((RankView(0, WorkerState.RUNNING), rank_1, RankView(2, WorkerState.RUNNING)),
+                       max_restarts=0, warm_spare=0, min_worker_num=min_worker_num,
+                       rejoin_timeout=60.0, node_time_out=600.0)
+
+    dead = RankView(1, WorkerState.FAILED, failure=_failed(1), registered=True, down_since=0.0)
+    assert decide(view(2, dead), 1.0) == [WaitUntil(60.0)]
+    [retire, _wait] = decide(view(2, dead), 60.0)
+    assert retire == Retire(1, "rank 1 (exited with code 1) was not back within "
+                               "--rejoin_timeout=60s")
+    retired = RankView(1, WorkerState.STOPPED, retired=True)
+    assert decide(view(2, retired), 61.0) == [WaitUntil(float("inf"))]
+    done = JobView((RankView(0, WorkerState.SUCCEEDED), retired,
+                    RankView(2, WorkerState.SUCCEEDED)), max_restarts=0, warm_spare=0,
+                   min_worker_num=2)
+    assert decide(done, 62.0) == [Stop(0, "all workers succeeded; ranks [1] were retired")]
+
+    [spent, _stop] = decide(view(3, dead), 1.0)  # 3 is the job's size: no degraded training
+    assert isinstance(spent, GiveUp) and spent.reason.endswith("restart budget (0) spent")
+    two_dead = JobView((RankView(0, WorkerState.RUNNING), dead,
+                        RankView(2, WorkerState.FAILED, failure=_failed(2, 5.0), registered=True,
+                                 down_since=5.0)),
+                       max_restarts=0, warm_spare=0, min_worker_num=2, rejoin_timeout=60.0,
+                       node_time_out=600.0)
+    assert decide(two_dead, 60.0) == [WaitUntil(605.0)]  # one trains: fewer than 2, none retired
+    [give_up, _stop] = decide(two_dead, 605.0)
+    assert isinstance(give_up, GiveUp) and give_up.reason == (
+        "1 of 3 ranks train, fewer than --min_worker_num=2, and ranks [1, 2] were not back "
+        "within --node_time_out=600s")
+
+
+def test_a_retired_rank_does_not_count_as_a_peer_that_finished() -> None:
+    """Rank 1 was retired; rank 0 finished at step 5; rank 2, relaunched after a crash at
+    step 3, is still starting. One peer finished, fewer than ``--min_worker_num=2``: the
+    job did not train on without rank 2, so it ends with rank 2's crash."""
+    crash = Failure(2, 42, 0, 0.0, 3, "exited with code 3", "exit code 3", 3)
+    view = JobView((RankView(0, WorkerState.SUCCEEDED, step=5),
+                    RankView(1, WorkerState.STOPPED, retired=True),
+                    RankView(2, WorkerState.RUNNING, registered=True, failure_step=3,
+                             relaunched_after=crash)), max_restarts=3, warm_spare=0,
+                   min_worker_num=2)
+    [ending, _stopping] = decide(view, 1.0)
+    assert isinstance(ending, GiveUp) and ending.failure is crash

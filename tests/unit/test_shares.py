@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from recovery.train.sampler import ResumableDistributedSampler
-from recovery.train.shares import BatchPolicy, StepPlan, plan_step
+from recovery.train.shares import BatchPolicy, StepPlan, plan_step, steps_left
 
 
 @dataclass
@@ -175,3 +175,20 @@ def test_the_cursor_travels_with_the_samplers_state_at_the_step_it_was_recorded_
 def test_impossible_plans_are_refused(cursor: int, total: int, active: list[int], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         plan_step(cursor, total, 4, active)
+
+
+@settings(max_examples=200, deadline=None)
+@given(worker_num=st.integers(1, 8), steps=st.integers(1, 20), data=st.data(),
+       policy=st.sampled_from(list(BatchPolicy)))
+def test_steps_left_counts_the_steps_the_plans_make(worker_num: int, steps: int,
+                                                    data: st.DataObject,
+                                                    policy: BatchPolicy) -> None:
+    """What the step events' total is counted from: the steps still planned in the epoch
+    while the membership holds."""
+    epoch = worker_num * steps
+    start = cursor = data.draw(st.integers(0, epoch), label="cursor")
+    active = data.draw(st.sets(st.integers(0, worker_num - 1), min_size=1), label="active")
+    planned = 0
+    while (plan := plan_step(cursor, epoch, worker_num, sorted(active), policy)) is not None:
+        planned, cursor = planned + 1, plan.next_cursor
+    assert steps_left(start, epoch, worker_num, len(active), policy) == planned

@@ -12,7 +12,7 @@ from recovery.train.step_events import StepEvents, step_event_interval
 def test_steps_are_written_once_an_interval_but_a_pause_at_once(tmp_path: Path) -> None:
     now = [0.0]
     steps = StepEvents(EventLog(tmp_path), rank=3, world_size=4, clock=lambda: now[0])
-    steps.total = 50
+    steps.total, steps.batch = 50, 96
     for step in range(1, 31):
         steps.completed(step, generation=0)
         now[0] += 0.125  # 8 steps a second: one event every 8 steps
@@ -21,8 +21,8 @@ def test_steps_are_written_once_an_interval_but_a_pause_at_once(tmp_path: Path) 
     assert written == [(1, "interval"), (9, "interval"), (17, "interval"), (25, "interval"),
                        (30, "paused")]
     first = next(read_events(tmp_path))
-    assert {k: first[k] for k in ("rank", "total", "generation")} == {
-        "rank": 3, "total": 50, "generation": 0}
+    assert {k: first[k] for k in ("rank", "total", "batch", "generation")} == {
+        "rank": 3, "total": 50, "batch": 96, "generation": 0}
 
 
 def test_a_large_job_writes_about_eight_step_events_a_second() -> None:
