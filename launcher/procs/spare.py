@@ -108,6 +108,7 @@ def become(message: dict[str, Any]) -> None:
     os.close(log_fd)
     os.environ.clear()
     os.environ.update(message["env"])
+    restamp_environ(message["env"])
     os.chdir(message["cwd"])
     sys.argv = list(message["argv"])
     target = sys.argv[0]
@@ -221,16 +222,37 @@ def _wait_for_adoption(supervisor: int) -> None:
         os._exit(1)  # the supervisor died before the prctl took effect
 
 
+def restamp_environ(env: dict[str, str]) -> None:
+    """Make this process's ``/proc/<pid>/environ`` (psutil's ``environ()``, ``ps e``,
+    tftctl's check that a scheduler is the job's) read ``env``, which ``os.environ`` now
+    holds, as a spawned process's would: it is written over the memory that held this
+    process's first environment, NUL-padded. Call it once ``os.environ`` was replaced:
+    no variable of the C library points into that memory any more. What does not fit
+    (the fork server leaves ``TFT_ENVIRON_ROOM`` of room) is left out of that view only."""
+    start, end = _proc_range(47)  # env_start, env_end (proc(5))
+    block, room = bytearray(), end - start - 1
+    for name, value in env.items():
+        entry = f"{name}={value}".encode(errors="surrogateescape") + b"\0"
+        if len(block) + len(entry) <= room:
+            block += entry
+    ctypes.memmove(start, bytes(block.ljust(end - start, b"\0")), end - start)
+
+
+def _proc_range(index: int) -> tuple[int, int]:
+    """Two addresses of ``/proc/self/stat`` (fields ``index + 3`` and ``index + 4``)."""
+    with open("/proc/self/stat", "rb") as file:
+        stat = file.read()
+    fields = stat[stat.rindex(b")") + 2:].split()
+    return int(fields[index]), int(fields[index + 1])
+
+
 def retitle(title: str) -> None:
     """Make this process's command line (``ps``, ``pgrep -f``, psutil) read ``title``, as
     a spawned worker's would: it is written over the memory that held the server's own
     arguments (``ROOM`` bytes of padding made it long enough; a longer title is cut).
     The last byte is left non-zero, which tells the kernel to read the title up to its
     NUL, as for ``setproctitle``; its arguments are separated by spaces."""
-    with open("/proc/self/stat", "rb") as file:
-        stat = file.read()
-    fields = stat[stat.rindex(b")") + 2:].split()
-    start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (proc(5))
+    start, end = _proc_range(45)  # arg_start, arg_end (proc(5))
     room = end - start
     data = title.encode()[:room - 2] + b"\0"
     ctypes.memmove(start, data.ljust(room, b" "), room)

@@ -183,6 +183,10 @@ def spare_spec(config: LaunchConfig, go_fd: int, restart_count: int,
 TITLE_ROOM = 4096
 """Bytes of padding in the fork server's command line: the room a forked worker has to
 show its own (launcher/procs/spare.py, ``retitle``)."""
+ENVIRON_ROOM = 100_000
+"""Bytes of padding in the fork server's environment (``TFT_ENVIRON_ROOM``): the room a
+forked process has to show its own environment (launcher/procs/spare.py,
+``restamp_environ``); under Linux's 128 KiB limit on one variable."""
 
 
 def forks_workers(config: LaunchConfig, env: Mapping[str, str] | None = None) -> bool:
@@ -197,7 +201,7 @@ def forks_workers(config: LaunchConfig, env: Mapping[str, str] | None = None) ->
 def fork_server_spec(config: LaunchConfig, sock_fd: int, supervisor_pid: int) -> ProcessSpec:
     """The fork server (launcher/procs/spare.py), serving on the inherited socket
     ``sock_fd``. It gets a worker's environment, as a spare does (:func:`spare_spec`)."""
-    env = worker_spec(config, 0, 0, 0, 0).env
+    env = {**worker_spec(config, 0, 0, 0, 0).env, names.TFT_ENVIRON_ROOM: " " * ENVIRON_ROOM}
     argv = (sys.executable, "-u", str(SPARE_PROGRAM), FORK_SERVER, str(sock_fd),
             str(supervisor_pid), " " * TITLE_ROOM)
     return ProcessSpec(Role.FORK_SERVER, None, argv, env, config.log_dir / "fork_server.log")

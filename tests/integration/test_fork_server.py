@@ -38,6 +38,7 @@ PROBE = textwrap.dedent('''
         "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd") if int(fd) > 2),
         "write_through": sys.stdout.write_through, "nice": os.nice(0),
         "rank": rank, "world": os.environ["WORLD_SIZE"],
+        "proc_environ_is_os_environ": me.environ() == dict(os.environ),
     }
     with open(os.path.join(sys.argv[1], f"{rank}.json"), "w") as out:
         json.dump(seen, out)
@@ -73,7 +74,8 @@ def _run_probe(folder: Path, fork_server: bool, module: bool = False, workers: i
 def test_a_forked_worker_sees_what_a_spawned_one_sees(tmp_path: Path, module: bool) -> None:
     """The same probe, forked and spawned: the same ``__main__``, argv, sys.path[0],
     working folder, command line, parent (tftrun), session, parent-death signal, stdin,
-    open files, unbuffered output and priority."""
+    open files, unbuffered output, priority, and the environment other processes read in
+    /proc (psutil's, tftctl's check of a scheduler)."""
     forked = _run_probe(tmp_path / "forked", True, module)
     spawned = _run_probe(tmp_path / "spawned", False, module)
     assert forked["forked"] == [True] * 2 and spawned["forked"] == [False] * 2
@@ -81,6 +83,7 @@ def test_a_forked_worker_sees_what_a_spawned_one_sees(tmp_path: Path, module: bo
     assert forked["seen"] == spawned["seen"]
     assert forked["seen"]["0"]["cmdline"][:2] == ["-u", "-m" if module else "F/probe.py"]
     assert forked["seen"]["0"]["parent"] == ["-m", "launcher.cli.tftrun"]
+    assert forked["seen"]["1"]["proc_environ_is_os_environ"]
 
 
 def test_a_forked_workers_exit_status_and_traceback_are_the_scripts(tmp_path: Path) -> None:
