@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from launcher.procs.sessions import Session, kill_members
+from launcher.procs.sessions import Session, kill_members, members
 from launcher.procs.spec import OWN_PYTHON
 from recovery.safe_files import open_append
 
@@ -39,6 +39,8 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _libc = ctypes.CDLL(None, use_errno=True)
 _prctl = _libc.prctl
+SWEEP_WAIT = 0.5
+"""Seconds a child's reaping waits for what it left in its session, killed, to die."""
 WATCHDOG_CLOSE_WAIT = 5.0
 """Seconds tftrun waits, as it exits, for the watchdog's last sweep."""
 
@@ -70,6 +72,15 @@ def sweep() -> None:
                 pass  # reaped meanwhile
     occupied = {member.session for member in found}
     _ended_sessions[:] = [s for s in _ended_sessions if s.sid in occupied]
+
+
+def _await_dead(session: Session, timeout: float) -> None:
+    """Wait until every member of ``session`` (killed) is dead, for at most ``timeout``
+    seconds: a warm relaunch starts within milliseconds, and its predecessor's processes
+    must be gone by then, not only signalled (:func:`sweep` then reaps them)."""
+    deadline = time.monotonic() + timeout
+    while any(m.state != "Z" for m in members([session])) and time.monotonic() < deadline:
+        time.sleep(0.002)
 
 
 class Reapable(Protocol):
@@ -132,6 +143,8 @@ class Child:
         returncode = self.process.poll()
         if returncode is not None:
             _ended_sessions.append(self.session)
+            sweep()
+            _await_dead(self.session, SWEEP_WAIT)
             sweep()
         return returncode
 
