@@ -67,7 +67,10 @@ def test_a_rank_that_cannot_come_back_is_retired_and_the_others_finish(tmp_path:
     [fault] = [e for e in events(log_dir, "fault") if e.get("rank") == KILLED][:1]
     assert REJOIN_TIMEOUT - 0.5 <= retire["ts"] - fault["ts"] < REJOIN_TIMEOUT + 5
     relaunches = [e for e in events(log_dir, "restart") if e.get("what") == "rank"]
-    assert len(relaunches) == MAX_RESTARTS and all(e["ts"] < retire["ts"] for e in relaunches)
+    # Relaunched within the budget, never after the retirement: how many relaunches fit
+    # in the rejoin timeout depends on the load (one, not two, was seen in CI).
+    assert 1 <= len(relaunches) <= MAX_RESTARTS
+    assert all(e["ts"] < retire["ts"] for e in relaunches)
 
     ends = {e["rank"]: e for e in events(log_dir, "train_end")}
     assert set(ends) == {0, 2} and {e["step"] for e in ends.values()} == {STEPS}
