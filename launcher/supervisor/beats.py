@@ -179,6 +179,10 @@ class BeatServer:
                 self._send_beats()
 
     def _send_beats(self) -> None:
+        # The link starts connecting when the first worker connects here, and that
+        # worker's registration is due 50 ms later: a call before the connection is made
+        # would fail at once and the registration wait for the next beat, seconds on.
+        self._link.wait_connected(_REPLY_TIMEOUT)
         with self._lock:
             batches = self._beats.beats(time.monotonic())
         for sent in batches:

@@ -1,0 +1,49 @@
+"""The node's beat server (launcher/supervisor/beats.py) against a real scheduler."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+from sched_inprocess import TOKEN, scheduler_config
+
+from launcher.supervisor.beats import BeatServer
+from recovery.control.beat_channel import LocalLink
+from recovery.control.rpc import Op
+from recovery.control.scheduler import Scheduler
+from recovery.env import DEFAULT_RUN_ID
+from recovery.timeouts import Timeouts
+from support import free_tcp_port
+
+ANSWER_WITHIN = 3.0
+"""Seconds a registration may take here: below the 5 s a node beat waits for its reply,
+after which the worker asks again."""
+SCHEDULER_LATE = 0.3
+"""Seconds after the worker's registration that the scheduler starts serving."""
+
+
+def test_a_worker_that_registers_before_the_scheduler_serves_is_answered_once_it_does(
+        tmp_path: Path) -> None:
+    """The first worker's connection starts the supervisor's link to the scheduler, and
+    its registration is due 50 ms later, while the scheduler (forked at the same moment)
+    may not serve yet: the beat waits for the link, and the worker is answered as soon as
+    the scheduler serves. It was failed for want of a connection, and the worker waited
+    out its reply timeout before it asked again: jobs whose workers were forked warm
+    formed their first generation 5 s late."""
+    port = free_tcp_port()
+    sched = Scheduler(scheduler_config(tmp_path, port, worker_num=1))
+    starter = threading.Timer(SCHEDULER_LATE, sched.run)
+    server = BeatServer("h/0", "127.0.0.1", port, TOKEN, DEFAULT_RUN_ID, Timeouts())
+    link = LocalLink(server.path, ANSWER_WITHIN, TOKEN)
+    server.start()
+    starter.start()
+    try:
+        reply = link.call(Op.REGISTER, node_id="0", pid=os.getpid(), incarnation=0,
+                          host="h", rank=0, ready=True)
+    finally:
+        link.close()
+        server.close()
+        sched.request_stop("the test is over")
+        starter.join(10)
+    assert reply["ok"] and reply["rank"] == 0
