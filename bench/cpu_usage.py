@@ -34,12 +34,16 @@ SAMPLE_EVERY = 0.1
 
 
 def role_of(process_cmdline: list[str], is_root: bool) -> str:
-    """launcher | scheduler | worker | other, from a process's command line."""
+    """launcher | scheduler | fork_server | worker | other, from a process's command line
+    (a process forked by the fork server shows its own once it runs: until then, and once
+    a zombie, it reads as other)."""
     if is_root:
         return "launcher"
     text = " ".join(process_cmdline)
     if "recovery.control.scheduler" in text:
         return "scheduler"
+    if "--fork-server" in text:
+        return "fork_server"
     if str(TEMPLATE) in text:
         return "worker"
     return "other"
@@ -60,8 +64,9 @@ def run_once(make_cmd: Callable[..., list[str]], workers: int, steps: int) -> di
                 try:
                     with process.oneshot():
                         cpu = process.cpu_times()
-                        role = seen[process.pid][0] if process.pid in seen else role_of(
-                            process.cmdline(), process.pid == root.pid)
+                        role = role_of(process.cmdline(), process.pid == root.pid)
+                    if role in ("other", "fork_server") and process.pid in seen:
+                        role = seen[process.pid][0]  # as first seen, or as it ran
                     seen[process.pid] = (role, cpu.user + cpu.system)
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     continue
