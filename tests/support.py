@@ -213,3 +213,23 @@ def signed_request(token: str, op: str, rid: str | None = None, run_id: str = DE
     """A request as a client of job ``run_id`` whose token is ``token`` sends it."""
     return seal(job_key(token, run_id), Kind.REQUEST, op, rid or new_request_id(), new_nonce(),
                 json.dumps(fields)).encode()
+
+
+def run_gated_with_kills(command: list[str], log_dir: Path, gate: Path, ranks: list[int],
+                         at_step: int, timeout: float) -> tuple[int, str]:
+    """Run ``command``, a tftrun job of tests/bin/gated.py held at ``gate``: once its
+    scheduler serves, queue a ``kill -9`` of each of ``ranks`` at ``at_step`` (``tftctl
+    inject``), open the gate and wait for the job; its status and output."""
+    from launcher.cli import tftctl
+
+    proc = spawn(command, env=dict(os.environ))
+    try:
+        wait_for_event(log_dir, 120, "the scheduler up", event="scheduler_start")
+        for rank in ranks:
+            assert tftctl.main(["inject", f"--log_dir={log_dir}", f"--rank={rank}",
+                                "--fault=kill", f"--at_step={at_step}"]) == 0
+        gate.touch()
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        terminate(proc)
+    return proc.returncode, out + err

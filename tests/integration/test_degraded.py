@@ -19,7 +19,6 @@ rank at a step boundary, and the job ends whole. What must hold, read from every
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from collections import defaultdict
@@ -29,11 +28,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from launcher.cli import tftctl as ctl
 from recovery.ckpt import layout
 from recovery.ckpt.restore import load_checkpoint
 from recovery.train.sampler import ResumableDistributedSampler
-from support import REPO, events, free_tcp_port, run, spawn, terminate, tftrun_cmd, wait_for_event
+from support import REPO, events, free_tcp_port, run, run_gated_with_kills, tftrun_cmd
 
 sys.path.insert(0, str(REPO / "templates" / "mnist"))
 from mnist_data import load_dataset  # noqa: E402 - the template's folder is not a package
@@ -95,16 +93,10 @@ def tftrun(tmp_path: Path, port: int, *script: str, job: tuple[str, ...] = ()) -
 def run_with_kill(tmp_path: Path, *job: str) -> None:
     """The job with rank 1 killed at step 40; it must end 0."""
     log_dir, gate = tmp_path / "logs", tmp_path / "gate"
-    proc = spawn(tftrun(tmp_path, free_tcp_port(), GATED, str(gate), job=job), env=dict(os.environ))
-    try:
-        wait_for_event(log_dir, 60, "the scheduler up", event="scheduler_start")
-        assert ctl.main(["inject", f"--log_dir={log_dir}", f"--rank={KILLED}", "--fault=kill",
-                         f"--at_step={KILL_STEP}"]) == 0
-        gate.touch()
-        out, err = proc.communicate(timeout=280)
-    finally:
-        terminate(proc)
-    assert proc.returncode == 0, out + err
+    status, output = run_gated_with_kills(tftrun(tmp_path, free_tcp_port(), GATED, str(gate),
+                                                 job=job), log_dir, gate, [KILLED], KILL_STEP,
+                                          timeout=280)
+    assert status == 0, output
 
 
 @pytest.fixture(scope="module")

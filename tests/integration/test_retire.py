@@ -9,13 +9,11 @@ and 2 both gone, one rank is fewer than 2: none is retired, and the job ends at
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-from launcher.cli import tftctl as ctl
-from support import REPO, events, free_tcp_port, spawn, terminate, tftrun_cmd, wait_for_event
+from support import REPO, events, free_tcp_port, run_gated_with_kills, tftrun_cmd
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -40,17 +38,7 @@ def run_with_kills(tmp_path: Path, killed: list[int], node_time_out: int) -> tup
         f"--node_time_out={node_time_out}", NO_RETURN, ",".join(map(str, killed)), GATED,
         str(gate), TRAIN, "--epochs", str(EPOCHS), "--save_steps", "1000", "--synthetic_size",
         str(SAMPLES), "--batch_size", str(BATCH), "--log_every", "100")
-    proc = spawn(command, env=dict(os.environ))
-    try:
-        wait_for_event(log_dir, 60, "the scheduler up", event="scheduler_start")
-        for rank in killed:
-            assert ctl.main(["inject", f"--log_dir={log_dir}", f"--rank={rank}", "--fault=kill",
-                             f"--at_step={KILL_STEP}"]) == 0
-        gate.touch()
-        out, err = proc.communicate(timeout=220)
-    finally:
-        terminate(proc)
-    return proc.returncode, out + err
+    return run_gated_with_kills(command, log_dir, gate, killed, KILL_STEP, timeout=220)
 
 
 def test_a_rank_that_cannot_come_back_is_retired_and_the_others_finish(tmp_path: Path) -> None:
