@@ -39,6 +39,10 @@ def faulty_job(tmp_path: Path, port: int,
         terminate(proc)
 
 
+WINDOW = 4
+"""Seconds of ``--rejoin_cooldown`` that hold a generation from forming after a fault."""
+
+
 def kill(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
 
@@ -152,8 +156,10 @@ def test_two_ranks_killed_at_once(
 def test_a_survivor_killed_while_the_group_re_forms(
         tmp_path: Path, free_port: int, mnist_reference: dict[int, str]) -> None:
     """Rank 2 dies; rank 0, a survivor, is killed after the ``fault`` of rank 2 and
-    before the next generation is formed (rank 2's replacement is still starting)."""
-    with faulty_job(tmp_path, free_port) as (proc, log_dir):
+    before the next generation is formed: rank 2's replacement waits out a 4 s cooldown
+    (without one, a relaunch forked warm registers within milliseconds of the fault, and
+    the next generation was seen formed before the kill)."""
+    with faulty_job(tmp_path, free_port, f"--rejoin_cooldown={WINDOW}") as (proc, log_dir):
         wait_for(lambda: log_has(log_dir, 0, "step=30 "), START, "rank 0 past step 30")
         first = spawned_pids(log_dir)
         kill(first[2])
@@ -171,8 +177,9 @@ def test_the_scheduler_killed_in_the_middle_of_a_recovery(
         tmp_path: Path, free_port: int, mnist_reference: dict[int, str]) -> None:
     """kill -9 of the scheduler after rank 2's ``fault`` and before the new generation:
     tftrun relaunches it, it reloads its state, rank 2's replacement registers with it
-    and the survivors re-attach; the recovery completes."""
-    with faulty_job(tmp_path, free_port) as (proc, log_dir):
+    and the survivors re-attach; the recovery completes. Rank 2's replacement waits out a
+    4 s cooldown, which holds the next generation from forming before the kill."""
+    with faulty_job(tmp_path, free_port, f"--rejoin_cooldown={WINDOW}") as (proc, log_dir):
         wait_for(lambda: log_has(log_dir, 0, "step=30 "), START, "rank 0 past step 30")
         first = spawned_pids(log_dir)
         scheduler = spawned_pids(log_dir, "scheduler")[None]
