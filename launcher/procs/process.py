@@ -144,8 +144,9 @@ class Child:
         if returncode is not None:
             _ended_sessions.append(self.session)
             sweep()
-            _await_dead(self.session, SWEEP_WAIT)
-            sweep()
+            if self.session in _ended_sessions:  # it left processes, killed just now
+                _await_dead(self.session, SWEEP_WAIT)
+                sweep()
         return returncode
 
     def signal_group(self, sig: int) -> None:
