@@ -146,3 +146,56 @@ def _zombie(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
     except FileNotFoundError:
         return True
+
+
+GPU_JOB = textwrap.dedent('''
+    """A plain torchrun script on CUDA and NCCL; incarnation 0 waits to be killed after
+    its first all_reduce, incarnation 1 ends. Writes OUT/<incarnation>.json."""
+    import json, os, sys, time
+    import torch
+    import torch.distributed as dist
+
+    # A child forked from a process that had made a CUDA context could not make its own.
+    bad_fork = torch.cuda._is_in_bad_fork()
+    started = time.time()
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl")
+    total = torch.ones(1, device="cuda")
+    dist.all_reduce(total)
+    torch.cuda.synchronize()
+    incarnation = os.environ["TFT_INCARNATION"]
+    with open(os.path.join(sys.argv[1], incarnation + ".json"), "w") as out:
+        json.dump({"bad_fork": bad_fork, "sum": total.item(),
+                   "seconds": time.time() - started}, out)
+    if incarnation == "0":
+        time.sleep(300)  # killed by the test
+    dist.destroy_process_group()
+''')
+
+
+@pytest.mark.gpu
+def test_a_forked_worker_and_its_forked_relaunch_make_their_cuda_context_and_nccl_group(
+        tmp_path: Path) -> None:
+    """The fork server imports torch (with its CUDA libraries) but never touches CUDA, so
+    a forked worker, and the relaunch forked after a ``kill -9``, each make their own CUDA
+    context and NCCL communicator. Prints the seconds each took."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    log_dir = tmp_path / "logs"
+    script = tmp_path / "gpu_job.py"
+    script.write_text(GPU_JOB)
+    proc = spawn(tftrun_cmd("--worker_num=1", f"--log_dir={log_dir}", "--rejoin_cooldown=0",
+                            str(script), str(tmp_path)))
+    try:
+        wait_for(lambda: (tmp_path / "0.json").exists(), START, "incarnation 0 past its all_reduce")
+        os.kill(spawned_pids(log_dir)[0], signal.SIGKILL)
+        assert proc.wait(timeout=START) == 0, (log_dir / "worker_0.log").read_text()[-2000:]
+    finally:
+        terminate(proc)
+    spawns = [e for e in events(log_dir, "spawn") if e["role"] == "worker"]
+    assert [(e["incarnation"], e.get("forked")) for e in spawns] == [(0, True), (1, True)]
+    for incarnation in (0, 1):
+        seen = json.loads((tmp_path / f"{incarnation}.json").read_text())
+        print(f"incarnation {incarnation}: CUDA context and NCCL group in {seen['seconds']:.3f} s")
+        assert (seen["bad_fork"], seen["sum"]) == (False, 1.0)
