@@ -53,6 +53,10 @@ class RestartPolicy(StrEnum):
 
 
 DEFAULT_PROGRESS_INTERVAL = 30.0
+DEFAULT_MIN_WORKER_NUM = 1
+"""``--min_worker_num`` when not given: degraded training is on by default, for scripts
+whose ranks register (the others restart all, docs/recovery.md); see
+:attr:`LaunchConfig.fewest_workers`."""
 """Off a terminal, seconds between two progress lines."""
 DEFAULT_SIGNALS: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
                                     signal.SIGUSR1, signal.SIGUSR2)
@@ -68,7 +72,7 @@ class LaunchConfig:
     local_worker_num: int | None = None
     min_worker_num: int | None = None
     """The fewest workers the job trains on while ranks are missing (docs/elastic.md);
-    None: ``worker_num`` (a dead rank pauses the others until it is back)."""
+    None: :attr:`fewest_workers`' default."""
     batch_policy: BatchPolicy = BatchPolicy.CONSTANT
     """What a step trains while ranks are missing (the workers' ``TFT_BATCH_POLICY``). A
     string is taken for its value; one that names none is refused by :meth:`validate`."""
@@ -145,6 +149,19 @@ class LaunchConfig:
             object.__setattr__(self, "restart_policy", RestartPolicy(self.restart_policy))
         if self.batch_policy in BatchPolicy.__members__.values():
             object.__setattr__(self, "batch_policy", BatchPolicy(self.batch_policy))
+
+    @property
+    def fewest_workers(self) -> int:
+        """``--min_worker_num``; by default :data:`DEFAULT_MIN_WORKER_NUM` (degraded
+        training on: the survivors of a death train on while any rank lives), except under
+        an elastic node range (``--nnodes=MIN:MAX``), whose rounds decide the job's size:
+        there ``worker_num``. ``worker_num`` itself means a dead rank pauses the others
+        until it is back (the bitwise guarantee, docs/elastic.md)."""
+        if self.min_worker_num is not None:
+            return self.min_worker_num
+        if self.node_range is not None:
+            return self.worker_num
+        return min(DEFAULT_MIN_WORKER_NUM, self.worker_num)
 
     @property
     def retire_after(self) -> float:

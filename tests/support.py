@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -118,7 +118,8 @@ PORT_OPTIONS = ("--master_port", "--master-port", "--standalone", "--rdzv_endpoi
 tests run side by side (pytest-xdist), and two on tftrun's default port would collide."""
 
 
-def tftrun_cmd(*args: str, spare: bool = False, cwd_recovery_path: bool = False) -> list[str]:
+def tftrun_cmd(*args: str, spare: bool = False, cwd_recovery_path: bool = False,
+               degraded: bool = False) -> list[str]:
     """tftrun with ``args``; without a warm spare unless ``spare`` (tftrun's automatic
     spare: one for a script that uses recovery, when its workers start as fresh processes,
     so ``spare`` also gives ``--fork_server=false``) or ``args`` name ``--warm_spare``. Most tests are
@@ -130,15 +131,46 @@ def tftrun_cmd(*args: str, spare: bool = False, cwd_recovery_path: bool = False)
     ``./tft_recovery`` in its working folder), the test's own recovery path
     (``MS_RECOVERY_PATH``, tests/conftest.py): tests run side by side in the repository's
     folder, and a second job on its ``./tft_recovery`` is refused at once (seen in CI: a
-    test then waited 120 s for a spare of a job that had exited)."""
+    test then waited 120 s for a spare of a job that had exited).
+
+    Unless ``degraded`` or ``args`` name ``--min_worker_num``, ``--min_worker_num`` is
+    pinned to the job's size (when ``args`` give it): a dead rank then pauses the others
+    until it is back, and a run with faults ends bitwise equal to the fault-free one, as
+    most tests assert (docs/elastic.md). tftrun's own default trains degraded."""
     named = any(arg.startswith(("--warm_spare", "--warm-spare")) for arg in args)
+    size = _worker_num(args)
+    pinned = (() if degraded or size is None or "min_worker_num" in _options(args)
+              else (f"--min_worker_num={size}",))
     placed = any(arg.startswith(PORT_OPTIONS) for arg in args)
     kept = cwd_recovery_path or any(arg.startswith(("--recovery_path", "--recovery-path"))
                                     for arg in args)
     return [sys.executable, "-m", "launcher.cli.tftrun",
             *(("--fork_server=false",) if spare else () if named else ("--warm_spare=0",)),
             *(() if placed else ("--master_port=0",)),
-            *(() if kept else (f"--recovery_path={os.environ[names.MS_RECOVERY_PATH]}",)), *args]
+            *(() if kept else (f"--recovery_path={os.environ[names.MS_RECOVERY_PATH]}",)),
+            *pinned, *args]
+
+
+def _worker_num(args: Sequence[str]) -> int | None:
+    """The job's size that ``args`` give: ``--worker_num``, else ``--nnodes`` (MAX) x
+    ``--nproc_per_node`` when both are counts; None if they give none."""
+    given = _options(args)
+    if given.get("worker_num", "").isdigit():
+        return int(given["worker_num"])
+    nodes, per_node = given.get("nnodes", "").split(":")[-1], given.get("nproc_per_node", "")
+    return int(nodes) * int(per_node) if nodes.isdigit() and per_node.isdigit() else None
+
+
+def _options(args: Sequence[str]) -> dict[str, str]:
+    """``--name=value`` and ``--name value`` of ``args``, by name (``-`` read as ``_``)."""
+    found = {}
+    for at, arg in enumerate(args):
+        if arg.startswith("--"):
+            name, _, value = arg[2:].partition("=")
+            if not value and at + 1 < len(args):
+                value = args[at + 1]
+            found.setdefault(name.replace("-", "_"), value)
+    return found
 
 
 def tftctl_cmd(*args: str) -> list[str]:

@@ -144,7 +144,9 @@ def launch(
     min_worker_num: Annotated[int | None, _opt(
         "min_worker_num", "The fewest workers the job trains on while ranks are missing: "
         "below worker_num, the survivors of a death train on at once, with the same global "
-        "batch (docs/elastic.md). [default: worker_num]")] = None,
+        "batch, for a script that uses recovery; equal to worker_num, they wait for the "
+        "dead rank, and the run ends bitwise equal to a fault-free one (docs/elastic.md). "
+        "[default: 1; worker_num with --nnodes=MIN:MAX]")] = None,
     batch_policy: Annotated[str, _opt(
         "batch_policy", "What a step trains while ranks are missing (--min_worker_num): "
         "'constant' the same global batch (the survivors compute the lost ranks' share), "

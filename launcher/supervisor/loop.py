@@ -329,7 +329,7 @@ class Supervisor:
             scheduler_launches=self.children.scheduler_launches,
             warm_spare=config.warm_spare, spares=self.children.spares.size,
             forks_workers=self.children.fork_server is not None,
-            min_worker_num=config.min_worker_num, rejoin_timeout=config.retire_after,
+            min_worker_num=config.fewest_workers, rejoin_timeout=config.retire_after,
             **self._membership_view())
 
     def _rank_view(self, worker: Worker, undecided: bool) -> RankView:

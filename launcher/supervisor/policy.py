@@ -34,7 +34,9 @@ The rules (docs/recovery.md, *The restart policy*):
   without it; a rank whose relaunch would overspend the budget is not relaunched and
   waits for that, instead of ending the job. Below ``--min_worker_num`` ranks the job
   waits up to ``--node_time_out`` from the death that left too few, then ends (for every
-  node). A group restart brings every retired rank back;
+  node), or at once when no absent rank can come back (the budget spent). A group
+  restart brings every retired rank back. It is on by default for scripts whose ranks
+  register (``--min_worker_num`` 1, launcher/config.py);
 * spares: ``--warm_spare``, or :data:`AUTOMATIC_SPARES` once a worker of this node
   registered (unless ``--restart_policy=all``);
 * an elastic node range (``--nnodes=MIN:MAX``, decided on node 0): a node of the
@@ -453,9 +455,11 @@ def down_since(before: float | None, rank: RankView) -> float | None:
 
 
 def _degraded(view: JobView) -> bool:
-    """Whether the job trains on without dead ranks (``--min_worker_num`` below its size)."""
+    """Whether the job trains on without dead ranks: ``--min_worker_num`` below its size,
+    and its ranks register (a script that uses recovery; a plain script's restart all)."""
     size = len(view.ranks) + view.other_ranks
-    return view.min_worker_num is not None and view.min_worker_num < size
+    return (view.min_worker_num is not None and view.min_worker_num < size
+            and any(r.registered for r in view.ranks))
 
 
 def _training(view: JobView, absent: Sequence[RankView]) -> int:
@@ -485,6 +489,14 @@ def _absences(view: JobView, now: float) -> list[Action] | None:
         return [*(Retire(r.rank, f"rank {r.rank} ({_crash(r).reason}) was not back within "
                                  f"--rejoin_timeout={view.rejoin_timeout:g}s") for r in due),
                 WaitUntil(now)]
+    if _none_can_return(view, absent):
+        ranks = sorted(r.rank for r in absent)
+        first = min(absent, key=lambda r: r.down_since or 0.0)
+        return [_give_up(view, first, f"{training} of {len(view.ranks) + view.other_ranks} "
+                                          f"ranks train, fewer than --min_worker_num="
+                                          f"{view.min_worker_num}, and ranks {ranks} "
+                                          f"cannot be relaunched"),
+                _stop_all(view, now)]
     since = _too_few_since(view, absent)
     if now < since + view.node_time_out:
         return None
@@ -495,6 +507,14 @@ def _absences(view: JobView, now: float) -> list[Action] | None:
                                   f"--min_worker_num={view.min_worker_num}, and ranks {ranks} "
                                   f"were not back within --node_time_out={view.node_time_out:g}s"),
             _stop_all(view, now)]
+
+
+def _none_can_return(view: JobView, absent: Sequence[RankView]) -> bool:
+    """Whether no absent rank can come back: none waits out its cooldown or is starting
+    again, and the budget cannot relaunch the failed ones (:func:`_on_failures` relaunches
+    all of them or none). Waiting ``--node_time_out`` would then only delay the end."""
+    return (all(r.state is WorkerState.FAILED for r in absent)
+            and view.charged + len(absent) > view.max_restarts)
 
 
 def _absence_deadlines(view: JobView, absent: Sequence[RankView]) -> list[float]:

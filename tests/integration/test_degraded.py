@@ -209,3 +209,30 @@ def test_with_the_shrink_policy_each_sample_is_trained_at_most_once(tmp_path: Pa
     # A degraded step trained W micro-batches: the live view's samples/s says so.
     assert {e["batch"] for e in step_events if e["batch"] is not None} \
         == {WORKERS * BATCH, (WORKERS - 1) * BATCH}
+
+
+def test_with_tftrun_defaults_the_survivors_train_through_a_kill(tmp_path: Path) -> None:
+    """No ``--min_worker_num``, the real 30 s cooldown: degraded training is tftrun's
+    default for a script that uses recovery. The survivors train on at W = 2 at once,
+    and the job ends 0 with as many steps as a fault-free run, whether or not the
+    relaunched rank was back before the end (1 000 steps on 2 shared cores take about as
+    long as its cooldown)."""
+    log_dir, gate = tmp_path / "logs", tmp_path / "gate"
+    command = tftrun_cmd(f"--worker_num={WORKERS}", f"--log_dir={log_dir}",
+                         f"--recovery_path={tmp_path / 'recovery'}",
+                         f"--master_port={free_tcp_port()}", GATED, str(gate), TRAIN, *JOB,
+                         degraded=True)
+    assert not [arg for arg in command if arg.startswith("--min_worker_num")]
+    status, output = run_gated_with_kills(command, log_dir, gate, [KILLED], KILL_STEP, timeout=280)
+    assert status == 0, output
+    changes = [(e["why"], e["active"]) for e in events(log_dir, "membership")]
+    assert changes[:2] == [("start", [0, 1, 2]), ("shrink", [0, 2])], changes
+    assert changes[2:] in ([], [("grow", [0, 1, 2])]), changes
+    survivors = [line for line in committed_lines(log_dir) if line[4] == WORKERS - 1]
+    assert {line[0] for line in survivors} == {0, 2}, "the survivors did not train alone"
+    steps = EPOCHS * (SAMPLES // WORKERS // BATCH)
+    ends = {e["rank"]: e for e in events(log_dir, "train_end")}
+    assert {0, 2} <= set(ends) and {e["step"] for e in ends.values()} == {steps}
+    assert len({e["params_sha256"] for e in ends.values()}) == 1
+    [job_end] = events(log_dir, "job_end")
+    assert job_end["exitcode"] == 0

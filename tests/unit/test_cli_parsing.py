@@ -131,6 +131,20 @@ def test_an_unknown_batch_policy_is_one_line_and_exit_2(
     assert err == ["tftrun: error: --batch_policy must be one of constant, shrink, got 'grow'"]
 
 
+@pytest.mark.parametrize(("args", "fewest"), [
+    (["--worker_num=4"], "1"),  # degraded training on: any survivor trains on
+    (["--worker_num=4", "--min_worker_num=4"], "4"),  # off: the bitwise guarantee
+    (["--worker_num=4", "--min-worker-num", "3"], "3"),
+    (["--worker_num=1"], "1"),
+    (["--nnodes=1:2", "--nproc_per_node=2", "--node_rank=0"], "4"),  # the node range's rounds decide
+])
+def test_min_worker_num_defaults_to_one_and_reaches_the_workers_and_the_scheduler(
+        args: list[str], fewest: str) -> None:
+    config = cli.config_from_argv([*args, "train.py"])
+    assert str(config.fewest_workers) == fewest
+    assert worker_spec(config, 0, 0, 0, 1).env[names.TFT_MIN_WORKER_NUM] == fewest
+
+
 def test_rejoin_timeout_defaults_to_the_cooldown_plus_torchruns_last_call() -> None:
     assert cli.config_from_argv(["train.py"]).retire_after == 30.0 + 30.0
     assert cli.config_from_argv(["--rejoin_cooldown=5", "train.py"]).retire_after == 35.0

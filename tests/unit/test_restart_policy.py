@@ -707,16 +707,26 @@ def test_with_degraded_training_a_rank_the_budget_cannot_relaunch_is_retired_in_
 
     [spent, _stop] = decide(view(3, dead), 1.0)  # 3 is the job's size: no degraded training
     assert isinstance(spent, GiveUp) and spent.reason.endswith("restart budget (0) spent")
-    two_dead = JobView((RankView(0, WorkerState.RUNNING), dead,
-                        RankView(2, WorkerState.FAILED, failure=_failed(2, 5.0), registered=True,
-                                 down_since=5.0)),
-                       max_restarts=0, warm_spare=0, min_worker_num=2, rejoin_timeout=60.0,
+    # Two dead, one trains: fewer than 2, none retired. Rank 2's relaunch waits out its
+    # cooldown: the job waits --node_time_out from the death that left too few.
+    cooling = RankView(2, WorkerState.COOLDOWN, deadline=650.0, failure=_failed(2, 5.0),
+                       registered=True, down_since=5.0, relaunch_why="rank 2 exited with code 1")
+    two_dead = JobView((RankView(0, WorkerState.RUNNING), dead, cooling),
+                       max_restarts=1, warm_spare=0, min_worker_num=2, rejoin_timeout=60.0,
                        node_time_out=600.0)
-    assert decide(two_dead, 60.0) == [WaitUntil(605.0)]  # one trains: fewer than 2, none retired
+    assert decide(two_dead, 60.0) == [WaitUntil(605.0)]
     [give_up, _stop] = decide(two_dead, 605.0)
     assert isinstance(give_up, GiveUp) and give_up.reason == (
         "1 of 3 ranks train, fewer than --min_worker_num=2, and ranks [1, 2] were not back "
         "within --node_time_out=600s")
+    # Both failed and the budget spent: neither can come back, the job ends at once.
+    spent_both = replace(two_dead, ranks=(RankView(0, WorkerState.RUNNING), dead, RankView(
+        2, WorkerState.FAILED, failure=_failed(2, 5.0), registered=True, down_since=5.0)),
+        max_restarts=0)
+    [give_up, _stop] = decide(spent_both, 6.0)
+    assert isinstance(give_up, GiveUp) and give_up.failure == dead.failure
+    assert give_up.reason == ("1 of 3 ranks train, fewer than --min_worker_num=2, and ranks "
+                              "[1, 2] cannot be relaunched; restart budget (0) spent")
 
 
 def test_a_retired_rank_does_not_count_as_a_peer_that_finished() -> None:
