@@ -55,6 +55,8 @@ class ForkServer:
             theirs.close()
         self._sock: socket.socket | None = ours
         self._warm = False
+        self._ended = False
+        """The server closed its end: it exited (its import failed, or it was killed)."""
 
     def fork(self, spec: ProcessSpec, message: dict[str, Any], header: str,
              fds: dict[str, int] | None = None) -> Child | None:
@@ -95,7 +97,8 @@ class ForkServer:
         reply = self._receive(WARM_TIMEOUT)
         self._warm = reply is not None and READY in reply
         if not self._warm:
-            self._lose(f"it was not ready within {WARM_TIMEOUT:.0f} s")
+            self._lose("it ended before it was ready (its log, fork_server.log, says why)"
+                       if self._ended else f"it was not ready within {WARM_TIMEOUT:.0f} s")
         return self._warm
 
     def _ask(self, request: dict[str, Any], fds: list[int]) -> dict[str, Any] | None:
@@ -107,7 +110,8 @@ class ForkServer:
             return None
         reply = self._receive(REPLY_TIMEOUT)
         if reply is None:
-            self._lose(f"it did not answer within {REPLY_TIMEOUT:.0f} s")
+            self._lose("it ended" if self._ended
+                       else f"it did not answer within {REPLY_TIMEOUT:.0f} s")
         return reply
 
     def _receive(self, timeout: float) -> dict[str, Any] | None:
@@ -120,6 +124,7 @@ class ForkServer:
             data = self._sock.recv(MAX_MESSAGE)
         except OSError:
             return None
+        self._ended = not data
         return json.loads(data) if data else None
 
     def _lose(self, why: str) -> None:
