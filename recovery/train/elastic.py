@@ -35,6 +35,9 @@ its last completed step.
   rank flags it in the step's gradient all-reduce (no extra round trip); every rank voids
   the step, the faulty rank discards its state and receives a healthy replica's over the
   same group, and all redo the step (UCE). No process restarts, no group is rebuilt.
+* **A replay** (docs/elastic.md#replaying-a-run): with an earlier run's ``events.jsonl``
+  (:mod:`recovery.train.replay`), each membership change happens at the step it did
+  there, so the run ends bitwise equal to it.
 * **The job is stopped** (SIGTERM). Each rank finishes its step; one consistent rank saves
   the last words, and all exit. A rank whose step cannot finish (its all-reduce is stuck
   on a frozen peer) gives up waiting :data:`STOP_PATIENCE` after the signal, voids the

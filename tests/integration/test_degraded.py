@@ -14,11 +14,15 @@ rank at a step boundary, and the job ends whole. What must hold, read from every
 * each step's shares cover its micro-batches once, and the epoch's committed samples are
   a permutation of the data set;
 * the final loss is within :data:`LOSS_TOLERANCE` of a fault-free run's with the same seed,
-  after as many steps and samples (bitwise equality cannot hold across a change of W).
+  after as many steps and samples (bitwise equality cannot hold across a change of W);
+* a second run that replays the killed run's membership changes (``TFT_REPLAY_MEMBERSHIP``)
+  has the same generations from the same steps, and every rank's parameters after every
+  step bitwise equal to the killed run's.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from collections import defaultdict
@@ -28,8 +32,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from recovery import env as names
 from recovery.ckpt import layout
 from recovery.ckpt.restore import load_checkpoint
+from recovery.events import read_events
+from recovery.train.replay import recorded_changes
 from recovery.train.sampler import ResumableDistributedSampler
 from support import REPO, events, free_tcp_port, run, run_gated_with_kills, tftrun_cmd
 
@@ -171,6 +178,28 @@ def test_survivors_train_through_a_kill_and_the_relaunched_rank_heals(degraded: 
     # The live view's samples/s: every step trained the same global batch, degraded or not.
     assert {e["batch"] for e in events(log_dir, "step") if e["batch"] is not None} \
         == {WORKERS * BATCH}
+
+
+def test_the_recorded_membership_changes_replay_to_a_bitwise_equal_final_state(
+        degraded: Path, tmp_path: Path, free_port: int) -> None:
+    """The killed run replayed (docs/elastic.md#replaying-a-run): no kill from outside; rank 1
+    kills itself before the step after the one the record lost it at, and the survivors
+    take the relaunched rank in at the step the record healed it at, even when it is ready
+    sooner. Every step then has the same ranks and shares, so the same sums."""
+    env = {**os.environ, names.TFT_REPLAY_MEMBERSHIP: str(degraded / "logs")}
+    replay = run(tftrun(tmp_path, free_port), timeout=250, env=env)
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    recorded = recorded_changes(read_events(degraded / "logs"))
+    assert [(c.generation, c.why, c.active) for c in recorded] == [
+        (0, "start", (0, 1, 2)), (1, "shrink", (0, 2)), (2, "grow", (0, 1, 2))]
+    assert recorded[1].step == KILL_STEP - 1 < recorded[2].step  # type: ignore[operator]
+    assert recorded_changes(read_events(tmp_path / "logs")) == recorded
+    assert sorted(committed_lines(tmp_path / "logs")) == sorted(committed_lines(degraded / "logs"))
+
+    def ends(folder: Path) -> dict[int, str]:
+        return {e["rank"]: e["params_sha256"] for e in events(folder / "logs", "train_end")}
+
+    assert ends(tmp_path) == ends(degraded) and set(ends(degraded)) == {0, 1, 2}
 
 
 def test_with_the_shrink_policy_each_sample_is_trained_at_most_once(tmp_path: Path) -> None:
