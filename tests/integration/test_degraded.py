@@ -91,10 +91,12 @@ def step_micro_batches(step: int, members: list[tuple], size: int) -> range:  # 
     return trained
 
 
-def tftrun(tmp_path: Path, port: int, *script: str, job: tuple[str, ...] = ()) -> list[str]:
+def tftrun(tmp_path: Path, port: int, *script: str, job: tuple[str, ...] = (),
+           cooldown: int = 5) -> list[str]:
     return tftrun_cmd(f"--worker_num={WORKERS}", "--min_worker_num=2", f"--log_dir={tmp_path / 'logs'}",
                       f"--recovery_path={tmp_path / 'recovery'}", f"--master_port={port}",
-                      "--rejoin_cooldown=5", "--cluster_time_out=120", *script, TRAIN, *JOB, *job)
+                      f"--rejoin_cooldown={cooldown}", "--cluster_time_out=120", *script, TRAIN,
+                      *JOB, *job)
 
 
 def run_with_kill(tmp_path: Path, *job: str) -> None:
@@ -184,16 +186,21 @@ def test_the_recorded_membership_changes_replay_to_a_bitwise_equal_final_state(
         degraded: Path, tmp_path: Path, free_port: int) -> None:
     """The killed run replayed (docs/elastic.md#replaying-a-run): no kill from outside; rank 1
     kills itself before the step after the one the record lost it at, and the survivors
-    take the relaunched rank in at the step the record healed it at, even when it is ready
-    sooner. Every step then has the same ranks and shares, so the same sums."""
+    take the relaunched rank in at the step the record healed it at, though it is ready
+    much sooner (no cooldown here: 5 s in the killed run). Every step then has the same
+    ranks and shares, so the same sums."""
     env = {**os.environ, names.TFT_REPLAY_MEMBERSHIP: str(degraded / "logs")}
-    replay = run(tftrun(tmp_path, free_port), timeout=250, env=env)
+    replay = run(tftrun(tmp_path, free_port, cooldown=0), timeout=250, env=env)
     assert replay.returncode == 0, replay.stdout + replay.stderr
     recorded = recorded_changes(read_events(degraded / "logs"))
     assert [(c.generation, c.why, c.active) for c in recorded] == [
         (0, "start", (0, 1, 2)), (1, "shrink", (0, 2)), (2, "grow", (0, 1, 2))]
     assert recorded[1].step == KILL_STEP - 1 < recorded[2].step  # type: ignore[operator]
     assert recorded_changes(read_events(tmp_path / "logs")) == recorded
+    # The grow was held: the survivors trained on alone after its generation formed.
+    formed = next(e["ts"] for e in events(tmp_path / "logs", "membership") if e["generation"] == 2)
+    assert any(e["generation"] == 1 and e["ts"] > formed for e in events(tmp_path / "logs", "step")), \
+        "the returning rank was not ready before the recorded step: nothing was held"
     assert sorted(committed_lines(tmp_path / "logs")) == sorted(committed_lines(degraded / "logs"))
 
     def ends(folder: Path) -> dict[int, str]:
