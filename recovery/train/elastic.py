@@ -420,9 +420,11 @@ class ElasticTrainer:
 
     def _check_replay(self) -> None:
         """Log how the generation just joined differs from the replayed record, if it does."""
-        diverged = self._replay and self._replay.diverged(self.ctx.generation, self.ctx.active,
-                                                          self.position.global_step)
-        if diverged:
+        if self._replay is None:
+            return
+        diverged = self._replay.diverged(self.ctx.generation, self.ctx.active,
+                                         self.position.global_step)
+        if diverged is not None:
             logger.warning("[rank %d] replay diverged: %s", self.ctx.rank, diverged)
 
     def _complete(self, step: Step) -> None:
