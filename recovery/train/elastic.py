@@ -386,10 +386,9 @@ class ElasticTrainer:
     def _run(self, step: Step) -> Iterator[Step]:
         """Hand ``step`` to the user's loop body; complete it if the trainer still trains."""
         self._take_injection(step.global_step)
-        leave = self._leaves_generation(step.global_step)
         self.phase.start_step(step.global_step)
         self._step = step
-        if leave is not None:
+        if (leave := self._leaves_generation(step.global_step)) is not None:
             self._pause(leave)
         else:
             yield step
