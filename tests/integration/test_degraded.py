@@ -186,21 +186,22 @@ def test_the_recorded_membership_changes_replay_to_a_bitwise_equal_final_state(
         degraded: Path, tmp_path: Path, free_port: int) -> None:
     """The killed run replayed (docs/elastic.md#replaying-a-run): no kill from outside; rank 1
     kills itself before the step after the one the record lost it at, and the survivors
-    take the relaunched rank in at the step the record healed it at, though it is ready
-    much sooner (no cooldown here: 5 s in the killed run). Every step then has the same
-    ranks and shares, so the same sums."""
+    take the relaunched rank in at the step the record healed it at, whether it is ready
+    sooner (the usual case: its cooldown is 2 s here, 5 s in the killed run; the survivors
+    hold its generation off) or later (they wait for it there). Every step then has the
+    same ranks and shares, so the same sums.
+
+    Not asserted: that the generation was held, which depends on the two runs' speeds; nor
+    a cooldown of 0, with which the relaunched rank can be ready before the survivors have
+    joined the degraded generation, which is then skipped (not replayable)."""
     env = {**os.environ, names.TFT_REPLAY_MEMBERSHIP: str(degraded / "logs")}
-    replay = run(tftrun(tmp_path, free_port, cooldown=0), timeout=250, env=env)
+    replay = run(tftrun(tmp_path, free_port, cooldown=2), timeout=250, env=env)
     assert replay.returncode == 0, replay.stdout + replay.stderr
     recorded = recorded_changes(read_events(degraded / "logs"))
     assert [(c.generation, c.why, c.active) for c in recorded] == [
         (0, "start", (0, 1, 2)), (1, "shrink", (0, 2)), (2, "grow", (0, 1, 2))]
     assert recorded[1].step == KILL_STEP - 1 < recorded[2].step  # type: ignore[operator]
     assert recorded_changes(read_events(tmp_path / "logs")) == recorded
-    # The grow was held: the survivors trained on alone after its generation formed.
-    formed = next(e["ts"] for e in events(tmp_path / "logs", "membership") if e["generation"] == 2)
-    assert any(e["generation"] == 1 and e["ts"] > formed for e in events(tmp_path / "logs", "step")), \
-        "the returning rank was not ready before the recorded step: nothing was held"
     assert sorted(committed_lines(tmp_path / "logs")) == sorted(committed_lines(degraded / "logs"))
 
     def ends(folder: Path) -> dict[int, str]:
