@@ -101,6 +101,10 @@ TFT_MIN_WORKER_NUM = "TFT_MIN_WORKER_NUM"
 (docs/elastic.md); unset: ``worker_num`` (no degraded training)."""
 TFT_BATCH_POLICY = "TFT_BATCH_POLICY"
 """What a degraded step trains: ``constant`` (default) or ``shrink`` (docs/elastic.md)."""
+TFT_REPLAY_MEMBERSHIP = "TFT_REPLAY_MEMBERSHIP"
+"""An ``events.jsonl`` (or the log dir holding it) of an earlier run of the same job: its
+membership changes are made again at the same steps (recovery/train/replay.py,
+docs/elastic.md); read by ``ElasticTrainer``, never set by tftrun."""
 TFT_HEARTBEAT_TIMEOUT = "TFT_HEARTBEAT_TIMEOUT"
 TFT_PROGRESS_TIMEOUT = "TFT_PROGRESS_TIMEOUT"
 TFT_LINEAGE = "TFT_LINEAGE"
@@ -189,6 +193,8 @@ class WorkerEnv:
     """The fewest workers a generation may have (``world_size`` unless set)."""
     batch_policy: str
     """``constant`` or ``shrink`` (recovery/train/shares.py); empty when not set."""
+    replay_membership: str = ""
+    """The recorded run whose membership changes to make again; empty: none."""
 
     @property
     def is_scheduler(self) -> bool:
@@ -232,4 +238,5 @@ class WorkerEnv:
             lineage=env.get(TFT_LINEAGE, "").strip(),
             min_worker_num=_int(env, TFT_MIN_WORKER_NUM, world_size),
             batch_policy=env.get(TFT_BATCH_POLICY, "").strip(),
+            replay_membership=env.get(TFT_REPLAY_MEMBERSHIP, "").strip(),
         )

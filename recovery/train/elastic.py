@@ -35,6 +35,9 @@ its last completed step.
   rank flags it in the step's gradient all-reduce (no extra round trip); every rank voids
   the step, the faulty rank discards its state and receives a healthy replica's over the
   same group, and all redo the step (UCE). No process restarts, no group is rebuilt.
+* **A replay** (docs/elastic.md#replaying-a-run): with an earlier run's ``events.jsonl``
+  (:mod:`recovery.train.replay`), each membership change happens at the step it did
+  there, so the run ends bitwise equal to it.
 * **The job is stopped** (SIGTERM). Each rank finishes its step; one consistent rank saves
   the last words, and all exit. A rank whose step cannot finish (its all-reduce is stuck
   on a frozen peer) gives up waiting :data:`STOP_PATIENCE` after the signal, voids the
@@ -78,6 +81,7 @@ from recovery.train.collectives import Wait, all_gather_rows, blocking
 from recovery.train.grad_sync import all_reduce_gradients
 from recovery.train.modes import TftModes, parse_enable_tft
 from recovery.train.phase import phase_of
+from recovery.train.replay import BeforeStep, MembershipReplay
 from recovery.train.replica import ReplicaReport, broadcast_state, choose_source, gather_reports
 from recovery.train.sampler import ResumableDistributedSampler
 from recovery.train.shares import BatchPolicy, plan_step, steps_left
@@ -144,8 +148,10 @@ def _is_timeout(err: RuntimeError) -> bool:
     return "timed out" in str(err).lower()
 
 
-def wait_collective(work: Any, ctx: ClusterContext, should_abort: ShouldAbort = never) -> None:
-    """Wait for an async collective, polling, so that a new generation interrupts it.
+def wait_collective(work: Any, ctx: ClusterContext, should_abort: ShouldAbort = never,
+                    held: Callable[[], bool] = never) -> None:
+    """Wait for an async collective, polling, so that a new generation interrupts it
+    (unless ``held()``: a replay takes the new generation's ranks in at a later step).
 
     A timed-out ``wait`` does not cancel the operation; waiting again completes it if the
     peers arrive. Any other error means a peer's connection broke.
@@ -166,7 +172,7 @@ def wait_collective(work: Any, ctx: ClusterContext, should_abort: ShouldAbort = 
         # broken group's buffers) are released before anyone re-forms.
         if timed_out and should_abort():
             raise Aborted("gave up waiting for the collective")
-        if timed_out and ctx.latest_generation == ctx.generation:
+        if timed_out and (ctx.latest_generation == ctx.generation or held()):
             ctx.look_for_news()
             continue
         raise PeerFailure(cause)
@@ -237,6 +243,10 @@ class ElasticTrainer:
             worker log's ``committed epoch=E step=S generation=G world=W cursor=C
             micro_batches=a,b params_sha256=H`` lines; for tests: it hashes the model
             every step).
+        replay_membership: an earlier run's ``events.jsonl`` (or its log dir) whose
+            membership changes this run makes again at the same steps, so that it ends
+            bitwise equal to it (recovery/train/replay.py); by default from
+            ``TFT_REPLAY_MEMBERSHIP``, none if unset.
     """
 
     def __init__(self, ctx: ClusterContext, model: torch.nn.Module,
@@ -244,7 +254,8 @@ class ElasticTrainer:
                  sampler: ResumableDistributedSampler, lr_scheduler: Any = None,
                  resume: bool = False, allow_world_size_change: bool = False,
                  modes: TftModes | None = None, batch_policy: BatchPolicy | str | None = None,
-                 log_params_hash: bool = False) -> None:
+                 log_params_hash: bool = False,
+                 replay_membership: str | os.PathLike[str] | None = None) -> None:
         self.ctx = ctx
         self.model = model
         self.optimizer = optimizer
@@ -258,6 +269,8 @@ class ElasticTrainer:
         self.batch_policy = BatchPolicy(batch_policy or worker_env.batch_policy
                                         or BatchPolicy.CONSTANT)
         self._log_params_hash = log_params_hash
+        record = replay_membership or worker_env.replay_membership
+        self._replay = MembershipReplay.load(record) if record else None
         self._step: Step | None = None  # the step being run, for its gradient's weight
         self._machine = TrainerMachine(ctx.rank)
         self.phase = phase_of(optimizer)
@@ -375,12 +388,43 @@ class ElasticTrainer:
         self._take_injection(step.global_step)
         self.phase.start_step(step.global_step)
         self._step = step
-        if self.ctx.latest_generation != self.ctx.generation:
-            self._pause("the scheduler formed a new generation")
+        if (leave := self._leaves_generation(step.global_step)) is not None:
+            self._pause(leave)
         else:
             yield step
         if self._machine.state is TrainerState.TRAINING:
             self._complete(step)
+
+    def _leaves_generation(self, global_step: int) -> str | None:
+        """Why step ``global_step`` cannot start in this generation (the scheduler formed
+        a newer one), or ``None``. In a replay, the record decides when (and this rank
+        dies here if the record lost it after the last committed step)."""
+        newer = self.ctx.latest_generation != self.ctx.generation
+        if self._replay is None:
+            return "the scheduler formed a new generation" if newer else None
+        committed = self.position.global_step
+        action = self._replay.before_step(self.ctx.rank, self.ctx.generation, committed, newer)
+        if action is BeforeStep.KILL:
+            logger.warning("[rank %d] replay: SIGKILL to myself before step %d: the record lost "
+                           "this rank after step %d", self.ctx.rank, global_step, committed)
+            os.kill(os.getpid(), signal.SIGKILL)
+        if action is BeforeStep.LEAVE:
+            return f"the generation after {self.ctx.generation} is due at step {committed}"
+        return None
+
+    def _replay_holds(self) -> bool:
+        """Whether a newer generation must wait: the replay takes its ranks in later."""
+        return self._replay is not None and self._replay.holds(self.ctx.generation,
+                                                               self.position.global_step)
+
+    def _check_replay(self) -> None:
+        """Log how the generation just joined differs from the replayed record, if it does."""
+        if self._replay is None:
+            return
+        diverged = self._replay.diverged(self.ctx.generation, self.ctx.active,
+                                         self.position.global_step)
+        if diverged is not None:
+            logger.warning("[rank %d] replay diverged: %s", self.ctx.rank, diverged)
 
     def _complete(self, step: Step) -> None:
         """The step is done on this rank: record it, checkpoint, stop if asked to."""
@@ -453,7 +497,7 @@ class ElasticTrainer:
 
     def _wait(self, work: Any) -> None:
         """How the trainer waits for a collective (see :func:`wait_collective`)."""
-        wait_collective(work, self.ctx, self._should_abort)
+        wait_collective(work, self.ctx, self._should_abort, self._replay_holds)
 
     def _should_abort(self) -> bool:
         """Whether a wait should give up: a stop signal was noted :data:`STOP_PATIENCE` ago."""
@@ -501,6 +545,7 @@ class ElasticTrainer:
         self.ctx.rejoin(self._should_abort)
         self._machine.transition(TrainerState.RESYNCING)
         self._resync(newcomer=False)
+        self._check_replay()
         self._machine.transition(TrainerState.TRAINING)
         self.rollbacks += 1
 
@@ -558,6 +603,7 @@ class ElasticTrainer:
         if self.ctx.join_pending:
             self.ctx.complete_join(self._should_abort)
         self._resync(newcomer=True)
+        self._check_replay()
 
     def _resync(self, newcomer: bool) -> None:
         """In a freshly joined group: take the newest consistent replica's state, or roll back."""

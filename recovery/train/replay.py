@@ -1,0 +1,155 @@
+"""Replaying a run's membership changes, so that a degraded run is reproducible.
+
+A run whose membership changed (docs/elastic.md) cannot end bitwise equal to a fault-free
+one: its degraded steps sum the gradients of fewer ranks, in another order. It can be
+replayed: with the same seed, a second run that has the same membership as the first,
+step for step (every step's group of the same W ranks, in the same order, with the same
+shares), computes the same floating-point sums, since gloo's all-reduce over the same
+ranks is bitwise reproducible, and ends bitwise equal to the first run.
+
+The record is the first run's ``events.jsonl``: each generation's ``membership`` event
+(``generation``, ``active``, ``world``, ``why``, ``lost``, ``joined``), and the step it
+took effect at, which the scheduler cannot know when it forms the generation: the last
+step committed before its first step, which its first member's ``rollback`` event writes
+once every member holds that state (``generation``, ``step``).
+
+The replay (``TFT_REPLAY_MEMBERSHIP``, ``ElasticTrainer(replay_membership=...)``) makes each
+change happen at the same step: a rank the record lost after step ``S`` dies by SIGKILL
+before step ``S + 1`` (its peers void that step, as for any death, and train on from
+``S``); the members of a generation that the record grew at step ``S`` leave their group
+after committing ``S``, and wait there for the returning ranks (not sooner, even when the
+scheduler formed the new generation earlier). The scheduler, the supervisor and the
+groups do the rest as in any run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from recovery.events import read_events
+
+__all__ = ["MembershipChange", "MembershipReplay", "ReplayError", "BeforeStep",
+           "recorded_changes"]
+
+
+class ReplayError(ValueError):
+    """The record cannot be replayed (a change of a kind the replay does not make)."""
+
+
+@dataclass(frozen=True)
+class MembershipChange:
+    """One generation of a recorded run, and the committed step it trained from."""
+
+    generation: int
+    active: tuple[int, ...]
+    world: int
+    why: str
+    lost: tuple[int, ...]
+    joined: tuple[int, ...]
+    step: int | None
+    """The last global step committed before the generation's first step; ``None`` when
+    it never trained (it was superseded before its members had agreed on a state)."""
+
+
+def recorded_changes(events: Iterable[dict[str, Any]]) -> list[MembershipChange]:
+    """Each generation's ``membership`` event, with the step of its first ``rollback``.
+
+    A ``membership`` event of a generation already seen (a retirement: no new generation
+    forms) is left out. The first generation's step is 0 unless a rollback says otherwise
+    (a resumed job).
+    """
+    memberships: dict[int, dict[str, Any]] = {}
+    steps: dict[int, int] = {}
+    for event in events:
+        if event.get("event") == "membership":
+            memberships.setdefault(int(event["generation"]), event)
+        elif event.get("event") == "rollback":
+            steps.setdefault(int(event["generation"]), int(event["step"]))
+    return [MembershipChange(generation, tuple(event["active"]), int(event["world"]),
+                             str(event["why"]), tuple(event.get("lost", ())),
+                             tuple(event.get("joined", ())),
+                             steps.get(generation, 0 if index == 0 else None))
+            for index, (generation, event) in enumerate(sorted(memberships.items()))]
+
+
+class BeforeStep(Enum):
+    """What a rank does before its next step, in a replay."""
+
+    GO = "go"
+    """Train the step in the current generation."""
+    KILL = "kill"
+    """Die (SIGKILL): the record lost this rank after the last committed step."""
+    LEAVE = "leave"
+    """Leave the group for the next generation: it is due at the last committed step."""
+
+
+class MembershipReplay:
+    """The changes of a recorded run, and what a rank must do to make them again."""
+
+    def __init__(self, changes: list[MembershipChange]) -> None:
+        for change in changes[1:]:
+            if bool(change.lost) == bool(change.joined):
+                raise ReplayError(
+                    f"generation {change.generation} ({change.why}: lost {list(change.lost)}, "
+                    f"joined {list(change.joined)}) cannot be replayed: only changes that "
+                    "lose ranks or that take ranks in are")
+            if change.step is None:
+                raise ReplayError(f"generation {change.generation} never trained (no rollback "
+                                  "event): it cannot be replayed")
+        self.changes = changes
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> MembershipReplay:
+        """The record in ``path`` (an ``events.jsonl``, or the log dir holding it).
+
+        Raises:
+            ReplayError: it holds no ``membership`` event, or a change the replay cannot
+                make, or a retirement (not replayed: the retired rank would come back).
+        """
+        events = list(read_events(path))
+        retired = [e for e in events if e.get("event") == "membership" and e.get("retired")]
+        if retired:
+            raise ReplayError(f"{path}: ranks {retired[0]['retired']} were retired; retirements "
+                              "are not replayed")
+        changes = recorded_changes(events)
+        if not changes:
+            raise ReplayError(f"{path}: no membership event to replay")
+        return cls(changes)
+
+    def next_change(self, generation: int) -> MembershipChange | None:
+        """The first recorded change after ``generation``, if any."""
+        return next((c for c in self.changes if c.generation > generation), None)
+
+    def before_step(self, rank: int, generation: int, committed: int,
+                    newer: bool) -> BeforeStep:
+        """What ``rank``, a member of ``generation`` that committed step ``committed``,
+        does before the next step; ``newer``: the scheduler formed a newer generation."""
+        change = self.next_change(generation)
+        if change is not None and committed == change.step:
+            if rank in change.lost:
+                return BeforeStep.KILL
+            if change.joined:
+                return BeforeStep.LEAVE
+        return BeforeStep.GO if not newer or self.holds(generation, committed) else BeforeStep.LEAVE
+
+    def holds(self, generation: int, committed: int) -> bool:
+        """Whether a newer generation must wait for the members of ``generation``: the
+        record takes ranks in only after step ``committed``."""
+        change = self.next_change(generation)
+        return (change is not None and bool(change.joined) and change.step is not None
+                and committed < change.step)
+
+    def diverged(self, generation: int, active: tuple[int, ...], committed: int) -> str | None:
+        """How a generation just joined (its members holding step ``committed``) differs
+        from the record, or ``None``."""
+        change = next((c for c in self.changes if c.generation == generation), None)
+        if change is None:
+            return f"generation {generation} is not in the record"
+        if (change.active, change.step) != (active, committed):
+            return (f"generation {generation} has ranks {list(active)} from step {committed}; "
+                    f"the record has {list(change.active)} from step {change.step}")
+        return None
