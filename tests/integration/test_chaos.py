@@ -70,8 +70,8 @@ STEPS = range(10, 61, 5)
 TRIALS = chaos_schedule(SEED, WORKERS, STEPS)
 HANG_TIMEOUTS = ("--heartbeat_timeout=5", "--progress_timeout=5")
 """Issue 13's case: a SIGSTOPped rank is replaced, and only that rank."""
-NOTABLE = ("scheduler_start", "generation", "verdict", "hang", "exit", "fault", "restart",
-           "last_words_claim", "rollback", "recovered", "job_end")
+NOTABLE = ("scheduler_start", "generation", "membership", "verdict", "hang", "exit", "fault",
+           "restart", "last_words_claim", "rollback", "recovered", "job_end")
 """The events a failing trial prints, to tell what went wrong at a glance."""
 DEGRADED_STEPS = range(20, 301, 10)
 """Steps a degraded trial's kill may strike at (the job logs every committed step): early
