@@ -41,7 +41,8 @@ survivor after the fault, less its median gap before it (the most any survivor w
 Every tftrun column also reports the job's samples/s while it trained degraded (from the
 workers' ``step`` events in ``events.jsonl``, their ``batch`` field, in the generations the
 ``membership`` events say had fewer than N ranks) against its fault-free run's steady
-samples/s, as a ratio beside (N-1)/N.
+samples/s and against its own run's while it had all N ranks (which shares the faulty
+run's machine load), as ratios beside (N-1)/N.
 Targets (issue 16): recovery ≤ 0.3× torchrun's with the defaults, ≤ 0.1× in the best
 case (a warm spare: ``--fault_step 300 --max_steps 400``); steady-state throughput ≥ 0.98×
 torchrun's, measured apart by steady_state.py (here the short job's window includes the
@@ -215,16 +216,24 @@ def degraded_generations(events: Sequence[Event], workers: int) -> set[int]:
             if e.get("event") == "membership" and e["world"] < workers}
 
 
+DEGRADED, FAULT_FREE, WHOLE = "samples/s degraded", "samples/s fault-free", "samples/s whole"
+"""The samples/s of the job while degraded, of its fault-free run past the warm-up, and of
+the faulty run itself while it had every rank (past the warm-up): machine load drifts
+between two runs, and the same run's stretch at N ranks shares its load."""
+
+
 def degraded_samples(faulty: Sequence[Event], clean: Sequence[Event], workers: int,
                      warmup_steps: int) -> dict[str, float]:
-    """The job's samples/s while it trained degraded (the faulty run's degraded
-    generations), the fault-free run's steady samples/s (past ``warmup_steps``), and
-    their ratio (NaN without a degraded stretch)."""
+    """:data:`DEGRADED`, :data:`FAULT_FREE` and :data:`WHOLE` from the two runs' events,
+    and the first's ratio to each other (NaN without a degraded stretch)."""
     degraded = degraded_generations(faulty, workers)
     while_degraded = samples_per_second(faulty, lambda e: e["generation"] in degraded)
     steady = samples_per_second(clean, lambda e: e["step"] > warmup_steps)
-    return {"samples/s degraded": while_degraded, "samples/s fault-free": steady,
-            "degraded / fault-free samples/s": ratio(while_degraded, steady)}
+    whole = samples_per_second(faulty, lambda e: e["generation"] not in degraded
+                               and e["step"] > warmup_steps)
+    return {DEGRADED: while_degraded, FAULT_FREE: steady, WHOLE: whole,
+            f"degraded / {FAULT_FREE}": ratio(while_degraded, steady),
+            f"degraded / {WHOLE}": ratio(while_degraded, whole)}
 
 
 MILESTONES = ("spawn", "register", "generation", "rollback")
@@ -424,10 +433,8 @@ def main() -> None:
     medians = {label: {name: median(values) for name, values in named.items()}
                for label, named in figures.items()}
     whole = (args.workers - 1) / args.workers
-    degraded = {c.label: {"samples/s": medians[c.label]["samples/s degraded"],
-                          "fault-free samples/s": medians[c.label]["samples/s fault-free"],
-                          "ratio": medians[c.label]["degraded / fault-free samples/s"],
-                          "(N-1)/N": whole}
+    degraded = {c.label: {name: value for name, value in medians[c.label].items()
+                          if name.startswith(("samples/s", "degraded /"))} | {"(N-1)/N": whole}
                 for c in measured if c.system == "tftrun"}
     loads = [v for named in figures.values() for k in ("load min", "load max") for v in named[k]]
     baseline = measured[0].label
@@ -448,12 +455,13 @@ def main() -> None:
 
 
 def degraded_lines(degraded: Mapping[str, Mapping[str, float]]) -> list[str]:
-    """Each tftrun column's samples/s while degraded against its fault-free run's, beside
-    (N-1)/N: the survivors' rate if each trained at its normal speed (with the constant
-    global batch a degraded step is N/W times the work of one rank's share)."""
-    return [f"{label}: samples/s while degraded {d['samples/s']:.1f} against fault-free "
-            f"{d['fault-free samples/s']:.1f}: {d['ratio']:.2f}x, (N-1)/N = {d['(N-1)/N']:.2f}"
-            if math.isfinite(d["samples/s"]) else f"{label}: never trained degraded"
+    """Each tftrun column's samples/s while degraded against its fault-free run's and its
+    own run's at N ranks, beside (N-1)/N: the survivors' rate if each trained at its normal
+    speed (with the constant global batch a degraded step is N/W times a share's work)."""
+    return [f"{label}: samples/s while degraded {d[DEGRADED]:.1f}; against fault-free "
+            f"{d[FAULT_FREE]:.1f}: {d[f'degraded / {FAULT_FREE}']:.2f}x; against the same run "
+            f"at N ranks {d[WHOLE]:.1f}: {d[f'degraded / {WHOLE}']:.2f}x; (N-1)/N = {d['(N-1)/N']:.2f}"
+            if math.isfinite(d[DEGRADED]) else f"{label}: never trained degraded"
             for label, d in degraded.items()]
 
 
