@@ -220,6 +220,8 @@ DEGRADED, FAULT_FREE, WHOLE = "samples/s degraded", "samples/s fault-free", "sam
 """The samples/s of the job while degraded, of its fault-free run past the warm-up, and of
 the faulty run itself while it had every rank (past the warm-up): machine load drifts
 between two runs, and the same run's stretch at N ranks shares its load."""
+BY_FAULT_FREE, BY_WHOLE = "degraded / fault-free samples/s", "degraded / whole samples/s"
+"""The ratios of :data:`DEGRADED` to the other two."""
 
 
 def degraded_samples(faulty: Sequence[Event], clean: Sequence[Event], workers: int,
@@ -232,8 +234,8 @@ def degraded_samples(faulty: Sequence[Event], clean: Sequence[Event], workers: i
     whole = samples_per_second(faulty, lambda e: e["generation"] not in degraded
                                and e["step"] > warmup_steps)
     return {DEGRADED: while_degraded, FAULT_FREE: steady, WHOLE: whole,
-            f"degraded / {FAULT_FREE}": ratio(while_degraded, steady),
-            f"degraded / {WHOLE}": ratio(while_degraded, whole)}
+            BY_FAULT_FREE: ratio(while_degraded, steady),
+            BY_WHOLE: ratio(while_degraded, whole)}
 
 
 MILESTONES = ("spawn", "register", "generation", "rollback")
@@ -459,8 +461,8 @@ def degraded_lines(degraded: Mapping[str, Mapping[str, float]]) -> list[str]:
     own run's at N ranks, beside (N-1)/N: the survivors' rate if each trained at its normal
     speed (with the constant global batch a degraded step is N/W times a share's work)."""
     return [f"{label}: samples/s while degraded {d[DEGRADED]:.1f}; against fault-free "
-            f"{d[FAULT_FREE]:.1f}: {d[f'degraded / {FAULT_FREE}']:.2f}x; against the same run "
-            f"at N ranks {d[WHOLE]:.1f}: {d[f'degraded / {WHOLE}']:.2f}x; (N-1)/N = {d['(N-1)/N']:.2f}"
+            f"{d[FAULT_FREE]:.1f}: {d[BY_FAULT_FREE]:.2f}x; against the same run "
+            f"at N ranks {d[WHOLE]:.1f}: {d[BY_WHOLE]:.2f}x; (N-1)/N = {d['(N-1)/N']:.2f}"
             if math.isfinite(d[DEGRADED]) else f"{label}: never trained degraded"
             for label, d in degraded.items()]
 

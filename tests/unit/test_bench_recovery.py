@@ -14,6 +14,8 @@ from support import REPO
 
 sys.path.insert(0, str(REPO / "bench"))
 from fault_recovery import (  # noqa: E402 - bench/ is not a package
+    BY_FAULT_FREE,
+    BY_WHOLE,
     DEGRADED,
     FAULT_FREE,
     MODES,
@@ -210,11 +212,11 @@ def test_samples_per_second_while_degraded_counts_only_the_degraded_generation()
     figures = degraded_samples(found, clean_job(), workers=4, warmup_steps=10)
     assert figures[DEGRADED] == pytest.approx(150 * 128 / 9.5)
     assert figures[FAULT_FREE] == pytest.approx(200 * 128 / 20.0)
-    assert figures[f"degraded / {FAULT_FREE}"] == pytest.approx((150 * 128 / 9.5) / 1280)
+    assert figures[BY_FAULT_FREE] == pytest.approx((150 * 128 / 9.5) / 1280)
     # The same run at 4 ranks: steps 20 to 90 in 8 s on ranks 1 and 3; rank 0 also trained
     # 49 steps in 1 s once whole again (from the restored event: the pauses left out).
     assert figures[WHOLE] == pytest.approx(70 * 128 / 8.0)
-    assert figures[f"degraded / {WHOLE}"] == pytest.approx((150 * 128 / 9.5) / 1120)
+    assert figures[BY_WHOLE] == pytest.approx((150 * 128 / 9.5) / 1120)
 
 
 def test_under_the_shrink_policy_a_degraded_step_counts_its_smaller_batch() -> None:
@@ -226,7 +228,7 @@ def test_under_the_shrink_policy_a_degraded_step_counts_its_smaller_batch() -> N
 def test_a_job_that_never_trained_degraded_has_no_degraded_rate() -> None:
     figures = degraded_samples(clean_job(), clean_job(), workers=4, warmup_steps=10)
     assert math.isnan(figures[DEGRADED])
-    assert math.isnan(figures[f"degraded / {FAULT_FREE}"])
+    assert math.isnan(figures[BY_FAULT_FREE])
     assert figures[FAULT_FREE] == figures[WHOLE] == pytest.approx(1280)
 
 
