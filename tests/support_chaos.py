@@ -31,8 +31,18 @@ MODES = ("{TTP:1,UCE:1,ARF:1}", "{TTP:0,UCE:0,ARF:0}")
 """``--enable_tft`` of a trial: lose nothing (replica, last words), or rollback only."""
 
 
+class Strikes:
+    """A trial's struck worker ranks (``victims``) and the others, which must keep their
+    first process."""
+
+    victims: tuple[int, ...]
+
+    def survivors(self, workers: int) -> list[int]:
+        return [rank for rank in range(workers) if rank not in self.victims]
+
+
 @dataclass(frozen=True)
-class Trial:
+class Trial(Strikes):
     """One run of the main job with one kind of fault.
 
     ``victims`` are the worker ranks struck, in order (for ``kill_while_rejoining``, the
@@ -46,9 +56,6 @@ class Trial:
     victims: tuple[int, ...]
     moment: str | None
     modes: str
-
-    def survivors(self, workers: int) -> list[int]:
-        return [rank for rank in range(workers) if rank not in self.victims]
 
     def __str__(self) -> str:
         victims = "".join(f"r{rank}" for rank in self.victims) or "sched"
@@ -87,7 +94,7 @@ POLICIES = ("constant", "shrink")
 
 
 @dataclass(frozen=True)
-class DegradedTrial:
+class DegradedTrial(Strikes):
     """One run of the degraded job (tests/support_degraded.py) under ``--min_worker_num=
     min_workers``: the ``victims`` are ``kill -9``ed together at ``step``, at least
     ``min_workers`` ranks are left, and they train on under ``policy`` until the victims'
@@ -98,9 +105,6 @@ class DegradedTrial:
     step: int
     victims: tuple[int, ...]
     min_workers: int
-
-    def survivors(self, workers: int) -> list[int]:
-        return [rank for rank in range(workers) if rank not in self.victims]
 
     def __str__(self) -> str:
         victims = "".join(f"r{rank}" for rank in self.victims)

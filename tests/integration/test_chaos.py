@@ -57,6 +57,7 @@ from support_chaos import (
     SEED_VARIABLE,
     SIGSTOP,
     DegradedTrial,
+    Strikes,
     Trial,
     chaos_schedule,
     degraded_schedule,
@@ -186,7 +187,7 @@ def worker_spawns(log_dir: Path) -> list[tuple[int, int]]:
     return [(e["rank"], e["pid"]) for e in events(log_dir, "spawn") if e["role"] == "worker"]
 
 
-def assert_struck_only(trial: Trial | DegradedTrial, log_dir: Path, context: str) -> None:
+def assert_struck_only(trial: Strikes, log_dir: Path, context: str) -> None:
     """Each rank the trial did not strike kept its first process; each it struck was
     started again."""
     workers = worker_spawns(log_dir)
