@@ -38,6 +38,11 @@ without the killed rank (docs/elastic.md), which may then not be back before the
 recovery is then measured over the ranks that came back. Every faulty column also
 reports the survivors' idle time: the longest gap between two step completions of a
 survivor after the fault, less its median gap before it (the most any survivor waited).
+Every tftrun column also reports the job's samples/s while it trained degraded (from the
+workers' ``step`` events in ``events.jsonl``, their ``batch`` field, in the generations the
+``membership`` events say had fewer than N ranks) against its fault-free run's steady
+samples/s and against its own run's while it had all N ranks (which shares the faulty
+run's machine load), as ratios beside (N-1)/N.
 Targets (issue 16): recovery ≤ 0.3× torchrun's with the defaults, ≤ 0.1× in the best
 case (a warm spare: ``--fault_step 300 --max_steps 400``); steady-state throughput ≥ 0.98×
 torchrun's, measured apart by steady_state.py (here the short job's window includes the
@@ -50,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -57,14 +63,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from common import add_json_flag, emit, median, ratio, tftrun_cmd, torchrun_cmd
 from jobs.step_log import StepRecord, read_fault_time, read_steps
 
 from recovery.env import MS_ENABLE_TFT, MS_RECOVERY_PATH
+from recovery.events import read_events
+from recovery.train.step_events import PAUSED
 
 JOB = Path(__file__).resolve().parent / "jobs" / "timed_mnist.py"
 MODES = {"rollback": "{TTP:0,UCE:0,ARF:0}", "replica": "{ARF:1}", "last_words": "{TTP:1}",
@@ -169,6 +179,65 @@ def steady_rate(steps: Mapping[int, Sequence[StepRecord]], warmup_steps: int,
     return median(rates)
 
 
+Event = Mapping[str, Any]
+
+
+def samples_per_second(events: Sequence[Event], keep: Callable[[Event], bool]) -> float:
+    """The job's samples/s over the workers' ``step`` events that ``keep`` accepts.
+
+    Per rank, each two consecutive kept events of one generation, neither ``paused`` (a
+    speed is never measured across a fault), count the steps between them times the later
+    one's ``batch`` (the job-wide samples of the steps since the earlier one: one
+    generation trains one batch) over the time between them; the median over ranks (the
+    active ranks train the same steps), NaN when no rank has two such events.
+    """
+    by_rank: dict[int, list[Event]] = defaultdict(list)
+    for event in events:
+        if event.get("event") == "step" and keep(event):
+            by_rank[event["rank"]].append(event)
+    rates = []
+    for steps in by_rank.values():
+        samples = seconds = 0.0
+        for a, b in zip(steps, steps[1:]):
+            if PAUSED in (a["why"], b["why"]) or a["generation"] != b["generation"] \
+                    or b["batch"] is None:
+                continue
+            samples += (b["step"] - a["step"]) * b["batch"]
+            seconds += b["ts"] - a["ts"]
+        if seconds > 0:
+            rates.append(samples / seconds)
+    return median(rates)
+
+
+def degraded_generations(events: Sequence[Event], workers: int) -> set[int]:
+    """The generations that trained with fewer than ``workers`` ranks (``membership``
+    events: from a ``shrink`` until the next generation)."""
+    return {e["generation"] for e in events
+            if e.get("event") == "membership" and e["world"] < workers}
+
+
+DEGRADED, FAULT_FREE, WHOLE = "samples/s degraded", "samples/s fault-free", "samples/s whole"
+"""The samples/s of the job while degraded, of its fault-free run past the warm-up, and of
+the faulty run itself while it had every rank (past the warm-up): machine load drifts
+between two runs, and the same run's stretch at N ranks shares its load."""
+BY_FAULT_FREE, BY_WHOLE = "degraded / fault-free samples/s", "degraded / whole samples/s"
+"""The ratios of :data:`DEGRADED` to the other two."""
+
+
+def degraded_samples(faulty: Sequence[Event], clean: Sequence[Event], workers: int,
+                     warmup_steps: int) -> dict[str, float]:
+    """:data:`DEGRADED`, :data:`FAULT_FREE` and :data:`WHOLE` from the two runs' events,
+    and the first's ratio to each other (NaN without a degraded stretch)."""
+    degraded = degraded_generations(faulty, workers)
+    while_degraded = samples_per_second(faulty, lambda e: e["generation"] in degraded)
+    steady = samples_per_second(clean, lambda e: e["step"] > warmup_steps)
+    whole = samples_per_second(faulty, lambda e: e["generation"] not in degraded
+                               and e["step"] > warmup_steps)
+    return {DEGRADED: while_degraded, FAULT_FREE: steady, WHOLE: whole,
+            BY_FAULT_FREE: ratio(while_degraded, steady),
+            BY_WHOLE: ratio(while_degraded, whole)}
+
+
 MILESTONES = ("spawn", "register", "generation", "rollback")
 """The relaunched rank's way back in events.jsonl: its process (``warm`` when a spare),
 its registration with the scheduler, the generation formed with it, the state restored."""
@@ -204,6 +273,8 @@ class Run:
     """tftrun's faulty runs: :func:`where_the_time_goes`; empty otherwise."""
     spare_warm_at: float | None = None
     """tftrun: when its first warm spare finished warming up (unix time); None without one."""
+    events: list[dict[str, Any]] = field(default_factory=list)
+    """tftrun: its ``events.jsonl``; empty for torchrun."""
 
 
 def run_job(column: Column, args: argparse.Namespace, faulty: bool,
@@ -248,7 +319,8 @@ def run_job(column: Column, args: argparse.Namespace, faulty: bool,
                                           fault_at)
                       if fault_at is not None and column.system == "tftrun" else {})
         return Run(wall, steps, fault_at, (load_before, os.getloadavg()[0]), milestones,
-                   spare_warm_time(Path(tmp) / "logs"))
+                   spare_warm_time(Path(tmp) / "logs"),
+                   list(read_events(Path(tmp) / "logs")) if column.system == "tftrun" else [])
 
 
 SPARE_WARM = re.compile(r"tftrun spare pid=(?P<pid>\d+): warm after (?P<seconds>[0-9.]+)s")
@@ -283,7 +355,9 @@ def measure(column: Column, args: argparse.Namespace, clean: Run) -> dict[str, f
             "steady-state steps/s": steady_rate(clean.steps, args.warmup_steps),
             "load min": min(*faulty.load, *clean.load),
             "load max": max(*faulty.load, *clean.load),
-            **{f"after the fault: {name}": value for name, value in faulty.milestones.items()}}
+            **{f"after the fault: {name}": value for name, value in faulty.milestones.items()},
+            **(degraded_samples(faulty.events, clean.events, args.workers, args.warmup_steps)
+               if column.system == "tftrun" else {})}
 
 
 def table(measured: Sequence[Column], figures: Mapping[str, Mapping[str, float]],
@@ -360,6 +434,10 @@ def main() -> None:
              f"{'' if args.real_defaults else ' --rejoin_cooldown=0'}; median of {args.rounds} round(s)")
     medians = {label: {name: median(values) for name, values in named.items()}
                for label, named in figures.items()}
+    whole = (args.workers - 1) / args.workers
+    degraded = {c.label: {name: value for name, value in medians[c.label].items()
+                          if name.startswith(("samples/s", "degraded /"))} | {"(N-1)/N": whole}
+                for c in measured if c.system == "tftrun"}
     loads = [v for named in figures.values() for k in ("load min", "load max") for v in named[k]]
     baseline = measured[0].label
     result = {"bench": "fault_recovery", "title": title, "args": vars(args),
@@ -367,13 +445,26 @@ def main() -> None:
               "ratios": {c.label: {name: ratio(medians[c.label][name], medians[baseline][name])
                                    for name in targets} for c in measured[1:]},
               "targets": {"recovery s": 0.3, "steady-state steps/s": 0.98},
+              "samples_while_degraded": degraded,
               "load_average_1min": [min(loads), max(loads)]}
     where = [f"{c.label}: after the fault, median s: " + ", ".join(
         f"{name.removeprefix('after the fault: ')} {value:.3f}"
         for name, value in medians[c.label].items() if name.startswith("after the fault"))
         for c in measured[1:]]
     load_line = f"load average (1 min) during the runs: {min(loads):.1f}-{max(loads):.1f}"
-    emit(result, args.json, ["", title, *table(measured, medians, targets), *where, load_line])
+    emit(result, args.json, ["", title, *table(measured, medians, targets), *where,
+                             *degraded_lines(degraded), load_line])
+
+
+def degraded_lines(degraded: Mapping[str, Mapping[str, float]]) -> list[str]:
+    """Each tftrun column's samples/s while degraded against its fault-free run's and its
+    own run's at N ranks, beside (N-1)/N: the survivors' rate if each trained at its normal
+    speed (with the constant global batch a degraded step is N/W times a share's work)."""
+    return [f"{label}: samples/s while degraded {d[DEGRADED]:.1f}; against fault-free "
+            f"{d[FAULT_FREE]:.1f}: {d[BY_FAULT_FREE]:.2f}x; against the same run "
+            f"at N ranks {d[WHOLE]:.1f}: {d[BY_WHOLE]:.2f}x; (N-1)/N = {d['(N-1)/N']:.2f}"
+            if math.isfinite(d[DEGRADED]) else f"{label}: never trained degraded"
+            for label, d in degraded.items()]
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The fault schedule of the chaos test (tests/integration/test_chaos.py): which faults,
 against which ranks, at which steps, all drawn from one seed so that a failing run can be
-replayed exactly with ``TFT_CHAOS_SEED=<seed>``."""
+replayed exactly with ``TFT_CHAOS_SEED=<seed>``; and, from the same seed, its degraded
+trials (training through a fault, docs/elastic.md)."""
 
 from __future__ import annotations
 
@@ -30,8 +31,18 @@ MODES = ("{TTP:1,UCE:1,ARF:1}", "{TTP:0,UCE:0,ARF:0}")
 """``--enable_tft`` of a trial: lose nothing (replica, last words), or rollback only."""
 
 
+class Strikes:
+    """A trial's struck worker ranks (``victims``) and the others, which must keep their
+    first process."""
+
+    victims: tuple[int, ...]
+
+    def survivors(self, workers: int) -> list[int]:
+        return [rank for rank in range(workers) if rank not in self.victims]
+
+
 @dataclass(frozen=True)
-class Trial:
+class Trial(Strikes):
     """One run of the main job with one kind of fault.
 
     ``victims`` are the worker ranks struck, in order (for ``kill_while_rejoining``, the
@@ -45,9 +56,6 @@ class Trial:
     victims: tuple[int, ...]
     moment: str | None
     modes: str
-
-    def survivors(self, workers: int) -> list[int]:
-        return [rank for rank in range(workers) if rank not in self.victims]
 
     def __str__(self) -> str:
         victims = "".join(f"r{rank}" for rank in self.victims) or "sched"
@@ -78,6 +86,48 @@ def chaos_schedule(seed: int, workers: int, steps: range) -> list[Trial]:
               moment=rng.choice(MOMENTS) if kind == KILL_WHILE_REJOINING else None,
               modes=rng.choice(MODES))
         for index, kind in enumerate(kinds)
+    ]
+
+
+POLICIES = ("constant", "shrink")
+"""``--batch_policy`` of the degraded trials: one trial each."""
+
+
+@dataclass(frozen=True)
+class DegradedTrial(Strikes):
+    """One run of the degraded job (tests/support_degraded.py) under ``--min_worker_num=
+    min_workers``: the ``victims`` are ``kill -9``ed together at ``step``, at least
+    ``min_workers`` ranks are left, and they train on under ``policy`` until the victims'
+    relaunches heal."""
+
+    index: int
+    policy: str
+    step: int
+    victims: tuple[int, ...]
+    min_workers: int
+
+    def __str__(self) -> str:
+        victims = "".join(f"r{rank}" for rank in self.victims)
+        return (f"degraded{self.index}-{self.policy}-kill_{victims}-step{self.step}"
+                f"-min{self.min_workers}")
+
+
+def degraded_schedule(seed: int, workers: int, steps: range) -> list[DegradedTrial]:
+    """One trial per batch policy; one kills one rank, the other two at once (which one
+    does which is drawn), each at a drawn step, against drawn ranks, with a drawn
+    ``--min_worker_num`` that the survivors still meet.
+
+    Drawn from a generator of its own (seeded from ``seed``), so that the main schedule of
+    a seed stays what it was.
+    """
+    rng = random.Random(f"{seed}-degraded")
+    counts = [1, 2]
+    rng.shuffle(counts)
+    return [
+        DegradedTrial(index=index, policy=policy, step=rng.choice(steps),
+                      victims=tuple(sorted(rng.sample(range(workers), count))),
+                      min_workers=rng.randint(1, workers - count))
+        for index, (policy, count) in enumerate(zip(POLICIES, counts))
     ]
 
 

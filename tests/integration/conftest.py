@@ -1,14 +1,17 @@
-"""Fixtures of the integration tests: the fault-free run of the main job, made once."""
+"""Fixtures of the integration tests: the fault-free runs of the main job and of the
+degraded job, each made once per pytest run."""
 
 from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 from filelock import FileLock
 
-from support import TFT_OFF, free_tcp_port, run
+from support import TFT_OFF, events, free_tcp_port, run
+from support_degraded import STEPS, degraded_job, final_loss
 from support_mnist import WORKERS, final_digests, mnist_job
 
 
@@ -20,8 +23,7 @@ def mnist_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
     per pytest run: the first worker (pytest-xdist) that needs it makes it, the others
     read its digests from the run's shared temporary folder.
     """
-    base = tmp_path_factory.getbasetemp()  # under xdist, a worker's folder in the run's
-    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "mnist_reference.json"
+    shared = shared_file(tmp_path_factory, "mnist_reference.json")
     with FileLock(f"{shared}.lock"):
         if shared.exists():
             return {int(rank): digest for rank, digest in json.loads(shared.read_text()).items()}
@@ -32,3 +34,31 @@ def mnist_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
         assert len(digests) == WORKERS and len(set(digests.values())) == 1, digests
         shared.write_text(json.dumps(digests))
         return digests
+
+
+@pytest.fixture(scope="session")
+def degraded_reference(tmp_path_factory: pytest.TempPathFactory) -> float:
+    """The final loss of a fault-free run of the degraded job (tests/support_degraded.py).
+
+    A run that trained degraded must end within ``LOSS_TOLERANCE`` of it, after as many
+    steps (tests/integration/test_degraded.py, the chaos test's degraded trials). Made
+    once per pytest run, as :func:`mnist_reference`.
+    """
+    shared = shared_file(tmp_path_factory, "degraded_reference.json")
+    with FileLock(f"{shared}.lock"):
+        if shared.exists():
+            return float(json.loads(shared.read_text()))
+        tmp_path = tmp_path_factory.mktemp("degraded_reference")
+        result = run(degraded_job(tmp_path, free_tcp_port()), timeout=250)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert {e["step"] for e in events(tmp_path / "logs", "train_end")} == {STEPS}
+        loss = final_loss(tmp_path / "recovery")
+        shared.write_text(json.dumps(loss))
+        return loss
+
+
+def shared_file(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """``name`` in the run's shared temporary folder: under xdist, the parent of each
+    worker's own."""
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name

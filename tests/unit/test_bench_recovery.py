@@ -1,8 +1,10 @@
 """The recovery bench's arithmetic on step logs the test writes: recovery time, steps redone, rate,
-and what one invocation measures and how its table compares the columns."""
+the samples/s while degraded from synthetic events, and what one invocation measures and how
+its table compares the columns."""
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -11,7 +13,24 @@ import pytest
 from support import REPO
 
 sys.path.insert(0, str(REPO / "bench"))
-from fault_recovery import MODES, Column, columns, recovery, spare_warm_time, steady_rate, survivors_idle, table  # noqa: E402 - bench/ is not a package
+from fault_recovery import (  # noqa: E402 - bench/ is not a package
+    BY_FAULT_FREE,
+    BY_WHOLE,
+    DEGRADED,
+    FAULT_FREE,
+    MODES,
+    WHOLE,
+    Column,
+    columns,
+    degraded_generations,
+    degraded_lines,
+    degraded_samples,
+    recovery,
+    spare_warm_time,
+    steady_rate,
+    survivors_idle,
+    table,
+)
 from jobs.step_log import FAULT_FILE, StepRecord, read_fault_time, read_steps, steps_file  # noqa: E402
 
 FAULT_AT = 100.0
@@ -143,3 +162,82 @@ def test_degraded_survivors_idle_is_their_longest_gap_beyond_a_normal_step(tmp_p
     assert recovery(steps, FAULT_AT, may_stay_out=1).seconds == pytest.approx(0.6)
     with pytest.raises(ValueError, match="rank 1 never completed a step"):
         recovery(steps, FAULT_AT)
+
+
+def step_event(ts: float, rank: int, step: int, generation: int, batch: int | None,
+               why: str = "interval") -> dict[str, object]:
+    return {"ts": ts, "event": "step", "rank": rank, "step": step, "total": 400,
+            "batch": batch, "generation": generation, "why": why}
+
+
+def membership(ts: float, generation: int, active: list[int], why: str) -> dict[str, object]:
+    return {"ts": ts, "event": "membership", "active": active, "world": len(active),
+            "generation": generation, "why": why}
+
+
+def degraded_job(batch_while_degraded: int) -> list[dict[str, object]]:
+    """4 ranks, batch 32 a rank (128 job-wide): rank 2 dies at t=10 after step 100;
+    ranks 0, 1 and 3 train at W=3 from t=10.5 to t=20 (steps 100 to 250), then rank 2 is
+    back (generation 2). Rank 3 is slower to write; rank 1 writes one event while degraded."""
+    found: list[dict[str, object]] = [membership(0.0, 0, [0, 1, 2, 3], "start")]
+    for rank in (0, 1, 3):
+        found += [step_event(1.0, rank, 20, 0, 128), step_event(9.0, rank, 90, 0, 128),
+                  step_event(10.1, rank, 100, 0, 128, "paused")]
+    found.append(membership(10.2, 1, [0, 1, 3], "shrink"))
+    for rank in (0, 1, 3):  # restored at 100, then train 150 steps in 9.5 s
+        found.append(step_event(10.5, rank, 100, 1, 128, "restored"))
+    found += [step_event(15.5, 0, 180, 1, batch_while_degraded),
+              step_event(20.0, 0, 250, 1, batch_while_degraded),
+              step_event(20.0, 3, 250, 1, batch_while_degraded),
+              membership(20.1, 2, [0, 1, 2, 3], "grow"),
+              step_event(20.2, 0, 251, 1, batch_while_degraded, "paused"),
+              step_event(20.3, 0, 251, 2, 128, "restored"),
+              step_event(21.3, 0, 300, 2, 128)]
+    return found
+
+
+def clean_job() -> list[dict[str, object]]:
+    """Fault-free: 10 steps/s of 128 samples from step 20 on, slower before."""
+    return [membership(0.0, 0, [0, 1, 2, 3], "start"),
+            *(step_event(ts, rank, step, 0, 128) for rank in range(4)
+              for ts, step in ((0.5, 1), (3.0, 10), (4.0, 20), (14.0, 120), (24.0, 220)))]
+
+
+def test_samples_per_second_while_degraded_counts_only_the_degraded_generation() -> None:
+    """Rank 0 trained 150 steps of 128 samples in 9.5 s at W=3 (the span around the
+    shrink, the pause and the heal left out); rank 3 the same in one span; rank 1 has a
+    single event, no rate. The fault-free run: 200 steps of 128 in 20 s past step 10."""
+    found = degraded_job(batch_while_degraded=128)
+    assert degraded_generations(found, workers=4) == {1}
+    figures = degraded_samples(found, clean_job(), workers=4, warmup_steps=10)
+    assert figures[DEGRADED] == pytest.approx(150 * 128 / 9.5)
+    assert figures[FAULT_FREE] == pytest.approx(200 * 128 / 20.0)
+    assert figures[BY_FAULT_FREE] == pytest.approx((150 * 128 / 9.5) / 1280)
+    # The same run at 4 ranks: steps 20 to 90 in 8 s on ranks 1 and 3; rank 0 also trained
+    # 49 steps in 1 s once whole again (from the restored event: the pauses left out).
+    assert figures[WHOLE] == pytest.approx(70 * 128 / 8.0)
+    assert figures[BY_WHOLE] == pytest.approx((150 * 128 / 9.5) / 1120)
+
+
+def test_under_the_shrink_policy_a_degraded_step_counts_its_smaller_batch() -> None:
+    figures = degraded_samples(degraded_job(batch_while_degraded=96), clean_job(), workers=4,
+                               warmup_steps=10)
+    assert figures[DEGRADED] == pytest.approx(150 * 96 / 9.5)
+
+
+def test_a_job_that_never_trained_degraded_has_no_degraded_rate() -> None:
+    figures = degraded_samples(clean_job(), clean_job(), workers=4, warmup_steps=10)
+    assert math.isnan(figures[DEGRADED])
+    assert math.isnan(figures[BY_FAULT_FREE])
+    assert figures[FAULT_FREE] == figures[WHOLE] == pytest.approx(1280)
+
+
+def test_the_degraded_line_sets_the_ratio_beside_n_minus_1_over_n() -> None:
+    figures = degraded_samples(degraded_job(batch_while_degraded=128), clean_job(), workers=4,
+                               warmup_steps=10)
+    never = degraded_samples(clean_job(), clean_job(), workers=4, warmup_steps=10)
+    [line, none] = degraded_lines({"tftrun lose_nothing": {**figures, "(N-1)/N": 0.75},
+                                   "tftrun in place": {**never, "(N-1)/N": 0.75}})
+    assert line == ("tftrun lose_nothing: samples/s while degraded 2021.1; against fault-free "
+                    "1280.0: 1.58x; against the same run at N ranks 1120.0: 1.80x; (N-1)/N = 0.75")
+    assert none == "tftrun in place: never trained degraded"
