@@ -32,9 +32,9 @@ column's ratio to torchrun's:
 ``lose_nothing`` — the default, all on — expect 0 steps redone); more tftrun options go
 with ``--tftrun_arg`` (repeatable): ``--tftrun_arg=--warm_spare=0`` measures the cold
 relaunch (tftrun keeps one warm spare by default for a script that uses recovery).
-``--real_defaults`` drops the ``--rejoin_cooldown=0`` the bench otherwise gives tftrun (so
-the 30 s cooldown applies); with ``--tftrun_arg=--min_worker_num=3`` the survivors train on
-without the killed rank (docs/elastic.md), which may then not be back before the job ends:
+``--real_defaults`` drops the ``--rejoin_cooldown=0 --min_worker_num=<workers>`` the bench
+otherwise gives tftrun (so the 30 s cooldown applies, and the survivors train on without
+the killed rank, tftrun's default: docs/elastic.md), which may then not be back before the job ends:
 recovery is then measured over the ranks that came back. Every faulty column also
 reports the survivors' idle time: the longest gap between two step completions of a
 survivor after the fault, less its median gap before it (the most any survivor waited).
@@ -290,9 +290,8 @@ def run_job(column: Column, args: argparse.Namespace, faulty: bool,
                     f"--fault_step={args.fault_step}"]
         env = dict(os.environ)
         if column.system == "tftrun":
-            cooldown = () if args.real_defaults else ("--rejoin_cooldown=0",)
             cmd = tftrun_cmd(args.workers, Path(tmp) / "logs", *job, extra=(
-                *cooldown, f"--recovery_path={Path(tmp) / 'recovery'}",
+                *_pinned(args), f"--recovery_path={Path(tmp) / 'recovery'}",
                 f"--enable_tft={MODES[column.mode]}", *args.tftrun_arg))
         else:
             cmd = torchrun_cmd(args.workers, Path(tmp) / "logs", *job,
@@ -358,6 +357,17 @@ def measure(column: Column, args: argparse.Namespace, clean: Run) -> dict[str, f
             **{f"after the fault: {name}": value for name, value in faulty.milestones.items()},
             **(degraded_samples(faulty.events, clean.events, args.workers, args.warmup_steps)
                if column.system == "tftrun" else {})}
+
+
+def _pinned(args: argparse.Namespace) -> tuple[str, ...]:
+    """What the bench gives tftrun unless ``--real_defaults``: no cooldown, and the
+    recovery mode measured alone (``--min_worker_num`` equal to the job's size, so the
+    survivors wait for the relaunched rank rather than train degraded, tftrun's default),
+    unless a ``--tftrun_arg`` names ``--min_worker_num``."""
+    if args.real_defaults:
+        return ()
+    named = any(arg.startswith("--min_worker_num") for arg in args.tftrun_arg)
+    return ("--rejoin_cooldown=0", *(() if named else (f"--min_worker_num={args.workers}",)))
 
 
 def table(measured: Sequence[Column], figures: Mapping[str, Mapping[str, float]],
@@ -431,7 +441,7 @@ def main() -> None:
              f"{'after' if args.fault == 'kill' else 'at'} step {args.fault_step}, {args.max_steps} steps, "
              f"checkpoint every {args.save_steps}, tftrun mode after a kill: {args.mode}"
              f"{' ' + ' '.join(args.tftrun_arg) if args.tftrun_arg else ''}"
-             f"{'' if args.real_defaults else ' --rejoin_cooldown=0'}; median of {args.rounds} round(s)")
+             f"{''.join(' ' + option for option in _pinned(args))}; median of {args.rounds} round(s)")
     medians = {label: {name: median(values) for name, values in named.items()}
                for label, named in figures.items()}
     whole = (args.workers - 1) / args.workers
