@@ -1,0 +1,119 @@
+"""Training through a lost node (docs/elastic.md, *Across nodes*): two tftruns on one host
+act as two nodes of 2 ranks each (tests/integration/test_multinode.py), the script uses
+``recovery`` (templates/mnist/train.py with ``--log_params_hash``), ``--min_worker_num=2``.
+
+Node 1's tftrun is killed with ``kill -9`` (its workers die with it): node 0's ranks train
+on at W = 2 (``membership`` ``why: shrink``). Node 1 is not back within
+``--rejoin_timeout``: node 0 retires its ranks (the ``membership`` event with ``retired``),
+and the scheduler no longer awaits them; ``--node_time_out`` is shorter than the rejoin
+timeout, so a job that still counted them as missing would end there. Node 1's tftrun is
+then started again with its command: its ranks register, heal from a live rank at a step
+boundary, and the job grows back to 4 (``why: grow``, ``joined``), then ends 0 on both
+nodes. After every committed step every active rank holds the same parameter hash, and
+each epoch trains a permutation of the data set.
+
+The job is held at :data:`tests/bin/paced.py`'s pace until the test saw it whole again,
+so that it outlasts the scenario however loaded the host is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from test_degraded import committed_lines, step_micro_batches
+from test_multinode import JOB_TOKEN, finish_ok, kill_node, log_dir, node_cmd, nodes_running
+
+from recovery.train.sampler import ResumableDistributedSampler
+from support import BIN, events, free_tcp_port, run, spawn, tftctl_cmd, wait_for_event
+from support_mnist import EVENT, START, TRAIN
+
+pytestmark = pytest.mark.timeout(300)
+
+WORKERS, BATCH, SAMPLES, EPOCHS, KILL_STEP = 4, 32, 12800, 4, 20
+"""100 steps an epoch; held at 0.2 s a step, the 400 steps outlast the scenario (about 40 s
+from the first step to the grow at load 8; one was seen at 51 s)."""
+REJOIN_TIMEOUT, NODE_TIME_OUT = 8, 5
+"""A lost node's ranks are retired 8 s after its last beat; a job that awaited them
+would end 5 s after node 0 found them missing, before."""
+OPTIONS = ("--min_worker_num=2", "--rejoin_cooldown=2", f"--rejoin_timeout={REJOIN_TIMEOUT}",
+           f"--node_time_out={NODE_TIME_OUT}", "--heartbeat_timeout=3")
+JOB = ("--epochs", str(EPOCHS), "--save_steps", "100000", "--synthetic_size", str(SAMPLES),
+       "--batch_size", str(BATCH), "--log_every", "10", "--log_params_hash")
+
+
+def scheduler_status(tmp_path: Path) -> dict[str, object]:
+    done = run(tftctl_cmd("status", f"--log_dir={log_dir(tmp_path, 0)}", "--json"), timeout=60,
+               env={**os.environ, **JOB_TOKEN})
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def node_lost_and_back(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The job, node 1 killed at step 20, retired, started again; its folder."""
+    tmp_path = tmp_path_factory.mktemp("node_lost")
+    release = tmp_path / "release"
+    script = (BIN / "paced.py", str(release), str(TRAIN), *JOB)
+    port = free_tcp_port()
+    with nodes_running(tmp_path, port, *script, options=OPTIONS) as procs:
+        node_0 = log_dir(tmp_path, 0)
+        kill_node(tmp_path, procs, 1, KILL_STEP)
+        wait_for_event(node_0, EVENT, "node 0's ranks alone", event="membership",
+                       why="shrink", active=[0, 1])
+        wait_for_event(node_0, EVENT, "node 1's ranks retired", event="membership",
+                       retired=[2, 3])
+        status = scheduler_status(tmp_path)
+        assert (status["missing"], status["retired"]) == ([], [2, 3]), status
+        procs[1] = spawn(node_cmd(tmp_path, 1, port, *script, options=OPTIONS),
+                         env={**os.environ, **JOB_TOKEN})
+        wait_for_event(node_0, START, "node 1's ranks back", event="membership", why="grow")
+        release.touch()
+        finish_ok(procs)
+    return tmp_path
+
+
+def test_node_0_trains_on_without_a_lost_node_and_retires_its_ranks(
+        node_lost_and_back: Path) -> None:
+    node_0 = log_dir(node_lost_and_back, 0)
+    changes = [(e["why"], e["active"], e["world"], e.get("retired", []), e["joined"])
+               for e in events(node_0, "membership")]
+    assert changes == [("start", [0, 1, 2, 3], 4, [], []), ("shrink", [0, 1], 2, [], []),
+                       ("shrink", [0, 1], 2, [2, 3], []),
+                       ("grow", [0, 1, 2, 3], 4, [], [2, 3])], changes
+    [retire] = [e for e in events(node_0, "membership") if e.get("retired")]
+    assert f"--rejoin_timeout={REJOIN_TIMEOUT}s" in retire["reason"], retire
+    assert not events(node_0, "cluster_timeout")
+    for node in (0, 1):
+        assert [e["exitcode"] for e in events(log_dir(node_lost_and_back, node), "job_end")
+                ][-1:] == [0]
+
+
+def test_the_returning_node_heals_and_every_step_is_agreed_and_trained_once(
+        node_lost_and_back: Path) -> None:
+    lines = [line for node in (0, 1) for line in committed_lines(log_dir(node_lost_and_back, node))]
+    by_step: dict[int, dict[int, list[tuple[int, ...]]]] = defaultdict(lambda: defaultdict(list))
+    for line in lines:
+        by_step[line[2]][line[3]].append(line)
+    steps_per_epoch = SAMPLES // WORKERS // BATCH
+    assert sorted(by_step) == list(range(1, EPOCHS * steps_per_epoch + 1))
+    sampler = ResumableDistributedSampler(SAMPLES, BATCH, num_replicas=WORKERS, rank=0)
+    trained: dict[int, list[int]] = defaultdict(list)
+    worlds = []
+    for step in sorted(by_step):
+        members = by_step[step][max(by_step[step])]
+        epoch = members[0][1]
+        worlds.append(members[0][4])
+        sampler.set_epoch(epoch)
+        for number in step_micro_batches(step, members, WORKERS):
+            trained[epoch].extend(sampler.micro_batch(number).tolist())
+    assert 2 in worlds, "no step was trained by node 0's ranks alone"
+    assert worlds[-1] == WORKERS and worlds.index(2) > 0
+    for epoch in range(1, EPOCHS + 1):
+        assert sorted(trained[epoch]) == list(range(SAMPLES)), f"epoch {epoch}"
+    ends = {e["rank"]: e["params_sha256"]
+            for node in (0, 1) for e in events(log_dir(node_lost_and_back, node), "train_end")}
+    assert set(ends) == {0, 1, 2, 3} and len(set(ends.values())) == 1, ends
