@@ -345,7 +345,7 @@ class Membership:
         if not new:
             return []
         self.retired.update(new)
-        active = self.active_ranks()
+        active = [r for r in self.active_ranks() if r not in self.retired]
         self._emit("membership", active=active, world=len(active), generation=self.generation,
                    why=MembershipWhy.SHRINK.value, lost=[], joined=[], retired=new,
                    reason=reason)
