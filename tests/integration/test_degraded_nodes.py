@@ -12,8 +12,9 @@ boundary, and the job grows back to 4 (``why: grow``, ``joined``), then ends 0 o
 nodes. After every committed step every active rank holds the same parameter hash, and
 each epoch trains a permutation of the data set.
 
-The job is held at :data:`tests/bin/paced.py`'s pace until the test saw it whole again,
-so that it outlasts the scenario however loaded the host is.
+The job is held at tests/bin/paced.py's pace (0.2 s a step) until the test saw it whole
+again, so that it outlasts the scenario however loaded the host is; then it runs to its
+end at full speed.
 """
 
 from __future__ import annotations
