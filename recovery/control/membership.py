@@ -487,31 +487,26 @@ class Membership:
                            and now - seen.heard_at > self.timeouts.heartbeat_timeout})
         for member in self._live():
             silent = now - member.heartbeat_at
-            if member.state not in LIVE_STATES or silent <= self.timeouts.heartbeat_timeout:
-                continue
-            if (via := self._quiet_node(member.via, now)) is not None:
-                self._judge_nodes({via: now - self.nodes[via].heard_at})
-            else:
+            if silent > self.timeouts.heartbeat_timeout and not self._quiet_node(member.via, now):
                 self._declare_lost(member, silent)
         self._update_completeness()
         self._check_progress(now)
 
-    def _quiet_node(self, node: str | None, now: float) -> str | None:
-        """``node``, when its supervisor (which beats for its ranks) has not beaten for
-        :data:`_QUIET_BEATS` intervals either: a rank of it silent for the heartbeat
-        timeout means the node is gone, and all its ranks are judged at once (one
-        degraded generation, not one per rank, as their last beats' ages differ)."""
+    def _quiet_node(self, node: str | None, now: float) -> bool:
+        """Whether ``node``'s supervisor (which beats for a rank) has not beaten for
+        :data:`_QUIET_BEATS` intervals either. Then a rank of it past the heartbeat timeout
+        is left to the node's own judgement, due within about a beat (a rank's last beat
+        is older than its node's by its age): the node is likely gone, and all its ranks
+        are judged at once, one degraded generation, not one per rank. Should the node beat
+        again, its beat judges the rank."""
         seen = None if node is None else self.nodes.get(node)
-        if seen is None or seen.judged \
-                or now - seen.heard_at <= _QUIET_BEATS * self.timeouts.beat_interval:
-            return None
-        return node
+        return (seen is not None and not seen.judged
+                and now - seen.heard_at > _QUIET_BEATS * self.timeouts.beat_interval)
 
     def _judge_nodes(self, silent_nodes: dict[str, float]) -> None:
         """Silence per node: a node whose supervisor has not beaten for the heartbeat
-        timeout (or is quiet while a rank of it is past it) is ``node_silent``, and each of
-        its live ranks gets its verdict (the supervisor, or its host, is gone; nobody
-        vouches for them)."""
+        timeout is ``node_silent``, and each of its live ranks gets its verdict (the
+        supervisor, or its host, is gone; nobody vouches for them)."""
         if not silent_nodes:
             return
         ranks: dict[str, list[Member]] = {node: [] for node in silent_nodes}

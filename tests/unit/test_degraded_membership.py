@@ -174,11 +174,12 @@ def test_a_lost_node_is_judged_at_once_its_ranks_retired_and_awaited_again_when_
     ms = make(4, 2, clock)
     by_nodes(ms, 2, 2)
     ms.drain_events()
-    clock.advance(1.0)
-    ms.heard_from_node("n0", 2)
-    ms.heard_from_node("n1", 2)
-    for rank, age in ((2, 0.0), (3, 0.3)):  # rank 3's supervisor heard it 0.3 s earlier
-        ms.heartbeat(ident(str(rank), 100 + rank), TOKEN, 5, via="n1", silent=age)
+    for lag in (0.0, 0.3):  # rank 3's last beat reached its supervisor 0.3 s before rank 2's
+        clock.advance(1.0)
+        ms.heard_from_node("n0", 2)
+        ms.heard_from_node("n1", 2)
+        for rank, sent in ((2, clock.time()), (3, clock.time() - lag)):
+            ms.heartbeat(ident(str(rank), 100 + rank), TOKEN, 5, via="n1", sent=sent)
     for _ in range(60):  # node 0 beats on; node 1 is gone
         clock.advance(0.1)
         beat = [ms.heartbeat(ident(str(r), 100 + r), TOKEN, 6, via="n0") for r in (0, 1)]
