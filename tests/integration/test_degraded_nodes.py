@@ -3,14 +3,15 @@ act as two nodes of 2 ranks each (tests/integration/test_multinode.py), the scri
 ``recovery`` (templates/mnist/train.py with ``--log_params_hash``), ``--min_worker_num=2``.
 
 Node 1's tftrun is killed with ``kill -9`` (its workers die with it): node 0's ranks train
-on at W = 2 (``membership`` ``why: shrink``). Node 1 is not back within
-``--rejoin_timeout``: node 0 retires its ranks (the ``membership`` event with ``retired``),
-and the scheduler no longer awaits them; ``--node_time_out`` is shorter than the rejoin
-timeout, so a job that still counted them as missing would end there. Node 1's tftrun is
+on at W = 2 (one ``membership`` ``why: shrink``, both ranks ``lost``). Node 1's tftrun is
 then started again with its command: its ranks register, heal from a live rank at a step
 boundary, and the job grows back to 4 (``why: grow``, ``joined``), then ends 0 on both
-nodes. After every committed step every active rank holds the same parameter hash, and
-each epoch trains a permutation of the data set.
+nodes. Twice: started again within ``--rejoin_timeout``, and after it, once node 0 retired
+its ranks (the ``membership`` event with ``retired``) and the scheduler awaits them no
+more. ``--node_time_out`` is short (5 s): a job that still awaited a lost node's ranks
+ended there (before, on every node: ``node 0: the ranks [2, 3] of another node did not
+come back within --node_time_out=5s``). After every committed step every active rank
+holds the same parameter hash, and each epoch trains a permutation of the data set.
 
 The job is held at tests/bin/paced.py's pace (0.2 s a step) until the test saw it whole
 again, so that it outlasts the scenario however loaded the host is; then it runs to its
@@ -40,8 +41,8 @@ from the first step to the grow at load 8; one was seen at 51 s)."""
 REJOIN_TIMEOUT, NODE_TIME_OUT = 8, 5
 """A lost node's ranks are retired 8 s after its last beat; a job that awaited them
 would end 5 s after node 0 found them missing, before."""
-OPTIONS = ("--min_worker_num=2", "--rejoin_cooldown=2", f"--rejoin_timeout={REJOIN_TIMEOUT}",
-           f"--node_time_out={NODE_TIME_OUT}", "--heartbeat_timeout=3")
+OPTIONS = ("--min_worker_num=2", "--rejoin_cooldown=2", f"--node_time_out={NODE_TIME_OUT}",
+           "--heartbeat_timeout=3")
 JOB = ("--epochs", str(EPOCHS), "--save_steps", "100000", "--synthetic_size", str(SAMPLES),
        "--batch_size", str(BATCH), "--log_every", "10", "--log_params_hash")
 
@@ -53,23 +54,24 @@ def scheduler_status(tmp_path: Path) -> dict[str, object]:
     return json.loads(done.stdout)
 
 
-@pytest.fixture(scope="module")
-def node_lost_and_back(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The job, node 1 killed at step 20, retired, started again; its folder."""
-    tmp_path = tmp_path_factory.mktemp("node_lost")
+def lose_node_1(tmp_path: Path, rejoin_timeout: int, retired: bool) -> Path:
+    """The job, node 1 killed at step 20 and started again once node 0's ranks train
+    alone (``retired``: once they also retired node 1's ranks); its folder."""
     release = tmp_path / "release"
     script = (BIN / "paced.py", str(release), str(TRAIN), *JOB)
+    options = (*OPTIONS, f"--rejoin_timeout={rejoin_timeout}")
     port = free_tcp_port()
-    with nodes_running(tmp_path, port, *script, options=OPTIONS) as procs:
+    with nodes_running(tmp_path, port, *script, options=options) as procs:
         node_0 = log_dir(tmp_path, 0)
         kill_node(tmp_path, procs, 1, KILL_STEP)
         wait_for_event(node_0, EVENT, "node 0's ranks alone", event="membership",
                        why="shrink", active=[0, 1])
-        wait_for_event(node_0, EVENT, "node 1's ranks retired", event="membership",
-                       retired=[2, 3])
-        status = scheduler_status(tmp_path)
-        assert (status["missing"], status["retired"]) == ([], [2, 3]), status
-        procs[1] = spawn(node_cmd(tmp_path, 1, port, *script, options=OPTIONS),
+        if retired:
+            wait_for_event(node_0, EVENT, "node 1's ranks retired", event="membership",
+                           retired=[2, 3])
+            status = scheduler_status(tmp_path)
+            assert (status["missing"], status["retired"]) == ([], [2, 3]), status
+        procs[1] = spawn(node_cmd(tmp_path, 1, port, *script, options=options),
                          env={**os.environ, **JOB_TOKEN})
         wait_for_event(node_0, START, "node 1's ranks back", event="membership", why="grow")
         release.touch()
@@ -77,25 +79,50 @@ def node_lost_and_back(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path
 
 
-def test_node_0_trains_on_without_a_lost_node_and_retires_its_ranks(
+@pytest.fixture(scope="module")
+def node_back_in_time(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Node 1 started again well within ``--rejoin_timeout=60``: never retired."""
+    return lose_node_1(tmp_path_factory.mktemp("node_back"), 60, retired=False)
+
+
+@pytest.fixture(scope="module")
+def node_lost_and_back(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Node 1 started again after its ranks were retired."""
+    return lose_node_1(tmp_path_factory.mktemp("node_lost"), REJOIN_TIMEOUT, retired=True)
+
+
+def changes(tmp_path: Path) -> list[tuple[object, ...]]:
+    return [(e["why"], e["active"], e["world"], e.get("retired", []), e["lost"], e["joined"])
+            for e in events(log_dir(tmp_path, 0), "membership")]
+
+
+START_4 = ("start", [0, 1, 2, 3], 4, [], [], [])
+SHRINK_2 = ("shrink", [0, 1], 2, [], [2, 3], [])
+GROW_4 = ("grow", [0, 1, 2, 3], 4, [], [], [2, 3])
+
+
+def test_node_0_trains_on_while_node_1_is_away_and_it_heals_when_started_again(
+        node_back_in_time: Path) -> None:
+    assert changes(node_back_in_time) == [START_4, SHRINK_2, GROW_4]
+    assert_every_step_agreed_and_trained_once(node_back_in_time)
+
+
+def test_node_0_retires_a_lost_nodes_ranks_and_takes_them_back_when_it_returns(
         node_lost_and_back: Path) -> None:
-    node_0 = log_dir(node_lost_and_back, 0)
-    changes = [(e["why"], e["active"], e["world"], e.get("retired", []), e["joined"])
-               for e in events(node_0, "membership")]
-    assert changes == [("start", [0, 1, 2, 3], 4, [], []), ("shrink", [0, 1], 2, [], []),
-                       ("shrink", [0, 1], 2, [2, 3], []),
-                       ("grow", [0, 1, 2, 3], 4, [], [2, 3])], changes
-    [retire] = [e for e in events(node_0, "membership") if e.get("retired")]
+    assert changes(node_lost_and_back) == [
+        START_4, SHRINK_2, ("shrink", [0, 1], 2, [2, 3], [], []), GROW_4]
+    [retire] = [e for e in events(log_dir(node_lost_and_back, 0), "membership")
+                if e.get("retired")]
     assert f"--rejoin_timeout={REJOIN_TIMEOUT}s" in retire["reason"], retire
-    assert not events(node_0, "cluster_timeout")
-    for node in (0, 1):
-        assert [e["exitcode"] for e in events(log_dir(node_lost_and_back, node), "job_end")
-                ][-1:] == [0]
+    assert not events(log_dir(node_lost_and_back, 0), "cluster_timeout")
+    assert_every_step_agreed_and_trained_once(node_lost_and_back)
 
 
-def test_the_returning_node_heals_and_every_step_is_agreed_and_trained_once(
-        node_lost_and_back: Path) -> None:
-    lines = [line for node in (0, 1) for line in committed_lines(log_dir(node_lost_and_back, node))]
+def assert_every_step_agreed_and_trained_once(tmp_path: Path) -> None:
+    """Every step committed once over both nodes' logs, by ranks that agree on the
+    parameters, some at W = 2; each epoch a permutation of the data set; the job ended
+    whole, every rank equal, with status 0 on both nodes."""
+    lines = [line for node in (0, 1) for line in committed_lines(log_dir(tmp_path, node))]
     by_step: dict[int, dict[int, list[tuple[int, ...]]]] = defaultdict(lambda: defaultdict(list))
     for line in lines:
         by_step[line[2]][line[3]].append(line)
@@ -116,5 +143,7 @@ def test_the_returning_node_heals_and_every_step_is_agreed_and_trained_once(
     for epoch in range(1, EPOCHS + 1):
         assert sorted(trained[epoch]) == list(range(SAMPLES)), f"epoch {epoch}"
     ends = {e["rank"]: e["params_sha256"]
-            for node in (0, 1) for e in events(log_dir(node_lost_and_back, node), "train_end")}
+            for node in (0, 1) for e in events(log_dir(tmp_path, node), "train_end")}
     assert set(ends) == {0, 1, 2, 3} and len(set(ends.values())) == 1, ends
+    for node in (0, 1):
+        assert [e["exitcode"] for e in events(log_dir(tmp_path, node), "job_end")][-1:] == [0]
