@@ -87,9 +87,10 @@ def committed_lines(log_dir: Path) -> list[Committed]:
     return found
 
 
-def committed_by_step(log_dir: Path) -> BySteps:
+def committed_by_step(*log_dirs: Path) -> BySteps:
+    """The committed lines of every log dir (a job's, or each node's of one job)."""
     by_step: BySteps = defaultdict(lambda: defaultdict(list))
-    for line in committed_lines(log_dir):
+    for line in (line for log_dir in log_dirs for line in committed_lines(log_dir)):
         by_step[line.step][line.generation].append(line)
     return by_step
 
@@ -121,15 +122,17 @@ def step_micro_batches(step: int, members: list[Committed], size: int) -> range:
     return trained
 
 
-def trained_per_epoch(by_step: BySteps, policy: str) -> dict[int, list[int]]:
+def trained_per_epoch(by_step: BySteps, policy: str, samples: int = SAMPLES,
+                      batch: int = BATCH, workers: int = WORKERS) -> dict[int, list[int]]:
     """Each epoch's samples, step by step as the last committers of each step trained them
-    (``constant``: every step trains N micro-batches; ``shrink``: one per live rank)."""
-    sampler = ResumableDistributedSampler(SAMPLES, BATCH, num_replicas=WORKERS, rank=0)
+    (``constant``: every step trains N micro-batches; ``shrink``: one per live rank); by
+    default of this module's job."""
+    sampler = ResumableDistributedSampler(samples, batch, num_replicas=workers, rank=0)
     trained: dict[int, list[int]] = defaultdict(list)
     for step in sorted(by_step):
         members = last_committers(by_step, step)
         sampler.set_epoch(members[0].epoch)
-        size = WORKERS if policy == "constant" else members[0].world
+        size = workers if policy == "constant" else members[0].world
         for number in step_micro_batches(step, members, size):
             trained[members[0].epoch].extend(sampler.micro_batch(number).tolist())
     return trained

@@ -83,6 +83,7 @@ def format_status(status: dict[str, Any], now: float | None = None) -> str:
               + (f"generation {generation}" if generation >= 0 else "no generation formed yet")
               + f", {alive}/{status['worker_num']} workers live"
               + ("" if not status["missing"] else f", missing ranks {status['missing']}")
+              + ("" if not status.get("retired") else f", retired ranks {status['retired']}")
               + f"; scheduler pid {status['pid']} on {status['host']}, "
               f"up {now - status['started']:.0f}s")
     rows = [[m["node_id"], _cell(m["rank"]), _cell(m["pid"]), _cell(m["incarnation"]),

@@ -64,8 +64,8 @@ from launcher.supervisor.summary import job_start_fields, live_rows, print_job_s
 from launcher.supervisor.watch import SchedulerWatch
 from launcher.view.logs import LogFollower
 from launcher.view.render import View
-from recovery.control.client import ExitReport, SchedulerControl
-from recovery.control.node_range import JobDone, MembershipWhy, Round, TooFew, membership_why
+from recovery.control.client import ExitReport, Retirement, SchedulerControl
+from recovery.control.node_range import JobDone, Round, TooFew, membership_why
 from recovery.events import EventLog
 from recovery.timeouts import Timeouts
 
@@ -125,6 +125,11 @@ class Supervisor:
         """Absent ranks: when each one's absence began (policy.down_since)."""
         self._retired: set[int] = set()
         """Ranks retired for good (degraded training) since the last group restart."""
+        self._retiring: dict[int, float] = {}
+        """Other nodes' ranks this node retired (node 0: a lost node's), until a snapshot
+        taken after the scheduler was told shows it: rank → when (monotonic)."""
+        self._retirements: list[tuple[int, str]] = []
+        """Ranks retired in this pass, and why: told the scheduler at once, together."""
         self._scheduler_exit = ""
         self._signal: int | None = None
         self._ending: Ending | None = None
@@ -203,6 +208,7 @@ class Supervisor:
                     wait = min(wait, max(0.0, action.at - time.monotonic()))
                 else:
                     self._carry_out(action, now)
+            self._tell_retirements()
             if self._closing is not None and self._closing.poll():
                 return self._finish()
             if self._ending is None:
@@ -311,6 +317,10 @@ class Supervisor:
         sweep()
         undecided = self._restart_at is None and self._ending is None
         others_finished, others_step = self._observer.others_finished()
+        others_training, others_retired = self._observer.others_training()
+        snapshot = self._observer.snapshot
+        self._retiring = {rank: at for rank, at in self._retiring.items()
+                          if snapshot is None or snapshot.taken_at <= at}
         news = self._watch.nodes
         peer_restart = (f"another node started group restart {news.restarts_started}"
                         if news.restarts_started > self.restart_count else "")
@@ -330,7 +340,9 @@ class Supervisor:
             warm_spare=config.warm_spare, spares=self.children.spares.size,
             forks_workers=self.children.fork_server is not None,
             min_worker_num=config.fewest_workers, rejoin_timeout=config.retire_after,
-            **self._membership_view())
+            others_training=others_training,
+            others_retired=others_retired | frozenset(self._retiring),
+            lost_ranks=self._observer.lost, **self._membership_view())
 
     def _rank_view(self, worker: Worker, undecided: bool) -> RankView:
         """``worker`` as the policy sees it, with when its absence began (kept here from
@@ -378,7 +390,7 @@ class Supervisor:
                            restart_count=self.restart_count + self.relaunches, ranks=[rank])
                 self.children.launch(worker, warm=True)
             case Retire(rank, why):
-                self._retire(self._worker(rank), why, now)
+                self._retire(rank, why, now)
             case RestartAll(at, why, charged):
                 self._restart_at, self._restart_why = at, why
                 if not charged:
@@ -420,26 +432,29 @@ class Supervisor:
                 if self._closing is None:
                     self._closing = Closing(self.children, self._watch, self.config.grace_period)
 
-    def _retire(self, worker: Worker, why: str, now: float) -> None:
-        """Take ``worker`` out of the job for good: its relaunch withdrawn (or stopped, if
-        it is starting), and a ``membership`` event saying so."""
-        self._retired.add(worker.rank)
+    def _retire(self, rank: int, why: str, now: float) -> None:
+        """Take ``rank`` out of the job for good: this node's rank has its relaunch
+        withdrawn (or stopped, if it is starting); the scheduler is told (it awaits the
+        rank no more, and writes the ``membership`` event)."""
+        self._retirements.append((rank, why))
+        worker = next((w for w in self.workers if w.rank == rank), None)
+        if worker is None:  # a lost node's rank
+            self._retiring[rank] = now
+            return
+        self._retired.add(rank)
         if worker.state is WorkerState.RUNNING and worker.child is not None:
             worker.transition(WorkerState.STOPPING,
                               deadline=now + min(self.config.grace_period, RESTART_GRACE))
             worker.child.signal_group(signal.SIGTERM)
         elif worker.state in (WorkerState.FAILED, WorkerState.COOLDOWN):
             worker.transition(WorkerState.STOPPED)
-        last = self._observer.membership
-        if last is not None:
-            active, generation = [r for r in last["active"] if r != worker.rank], last["generation"]
-        else:  # not the scheduler's node: the other nodes' ranks count as training
-            active = [r for r in range(self.config.worker_num)
-                      if r not in self._retired and r not in self._down_since]
-            generation = None
-        self._emit("membership", active=active, world=len(active), generation=generation,
-                   why=MembershipWhy.SHRINK.value, lost=[], joined=[], retired=[worker.rank],
-                   reason=why)
+
+    def _tell_retirements(self) -> None:
+        """Tell the scheduler the ranks retired in this pass, in one request."""
+        if self._retirements:
+            ranks, whys = zip(*self._retirements, strict=True)
+            self._watch.report(Retirement(list(ranks), "; ".join(dict.fromkeys(whys))))
+            self._retirements = []
 
     def _worker(self, rank: int) -> Worker:
         return next(w for w in self.workers if w.rank == rank)

@@ -7,13 +7,13 @@ registration and every leave (with the step the process had reached), written be
 scheduler answers them. From these it answers the
 questions the :class:`~launcher.supervisor.policy.JobView` asks: which node ids
 registered, which own processes the scheduler declares dead or hung, when a rank's
-cooldown ends, which step each process reached, and what of the other nodes is missing.
+cooldown ends, which step each process reached, and what of the other nodes is missing,
+trains, or was retired.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from launcher.config import LaunchConfig
 from launcher.nodes.link import NodeWatch
@@ -44,6 +44,9 @@ class Observer:
         self._beats = beats
         """When each other node's tftrun last beat (node 0 of several)."""
         self._own = range(config.first_rank, config.first_rank + config.nproc)
+        self._degraded = (config.min_worker_num is not None
+                          and config.min_worker_num < config.worker_num)
+        """The job trains on without lost ranks (docs/elastic.md)."""
         self._tail = EventTail(events_path) if events_path is not None else None
         self.sees_registrations = config.hosts_scheduler and self._tail is not None
         """This node's scheduler writes every registration in the events file before it
@@ -55,9 +58,9 @@ class Observer:
         self.registered: set[str] = set()
         """Node ids seen registered with the scheduler: capable of per-rank recovery."""
         self.snapshot: Snapshot | None = None
-        self.membership: dict[str, Any] | None = None
-        """The newest ``membership`` event in this node's events file (the scheduler's
-        node has them all): the active ranks and the generation."""
+        self.lost: dict[int, float] = {}
+        """Node 0, degraded training: the lost ranks of other nodes, and since when (see
+        :attr:`~launcher.supervisor.policy.JobView.lost_ranks`)."""
 
     def read(self, now: float, workers: list[Worker]) -> None:
         """Take the new events of this node and the latest snapshot. Call it before the
@@ -68,8 +71,6 @@ class Observer:
             name, rank, step = event.get("event"), event.get("rank"), event.get("step")
             if name == "register" and "node_id" in event and self.sees_registrations:
                 self.registered.add(str(event["node_id"]))
-            elif name == "membership" and isinstance(event.get("active"), list):
-                self.membership = event
             elif name == "leave" and step is not None:
                 self._note_step(int(event["rank"]), int(event["pid"]), int(step))
             elif name in WORKER_STEP_EVENTS and step is not None \
@@ -81,6 +82,7 @@ class Observer:
                 self.registered.add(member.node_id)
                 if member.global_step is not None:
                     self._note_step(member.rank, member.pid, member.global_step)
+        self.lost = self._lost(now)
         self._node_watch.seen(self._gone(now), now)
 
     def _note_step(self, rank: int, pid: int, step: int) -> None:
@@ -179,8 +181,34 @@ class Observer:
         missing = [r for r in self.snapshot.missing if r not in self._own]
         if self._beats is not None:
             self._beats.want({r // config.nproc for r in missing})
-            missing = [r for r in missing if not self._beating(r // config.nproc, now)]
+            missing = [r for r in missing if not self._beating(r // config.nproc, now)
+                       and r not in self.lost]  # the policy's absence rules judge those
         return f"the ranks {missing} of another node" if missing else ""
+
+    def _lost(self, now: float) -> dict[int, float]:
+        """Node 0 of a degraded job: the other nodes' ranks that registered once, have no
+        live process now and whose node's tftrun is silent, each with when its node last
+        beat. Never those of an elastic node range (its rounds judge nodes)."""
+        snapshot, beats, config = self.snapshot, self._beats, self._config
+        if snapshot is None or beats is None or not self._degraded \
+                or config.node_range is not None:
+            return {}
+        known = {m.rank for m in snapshot.members}
+        return {r: beats.silent_since(r // config.nproc) for r in snapshot.missing
+                if r not in self._own and r in known and beats.heard(r // config.nproc)
+                and not self._beating(r // config.nproc, now)}
+
+    def others_training(self) -> tuple[int | None, frozenset[int]]:
+        """How many ranks of the other nodes train (the scheduler holds a live or finished
+        process for them, and they are not retired), and which were retired; (None, none)
+        before the first snapshot."""
+        if self.snapshot is None:
+            return None, frozenset()
+        retired = frozenset(r for r in self.snapshot.retired if r not in self._own)
+        training = {m.rank for m in self.snapshot.members
+                    if m.rank not in self._own and m.rank not in retired
+                    and (m.state in _LIVE or m.state == MemberState.FINISHED.value)}
+        return len(training), retired
 
     def _beating(self, node: int, now: float) -> bool:
         beats = self._beats
@@ -198,5 +226,6 @@ class Observer:
         finished = [m for m in self.snapshot.members
                     if m.rank not in self._own and m.state == MemberState.FINISHED.value]
         steps = [self._steps.get((m.rank, m.pid)) for m in finished]
-        return (len({m.rank for m in finished}) == others,
+        retired = {r for r in self.snapshot.retired if r not in self._own}
+        return (len({m.rank for m in finished} | retired) == others,
                 max((s for s in steps if s is not None), default=None))

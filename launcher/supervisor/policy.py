@@ -34,9 +34,11 @@ The rules (docs/recovery.md, *The restart policy*):
   without it; a rank whose relaunch would overspend the budget is not relaunched and
   waits for that, instead of ending the job. Below ``--min_worker_num`` ranks the job
   waits up to ``--node_time_out`` from the death that left too few, then ends (for every
-  node), or at once when no absent rank can come back (the budget spent). A group
-  restart brings every retired rank back. It is on by default for scripts whose ranks
-  register (``--min_worker_num`` 1, launcher/config.py);
+  node), or at once when no absent rank can come back (the budget spent). The ranks that
+  train are counted across nodes (the other nodes' by the scheduler's word); node 0 also
+  judges the ranks of a lost node (its tftrun silent), from its last beat, and retires
+  them likewise. A group restart brings every retired rank back. It is on by default for
+  scripts whose ranks register (``--min_worker_num`` 1, launcher/config.py);
 * spares: ``--warm_spare``, or :data:`AUTOMATIC_SPARES` once a worker of this node
   registered (unless ``--restart_policy=all``);
 * an elastic node range (``--nnodes=MIN:MAX``, decided on node 0): a node of the
@@ -195,6 +197,15 @@ class JobView:
     rejoin_timeout: float = 60.0
     """``--rejoin_timeout``: seconds an absent rank may take to register again before it is
     retired (degraded training only)."""
+    others_training: int | None = None
+    """Ranks of the other nodes that train: the scheduler holds a live (or finished)
+    process for them. None: not known; every one not retired counts."""
+    others_retired: frozenset[int] = frozenset()
+    """Ranks of the other nodes retired for good (by the scheduler's word, or by this node)."""
+    lost_ranks: Mapping[int, float] = field(default_factory=dict)
+    """Node 0, degraded training: ranks of other nodes that registered once, have no live
+    process, and whose node's tftrun is silent (the node is lost): rank → when their node
+    last beat, where their absence is dated from."""
 
     @property
     def charged(self) -> int:
@@ -376,7 +387,7 @@ def _about_workers(view: JobView, now: float) -> list[Action]:
                   f"--node_time_out={view.node_time_out:g}s")
         return [Stop(EXIT_PEER_ENDED, reason, everywhere=True), _stop_all(view, now)]
     if all(r.state is WorkerState.SUCCEEDED for r in view.ranks if not r.retired):
-        retired = [r.rank for r in view.ranks if r.retired]
+        retired = sorted([r.rank for r in view.ranks if r.retired] + [*view.others_retired])
         return [Stop(0, "all workers succeeded" + (f"; ranks {retired} were retired"
                                                      if retired else ""))]
     if view.peer_restart and view.restart_at is None:
@@ -462,15 +473,35 @@ def _degraded(view: JobView) -> bool:
             and any(r.registered for r in view.ranks))
 
 
-def _training(view: JobView, absent: Sequence[RankView]) -> int:
-    """The ranks that train while ``absent`` are away: the job's, less the absent and the
-    retired ones (the other nodes' ranks count as training)."""
-    retired = sum(r.retired for r in view.ranks)
-    return len(view.ranks) + view.other_ranks - retired - len(absent)
+@dataclass(frozen=True)
+class _Absence:
+    """A rank absent (degraded training): since when, and why."""
+
+    rank: int
+    since: float
+    why: str
+    failure: Failure | None
+    """This node's rank: the crash that began its absence; None: another node's rank, lost
+    with its node."""
 
 
-def _absent(view: JobView) -> list[RankView]:
-    return [r for r in view.ranks if r.down_since is not None and not r.retired]
+def _training(view: JobView, absent: Sequence[_Absence]) -> int:
+    """The ranks that train while ``absent`` are away: this node's, less the absent and the
+    retired ones, and the other nodes' that train."""
+    own = len(view.ranks) - sum(r.retired for r in view.ranks) - sum(
+        a.failure is not None for a in absent)
+    others = (view.other_ranks - len(view.others_retired) if view.others_training is None
+              else view.others_training)
+    return own + others
+
+
+def _absent(view: JobView) -> list[_Absence]:
+    """This node's absent ranks, and the lost ranks of other nodes that node 0 judges."""
+    own = [_Absence(r.rank, r.down_since, _crash(r).reason, _crash(r)) for r in view.ranks
+           if r.down_since is not None and not r.retired]
+    lost = [_Absence(rank, since, "its node's tftrun went silent", None)
+            for rank, since in sorted(view.lost_ranks.items()) if rank not in view.others_retired]
+    return own + lost
 
 
 def _absences(view: JobView, now: float) -> list[Action] | None:
@@ -483,54 +514,60 @@ def _absences(view: JobView, now: float) -> list[Action] | None:
     assert view.min_worker_num is not None
     training = _training(view, absent)
     if training >= view.min_worker_num:
-        due = [r for r in absent if now >= (r.down_since or 0.0) + view.rejoin_timeout]
+        due = [a for a in absent if now >= a.since + view.rejoin_timeout]
         if not due:
             return None
-        return [*(Retire(r.rank, f"rank {r.rank} ({_crash(r).reason}) was not back within "
-                                 f"--rejoin_timeout={view.rejoin_timeout:g}s") for r in due),
+        return [*(Retire(a.rank, f"rank {a.rank} ({a.why}) was not back within "
+                                 f"--rejoin_timeout={view.rejoin_timeout:g}s") for a in due),
                 WaitUntil(now)]
     if _none_can_return(view, absent):
-        ranks = sorted(r.rank for r in absent)
-        first = min(absent, key=lambda r: r.down_since or 0.0)
-        return [_give_up(view, first, f"{training} of {len(view.ranks) + view.other_ranks} "
-                                          f"ranks train, fewer than --min_worker_num="
-                                          f"{view.min_worker_num}, and ranks {ranks} "
-                                          f"cannot be relaunched"),
+        first = min(absent, key=lambda a: a.since)
+        assert first.failure is not None
+        return [GiveUp(first.failure, f"{training} of {len(view.ranks) + view.other_ranks} "
+                                      f"ranks train, fewer than --min_worker_num="
+                                      f"{view.min_worker_num}, and ranks "
+                                      f"{sorted(a.rank for a in absent)} cannot be relaunched; "
+                                      f"restart budget ({view.max_restarts}) spent"),
                 _stop_all(view, now)]
     since = _too_few_since(view, absent)
     if now < since + view.node_time_out:
         return None
-    first = min(absent, key=lambda r: r.down_since or 0.0)
-    ranks = sorted(r.rank for r in absent)
+    first = min(absent, key=lambda a: a.since)
+    ranks = sorted(a.rank for a in absent)
     size = len(view.ranks) + view.other_ranks
-    return [GiveUp(_crash(first), f"{training} of {size} ranks train, fewer than "
-                                  f"--min_worker_num={view.min_worker_num}, and ranks {ranks} "
-                                  f"were not back within --node_time_out={view.node_time_out:g}s"),
-            _stop_all(view, now)]
+    reason = (f"{training} of {size} ranks train, fewer than --min_worker_num="
+              f"{view.min_worker_num}, and ranks {ranks} were not back within "
+              f"--node_time_out={view.node_time_out:g}s")
+    if first.failure is None:  # another node's: this node ends the job for every node
+        return [Stop(EXIT_PEER_ENDED, f"node {view.node_rank}: {reason}", everywhere=True),
+                _stop_all(view, now)]
+    return [GiveUp(first.failure, reason), _stop_all(view, now)]
 
 
-def _none_can_return(view: JobView, absent: Sequence[RankView]) -> bool:
-    """Whether no absent rank can come back: none waits out its cooldown or is starting
-    again, and the budget cannot relaunch the failed ones (:func:`_on_failures` relaunches
-    all of them or none). Waiting ``--node_time_out`` would then only delay the end."""
-    return (all(r.state is WorkerState.FAILED for r in absent)
+def _none_can_return(view: JobView, absent: Sequence[_Absence]) -> bool:
+    """Whether no absent rank can come back: each is this node's, none waits out its
+    cooldown or is starting again, and the budget cannot relaunch the failed ones
+    (:func:`_on_failures` relaunches all of them or none); a lost node's ranks may come
+    back with it. Waiting ``--node_time_out`` would then only delay the end."""
+    states = {r.rank: r.state for r in view.ranks}
+    return (all(a.failure is not None and states[a.rank] is WorkerState.FAILED for a in absent)
             and view.charged + len(absent) > view.max_restarts)
 
 
-def _absence_deadlines(view: JobView, absent: Sequence[RankView]) -> list[float]:
+def _absence_deadlines(view: JobView, absent: Sequence[_Absence]) -> list[float]:
     """When :func:`_absences` acts next: each absent rank's retirement while enough train,
     else the end of the job's wait with too few."""
     assert view.min_worker_num is not None
     if _training(view, absent) >= view.min_worker_num:
-        return [(r.down_since or 0.0) + view.rejoin_timeout for r in absent]
+        return [a.since + view.rejoin_timeout for a in absent]
     return [_too_few_since(view, absent) + view.node_time_out]
 
 
-def _too_few_since(view: JobView, absent: Sequence[RankView]) -> float:
+def _too_few_since(view: JobView, absent: Sequence[_Absence]) -> float:
     """When the job fell below ``--min_worker_num`` training ranks: the absence that the
     job could no longer take."""
     assert view.min_worker_num is not None
-    deaths = sorted(r.down_since or 0.0 for r in absent)
+    deaths = sorted(a.since for a in absent)
     spare = _training(view, absent) + len(absent) - view.min_worker_num
     return deaths[min(max(spare, 0), len(deaths) - 1)]
 
@@ -585,7 +622,7 @@ def _peers_finished(view: JobView, now: float) -> list[Action] | None:
     generation that cannot form: stop it and end the job; status 0, with a warning, when
     each crash came after the peers' final step (a teardown's crash), else the crash's."""
     left = [r for r in view.ranks if r.state is not WorkerState.SUCCEEDED and not r.retired]
-    peers = len(_finished(view)) + view.other_ranks
+    peers = len(_finished(view)) + view.other_ranks - len(view.others_retired)
     if (not left or not peers or not view.others_finished or view.restart_at is not None
             or not all(_stranded(view, r) for r in left)):
         return None

@@ -1,6 +1,7 @@
 """The supervisor's one thread that talks to the scheduler and to the other nodes.
 
-Every round trip leaves the loop: the loop queues the exit reports and reads the latest
+Every round trip leaves the loop: the loop queues the exit reports (and the ranks it
+retired) and reads the latest
 snapshot, and never waits for an answer, so a stalled scheduler (each request may wait
 its 1 s reply timeout) delays no exit handling. The thread delivers the queued reports,
 then takes one status snapshot and, with other nodes, reads the cluster store; every
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.nodes.link import NodeLink
-from recovery.control.client import ExitReport, SchedulerControl
+from recovery.control.client import ExitReport, Retirement, SchedulerControl
 
 __all__ = ["SchedulerWatch", "Snapshot", "MemberRow", "NodesNews", "SNAPSHOT_INTERVAL"]
 
@@ -51,7 +52,9 @@ class Snapshot:
     """When it was asked for: it shows every exit reported before."""
     members: tuple[MemberRow, ...]
     missing: tuple[int, ...]
-    """Ranks with no live process and no finished one."""
+    """Ranks with no live process and no finished one, less the retired ones."""
+    retired: frozenset[int] = frozenset()
+    """Ranks retired for good (degraded training), until they register again."""
 
     @classmethod
     def parse(cls, status: dict[str, Any], taken_at: float) -> Snapshot | None:
@@ -63,10 +66,11 @@ class Snapshot:
                        float(m.get("cooldown_left") or 0.0))
                 for m in status["members"])
             missing = tuple(int(r) for r in status["missing"])
+            retired = frozenset(int(r) for r in status.get("retired", ()))
         except (KeyError, TypeError, ValueError):
             logger.warning("ignoring a malformed status reply: %.200r", status)
             return None
-        return cls(taken_at, members, missing)
+        return cls(taken_at, members, missing, retired)
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,7 @@ class SchedulerWatch:
         self._nodes = nodes
         self._wake = wake
         self._interval = interval
-        self._reports: list[ExitReport] = []
+        self._reports: list[ExitReport | Retirement] = []
         self._lock = threading.Lock()
         self._poked = threading.Event()
         self._closed = threading.Event()
@@ -107,8 +111,9 @@ class SchedulerWatch:
     def start(self) -> None:
         self._thread.start()
 
-    def report(self, report: ExitReport) -> None:
-        """Queue a worker's exit for the scheduler; delivered by the thread, in order."""
+    def report(self, report: ExitReport | Retirement) -> None:
+        """Queue a worker's exit (or ranks retired) for the scheduler; delivered by the
+        thread, in order."""
         with self._lock:
             self._reports.append(report)
             self._delivered.clear()
@@ -144,8 +149,11 @@ class SchedulerWatch:
         with self._lock:
             reports, self._reports = self._reports, []
         for report in reports:
-            self._control.report_exit(report.node_id, report.rank, report.pid,
-                                      report.incarnation, report.abnormal, report.reason)
+            if isinstance(report, Retirement):
+                self._control.retire(report)
+            else:
+                self._control.report_exit(report.node_id, report.rank, report.pid,
+                                          report.incarnation, report.abnormal, report.reason)
         with self._lock:
             if not self._reports:
                 self._delivered.set()

@@ -1,10 +1,11 @@
-"""The supervisor's handle on the scheduler: report exits, read cooldowns and verdicts.
+"""The supervisor's handle on the scheduler: report exits and retirements, read cooldowns
+and verdicts.
 
 The scheduler is the single source of truth about membership (docs/scheduler.md); the
 supervisor tells it which worker processes ended and asks it what to do next. No method
 blocks longer than about ``timeout`` seconds, and each returns a safe value while the
 scheduler is down, or when a reply does not verify (forged: recovery/control/rpc.py) or is
-malformed or being relaunched: exit reports are queued and delivered, in order,
+malformed or being relaunched: exit reports (and retirements) are queued and delivered, in order,
 as soon as it is back (a report that got no answer is sent again under its request id, so
 the scheduler counts it once); ``cooldown_left`` falls back to what the scheduler said last (or
 to ``rejoin_cooldown`` counted locally from a queued report); ``verdicts`` to none.
@@ -24,7 +25,7 @@ from typing import Any
 from recovery import env as names
 from recovery.control.rpc import Op, SchedulerLink, SchedulerUnavailable, new_request_id
 
-__all__ = ["SchedulerControl", "ExitReport"]
+__all__ = ["SchedulerControl", "ExitReport", "Retirement"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,14 @@ class ExitReport:
     pid: int
     incarnation: int
     abnormal: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class Retirement:
+    """Ranks a supervisor retired for good (degraded training, docs/elastic.md)."""
+
+    ranks: list[int]
     reason: str
 
 
@@ -59,7 +68,7 @@ class SchedulerControl:
                  rejoin_cooldown: float = 0.0, connect: bool = True,
                  run_id: str = names.DEFAULT_RUN_ID) -> None:
         self._rejoin_cooldown = rejoin_cooldown
-        self._pending: list[tuple[str, ExitReport]] = []  # with its request id
+        self._pending: list[tuple[str, ExitReport | Retirement]] = []  # with its request id
         self._until: dict[str, float] = {}
         self._lock = threading.Lock()
         self._link = SchedulerLink(host, port, token, timeout, on_connect=self._flush,
@@ -77,6 +86,13 @@ class SchedulerControl:
                                   ExitReport(node_id, rank, pid, incarnation, abnormal, reason)))
             if abnormal:
                 self._until[node_id] = time.time() + self._rejoin_cooldown
+        self._flush()
+
+    def retire(self, retirement: Retirement) -> None:
+        """Ranks were retired for good: the scheduler awaits them no more (until they
+        register again), and records a ``membership`` event."""
+        with self._lock:
+            self._pending.append((new_request_id(), retirement))
         self._flush()
 
     def cooldown_left(self, node_id: str) -> float:
@@ -135,18 +151,22 @@ class SchedulerControl:
             logger.warning("ignoring a malformed cooldown in a reply: %.200r", reply)
 
     def _flush(self) -> bool:
-        """Deliver the queued exit reports, oldest first; True when none is left."""
+        """Deliver the queued exit reports and retirements, oldest first; True when none is
+        left."""
         with self._lock:
             while self._pending:
                 rid, report = self._pending[0]
                 try:
-                    reply = self._link.call(Op.EXIT, rid=rid, **asdict(report))
+                    if isinstance(report, ExitReport):
+                        reply = self._link.call(Op.EXIT, rid=rid, **asdict(report))
+                    else:
+                        reply = self._link.call(Op.RETIRE, rid=rid, retired=report.ranks,
+                                                reason=report.reason)
                 except SchedulerUnavailable:
                     return False
                 self._pending.pop(0)
-                if reply.get("ok"):
+                if not reply.get("ok"):
+                    logger.warning("the scheduler refused %s: %s", report, reply.get("message"))
+                elif isinstance(report, ExitReport):
                     self._note_until(report.node_id, reply)
-                else:
-                    logger.warning("the scheduler refused the exit report %s: %s", report,
-                                   reply.get("message"))
             return True

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
-from recovery.control.node_range import membership_why
+from recovery.control.node_range import MembershipWhy, membership_why
 from recovery.timeouts import Timeouts
 from recovery.transitions import check_transition
 
@@ -308,6 +308,8 @@ class Membership:
         """The nodes whose supervisors beat for their ranks, by name."""
         self._rank_holders: dict[int, str] = {}  # rank -> node id; a member's rank never changes
         self.cooldowns: dict[str, float] = {}  # node id -> unix time
+        self.retired: set[int] = set()
+        """Ranks retired for good (:meth:`retire`): not awaited until they register again."""
         self.fault_at: float | None = None
         """When the newest fault was heard of (unix time): an abnormal exit reported, or a
         member declared lost. Workers get it with every reply (:class:`Accepted`)."""
@@ -325,10 +327,30 @@ class Membership:
 
         ``ready=False``: it is not put in a generation until a heartbeat says it is ready.
         """
-        answer = self._register(identity, token, "register", ready)
+        answer = self._register(identity, token, "register", ready, via)
         if isinstance(answer, Accepted):
             self.members[answer.node_id].via = via
         return answer
+
+    def retire(self, ranks: list[int], reason: str) -> list[int]:
+        """A supervisor retired ``ranks`` for good (docs/elastic.md): they are no longer
+        awaited (not missing, and the job is whole without them), until a process of one
+        registers again. A rank held by a live process is back already and stays, and
+        nothing is retired before the first generation formed; the ranks retired now are
+        returned and recorded in a ``membership`` event."""
+        if self.generation == NO_GENERATION:
+            return []  # the first generation waits for every rank
+        held = {m.rank for m in self._live()}
+        new = sorted({r for r in ranks if 0 <= r < self.worker_num} - held - self.retired)
+        if not new:
+            return []
+        self.retired.update(new)
+        active = [r for r in self.active_ranks() if r not in self.retired]
+        self._emit("membership", active=active, world=len(active), generation=self.generation,
+                   why=MembershipWhy.SHRINK.value, lost=[], joined=[], retired=new,
+                   reason=reason)
+        self._update_completeness()
+        return new
 
     def heard_from_node(self, node: str, ranks: int) -> None:
         """``node``'s supervisor beat for ``ranks`` of its ranks: the node is alive."""
@@ -340,7 +362,7 @@ class Membership:
         seen.ranks = ranks
 
     def _register(self, identity: Identity, token: str, event: str,
-                  ready: bool = True) -> Accepted | Refused:
+                  ready: bool = True, via: str | None = None) -> Accepted | Refused:
         if not self.token_ok(token):
             return self._refuse(identity, RefuseReason.TOKEN,
                                 "wrong job token: this process belongs to another job")
@@ -368,7 +390,7 @@ class Membership:
                 f"node {node_id} is held by a live process (pid {member.pid} on "
                 f"{member.host}, incarnation {member.incarnation})",
                 self.timeouts.heartbeat_interval)
-        return self._admit(node_id, rank, identity, event, ready)
+        return self._admit(node_id, rank, identity, event, ready, via)
 
     def heartbeat(self, identity: Identity, token: str, global_step: int | None,
                   phase: str | None = None, sent: float | None = None,
@@ -460,20 +482,31 @@ class Membership:
     def check(self) -> None:
         """Apply the heartbeat and progress rules; called periodically."""
         now = self.clock.monotonic()
-        self._check_nodes(now)
+        self._judge_nodes({node: now - seen.heard_at for node, seen in self.nodes.items()
+                           if not seen.judged
+                           and now - seen.heard_at > self.timeouts.heartbeat_timeout})
         for member in self._live():
             silent = now - member.heartbeat_at
-            if silent > self.timeouts.heartbeat_timeout:
+            if silent > self.timeouts.heartbeat_timeout and not self._quiet_node(member.via, now):
                 self._declare_lost(member, silent)
         self._update_completeness()
         self._check_progress(now)
 
-    def _check_nodes(self, now: float) -> None:
+    def _quiet_node(self, node: str | None, now: float) -> bool:
+        """Whether ``node``'s supervisor (which beats for a rank) has not beaten for
+        :data:`_QUIET_BEATS` intervals either. Then a rank of it past the heartbeat timeout
+        is left to the node's own judgement, due within about a beat (a rank's last beat
+        is older than its node's by its age): the node is likely gone, and all its ranks
+        are judged at once, one degraded generation, not one per rank. Should the node beat
+        again, its beat judges the rank."""
+        seen = None if node is None else self.nodes.get(node)
+        return (seen is not None and not seen.judged
+                and now - seen.heard_at > _QUIET_BEATS * self.timeouts.beat_interval)
+
+    def _judge_nodes(self, silent_nodes: dict[str, float]) -> None:
         """Silence per node: a node whose supervisor has not beaten for the heartbeat
         timeout is ``node_silent``, and each of its live ranks gets its verdict (the
         supervisor, or its host, is gone; nobody vouches for them)."""
-        silent_nodes = {node: now - seen.heard_at for node, seen in self.nodes.items()
-                        if not seen.judged and now - seen.heard_at > self.timeouts.heartbeat_timeout}
         if not silent_nodes:
             return
         ranks: dict[str, list[Member]] = {node: [] for node in silent_nodes}
@@ -600,8 +633,8 @@ class Membership:
         return self.clock.monotonic() - self._incomplete_since
 
     def missing_ranks(self) -> list[int]:
-        """Ranks with no live process and no finished one."""
-        held = {m.rank for m in self._live()} | {m.rank for m in self._finished()}
+        """Ranks with no live process and no finished one, less the retired ones."""
+        held = {m.rank for m in self._live()} | {m.rank for m in self._finished()} | self.retired
         return [r for r in range(self.worker_num) if r not in held]
 
     def status(self) -> dict[str, Any]:
@@ -618,7 +651,7 @@ class Membership:
                  for node, seen in sorted(self.nodes.items())}
         return {"worker_num": self.worker_num, "generation": self.generation,
                 "complete": self.complete, "missing": self.missing_ranks(), "members": rows,
-                "nodes": nodes}
+                "nodes": nodes, "retired": sorted(self.retired)}
 
     def drain_events(self) -> list[tuple[str, dict[str, Any]]]:
         """The events decided since the last call, oldest first: ``(name, fields)``."""
@@ -636,6 +669,7 @@ class Membership:
             "members": [m.to_json() for m in self.members.values()],
             "cooldowns": dict(self.cooldowns),
             "fault_at": self.fault_at,
+            "retired": sorted(self.retired),
         }
 
     def load(self, data: dict[str, Any]) -> str | None:
@@ -658,6 +692,7 @@ class Membership:
             cooldowns = {str(k): float(v) for k, v in data["cooldowns"].items()}
             fault_at = None if data.get("fault_at") is None else float(data["fault_at"])
             members = [Member.from_json(raw) for raw in data["members"]]
+            retired = {int(rank) for rank in data.get("retired", [])}
         except (KeyError, TypeError, ValueError) as err:
             return f"it is malformed ({err!r})"
         now = self.clock.monotonic()
@@ -666,7 +701,7 @@ class Membership:
                 member.state = MemberState.UNCONFIRMED
             member.heartbeat_at = member.progress_at = now
         self.generation, self._formed, self.cooldowns = generation, formed, cooldowns
-        self.fault_at = fault_at
+        self.fault_at, self.retired = fault_at, retired
         self.members = {m.node_id: m for m in members}
         self._rank_holders = {m.rank: m.node_id for m in members}
         self._incomplete_since = None
@@ -746,7 +781,7 @@ class Membership:
         return rank
 
     def _admit(self, node_id: str, rank: int, identity: Identity, event: str,
-               ready: bool = True) -> Accepted:
+               ready: bool = True, via: str | None = None) -> Accepted:
         now = self.clock.monotonic()
         member = self.members.get(node_id)
         if member is None:
@@ -763,11 +798,22 @@ class Membership:
         member.heartbeat_at = member.progress_at = now
         member.least_delay = None
         member.ready = ready
+        self._returns(member, via)
         self._last_refusal.pop(identity.node_id, None)
         self._emit(event, **member.fields(), host=member.host,
                    generation=self._generation_of(member))
         self._update_completeness()
         return self._accepted(member)
+
+    def _returns(self, member: Member, via: str | None) -> None:
+        """``member`` registered (through node ``via``'s supervisor, if not itself): if it
+        was retired, it is awaited again, and so are the other retired ranks of its node
+        (a lost node returns with all its ranks: they grow the generation together, not
+        one at a time)."""
+        if via is not None and member.rank in self.retired:
+            self.retired -= {m.rank for m in self.members.values() if m.via == via}
+        self.retired.discard(member.rank)
+        member.via = via
 
     def _confirm(self, member: Member, sent: float | None = None) -> Accepted:
         """A live member was heard from: it is alive (again, after a scheduler restart),
@@ -819,21 +865,22 @@ class Membership:
             if self._incomplete_since is None:
                 self._incomplete_since = self.clock.monotonic()
             return
-        live = self._live()
-        if len(live) + len(self._finished()) < self.worker_num:
+        live = [m for m in self._live() if m.rank not in self.retired]
+        whole = self.worker_num - len(self.retired)  # the job is whole without the retired
+        if len(live) + len(self._finished()) < whole:
             if self._incomplete_since is None:
                 self._incomplete_since = self.clock.monotonic()
         else:
             self._incomplete_since = None
         live = [m for m in live if m.ready]
         processes = frozenset((m.node_id, m.incarnation) for m in live)
-        if len(live) < self.worker_num:
+        if len(live) < whole:
             # Degraded: only the survivors of the formed generation; a rank back from a
             # relaunch waits until the job is whole.
             processes &= self._formed
             live = [m for m in live if (m.node_id, m.incarnation) in processes]
-        if processes == self._formed or not (len(live) == self.worker_num
-                                             or self._shrinks_to(processes)):
+        if processes == self._formed or not (
+                len(live) == whole >= self.min_worker_num or self._shrinks_to(processes)):
             return
         before = set(self.active_ranks())
         self.generation += 1

@@ -119,6 +119,22 @@ class Records:
 
 
 @dataclass(frozen=True)
+class Ints:
+    """A list of 1 to ``most`` integers, each in [``low``, ``high``]."""
+
+    most: int
+    low: int = 0
+    high: int = _INT64
+
+    def check(self, name: str, value: Any) -> list[int]:
+        if not isinstance(value, list) or not 1 <= len(value) <= self.most:
+            raise BadRequest(f"{name} must be a list of 1 to {self.most} integers, "
+                             f"not {_show(value)}")
+        item = Int(self.low, self.high)
+        return [item.check(f"{name}[{index}]", v) for index, v in enumerate(value)]
+
+
+@dataclass(frozen=True)
 class Choice:
     """One of a few strings."""
 
@@ -131,7 +147,7 @@ class Choice:
         return value
 
 
-Field = Int | Text | Flag | Records
+Field = Int | Text | Flag | Records | Ints
 
 _IDENTITY: dict[str, Field] = {
     "node_id": Text(optional=True), "pid": Int(low=0), "incarnation": Int(low=0),
@@ -146,6 +162,8 @@ _NODE_RANK_BEAT: dict[str, Int | Text | Flag | Choice] = {
     "age": Int(low=0, high=86_400_000)}
 """One rank in a ``node_beat``: what its own register or heartbeat would carry, and how
 long ago (ms) its supervisor last heard from it."""
+RETIRE_RANKS = 4096
+"""At most this many ranks in one ``retire`` (a supervisor retires a node's ranks at once)."""
 _ENDED: dict[str, Field] = {
     "node_id": Text(), "rank": Int(optional=True), "pid": Int(low=0), "incarnation": Int(low=0),
     "abnormal": Flag(), "reason": Text(_TEXT, optional=True),
@@ -164,6 +182,7 @@ SCHEMAS: dict[Op, dict[str, Field]] = {
     Op.LAST_WORDS: {"rank": Int(), "generation": Int(), "step": Int(),
                     "consistent": Flag(), "reason": Text(_TEXT, optional=True)},
     Op.NODE_RANK: {"node_id": Text(), "nproc": Int(low=1)},
+    Op.RETIRE: {"retired": Ints(RETIRE_RANKS), "reason": Text(_TEXT)},
 }
 """The fields of each op; an optional field left out is ``None``."""
 

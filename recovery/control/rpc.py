@@ -118,6 +118,7 @@ class Op(str, Enum):
     STATUS = "status"
     TICK = "tick"
     NODE_RANK = "node_rank"
+    RETIRE = "retire"
 
 
 def reply_key(rid: str) -> str:

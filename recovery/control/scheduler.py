@@ -258,6 +258,7 @@ class Scheduler:
             Op.INJECT: self._on_inject,
             Op.LAST_WORDS: self._on_last_words,
             Op.NODE_RANK: self._on_node_rank,
+            Op.RETIRE: self._on_retire,
         }
 
     # ----------------------------------------------------------------- lifecycle
@@ -663,6 +664,11 @@ class Scheduler:
             node_id, ended["pid"], ended["incarnation"], abnormal, ended["reason"] or "", by,
             finished=by == "worker" and not abnormal)
         return {"ok": True, "until": until, "left": self.membership.cooldown_left(node_id)}
+
+    def _on_retire(self, request: Request) -> dict[str, Any]:
+        """A supervisor retired ranks for good (degraded training, docs/elastic.md)."""
+        retired = self.membership.retire(request.fields["retired"], request.fields["reason"])
+        return {"ok": True, "retired": retired}
 
     def _on_cooldown(self, request: Request) -> dict[str, Any]:
         node_id = request.fields["node_id"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from fake_clock import FakeClock
 from hypothesis import given, settings
@@ -152,3 +154,140 @@ def test_a_relaunched_rank_that_registers_unready_joins_only_once_it_says_it_is_
     clock.advance(30.0)
     accepted(ms.register(ident("3", 203, incarnation=1), TOKEN))
     assert [(e["why"], e["active"]) for e in membership_events(ms)] == [("grow", [0, 1, 2, 3])]
+
+
+def by_nodes(ms: Membership, nodes: int, per_node: int, incarnation: int = 0,
+             ready: bool = True) -> None:
+    """Register ``nodes`` nodes of ``per_node`` ranks, each through its supervisor (``nK``)."""
+    for node in range(nodes):
+        ms.heard_from_node(f"n{node}", per_node)
+        for rank in range(node * per_node, (node + 1) * per_node):
+            accepted(ms.register(ident(str(rank), 100 + rank + 1000 * incarnation, incarnation),
+                                 TOKEN, ready=ready, via=f"n{node}"))
+
+
+def test_a_lost_node_is_judged_at_once_its_ranks_retired_and_awaited_again_when_it_returns() -> None:
+    """Node 1 (ranks 2, 3) stops beating: its ranks are judged together (one shrink, not
+    one per rank: their last beats' ages differ), retired (no longer missing, nor keeping
+    the job incomplete), and when the node returns its ranks grow the generation together."""
+    clock = FakeClock()
+    ms = make(4, 2, clock)
+    by_nodes(ms, 2, 2)
+    ms.drain_events()
+    for lag in (0.0, 0.3):  # rank 3's last beat reached its supervisor 0.3 s before rank 2's
+        clock.advance(1.0)
+        ms.heard_from_node("n0", 2)
+        ms.heard_from_node("n1", 2)
+        for rank, sent in ((2, clock.time()), (3, clock.time() - lag)):
+            ms.heartbeat(ident(str(rank), 100 + rank), TOKEN, 5, via="n1", sent=sent)
+    for _ in range(60):  # node 0 beats on; node 1 is gone
+        clock.advance(0.1)
+        beat = [ms.heartbeat(ident(str(r), 100 + r), TOKEN, 6, via="n0") for r in (0, 1)]
+        ms.heard_from_node("n0", 2)
+        assert all(accepted(b) for b in beat)
+        ms.check()
+    assert [(e["why"], e["active"], e["lost"]) for e in membership_events(ms)] == [
+        ("shrink", [0, 1], [2, 3])]
+    assert ms.missing_ranks() == [2, 3] and ms.incomplete_for() > 0
+
+    assert ms.retire([2, 3], "node 1 was not back") == [2, 3]
+    assert ms.retire([3], "again") == []  # once
+    assert membership_events(ms) == [{
+        "active": [0, 1], "world": 2, "generation": 1, "why": "shrink", "lost": [],
+        "joined": [], "retired": [2, 3], "reason": "node 1 was not back"}]
+    assert ms.missing_ranks() == [] and ms.incomplete_for() == 0.0
+    assert ms.status()["retired"] == [2, 3]
+
+    clock.advance(30.0)  # the cooldown
+    ms.heard_from_node("n1", 1)
+    accepted(ms.register(ident("2", 202, incarnation=1), TOKEN, ready=False, via="n1"))
+    assert ms.retired == set() and ms.missing_ranks() == [3]  # its node's ranks come back
+    accepted(ms.heartbeat(ident("2", 202, incarnation=1), TOKEN, None, ready=True, via="n1"))
+    assert membership_events(ms) == []  # rank 3 is awaited: no generation of 3
+    accepted(ms.register(ident("3", 203, incarnation=1), TOKEN, via="n1"))
+    assert [(e["why"], e["active"], e["joined"]) for e in membership_events(ms)] == [
+        ("grow", [0, 1, 2, 3], [2, 3])]
+
+
+def test_a_rank_back_already_or_before_the_first_generation_is_not_retired() -> None:
+    clock = FakeClock()
+    ms = make(3, 2, clock)
+    join_all(ms, {"0": 100, "1": 101})
+    assert ms.retire([2], "never came") == [] and ms.retired == set()
+    accepted(ms.register(ident("2", 102), TOKEN))
+    ms.report_exit("2", 102, 0, abnormal=True, reason="SIGKILL", by="supervisor")
+    clock.advance(30.0)
+    accepted(ms.register(ident("2", 202, incarnation=1), TOKEN, ready=False))
+    assert ms.retire([2, 7], "too late") == []  # registered again: back; 7 is no rank
+
+
+def test_the_retired_ranks_are_persisted() -> None:
+    clock = FakeClock()
+    ms = make(3, 2, clock)
+    join_all(ms, {str(r): 100 + r for r in range(3)})
+    ms.report_exit("1", 101, 0, abnormal=True, reason="SIGKILL", by="supervisor")
+    ms.retire([1], "gone")
+    again = make(3, 2, clock)
+    assert again.load(json.loads(json.dumps(ms.to_json()))) is None
+    assert again.retired == {1} and again.missing_ranks() == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(worker_num=st.integers(2, 5), spare=st.integers(0, 4),
+       moves=st.lists(st.tuples(st.sampled_from(["die", "retire", "return", "ready"]),
+                                st.integers(0, 4)), max_size=14))
+def test_retired_ranks_are_never_awaited_and_the_job_is_whole_without_them(
+        worker_num: int, spare: int, moves: list[tuple[str, int]]) -> None:
+    """Ranks die, are retired while dead and enough train, and return (unready, then
+    ready) in any order:
+    a retired rank is never missing; every generation holds only live, ready members, at
+    least ``min_worker_num``; a rank that registers again is no longer retired; and once
+    every rank not retired is live and ready, they are the generation, whatever is retired."""
+    min_worker_num = max(1, worker_num - spare)
+    clock = FakeClock()
+    ms = make(worker_num, min_worker_num, clock)
+    pids = {str(r): 100 + r for r in range(worker_num)}
+    incarnations = dict.fromkeys(pids, 0)
+    join_all(ms, pids)
+    ms.drain_events()
+    dead: set[int] = set()
+    unready: set[int] = set()
+    for move, drawn in moves:
+        rank = drawn % worker_num
+        node = str(rank)
+        if move == "die" and rank not in dead:
+            ms.report_exit(node, pids[node], incarnations[node], abnormal=True,
+                           reason="SIGKILL", by="supervisor")
+            dead.add(rank)
+            unready.discard(rank)
+        elif move == "retire" and rank in dead and worker_num - len(dead) >= min_worker_num:
+            # as the supervisors do: only while enough ranks train
+            expected = [] if rank in ms.retired else [rank]
+            assert ms.retire([rank], "not back") == expected
+        elif move == "return" and rank in dead:
+            clock.advance(30.0)
+            incarnations[node] += 1
+            pids[node] += 1000
+            accepted(ms.register(ident(node, pids[node], incarnations[node]), TOKEN,
+                                 ready=False))
+            dead.discard(rank)
+            unready.add(rank)
+            assert rank not in ms.retired
+        elif move == "ready" and rank in unready:
+            accepted(ms.heartbeat(ident(node, pids[node], incarnations[node]), TOKEN, None,
+                                  ready=True))
+            unready.discard(rank)
+        for event in membership_events(ms):
+            assert event["world"] == len(event["active"])
+            if "retired" in event:  # no generation forms: the current one, less the retired
+                assert not set(event["active"]) & set(event["retired"])
+                continue
+            assert event["world"] >= min_worker_num
+            assert not set(event["active"]) & (dead | unready)
+        assert ms.retired <= dead
+        assert ms.missing_ranks() == sorted(dead - ms.retired)
+        awaited = set(range(worker_num)) - ms.retired
+        if not (dead - ms.retired):
+            assert ms.incomplete_for() == 0.0
+        if not awaited & (dead | unready):
+            assert set(ms.active_ranks()) == awaited

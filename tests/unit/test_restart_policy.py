@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -40,6 +40,7 @@ from launcher.config import DEFAULT_SIGNALS, RestartPolicy
 from launcher.supervisor.failures import ExitInfo
 from launcher.supervisor.policy import (
     AUTOMATIC_SPARES,
+    EXIT_PEER_ENDED,
     PEERS_SETTLE,
     RESTART_GRACE,
     STATUS_WAIT,
@@ -741,3 +742,61 @@ def test_a_retired_rank_does_not_count_as_a_peer_that_finished() -> None:
                    min_worker_num=2)
     [ending, _stopping] = decide(view, 1.0)
     assert isinstance(ending, GiveUp) and ending.failure is crash
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), others=st.integers(2, 6), now=st.floats(0.0, 100.0))
+def test_node_0_counts_the_ranks_training_across_nodes_and_retires_a_lost_nodes_in_time(
+        data: st.DataObject, others: int, now: float) -> None:
+    """Node 0 (2 ranks, both training) of a job whose other nodes hold ``others`` ranks,
+    of which the scheduler holds ``training`` live; some of the others are a lost node's
+    (their node silent since a drawn time). While at least ``--min_worker_num`` ranks
+    train across nodes, exactly the lost ranks absent for ``--rejoin_timeout`` are
+    retired and the job goes on; with fewer, none is retired, and the job ends for every
+    node, never before ``--node_time_out`` after the first loss, always once it passed
+    the last one."""
+    training = data.draw(st.integers(0, others - 1), label="training")
+    lost_count = data.draw(st.integers(1, others - training), label="lost")
+    lost = {2 + r: data.draw(st.floats(0.0, now), label=f"since {2 + r}")
+            for r in range(lost_count)}
+    size = 2 + others
+    min_worker_num = data.draw(st.integers(1, size - 1), label="min_worker_num")
+    view = JobView((RankView(0, WorkerState.RUNNING, registered=True),
+                    RankView(1, WorkerState.RUNNING, registered=True)), max_restarts=3,
+                   warm_spare=0, other_ranks=others, others_finished=False,
+                   min_worker_num=min_worker_num, rejoin_timeout=REJOIN_TIMEOUT,
+                   node_time_out=NODE_TIME_OUT, others_training=training, lost_ranks=lost)
+    actions = decide(view, now)
+    retired = [a.rank for a in actions if isinstance(a, Retire)]
+    ends = [a for a in actions if isinstance(a, (Stop, GiveUp))]
+    if 2 + training >= min_worker_num:
+        assert retired == sorted(r for r, since in lost.items() if now >= since + REJOIN_TIMEOUT)
+        assert not ends
+        assert decide(replace(view, others_retired=frozenset(lost)), now) == [
+            WaitUntil(float("inf"))]  # retired: not awaited any more
+        return
+    assert not retired
+    if now < min(lost.values()) + NODE_TIME_OUT:
+        assert not ends
+    elif now >= max(lost.values()) + NODE_TIME_OUT:
+        [end] = ends
+        assert end == Stop(EXIT_PEER_ENDED, f"node 0: {2 + training} of {size} ranks train, "
+                           f"fewer than --min_worker_num={min_worker_num}, and ranks "
+                           f"{sorted(lost)} were not back within "
+                           f"--node_time_out={NODE_TIME_OUT:g}s", everywhere=True)
+
+
+def test_a_node_counts_the_other_nodes_ranks_that_do_not_train() -> None:
+    """Node 1 (ranks 2, 3) of a 4-rank job, ``--min_worker_num=3``: its rank 2 is absent
+    past ``--rejoin_timeout`` while the scheduler holds only one of node 0's ranks live.
+    Two ranks train, fewer than 3: rank 2 is not retired (it was, when every other
+    node's rank counted as training), and the job ends at ``--node_time_out``."""
+    absent = RankView(2, WorkerState.FAILED, failure=_failed(2), registered=True,
+                      down_since=0.0)
+    view = JobView((absent, RankView(3, WorkerState.RUNNING, registered=True)),
+                   max_restarts=0, warm_spare=0, other_ranks=2, others_finished=False,
+                   node_rank=1, min_worker_num=3, rejoin_timeout=REJOIN_TIMEOUT,
+                   node_time_out=NODE_TIME_OUT, others_training=1)
+    assert decide(view, REJOIN_TIMEOUT) == [WaitUntil(NODE_TIME_OUT)]
+    assert decide(replace(view, others_training=2), REJOIN_TIMEOUT)[0] == Retire(
+        2, f"rank 2 (exited with code 1) was not back within --rejoin_timeout={REJOIN_TIMEOUT:g}s")

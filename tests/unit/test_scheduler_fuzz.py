@@ -41,6 +41,7 @@ PLAUSIBLE["ranks"] = st.lists(st.fixed_dictionaries({
     **{name: PLAUSIBLE[name] for name in ("node_id", "pid", "incarnation", "host", "rank",
                                           "step", "phase")}}), min_size=1, max_size=3)
 """A node's beat: a few ranks, each registering or beating, some silent past the timeout."""
+PLAUSIBLE["retired"] = st.lists(st.integers(0, 2), min_size=1, max_size=3)
 
 IDENTITY = ("node_id", "pid", "incarnation", "host", "rank")
 ENDED = ("node_id", "rank", "pid", "incarnation", "abnormal", "reason")
@@ -48,7 +49,7 @@ FIELDS = {Op.REGISTER: IDENTITY, Op.HEARTBEAT: (*IDENTITY, "step", "phase"), Op.
           Op.EXIT: ENDED, Op.COOLDOWN: ("node_id",), Op.INJECT: ("rank", "fault", "at_step"),
           Op.LAST_WORDS: ("rank", "generation", "step", "consistent", "reason"),
           Op.VERDICTS: (), Op.STATUS: (), Op.TICK: (), Op.NODE_RANK: ("node_id", "nproc"),
-          Op.NODE_BEAT: ("node", "ranks")}
+          Op.NODE_BEAT: ("node", "ranks"), Op.RETIRE: ("retired", "reason")}
 """The fields of each request, as the clients send them."""
 
 json_values = st.recursive(

@@ -41,6 +41,14 @@ def test_the_table_has_a_row_per_member_with_every_column() -> None:
     assert lines[5].split() == ["2", "2", "4003", "0", "dead", "-", "-", "-", "12.3s"]
 
 
+def test_the_header_names_the_retired_ranks() -> None:
+    """Retired for good (docs/elastic.md): not missing, and said so."""
+    retired = {**STATUS, "missing": [], "retired": [2]}
+    assert format_status(retired, now=1065.0).splitlines()[0] == (
+        "job r1: generation 2, 2/3 workers live, retired ranks [2]; "
+        "scheduler pid 4000 on 127.0.0.1, up 65s")
+
+
 def test_no_endpoint_or_a_dead_scheduler_means_no_job(tmp_path: Path) -> None:
     with pytest.raises(NoJobError, match="no job is running in"):
         query(tmp_path)
