@@ -788,13 +788,14 @@ def test_node_0_counts_the_ranks_training_across_nodes_and_retires_a_lost_nodes_
 
 def test_a_node_counts_the_other_nodes_ranks_that_do_not_train() -> None:
     """Node 1 (ranks 2, 3) of a 4-rank job, ``--min_worker_num=3``: its rank 2 is absent
-    past ``--rejoin_timeout`` while the scheduler holds only one of node 0's ranks live.
+    past ``--rejoin_timeout`` (its relaunch waits out a long cooldown) while the scheduler
+    holds only one of node 0's ranks live.
     Two ranks train, fewer than 3: rank 2 is not retired (it was, when every other
     node's rank counted as training), and the job ends at ``--node_time_out``."""
-    absent = RankView(2, WorkerState.FAILED, failure=_failed(2), registered=True,
-                      down_since=0.0)
+    absent = RankView(2, WorkerState.COOLDOWN, deadline=10 * NODE_TIME_OUT, failure=_failed(2),
+                      registered=True, down_since=0.0, relaunch_why="rank 2 exited with code 1")
     view = JobView((absent, RankView(3, WorkerState.RUNNING, registered=True)),
-                   max_restarts=0, warm_spare=0, other_ranks=2, others_finished=False,
+                   max_restarts=1, warm_spare=0, other_ranks=2, others_finished=False,
                    node_rank=1, min_worker_num=3, rejoin_timeout=REJOIN_TIMEOUT,
                    node_time_out=NODE_TIME_OUT, others_training=1)
     assert decide(view, REJOIN_TIMEOUT) == [WaitUntil(NODE_TIME_OUT)]
