@@ -94,6 +94,18 @@ def test_a_death_while_a_relaunched_rank_waits_to_join_shrinks_to_the_survivors(
         ("shrink", [3], [0])]
 
 
+def formed(worker_num: int, min_worker_num: int) -> tuple[Membership, FakeClock,
+                                                           dict[str, int], dict[str, int]]:
+    """A membership whose first generation of every rank formed (its events drained); its
+    clock, the ranks' pids and incarnations by node id."""
+    clock = FakeClock()
+    ms = make(worker_num, min_worker_num, clock)
+    pids = {str(r): 100 + r for r in range(worker_num)}
+    join_all(ms, pids)
+    ms.drain_events()
+    return ms, clock, pids, dict.fromkeys(pids, 0)
+
+
 @settings(max_examples=200, deadline=None)
 @given(worker_num=st.integers(2, 5), spare=st.integers(0, 4),
        deaths=st.lists(st.tuples(st.booleans(), st.integers(0, 4)), max_size=12))
@@ -104,12 +116,7 @@ def test_every_generation_has_at_least_min_worker_num_live_members(
     announced by one ``membership`` event; a death leaving enough members shrinks the
     generation at once, and the job is whole again once every rank is back."""
     min_worker_num = max(1, worker_num - spare)
-    clock = FakeClock()
-    ms = make(worker_num, min_worker_num, clock)
-    pids = {str(r): 100 + r for r in range(worker_num)}
-    incarnations = dict.fromkeys(pids, 0)
-    join_all(ms, pids)
-    ms.drain_events()
+    ms, clock, pids, incarnations = formed(worker_num, min_worker_num)
     dead: set[str] = set()
     for relaunch, rank in deaths:
         before = {str(r) for r in ms.active_ranks()}
@@ -244,12 +251,7 @@ def test_retired_ranks_are_never_awaited_and_the_job_is_whole_without_them(
     least ``min_worker_num``; a rank that registers again is no longer retired; and once
     every rank not retired is live and ready, they are the generation, whatever is retired."""
     min_worker_num = max(1, worker_num - spare)
-    clock = FakeClock()
-    ms = make(worker_num, min_worker_num, clock)
-    pids = {str(r): 100 + r for r in range(worker_num)}
-    incarnations = dict.fromkeys(pids, 0)
-    join_all(ms, pids)
-    ms.drain_events()
+    ms, clock, pids, incarnations = formed(worker_num, min_worker_num)
     dead: set[int] = set()
     unready: set[int] = set()
     for move, drawn in moves:
