@@ -507,7 +507,8 @@ def _absent(view: JobView) -> list[_Absence]:
 def _absences(view: JobView, now: float) -> list[Action] | None:
     """Degraded training: retire the ranks absent for ``--rejoin_timeout`` while at least
     ``--min_worker_num`` train; with fewer, end the job once that lasted
-    ``--node_time_out`` (see the module docstring)."""
+    ``--node_time_out``, or at once when none of them can come back (see the module
+    docstring)."""
     absent = _absent(view)
     if not absent or view.restart_at is not None or not _degraded(view):
         return None
