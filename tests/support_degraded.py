@@ -5,7 +5,7 @@ The job is the MNIST template for 8 epochs of 12 000 samples on 3 ranks (1 000 s
 samples at full membership), logging after every committed step a ``committed ...`` line
 (``--log_params_hash``). Bitwise equality with a fault-free run cannot hold across a change
 of W, so what is checked is what must hold (tests/integration/test_degraded.py,
-tests/integration/test_chaos.py): the ranks that committed a step agree on its parameters,
+tests/integration/test_chaos_degraded.py): the ranks that committed a step agree on its parameters,
 its shares cover its micro-batches, each epoch's samples are a permutation of the data set
 (``constant``) or each trained at most once (``shrink``), every rank ends equal, and the
 final loss is within :data:`LOSS_TOLERANCE` of the fault-free run's.
