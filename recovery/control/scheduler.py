@@ -58,6 +58,7 @@ from recovery.control.rpc import (
     Op,
     describe_bind_error,
     listen_on,
+    news_key,
     open_client,
     ready_at,
     ready_value,
@@ -698,14 +699,18 @@ class Scheduler:
             self._check_end()
 
     def _bump_news(self) -> None:
-        """Add one to :data:`NEWS`, through a client of its own: anyone may set the key
-        to something that is not a number, and the store then drops the connection that
-        adds to it. Such a value is removed, and the count starts again."""
+        """Add one to :data:`NEWS` and set the key of the new count, which the
+        supervisors wait for (recovery/control/news_watch.py), through a client of its
+        own: anyone may set the counter to something that is not a number, and the store
+        then drops the connection that adds to it. Such a value is removed, and the count
+        starts again. The keys of past counts stay (a few bytes each, one per news): one
+        removed could be the one a supervisor is about to wait for."""
         for _attempt in range(2):
             try:
                 self._news = self._news or TCPStoreClient(self.config.host, self._port,
                                                           _TICKER_TIMEOUT)
-                self._news.add(NEWS, 1)
+                count = self._news.add(NEWS, 1)
+                self._news.set(news_key(count), str(count))
                 return
             except StoreError as err:
                 logger.warning("%s could not be raised (%s): reset", NEWS, err)
