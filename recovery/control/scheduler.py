@@ -122,6 +122,7 @@ _SAVED_LATER = frozenset({"register", "attach", "refuse"})
 that a relaunched scheduler does not know re-attaches with its next beat, under the same
 rank, and a refusal changes nothing. At tens of thousands of ranks a save takes seconds,
 and a generation's registrations would otherwise each wait for one."""
+_REGISTER = Op.REGISTER.value
 _KEPT = frozenset({Op.EXIT, Op.LEAVE, Op.INJECT, Op.LAST_WORDS})
 """The ops whose replies are kept for a retry: carried out twice, they would not do the
 same (a second cooldown, a second injection, a claim granted but never learned)."""
@@ -593,27 +594,28 @@ class Scheduler:
         (recovery/control/node_beats.py). The reply holds each rank's answer, in the
         request's order, as its own register or heartbeat would have had it."""
         node, ranks = request.fields["node"], request.fields["ranks"]
-        self.membership.heard_from_node(node, len(ranks))
+        membership, token, stamp = self.membership, self.config.token, self._stamp
+        membership.heard_from_node(node, len(ranks))
         self.node_beats += 1
         answers = []
-        for entry in ranks:
+        for entry in ranks:  # thousands a second: what does not change is looked up once
             identity = Identity.from_json(entry)
             age = entry["age"] / 1000
-            if entry["op"] == Op.REGISTER.value:
-                answer = self.membership.register(identity, self.config.token,
-                                                  entry["ready"] is not False, via=node)
+            if entry["op"] == _REGISTER:
+                answer = membership.register(identity, token, entry["ready"] is not False,
+                                             via=node)
             else:
-                sent = None if self._stamp is None else self._stamp - age
-                answer = self.membership.heartbeat(identity, self.config.token, entry["step"],
-                                                   entry["phase"], sent=sent,
-                                                   ready=entry["ready"], via=node, silent=age)
+                answer = membership.heartbeat(identity, token, entry["step"], entry["phase"],
+                                              sent=None if stamp is None else stamp - age,
+                                              ready=entry["ready"], via=node, silent=age)
             answers.append(self._handing_out_injections(answer))
         return {"ok": True, "ranks": answers}
 
     def _handing_out_injections(self, answer: Accepted | Refused) -> dict[str, Any]:
         """``answer`` as a reply, with the injections queued for an accepted rank."""
         reply = answer.to_json()
-        if isinstance(answer, Accepted) and (taken := self.injections.take(answer.rank)):
+        if self.injections.pending and isinstance(answer, Accepted) \
+                and (taken := self.injections.take(answer.rank)):
             reply["inject"] = [i.to_json() for i in taken]
             self._changed = True  # handed out: persisted before the reply, never again
         return reply
