@@ -565,7 +565,8 @@ def main() -> None:
                         help="seconds of each CPU and round-trip window")
     parser.add_argument("--heartbeat_timeout", type=float, default=30.0,
                         help="the job's heartbeat timeout (tftrun's default; beats every "
-                             "timeout / 5, news read every min(1 s, timeout / 5))")
+                             "timeout / 5; in rank mode news read every min(1 s, timeout "
+                             "/ 5), in node mode waited for)")
     add_json_flag(parser)
     args = parser.parse_args()
     if any(workers % args.ranks_per_node for workers in args.ranks) and "node" in args.mode:
