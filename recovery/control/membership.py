@@ -352,7 +352,8 @@ class Membership:
         member = self.members.get(node_id)
         if member is not None and member.state in LIVE_STATES and member.is_process(
                 identity.pid, identity.incarnation, identity.host):
-            return self._confirm(member)  # the same process asking again
+            self._confirm(member)  # the same process asking again
+            return self._accepted(member)
         rank = self._resolve_rank(node_id, identity)
         if isinstance(rank, Refused):
             return rank
@@ -769,7 +770,7 @@ class Membership:
         self._update_completeness()
         return self._accepted(member)
 
-    def _confirm(self, member: Member, sent: float | None = None) -> Accepted:
+    def _confirm(self, member: Member, sent: float | None = None) -> None:
         """A live member was heard from: it is alive (again, after a scheduler restart),
         as of ``sent`` (its request's signed stamp), or now."""
         member.heartbeat_at = max(member.heartbeat_at, self._heard_at(member, sent))
@@ -777,7 +778,6 @@ class Membership:
             member.transition(MemberState.ALIVE)
             self._emit("attach", **member.fields(), host=member.host,
                        generation=self._generation_of(member))
-        return self._accepted(member)
 
     def _accepted(self, member: Member) -> Accepted:
         return Accepted(member.node_id, member.rank, self._generation_of(member), self.fault_at)
