@@ -33,6 +33,7 @@ import json
 import logging
 import math
 import os
+import resource
 import select
 import signal
 import sys
@@ -807,11 +808,26 @@ def _spaced(least: float, cost: float) -> float:
     return max(least, cost / RULES_SHARE)
 
 
+def raise_open_files_limit() -> None:
+    """Raise this process's soft limit on open files to its hard limit: the store holds two
+    connections per node under tftrun (its beats, and its news watch) and one per rank
+    beating itself, and a soft limit of 1 024 (a common default) would refuse the
+    connections of a job past 500 nodes (docs/scale.md)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as err:  # an unlimited hard limit the kernel caps lower
+        logger.debug("open files limit kept at %d: %s", soft, err)
+
+
 def main() -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO,
                             format="%(asctime)s scheduler %(levelname)s %(message)s")
     os.umask(os.umask(0) | 0o022)  # what it writes is never world-writable
+    raise_open_files_limit()
     try:
         config = SchedulerConfig.from_env()
     except (MissingToken, WeakToken) as err:
