@@ -3,9 +3,10 @@
 A request reaches this module only once its signature verified (recovery/control/signing.py:
 its op, id and nonce are in its header). Its body is still checked as untrusted bytes, as
 a bug of a client, or a script of the user's, may send anything: at most
-:data:`MAX_REQUEST_BYTES`, UTF-8, JSON nested at most :data:`MAX_DEPTH` deep (checked before
-parsing where the text's brackets allow it, else by a walk of the parsed value), one
-object, no NaN or infinity,
+:data:`MAX_REQUEST_BYTES`, UTF-8, JSON nested at most :data:`MAX_DEPTH` deep (a text with no
+more brackets than that passes at once; any other is measured on its parsed value, and
+one nested past Python's recursion limit is refused as it is parsed), one object, no NaN
+or infinity,
 and for its op, every field of the right type: integers (a JSON number with an integral
 value) within 64 bits and their field's range, strings of bounded length, booleans.
 Fields an op does not have are ignored. What fails is a :class:`BadRequest`, answered
@@ -33,8 +34,6 @@ _NAME = 256
 """Characters of a name: node id, host, fault."""
 _TEXT = 4096
 """Characters of free text: a reason, a phase."""
-
-
 Quick = tuple[type, bool, int, int, tuple[str, ...] | None]
 """What a field's quick test takes (:meth:`Records._quickly`): its exact type, whether it
 may be null, its bounds (an integer's range, a string's length), its choices."""
