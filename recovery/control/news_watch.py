@@ -103,8 +103,8 @@ class NewsWatch:
                 if self._closed.wait(self._spacing):
                     break
                 continue  # the counter again: more may have come meanwhile
-            if count is None:  # not a number (a stranger's): the scheduler resets it
-                self._closed.wait(self._rearm)
+            if count is None:  # not a number (a stranger's) until the scheduler resets it:
+                self._closed.wait(self._spacing)  # read it as before, every spacing
             else:
                 client.wait([news_key(count + 1)], self._rearm)
         return seen

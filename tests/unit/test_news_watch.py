@@ -121,3 +121,23 @@ def test_close_ends_a_watch_blocked_on_the_store(store: TCPStore) -> None:
     started = time.monotonic()
     watch.close()
     assert time.monotonic() - started < 2
+
+
+def test_a_counter_that_is_not_a_number_is_read_every_spacing_until_it_is_reset(
+        store: TCPStore) -> None:
+    """A stranger's value in the counter: the watch has no key to wait for, so it reads
+    the counter every spacing, as supervisors did before, and news after the scheduler's
+    reset reaches it within a spacing, not a rearm."""
+    calls = Calls()
+    watch = NewsWatch("127.0.0.1", store.port, calls, spacing=0.1, rearm=60)
+    watch.start()
+    try:
+        calls.wait_for(1, 10)
+        store.set(NEWS, "not a number")
+        calls.wait_for(2, 10)  # it moved (to something unreadable)
+        time.sleep(0.3)
+        store.delete_key(NEWS)  # the scheduler's reset, then its next news
+        reset = bump(store)
+        assert calls.wait_for(3, 10) - reset < 0.1 + AT_ONCE
+    finally:
+        watch.close()
