@@ -8,7 +8,8 @@ key is set, and a thousand nodes waiting cost the store nothing until then, wher
 the counter every second cost it thousands of operations a second (docs/scale.md). The
 watch reads the counter only when it (re)connects, after each wake-up and every
 ``rearm`` seconds (a wait it cancels, so that a key removed by a stranger holds no news
-back for longer).
+back for longer); while the counter holds a stranger's value that is no number, it has
+no key to wait for and reads the counter every ``spacing``, as before.
 
 The counter and its keys are hints, as before: whoever sets them causes a beat, whose
 signed reply is the news. The watch calls back at most once per ``spacing`` seconds
