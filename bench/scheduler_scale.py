@@ -12,9 +12,9 @@ by hand as a launch script would: its own port, no supervisor) for that many wor
   ``--ranks_per_node`` ranks, many per thread. Each does what a node's beat server does
   (launcher/supervisor/beats.py), through the library's own code: a ``SchedulerLink``,
   ``recovery.control.node_beats.NodeBeats`` for the batches and their answers, one
-  ``node_beat`` per interval (jittered), the news counter read every
-  ``heartbeat_interval`` and a beat at once when it moved. Its ranks register through
-  it, all in one beat; they report a new step before each beat.
+  ``node_beat`` per interval (jittered), and a ``NewsWatch`` (its own store connection,
+  waiting for the scheduler's next news key) that makes it beat at once on news. Its
+  ranks register through it, all in one beat; they report a new step before each beat.
 * ``--mode rank`` (a rank beats itself, as a script started by hand): one thread per
   rank; it connects a ``SchedulerLink``, registers with ``Op.REGISTER`` and heartbeats
   with ``recovery.runtime.heartbeat.Heartbeat`` (timed around its ``beat``), spaced and
@@ -63,6 +63,7 @@ from common import add_json_flag, emit, free_port
 
 from recovery import env as names
 from recovery.control.membership import Identity
+from recovery.control.news_watch import NewsWatch
 from recovery.control.node_beats import NodeBeats
 from recovery.control.rpc import Op, SchedulerLink, SchedulerUnavailable, port_open
 from recovery.events import EVENTS_FILE
@@ -184,9 +185,13 @@ class SimulatedNode:
         self.ranks = ranks
         self.link = SchedulerLink(HOST, port, TOKEN, REPLY_TIMEOUT, run_id=RUN_ID)
         self.beats = NodeBeats(timeouts.heartbeat_timeout, timeouts.beat_interval, JITTER)
-        self.news_every = timeouts.heartbeat_interval
-        self.next_news = math.inf
-        self.news_seen: int | None = None
+        self.wake = threading.Event()
+        """Set on news: its driver's (shared by the nodes of a driver thread)."""
+        self.news_came = False
+        self.watching = threading.Event()
+        """Set once the news watch has read the counter: its connection is made."""
+        self.news = NewsWatch(HOST, port, self._on_news, spacing=timeouts.heartbeat_interval)
+        self.news.start()
         self.step = 0
         self.registered: set[int] = set()
         self.registered_at = 0.0
@@ -200,24 +205,23 @@ class SimulatedNode:
         return {"node_id": str(rank), "pid": os.getpid(), "incarnation": 1000 + rank,
                 "host": HOST, "rank": rank}
 
+    def _on_news(self) -> None:
+        self.news_came = True
+        self.watching.set()
+        self.wake.set()
+
     def register(self, now: float) -> None:
         for rank in self.ranks:
             self.beats.heard(rank, "register", self.identity(rank), now)
-        self.next_news = now + self.news_every
 
     def due(self) -> float:
-        return math.inf if self.silenced else min(self.next_news, self.beats.next_due())
+        return math.inf if self.silenced else -math.inf if self.news_came \
+            else self.beats.next_due()
 
     def act(self, now: float) -> None:
-        """What is due now: a look at the news counter, a beat, or both."""
-        if now >= self.next_news:
-            self.next_news = now + self.news_every
-            news = self.link.news()
-            if news is not None and news != self.news_seen:
-                self.news_seen = news
-                self.beat(now)
-                return
-        if now >= self.beats.next_due():
+        """A beat, when one is due or news came."""
+        if self.news_came or now >= self.beats.next_due():
+            self.news_came = False
             self.beat(now)
 
     def beat(self, now: float) -> None:
@@ -253,12 +257,16 @@ def node_name(index: int) -> str:
 
 
 def _drive(nodes: list[SimulatedNode], stop: threading.Event) -> None:
-    """Beat for ``nodes``, each when it is due, until ``stop``."""
+    """Beat for ``nodes``, each when it is due or has news, until ``stop``."""
+    wake = threading.Event()
+    for node in nodes:
+        node.wake = wake
     while not stop.is_set():
         node = min(nodes, key=SimulatedNode.due)
         wait = node.due() - time.monotonic()
         if wait > 0:
-            stop.wait(min(wait, 0.5))
+            wake.wait(min(wait, 0.5))
+            wake.clear()
             continue
         node.act(time.monotonic())
 
@@ -271,8 +279,9 @@ def simulate_nodes(nodes: list[int], per_node: int, port: int, timeouts: Timeout
     sims = {n: SimulatedNode(n, range(n * per_node, (n + 1) * per_node), port, timeouts)
             for n in nodes}
     started = time.monotonic()
-    unconnected = sum(not s.link.wait_connected(120) for s in sims.values())
-    print(f"simulator {os.getpid()}: {len(sims)} node links in "
+    unconnected = sum(not (s.link.wait_connected(120) and s.watching.wait(120))
+                      for s in sims.values())
+    print(f"simulator {os.getpid()}: {len(sims)} node links and news watches in "
           f"{time.monotonic() - started:.1f}s", file=sys.stderr, flush=True)
     results.put(("connected", unconnected))
     assert commands.get() == "go"
@@ -299,6 +308,7 @@ def simulate_nodes(nodes: list[int], per_node: int, port: int, timeouts: Timeout
     for thread in drivers:
         thread.join()
     for sim in everyone:
+        sim.news.close()
         sim.link.close()
     _send_trips(results, everyone)
 
@@ -555,7 +565,8 @@ def main() -> None:
                         help="seconds of each CPU and round-trip window")
     parser.add_argument("--heartbeat_timeout", type=float, default=30.0,
                         help="the job's heartbeat timeout (tftrun's default; beats every "
-                             "timeout / 5, news read every min(1 s, timeout / 5))")
+                             "timeout / 5; in rank mode news read every min(1 s, timeout "
+                             "/ 5), in node mode waited for)")
     add_json_flag(parser)
     args = parser.parse_args()
     if any(workers % args.ranks_per_node for workers in args.ranks) and "node" in args.mode:

@@ -6,8 +6,10 @@ One thread serves the connections: it records each report and answers a heartbea
 once from the scheduler's latest answer (recovery/control/node_beats.py); a
 registration waits for the next beat. Another sends the node's beats: every beat
 interval, at once for a registration or for a rank silent past the heartbeat timeout, and
-at once when the scheduler's news counter moved (read about once a second, for the whole
-node). The supervisor's loop never waits on either.
+at once when the scheduler has news: a store connection of the node's waits for its next
+news key (recovery/control/news_watch.py), so that news wakes the node the moment it is
+set and the store serves no reads of the counter meanwhile. The supervisor's loop never
+waits on any of them.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import threading
 import time
 from pathlib import Path
 
+from recovery.control.news_watch import NewsWatch
 from recovery.control.node_beats import MAX_LOCAL_BYTES, NodeBeats, decode, encode
 from recovery.control.rpc import Op, SchedulerLink, SchedulerUnavailable
 from recovery.control.signing import WRONG_TOKEN, local_proof_ok
@@ -51,12 +54,13 @@ class BeatServer:
         self.path = str(self._folder / "beats.sock")
         self._beats = NodeBeats(timeouts.heartbeat_timeout, timeouts.beat_interval,
                                 jitter=JITTER)
-        self._news_every = timeouts.heartbeat_interval
         self._token = token
         self._link = SchedulerLink(host, port, token, _REPLY_TIMEOUT, connect=False,
                                    run_id=run_id)
         self._lock = threading.Lock()  # the NodeBeats, and sends on the connections
         self._wake = threading.Event()
+        self._news_came = threading.Event()
+        self._news = NewsWatch(host, port, self._on_news, spacing=timeouts.heartbeat_interval)
         self._closed = threading.Event()
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._listener.bind(self.path)
@@ -79,6 +83,7 @@ class BeatServer:
         for thread in self._threads:
             if thread.is_alive():
                 thread.join(_JOIN)
+        self._news.close()
         with self._lock:
             for conn in self._connections.values():
                 conn.close()
@@ -108,6 +113,7 @@ class BeatServer:
     def _accept(self, selector: selectors.BaseSelector) -> None:
         conn, _address = self._listener.accept()
         self._link.start()
+        self._news.start()
         with self._lock:
             self._connections[conn.fileno()] = conn
         selector.register(conn, selectors.EVENT_READ)
@@ -151,28 +157,27 @@ class BeatServer:
                 pass
 
     # ----------------------------------------------------------------- scheduler side
+    def _on_news(self) -> None:
+        """The scheduler's news counter moved (the news watch's thread)."""
+        self._news_came.set()
+        self._wake.set()
+
     def _beat(self) -> None:
-        news_seen: int | None = None
-        next_news = time.monotonic()
         while not self._closed.is_set():
             with self._lock:
                 due = self._beats.next_due()
             now = time.monotonic()
             if due == -math.inf:
                 self._closed.wait(_GATHER)
-            elif now < due:
-                self._wake.wait(min(due, next_news) - now)
+            elif now < due and not self._news_came.is_set():
+                self._wake.wait(due - now)
                 self._wake.clear()
                 if self._closed.is_set():
                     return
-            now = time.monotonic()
-            if now >= next_news:
-                next_news = now + self._news_every
-                news = self._link.news()
-                if news is not None and news != news_seen:
-                    news_seen = news
-                    self._send_beats()  # something happened: every rank hears it now
-                    continue
+            if self._news_came.is_set():
+                self._news_came.clear()
+                self._send_beats()  # something happened: every rank hears it now
+                continue
             with self._lock:
                 due = self._beats.next_due()
             if time.monotonic() >= due:

@@ -374,7 +374,8 @@ class Membership:
         member = self.members.get(node_id)
         if member is not None and member.state in LIVE_STATES and member.is_process(
                 identity.pid, identity.incarnation, identity.host):
-            return self._confirm(member)  # the same process asking again
+            self._confirm(member)  # the same process asking again
+            return self._accepted(member)
         rank = self._resolve_rank(node_id, identity)
         if isinstance(rank, Refused):
             return rank
@@ -815,7 +816,7 @@ class Membership:
         self.retired.discard(member.rank)
         member.via = via
 
-    def _confirm(self, member: Member, sent: float | None = None) -> Accepted:
+    def _confirm(self, member: Member, sent: float | None = None) -> None:
         """A live member was heard from: it is alive (again, after a scheduler restart),
         as of ``sent`` (its request's signed stamp), or now."""
         member.heartbeat_at = max(member.heartbeat_at, self._heard_at(member, sent))
@@ -823,7 +824,6 @@ class Membership:
             member.transition(MemberState.ALIVE)
             self._emit("attach", **member.fields(), host=member.host,
                        generation=self._generation_of(member))
-        return self._accepted(member)
 
     def _accepted(self, member: Member) -> Accepted:
         return Accepted(member.node_id, member.rank, self._generation_of(member), self.fault_at)

@@ -73,6 +73,8 @@ __all__ = [
     "Op",
     "REQUESTS",
     "NEWS",
+    "MAX_NEWS_BYTES",
+    "news_key",
     "reply_key",
     "ready_key",
     "ready_at",
@@ -96,8 +98,9 @@ MAX_REPLY_BYTES = 8 << 20
 """A reply announced larger than this is nobody's (a status of thousands of members is
 far smaller): its connection is dropped before the value is read."""
 NEWS = "tft/news"
+"""The news counter (see the module docstring)."""
 _RECONNECT_PAUSE = 0.1
-_MAX_NEWS_BYTES = 65_536
+MAX_NEWS_BYTES = 65_536
 """The news counter is a few digits; a stranger's value up to this is read and ignored
 (a longer one costs the connection)."""
 _PROBE_TIMEOUT = 1.0
@@ -119,6 +122,12 @@ class Op(str, Enum):
     TICK = "tick"
     NODE_RANK = "node_rank"
     RETIRE = "retire"
+
+
+def news_key(count: int) -> str:
+    """Set by the scheduler when :data:`NEWS` reaches ``count``: a supervisor waits for
+    the key of the next count instead of reading the counter (recovery/control/news_watch.py)."""
+    return f"{NEWS}/{count}"
 
 
 def reply_key(rid: str) -> str:
@@ -354,7 +363,7 @@ class SchedulerLink:
                 # that adds to it, requests in flight included.
                 if not client.check([NEWS]):
                     return 0
-                news = client.get(NEWS, _MAX_NEWS_BYTES)
+                news = client.get(NEWS, MAX_NEWS_BYTES)
             except StoreError:
                 self._drop()
                 return None

@@ -33,6 +33,7 @@ import json
 import logging
 import math
 import os
+import resource
 import select
 import signal
 import sys
@@ -58,6 +59,7 @@ from recovery.control.rpc import (
     Op,
     describe_bind_error,
     listen_on,
+    news_key,
     open_client,
     ready_at,
     ready_value,
@@ -121,6 +123,7 @@ _SAVED_LATER = frozenset({"register", "attach", "refuse"})
 that a relaunched scheduler does not know re-attaches with its next beat, under the same
 rank, and a refusal changes nothing. At tens of thousands of ranks a save takes seconds,
 and a generation's registrations would otherwise each wait for one."""
+_REGISTER = Op.REGISTER.value
 _KEPT = frozenset({Op.EXIT, Op.LEAVE, Op.INJECT, Op.LAST_WORDS})
 """The ops whose replies are kept for a retry: carried out twice, they would not do the
 same (a second cooldown, a second injection, a claim granted but never learned)."""
@@ -593,27 +596,28 @@ class Scheduler:
         (recovery/control/node_beats.py). The reply holds each rank's answer, in the
         request's order, as its own register or heartbeat would have had it."""
         node, ranks = request.fields["node"], request.fields["ranks"]
-        self.membership.heard_from_node(node, len(ranks))
+        membership, token, stamp = self.membership, self.config.token, self._stamp
+        membership.heard_from_node(node, len(ranks))
         self.node_beats += 1
         answers = []
-        for entry in ranks:
+        for entry in ranks:  # thousands a second: what does not change is looked up once
             identity = Identity.from_json(entry)
             age = entry["age"] / 1000
-            if entry["op"] == Op.REGISTER.value:
-                answer = self.membership.register(identity, self.config.token,
-                                                  entry["ready"] is not False, via=node)
+            if entry["op"] == _REGISTER:
+                answer = membership.register(identity, token, entry["ready"] is not False,
+                                             via=node)
             else:
-                sent = None if self._stamp is None else self._stamp - age
-                answer = self.membership.heartbeat(identity, self.config.token, entry["step"],
-                                                   entry["phase"], sent=sent,
-                                                   ready=entry["ready"], via=node, silent=age)
+                answer = membership.heartbeat(identity, token, entry["step"], entry["phase"],
+                                              sent=None if stamp is None else stamp - age,
+                                              ready=entry["ready"], via=node, silent=age)
             answers.append(self._handing_out_injections(answer))
         return {"ok": True, "ranks": answers}
 
     def _handing_out_injections(self, answer: Accepted | Refused) -> dict[str, Any]:
         """``answer`` as a reply, with the injections queued for an accepted rank."""
         reply = answer.to_json()
-        if isinstance(answer, Accepted) and (taken := self.injections.take(answer.rank)):
+        if self.injections.pending and isinstance(answer, Accepted) \
+                and (taken := self.injections.take(answer.rank)):
             reply["inject"] = [i.to_json() for i in taken]
             self._changed = True  # handed out: persisted before the reply, never again
         return reply
@@ -704,14 +708,18 @@ class Scheduler:
             self._check_end()
 
     def _bump_news(self) -> None:
-        """Add one to :data:`NEWS`, through a client of its own: anyone may set the key
-        to something that is not a number, and the store then drops the connection that
-        adds to it. Such a value is removed, and the count starts again."""
+        """Add one to :data:`NEWS` and set the key of the new count, which the
+        supervisors wait for (recovery/control/news_watch.py), through a client of its
+        own: anyone may set the counter to something that is not a number, and the store
+        then drops the connection that adds to it. Such a value is removed, and the count
+        starts again. The keys of past counts stay (a few bytes each, one per news): one
+        removed could be the one a supervisor is about to wait for."""
         for _attempt in range(2):
             try:
                 self._news = self._news or TCPStoreClient(self.config.host, self._port,
                                                           _TICKER_TIMEOUT)
-                self._news.add(NEWS, 1)
+                count = self._news.add(NEWS, 1)
+                self._news.set(news_key(count), str(count))
                 return
             except StoreError as err:
                 logger.warning("%s could not be raised (%s): reset", NEWS, err)
@@ -806,11 +814,26 @@ def _spaced(least: float, cost: float) -> float:
     return max(least, cost / RULES_SHARE)
 
 
+def raise_open_files_limit() -> None:
+    """Raise this process's soft limit on open files to its hard limit: the store holds two
+    connections per node under tftrun (its beats, and its news watch) and one per rank
+    beating itself, and a soft limit of 1 024 (a common default) would refuse the
+    connections of a job past 500 nodes (docs/scale.md)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as err:  # an unlimited hard limit the kernel caps lower
+        logger.debug("open files limit kept at %d: %s", soft, err)
+
+
 def main() -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO,
                             format="%(asctime)s scheduler %(levelname)s %(message)s")
     os.umask(os.umask(0) | 0o022)  # what it writes is never world-writable
+    raise_open_files_limit()
     try:
         config = SchedulerConfig.from_env()
     except (MissingToken, WeakToken) as err:

@@ -43,6 +43,7 @@ class Query(enum.IntEnum):
     CHECK = 5
     WAIT = 6
     DELETE_KEY = 8
+    CANCEL_WAIT = 12
     PING = 13
     QUEUE_PUSH = 14
 
@@ -51,6 +52,9 @@ _READY = 0
 """The answer to ``CHECK`` when every key is set (``CheckResponseType::READY``)."""
 _STOP_WAITING = 0
 """The answer to ``WAIT`` once every key is set (``WaitResponseType::STOP_WAITING``)."""
+_WAIT_CANCELED = 1
+"""The answer to ``CANCEL_WAIT`` (``WaitResponseType::WAIT_CANCELED``), sent after a
+``STOP_WAITING`` when the keys came as the wait was cancelled."""
 
 
 class StoreError(ConnectionError):
@@ -158,10 +162,49 @@ class TCPStoreClient:
         self._send(bytes([Query.DELETE_KEY]) + _key(key))
         return self._unpack("<q") > 0
 
+    def wait(self, keys: Sequence[str], timeout: float) -> bool:
+        """Wait until every one of ``keys`` is set; False when they were not within
+        ``timeout`` seconds (the store forgets the wait, the connection stays usable).
+
+        The store answers a wait when the last of its keys is set, at once if they are;
+        a client blocked here costs it nothing meanwhile.
+        """
+        self._send(bytes([Query.WAIT]) + _keys(keys))
+        self._sock.settimeout(timeout)
+        try:
+            answer = self._sock.recv(1)
+        except TimeoutError:
+            answer = None
+        except OSError as err:
+            self._broken(StoreError, f"receiving: {err}")
+        finally:
+            if self._sock.fileno() >= 0:
+                self._sock.settimeout(self.timeout)
+        if answer == b"":
+            self._broken(StoreError, "the connection was closed")
+        if answer is None:  # given up: the keys may still come before the cancel does
+            self._send(bytes([Query.CANCEL_WAIT]))
+            answer = self._receive(1)
+            if answer[0] == _STOP_WAITING:
+                self._expect(_WAIT_CANCELED, "a cancelled wait")
+                return True
+            if answer[0] != _WAIT_CANCELED:
+                self._broken(StoreError, "it answered a cancelled wait unexpectedly")
+            return False
+        if answer[0] != _STOP_WAITING:
+            self._broken(StoreError, "it answered a wait unexpectedly")
+        return True
+
     def queue_push(self, queue: str, value: str | bytes) -> None:
         self._send(bytes([Query.QUEUE_PUSH]) + _key(queue) + _encoded(value))
 
     def close(self) -> None:
+        """Close the connection; an operation blocked on it in another thread (a
+        :meth:`wait`) ends with a :class:`StoreError`."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)  # close() alone wakes no blocked recv
+        except OSError:
+            pass  # not connected any more
         self._sock.close()
 
     # ----------------------------------------------------------------- the socket
@@ -172,6 +215,10 @@ class TCPStoreClient:
             self._broken(StoreTimeout, "sending")
         except OSError as err:
             self._broken(StoreError, f"sending: {err}")
+
+    def _expect(self, byte: int, what: str) -> None:
+        if self._unpack("<B") != byte:
+            self._broken(StoreError, f"it answered {what} unexpectedly")
 
     def _read_value(self, limit: int) -> bytes:
         size = self._unpack("<Q")

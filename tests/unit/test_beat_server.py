@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 from sched_inprocess import TOKEN, scheduler_config
 
 from launcher.supervisor.beats import BeatServer
 from recovery.control.beat_channel import LocalLink
-from recovery.control.rpc import Op
+from recovery.control.rpc import Op, SchedulerLink
 from recovery.control.scheduler import Scheduler
 from recovery.env import DEFAULT_RUN_ID
 from recovery.timeouts import Timeouts
-from support import free_tcp_port
+from support import free_tcp_port, wait_for_event
 
 ANSWER_WITHIN = 3.0
 """Seconds a registration may take here: below the 5 s a node beat waits for its reply,
@@ -47,3 +48,45 @@ def test_a_worker_that_registers_before_the_scheduler_serves_is_answered_once_it
         sched.request_stop("the test is over")
         starter.join(10)
     assert reply["ok"] and reply["rank"] == 0
+
+
+NEWS_WITHIN = 0.5
+"""Seconds from the scheduler's news to the node's beat that fetches it: half the second
+at which a supervisor read the news counter before it waited for news instead."""
+
+
+def test_news_reaches_the_node_at_once(tmp_path: Path) -> None:
+    """An injection (news) is fetched by the node's next beat the moment the scheduler
+    has it, not at the node's next read of the news counter (up to a second later), nor
+    at its next spaced beat (6 s)."""
+    port = free_tcp_port()
+    sched = Scheduler(scheduler_config(tmp_path, port, worker_num=1))
+    runner = threading.Thread(target=sched.run, daemon=True)
+    runner.start()
+    server = BeatServer("h/0", "127.0.0.1", port, TOKEN, DEFAULT_RUN_ID, Timeouts())
+    worker = LocalLink(server.path, ANSWER_WITHIN, TOKEN)
+    tftctl = SchedulerLink("127.0.0.1", port, TOKEN, ANSWER_WITHIN)
+    identity = {"node_id": "0", "pid": os.getpid(), "incarnation": 0, "host": "h", "rank": 0}
+    server.start()
+    try:
+        assert worker.call(Op.REGISTER, **identity, ready=True)["ok"]
+        wait_for_event(tmp_path / "logs", 10, "the generation", event="generation")
+        # Past the news watch's spacing (a second): the generation's news is told.
+        time.sleep(1.5)
+        assert tftctl.wait_connected(10)
+        asked = time.monotonic()
+        assert tftctl.call(Op.INJECT, rank=0, fault="hang", at_step=100)["ok"]
+        # The worker's own heartbeat: answered at once with the node's latest answer.
+        while "inject" not in (answer := worker.call(Op.HEARTBEAT, **identity, step=1,
+                                                     phase="train", ready=True)) \
+                and time.monotonic() - asked < 10:
+            time.sleep(0.01)
+        fetched = time.monotonic() - asked
+    finally:
+        tftctl.close()
+        worker.close()
+        server.close()
+        sched.request_stop("the test is over")
+        runner.join(10)
+    assert fetched < NEWS_WITHIN
+    assert [i["fault"] for i in answer.get("inject", [])] == ["hang"]

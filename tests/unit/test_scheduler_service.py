@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -114,3 +116,15 @@ def test_a_worker_refused_until_cluster_time_out_gives_up_with_the_reason() -> N
                        r"registration refused \(duplicate\): node 1 is held"):
         _register(RefusingLink(), Identity("1", 1, 0, "h"),  # type: ignore[arg-type]
                   time.monotonic() + 0.3)
+
+
+def test_the_scheduler_raises_its_open_files_limit_for_a_connection_per_node_and_news() -> None:
+    """Two store connections per node (beats, news watch): a soft limit of 1 024 would
+    refuse nodes past 500; the scheduler takes its hard limit."""
+    code = ("import resource; from recovery.control.scheduler import raise_open_files_limit; "
+            "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE); "
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard)); "
+            "raise_open_files_limit(); print(resource.getrlimit(resource.RLIMIT_NOFILE) == (hard, hard))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          check=True)
+    assert done.stdout.strip() == "True"

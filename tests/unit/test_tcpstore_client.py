@@ -121,3 +121,39 @@ def test_a_value_announced_longer_than_the_caller_takes_is_not_read(server: TCPS
         ours.get("huge", 65_536)
     with pytest.raises(StoreError):
         ours.check(["huge"])
+
+
+def test_wait_returns_at_once_for_keys_already_set(server: TCPStore,
+                                                   client: TCPStoreClient) -> None:
+    server.set("here/1", "x")
+    server.set("here/2", "y")
+    started = time.monotonic()
+    assert client.wait(["here/1", "here/2"], timeout=5.0)
+    assert time.monotonic() - started < 2
+
+
+def test_wait_wakes_when_the_last_key_is_set_by_torchs_client(server: TCPStore,
+                                                              client: TCPStoreClient) -> None:
+    server.set("some/1", "x")
+    setter = threading.Timer(0.3, lambda: server.set("some/2", "y"))
+    started = time.monotonic()
+    setter.start()
+    try:
+        assert client.wait(["some/1", "some/2"], timeout=30.0)
+    finally:
+        setter.join()
+    assert 0.2 < time.monotonic() - started < 10
+
+
+def test_a_wait_that_times_out_is_cancelled_and_the_connection_stays_usable(
+        server: TCPStore, client: TCPStoreClient) -> None:
+    """Torch's server keeps a client's wait until its keys come or it cancels it
+    (CANCEL_WAIT): after a timeout the store must not answer the old wait later, in the
+    middle of another operation's answer."""
+    started = time.monotonic()
+    assert not client.wait(["cancelled/1"], timeout=0.2)
+    assert 0.15 < time.monotonic() - started < 5
+    server.set("cancelled/1", "now")  # a STOP_WAITING for the old wait would come now
+    assert client.add("after-cancel", 3) == 3
+    assert client.get("cancelled/1", 8) == b"now"
+    assert client.wait(["cancelled/1"], timeout=1.0)

@@ -1,0 +1,121 @@
+"""Wake up on the scheduler's news instead of reading its counter every second.
+
+The scheduler adds one to the counter :data:`~recovery.control.rpc.NEWS` whenever it has
+news, and sets the key :func:`~recovery.control.rpc.news_key` of the new count
+(recovery/control/scheduler.py). A :class:`NewsWatch` holds a store connection of its own
+blocked in a ``WAIT`` on the key of the next count: the store answers it the moment the
+key is set, and a thousand nodes waiting cost the store nothing until then, where reading
+the counter every second cost it thousands of operations a second (docs/scale.md). The
+watch reads the counter only when it (re)connects, after each wake-up and every
+``rearm`` seconds (a wait it cancels, so that a key removed by a stranger holds no news
+back for longer); while the counter holds a stranger's value that is no number, it has
+no key to wait for and reads the counter every ``spacing``, as before.
+
+The counter and its keys are hints, as before: whoever sets them causes a beat, whose
+signed reply is the news. The watch calls back at most once per ``spacing`` seconds
+(the rate at which the counter used to be read), so that keys set in a flood cost a
+node no more beats than before.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from recovery.control.rpc import MAX_NEWS_BYTES, NEWS, news_key
+from recovery.control.tcpstore_client import StoreError, TCPStoreClient
+
+__all__ = ["NewsWatch"]
+
+logger = logging.getLogger(__name__)
+
+_CONNECT_TIMEOUT = 5.0
+_RECONNECT_PAUSE = 0.5
+
+
+class NewsWatch:
+    """Calls ``on_news`` when the scheduler's news counter moves (and once at the start).
+
+    Args:
+        host: the scheduler's store.
+        port: its port.
+        on_news: called in the watch's thread; it must not block.
+        spacing: seconds between two calls at the least.
+        rearm: seconds a wait lasts before the counter is read again.
+    """
+
+    def __init__(self, host: str, port: int, on_news: Callable[[], object],
+                 spacing: float, rearm: float = 30.0) -> None:
+        self._where = (host, port)
+        self._on_news = on_news
+        self._spacing = spacing
+        self._rearm = rearm
+        self._closed = threading.Event()
+        self._client: TCPStoreClient | None = None
+        self._lock = threading.Lock()  # the client, against close()
+        self._thread = threading.Thread(target=self._watch, name="tft-news-watch",
+                                        daemon=True)
+        self._started = False
+
+    def start(self) -> None:
+        """Start watching, if not yet."""
+        with self._lock:
+            if not self._started and not self._closed.is_set():
+                self._started = True
+                self._thread.start()
+
+    def close(self) -> None:
+        """Stop: a blocked wait ends with its connection."""
+        self._closed.set()
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+        if self._started:
+            self._thread.join(_CONNECT_TIMEOUT)
+
+    def _watch(self) -> None:
+        seen: int | None = None
+        while not self._closed.is_set():
+            try:
+                client = TCPStoreClient(*self._where, _CONNECT_TIMEOUT)
+            except StoreError:
+                self._closed.wait(_RECONNECT_PAUSE)
+                continue
+            with self._lock:
+                if self._closed.is_set():
+                    client.close()
+                    return
+                self._client = client
+            try:
+                seen = self._follow(client, seen)
+            except StoreError as err:  # the scheduler ended (or is relaunched), or closed
+                logger.debug("news watch: %s", err)
+            client.close()
+            self._closed.wait(_RECONNECT_PAUSE)
+
+    def _follow(self, client: TCPStoreClient, seen: int | None) -> int | None:
+        """Wait for each next count on ``client`` until it breaks (StoreError)."""
+        while not self._closed.is_set():
+            count = _count(client)
+            if count != seen:
+                seen = count
+                self._on_news()
+                if self._closed.wait(self._spacing):
+                    break
+                continue  # the counter again: more may have come meanwhile
+            if count is None:  # not a number (a stranger's) until the scheduler resets it:
+                self._closed.wait(self._spacing)  # read it as before, every spacing
+            else:
+                client.wait([news_key(count + 1)], self._rearm)
+        return seen
+
+
+def _count(client: TCPStoreClient) -> int | None:
+    """The counter's value (0 while unset); ``None`` when it is not a number."""
+    if not client.check([NEWS]):
+        return 0
+    try:
+        return int(client.get(NEWS, MAX_NEWS_BYTES))
+    except ValueError:
+        return None

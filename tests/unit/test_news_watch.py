@@ -1,0 +1,143 @@
+"""The news watch (recovery/control/news_watch.py) against torch's own TCPStore server."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from torch.distributed import TCPStore
+
+from recovery.control.news_watch import NewsWatch
+from recovery.control.rpc import NEWS, news_key
+
+pytestmark = pytest.mark.timeout(60)
+
+AT_ONCE = 0.5
+"""Seconds within which news must reach the watch: half the second at which the counter
+was read before, and far more than a store round trip."""
+SPACING = 0.2
+
+
+@pytest.fixture
+def store() -> Iterator[TCPStore]:
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                      timeout=timedelta(seconds=10))
+    yield server
+    del server
+
+
+class Calls:
+    """The watch's calls, with the moment of each, awaited with a timeout."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._came = threading.Condition()
+
+    def __call__(self) -> None:
+        with self._came:
+            self.times.append(time.monotonic())
+            self._came.notify_all()
+
+    def wait_for(self, count: int, timeout: float) -> float:
+        """When the ``count``-th call came (AssertionError if not within ``timeout``)."""
+        with self._came:
+            assert self._came.wait_for(lambda: len(self.times) >= count, timeout), \
+                f"{len(self.times)} call(s), not {count}, within {timeout}s"
+            return self.times[count - 1]
+
+
+def bump(store: TCPStore) -> float:
+    """What the scheduler does when it has news; when it did."""
+    count = store.add(NEWS, 1)
+    store.set(news_key(count), str(count))
+    return time.monotonic()
+
+
+@pytest.fixture
+def watched(store: TCPStore) -> Iterator[tuple[NewsWatch, Calls]]:
+    calls = Calls()
+    watch = NewsWatch("127.0.0.1", store.port, calls, spacing=SPACING)
+    watch.start()
+    try:
+        yield watch, calls
+    finally:
+        watch.close()
+
+
+def test_news_wakes_the_watch_at_once(store: TCPStore, watched: tuple[NewsWatch, Calls]
+                                      ) -> None:
+    """The watch calls back once at the start (the counter read), then once per news, the
+    moment its key is set: it waits on the store, it does not read the counter every
+    second."""
+    _watch, calls = watched
+    calls.wait_for(1, 10)
+    time.sleep(2 * SPACING)  # past the spacing: the watch waits on the store now
+    for count in (2, 3):
+        sent = bump(store)
+        assert calls.wait_for(count, 10) - sent < AT_ONCE
+        time.sleep(2 * SPACING)
+    assert len(calls.times) == 3
+
+
+def test_news_within_the_spacing_is_told_once_the_spacing_is_over(
+        store: TCPStore, watched: tuple[NewsWatch, Calls]) -> None:
+    """Keys set in a burst (or a flood) cost one call per spacing, and none is lost."""
+    _watch, calls = watched
+    first = calls.wait_for(1, 10)
+    for _ in range(5):
+        bump(store)
+    second = calls.wait_for(2, 10)
+    assert second - first >= SPACING * 0.9
+    time.sleep(3 * SPACING)
+    assert len(calls.times) == 2  # the burst was one piece of news
+
+
+def test_a_counter_moved_without_its_key_is_seen_when_the_wait_is_rearmed(
+        store: TCPStore) -> None:
+    """A key removed by a stranger (or never set) holds news back for one ``rearm`` at
+    most: the wait is cancelled and the counter read again."""
+    calls = Calls()
+    watch = NewsWatch("127.0.0.1", store.port, calls, spacing=0.05, rearm=0.5)
+    watch.start()
+    try:
+        calls.wait_for(1, 10)
+        time.sleep(0.2)
+        moved = time.monotonic()
+        store.add(NEWS, 1)  # no key
+        assert calls.wait_for(2, 10) - moved < 0.5 + AT_ONCE
+    finally:
+        watch.close()
+
+
+def test_close_ends_a_watch_blocked_on_the_store(store: TCPStore) -> None:
+    calls = Calls()
+    watch = NewsWatch("127.0.0.1", store.port, calls, spacing=0.01, rearm=60)
+    watch.start()
+    calls.wait_for(1, 10)
+    time.sleep(0.2)  # blocked in its wait
+    started = time.monotonic()
+    watch.close()
+    assert time.monotonic() - started < 2
+
+
+def test_a_counter_that_is_not_a_number_is_read_every_spacing_until_it_is_reset(
+        store: TCPStore) -> None:
+    """A stranger's value in the counter: the watch has no key to wait for, so it reads
+    the counter every spacing, as supervisors did before, and news after the scheduler's
+    reset reaches it within a spacing, not a rearm."""
+    calls = Calls()
+    watch = NewsWatch("127.0.0.1", store.port, calls, spacing=0.1, rearm=60)
+    watch.start()
+    try:
+        calls.wait_for(1, 10)
+        store.set(NEWS, "not a number")
+        calls.wait_for(2, 10)  # it moved (to something unreadable)
+        time.sleep(0.3)
+        store.delete_key(NEWS)  # the scheduler's reset, then its next news
+        reset = bump(store)
+        assert calls.wait_for(3, 10) - reset < 0.1 + AT_ONCE
+    finally:
+        watch.close()
