@@ -161,6 +161,22 @@ def assert_trained_through(log_dir: Path, policy: str) -> BySteps:
     return by_step
 
 
+def assert_shrink_seen(log_dir: Path, by_step: BySteps) -> None:
+    """What ``--batch_policy=shrink`` shows: more, smaller steps than a fault-free run; the
+    step events' ``total`` (the live view's bar) never behind the step and, the job whole
+    again, its real end on every rank; and their ``batch`` (the samples/s) smaller while
+    degraded, a whole number of micro-batches."""
+    assert len(by_step) > STEPS
+    step_events = events(log_dir, "step")
+    behind = [(e["rank"], e["step"], e["total"]) for e in step_events if e["step"] > e["total"]]
+    assert not behind, f"step events past their total: {behind[:5]}"
+    last = {e["rank"]: e["total"] for e in step_events}
+    assert last == dict.fromkeys(range(WORKERS), max(by_step)), last
+    batches = {e["batch"] for e in step_events if e["batch"] is not None}
+    assert WORKERS * BATCH in batches and len(batches) > 1, batches
+    assert batches <= {live * BATCH for live in range(1, WORKERS + 1)}, batches
+
+
 def degraded_steps(by_step: BySteps) -> list[int]:
     """The steps a generation of fewer than :data:`WORKERS` ranks committed."""
     return [step for step, generations in by_step.items()

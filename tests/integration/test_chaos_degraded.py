@@ -12,9 +12,10 @@ test_degraded.py's invariants: tftrun exits 0, the survivors train alone (a ``sh
 them) in their first processes, the ranks that committed a step agree on its parameters
 (the healed ones included), each epoch's samples are a permutation of the data set
 (``constant``) or each trained at most once with only the tail left (``shrink``), every rank
-ends with the same parameters, and under ``constant`` the final loss is within
+ends with the same parameters; under ``constant`` the final loss is within
 ``LOSS_TOLERANCE`` of the fault-free run's (``degraded_reference``, the run test_degraded.py
-compares against: no fault-free run per trial).
+compares against: no fault-free run per trial); under ``shrink`` the steps are more and
+smaller, and the step events' ``total`` and ``batch`` say so (``assert_shrink_seen``).
 
 Every trial prints the seed and its own description, and the seed is in its test id:
 ``TFT_CHAOS_SEED=<seed> pytest tests/integration/test_chaos_degraded.py`` replays them.
@@ -30,7 +31,13 @@ import pytest
 from support import events, pid_gone, wait_for
 from support_chaos import CHAOS_SEED, POLICIES, SEED_VARIABLE, DegradedTrial, degraded_schedule
 from support_chaos_jobs import Job, assert_struck_only, chaos_job, job_pids, kill, worker_spawns
-from support_degraded import assert_loss_within_tolerance, assert_trained_through, degraded_job, degraded_steps
+from support_degraded import (
+    assert_loss_within_tolerance,
+    assert_shrink_seen,
+    assert_trained_through,
+    degraded_job,
+    degraded_steps,
+)
 from support_mnist import START, WORKERS
 
 SEED = CHAOS_SEED
@@ -81,5 +88,7 @@ def test_degraded_chaos_trial(tmp_path: Path, free_port: int, request: pytest.Fi
     assert degraded_steps(by_step), f"no step was trained degraded {context}"
     if trial.policy == "constant":  # the same update as at N: the same loss, to rounding
         assert_loss_within_tolerance(tmp_path / "recovery", request.getfixturevalue("degraded_reference"))
+    else:
+        assert_shrink_seen(log_dir, by_step)
     wait_for(lambda: all(pid_gone(pid) for pid in job_pids(log_dir)), 10,
              f"every process of the job gone [{replay}]")
