@@ -34,6 +34,8 @@ from launcher.view.logs import LogFollower
 from recovery import env as names
 
 __all__ = ["Children", "node_workers"]
+LOG_HEADER = "==== tftrun: "
+"""How the line tftrun writes to a log before each launch begins (:meth:`Children.header`)."""
 
 _ALIVE = (WorkerState.RUNNING, WorkerState.STOPPING)
 
@@ -84,7 +86,7 @@ class Children:
         return self._store_socket is not None
 
     def header(self, spec: ProcessSpec, incarnation: int) -> str:
-        return (f"==== tftrun: {spec.role.value} rank={spec.rank} incarnation={incarnation} "
+        return (f"{LOG_HEADER}{spec.role.value} rank={spec.rank} incarnation={incarnation} "
                 f"restart_count={self.restart_count} at {time.strftime('%Y-%m-%d %H:%M:%S')} ====")
 
     def _spawn(self, spec: ProcessSpec, incarnation: int, pass_fds: tuple[int, ...] = ()) -> Child:
@@ -101,7 +103,7 @@ class Children:
                    incarnation=incarnation, restart_count=self.restart_count, **fields)
         if self._follower is not None and self.config.shows_output(spec.rank):
             label = f"rank {spec.rank}" if spec.role is Role.WORKER else spec.role.value
-            self._follower.follow(spec.log_path, label)
+            self._follower.follow(spec.log_path, label, after=LOG_HEADER)
         return child
 
     def start_fork_server(self) -> None:

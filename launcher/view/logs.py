@@ -56,9 +56,14 @@ class LogFollower(threading.Thread):
         self._lock = threading.Lock()
         self._stop_event = threading.Event()
 
-    def follow(self, path: Path, label: str) -> None:
-        """Start streaming ``path`` from its current end, each line prefixed by ``label``."""
-        offset = path.stat().st_size if path.exists() else 0
+    def follow(self, path: Path, label: str, after: str | None = None) -> None:
+        """Start streaming ``path``, each line prefixed by ``label``: from just after its
+        last line that begins with ``after`` (a launch's header: a process forked warm
+        may have written its first lines, or all of them, before it is followed), or
+        from its current end."""
+        offset = _after_last(path, after.encode()) if after else None
+        if offset is None:
+            offset = path.stat().st_size if path.exists() else 0
         with self._lock:
             self._files[path] = (label, offset)
 
@@ -88,3 +93,27 @@ class LogFollower(threading.Thread):
         if self.is_alive():
             self.join()
         self.drain()
+
+
+HEADER_SEARCH = 1 << 16
+"""Bytes at the end of a log searched for a launch's header: what a process can have
+written between its start and the follower's first look."""
+
+
+def _after_last(path: Path, prefix: bytes) -> int | None:
+    """The offset just after the last line of ``path`` that begins with ``prefix``, looked
+    for in its last :data:`HEADER_SEARCH` bytes; None if none is there."""
+    try:
+        with open(path, "rb") as file:
+            size = file.seek(0, 2)
+            start = max(0, size - HEADER_SEARCH)
+            file.seek(start)
+            tail = file.read()
+    except OSError:
+        return None
+    at = tail.rfind(b"\n" + prefix)
+    at = at + 1 if at >= 0 else (0 if start == 0 and tail.startswith(prefix) else -1)
+    if at < 0:
+        return None
+    end = tail.find(b"\n", at)
+    return None if end < 0 else start + end + 1

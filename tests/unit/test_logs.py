@@ -43,3 +43,25 @@ def test_follower_streams_only_complete_new_lines(tmp_path: Path) -> None:
         file.write("o\n")
     follower.drain()
     assert seen == [("rank 0", "one"), ("rank 0", "two")]
+
+
+def test_follower_streams_a_launch_from_its_header_whatever_it_wrote_before_the_look(
+        tmp_path: Path) -> None:
+    """A worker forked warm can write its lines, or end, before tftrun follows its log:
+    they are streamed all the same, from just after its launch's header; an earlier
+    launch's lines are not."""
+    path = tmp_path / "worker_1.log"
+    path.write_text("==== tftrun: worker rank=1 incarnation=0 ====\nold\n"
+                    "==== tftrun: worker rank=1 incarnation=1 ====\nrank 1 done\n")
+    seen: list[tuple[str, str]] = []
+    follower = LogFollower(lambda label, line: seen.append((label, line)))
+    follower.follow(path, "rank 1", after="==== tftrun: ")
+    follower.drain()
+    assert seen == [("rank 1", "rank 1 done")]
+    fresh = tmp_path / "worker_2.log"
+    fresh.write_text("no header here\n")
+    follower.follow(fresh, "rank 2", after="==== tftrun: ")  # none: from the end
+    with open(fresh, "a") as file:
+        file.write("new\n")
+    follower.drain()
+    assert seen[1:] == [("rank 2", "new")]
