@@ -20,7 +20,7 @@ import os
 import time
 from collections.abc import Collection, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from filelock import FileLock, Timeout
 
@@ -101,15 +101,27 @@ class EventLog:
         self._failing = kind
 
 
+def _open_events(path: Path) -> BinaryIO | None:
+    """The events file ``path``, or the one in the log dir ``path``, open for reading;
+    ``None`` when there is none yet. The file is tried first, not the path's type: a log
+    dir can be made between the two (a test polling a node's folder before tftrun made it)."""
+    for candidate in (path, path / EVENTS_FILE):
+        try:
+            return open(candidate, "rb")
+        except IsADirectoryError:
+            continue
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+    return None
+
+
 def read_events(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     """Yield the events of an ``events.jsonl`` file (or of a log dir) in file order."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / EVENTS_FILE
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
+    file = _open_events(Path(path))
+    if file is None:
         return
+    with file:
+        text = file.read().decode(errors="replace")
     for line in text.splitlines():
         try:
             yield json.loads(line)
@@ -127,13 +139,9 @@ def newest_events(path: str | os.PathLike[str], names: Collection[str],
     first, reading the file backwards: a caller that stops at the first it needs reads
     only the end of a file that grows with the job's age. Only the lines that hold one
     of the names are parsed (most are the workers' ``step`` events)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / EVENTS_FILE
     needles = [json.dumps(name).encode() for name in names]
-    try:
-        file = open(path, "rb")
-    except FileNotFoundError:
+    file = _open_events(Path(path))
+    if file is None:
         return
     with file:
         end = file.seek(0, os.SEEK_END)

@@ -8,13 +8,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from recovery import events as events_module
-from recovery.events import EVENTS_FILE, LOCK_TIMEOUT, EventLog, read_events
+from recovery.events import EVENTS_FILE, LOCK_TIMEOUT, EventLog, newest_events, read_events
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -72,3 +73,26 @@ def test_a_lock_held_by_a_stopped_writer_delays_an_event_but_loses_it_not(
     assert LOCK_TIMEOUT <= waited < LOCK_TIMEOUT + 5
     assert "written without it" in caplog.text
     assert [e["event"] for e in read_events(tmp_path)] == ["fault"]
+
+
+def test_reading_a_log_dir_while_it_is_being_made_never_fails(tmp_path: Path) -> None:
+    """A test (or ``tftctl``) polls a node's log dir before tftrun has made it: whether
+    the path is a folder must not be decided before it is read (seen in CI: the folder
+    appeared between the two, and ``read_text`` met a directory)."""
+    log_dir, stop = tmp_path / "logs", threading.Event()
+
+    def make_and_remove() -> None:
+        while not stop.is_set():
+            log_dir.mkdir()
+            log_dir.rmdir()
+
+    churn = threading.Thread(target=make_and_remove)
+    churn.start()
+    try:
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            assert list(read_events(log_dir)) == []
+            assert list(newest_events(log_dir, ["job_end"])) == []
+    finally:
+        stop.set()
+        churn.join()
