@@ -1,14 +1,18 @@
 """Test helpers for training through a fault (docs/elastic.md): the degraded job under
 tftrun, and the invariants a run of it must keep whatever its membership did.
 
-The job is the MNIST template for 8 epochs of 12 000 samples on 3 ranks (1 000 steps of 96
+The job is the MNIST template for 4 epochs of 12 000 samples on 3 ranks (500 steps of 96
 samples at full membership), logging after every committed step a ``committed ...`` line
-(``--log_params_hash``). Bitwise equality with a fault-free run cannot hold across a change
-of W, so what is checked is what must hold (tests/integration/test_degraded.py,
-tests/integration/test_chaos_degraded.py): the ranks that committed a step agree on its parameters,
-its shares cover its micro-batches, each epoch's samples are a permutation of the data set
-(``constant``) or each trained at most once (``shrink``), every rank ends equal, and the
-final loss is within :data:`LOSS_TOLERANCE` of the fault-free run's.
+(``--log_params_hash``), and held 0.2 s after each step it trains degraded
+(tests/bin/paced.py ``--while_degraded``): a killed rank heals long before the end
+whatever the machine's speed, where a job at full speed could end within the cooldown.
+
+Bitwise equality with a fault-free run cannot hold across a change of W, so what is
+checked is what must hold (tests/integration/test_degraded.py,
+tests/integration/test_chaos_degraded.py): the ranks that committed a step agree on its
+parameters, its shares cover its micro-batches, each epoch's samples are a permutation of
+the data set (``constant``) or each trained at most once (``shrink``), every rank ends
+equal, and the final loss is within :data:`LOSS_TOLERANCE` of the fault-free run's.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from mnist_data import load_dataset  # noqa: E402 - the template's folder is not
 from train import MEAN, STD, build_model  # noqa: E402
 
 TRAIN = str(REPO / "templates" / "mnist" / "train.py")
-WORKERS, BATCH, SAMPLES, EPOCHS = 3, 32, 12000, 8
+PACED = (str(REPO / "tests" / "bin" / "paced.py"), "--while_degraded")
+WORKERS, BATCH, SAMPLES, EPOCHS = 3, 32, 12000, 4
 STEPS_PER_EPOCH = SAMPLES // WORKERS // BATCH
 STEPS = EPOCHS * STEPS_PER_EPOCH
 """The job's steps at full membership (and under ``constant``, whatever the membership)."""
@@ -66,13 +71,13 @@ BySteps = dict[int, dict[int, list[Committed]]]
 def degraded_job(tmp_path: Path, port: int, *options: str, script: tuple[str, ...] = (),
                  job: tuple[str, ...] = (), min_workers: int = 2, cooldown: int = 5) -> list[str]:
     """tftrun running the degraded job, logs in ``tmp_path/logs``, ``--min_worker_num=
-    min_workers``, ``--rejoin_cooldown=cooldown`` (short, so that a killed rank heals long
-    before the end); ``script`` goes before the template (a wrapper such as
-    tests/bin/gated.py), ``job`` after its arguments."""
+    min_workers``, ``--rejoin_cooldown=cooldown`` (short, so that the survivors' paced steps
+    do not last long); ``script`` goes before the pacer and the template (a wrapper such as
+    tests/bin/gated.py), ``job`` after the template's arguments."""
     return tftrun_cmd(f"--worker_num={WORKERS}", f"--min_worker_num={min_workers}",
                       f"--log_dir={tmp_path / 'logs'}", f"--recovery_path={tmp_path / 'recovery'}",
                       f"--master_port={port}", f"--rejoin_cooldown={cooldown}",
-                      "--cluster_time_out=120", *options, *script, TRAIN, *JOB, *job)
+                      "--cluster_time_out=120", *options, *script, *PACED, TRAIN, *JOB, *job)
 
 
 def committed_lines(log_dir: Path) -> list[Committed]:

@@ -2,7 +2,7 @@
 trials of training through a fault (docs/elastic.md), apart from tests/integration/
 test_chaos.py so that the two files run side by side.
 
-The degraded job (tests/support_degraded.py: 1 000 steps of 3 ranks, a ``committed`` line
+The degraded job (tests/support_degraded.py: 500 steps of 3 ranks, paced while degraded, a ``committed`` line
 with the parameters' hash after every step) under ``--min_worker_num`` below 3, one trial
 per ``--batch_policy`` (``constant``, ``shrink``), one ``kill -9``ing one rank and the other
 two at once (which does which is drawn), at a drawn step, against drawn ranks, with a drawn
@@ -41,9 +41,10 @@ from support_degraded import (
 from support_mnist import START, WORKERS
 
 SEED = CHAOS_SEED
-DEGRADED_STEPS = range(20, 301, 10)
+DEGRADED_STEPS = range(20, 151, 10)
 """Steps a degraded trial's kill may strike at (the job logs every committed step): early
-enough that the victims heal long before the job's 1 000th step."""
+enough that the victims heal long before the job's 500th step (its
+survivors' steps are paced)."""
 DEGRADED_TRIALS = degraded_schedule(SEED, WORKERS, DEGRADED_STEPS)
 DEGRADED_COOLDOWN = 3
 """``--rejoin_cooldown`` of the degraded trials (30 s by default): seconds the survivors
