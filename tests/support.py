@@ -248,10 +248,12 @@ def signed_request(token: str, op: str, rid: str | None = None, run_id: str = DE
 
 
 def run_gated_with_kills(command: list[str], log_dir: Path, gate: Path, ranks: list[int],
-                         at_step: int, timeout: float) -> tuple[int, str]:
+                         at_step: int, timeout: float,
+                         then: Callable[[], None] = lambda: None) -> tuple[int, str]:
     """Run ``command``, a tftrun job of tests/bin/gated.py held at ``gate``: once its
     scheduler serves, queue a ``kill -9`` of each of ``ranks`` at ``at_step`` (``tftctl
-    inject``), open the gate and wait for the job; its status and output."""
+    inject``), open the gate, call ``then`` (to watch the job while it runs) and wait for
+    the job; its status and output."""
     from launcher.cli import tftctl
 
     proc = spawn(command, env=dict(os.environ))
@@ -261,6 +263,7 @@ def run_gated_with_kills(command: list[str], log_dir: Path, gate: Path, ranks: l
             assert tftctl.main(["inject", f"--log_dir={log_dir}", f"--rank={rank}",
                                 "--fault=kill", f"--at_step={at_step}"]) == 0
         gate.touch()
+        then()
         out, err = proc.communicate(timeout=timeout)
     finally:
         terminate(proc)
