@@ -58,21 +58,21 @@ def test_rank_0_killed_during_a_checkpoint_save(
         tmp_path: Path, free_port: int, mnist_reference: dict[int, str]) -> None:
     """kill -9 of rank 0 while it writes its checkpoint of step 40.
 
-    The save is caught in the act: once rank 0 is near step 40, the test polls its
-    checkpoint folder without pause for the temporary file of that checkpoint
-    (``.mnist-1_40.ckpt.<random>.<pid>.tmp``, recovery/ckpt/layout.py) and kills rank 0 the moment it
-    appears. That the kill landed inside the save is checked, not assumed: the temporary
+    The save is caught in the act: rank 0's first write of that checkpoint stalls
+    just after its temporary file is made (tests/bin/stalled_save.py), the test waits for
+    the file (``.mnist-1_40.ckpt.<random>.<pid>.tmp``, recovery/ckpt/layout.py) and kills
+    rank 0. That the kill landed inside the save is checked, not assumed: the temporary
     file is still there after the kill (a finished save renames it away), and the
     relaunched rank 0 removes it as a dead writer's leftover. The step-40 checkpoint then
     exists on ranks 1 and 2 only, so the newest common one is step 20.
     """
-    with faulty_job(tmp_path, free_port) as (proc, log_dir):
+    name = checkpoint_name("mnist", TrainPosition(1, 40, 40))
+    with faulty_job(tmp_path, free_port, str(BIN / "stalled_save.py"), "0", name) as (proc, log_dir):
         wait_for(lambda: log_has(log_dir, 0, "step=35 "), START, "rank 0 past step 35")
         first = spawned_pids(log_dir)
-        pattern = f".{checkpoint_name('mnist', TrainPosition(1, 40, 40))}.*.{first[0]}.tmp"
+        pattern = f".{name}.*.{first[0]}.tmp"
         folder = rank_dir(tmp_path / "faulty_recovery", 0)
-        [temp] = wait_for(lambda: list(folder.glob(pattern)), EVENT,
-                          f"{pattern} being written", interval=0)
+        [temp] = wait_for(lambda: list(folder.glob(pattern)), EVENT, f"{pattern} being written")
         kill(first[0])
         assert temp.exists(), "the kill came after the save had finished"
         wait_recovered(log_dir)
