@@ -294,10 +294,14 @@ class Scheduler:
         ticker = threading.Thread(target=self._tick, args=(cfg.host, port),
                                   name="tft-scheduler-ticker", daemon=True)
         self._woken = woken = os.pipe()
+        # poll, not select: nodes connect as soon as the store listens, and the pipe may
+        # come after a thousand of their connections (select takes no descriptor past 1 023).
+        waiting = select.poll()
+        waiting.register(woken[0], select.POLLIN)
         loop.start()
         ticker.start()
         while not self._done.is_set() and self._stop_reason is None:
-            select.select([woken[0]], [], [])
+            waiting.poll()
             os.read(woken[0], 64)
         self._woken = None
         if self._stop_reason is not None:
