@@ -477,7 +477,9 @@ class Scheduler:
             self._undrained_since = None
         elif self._undrained_since is None:
             self._undrained_since = counted_at
-        answers.extend(self._handle(self._client.queue_pop(REQUESTS))
+        # Counted, so there (this loop alone pops): popped without the wait for them that
+        # a blocking pop sends first, a store round trip each.
+        answers.extend(self._handle(self._client.queue_pop(REQUESTS, block=False))
                        for _ in range(min(BATCH - 1, waiting)))
         self.wakeups += 1
         self._after_request()
