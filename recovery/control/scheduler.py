@@ -609,8 +609,11 @@ class Scheduler:
         membership.heard_from_node(node, len(ranks))
         self.node_beats += 1
         answers = []
+        hand_out = self._handing_out_injections if self.injections.pending else None
         for entry in ranks:  # thousands a second: what does not change is looked up once
-            identity = Identity.from_json(entry)
+            # Its fields are checked (recovery/control/requests.py): no conversions.
+            identity = Identity(entry["node_id"] or "", entry["pid"], entry["incarnation"],
+                                entry["host"] or "", entry["rank"])
             age = entry["age"] / 1000
             if entry["op"] == _REGISTER:
                 answer = membership.register(identity, token, entry["ready"] is not False,
@@ -619,7 +622,7 @@ class Scheduler:
                 answer = membership.heartbeat(identity, token, entry["step"], entry["phase"],
                                               sent=None if stamp is None else stamp - age,
                                               ready=entry["ready"], via=node, silent=age)
-            answers.append(self._handing_out_injections(answer))
+            answers.append(answer.to_json() if hand_out is None else hand_out(answer))
         return {"ok": True, "ranks": answers}
 
     def _handing_out_injections(self, answer: Accepted | Refused) -> dict[str, Any]:
