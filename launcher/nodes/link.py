@@ -102,9 +102,9 @@ def job_still_waited_for(recovery_path: Path, node_time_out: float,
 
     It returns when the other nodes still wait for it: its scheduler's persisted state is of
     that job, was not closed by an orderly end (``finished``), and was written less than
-    ``--node_time_out`` ago. A live job's scheduler writes it about every second (steps
-    move), and the other nodes end the job once node 0 has been gone that long; so an
-    older crashed job is never resumed by accident.
+    ``--node_time_out`` ago. A live job's scheduler writes it, or brings its time up to
+    date, about every second while requests come, and the other nodes end the job once
+    node 0 has been gone that long; so an older crashed job is never resumed by accident.
     """
     job = saved_job(recovery_path)
     state_file = StateFile(recovery_path)

@@ -78,6 +78,14 @@ class StateFile:
         with self._lock:
             write_atomic(self.path, lambda file: file.write(payload))
 
+    def touch(self) -> None:
+        """Set the file's modification time to now, its content unchanged (nothing when
+        it is missing): the state is alive, and what changed need not be saved."""
+        try:
+            os.utime(self.path)
+        except FileNotFoundError:
+            pass
+
 
 @dataclass(frozen=True)
 class Endpoint:

@@ -23,7 +23,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from recovery.control.rpc import MAX_NEWS_BYTES, NEWS, news_key
+from recovery.control.rpc import MAX_NEWS_BYTES, NEWS, adopt_client, news_key
 from recovery.control.tcpstore_client import StoreError, TCPStoreClient
 
 __all__ = ["NewsWatch"]
@@ -82,17 +82,17 @@ class NewsWatch:
             except StoreError:
                 self._closed.wait(_RECONNECT_PAUSE)
                 continue
-            with self._lock:
-                if self._closed.is_set():
-                    client.close()
-                    return
-                self._client = client
+            if not adopt_client(self._lock, self._closed, client, self._use):
+                return
             try:
                 seen = self._follow(client, seen)
             except StoreError as err:  # the scheduler ended (or is relaunched), or closed
                 logger.debug("news watch: %s", err)
             client.close()
             self._closed.wait(_RECONNECT_PAUSE)
+
+    def _use(self, client: TCPStoreClient) -> None:
+        self._client = client
 
     def _follow(self, client: TCPStoreClient, seen: int | None) -> int | None:
         """Wait for each next count on ``client`` until it breaks (StoreError)."""

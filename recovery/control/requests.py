@@ -146,6 +146,11 @@ class Records:
                 raise BadRequest(f"{name}[{index}].{err}") from None
         return checked
 
+    def holds_only_fields(self, value: list[dict[str, Any]]) -> bool:
+        """Whether each item of ``value`` (checked) has no key but the schema's."""
+        names = self.schema.keys()
+        return all(item.keys() <= names for item in value)
+
     def _quickly(self, item: dict[str, Any]) -> dict[str, Any] | None:
         """The item's fields when each is plainly of its kind, as its check would take it
         (of its exact type and in its bounds, or a null where one may be); ``None``:
@@ -266,26 +271,42 @@ def parse_request(sealed: Sealed) -> Request:
         text = raw.decode()
     except UnicodeDecodeError:
         raise BadRequest(f"{op.value}: not UTF-8") from None
-    deep = f"{op.value}: nested deeper than {MAX_DEPTH}"
+    deep = BadRequest(f"{op.value}: nested deeper than {MAX_DEPTH}")
     # No deeper than its brackets, strings' included: a heartbeat's case, never walked.
     shallow = text.count("[") + text.count("{") <= MAX_DEPTH
     try:
         data = _DECODER.decode(text)
     except RecursionError:  # nested deeper than Python's recursion limit
-        raise BadRequest(deep) from None
+        raise deep from None
     except ValueError as err:  # JSONDecodeError, an integer of too many digits
         raise BadRequest(f"{op.value}: not JSON: {err}") from None
-    if not shallow and _deeper_than(MAX_DEPTH, data):
-        raise BadRequest(deep)
+    # Too deep is the answer whenever it is so, before any other: measured first where
+    # anything else is wrong, and, where every field is of its kind, only if the body
+    # holds more than its op's fields (then no deeper than they are: a node's beat,
+    # never walked).
     if not isinstance(data, dict):
-        raise BadRequest(f"{op.value}: not a JSON object")
+        raise deep if not shallow and _deeper_than(MAX_DEPTH, data) else \
+            BadRequest(f"{op.value}: not a JSON object")
+    schema = SCHEMAS[op]
     surrogates = "\\u" in text
     try:
         fields = {name: kind.check(name, data.get(name), surrogates) if isinstance(kind, Records)
-                  else kind.check(name, data.get(name)) for name, kind in SCHEMAS[op].items()}
+                  else kind.check(name, data.get(name)) for name, kind in schema.items()}
     except BadRequest as err:
-        raise BadRequest(f"{op.value}: {err}") from None
+        raise deep if not shallow and _deeper_than(MAX_DEPTH, data) else \
+            BadRequest(f"{op.value}: {err}") from None
+    if not shallow and not _only_fields(schema, data) and _deeper_than(MAX_DEPTH, data):
+        raise deep
     return Request(op, sealed.rid, fields)
+
+
+def _only_fields(schema: dict[str, Field], data: dict[str, Any]) -> bool:
+    """Whether ``data``, whose fields passed their checks, holds nothing but its op's
+    fields, and each record of a list of them nothing but its own: it then nests no
+    deeper than they do (a list of objects of plain values: 3, within :data:`MAX_DEPTH`)."""
+    return data.keys() <= schema.keys() and all(
+        kind.holds_only_fields(data[name]) for name, kind in schema.items()
+        if isinstance(kind, Records))
 
 
 def _deeper_than(limit: int, data: Any) -> bool:

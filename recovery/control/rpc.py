@@ -82,6 +82,7 @@ __all__ = [
     "ready_ranks",
     "generation_prefix",
     "SchedulerLink",
+    "adopt_client",
     "SchedulerUnavailable",
     "NoReply",
     "UnverifiedReply",
@@ -237,6 +238,19 @@ def port_open(host: str, port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+def adopt_client(lock: threading.Lock, closed: threading.Event, client: TCPStoreClient,
+                 use: Callable[[TCPStoreClient], object]) -> bool:
+    """Hand a newly made ``client`` to ``use`` under ``lock``, unless ``closed`` was set
+    while it was being made: then it is closed. Whether it was handed over (a
+    ``close()`` that takes ``lock`` then closes it)."""
+    with lock:
+        if closed.is_set():
+            client.close()
+            return False
+        use(client)
+        return True
 
 
 def _claimed_reason(err: Exception) -> str | None:
@@ -450,18 +464,18 @@ class SchedulerLink:
                 if client is None:
                     self._closed.wait(_RECONNECT_PAUSE)
                     continue
-                with self._lock:
-                    if self._closed.is_set():
-                        client.close()
-                        return
-                    self._client = client
-                    self._connected.set()
+                if not adopt_client(self._lock, self._closed, client, self._use):
+                    return
                 if self._on_connect is not None:
                     self._on_connect()
             with self._connector_lock:
                 if self._connected.is_set() or self._closed.is_set():
                     self._connector = None
                     return
+
+    def _use(self, client: TCPStoreClient) -> None:
+        self._client = client
+        self._connected.set()
 
     def _clear_abandoned(self, client: TCPStoreClient) -> None:
         """Remove the replies of the requests given up on: a later request is answered,

@@ -93,9 +93,11 @@ logger = logging.getLogger(__name__)
 CHECK_EVERY = 0.1
 """The periodic rules run at most this often, and this soon after any request."""
 PERSIST_EVERY = 1.0
+"""Seconds between two deferred saves at the least, and between two updates of the state
+file's time while only heartbeats come (:meth:`Scheduler._keep_fresh`)."""
 RULES_SHARE = 0.02
-"""The share of a core that the periodic rules, and the saves of heartbeat-only changes,
-may each take: with tens of thousands of members a run of the rules (O(members)) takes
+"""The share of a core that the periodic rules, and the deferred saves (registrations:
+:data:`_SAVED_LATER`), may each take: with tens of thousands of members a run of the rules (O(members)) takes
 tens of ms and a save hundreds, and each is then spaced to cost at most this. Deadlines
 (a heartbeat timeout, a progress timeout) still wake the rules on time, and decisions are
 still saved before their replies."""
@@ -221,6 +223,7 @@ class Scheduler:
         self._published = NO_GENERATION
         self._saved = ""
         self._saved_at = 0.0
+        self._touched_at = 0.0  # monotonic: the state file's time last brought up to date
         self._overdue_reported = False
         self._started = time.time()
         self._undrained_since: float | None = None
@@ -247,7 +250,7 @@ class Scheduler:
         """Seconds between two runs of the rules for requests: :data:`CHECK_EVERY`, or
         longer where a run costs more than :data:`RULES_SHARE` of that (many members)."""
         self._persist_every = PERSIST_EVERY
-        """Seconds between two saves of heartbeat-only changes: as for the rules."""
+        """Seconds between two deferred saves: as for the rules."""
         self._handlers: dict[Op, Callable[[Request], dict[str, Any] | None]] = {
             Op.TICK: lambda _request: None,
             Op.STATUS: self._on_status,
@@ -294,10 +297,14 @@ class Scheduler:
         ticker = threading.Thread(target=self._tick, args=(cfg.host, port),
                                   name="tft-scheduler-ticker", daemon=True)
         self._woken = woken = os.pipe()
+        # poll, not select: nodes connect as soon as the store listens, and the pipe may
+        # come after a thousand of their connections (select takes no descriptor past 1 023).
+        waiting = select.poll()
+        waiting.register(woken[0], select.POLLIN)
         loop.start()
         ticker.start()
         while not self._done.is_set() and self._stop_reason is None:
-            select.select([woken[0]], [], [])
+            waiting.poll()
             os.read(woken[0], 64)
         self._woken = None
         if self._stop_reason is not None:
@@ -470,7 +477,9 @@ class Scheduler:
             self._undrained_since = None
         elif self._undrained_since is None:
             self._undrained_since = counted_at
-        answers.extend(self._handle(self._client.queue_pop(REQUESTS))
+        # Counted, so there (this loop alone pops): popped without the wait for them that
+        # a blocking pop sends first, a store round trip each.
+        answers.extend(self._handle(self._client.queue_pop(REQUESTS, block=False))
                        for _ in range(min(BATCH - 1, waiting)))
         self.wakeups += 1
         self._after_request()
@@ -600,8 +609,11 @@ class Scheduler:
         membership.heard_from_node(node, len(ranks))
         self.node_beats += 1
         answers = []
+        hand_out = self._handing_out_injections if self.injections.pending else None
         for entry in ranks:  # thousands a second: what does not change is looked up once
-            identity = Identity.from_json(entry)
+            # Its fields are checked (recovery/control/requests.py): no conversions.
+            identity = Identity(entry["node_id"] or "", entry["pid"], entry["incarnation"],
+                                entry["host"] or "", entry["rank"])
             age = entry["age"] / 1000
             if entry["op"] == _REGISTER:
                 answer = membership.register(identity, token, entry["ready"] is not False,
@@ -610,7 +622,7 @@ class Scheduler:
                 answer = membership.heartbeat(identity, token, entry["step"], entry["phase"],
                                               sent=None if stamp is None else stamp - age,
                                               ready=entry["ready"], via=node, silent=age)
-            answers.append(self._handing_out_injections(answer))
+            answers.append(answer.to_json() if hand_out is None else hand_out(answer))
         return {"ok": True, "ranks": answers}
 
     def _handing_out_injections(self, answer: Accepted | Refused) -> dict[str, Any]:
@@ -695,8 +707,11 @@ class Scheduler:
             self._rules_due = self.membership.next_due(after=now)
             self._rules_every = _spaced(CHECK_EVERY, time.monotonic() - now)
         decided = [*self.membership.drain_events(), *self._decided]
-        self._save(finished=False, now=self._changed or any(
-            name not in _SAVED_LATER for name, _fields in decided))
+        if decided or self._changed or self._unsaved or not self._saved:
+            self._save(finished=False, now=self._changed or any(
+                name not in _SAVED_LATER for name, _fields in decided))
+        else:
+            self._keep_fresh()
         self._decided, self._changed = [], False
         self.events.emit_all(decided)
         for name, fields in decided:
@@ -773,9 +788,11 @@ class Scheduler:
                 "node_ranks": self.node_ranks.to_json()}
 
     def _save(self, finished: bool, now: bool = True) -> None:
-        """Persist the state when it changed: at once after a decision, else at most every
-        PERSIST_EVERY seconds (heartbeats only move steps; the snapshot, O(members), is
-        not even built in between)."""
+        """Persist the state when it changed: at once after a decision, else (the
+        decisions in :data:`_SAVED_LATER`) at most every PERSIST_EVERY seconds, or
+        longer where a save would take more than :data:`RULES_SHARE` of a core (the
+        snapshot, O(members), is not even built in between). With it go the steps
+        and phases heard since the last save (see :meth:`_keep_fresh`)."""
         started = time.monotonic()
         if not now and started - self._saved_at < self._persist_every:
             self._unsaved = True
@@ -787,6 +804,20 @@ class Scheduler:
         self._state.save_text(text)
         self._saved, self._saved_at = text, time.monotonic()
         self._persist_every = _spaced(PERSIST_EVERY, self._saved_at - started)
+
+    def _keep_fresh(self) -> None:
+        """Nothing was decided: heartbeats moved steps, phases, clocks and readiness only,
+        which every next beat repeats, so a relaunched scheduler learns them again from
+        its first beats (the nodes beat at once when it is back: their news watches see a
+        new counter). The state file is not written for them (its encoding is
+        O(members): 40 ms at 8192, seconds at 65 536), only its time brought up to date,
+        at most every :data:`PERSIST_EVERY` s: other nodes take a state file written
+        lately for a job still alive (launcher/nodes/link.py). The first batch saves
+        the state (or it was taken over) before any touch: the file is this job's."""
+        now = time.monotonic()
+        if now - max(self._saved_at, self._touched_at) >= PERSIST_EVERY:
+            self._touched_at = now
+            self._state.touch()
 
     def _check_end(self) -> None:
         ms = self.membership

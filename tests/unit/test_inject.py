@@ -284,3 +284,25 @@ def test_tftctl_signals_a_pid_only_when_it_is_a_live_process_of_this_job() -> No
         assert _signal_target(status(os.getpid()), 1) is None  # not this job's process
     finally:
         job.communicate(timeout=10)
+
+
+def test_an_injection_reaches_its_rank_through_its_nodes_beat_once(tmp_path: Path) -> None:
+    """A node's beat answers each of its ranks as its own heartbeat would: the rank the
+    injection is for gets it, in that beat's answer only; the other rank none."""
+    sched = scheduler(tmp_path)
+
+    def beat(op: str) -> list[dict[str, Any]]:
+        ranks = [{"op": op, "node_id": str(rank), "pid": 100 + rank, "incarnation": 0,
+                  "host": "h", "rank": None, "step": 3, "phase": None, "age": 0}
+                 for rank in (0, 1)]
+        reply = ask(sched, "node_beat", node="h/0", ranks=ranks)
+        assert reply["ok"], reply
+        return reply["ranks"]
+
+    assert [answer["ok"] for answer in beat("register")] == [True, True]
+    assert ask(sched, "inject", rank=1, fault="uce", at_step=20)["ok"]
+    first = beat("heartbeat")
+    assert "inject" not in first[0]
+    assert [(i["rank"], i["fault"], i["at_step"]) for i in first[1]["inject"]] == [(1, "uce", 20)]
+    assert all("inject" not in answer for answer in beat("heartbeat"))
+    assert sched.injections.pending == []

@@ -11,7 +11,8 @@ import pytest
 from torch.distributed import TCPStore
 
 from recovery.control.news_watch import NewsWatch
-from recovery.control.rpc import NEWS, news_key
+from recovery.control.rpc import NEWS, adopt_client, news_key
+from recovery.control.tcpstore_client import StoreError, TCPStoreClient
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -141,3 +142,23 @@ def test_a_counter_that_is_not_a_number_is_read_every_spacing_until_it_is_reset(
         assert calls.wait_for(3, 10) - reset < 0.1 + AT_ONCE
     finally:
         watch.close()
+
+
+@pytest.mark.parametrize("closed", [False, True])
+def test_a_client_made_while_its_owner_closed_is_closed_not_adopted(
+        store: TCPStore, closed: bool) -> None:
+    """The news watch and the scheduler link make their clients in a thread of their own;
+    one made while the owner was closed must not be kept (nothing would close it)."""
+    client = TCPStoreClient("127.0.0.1", store.port, 5.0)
+    taken: list[TCPStoreClient] = []
+    shut = threading.Event()
+    if closed:
+        shut.set()
+    assert adopt_client(threading.Lock(), shut, client, taken.append) is not closed
+    assert taken == ([] if closed else [client])
+    if closed:
+        with pytest.raises(StoreError):
+            client.check([NEWS])
+    else:
+        assert client.check([NEWS]) is False
+        client.close()

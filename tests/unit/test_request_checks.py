@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recovery.control.requests import MAX_DEPTH, SCHEMAS, BadRequest, parse_request
+from recovery.control.requests import MAX_DEPTH, SCHEMAS, BadRequest, _deeper_than, parse_request
 from recovery.control.rpc import Op
 from recovery.control.signing import Kind, job_key, new_nonce, seal, unseal
 from recovery.env import DEFAULT_RUN_ID
@@ -72,3 +72,29 @@ def test_a_body_nested_as_deep_as_allowed_is_read() -> None:
 
 def test_brackets_inside_strings_do_not_count_as_nesting() -> None:
     assert parsed(json.dumps({"x": "[[[[[[{{{{{{"})) == {}
+
+
+nested = st.recursive(st.integers(0, 3) | st.text(max_size=2),
+                      lambda inner: st.lists(inner, max_size=2)
+                      | st.dictionaries(st.text(max_size=2), inner, max_size=2), max_leaves=6)
+VALID_RANK = {"op": "heartbeat", "node_id": "0", "pid": 1, "incarnation": 0, "host": "h",
+              "rank": None, "step": 3, "phase": "train", "age": 0}
+beat_ranks = st.lists(st.builds(lambda extra, broken: {**VALID_RANK, **extra, **broken},
+                                st.dictionaries(st.sampled_from(["x", "y"]), nested, max_size=2),
+                                st.dictionaries(st.sampled_from(["pid", "step"]), nested,
+                                                max_size=1)
+                                | st.just({})), min_size=1, max_size=3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ranks=beat_ranks | nested, node=st.just("h/0") | nested,
+       extra=st.dictionaries(st.sampled_from(["x", "node_id"]), nested, max_size=2))
+def test_a_beat_is_refused_as_nested_too_deep_exactly_when_it_is(
+        ranks: Any, node: Any, extra: dict[str, Any]) -> None:
+    """A beat whose fields are all of their kind and that holds nothing else is not
+    walked for its depth; whatever it holds, it is refused as too deep exactly when it
+    nests deeper than MAX_DEPTH, and before any other refusal."""
+    body = {"node": node, "ranks": ranks, **extra}
+    deep = _deeper_than(MAX_DEPTH, body)
+    result = parsed(json.dumps(body), Op.NODE_BEAT)
+    assert (result == f"refused: node_beat: nested deeper than {MAX_DEPTH}") == deep, result
