@@ -47,6 +47,7 @@ import json
 import math
 import multiprocessing as mp
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -433,6 +434,7 @@ def measure(workers: int, procs: int, window: float, heartbeat_timeout: float,
             env=_scheduler_env(workers, port, tmp, heartbeat_timeout),
             stdout=subprocess.DEVNULL, stderr=open(tmp / "scheduler.log", "w"))
         sims = Simulators()
+        told_to_stop = False
         try:
             while not port_open(HOST, port):
                 if scheduler.poll() is not None:
@@ -462,6 +464,7 @@ def measure(workers: int, procs: int, window: float, heartbeat_timeout: float,
             if formed is None:
                 sims.tell_all("stop")
                 sims.gather("trips", 300)
+                told_to_stop = True
                 return {"ranks": workers, "mode": mode, "simulator_processes": procs,
                         "heartbeat_interval_s": interval,
                         "heartbeat_timeout_s": heartbeat_timeout, "unconnected": unconnected,
@@ -484,9 +487,10 @@ def measure(workers: int, procs: int, window: float, heartbeat_timeout: float,
             behind = events.count("scheduler_behind")
             sims.tell_all("stop")
             trips_replies = sims.gather("trips", 300)
+            told_to_stop = True
         finally:
-            for process in sims.processes:
-                process.join(60)
+            for process in sims.processes:  # at once when the run failed or was stopped
+                process.join(60 if told_to_stop else 0)
                 if process.is_alive():
                     process.kill()
             scheduler.terminate()
@@ -569,6 +573,9 @@ def main() -> None:
                              "/ 5), in node mode waited for)")
     add_json_flag(parser)
     args = parser.parse_args()
+    # A SIGTERM (a timeout, a kill) unwinds as an exit, so that the clean-up runs: the
+    # simulators are daemons, and by default a SIGTERM would leave them running.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     if any(workers % args.ranks_per_node for workers in args.ranks) and "node" in args.mode:
         parser.error(f"--ranks must be multiples of --ranks_per_node={args.ranks_per_node}")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # a c10d warning per simulated connect
