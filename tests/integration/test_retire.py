@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from support import REPO, events, free_tcp_port, run_gated_with_kills, tftrun_cmd, wait_for_event
+from support import BIN, REPO, events, free_tcp_port, run_gated_with_kills, tftrun_cmd, wait_for_event
 
 pytestmark = pytest.mark.timeout(240)
 
-BIN = REPO / "tests" / "bin"
 TRAIN = str(REPO / "templates" / "mnist" / "train.py")
 WORKERS, BATCH, SAMPLES, EPOCHS, KILL_STEP, KILLED = 3, 32, 12000, 2, 20, 1
 """2 epochs, each step held 0.2 s (tests/bin/paced.py) until the test saw the retirement:
