@@ -25,8 +25,8 @@ pytestmark = pytest.mark.timeout(150)
 
 SCRIPT = BIN / "sched_inject_worker.py"
 MARGIN = 60
-"""Steps (0.05 s each) between asking for a fault and its step: heartbeats (1 s apart)
-deliver it well before."""
+"""Steps (0.05 s each, 3 s) between the ranks' step just brought by a beat and the step a
+fault is asked for: the news reaches the rank well before."""
 
 
 TOKEN = "0123456789abcdef0123456789abcdef"
@@ -60,6 +60,19 @@ def steps(log_dir: Path) -> dict[int, int]:
     return {m["rank"]: m["step"] or 0 for m in query(log_dir)["members"]}
 
 
+def step_to_inject_at(log_dir: Path) -> int:
+    """``MARGIN`` steps past the ranks' step as a beat has just brought it to the scheduler.
+    Between beats the scheduler's step lags the ranks' by up to a beat interval (6 s, 120
+    steps, with the default timeouts), so it is read when it moves."""
+    before = max(steps(log_dir).values())
+
+    def moved() -> int:
+        now = max(steps(log_dir).values())
+        return now if now > before else 0
+
+    return wait_for(moved, 30, "a beat with the ranks' step", interval=0.1) + MARGIN
+
+
 def test_uce_arrives_at_its_step_one_claim_wins_and_an_exception_ends_the_job(
         tmp_path: Path, free_port: int, capsys: pytest.CaptureFixture[str]) -> None:
     tftrun, log_dir = start(tmp_path, free_port, "--max_restarts=0", "--claim_at", "3")
@@ -84,7 +97,7 @@ def test_uce_arrives_at_its_step_one_claim_wins_and_an_exception_ends_the_job(
             assert code == 2 and said.count("\n") == 1 and said.startswith("tftctl: error: ")
             assert error in said
 
-        at = max(steps(log_dir).values()) + MARGIN
+        at = step_to_inject_at(log_dir)
         pid = {e["rank"]: e["pid"] for e in events(log_dir, "register")}[1]
         said = inject(capsys, log_dir, "--rank", "1", "--fault", "uce", "--at_step", str(at))
         assert said == (0, f"injected uce into rank 1 (pid {pid}) at step {at}\n")
@@ -95,7 +108,7 @@ def test_uce_arrives_at_its_step_one_claim_wins_and_an_exception_ends_the_job(
         assert f"got uce (injection {event['id']}) at step {at}\n" in log(log_dir, 1)
         assert "DeviceError" not in log(log_dir, 0)
 
-        at = max(steps(log_dir).values()) + MARGIN
+        at = step_to_inject_at(log_dir)
         assert inject(capsys, log_dir, "--rank", "1", "--fault", "exception", "--at-step",
                       str(at))[0] == 0
         out, _ = tftrun.communicate(timeout=90)
@@ -143,7 +156,7 @@ def test_kill_and_term_relaunch_the_rank_and_a_hang_is_killed_by_the_progress_ve
 
         # term at a step goes through the scheduler; the rank sends itself SIGTERM there.
         wait_for(lambda: min(steps(log_dir).values(), default=0) > 0, 60, "steps again")
-        at = max(steps(log_dir).values()) + MARGIN
+        at = step_to_inject_at(log_dir)
         assert inject(capsys, log_dir, "--rank", "0", "--fault", "term", "--at_step",
                       str(at)) == (0, f"injected term into rank 0 (pid {first[0]}) at step {at}\n")
         fault = wait_for_event(log_dir, 60, "the term seen", event="fault", rank=0)
