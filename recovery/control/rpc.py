@@ -359,7 +359,7 @@ class SchedulerLink:
 
     def _earlier_attempt(self, op: Op, rid: str, nonce: str, raw: bytes) -> bool:
         try:
-            sealed = unseal(self._key, Kind.REPLY, raw)
+            sealed = unseal(self._key, Kind.REPLY, raw, MAX_REPLY_BYTES)
         except BadSignature:
             return False
         return (sealed.op, sealed.rid) == (op.value, rid) and sealed.nonce != nonce
@@ -389,7 +389,7 @@ class SchedulerLink:
     def _verified(self, op: Op, rid: str, nonce: str, raw: bytes) -> dict[str, Any]:
         """The reply in ``raw`` when it is the scheduler's answer to this very attempt."""
         try:
-            sealed = unseal(self._key, Kind.REPLY, raw)
+            sealed = unseal(self._key, Kind.REPLY, raw, MAX_REPLY_BYTES)
             if (sealed.op, sealed.rid, sealed.nonce) != (op.value, rid, nonce):
                 raise BadSignature("it answers another request")
             reply = json.loads(sealed.body)

@@ -57,7 +57,9 @@ def local_proof_ok(proof: object, token: str) -> bool:
 MAGIC = "tft1"
 UNSIGNED = "-"
 MAX_MESSAGE_BYTES = 16_384 + 256
-"""A request's body may be 16 KiB (recovery/control/requests.py); the header is far shorter."""
+"""A request's body may be 16 KiB (recovery/control/requests.py); the header is far shorter.
+A reply may be longer (a membership table grows with the job): its reader gives its own
+bound to :func:`unseal`."""
 REPLAY_WINDOW = 300.0
 """Seconds a request is accepted after its sender's clock stamped it (and before: clocks
 of two hosts differ a little). Within it, a request is accepted once (its nonce)."""
@@ -109,15 +111,17 @@ def seal(key: bytes | None, kind: Kind, op: str, rid: str, nonce: str, body: str
     return f"{MAGIC} {mac} {op} {rid} {nonce} {ts_ms}\n{body}"
 
 
-def unseal(key: bytes, kind: Kind, raw: bytes | str) -> Sealed:
-    """The message in ``raw`` when its MAC verifies with ``key``.
+def unseal(key: bytes, kind: Kind, raw: bytes | str,
+           max_bytes: int = MAX_MESSAGE_BYTES) -> Sealed:
+    """The message in ``raw`` when its MAC verifies with ``key``; a longer one than
+    ``max_bytes`` is refused unread.
 
     Raises:
         BadSignature: anything else, the body unread.
     """
     data = raw.encode(errors="surrogateescape") if isinstance(raw, str) else bytes(raw)
-    if len(data) > MAX_MESSAGE_BYTES:
-        raise BadSignature(f"larger than {MAX_MESSAGE_BYTES} bytes")
+    if len(data) > max_bytes:
+        raise BadSignature(f"larger than {max_bytes} bytes")
     found = _HEADER.match(data)
     if found is None:
         raise BadSignature("not a signed message")

@@ -1,0 +1,46 @@
+"""``tftctl status`` of a job with hundreds of ranks: a signed reply larger than a request
+may be (16 KiB) still verifies."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from sched_inprocess import TOKEN, scheduler_config
+
+from recovery.control.client import SchedulerControl
+from recovery.control.rpc import Op, SchedulerLink
+from recovery.control.scheduler import Scheduler
+from recovery.control.signing import MAX_MESSAGE_BYTES
+from support import free_tcp_port, wait_for_event
+
+RANKS = 256
+"""Ranks whose membership table is larger than a request may be (about 130 bytes each)."""
+
+
+def test_the_status_of_a_job_of_256_ranks_verifies(tmp_path: Path) -> None:
+    port = free_tcp_port()
+    sched = Scheduler(scheduler_config(tmp_path, port, worker_num=RANKS))
+    runner = threading.Thread(target=sched.run, daemon=True)
+    runner.start()
+    link = SchedulerLink("127.0.0.1", port, TOKEN, 10.0)
+    control = SchedulerControl("127.0.0.1", port, TOKEN, timeout=10.0)
+    try:
+        wait_for_event(tmp_path / "logs", 30, "the scheduler serving", event="scheduler_start")
+        assert link.wait_connected(10)
+        for rank in range(RANKS):
+            assert link.call(Op.REGISTER, node_id=str(rank), pid=1000 + rank, incarnation=0,
+                             host="h", rank=rank, ready=True)["ok"]
+        wait_for_event(tmp_path / "logs", 30, "the generation", event="generation")
+        assert control._link.wait_connected(10)
+        status = control.status()
+        unverified = control._link.unverified
+    finally:
+        control.close()
+        link.close()
+        sched.request_stop("the test is over")
+        runner.join(10)
+    assert unverified == 0
+    assert status is not None
+    assert sorted(m["rank"] for m in status["members"]) == list(range(RANKS))
+    assert len(str(status)) > MAX_MESSAGE_BYTES
