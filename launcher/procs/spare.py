@@ -266,7 +266,7 @@ def main() -> None:
         fork_server(int(sys.argv[2]), int(sys.argv[3]))
         return
     from recovery.priority import lower_priority
-    from recovery.quick_exit import skip_final_collections
+    from recovery.quick_exit import exit_now
 
     go = GoListener(int(sys.argv[1]), lower_priority())
     warm_up()
@@ -274,22 +274,20 @@ def main() -> None:
           flush=True)
     message = go.wait()
     if message is None:
-        skip_final_collections()  # retired idle: end at once, not after a full collection
-    else:
-        become(message)
+        exit_now(0)  # retired idle: nothing to tear down
+    become(message)
 
 
 def fork_server(sock_fd: int, supervisor: int) -> None:
     """Warm up at the workers' priority (they wait for it), then serve; in a forked
     worker, become it."""
-    from recovery.quick_exit import skip_final_collections
+    from recovery.quick_exit import exit_now
 
     warm_up()
     with socket.socket(fileno=sock_fd) as sock:
         message = serve(sock, supervisor)
     if message is None:
-        skip_final_collections()
-        return
+        exit_now(0)  # the supervisor is done with it: nothing to tear down
     retitle(message["title"])
     _reseed_numpy()
     become(message)

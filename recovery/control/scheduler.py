@@ -36,7 +36,6 @@ import os
 import resource
 import select
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -83,7 +82,7 @@ from recovery.control.tcpstore_client import StoreError, TCPStoreClient
 from recovery.control.throttle import Throttle
 from recovery.env import WorkerEnv
 from recovery.events import EventLog
-from recovery.quick_exit import skip_final_collections
+from recovery.quick_exit import exit_now
 from recovery.timeouts import Timeouts
 
 __all__ = ["SchedulerConfig", "Scheduler", "host_store", "main", "EXIT_CLUSTER_TIMEOUT"]
@@ -874,10 +873,8 @@ def main() -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: scheduler.request_stop(
             f"received {signal.Signals(signum).name}"))
-    status = scheduler.run()
-    skip_final_collections()
-    return status
+    return scheduler.run()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
