@@ -474,7 +474,7 @@ class Scheduler:
         answers = [self._handle(first)]
         # Where requests come often, those that come shortly after join the batch too
         # (recovery/control/gathering.py): a beat's cost is mostly the loop waking for it.
-        wait = self._gathering.wait(first_at)
+        wait = self._gathering.wait(first_at, drained=self._undrained_since is None)
         if wait > 0:
             self._stopping.wait(max(0.0, first_at + wait - time.monotonic()))
         # Requests already waiting join the batch: one save and one run of the
