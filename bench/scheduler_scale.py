@@ -12,8 +12,9 @@ by hand as a launch script would: its own port, no supervisor) for that many wor
   ``--ranks_per_node`` ranks, many per thread. Each does what a node's beat server does
   (launcher/supervisor/beats.py), through the library's own code: a ``SchedulerLink``,
   ``recovery.control.node_beats.NodeBeats`` for the batches and their answers, one
-  ``node_beat`` per interval (jittered), and a ``NewsWatch`` (its own store connection,
-  waiting for the scheduler's next news key) that makes it beat at once on news. Its
+  ``node_beat`` per interval (jittered), and a news watch (its own store connection,
+  waiting for the scheduler's next news key, as ``NewsWatch`` does; a simulator's watches
+  share one thread: bench/news_watches.py) that makes it beat at once on news. Its
   ranks register through it, all in one beat; they report a new step before each beat.
 * ``--mode rank`` (a rank beats itself, as a script started by hand): one thread per
   rank; it connects a ``SchedulerLink``, registers with ``Op.REGISTER`` and heartbeats
@@ -61,10 +62,10 @@ from typing import Any
 
 import psutil
 from common import add_json_flag, emit, free_port
+from news_watches import NewsWatches
 
 from recovery import env as names
 from recovery.control.membership import Identity
-from recovery.control.news_watch import NewsWatch
 from recovery.control.node_beats import NodeBeats
 from recovery.control.rpc import Op, SchedulerLink, SchedulerUnavailable, port_open
 from recovery.events import EVENTS_FILE
@@ -81,6 +82,9 @@ _THREAD_STACK = 256 * 1024  # thousands of threads per simulator process
 _TARGETS = {8192: {"cpu_percent": 10.0, "p99_ms": 100.0, "generation_s": 2.0,
                    "verdict_past_timeout_s": 1.0},
             65536: {"cpu_percent": 50.0, "p99_ms": 200.0, "generation_s": 5.0}}
+_LINKS_AT_ONCE = 64
+"""Node links a simulator connects at once in node mode (a thread each while connecting):
+thousands at once loaded the machine to hundreds and overflowed the store's backlog."""
 _NODES_PER_THREAD = 8
 """Nodes one simulator thread drives in node mode, one beat after another: few enough that
 a thread's nodes are not kept waiting for each other's round trips (each node is its own
@@ -181,18 +185,19 @@ def _send_trips(results: Any, beaters: list[Any]) -> None:
 class SimulatedNode:
     """One node's supervisor, as launcher/supervisor/beats.py beats for its ranks."""
 
-    def __init__(self, index: int, ranks: range, port: int, timeouts: Timeouts) -> None:
+    def __init__(self, index: int, ranks: range, port: int, timeouts: Timeouts,
+                 news: NewsWatches) -> None:
         self.name = node_name(index)
         self.ranks = ranks
-        self.link = SchedulerLink(HOST, port, TOKEN, REPLY_TIMEOUT, run_id=RUN_ID)
+        self.link = SchedulerLink(HOST, port, TOKEN, REPLY_TIMEOUT, run_id=RUN_ID,
+                                  connect=False)
         self.beats = NodeBeats(timeouts.heartbeat_timeout, timeouts.beat_interval, JITTER)
         self.wake = threading.Event()
         """Set on news: its driver's (shared by the nodes of a driver thread)."""
         self.news_came = False
         self.watching = threading.Event()
         """Set once the news watch has read the counter: its connection is made."""
-        self.news = NewsWatch(HOST, port, self._on_news, spacing=timeouts.heartbeat_interval)
-        self.news.start()
+        news.watch(self._on_news)
         self.step = 0
         self.registered: set[int] = set()
         self.registered_at = 0.0
@@ -277,11 +282,19 @@ def simulate_nodes(nodes: list[int], per_node: int, port: int, timeouts: Timeout
     """One simulator process in node mode: its nodes connect, then on "go" register their
     ranks and beat until told to silence one node or to stop."""
     threading.stack_size(_THREAD_STACK)
-    sims = {n: SimulatedNode(n, range(n * per_node, (n + 1) * per_node), port, timeouts)
-            for n in nodes}
     started = time.monotonic()
-    unconnected = sum(not (s.link.wait_connected(120) and s.watching.wait(120))
-                      for s in sims.values())
+    news = NewsWatches(HOST, port, spacing=timeouts.heartbeat_interval)
+    news.start()
+    sims = {n: SimulatedNode(n, range(n * per_node, (n + 1) * per_node), port, timeouts, news)
+            for n in nodes}
+    everyone = list(sims.values())
+    for first in range(0, len(everyone), _LINKS_AT_ONCE):
+        wave = everyone[first:first + _LINKS_AT_ONCE]
+        for sim in wave:
+            sim.link.start()
+        for sim in wave:
+            sim.link.wait_connected(120)
+    unconnected = sum(not (s.link.wait_connected(0) and s.watching.wait(120)) for s in everyone)
     print(f"simulator {os.getpid()}: {len(sims)} node links and news watches in "
           f"{time.monotonic() - started:.1f}s", file=sys.stderr, flush=True)
     results.put(("connected", unconnected))
@@ -290,7 +303,6 @@ def simulate_nodes(nodes: list[int], per_node: int, port: int, timeouts: Timeout
     for sim in sims.values():
         sim.register(now)
     stop = threading.Event()
-    everyone = list(sims.values())
     threads = max(1, len(everyone) // _NODES_PER_THREAD)
     drivers = [threading.Thread(target=_drive, args=(everyone[i::threads], stop))
                for i in range(threads)]
@@ -308,8 +320,8 @@ def simulate_nodes(nodes: list[int], per_node: int, port: int, timeouts: Timeout
     stop.set()
     for thread in drivers:
         thread.join()
+    news.close()
     for sim in everyone:
-        sim.news.close()
         sim.link.close()
     _send_trips(results, everyone)
 

@@ -46,6 +46,7 @@ from typing import Any
 from recovery import env as names
 from recovery.control.claims import LastWords
 from recovery.control.files import Endpoint, StateFile
+from recovery.control.gathering import Gathering
 from recovery.control.inject import Injection, InjectionQueue, check, new_id
 from recovery.control.membership import NO_GENERATION, Accepted, Identity, Membership, Refused, describe_incomplete
 from recovery.control.node_ranks import Given, NodeRanks
@@ -202,6 +203,7 @@ class Scheduler:
         self.replies = KeptReplies()
         self.node_ranks = NodeRanks()
         self._sent = SentReplies()
+        self._gathering = Gathering()
         self._key = job_key(config.token, config.run_id)
         self._job_value = job_value(config.token, JobIdentity(
             config.run_id, config.lineage, config.worker_num, config.node_num))
@@ -466,7 +468,14 @@ class Scheduler:
 
     def _serve_batch(self) -> None:
         """Wait for a request, handle it and those already waiting with it, answer them."""
-        answers = [self._handle(self._client.queue_pop(REQUESTS))]
+        first = self._client.queue_pop(REQUESTS)
+        first_at = time.monotonic()
+        answers = [self._handle(first)]
+        # Where requests come often, those that come shortly after join the batch too
+        # (recovery/control/gathering.py): a beat's cost is mostly the loop waking for it.
+        wait = self._gathering.wait(first_at, drained=self._undrained_since is None)
+        if wait > 0:
+            self._stopping.wait(max(0.0, first_at + wait - time.monotonic()))
         # Requests already waiting join the batch: one save and one run of the
         # rules for them all (a burst of registrations costs one fsync, not one each).
         # One length for the batch, not one per request: each is a store round trip.
@@ -480,6 +489,7 @@ class Scheduler:
         # a blocking pop sends first, a store round trip each.
         answers.extend(self._handle(self._client.queue_pop(REQUESTS, block=False))
                        for _ in range(min(BATCH - 1, waiting)))
+        self._gathering.handled(len(answers))
         self.wakeups += 1
         self._after_request()
         # Only now, with the decisions persisted: what a worker is told survives a

@@ -27,7 +27,9 @@ import struct
 from collections.abc import Sequence
 from typing import NoReturn
 
-__all__ = ["TCPStoreClient", "StoreError", "StoreTimeout", "ValueTooLarge"]
+__all__ = ["TCPStoreClient", "StoreError", "StoreTimeout", "ValueTooLarge", "Query",
+           "encoded", "encoded_key", "encoded_keys", "READY", "STOP_WAITING", "WAIT_CANCELED",
+           "VALIDATION_MAGIC"]
 
 VALIDATION_MAGIC = 0x3C85F7CE
 
@@ -48,11 +50,11 @@ class Query(enum.IntEnum):
     QUEUE_PUSH = 14
 
 
-_READY = 0
+READY = 0
 """The answer to ``CHECK`` when every key is set (``CheckResponseType::READY``)."""
-_STOP_WAITING = 0
+STOP_WAITING = 0
 """The answer to ``WAIT`` once every key is set (``WaitResponseType::STOP_WAITING``)."""
-_WAIT_CANCELED = 1
+WAIT_CANCELED = 1
 """The answer to ``CANCEL_WAIT`` (``WaitResponseType::WAIT_CANCELED``), sent after a
 ``STOP_WAITING`` when the keys came as the wait was cancelled."""
 
@@ -73,17 +75,17 @@ KEY_PREFIX = "/"
 """Torch's ``TCPStore`` puts this before every key it sends: ``a`` is ``/a`` on the wire."""
 
 
-def _encoded(value: str | bytes) -> bytes:
+def encoded(value: str | bytes) -> bytes:
     data = value.encode() if isinstance(value, str) else bytes(value)
     return struct.pack("<Q", len(data)) + data
 
 
-def _key(key: str) -> bytes:
-    return _encoded(KEY_PREFIX + key)
+def encoded_key(key: str) -> bytes:
+    return encoded(KEY_PREFIX + key)
 
 
-def _keys(keys: Sequence[str]) -> bytes:
-    return struct.pack("<Q", len(keys)) + b"".join(_key(key) for key in keys)
+def encoded_keys(keys: Sequence[str]) -> bytes:
+    return struct.pack("<Q", len(keys)) + b"".join(encoded_key(key) for key in keys)
 
 
 class TCPStoreClient:
@@ -123,7 +125,7 @@ class TCPStoreClient:
 
     # ----------------------------------------------------------------- operations
     def set(self, key: str, value: str | bytes) -> None:
-        self._send(bytes([Query.SET]) + _key(key) + _encoded(value))
+        self._send(bytes([Query.SET]) + encoded_key(key) + encoded(value))
 
     def get(self, key: str, limit: int) -> bytes:
         """The value of ``key``, waiting up to the timeout for it to be set.
@@ -133,33 +135,33 @@ class TCPStoreClient:
             ValueTooLarge: its announced length is over ``limit`` bytes (nothing of it
                 is read: anyone may set any key to anything).
         """
-        self._send(bytes([Query.WAIT]) + _keys([key]))
-        if self._unpack("<B") != _STOP_WAITING:
+        self._send(bytes([Query.WAIT]) + encoded_keys([key]))
+        if self._unpack("<B") != STOP_WAITING:
             raise StoreError(f"the store at {self._where} answered a wait unexpectedly")
-        self._send(bytes([Query.GET]) + _key(key))
+        self._send(bytes([Query.GET]) + encoded_key(key))
         return self._read_value(limit)
 
     def add(self, key: str, amount: int) -> int:
         """Add ``amount`` to the integer under ``key`` (0 if unset); the new value."""
-        self._send(bytes([Query.ADD]) + _key(key) + struct.pack("<q", amount))
+        self._send(bytes([Query.ADD]) + encoded_key(key) + struct.pack("<q", amount))
         return int(self._unpack("<q"))
 
     def check(self, keys: Sequence[str]) -> bool:
         """Whether every one of ``keys`` is set (no waiting)."""
-        self._send(bytes([Query.CHECK]) + _keys(keys))
-        return self._unpack("<B") == _READY
+        self._send(bytes([Query.CHECK]) + encoded_keys(keys))
+        return self._unpack("<B") == READY
 
     def compare_set(self, key: str, expected: str | bytes, desired: str | bytes,
                     limit: int) -> bytes:
         """Set ``key`` to ``desired`` if it holds ``expected`` (or is unset and
         ``expected`` is empty); the value it holds afterwards (see :meth:`get` for
         ``limit``)."""
-        self._send(bytes([Query.COMPARE_SET]) + _key(key) + _encoded(expected)
-                   + _encoded(desired))
+        self._send(bytes([Query.COMPARE_SET]) + encoded_key(key) + encoded(expected)
+                   + encoded(desired))
         return self._read_value(limit)
 
     def delete_key(self, key: str) -> bool:
-        self._send(bytes([Query.DELETE_KEY]) + _key(key))
+        self._send(bytes([Query.DELETE_KEY]) + encoded_key(key))
         return self._unpack("<q") > 0
 
     def wait(self, keys: Sequence[str], timeout: float) -> bool:
@@ -169,7 +171,7 @@ class TCPStoreClient:
         The store answers a wait when the last of its keys is set, at once if they are;
         a client blocked here costs it nothing meanwhile.
         """
-        self._send(bytes([Query.WAIT]) + _keys(keys))
+        self._send(bytes([Query.WAIT]) + encoded_keys(keys))
         self._sock.settimeout(timeout)
         try:
             answer = self._sock.recv(1)
@@ -185,18 +187,18 @@ class TCPStoreClient:
         if answer is None:  # given up: the keys may still come before the cancel does
             self._send(bytes([Query.CANCEL_WAIT]))
             answer = self._receive(1)
-            if answer[0] == _STOP_WAITING:
-                self._expect(_WAIT_CANCELED, "a cancelled wait")
+            if answer[0] == STOP_WAITING:
+                self._expect(WAIT_CANCELED, "a cancelled wait")
                 return True
-            if answer[0] != _WAIT_CANCELED:
+            if answer[0] != WAIT_CANCELED:
                 self._broken(StoreError, "it answered a cancelled wait unexpectedly")
             return False
-        if answer[0] != _STOP_WAITING:
+        if answer[0] != STOP_WAITING:
             self._broken(StoreError, "it answered a wait unexpectedly")
         return True
 
     def queue_push(self, queue: str, value: str | bytes) -> None:
-        self._send(bytes([Query.QUEUE_PUSH]) + _key(queue) + _encoded(value))
+        self._send(bytes([Query.QUEUE_PUSH]) + encoded_key(queue) + encoded(value))
 
     def close(self) -> None:
         """Close the connection; an operation blocked on it in another thread (a
