@@ -71,8 +71,10 @@ def test_news_reaches_the_node_at_once(tmp_path: Path) -> None:
     try:
         assert worker.call(Op.REGISTER, **identity, ready=True)["ok"]
         wait_for_event(tmp_path / "logs", 10, "the generation", event="generation")
-        # Past the news watch's spacing (a second): the generation's news is told.
-        time.sleep(1.5)
+        # The watch calls back at most once a spacing (a second): at its start (before
+        # the registration), then with the generation's news up to a spacing later.
+        # Two spacings after the generation, news is told the moment it comes.
+        time.sleep(2 * Timeouts().heartbeat_interval + 0.2)
         assert tftctl.wait_connected(10)
         asked = time.monotonic()
         assert tftctl.call(Op.INJECT, rank=0, fault="hang", at_step=100)["ok"]
