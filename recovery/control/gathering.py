@@ -12,15 +12,22 @@ least one more request is expected within it (the mean gap between requests, est
 over recent batches, is shorter), nothing otherwise, so a quiet job's requests (a few a
 second) are answered as soon as before; nor while the queue is not drained (a backlog
 fills batches without it). A request never waits for others longer than :data:`GATHER`.
+
+A job of fewer than :data:`GATHER_FROM_RANKS` ranks never gathers: its beats come 47 ms
+apart or more at the defaults, so only its bursts would (the registrations of a
+generation, the requests of a recovery), and those are on the path of its recovery time.
 """
 
 from __future__ import annotations
 
-__all__ = ["Gathering", "GATHER"]
+__all__ = ["Gathering", "GATHER", "GATHER_FROM_RANKS", "for_ranks"]
 
 GATHER = 0.025
 """Seconds a batch's first request waits for others at the most: a small part of the
 beat round trip's targets (p99 under 100 ms at 8192 ranks)."""
+GATHER_FROM_RANKS = 1024
+"""The smallest job whose scheduler gathers: 1024 ranks beat about 21 times a second (a
+beat per node of 8 every 6 s), where the waking starts to cost."""
 _WEIGHT = 0.2
 """The weight of the latest batch in the estimate of the gap between requests."""
 
@@ -59,3 +66,9 @@ class Gathering:
     def handled(self, requests: int) -> None:
         """The batch whose first request came at the last :meth:`wait` had ``requests``."""
         self._last = (self._started, max(1, requests))
+
+
+def for_ranks(worker_num: int) -> Gathering:
+    """The gathering of a job of ``worker_num`` ranks: none (a window of 0) below
+    :data:`GATHER_FROM_RANKS`."""
+    return Gathering(GATHER if worker_num >= GATHER_FROM_RANKS else 0.0)

@@ -44,9 +44,9 @@ from datetime import timedelta
 from typing import Any
 
 from recovery import env as names
+from recovery.control import gathering
 from recovery.control.claims import LastWords
 from recovery.control.files import Endpoint, StateFile
-from recovery.control.gathering import Gathering
 from recovery.control.inject import Injection, InjectionQueue, check, new_id
 from recovery.control.membership import NO_GENERATION, Accepted, Identity, Membership, Refused, describe_incomplete
 from recovery.control.node_ranks import Given, NodeRanks
@@ -203,7 +203,7 @@ class Scheduler:
         self.replies = KeptReplies()
         self.node_ranks = NodeRanks()
         self._sent = SentReplies()
-        self._gathering = Gathering()
+        self._gathering = gathering.for_ranks(config.worker_num)
         self._key = job_key(config.token, config.run_id)
         self._job_value = job_value(config.token, JobIdentity(
             config.run_id, config.lineage, config.worker_num, config.node_num))

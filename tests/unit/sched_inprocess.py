@@ -40,8 +40,8 @@ def scheduler_config(tmp_path: Path, port: int, worker_num: int = 2) -> Schedule
 
 
 @contextmanager
-def running_scheduler(tmp_path: Path, port: int) -> Iterator[Scheduler]:
-    scheduler = Scheduler(scheduler_config(tmp_path, port))
+def running_scheduler(tmp_path: Path, port: int, worker_num: int = 2) -> Iterator[Scheduler]:
+    scheduler = Scheduler(scheduler_config(tmp_path, port, worker_num))
     thread = threading.Thread(target=scheduler.run, daemon=True)
     thread.start()
     try:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sched_inprocess import answer, running_scheduler, signed
 
-from recovery.control.gathering import GATHER, Gathering
+from recovery.control.gathering import GATHER, GATHER_FROM_RANKS, Gathering, for_ranks
 from recovery.control.rpc import REQUESTS, open_client, reply_key
 
 
@@ -55,18 +55,34 @@ def test_a_backlog_is_not_waited_for() -> None:
     assert gathering.wait(0.110, drained=True) == GATHER  # drained again: gathered again
 
 
-def test_a_burst_is_answered_in_few_batches(tmp_path: Path, free_port: int) -> None:
-    """200 requests 2 ms apart: every one answered, in far fewer wake-ups of the loop
-    than requests (without gathering, each came to an idle loop: a wake-up each)."""
-    with running_scheduler(tmp_path, free_port) as scheduler:
-        store = open_client("127.0.0.1", free_port, 10)
+def burst_wakeups(tmp_path: Path, port: int, worker_num: int) -> int:
+    """The loop's wake-ups for 200 status requests sent 2 ms apart to the scheduler of a
+    job of ``worker_num`` ranks, every one answered."""
+    with running_scheduler(tmp_path, port, worker_num) as scheduler:
+        store = open_client("127.0.0.1", port, 10)
         before = scheduler.wakeups
-        rids = [f"burst-{i}" for i in range(200)]
+        rids = [f"burst-{i}" for i in range(BURST)]
         for rid in rids:
             store.queue_push(REQUESTS, signed("status", rid=rid))
             time.sleep(0.002)  # the pace of the load, not a wait for anything
         for rid in rids:
             store.wait([reply_key(rid)], timedelta(seconds=10))
             assert answer(store.get(reply_key(rid)))["ok"], rid
-        woken = scheduler.wakeups - before
-    assert woken < len(rids) / 3, woken
+        return scheduler.wakeups - before
+
+
+BURST = 200
+
+
+def test_a_burst_is_answered_in_few_batches(tmp_path: Path, free_port: int) -> None:
+    """In a large job, 200 requests 2 ms apart: every one answered, in far fewer wake-ups
+    of the loop than requests (without gathering, each came to an idle loop: a wake-up
+    each)."""
+    woken = burst_wakeups(tmp_path, free_port, GATHER_FROM_RANKS)
+    assert woken < BURST / 3, woken
+
+
+def test_a_small_job_never_gathers() -> None:
+    """Below GATHER_FROM_RANKS the window is 0: a burst's requests wait for nobody."""
+    assert batches(for_ranks(GATHER_FROM_RANKS - 1), [0.005] * 20) == [0.0] * 20
+    assert batches(for_ranks(GATHER_FROM_RANKS), [0.005] * 20)[-1] == GATHER
