@@ -25,7 +25,7 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -254,13 +254,14 @@ class _StagedWriter:
     into the saver's directory under its keep rule (fixed for the saver's life, so they
     reach the process with the fork rather than in every request). The one manifest
     object serves every write, so that it parses the manifest only when another process
-    changed it."""
+    changed it, and the one rebuilder, so that the tensors on the buffer are made once."""
 
     manifest: Manifest
     keep: KeepRule
+    rebuild: staging.Rebuilder = field(default_factory=staging.Rebuilder)
 
     def __call__(self, request: WriteRequest, buffer: Any) -> list[str]:
-        state = staging.rebuild(buffer, request.specs, request.skeleton)
+        state = self.rebuild(buffer, request.specs, request.skeleton)
         return write_checkpoint(self.manifest.directory, request.name, state, request.position,
                                 self.manifest, keep=self.keep)
 
