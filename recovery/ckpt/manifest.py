@@ -235,9 +235,9 @@ class Manifest:
         self._known = (data, entries)
         return dict(entries)
 
-    def add(self, entry: CheckpointEntry, remove: Iterable[str] = (), keep: Keep | None = None) -> list[str]:
-        """Record a checkpoint that is already durable on disk, and forget ``remove`` and
-        what ``keep`` drops.
+    def add(self, entry: CheckpointEntry, keep: Keep | None = None) -> list[str]:
+        """Record a checkpoint that is already durable on disk, and forget what ``keep``
+        drops.
 
         Both happen in one atomic rewrite, so a crash never leaves the old files dropped
         without the new one listed. Forget files before deleting them: an unlisted file
@@ -246,16 +246,14 @@ class Manifest:
         new one (its ``seq`` set), so that it sees every other writer's update.
 
         Returns:
-            The names forgotten that ``keep`` chose, oldest first (those of ``remove``
-            are not repeated).
+            The names forgotten, as ``keep`` gave them (oldest first).
         """
-        remove = set(remove)
         with self._locked():
             entries = self.entries()
             entry = replace(entry, seq=1 + max((e.seq for e in entries.values()), default=0))
             entries[entry.name] = entry
-            dropped = [] if keep is None else [name for name in keep(entries.values()) if name not in remove]
-            gone = remove.union(dropped)
+            dropped = [] if keep is None else keep(entries.values())
+            gone = set(dropped)
             self._write([e for name, e in entries.items() if name not in gone])
         return dropped
 
