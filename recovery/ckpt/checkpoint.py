@@ -25,7 +25,7 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -248,22 +248,26 @@ def write_checkpoint(
     return stale
 
 
-@dataclass(frozen=True)
 class _StagedWriter:
     """In the writer process: write one staged checkpoint as :func:`write_checkpoint` does,
     into the saver's directory under its keep rule (fixed for the saver's life, so they
-    reach the process with the fork rather than in every request). The one manifest
-    object serves every write, so that it parses the manifest only when another process
-    changed it, and the one rebuilder, so that the tensors on the buffer are made once."""
+    reach the process with the fork rather than in every request). One manifest object,
+    made in the writer process (its file lock must not cross the fork), serves every
+    write, so that the manifest is parsed only when another process changed it; one
+    rebuilder, so that the tensors on the buffer are made once."""
 
-    manifest: Manifest
-    keep: KeepRule
-    rebuild: staging.Rebuilder = field(default_factory=staging.Rebuilder)
+    def __init__(self, directory: Path, keep: KeepRule) -> None:
+        self.directory = directory
+        self.keep = keep
+        self._manifest: Manifest | None = None
+        self._rebuild = staging.Rebuilder()
 
     def __call__(self, request: WriteRequest, buffer: Any) -> list[str]:
-        state = self.rebuild(buffer, request.specs, request.skeleton)
-        return write_checkpoint(self.manifest.directory, request.name, state, request.position,
-                                self.manifest, keep=self.keep)
+        if self._manifest is None:
+            self._manifest = Manifest(self.directory)
+        state = self._rebuild(buffer, request.specs, request.skeleton)
+        return write_checkpoint(self.directory, request.name, state, request.position, self._manifest,
+                                keep=self.keep)
 
 
 class CheckpointSaver:
@@ -321,7 +325,7 @@ class CheckpointSaver:
         self.prefix = layout.run_prefix(layout.check_prefix(prefix),
                                         [*os.listdir(self.directory), *self.manifest.entries()])
         self.keep_rule = KeepRule(prefix, self.lineage, self.config.keep_checkpoint_max)
-        self._writer = WriterProcess(_StagedWriter(self.manifest, self.keep_rule)) if self.config.async_save else None
+        self._writer = WriterProcess(_StagedWriter(self.directory, self.keep_rule)) if self.config.async_save else None
         self._stage = staging.SharedStage() if self.config.async_save else None
         self._last_saved: int | None = None
 

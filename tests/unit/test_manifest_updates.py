@@ -3,6 +3,7 @@ is never lost to the manifest's parse cache; the manifest lock excludes other pr
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import signal
@@ -66,7 +67,7 @@ def _third_save(directory: Path, kill_at: int) -> int:
             with _kill_before_call(kill_at) as made:
                 position = TrainPosition(1, 3, 3)
                 write_checkpoint(directory, layout.checkpoint_name("net", position), saver.state(position),
-                                 position, saver.manifest, keep=saver.keep_rule)
+                                 position, Manifest(directory), keep=saver.keep_rule)
             os.write(write, str(len(made)).encode())
         finally:
             os._exit(0)
@@ -153,3 +154,17 @@ def test_a_damaged_manifest_after_a_good_read_trusts_no_file(tmp_path: Path, dam
     assert list(manifest.entries()) == ["net-1_1.ckpt"]
     manifest.path.write_bytes(damage)
     assert manifest.entries() == {}
+
+
+def test_without_flock_the_manifest_is_updated_under_filelocks_fallback(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """As on Lustre mounted without ``flock``: every ``flock`` fails with ENOSYS."""
+    def no_flock(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    manifest = Manifest(tmp_path)
+    with pytest.warns(UserWarning, match="flock not supported"):
+        manifest.add(_entry("net-1_1.ckpt", 1))
+    manifest.add(_entry("net-1_2.ckpt", 2), keep=KeepRule("net", "job", 1))
+    assert list(Manifest(tmp_path).entries()) == ["net-1_2.ckpt"]
