@@ -24,7 +24,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,9 +32,9 @@ from typing import Any
 import torch
 
 from recovery.ckpt import layout, staging
-from recovery.ckpt.durable import fsync_dir, remove_stale_temps, write_atomic
+from recovery.ckpt.durable import remove_stale_temps, write_atomic
 from recovery.ckpt.lineage import job_lineage
-from recovery.ckpt.manifest import CheckpointEntry, CheckpointError, CheckpointKind, KeepRule, Manifest
+from recovery.ckpt.manifest import CheckpointEntry, CheckpointError, CheckpointKind, Keep, KeepRule, Manifest
 from recovery.ckpt.restore import FORMAT, FORMAT_VERSION, ResumePoint, job_rank_and_world_size, resume
 from recovery.ckpt.writer_process import WriteRequest, WriterProcess
 from recovery.env import WorkerEnv
@@ -207,10 +207,16 @@ def _plain_tree(obj: Any, tensor: Callable[[torch.Tensor], Any]) -> Any:
 
 def write_checkpoint(
     directory: Path, name: str, state: dict[str, Any], position: TrainPosition, manifest: Manifest,
-    keep: Callable[[Iterable[CheckpointEntry]], list[str]] = lambda entries: [],
-    kind: CheckpointKind = CheckpointKind.PERIODIC,
+    keep: Keep | None = None, kind: CheckpointKind = CheckpointKind.PERIODIC,
 ) -> list[str]:
     """Write ``state`` as ``directory/name`` durably and list it in the directory's manifest.
+
+    Four ``fsync`` calls: the file, the directory (its name), the manifest, the directory
+    (the manifest's name); the manifest lists the file only once both of the file's are
+    done. The files dropped are unlinked after the manifest forgets them, with no
+    ``fsync`` of their own: should a power cut undo an unlink, the file is back unlisted,
+    never loaded, as a process killed just before the unlink leaves it; the next save's
+    ``fsync`` of the directory makes the unlink durable.
 
     Args:
         directory: the rank's checkpoint directory.
@@ -232,32 +238,36 @@ def write_checkpoint(
         name, *position, state["rank"], state["world_size"], digest.size, None, time.time(),
         lineage=state.get("lineage"), kind=kind, xxh3_128=digest.checksum,
     )
-    stale = keep({**manifest.entries(), name: entry}.values())
-    manifest.add(entry, remove=stale)
+    stale = manifest.add(entry, keep=keep)
     for stale_name in stale:
         if stale_name == stale[-1] and not spare.exists():
             # Kept for the next save to write over, rather than freed and allocated anew.
             with contextlib.suppress(FileNotFoundError):
                 os.replace(directory / stale_name, spare)
         (directory / stale_name).unlink(missing_ok=True)
-    if stale:
-        fsync_dir(directory)
     return stale
 
 
-@dataclass(frozen=True)
 class _StagedWriter:
     """In the writer process: write one staged checkpoint as :func:`write_checkpoint` does,
     into the saver's directory under its keep rule (fixed for the saver's life, so they
-    reach the process with the fork rather than in every request)."""
+    reach the process with the fork rather than in every request). One manifest object,
+    made in the writer process (its file lock must not cross the fork), serves every
+    write, so that the manifest is parsed only when another process changed it; one
+    rebuilder, so that the tensors on the buffer are made once."""
 
-    directory: Path
-    keep: KeepRule
+    def __init__(self, directory: Path, keep: KeepRule) -> None:
+        self.directory = directory
+        self.keep = keep
+        self._manifest: Manifest | None = None
+        self._rebuild = staging.Rebuilder()
 
     def __call__(self, request: WriteRequest, buffer: Any) -> list[str]:
-        state = staging.rebuild(buffer, request.specs, request.skeleton)
-        return write_checkpoint(self.directory, request.name, state, request.position,
-                                Manifest(self.directory), keep=self.keep)
+        if self._manifest is None:
+            self._manifest = Manifest(self.directory)
+        state = self._rebuild(buffer, request.specs, request.skeleton)
+        return write_checkpoint(self.directory, request.name, state, request.position, self._manifest,
+                                keep=self.keep)
 
 
 class CheckpointSaver:

@@ -23,7 +23,10 @@ process that verifies the file; ``tftctl ckpt verify`` is one.)
 "Newest" is the highest ``(epoch, step)``, never a file time. An invalid candidate newer
 than the chosen one is reported with one warning line naming the file and the reason.
 The manifest is rewritten atomically under a file lock, so concurrent writers and a
-writer killed mid-update never leave it torn.
+writer killed mid-update never leave it torn. It is read once per update, under that lock,
+and parsed only when its bytes differ from what this object last read or wrote; it is
+written one entry a line, by the C JSON encoder (``indent`` would take the pure-Python one,
+ten times dearer).
 """
 
 from __future__ import annotations
@@ -32,8 +35,8 @@ import json
 import logging
 import os
 import pickle
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, fields, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -129,9 +132,12 @@ class CheckpointEntry:
         it mapped to :attr:`step_in_epoch`. An entry written before XXH3 (no ``xxh3_128``)
         is recorded as it was.
         """
-        return {("step" if key == "step_in_epoch" else key): value
-                for key, value in asdict(self).items()
-                if not (key == "xxh3_128" and value is None)}
+        record = {}
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if not (field.name == "xxh3_128" and value is None):
+                record["step" if field.name == "step_in_epoch" else field.name] = value
+        return record
 
     @classmethod
     def from_json(cls, record: Mapping[str, Any]) -> CheckpointEntry:
@@ -191,6 +197,10 @@ class KeepRule:
         return [entry.name for entry in family[: max(0, len(family) - self.keep_max)]]
 
 
+Keep = Callable[[Iterable[CheckpointEntry]], list[str]]
+"""Given every entry, the names to drop (a :class:`KeepRule`)."""
+
+
 class Manifest:
     """The manifest of one checkpoint directory.
 
@@ -202,41 +212,54 @@ class Manifest:
         self.directory = Path(directory)
         self.path = layout.manifest_path(self.directory)
         self._lock = FileLock(str(layout.manifest_lock_path(self.directory)))
+        self._known: tuple[bytes, dict[str, CheckpointEntry]] = (b"", {})
+        """The manifest's bytes as this object last read or wrote them, and their entries."""
 
     def entries(self) -> dict[str, CheckpointEntry]:
         """The recorded entries by file name; empty when there is no readable manifest."""
         try:
-            raw = json.loads(self.path.read_text())
-            return {e["name"]: CheckpointEntry.from_json(e) for e in raw["entries"]}
+            data = self.path.read_bytes()
         except FileNotFoundError:
             return {}
+        if data == self._known[0]:
+            return dict(self._known[1])
+        try:
+            raw = json.loads(data)
+            entries = {e["name"]: CheckpointEntry.from_json(e) for e in raw["entries"]}
         except (ValueError, KeyError, TypeError) as err:
             # Written atomically by us, so this is damage from outside: trust no file.
             logger.warning("ignoring unreadable checkpoint manifest %s: %s", self.path, err)
             return {}
+        self._known = (data, entries)
+        return dict(entries)
 
-    def add(self, entry: CheckpointEntry, remove: Iterable[str] = ()) -> CheckpointEntry:
-        """Record a checkpoint that is already durable on disk, and forget ``remove``.
+    def add(self, entry: CheckpointEntry, keep: Keep | None = None) -> list[str]:
+        """Record a checkpoint that is already durable on disk, and forget what ``keep``
+        drops.
 
         Both happen in one atomic rewrite, so a crash never leaves the old files dropped
         without the new one listed. Forget files before deleting them: an unlisted file
         left by a crash is never loaded, while a listed file that is gone is reported.
+        ``keep`` is asked under the manifest's lock, with the entries just read and the
+        new one (its ``seq`` set), so that it sees every other writer's update.
 
         Returns:
-            The entry as recorded, with its ``seq``.
+            The names forgotten, as ``keep`` gave them (oldest first).
         """
-        remove = set(remove)
         with self._lock:
             entries = self.entries()
             entry = replace(entry, seq=1 + max((e.seq for e in entries.values()), default=0))
             entries[entry.name] = entry
-            self._write(e for name, e in entries.items() if name not in remove)
-        return entry
+            dropped = [] if keep is None else keep(entries.values())
+            gone = set(dropped)
+            self._write([e for name, e in entries.items() if name not in gone])
+        return dropped
 
-    def _write(self, entries: Iterable[CheckpointEntry]) -> None:
-        content = {"version": MANIFEST_VERSION, "entries": [e.to_json() for e in entries]}
-        data = json.dumps(content, indent=1).encode()
+    def _write(self, entries: list[CheckpointEntry]) -> None:
+        lines = ",\n".join(json.dumps(e.to_json()) for e in entries)
+        data = f'{{"version": {MANIFEST_VERSION}, "entries": [\n{lines}\n]}}\n'.encode()
         write_atomic(self.path, lambda file: file.write(data))
+        self._known = (data, {e.name: e for e in entries})
 
 
 def candidates(directory: str | os.PathLike[str], lineage: str | None = None) -> list[Candidate]:

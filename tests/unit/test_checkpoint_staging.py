@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import mmap
 from typing import Any
 
 import torch
@@ -10,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from recovery.ckpt import staging
+from recovery.ckpt.writer_process import _Mapping
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
           torch.uint8, torch.bool]
@@ -49,10 +49,21 @@ def assert_same(a: Any, b: Any) -> None:
         assert a == b
 
 
+class Reader:
+    """As the writer process reads: the buffer mapped through /proc, once while it stays,
+    and rebuilt by one rebuilder."""
+
+    def __init__(self) -> None:
+        self.mapping = _Mapping()
+        self.rebuild = staging.Rebuilder()
+
+    def __call__(self, buffer: staging.SharedBuffer, specs: list[staging.TensorSpec], skeleton: Any) -> Any:
+        return self.rebuild(self.mapping.of(buffer), specs, skeleton)
+
+
 def read_back(buffer: staging.SharedBuffer, specs: list[staging.TensorSpec], skeleton: Any) -> Any:
-    """As the writer process does: map the buffer through /proc and rebuild."""
-    with open(f"/proc/{buffer.pid}/fd/{buffer.fd}", "r+b") as file:
-        return staging.rebuild(mmap.mmap(file.fileno(), buffer.size), specs, skeleton)
+    """A fresh reader's: a mapping of its own."""
+    return Reader()(buffer, specs, skeleton)
 
 
 @settings(max_examples=25, deadline=None)
@@ -106,5 +117,34 @@ def test_only_the_tensors_changed_since_the_last_save_are_copied_again() -> None
             model[0].bias.copy_(torch.ones(3))  # as load_state_dict does
         state, back = staged()
         assert stage.copied == 2 and torch.equal(back["model"]["0.bias"], torch.ones(3))
+    finally:
+        stage.close()
+
+
+def test_one_reader_sees_each_save_of_a_reused_buffer_and_a_new_layouts_buffer() -> None:
+    """The rebuilder keeps its tensors on the buffer from save to save: they show the bytes
+    of the latest save, and a new buffer or layout gets tensors of its own."""
+    stage, reader = staging.SharedStage(), Reader()
+    weight, bias = torch.zeros(3, 4), torch.zeros(4)
+    try:
+        skeleton, parts = staging.split({"w": weight, "b": bias})
+        buffer, specs = stage.stage(parts)
+        first = reader(buffer, specs, skeleton)
+        assert torch.equal(first["w"], weight)
+        weight.add_(1.5)
+        bias.sub_(2)
+        again, specs = stage.stage(parts)
+        assert again == buffer
+        second = reader(again, specs, skeleton)
+        assert torch.equal(second["w"], weight) and torch.equal(second["b"], bias)
+        wider = torch.arange(6.0)
+        skeleton, parts = staging.split({"w": weight, "b": wider})
+        buffer, specs = stage.stage(parts)
+        third = reader(buffer, specs, skeleton)
+        assert torch.equal(third["w"], weight) and torch.equal(third["b"], wider)
+        skeleton, parts = staging.split({"b": bias, "w": weight})  # same buffer size, another order
+        buffer, specs = stage.stage(parts)
+        fourth = reader(buffer, specs, skeleton)
+        assert torch.equal(fourth["w"], weight) and torch.equal(fourth["b"], bias)
     finally:
         stage.close()
