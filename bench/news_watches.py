@@ -48,6 +48,8 @@ _TIMEOUT = 5.0
 client keeps for every operation)."""
 _RECONNECT_PAUSE = 0.5
 _CLOSING = 60.0
+_RECANCEL = 0.1
+"""Seconds :meth:`NewsWatches.close` waits before it cancels the watches still running again."""
 _CONNECTING = 64
 """Connects under way at once: thousands at once overflow the store's listen backlog,
 and each refused SYN costs a second or more."""
@@ -153,9 +155,14 @@ class NewsWatches:
             self._loop.close()
 
     async def _cancel(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        """Cancel every watch, again until it ends: Python 3.11's ``asyncio.wait_for``
+        loses a cancellation that comes as the awaited read completes (CPython
+        gh-86296), and that watch would go on following the counter."""
+        while self._tasks:
+            for task in self._tasks:
+                task.cancel()
+            done, _pending = await asyncio.wait(self._tasks, timeout=_RECANCEL)
+            self._tasks -= done
 
     async def _watch(self, on_news: Callable[[], object]) -> None:
         seen: int | None = None

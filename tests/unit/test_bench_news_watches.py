@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
-from datetime import timedelta
 
 import pytest
 from test_news_watch import AT_ONCE, Calls, bump
@@ -22,14 +20,6 @@ from news_watches import NewsWatches  # noqa: E402 - bench/ is not a package
 pytestmark = pytest.mark.timeout(60)
 
 NODES = 50
-
-
-@pytest.fixture
-def store() -> Iterator[TCPStore]:
-    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                      timeout=timedelta(seconds=10))
-    yield server
-    del server
 
 
 def test_news_reaches_every_node_at_once(store: TCPStore) -> None:

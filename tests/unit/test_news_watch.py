@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from datetime import timedelta
 
 import pytest
 from torch.distributed import TCPStore
@@ -20,14 +19,6 @@ AT_ONCE = 0.5
 """Seconds within which news must reach the watch: half the second at which the counter
 was read before, and far more than a store round trip."""
 SPACING = 0.2
-
-
-@pytest.fixture
-def store() -> Iterator[TCPStore]:
-    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                      timeout=timedelta(seconds=10))
-    yield server
-    del server
 
 
 class Calls:
