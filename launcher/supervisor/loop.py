@@ -31,7 +31,7 @@ from launcher.supervisor.children import Children, node_workers
 from launcher.supervisor.closing import Closing, stop_everything_now
 from launcher.supervisor.failures import ExitInfo
 from launcher.supervisor.meeting import MeetingPlace, point_at_remote_scheduler
-from launcher.supervisor.observer import Observer
+from launcher.supervisor.observer import Observer, watch_scope
 from launcher.supervisor.policy import (
     EXIT_PEER_ENDED,
     RESTART_GRACE,
@@ -101,7 +101,8 @@ class Supervisor:
                                          run_id=config.run_id)
         self._wakeup: Wakeup | None = None
         self._watch = SchedulerWatch(
-            self._control, self._node_link() if config.multi_node else None, self._wake)
+            self._control, self._node_link() if config.multi_node else None, self._wake,
+            watch_scope(config))
         self._presence = (NodePresence(self._node_link(), config.assigned_rank,
                                        config.group_world_size, config.node_range is not None,
                                        self._wake) if config.multi_node else None)

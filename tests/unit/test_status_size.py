@@ -34,6 +34,7 @@ def test_the_status_of_a_job_of_256_ranks_verifies(tmp_path: Path) -> None:
         wait_for_event(tmp_path / "logs", 30, "the generation", event="generation")
         assert control._link.wait_connected(10)
         status = control.status()
+        node = control.node_status(8, 8, missing=True)
         unverified = control._link.unverified
     finally:
         control.close()
@@ -44,3 +45,9 @@ def test_the_status_of_a_job_of_256_ranks_verifies(tmp_path: Path) -> None:
     assert status is not None
     assert sorted(m["rank"] for m in status["members"]) == list(range(RANKS))
     assert len(str(status)) > MAX_MESSAGE_BYTES
+    # A node's supervisor asks for its own ranks' rows and the job's facts only.
+    assert node is not None
+    assert [m["rank"] for m in node["members"]] == list(range(8, 16))
+    assert node["others"] == {"training": RANKS - 8, "finished": 0, "finished_step": None}
+    assert node["missing"] == [] and node["retired"] == []
+    assert len(str(node)) < MAX_MESSAGE_BYTES
