@@ -17,10 +17,10 @@ by hand as a launch script would: its own port, no supervisor) for that many wor
   share one thread: bench/news_watches.py) that makes it beat at once on news. Its
   ranks register through it, all in one beat; they report a new step before each beat.
   And as a supervisor's scheduler watch does (launcher/supervisor/watch.py), it asks for
-  its status every ``SNAPSHOT_INTERVAL`` (0.5 s) after the last answer: its node's
-  (``--status node``, what tftrun asks), the whole table (``--status whole``, what it
-  asked before: ``tftctl status``'s), or not at all (``--status none``, as this bench
-  did before).
+  its status: ``--status node``, tftrun's: its node's, ``snapshot_interval(nodes)`` after
+  the last answer (0.5 s, spaced in jobs of more than 128 nodes) and at once on news;
+  ``--status whole``, what tftrun asked before: the whole table (``tftctl status``'s)
+  every 0.5 s; ``--status none``: none, as this bench did before.
 * ``--mode rank`` (a rank beats itself, as a script started by hand): one thread per
   rank; it connects a ``SchedulerLink``, registers with ``Op.REGISTER`` and heartbeats
   with ``recovery.runtime.heartbeat.Heartbeat`` (timed around its ``beat``), spaced and
@@ -71,7 +71,7 @@ import psutil
 from common import add_json_flag, emit, free_port
 from news_watches import NewsWatches
 
-from launcher.supervisor.watch import SNAPSHOT_INTERVAL
+from launcher.supervisor.watch import SNAPSHOT_INTERVAL, snapshot_interval
 from recovery import env as names
 from recovery.control.membership import Identity
 from recovery.control.node_beats import NodeBeats
@@ -196,13 +196,15 @@ class SimulatedNode:
     """One node's supervisor, as launcher/supervisor/beats.py beats for its ranks."""
 
     def __init__(self, index: int, ranks: range, port: int, timeouts: Timeouts,
-                 news: NewsWatches, status: str) -> None:
+                 news: NewsWatches, status: str, nodes: int) -> None:
         self.name = node_name(index)
         self.status_fields: dict[str, Any] | None = (
             None if status == "none" else {} if status == "whole" else
             {"first_rank": ranks.start, "nproc": len(ranks), "missing": index == 0})
         """What its status request holds (None: it asks none); node 0 asks for the missing
         ranks too, as the supervisor on the scheduler's node does."""
+        self.status_every = SNAPSHOT_INTERVAL if status == "whole" else snapshot_interval(nodes)
+        self.status_on_news = status == "node"
         self.status_at = math.inf
         self.status_trips: list[tuple[float, float]] = []
         self.ranks = ranks
@@ -230,6 +232,8 @@ class SimulatedNode:
 
     def _on_news(self) -> None:
         self.news_came = True
+        if self.status_on_news and self.status_at < math.inf:
+            self.status_at = time.monotonic()
         self.watching.set()
         self.wake.set()
 
@@ -237,7 +241,7 @@ class SimulatedNode:
         for rank in self.ranks:
             self.beats.heard(rank, "register", self.identity(rank), now)
         if self.status_fields is not None:  # the nodes' watches drift apart
-            self.status_at = now + random.uniform(0, SNAPSHOT_INTERVAL)
+            self.status_at = now + random.uniform(0, self.status_every)
 
     def due(self) -> float:
         return math.inf if self.silenced else -math.inf if self.news_came \
@@ -259,7 +263,7 @@ class SimulatedNode:
             self.status_trips.append((sent_at, time.perf_counter() - started))
         except SchedulerUnavailable as err:
             self.problem = self.problem or f"status: {err}"
-        self.status_at = time.monotonic() + SNAPSHOT_INTERVAL
+        self.status_at = time.monotonic() + self.status_every
 
     def beat(self, now: float) -> None:
         self.step += 1  # its ranks train: each reports a new step before the beat
@@ -308,7 +312,7 @@ def _drive(nodes: list[SimulatedNode], stop: threading.Event) -> None:
         node.act(time.monotonic())
 
 
-def simulate_nodes(nodes: list[int], per_node: int, status: str, port: int,
+def simulate_nodes(nodes: list[int], per_node: int, status: str, total: int, port: int,
                    timeouts: Timeouts, commands: Any, results: Any) -> None:
     """One simulator process in node mode: its nodes connect, then on "go" register their
     ranks and beat until told to silence one node or to stop."""
@@ -317,7 +321,7 @@ def simulate_nodes(nodes: list[int], per_node: int, status: str, port: int,
     news = NewsWatches(HOST, port, spacing=timeouts.heartbeat_interval)
     news.start()
     sims = {n: SimulatedNode(n, range(n * per_node, (n + 1) * per_node), port, timeouts, news,
-                             status)
+                             status, total)
             for n in nodes}
     everyone = list(sims.values())
     for first in range(0, len(everyone), _LINKS_AT_ONCE):
@@ -490,7 +494,8 @@ def measure(workers: int, procs: int, window: float, heartbeat_timeout: float,
                 sims.commands.append(context.Queue())
                 sims.results.append(context.Queue())
                 target, args = (
-                    (simulate_nodes, (list(range(index, nodes, procs)), per_node, status))
+                    (simulate_nodes, (list(range(index, nodes, procs)), per_node, status,
+                                      nodes))
                     if mode == "node" else (simulate, (list(range(index, workers, procs)),)))
                 process = context.Process(target=target, args=(
                     *args, port, timeouts, sims.commands[-1], sims.results[-1]), daemon=True)
@@ -616,9 +621,10 @@ def main() -> None:
                              "beats itself (both: side by side)")
     parser.add_argument("--ranks_per_node", type=int, default=8)
     parser.add_argument("--status", choices=["node", "whole", "none"], default="node",
-                        help="node mode: each simulated supervisor asks for its status "
-                             f"every {SNAPSHOT_INTERVAL} s: its node's (tftrun's), the whole "
-                             "table (tftrun's before), or none")
+                        help="node mode: each simulated supervisor asks for its status: its "
+                             "node's, spaced by the job's size and on news (tftrun's), the "
+                             f"whole table every {SNAPSHOT_INTERVAL} s (tftrun's before), "
+                             "or none")
     parser.add_argument("--procs", type=int, default=4, help="simulator processes")
     parser.add_argument("--measure", type=float, default=10.0,
                         help="seconds of each CPU and round-trip window")

@@ -6,7 +6,8 @@ snapshot, and never waits for an answer, so a stalled scheduler (each request ma
 its 1 s reply timeout) delays no exit handling. The thread delivers the queued reports,
 then takes one status snapshot (its node's: its own ranks' rows and the job's facts,
 O(own ranks + faults), never the whole table) and, with other nodes, reads the cluster store; every
-:data:`SNAPSHOT_INTERVAL`, or at once when the loop pokes it (an exit to report). After
+:func:`snapshot_interval` (:data:`SNAPSHOT_INTERVAL` but in large jobs), or at once when
+the loop pokes it (an exit to report) or the scheduler has news (:meth:`SchedulerWatch.poke`). After
 each round it wakes the loop.
 """
 
@@ -23,12 +24,20 @@ from launcher.nodes.link import NodeLink
 from recovery.control.client import ExitReport, Retirement, SchedulerControl
 
 __all__ = ["SchedulerWatch", "Scope", "Snapshot", "MemberRow", "Others", "NodesNews",
-           "SNAPSHOT_INTERVAL"]
+           "SNAPSHOT_INTERVAL", "STATUS_RATE", "snapshot_interval"]
 
 logger = logging.getLogger(__name__)
 
 SNAPSHOT_INTERVAL = 0.5
-"""Seconds between two status snapshots (the scheduler's verdicts come with them)."""
+"""Seconds between two status snapshots (the scheduler's verdicts come with them), in a
+job of up to :data:`STATUS_RATE` / 2 nodes."""
+STATUS_RATE = 256
+"""Status requests a second that the job's supervisors send at most between them, on
+their own: in a larger job each node's snapshots are spaced to :func:`snapshot_interval`.
+Each costs the scheduler about as much as a node's beat (0.2-0.4 ms of its one loop), so
+that 1024 nodes asking every 0.5 s would take most of a core. What must come sooner comes
+anyway: an exit to report takes a snapshot at once, and so does the scheduler's news (a
+verdict, a generation: :meth:`SchedulerWatch.poke`)."""
 _JOIN = 5.0
 """Seconds :meth:`SchedulerWatch.close` waits for a round trip in flight."""
 
@@ -119,6 +128,11 @@ class NodesNews:
     reachable: bool = True
 
 
+def snapshot_interval(nodes: int) -> float:
+    """Seconds between two of a node's snapshots in a job of ``nodes`` nodes."""
+    return max(SNAPSHOT_INTERVAL, nodes / STATUS_RATE)
+
+
 class SchedulerWatch:
     """Delivers exit reports and keeps the latest :class:`Snapshot` and :class:`NodesNews`.
 
@@ -154,6 +168,10 @@ class SchedulerWatch:
         with self._lock:
             self._reports.append(report)
             self._delivered.clear()
+        self._poked.set()
+
+    def poke(self) -> None:
+        """Take a snapshot now: the scheduler has news (a verdict, a generation)."""
         self._poked.set()
 
     def delivered(self, timeout: float) -> bool:

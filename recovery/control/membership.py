@@ -674,7 +674,7 @@ class Membership:
                 rows.append(self._row(self.members[holder], now))
         status: dict[str, Any] = {
             "worker_num": self.worker_num, "generation": self.generation,
-            "complete": self.complete, "members": rows, "retired": facts.retired,
+            "members": rows, "retired": facts.retired,
             "scope": {"first_rank": first_rank, "nproc": nproc},
             "others": facts.others(own)}
         if missing:

@@ -12,7 +12,7 @@ from test_membership import TOKEN, ident
 
 from launcher.config import LaunchConfig
 from launcher.supervisor.observer import Observer, watch_scope
-from launcher.supervisor.watch import SchedulerWatch, Scope
+from launcher.supervisor.watch import SNAPSHOT_INTERVAL, STATUS_RATE, SchedulerWatch, Scope, snapshot_interval
 from recovery.control.membership import Membership
 from recovery.timeouts import Timeouts
 
@@ -80,3 +80,21 @@ def test_a_node_sees_the_other_nodes_train_then_finish_from_their_counts(
     observer = observed(cfg, control)
     assert observer.others_training() == (3, frozenset({3}))
     assert observer.others_finished() == (True, 12)
+
+
+def test_snapshots_are_spaced_in_large_jobs_only_and_news_takes_one_at_once() -> None:
+    assert snapshot_interval(1) == snapshot_interval(128) == SNAPSHOT_INTERVAL
+    assert snapshot_interval(1024) == 1024 / STATUS_RATE
+    timeouts = Timeouts(rejoin_cooldown=1.0, cluster_time_out=600.0, heartbeat_timeout=5.0)
+    control = Control(Membership(RANKS, TOKEN, timeouts, FakeClock()))
+    woken = threading.Semaphore(0)
+    watch = SchedulerWatch(control, None, woken.release, Scope(range(0, 4)),  # type: ignore[arg-type]
+                           interval=3600.0)
+    watch.start()
+    try:
+        assert not woken.acquire(timeout=0.3)  # nothing until the interval, or news
+        watch.poke()
+        assert woken.acquire(timeout=10)
+    finally:
+        watch.close()
+    assert control.asked == [(0, 4, False)]
