@@ -16,6 +16,11 @@ by hand as a launch script would: its own port, no supervisor) for that many wor
   waiting for the scheduler's next news key, as ``NewsWatch`` does; a simulator's watches
   share one thread: bench/news_watches.py) that makes it beat at once on news. Its
   ranks register through it, all in one beat; they report a new step before each beat.
+  And as a supervisor's scheduler watch does (launcher/supervisor/watch.py), it asks for
+  its status: ``--status node``, tftrun's: its node's, ``snapshot_interval(nodes)`` after
+  the last answer (0.5 s, spaced in jobs of more than 128 nodes) and at once on news;
+  ``--status whole``, what tftrun asked before: the whole table (``tftctl status``'s)
+  every 0.5 s; ``--status none``: none, as this bench did before.
 * ``--mode rank`` (a rank beats itself, as a script started by hand): one thread per
   rank; it connects a ``SchedulerLink``, registers with ``Op.REGISTER`` and heartbeats
   with ``recovery.runtime.heartbeat.Heartbeat`` (timed around its ``beat``), spaced and
@@ -28,7 +33,8 @@ Figures:
 * **scheduler CPU %** of one core (psutil) over ``--measure`` seconds of heartbeats, and
   over as long with nothing but the idle job (``idle``: what a quiet scheduler costs);
 * **beat round trip** p50 / p99 over the same window (a ``node_beat`` or a rank's
-  heartbeat), and how many beats failed;
+  heartbeat), and how many beats failed; the status requests answered a second in the
+  window and their round trip p50 / p99 (node mode);
 * **silence to verdict**: one node (one rank, in rank mode) stops beating; from its last
   answered beat to the scheduler's ``node_silent`` (``verdict``) event, and how far past
   ``heartbeat_timeout`` that came;
@@ -48,6 +54,7 @@ import json
 import math
 import multiprocessing as mp
 import os
+import random
 import signal
 import statistics
 import subprocess
@@ -64,6 +71,7 @@ import psutil
 from common import add_json_flag, emit, free_port
 from news_watches import NewsWatches
 
+from launcher.supervisor.watch import SNAPSHOT_INTERVAL, snapshot_interval
 from recovery import env as names
 from recovery.control.membership import Identity
 from recovery.control.node_beats import NodeBeats
@@ -176,18 +184,29 @@ def simulate(ranks: list[int], port: int, timeouts: Timeouts, commands: Any, res
     _send_trips(results, beats)
 
 
-def _send_trips(results: Any, beaters: list[Any]) -> None:
-    """The timed beats of a simulator's heartbeats (nodes), its failed beats and evictions."""
+def _send_trips(results: Any, beaters: list[Any],
+                statuses: list[tuple[float, float]] | None = None) -> None:
+    """The timed beats of a simulator's heartbeats (nodes), its failed beats and evictions,
+    and its timed status requests (nodes)."""
     results.put(("trips", [t for b in beaters for t in b.trips], sum(b.failed for b in beaters),
-                 sum(b.evicted for b in beaters)))
+                 sum(b.evicted for b in beaters), statuses or []))
 
 
 class SimulatedNode:
     """One node's supervisor, as launcher/supervisor/beats.py beats for its ranks."""
 
     def __init__(self, index: int, ranks: range, port: int, timeouts: Timeouts,
-                 news: NewsWatches) -> None:
+                 news: NewsWatches, status: str, nodes: int) -> None:
         self.name = node_name(index)
+        self.status_fields: dict[str, Any] | None = (
+            None if status == "none" else {} if status == "whole" else
+            {"first_rank": ranks.start, "nproc": len(ranks), "missing": index == 0})
+        """What its status request holds (None: it asks none); node 0 asks for the missing
+        ranks too, as the supervisor on the scheduler's node does."""
+        self.status_every = SNAPSHOT_INTERVAL if status == "whole" else snapshot_interval(nodes)
+        self.status_on_news = status == "node"
+        self.status_at = math.inf
+        self.status_trips: list[tuple[float, float]] = []
         self.ranks = ranks
         self.link = SchedulerLink(HOST, port, TOKEN, REPLY_TIMEOUT, run_id=RUN_ID,
                                   connect=False)
@@ -213,22 +232,38 @@ class SimulatedNode:
 
     def _on_news(self) -> None:
         self.news_came = True
+        if self.status_on_news and self.status_at < math.inf:
+            self.status_at = time.monotonic()
         self.watching.set()
         self.wake.set()
 
     def register(self, now: float) -> None:
         for rank in self.ranks:
             self.beats.heard(rank, "register", self.identity(rank), now)
+        if self.status_fields is not None:  # the nodes' watches drift apart
+            self.status_at = now + random.uniform(0, self.status_every)
 
     def due(self) -> float:
         return math.inf if self.silenced else -math.inf if self.news_came \
-            else self.beats.next_due()
+            else min(self.beats.next_due(), self.status_at)
 
     def act(self, now: float) -> None:
-        """A beat, when one is due or news came."""
+        """A beat, when one is due or news came; a status request, when one is due."""
         if self.news_came or now >= self.beats.next_due():
             self.news_came = False
             self.beat(now)
+        if time.monotonic() >= self.status_at:
+            self.ask_status()
+
+    def ask_status(self) -> None:
+        """A status request, as the supervisor's scheduler watch sends one."""
+        sent_at, started = time.time(), time.perf_counter()
+        try:
+            self.link.call(Op.STATUS, **(self.status_fields or {}))
+            self.status_trips.append((sent_at, time.perf_counter() - started))
+        except SchedulerUnavailable as err:
+            self.problem = self.problem or f"status: {err}"
+        self.status_at = time.monotonic() + self.status_every
 
     def beat(self, now: float) -> None:
         self.step += 1  # its ranks train: each reports a new step before the beat
@@ -277,15 +312,16 @@ def _drive(nodes: list[SimulatedNode], stop: threading.Event) -> None:
         node.act(time.monotonic())
 
 
-def simulate_nodes(nodes: list[int], per_node: int, port: int, timeouts: Timeouts,
-                   commands: Any, results: Any) -> None:
+def simulate_nodes(nodes: list[int], per_node: int, status: str, total: int, port: int,
+                   timeouts: Timeouts, commands: Any, results: Any) -> None:
     """One simulator process in node mode: its nodes connect, then on "go" register their
     ranks and beat until told to silence one node or to stop."""
     threading.stack_size(_THREAD_STACK)
     started = time.monotonic()
     news = NewsWatches(HOST, port, spacing=timeouts.heartbeat_interval)
     news.start()
-    sims = {n: SimulatedNode(n, range(n * per_node, (n + 1) * per_node), port, timeouts, news)
+    sims = {n: SimulatedNode(n, range(n * per_node, (n + 1) * per_node), port, timeouts, news,
+                             status, total)
             for n in nodes}
     everyone = list(sims.values())
     for first in range(0, len(everyone), _LINKS_AT_ONCE):
@@ -323,7 +359,7 @@ def simulate_nodes(nodes: list[int], per_node: int, port: int, timeouts: Timeout
     news.close()
     for sim in everyone:
         sim.link.close()
-    _send_trips(results, everyone)
+    _send_trips(results, everyone, [t for s in everyone for t in s.status_trips])
 
 
 def _scheduler_env(workers: int, port: int, tmp: Path, heartbeat_timeout: float) -> dict[str, str]:
@@ -433,7 +469,7 @@ class Simulators:
 
 
 def measure(workers: int, procs: int, window: float, heartbeat_timeout: float,
-            mode: str, per_node: int) -> dict[str, Any]:
+            mode: str, per_node: int, status: str) -> dict[str, Any]:
     """One size's figures in one mode (see the module docstring)."""
     timeouts = Timeouts(heartbeat_timeout=heartbeat_timeout)
     interval = timeouts.beat_interval
@@ -458,7 +494,8 @@ def measure(workers: int, procs: int, window: float, heartbeat_timeout: float,
                 sims.commands.append(context.Queue())
                 sims.results.append(context.Queue())
                 target, args = (
-                    (simulate_nodes, (list(range(index, nodes, procs)), per_node))
+                    (simulate_nodes, (list(range(index, nodes, procs)), per_node, status,
+                                      nodes))
                     if mode == "node" else (simulate, (list(range(index, workers, procs)),)))
                 process = context.Process(target=target, args=(
                     *args, port, timeouts, sims.commands[-1], sims.results[-1]), daemon=True)
@@ -509,6 +546,8 @@ def measure(workers: int, procs: int, window: float, heartbeat_timeout: float,
             scheduler.wait(60)
     trips = [rtt for reply in trips_replies for sent, rtt in reply[1]
              if window_start <= sent <= window_end]
+    statuses = [rtt for reply in trips_replies for sent, rtt in reply[4]
+                if window_start <= sent <= window_end]
     return {
         "ranks": workers, "mode": mode, "nodes": workers // per_node if mode == "node" else None,
         "simulator_processes": procs, "heartbeat_interval_s": interval,
@@ -524,6 +563,10 @@ def measure(workers: int, procs: int, window: float, heartbeat_timeout: float,
         "failed_beats": sum(r[2] for r in trips_replies),
         "evicted": sum(r[3] for r in trips_replies),
         "scheduler_behind_events": behind,
+        "status": status if mode == "node" else "none",
+        "statuses_per_s": len(statuses) / (window_end - window_start),
+        "status_rtt_p50_ms": _percentile(statuses, 0.5) * 1e3,
+        "status_rtt_p99_ms": _percentile(statuses, 0.99) * 1e3,
         "silence_to_verdict_s": verdict["ts"] - last_beat,
         "verdict_past_timeout_s": verdict["ts"] - last_beat - heartbeat_timeout,
     }
@@ -535,7 +578,7 @@ def text(results: list[dict[str, Any]], cores: int) -> list[str]:
              f"CPU < 50 %, p99 < 200 ms, generation < 5 s)",
              f"{'ranks':>6} {'mode':>5} {'gen s':>7} {'last reg s':>10} {'cpu %':>6} "
              f"{'idle %':>6} {'beats/s':>8} {'p50 ms':>7} {'p99 ms':>8} {'failed':>6} "
-             f"{'verdict s':>9} {'past timeout s':>14}"]
+             f"{'verdict s':>9} {'past timeout s':>14} {'status/s':>8} {'status p99':>10}"]
     for r in results:
         if "failed" in r:
             lines.append(f"{r['ranks']:>6} {r['mode']:>5} not measured: {r['failed']}")
@@ -550,7 +593,8 @@ def text(results: list[dict[str, Any]], cores: int) -> list[str]:
                      f"{r['scheduler_cpu_percent']:6.1f} {r['scheduler_idle_cpu_percent']:6.1f} "
                      f"{r['beats_per_s']:8.0f} {r['rtt_p50_ms']:7.1f} {r['rtt_p99_ms']:8.1f} "
                      f"{r['failed_beats']:>6} {r['silence_to_verdict_s']:9.2f} "
-                     f"{r['verdict_past_timeout_s']:14.2f}")
+                     f"{r['verdict_past_timeout_s']:14.2f} {r['statuses_per_s']:8.0f} "
+                     f"{r['status_rtt_p99_ms']:10.1f}")
     return lines
 
 
@@ -576,6 +620,11 @@ def main() -> None:
                         help="node: a simulated supervisor beats per node; rank: each rank "
                              "beats itself (both: side by side)")
     parser.add_argument("--ranks_per_node", type=int, default=8)
+    parser.add_argument("--status", choices=["node", "whole", "none"], default="node",
+                        help="node mode: each simulated supervisor asks for its status: its "
+                             "node's, spaced by the job's size and on news (tftrun's), the "
+                             f"whole table every {SNAPSHOT_INTERVAL} s (tftrun's before), "
+                             "or none")
     parser.add_argument("--procs", type=int, default=4, help="simulator processes")
     parser.add_argument("--measure", type=float, default=10.0,
                         help="seconds of each CPU and round-trip window")
@@ -603,7 +652,8 @@ def main() -> None:
         for mode in args.mode:
             try:
                 results.append(measure(workers, args.procs, args.measure,
-                                       args.heartbeat_timeout, mode, args.ranks_per_node))
+                                       args.heartbeat_timeout, mode, args.ranks_per_node,
+                                       args.status))
             except (RuntimeError, TimeoutError) as err:  # the other sizes still count
                 results.append({"ranks": workers, "mode": mode, "failed": str(err),
                                 "load_average_1_5": os.getloadavg()[:2]})

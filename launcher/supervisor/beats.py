@@ -23,6 +23,7 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from recovery.control.news_watch import NewsWatch
@@ -48,8 +49,11 @@ class BeatServer:
     """Serves the node's workers and beats for them under the name ``node``."""
 
     def __init__(self, node: str, host: str, port: int, token: str, run_id: str,
-                 timeouts: Timeouts) -> None:
+                 timeouts: Timeouts, on_news: Callable[[], None] | None = None) -> None:
+        """``on_news``: called (from the news watch's thread) when the scheduler has news,
+        besides the beat it brings."""
         self.node = node
+        self._on_news_too = on_news
         self._folder = Path(tempfile.mkdtemp(prefix="tft-beats-"))
         self.path = str(self._folder / "beats.sock")
         self._beats = NodeBeats(timeouts.heartbeat_timeout, timeouts.beat_interval,
@@ -160,6 +164,8 @@ class BeatServer:
     def _on_news(self) -> None:
         """The scheduler's news counter moved (the news watch's thread)."""
         self._news_came.set()
+        if self._on_news_too is not None:
+            self._on_news_too()
         self._wake.set()
 
     def _beat(self) -> None:

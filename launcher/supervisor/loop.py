@@ -31,7 +31,7 @@ from launcher.supervisor.children import Children, node_workers
 from launcher.supervisor.closing import Closing, stop_everything_now
 from launcher.supervisor.failures import ExitInfo
 from launcher.supervisor.meeting import MeetingPlace, point_at_remote_scheduler
-from launcher.supervisor.observer import Observer
+from launcher.supervisor.observer import Observer, watch_scope
 from launcher.supervisor.policy import (
     EXIT_PEER_ENDED,
     RESTART_GRACE,
@@ -61,7 +61,7 @@ from launcher.supervisor.policy import (
 from launcher.supervisor.signals import Wakeup, handled
 from launcher.supervisor.state import Failure, Worker, WorkerState
 from launcher.supervisor.summary import job_start_fields, live_rows, print_job_summary
-from launcher.supervisor.watch import SchedulerWatch
+from launcher.supervisor.watch import SchedulerWatch, snapshot_interval
 from launcher.view.logs import LogFollower
 from launcher.view.render import View
 from recovery.control.client import ExitReport, Retirement, SchedulerControl
@@ -101,7 +101,8 @@ class Supervisor:
                                          run_id=config.run_id)
         self._wakeup: Wakeup | None = None
         self._watch = SchedulerWatch(
-            self._control, self._node_link() if config.multi_node else None, self._wake)
+            self._control, self._node_link() if config.multi_node else None, self._wake,
+            watch_scope(config), snapshot_interval(-(-config.worker_num // config.nproc)))
         self._presence = (NodePresence(self._node_link(), config.assigned_rank,
                                        config.group_world_size, config.node_range is not None,
                                        self._wake) if config.multi_node else None)
@@ -149,7 +150,8 @@ class Supervisor:
                                  config.master_addr, config.master_port, config.job_token,
                                  config.run_id, Timeouts(
                                      heartbeat_timeout=config.heartbeat_timeout,
-                                     progress_timeout=config.progress_timeout))
+                                     progress_timeout=config.progress_timeout),
+                                 on_news=self._watch.poke)
         self.children.beat_socket = self._beats.path
         self._beats.start()
 

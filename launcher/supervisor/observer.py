@@ -20,18 +20,27 @@ from launcher.nodes.link import NodeWatch
 from launcher.nodes.presence import BeatTracker
 from launcher.supervisor.policy import RankView
 from launcher.supervisor.state import Failure, Worker, WorkerState
-from launcher.supervisor.watch import SchedulerWatch, Snapshot
+from launcher.supervisor.watch import SchedulerWatch, Scope, Snapshot
 from launcher.view.progress import EventTail
 from recovery.control.membership import LIVE_STATES, MemberState, Verdict
 from recovery.control.node_range import NODE_SILENT
 
-__all__ = ["Observer"]
+__all__ = ["Observer", "watch_scope"]
 
 WORKER_STEP_EVENTS = ("step", "train_end")
 """The events in which a worker says which step it completed."""
 _VERDICTS = {MemberState.LOST.value: Verdict.HEARTBEAT.value,
              MemberState.HUNG.value: Verdict.PROGRESS.value}
 _LIVE = frozenset(state.value for state in LIVE_STATES)
+
+
+def watch_scope(config: LaunchConfig) -> Scope:
+    """What of the scheduler's status the observer reads: the rows of this node's ranks,
+    and the missing ranks on node 0 of several (which node is gone, which ranks lost);
+    of the other nodes, every node reads counts only."""
+    return Scope(range(config.first_rank, config.first_rank + config.nproc),
+                 missing=config.multi_node and config.hosts_scheduler
+                 and config.node_range is None)
 
 
 class Observer:
@@ -43,7 +52,7 @@ class Observer:
         self._watch = watch
         self._beats = beats
         """When each other node's tftrun last beat (node 0 of several)."""
-        self._own = range(config.first_rank, config.first_rank + config.nproc)
+        self._own = watch_scope(config).own
         self._degraded = (config.min_worker_num is not None
                           and config.min_worker_num < config.worker_num)
         """The job trains on without lost ranks (docs/elastic.md)."""
@@ -178,6 +187,7 @@ class Observer:
             return "" if self._watch.nodes.reachable else "node 0's scheduler"
         if self.snapshot is None or config.node_range is not None:
             return ""
+        # the only node whose scope asks for them (watch_scope)
         missing = [r for r in self.snapshot.missing if r not in self._own]
         if self._beats is not None:
             self._beats.want({r // config.nproc for r in missing})
@@ -193,9 +203,8 @@ class Observer:
         if snapshot is None or beats is None or not self._degraded \
                 or config.node_range is not None:
             return {}
-        known = {m.rank for m in snapshot.members}
         return {r: beats.silent_since(r // config.nproc) for r in snapshot.missing
-                if r not in self._own and r in known and beats.heard(r // config.nproc)
+                if r not in self._own and r in snapshot.missing_known and beats.heard(r // config.nproc)
                 and not self._beating(r // config.nproc, now)}
 
     def others_training(self) -> tuple[int | None, frozenset[int]]:
@@ -205,10 +214,7 @@ class Observer:
         if self.snapshot is None:
             return None, frozenset()
         retired = frozenset(r for r in self.snapshot.retired if r not in self._own)
-        training = {m.rank for m in self.snapshot.members
-                    if m.rank not in self._own and m.rank not in retired
-                    and (m.state in _LIVE or m.state == MemberState.FINISHED.value)}
-        return len(training), retired
+        return self.snapshot.others.training, retired
 
     def _beating(self, node: int, now: float) -> bool:
         beats = self._beats
@@ -223,9 +229,5 @@ class Observer:
             return True, None
         if self.snapshot is None:
             return False, None
-        finished = [m for m in self.snapshot.members
-                    if m.rank not in self._own and m.state == MemberState.FINISHED.value]
-        steps = [self._steps.get((m.rank, m.pid)) for m in finished]
-        retired = {r for r in self.snapshot.retired if r not in self._own}
-        return (len({m.rank for m in finished} | retired) == others,
-                max((s for s in steps if s is not None), default=None))
+        counts = self.snapshot.others
+        return counts.finished == others, counts.finished_step

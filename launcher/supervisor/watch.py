@@ -4,8 +4,10 @@ Every round trip leaves the loop: the loop queues the exit reports (and the rank
 retired) and reads the latest
 snapshot, and never waits for an answer, so a stalled scheduler (each request may wait
 its 1 s reply timeout) delays no exit handling. The thread delivers the queued reports,
-then takes one status snapshot and, with other nodes, reads the cluster store; every
-:data:`SNAPSHOT_INTERVAL`, or at once when the loop pokes it (an exit to report). After
+then takes one status snapshot (its node's: its own ranks' rows and the job's facts,
+O(own ranks + faults), never the whole table) and, with other nodes, reads the cluster store; every
+:func:`snapshot_interval` (:data:`SNAPSHOT_INTERVAL` but in large jobs), or at once when
+the loop pokes it (an exit to report) or the scheduler has news (:meth:`SchedulerWatch.poke`). After
 each round it wakes the loop.
 """
 
@@ -21,12 +23,21 @@ from typing import Any
 from launcher.nodes.link import NodeLink
 from recovery.control.client import ExitReport, Retirement, SchedulerControl
 
-__all__ = ["SchedulerWatch", "Snapshot", "MemberRow", "NodesNews", "SNAPSHOT_INTERVAL"]
+__all__ = ["SchedulerWatch", "Scope", "Snapshot", "MemberRow", "Others", "NodesNews",
+           "SNAPSHOT_INTERVAL", "STATUS_RATE", "snapshot_interval"]
 
 logger = logging.getLogger(__name__)
 
 SNAPSHOT_INTERVAL = 0.5
-"""Seconds between two status snapshots (the scheduler's verdicts come with them)."""
+"""Seconds between two status snapshots (the scheduler's verdicts come with them), in a
+job of up to :data:`STATUS_RATE` / 2 nodes."""
+STATUS_RATE = 256
+"""Status requests a second that the job's supervisors send at most between them, on
+their own: in a larger job each node's snapshots are spaced to :func:`snapshot_interval`.
+Each costs the scheduler about as much as a node's beat (0.2-0.4 ms of its one loop), so
+that 1024 nodes asking every 0.5 s would take most of a core. What must come sooner comes
+anyway: an exit to report takes a snapshot at once, and so does the scheduler's news (a
+verdict, a generation: :meth:`SchedulerWatch.poke`)."""
 _JOIN = 5.0
 """Seconds :meth:`SchedulerWatch.close` waits for a round trip in flight."""
 
@@ -45,32 +56,65 @@ class MemberRow:
 
 
 @dataclass(frozen=True)
+class Scope:
+    """What a node asks the scheduler about: its own ranks, and whether the missing ones."""
+
+    own: range
+    missing: bool = False
+    """Node 0 of several reads which ranks are missing (which node is gone); the other
+    nodes only how many of the others train or finished."""
+
+
+@dataclass(frozen=True)
+class Others:
+    """The ranks of the other nodes, in counts."""
+
+    training: int
+    """Those with a live or finished process, not retired."""
+    finished: int
+    """Those whose process finished, or retired."""
+    finished_step: int | None
+    """The highest step a finished one reported; None: none."""
+
+
+@dataclass(frozen=True)
 class Snapshot:
-    """The scheduler's status at ``taken_at`` (monotonic)."""
+    """The scheduler's status of a node (a ``status`` with its :class:`Scope`) at
+    ``taken_at`` (monotonic)."""
 
     taken_at: float
     """When it was asked for: it shows every exit reported before."""
     members: tuple[MemberRow, ...]
-    missing: tuple[int, ...]
-    """Ranks with no live process and no finished one, less the retired ones."""
+    """The rows of the node's own ranks."""
+    others: Others
+    missing: tuple[int, ...] = ()
+    """Ranks with no live process and no finished one, less the retired ones (asked for
+    by node 0 of several only: empty on the others)."""
+    missing_known: frozenset[int] = frozenset()
+    """Those of :attr:`missing` that registered once."""
     retired: frozenset[int] = frozenset()
     """Ranks retired for good (degraded training), until they register again."""
 
     @classmethod
     def parse(cls, status: dict[str, Any], taken_at: float) -> Snapshot | None:
-        """The snapshot of a ``status`` reply; None (logged) when it is malformed."""
+        """The snapshot of a node's ``status`` reply; None (logged) when it is malformed."""
         try:
             members = tuple(
                 MemberRow(int(m["rank"]), str(m["node_id"]), int(m["pid"]), str(m["state"]),
                        None if m.get("step") is None else int(m["step"]),
                        float(m.get("cooldown_left") or 0.0))
                 for m in status["members"])
-            missing = tuple(int(r) for r in status["missing"])
-            retired = frozenset(int(r) for r in status.get("retired", ()))
-        except (KeyError, TypeError, ValueError):
+            others = status["others"]
+            step = others["finished_step"]
+            counts = Others(int(others["training"]), int(others["finished"]),
+                            None if step is None else int(step))
+            missing = tuple(int(r) for r in status.get("missing", ()))
+            known = frozenset(int(r) for r in status.get("missing_known", ()))
+            retired = frozenset(int(r) for r in status["retired"])
+        except (KeyError, TypeError, ValueError, AttributeError):
             logger.warning("ignoring a malformed status reply: %.200r", status)
             return None
-        return cls(taken_at, members, missing, retired)
+        return cls(taken_at, members, counts, missing, known, retired)
 
 
 @dataclass(frozen=True)
@@ -84,6 +128,11 @@ class NodesNews:
     reachable: bool = True
 
 
+def snapshot_interval(nodes: int) -> float:
+    """Seconds between two of a node's snapshots in a job of ``nodes`` nodes."""
+    return max(SNAPSHOT_INTERVAL, nodes / STATUS_RATE)
+
+
 class SchedulerWatch:
     """Delivers exit reports and keeps the latest :class:`Snapshot` and :class:`NodesNews`.
 
@@ -92,8 +141,10 @@ class SchedulerWatch:
     """
 
     def __init__(self, control: SchedulerControl, nodes: NodeLink | None,
-                 wake: Callable[[], None], interval: float = SNAPSHOT_INTERVAL) -> None:
+                 wake: Callable[[], None], scope: Scope,
+                 interval: float = SNAPSHOT_INTERVAL) -> None:
         self._control = control
+        self._scope = scope
         self._nodes = nodes
         self._wake = wake
         self._interval = interval
@@ -117,6 +168,10 @@ class SchedulerWatch:
         with self._lock:
             self._reports.append(report)
             self._delivered.clear()
+        self._poked.set()
+
+    def poke(self) -> None:
+        """Take a snapshot now: the scheduler has news (a verdict, a generation)."""
         self._poked.set()
 
     def delivered(self, timeout: float) -> bool:
@@ -158,7 +213,8 @@ class SchedulerWatch:
             if not self._reports:
                 self._delivered.set()
         asked = time.monotonic()  # the snapshot shows every report queued before it
-        status = self._control.status()
+        scope = self._scope
+        status = self._control.node_status(scope.own.start, len(scope.own), scope.missing)
         if status is not None:
             snapshot = Snapshot.parse(status, asked)
             self.snapshot = snapshot or self.snapshot

@@ -121,6 +121,12 @@ class SchedulerControl:
         """The membership table (as ``tftctl status`` shows it), or ``None`` when down."""
         return self._call(Op.STATUS)
 
+    def node_status(self, first_rank: int, nproc: int, missing: bool) -> dict[str, Any] | None:
+        """A node's status: the rows of its ranks ``first_rank`` to ``first_rank + nproc -
+        1`` and the job's facts (with ``missing``, the missing ranks), or ``None`` when
+        down (docs/protocol.md#status)."""
+        return self._call(Op.STATUS, first_rank=first_rank, nproc=nproc, missing=missing)
+
     def close(self) -> None:
         """Stop talking to the scheduler; reports not delivered yet are dropped."""
         self._link.close()

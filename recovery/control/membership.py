@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
+from recovery.control.job_facts import JobFacts
 from recovery.control.node_range import MembershipWhy, membership_why
 from recovery.timeouts import Timeouts
 from recovery.transitions import check_transition
@@ -310,6 +311,9 @@ class Membership:
         self.cooldowns: dict[str, float] = {}  # node id -> unix time
         self.retired: set[int] = set()
         """Ranks retired for good (:meth:`retire`): not awaited until they register again."""
+        self._facts: JobFacts | None = None
+        """The job-wide facts a node's status holds, O(members) to find: kept until a
+        member's state, a member or the retired ranks change (:meth:`_changed`)."""
         self.fault_at: float | None = None
         """When the newest fault was heard of (unix time): an abnormal exit reported, or a
         member declared lost. Workers get it with every reply (:class:`Accepted`)."""
@@ -345,6 +349,7 @@ class Membership:
         if not new:
             return []
         self.retired.update(new)
+        self._changed()
         active = [r for r in self.active_ranks() if r not in self.retired]
         self._emit("membership", active=active, world=len(active), generation=self.generation,
                    why=MembershipWhy.SHRINK.value, lost=[], joined=[], retired=new,
@@ -448,7 +453,7 @@ class Membership:
             member.behind_since = None
             if member.state is MemberState.HUNG:
                 logger.info("node %s progresses again (step %d)", member.node_id, global_step)
-                member.transition(MemberState.ALIVE)
+                self._move(member, MemberState.ALIVE)
         return self._accepted(member)
 
     def report_exit(self, node_id: str, pid: int, incarnation: int, abnormal: bool,
@@ -474,7 +479,7 @@ class Membership:
             ending = (MemberState.DEAD if abnormal
                       else MemberState.FINISHED if finished else MemberState.LEFT)
             if member.state is not ending and ending in TRANSITIONS[member.state]:
-                member.transition(ending)
+                self._move(member, ending)
                 self._emit("leave", **member.fields(), state=ending.value, reason=reason, by=by,
                            step=member.global_step)
                 self._update_completeness()
@@ -523,7 +528,7 @@ class Membership:
 
     def _declare_lost(self, member: Member, silent: float) -> None:
         """The heartbeat rule's verdict on ``member``, silent for ``silent`` seconds."""
-        member.transition(MemberState.LOST)
+        self._move(member, MemberState.LOST)
         self._emit("verdict", **member.fields(), verdict=Verdict.HEARTBEAT.value,
                    silent_s=round(silent, 3), **({} if member.via is None else {"node": member.via}))
         self._start_cooldown(member.node_id, member.rank, f"no heartbeat for {silent:.1f}s")
@@ -555,7 +560,7 @@ class Membership:
                 member.behind_since = now
             behind = now - member.behind_since
             if behind > self.timeouts.progress_timeout:
-                member.transition(MemberState.HUNG)
+                self._move(member, MemberState.HUNG)
                 self._emit("verdict", **member.fields(), verdict=Verdict.PROGRESS.value,
                            step=member.generation_step, others_step=ahead,
                            stalled_s=round(now - member.progress_at, 3),
@@ -643,16 +648,39 @@ class Membership:
         now = self.clock.monotonic()
         rows = []
         for member in sorted(self.members.values(), key=lambda m: m.rank):
-            live = member.state in LIVE_STATES
-            rows.append({**member.to_json(),
-                         "heartbeat_age": round(now - member.heartbeat_at, 3) if live else None,
-                         "cooldown_left": round(self.cooldown_left(member.node_id), 3)})
+            rows.append(self._row(member, now))
         nodes = {node: {"beats": seen.beats, "ranks": seen.ranks, "silent": seen.judged,
                         "heartbeat_age": round(now - seen.heard_at, 3)}
                  for node, seen in sorted(self.nodes.items())}
         return {"worker_num": self.worker_num, "generation": self.generation,
                 "complete": self.complete, "missing": self.missing_ranks(), "members": rows,
                 "nodes": nodes, "retired": sorted(self.retired)}
+
+    def node_status(self, first_rank: int, nproc: int, missing: bool) -> dict[str, Any]:
+        """What a node's supervisor needs (``tftctl status`` has the whole table): the rows
+        of its ranks ``first_rank`` to ``first_rank + nproc - 1``, and of the others only
+        counts and the ranks at fault; with ``missing``, the ranks missing (a list as long
+        as the faults). O(own ranks + faults) while the job's facts hold (they are found
+        again, O(members), after a change of any member's state)."""
+        now = self.clock.monotonic()
+        facts = self._facts = self._facts or JobFacts.of(
+            self.worker_num, (m.rank for m in self._live()),
+            ((m.rank, m.global_step) for m in self._finished()), self.retired)
+        own = range(first_rank, first_rank + nproc)
+        rows = []
+        for rank in own:
+            holder = self._rank_holders.get(rank)
+            if holder is not None:
+                rows.append(self._row(self.members[holder], now))
+        status: dict[str, Any] = {
+            "worker_num": self.worker_num, "generation": self.generation,
+            "members": rows, "retired": facts.retired,
+            "scope": {"first_rank": first_rank, "nproc": nproc},
+            "others": facts.others(own)}
+        if missing:
+            status["missing"] = facts.missing
+            status["missing_known"] = [r for r in facts.missing if r in self._rank_holders]
+        return status
 
     def drain_events(self) -> list[tuple[str, dict[str, Any]]]:
         """The events decided since the last call, oldest first: ``(name, fields)``."""
@@ -705,6 +733,7 @@ class Membership:
         self.fault_at, self.retired = fault_at, retired
         self.members = {m.node_id: m for m in members}
         self._rank_holders = {m.rank: m.node_id for m in members}
+        self._changed()
         self._incomplete_since = None
         self._update_completeness()
         return None
@@ -713,11 +742,27 @@ class Membership:
     def token_ok(self, token: str) -> bool:
         return hmac.compare_digest(token.encode(), self.token.encode())
 
+    def _move(self, member: Member, to: MemberState) -> None:
+        member.transition(to)
+        self._changed()
+
+    def _changed(self) -> None:
+        """A member's state, a member or the retired ranks changed: the job's facts are
+        found again when next asked for."""
+        self._facts = None
+
     def _live(self) -> list[Member]:
         return [m for m in self.members.values() if m.state in LIVE_STATES]
 
     def _finished(self) -> list[Member]:
         return [m for m in self.members.values() if m.state is MemberState.FINISHED]
+
+    def _row(self, member: Member, now: float) -> dict[str, Any]:
+        """``member``'s row of the status table."""
+        live = member.state in LIVE_STATES
+        return {**member.to_json(),
+                "heartbeat_age": round(now - member.heartbeat_at, 3) if live else None,
+                "cooldown_left": round(self.cooldown_left(member.node_id), 3)}
 
     def _emit(self, event: str, **fields: Any) -> None:
         self._events.append((event, fields))
@@ -790,8 +835,9 @@ class Membership:
                             MemberState.ALIVE)
             self.members[node_id] = member
             self._rank_holders[rank] = node_id
+            self._changed()
         else:
-            member.transition(MemberState.ALIVE)
+            self._move(member, MemberState.ALIVE)
             member.pid, member.incarnation, member.host = (identity.pid, identity.incarnation,
                                                            identity.host)
             member.global_step = member.phase = member.generation_step = None
@@ -815,13 +861,14 @@ class Membership:
             self.retired -= {m.rank for m in self.members.values() if m.via == via}
         self.retired.discard(member.rank)
         member.via = via
+        self._changed()
 
     def _confirm(self, member: Member, sent: float | None = None) -> None:
         """A live member was heard from: it is alive (again, after a scheduler restart),
         as of ``sent`` (its request's signed stamp), or now."""
         member.heartbeat_at = max(member.heartbeat_at, self._heard_at(member, sent))
         if member.state is MemberState.UNCONFIRMED:
-            member.transition(MemberState.ALIVE)
+            self._move(member, MemberState.ALIVE)
             self._emit("attach", **member.fields(), host=member.host,
                        generation=self._generation_of(member))
 

@@ -228,7 +228,8 @@ _ENDED: dict[str, Field] = {
 }
 SCHEMAS: dict[Op, dict[str, Field]] = {
     Op.TICK: {},
-    Op.STATUS: {},
+    Op.STATUS: {"first_rank": Int(low=0, optional=True), "nproc": Int(low=1, optional=True),
+                "missing": Flag(optional=True)},
     Op.VERDICTS: {},
     Op.REGISTER: {**_IDENTITY, "ready": Flag(optional=True)},
     Op.HEARTBEAT: _BEAT,

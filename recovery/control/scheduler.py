@@ -581,8 +581,15 @@ class Scheduler:
         self.events.emit("request_refused", reason=reason, count=count, op=op,
                          message=message)
 
-    def _on_status(self, _request: Request) -> dict[str, Any]:
+    def _on_status(self, request: Request) -> dict[str, Any]:
+        """The whole table (``tftctl status``), or with ``nproc`` one node's status: its
+        ranks' rows from ``first_rank`` (0 when left out) and the job's facts (a
+        supervisor asks every 0.5 s: O(its ranks + faults), docs/protocol.md)."""
         cfg = self.config
+        scope = request.fields
+        if scope["nproc"] is not None:
+            return {"ok": True, **self.membership.node_status(
+                scope["first_rank"] or 0, scope["nproc"], bool(scope["missing"]))}
         return {"ok": True, **self.membership.status(), "run_id": cfg.run_id,
                 "pid": os.getpid(), "host": cfg.host, "started": self._started,
                 "supervised": cfg.supervised,

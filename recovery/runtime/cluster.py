@@ -610,6 +610,7 @@ def _wait_for_generation(link: SchedulerLink, generation: int, deadline: float,
 def _missing_ranks(link: SchedulerLink, world_size: int, rank: int) -> list[int]:
     """The ranks the scheduler misses; when it is gone, every rank but this one."""
     try:
-        return list(link.call(Op.STATUS)["missing"])
+        # A rank's scope: the whole table is O(ranks), and every rank may ask at once.
+        return list(link.call(Op.STATUS, first_rank=rank, nproc=1, missing=True)["missing"])
     except (SchedulerUnavailable, KeyError):
         return [r for r in range(world_size) if r != rank]

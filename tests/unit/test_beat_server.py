@@ -58,12 +58,15 @@ at which a supervisor read the news counter before it waited for news instead.""
 def test_news_reaches_the_node_at_once(tmp_path: Path) -> None:
     """An injection (news) is fetched by the node's next beat the moment the scheduler
     has it, not at the node's next read of the news counter (up to a second later), nor
-    at its next spaced beat (6 s)."""
+    at its next spaced beat (6 s); and the supervisor is told (its scheduler watch takes
+    a snapshot at once)."""
     port = free_tcp_port()
     sched = Scheduler(scheduler_config(tmp_path, port, worker_num=1))
     runner = threading.Thread(target=sched.run, daemon=True)
     runner.start()
-    server = BeatServer("h/0", "127.0.0.1", port, TOKEN, DEFAULT_RUN_ID, Timeouts())
+    news = threading.Event()
+    server = BeatServer("h/0", "127.0.0.1", port, TOKEN, DEFAULT_RUN_ID, Timeouts(),
+                        on_news=news.set)
     worker = LocalLink(server.path, ANSWER_WITHIN, TOKEN)
     tftctl = SchedulerLink("127.0.0.1", port, TOKEN, ANSWER_WITHIN)
     identity = {"node_id": "0", "pid": os.getpid(), "incarnation": 0, "host": "h", "rank": 0}
@@ -76,6 +79,7 @@ def test_news_reaches_the_node_at_once(tmp_path: Path) -> None:
         # Two spacings after the generation, news is told the moment it comes.
         time.sleep(2 * Timeouts().heartbeat_interval + 0.2)
         assert tftctl.wait_connected(10)
+        news.clear()
         asked = time.monotonic()
         assert tftctl.call(Op.INJECT, rank=0, fault="hang", at_step=100)["ok"]
         # The worker's own heartbeat: answered at once with the node's latest answer.
@@ -84,6 +88,7 @@ def test_news_reaches_the_node_at_once(tmp_path: Path) -> None:
                 and time.monotonic() - asked < 10:
             time.sleep(0.01)
         fetched = time.monotonic() - asked
+        told = news.wait(NEWS_WITHIN)
     finally:
         tftctl.close()
         worker.close()
@@ -91,4 +96,5 @@ def test_news_reaches_the_node_at_once(tmp_path: Path) -> None:
         sched.request_stop("the test is over")
         runner.join(10)
     assert fetched < NEWS_WITHIN
+    assert told
     assert [i["fault"] for i in answer.get("inject", [])] == ["hang"]

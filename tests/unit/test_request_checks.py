@@ -48,6 +48,10 @@ def test_the_quick_check_of_a_node_beats_ranks_gives_what_the_full_check_gives(
     assert outcome(lambda: RANKS.check("ranks", ranks, surrogates=False)) == full
 
 
+WHOLE_TABLE = {"first_rank": None, "nproc": None, "missing": None}
+"""A ``status`` without a scope: ``tftctl status``'s."""
+
+
 def parsed(body: str, op: Op = Op.STATUS) -> Any:
     sealed = unseal(KEY, Kind.REQUEST, seal(KEY, Kind.REQUEST, op.value, "r1", new_nonce(), body))
     return outcome(lambda: parse_request(sealed).fields)
@@ -64,14 +68,26 @@ def test_a_body_nested_deeper_than_allowed_is_refused_even_in_a_field_nobody_rea
 
 
 def test_a_body_nested_as_deep_as_allowed_is_read() -> None:
-    assert parsed('{"x": [[[1]]]}') == {}
+    assert parsed('{"x": [[[1]]]}') == WHOLE_TABLE
     ranks = [{"op": "heartbeat", "pid": 1, "incarnation": 2, "age": 0, "x": [1]}]
     fields = parsed(json.dumps({"node": "h/0", "ranks": ranks}), Op.NODE_BEAT)
     assert fields["ranks"][0]["pid"] == 1 and "x" not in fields["ranks"][0]
 
 
 def test_brackets_inside_strings_do_not_count_as_nesting() -> None:
-    assert parsed(json.dumps({"x": "[[[[[[{{{{{{"})) == {}
+    assert parsed(json.dumps({"x": "[[[[[[{{{{{{"})) == WHOLE_TABLE
+
+
+def test_a_node_status_names_its_ranks_and_nothing_out_of_range_passes() -> None:
+    """``status`` with a scope (a node's supervisor); without one, the whole table."""
+    assert parsed(json.dumps({"first_rank": 8, "nproc": 8, "missing": True})) == \
+        {"first_rank": 8, "nproc": 8, "missing": True}
+    assert parsed(json.dumps({"first_rank": -1, "nproc": 8})).startswith(
+        "refused: status: first_rank must be an integer in [0, ")
+    assert parsed(json.dumps({"first_rank": 0, "nproc": 0})).startswith(
+        "refused: status: nproc must be an integer in [1, ")
+    assert parsed(json.dumps({"nproc": 1, "missing": 1})) == \
+        "refused: status: missing must be true or false or null, not 1"
 
 
 nested = st.recursive(st.integers(0, 3) | st.text(max_size=2),

@@ -1,0 +1,97 @@
+"""A node's status (``status`` with a scope): its own ranks' rows and the job's facts,
+which must say what the whole table says, whatever happened to the members since the
+facts were found (they are kept between questions)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fake_clock import FakeClock
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_membership import TOKEN, ident
+
+from recovery.control.membership import LIVE_STATES, Membership, MemberState
+from recovery.timeouts import Timeouts
+
+RANKS = 8
+LIVE = {state.value for state in LIVE_STATES}
+FINISHED = MemberState.FINISHED.value
+
+
+def make(clock: FakeClock) -> Membership:
+    timeouts = Timeouts(rejoin_cooldown=1.0, cluster_time_out=600.0, heartbeat_timeout=5.0)
+    return Membership(RANKS, TOKEN, timeouts, clock, min_worker_num=2)
+
+
+def from_the_table(table: dict[str, Any], own: range) -> dict[str, Any]:
+    """What a node's status must hold, found in the whole table as the supervisor's
+    observer found it before it asked for its node's status only."""
+    members = table["members"]
+    retired = set(table["retired"])
+    others = [m for m in members if m["rank"] not in own]
+    finished = [m for m in others if m["state"] == FINISHED]
+    steps = [m["step"] for m in finished if m["step"] is not None]
+    return {"members": [m for m in members if m["rank"] in own], "retired": table["retired"],
+            "missing": table["missing"],
+            "missing_known": [r for r in table["missing"] if r in {m["rank"] for m in members}],
+            "others": {
+                "training": len({m["rank"] for m in others if m["rank"] not in retired
+                                 and (m["state"] in LIVE or m["state"] == FINISHED)}),
+                "finished": len({m["rank"] for m in finished} | (retired - set(own))),
+                "finished_step": max(steps, default=None)}}
+
+
+def scoped(ms: Membership, own: range) -> dict[str, Any]:
+    status = ms.node_status(own.start, len(own), missing=True)
+    assert status["scope"] == {"first_rank": own.start, "nproc": len(own)}
+    return {key: status[key] for key in ("members", "retired", "missing", "missing_known",
+                                         "others")}
+
+
+OPS = st.lists(st.tuples(st.sampled_from(["register", "step", "finish", "die", "leave",
+                                          "retire", "silence"]),
+                         st.integers(0, RANKS - 1), st.integers(0, 50)),
+               max_size=40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(OPS, st.integers(0, RANKS - 1), st.integers(1, RANKS))
+def test_a_node_status_says_what_the_whole_table_says(ops: list[tuple[str, int, int]],
+                                                      first: int, nproc: int) -> None:
+    clock = FakeClock()
+    ms = make(clock)
+    own = range(first, min(RANKS, first + nproc))
+    pids = {r: 100 + r for r in range(RANKS)}
+    for rank in range(RANKS):
+        ms.register(ident(str(rank), pids[rank]), TOKEN)
+    for op, rank, step in ops:
+        scoped(ms, own)  # the facts are kept from here: each change must renew them
+        node, pid = str(rank), pids[rank]
+        if op == "register":
+            clock.advance(2.0)  # past the cooldown
+            pids[rank] = pid = pid + 100
+            ms.register(ident(node, pid), TOKEN)
+        elif op == "step":
+            ms.heartbeat(ident(node, pid), TOKEN, step)
+        elif op in ("finish", "die", "leave"):
+            ms.report_exit(node, pid, 0, abnormal=op == "die", reason=op, by="supervisor",
+                           finished=op == "finish")
+        elif op == "retire":
+            ms.retire([rank], "test")
+        else:
+            clock.advance(6.0)
+            ms.check()
+        assert scoped(ms, own) == from_the_table(ms.status(), own)
+
+
+def test_a_node_status_of_a_quiet_job_holds_its_own_rows_only() -> None:
+    clock = FakeClock()
+    ms = make(clock)
+    for rank in range(RANKS):
+        ms.register(ident(str(rank), 100 + rank), TOKEN)
+    status = ms.node_status(4, 4, missing=False)
+    assert [m["rank"] for m in status["members"]] == [4, 5, 6, 7]
+    assert status["others"] == {"training": 4, "finished": 0, "finished_step": None}
+    assert status["retired"] == [] and "missing" not in status
+    assert status["generation"] == ms.generation and status["worker_num"] == RANKS

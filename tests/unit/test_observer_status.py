@@ -1,0 +1,100 @@
+"""The supervisor's view of the other nodes, read from its node's status (``status`` with
+a scope): what it asks for, and the answers the policy gets from it."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from fake_clock import FakeClock
+from test_membership import TOKEN, ident
+
+from launcher.config import LaunchConfig
+from launcher.supervisor.observer import Observer, watch_scope
+from launcher.supervisor.watch import SNAPSHOT_INTERVAL, STATUS_RATE, SchedulerWatch, Scope, snapshot_interval
+from recovery.control.membership import Membership
+from recovery.timeouts import Timeouts
+
+RANKS = 8
+
+
+class Control:
+    """The scheduler, in process: answers a node's status from a :class:`Membership`."""
+
+    def __init__(self, membership: Membership) -> None:
+        self.membership = membership
+        self.asked: list[tuple[int, int, bool]] = []
+
+    def node_status(self, first_rank: int, nproc: int, missing: bool) -> dict[str, Any]:
+        self.asked.append((first_rank, nproc, missing))
+        return {"ok": True, **self.membership.node_status(first_rank, nproc, missing)}
+
+
+def config(tmp_path: Path, node_rank: int) -> LaunchConfig:
+    return LaunchConfig(script=tmp_path / "train.py", worker_num=RANKS, local_worker_num=4,
+                        node_rank=node_rank, master_addr="10.0.0.1", node_addr="10.0.0.2")
+
+
+def observed(cfg: LaunchConfig, control: Control) -> Observer:
+    """An observer that has read one snapshot of ``control``."""
+    woken = threading.Event()
+    watch = SchedulerWatch(control, None, woken.set, watch_scope(cfg))  # type: ignore[arg-type]
+    watch.start()
+    try:
+        assert woken.wait(10)
+    finally:
+        watch.close()
+    observer = Observer(cfg, watch, None)
+    observer.read(0.0, [])
+    return observer
+
+
+def test_each_node_asks_for_its_own_ranks_and_node_0_of_several_for_the_missing_ones(
+        tmp_path: Path) -> None:
+    assert watch_scope(config(tmp_path, 1)) == Scope(range(4, 8), missing=False)
+    assert watch_scope(config(tmp_path, 0)) == Scope(range(0, 4), missing=True)
+    one_node = LaunchConfig(script=tmp_path / "train.py", worker_num=RANKS)
+    assert watch_scope(one_node) == Scope(range(0, RANKS), missing=False)
+
+
+def test_a_node_sees_the_other_nodes_train_then_finish_from_their_counts(
+        tmp_path: Path) -> None:
+    timeouts = Timeouts(rejoin_cooldown=1.0, cluster_time_out=600.0, heartbeat_timeout=5.0)
+    membership = Membership(RANKS, TOKEN, timeouts, FakeClock())
+    for rank in range(RANKS):
+        membership.register(ident(str(rank), 100 + rank), TOKEN)
+    control = Control(membership)
+    cfg = config(tmp_path, 1)
+    observer = observed(cfg, control)
+    assert control.asked[0] == (4, 4, False)
+    assert [m.rank for m in observer.snapshot.members] == [4, 5, 6, 7]
+    assert observer.others_training() == (4, frozenset())
+    assert observer.others_finished() == (False, None)
+    for rank, step in [(0, 10), (1, 12), (2, 11)]:
+        membership.heartbeat(ident(str(rank), 100 + rank), TOKEN, step)
+        membership.report_exit(str(rank), 100 + rank, 0, abnormal=False, reason="done",
+                               by="worker", finished=True)
+    membership.report_exit("3", 103, 0, abnormal=True, reason="SIGKILL", by="supervisor")
+    membership.retire([3], "lost")
+    observer = observed(cfg, control)
+    assert observer.others_training() == (3, frozenset({3}))
+    assert observer.others_finished() == (True, 12)
+
+
+def test_snapshots_are_spaced_in_large_jobs_only_and_news_takes_one_at_once() -> None:
+    assert snapshot_interval(1) == snapshot_interval(128) == SNAPSHOT_INTERVAL
+    assert snapshot_interval(1024) == 1024 / STATUS_RATE
+    timeouts = Timeouts(rejoin_cooldown=1.0, cluster_time_out=600.0, heartbeat_timeout=5.0)
+    control = Control(Membership(RANKS, TOKEN, timeouts, FakeClock()))
+    woken = threading.Semaphore(0)
+    watch = SchedulerWatch(control, None, woken.release, Scope(range(0, 4)),  # type: ignore[arg-type]
+                           interval=3600.0)
+    watch.start()
+    try:
+        assert not woken.acquire(timeout=0.3)  # nothing until the interval, or news
+        watch.poke()
+        assert woken.acquire(timeout=10)
+    finally:
+        watch.close()
+    assert control.asked == [(0, 4, False)]
