@@ -18,7 +18,9 @@ by hand as a launch script would: its own port, no supervisor) for that many wor
   ranks register through it, all in one beat; they report a new step before each beat.
   And as a supervisor's scheduler watch does (launcher/supervisor/watch.py), it asks for
   its status: ``--status node``, tftrun's: its node's, ``snapshot_interval(nodes)`` after
-  the last answer (0.5 s, spaced in jobs of more than 128 nodes) and at once on news;
+  the last answer (0.5 s, spaced in jobs of more than 128 nodes) and at once on news; in
+  jobs of more than 128 nodes only when its last beat's reply said the scheduler's count
+  of changes moved since its last status, and then at once;
   ``--status whole``, what tftrun asked before: the whole table (``tftctl status``'s)
   every 0.5 s; ``--status none``: none, as this bench did before.
 * ``--mode rank`` (a rank beats itself, as a script started by hand): one thread per
@@ -71,7 +73,7 @@ import psutil
 from common import add_json_flag, emit, free_port
 from news_watches import NewsWatches
 
-from launcher.supervisor.watch import SNAPSHOT_INTERVAL, snapshot_interval
+from launcher.supervisor.watch import SNAPSHOT_INTERVAL, snapshot_interval, stale
 from recovery import env as names
 from recovery.control.membership import Identity
 from recovery.control.node_beats import NodeBeats
@@ -205,6 +207,11 @@ class SimulatedNode:
         ranks too, as the supervisor on the scheduler's node does."""
         self.status_every = SNAPSHOT_INTERVAL if status == "whole" else snapshot_interval(nodes)
         self.status_on_news = status == "node"
+        self.status_when_changed = status == "node" and self.status_every > SNAPSHOT_INTERVAL
+        """A large job's supervisor asks only when its beat said the count of changes
+        moved since its last status (``SchedulerWatch.facts_heard``)."""
+        self.status_facts: int | None = None
+        """The count of changes its last status said."""
         self.status_at = math.inf
         self.status_trips: list[tuple[float, float]] = []
         self.ranks = ranks
@@ -253,13 +260,17 @@ class SimulatedNode:
             self.news_came = False
             self.beat(now)
         if time.monotonic() >= self.status_at:
-            self.ask_status()
+            if self.status_when_changed and not stale(self.status_facts, self.beats.facts):
+                self.status_at = time.monotonic() + self.status_every  # nothing new
+            else:
+                self.ask_status()
 
     def ask_status(self) -> None:
         """A status request, as the supervisor's scheduler watch sends one."""
         sent_at, started = time.time(), time.perf_counter()
         try:
-            self.link.call(Op.STATUS, **(self.status_fields or {}))
+            reply = self.link.call(Op.STATUS, **(self.status_fields or {}))
+            self.status_facts = reply.get("facts")
             self.status_trips.append((sent_at, time.perf_counter() - started))
         except SchedulerUnavailable as err:
             self.problem = self.problem or f"status: {err}"
@@ -282,6 +293,9 @@ class SimulatedNode:
                 continue
             self.trips.append((sent_at, time.perf_counter() - started))
             self.last_answered = time.time()
+            if self.status_when_changed and self.status_trips \
+                    and stale(self.status_facts, self.beats.facts):
+                self.status_at = time.monotonic()  # as facts_heard pokes the watch
             for rank, answer in registered.items():
                 if answer.get("ok"):
                     self.registered.add(rank)

@@ -49,11 +49,14 @@ class BeatServer:
     """Serves the node's workers and beats for them under the name ``node``."""
 
     def __init__(self, node: str, host: str, port: int, token: str, run_id: str,
-                 timeouts: Timeouts, on_news: Callable[[], None] | None = None) -> None:
+                 timeouts: Timeouts, on_news: Callable[[], None] | None = None,
+                 on_facts: Callable[[int], None] | None = None) -> None:
         """``on_news``: called (from the news watch's thread) when the scheduler has news,
-        besides the beat it brings."""
+        besides the beat it brings; ``on_facts``: with the scheduler's count of changes
+        after each answered beat that said it (from the beating thread)."""
         self.node = node
         self._on_news_too = on_news
+        self._on_facts = on_facts
         self._folder = Path(tempfile.mkdtemp(prefix="tft-beats-"))
         self.path = str(self._folder / "beats.sock")
         self._beats = NodeBeats(timeouts.heartbeat_timeout, timeouts.beat_interval,
@@ -203,6 +206,9 @@ class BeatServer:
                 with self._lock:
                     for key, answer in self._beats.fan_out(sent, reply).items():
                         self._send(key, answer)
+                    facts = self._beats.facts
+                if facts is not None and self._on_facts is not None:
+                    self._on_facts(facts)
             except (SchedulerUnavailable, ValueError) as err:
                 if (count := self._failing.note()) is not None:
                     logger.warning("node beat failed %d time(s): %s", count, err)

@@ -151,7 +151,7 @@ class Supervisor:
                                  config.run_id, Timeouts(
                                      heartbeat_timeout=config.heartbeat_timeout,
                                      progress_timeout=config.progress_timeout),
-                                 on_news=self._watch.poke)
+                                 on_news=self._watch.poke, on_facts=self._watch.facts_heard)
         self.children.beat_socket = self._beats.path
         self._beats.start()
 

@@ -9,6 +9,14 @@ O(own ranks + faults), never the whole table) and, with other nodes, reads the c
 :func:`snapshot_interval` (:data:`SNAPSHOT_INTERVAL` but in large jobs), or at once when
 the loop pokes it (an exit to report) or the scheduler has news (:meth:`SchedulerWatch.poke`). After
 each round it wakes the loop.
+
+In a large job (spaced snapshots) the node's beats say whether a snapshot would show
+anything new: each ``node_beat``'s reply carries the scheduler's count of changes
+(``facts``: recovery/control/membership.py's ``facts_version``), and a round asks for
+the status only when that count moved since the last snapshot
+(:meth:`SchedulerWatch.facts_heard`), or when it has reports or news. A steady job's
+supervisors then ask nothing; the steps the snapshot would bring, the node's events
+file brings (launcher/supervisor/observer.py).
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from launcher.nodes.link import NodeLink
 from recovery.control.client import ExitReport, Retirement, SchedulerControl
 
 __all__ = ["SchedulerWatch", "Scope", "Snapshot", "MemberRow", "Others", "NodesNews",
-           "SNAPSHOT_INTERVAL", "STATUS_RATE", "snapshot_interval"]
+           "SNAPSHOT_INTERVAL", "STATUS_RATE", "snapshot_interval", "stale"]
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +102,8 @@ class Snapshot:
     """Those of :attr:`missing` that registered once."""
     retired: frozenset[int] = frozenset()
     """Ranks retired for good (degraded training), until they register again."""
+    facts: int | None = None
+    """The scheduler's count of changes when it answered (None: it did not say)."""
 
     @classmethod
     def parse(cls, status: dict[str, Any], taken_at: float) -> Snapshot | None:
@@ -111,10 +121,12 @@ class Snapshot:
             missing = tuple(int(r) for r in status.get("missing", ()))
             known = frozenset(int(r) for r in status.get("missing_known", ()))
             retired = frozenset(int(r) for r in status["retired"])
+            facts = status.get("facts")
+            facts = None if facts is None else int(facts)
         except (KeyError, TypeError, ValueError, AttributeError):
             logger.warning("ignoring a malformed status reply: %.200r", status)
             return None
-        return cls(taken_at, members, counts, missing, known, retired)
+        return cls(taken_at, members, counts, missing, known, retired, facts)
 
 
 @dataclass(frozen=True)
@@ -133,6 +145,12 @@ def snapshot_interval(nodes: int) -> float:
     return max(SNAPSHOT_INTERVAL, nodes / STATUS_RATE)
 
 
+def stale(seen: int | None, heard: int | None) -> bool:
+    """Whether a snapshot that showed the scheduler's count of changes ``seen`` may be
+    out of date, now that a beat's reply said ``heard`` (None: unknown, so it may)."""
+    return seen is None or seen != heard
+
+
 class SchedulerWatch:
     """Delivers exit reports and keeps the latest :class:`Snapshot` and :class:`NodesNews`.
 
@@ -148,6 +166,10 @@ class SchedulerWatch:
         self._nodes = nodes
         self._wake = wake
         self._interval = interval
+        self._spaced = interval > SNAPSHOT_INTERVAL
+        """A large job: a round with nothing to report asks only when the count of
+        changes a beat brought moved (:meth:`facts_heard`)."""
+        self._facts_heard: int | None = None
         self._reports: list[ExitReport | Retirement] = []
         self._lock = threading.Lock()
         self._poked = threading.Event()
@@ -174,6 +196,17 @@ class SchedulerWatch:
         """Take a snapshot now: the scheduler has news (a verdict, a generation)."""
         self._poked.set()
 
+    def facts_heard(self, facts: int) -> None:
+        """A reply to the node's beat said the scheduler's count of changes is ``facts``
+        (from the beat server's thread): in a large job, a snapshot now if it moved
+        since the last one. Not before the first: every node's first beats come as the
+        job forms, each with a new count, and the first snapshot is taken at the first
+        interval or on the news of the generation, as in any job."""
+        self._facts_heard = facts
+        snapshot = self.snapshot
+        if self._spaced and snapshot is not None and stale(snapshot.facts, facts):
+            self._poked.set()
+
     def delivered(self, timeout: float) -> bool:
         """Wait up to ``timeout`` s for every queued report to be handed to the client (which
         keeps the ones the scheduler did not take, and sends them again)."""
@@ -190,17 +223,17 @@ class SchedulerWatch:
 
     def _run(self) -> None:
         while not self._closed.is_set():
-            self._poked.wait(self._interval)
+            poked = self._poked.wait(self._interval)
             self._poked.clear()
             if self._closed.is_set():
                 return
             try:
-                self._round()
+                self._round(poked)
             except Exception:  # noqa: BLE001 - the thread must outlive any bad answer
                 logger.exception("the scheduler watch failed a round; trying again")
             self._wake()
 
-    def _round(self) -> None:
+    def _round(self, poked: bool) -> None:
         with self._lock:
             reports, self._reports = self._reports, []
         for report in reports:
@@ -212,14 +245,24 @@ class SchedulerWatch:
         with self._lock:
             if not self._reports:
                 self._delivered.set()
+        if reports or poked or self._may_be_stale():
+            self._take_snapshot()
+        if self._nodes is not None:
+            started = self._nodes.restarts_started()
+            ended = self._nodes.ended()
+            self.nodes = NodesNews(max(self.nodes.restarts_started, started or 0),
+                                   ended or self.nodes.ended, self._nodes.reachable)
+
+    def _may_be_stale(self) -> bool:
+        """Whether a spaced round must ask: every round does but in a large job, where
+        one asks only when the beats said the count of changes moved, or said nothing."""
+        snapshot = self.snapshot
+        return not self._spaced or snapshot is None or stale(snapshot.facts, self._facts_heard)
+
+    def _take_snapshot(self) -> None:
         asked = time.monotonic()  # the snapshot shows every report queued before it
         scope = self._scope
         status = self._control.node_status(scope.own.start, len(scope.own), scope.missing)
         if status is not None:
             snapshot = Snapshot.parse(status, asked)
             self.snapshot = snapshot or self.snapshot
-        if self._nodes is not None:
-            started = self._nodes.restarts_started()
-            ended = self._nodes.ended()
-            self.nodes = NodesNews(max(self.nodes.restarts_started, started or 0),
-                                   ended or self.nodes.ended, self._nodes.reachable)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import secrets
 import time
 from dataclasses import dataclass
 from enum import StrEnum
@@ -314,6 +315,12 @@ class Membership:
         self._facts: JobFacts | None = None
         """The job-wide facts a node's status holds, O(members) to find: kept until a
         member's state, a member or the retired ranks change (:meth:`_changed`)."""
+        self.facts_version = secrets.randbits(52)
+        """Moves whenever what a node's status holds may change but for steps (a
+        member's state, a member, the retired ranks, a cooldown): every ``node_beat``'s
+        reply carries it, and a large job's supervisor asks for its status only when it
+        moved (launcher/supervisor/watch.py). It starts at random, so that a relaunched
+        scheduler's count never matches what a supervisor saw of the one before."""
         self.fault_at: float | None = None
         """When the newest fault was heard of (unix time): an abnormal exit reported, or a
         member declared lost. Workers get it with every reply (:class:`Accepted`)."""
@@ -442,19 +449,44 @@ class Membership:
             return self._refuse(identity, RefuseReason.STALE,
                                 f"node {identity.node_id} was silent for {silent:.1f}s")
         self._confirm(member, sent)
-        if phase is not None:
-            member.phase = phase
         if ready and not member.ready:
             member.ready = True
             self._update_completeness()
-        if global_step is not None and global_step != member.global_step:
-            member.global_step = member.generation_step = global_step
-            member.progress_at = self.clock.monotonic()
-            member.behind_since = None
-            if member.state is MemberState.HUNG:
-                logger.info("node %s progresses again (step %d)", member.node_id, global_step)
-                self._move(member, MemberState.ALIVE)
+        if self._note(member, global_step, phase) and member.state is MemberState.HUNG:
+            logger.info("node %s progresses again (step %d)", member.node_id, global_step)
+            self._move(member, MemberState.ALIVE)
         return self._accepted(member)
+
+    def plain_heartbeat(self, beat: dict[str, Any], sent: float | None,
+                        via: str) -> Accepted | None:
+        """A rank's heartbeat in a node's beat (``via``), decided at once where it is the
+        plain case, as :meth:`heartbeat` would decide it: an alive member of this very
+        process, its supervisor heard from it within the heartbeat timeout, and it says
+        nothing of its readiness that is new. ``None``: anything else, for
+        :meth:`heartbeat`. ``beat`` holds a checked ``node_beat`` rank's fields
+        (recovery/control/requests.py): thousands come a second, nearly all plain."""
+        member = self.members.get(beat["node_id"] or "")
+        if (member is None or member.state is not MemberState.ALIVE
+                or member.pid != beat["pid"] or member.incarnation != beat["incarnation"]
+                or member.host != (beat["host"] or "")
+                or beat["age"] > self.timeouts.heartbeat_timeout * 1000
+                or (beat["ready"] and not member.ready)):
+            return None
+        member.via = via
+        member.heartbeat_at = max(member.heartbeat_at, self._heard_at(member, sent))
+        self._note(member, beat["step"], beat["phase"])
+        return self._accepted(member)
+
+    def _note(self, member: Member, global_step: int | None, phase: str | None) -> bool:
+        """What a beat says of ``member``'s work; whether its step moved."""
+        if phase is not None:
+            member.phase = phase
+        if global_step is None or global_step == member.global_step:
+            return False
+        member.global_step = member.generation_step = global_step
+        member.progress_at = self.clock.monotonic()
+        member.behind_since = None
+        return True
 
     def report_exit(self, node_id: str, pid: int, incarnation: int, abnormal: bool,
                     reason: str, by: str, finished: bool = False) -> float:
@@ -676,7 +708,7 @@ class Membership:
             "worker_num": self.worker_num, "generation": self.generation,
             "members": rows, "retired": facts.retired,
             "scope": {"first_rank": first_rank, "nproc": nproc},
-            "others": facts.others(own)}
+            "others": facts.others(own), "facts": self.facts_version}
         if missing:
             status["missing"] = facts.missing
             status["missing_known"] = [r for r in facts.missing if r in self._rank_holders]
@@ -750,6 +782,7 @@ class Membership:
         """A member's state, a member or the retired ranks changed: the job's facts are
         found again when next asked for."""
         self._facts = None
+        self.facts_version += 1
 
     def _live(self) -> list[Member]:
         return [m for m in self.members.values() if m.state in LIVE_STATES]
@@ -897,6 +930,7 @@ class Membership:
         self.fault_at = now
         until = max(self.cooldowns.get(node_id, 0.0), now + self.timeouts.rejoin_cooldown)
         self.cooldowns[node_id] = until
+        self.facts_version += 1  # a node's rows show it
         self._emit("cooldown", node_id=node_id, rank=rank, until=until,
                    seconds=round(until - now, 3), reason=reason)
 

@@ -103,6 +103,9 @@ class NodeBeats:
         time, an injection, a refusal): a rank that sees it move beats at once."""
         self.beaten_at = -math.inf
         """When (monotonic) the last beat went out."""
+        self.facts: int | None = None
+        """The scheduler's count of changes its latest reply said (``facts``, None: none
+        said): a large job's supervisor asks for its status only when it moves."""
 
     # ----------------------------------------------------------------- local reports
     def heard(self, key: int, op: str, message: dict[str, Any], now: float) -> None:
@@ -186,6 +189,9 @@ class NodeBeats:
         if not reply.get("ok") or not isinstance(answers, list) or len(answers) != len(sent) \
                 or not all(isinstance(answer, dict) for answer in answers):
             raise ValueError(f"not an answer to a beat of {len(sent)} rank(s): {reply!r:.200}")
+        facts = reply.get("facts")
+        if type(facts) is int:
+            self.facts = facts
         registered = {}
         for (key, entry), answer in zip(sent, answers):
             rank = self.ranks.get(key)

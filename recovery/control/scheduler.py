@@ -628,18 +628,23 @@ class Scheduler:
         hand_out = self._handing_out_injections if self.injections.pending else None
         for entry in ranks:  # thousands a second: what does not change is looked up once
             # Its fields are checked (recovery/control/requests.py): no conversions.
+            age = entry["age"] / 1000
+            sent = None if stamp is None else stamp - age
+            if entry["op"] != _REGISTER and hand_out is None \
+                    and (plain := membership.plain_heartbeat(entry, sent, node)) is not None:
+                answers.append(plain.to_json())
+                continue
             identity = Identity(entry["node_id"] or "", entry["pid"], entry["incarnation"],
                                 entry["host"] or "", entry["rank"])
-            age = entry["age"] / 1000
             if entry["op"] == _REGISTER:
                 answer = membership.register(identity, token, entry["ready"] is not False,
                                              via=node)
             else:
                 answer = membership.heartbeat(identity, token, entry["step"], entry["phase"],
-                                              sent=None if stamp is None else stamp - age,
-                                              ready=entry["ready"], via=node, silent=age)
+                                              sent=sent, ready=entry["ready"], via=node,
+                                              silent=age)
             answers.append(answer.to_json() if hand_out is None else hand_out(answer))
-        return {"ok": True, "ranks": answers}
+        return {"ok": True, "ranks": answers, "facts": membership.facts_version}
 
     def _handing_out_injections(self, answer: Accepted | Refused) -> dict[str, Any]:
         """``answer`` as a reply, with the injections queued for an accepted rank."""

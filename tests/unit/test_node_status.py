@@ -95,3 +95,62 @@ def test_a_node_status_of_a_quiet_job_holds_its_own_rows_only() -> None:
     assert status["others"] == {"training": 4, "finished": 0, "finished_step": None}
     assert status["retired"] == [] and "missing" not in status
     assert status["generation"] == ms.generation and status["worker_num"] == RANKS
+
+
+_MOVING = ("step", "generation_step", "phase", "heartbeat_age", "cooldown_left")
+"""What a row shows that moves without the count of changes: steps and phases (the node's
+events file has them), and the times left, which run down."""
+
+
+def shown(ms: Membership, own: range) -> dict[str, Any]:
+    """What a node's snapshot tells its supervisor, but for what moves on its own."""
+    status = ms.node_status(own.start, len(own), missing=True)
+    return {**{key: status[key] for key in ("generation", "retired", "missing",
+                                           "missing_known", "others")},
+            "members": [{k: v for k, v in row.items() if k not in _MOVING}
+                        for row in status["members"]],
+            "cooldowns": dict(ms.cooldowns)}
+
+
+@settings(max_examples=150, deadline=None)
+@given(OPS, st.integers(0, RANKS - 1), st.integers(1, RANKS))
+def test_whatever_a_node_status_shows_anew_comes_with_a_new_count_of_changes(
+        ops: list[tuple[str, int, int]], first: int, nproc: int) -> None:
+    """A large job's supervisor asks for its status only when its beat's reply says the
+    count of changes moved: a change it would not ask about must never be one it needs."""
+    clock = FakeClock()
+    ms = make(clock)
+    own = range(first, min(RANKS, first + nproc))
+    pids = {r: 100 + r for r in range(RANKS)}
+    for rank in range(RANKS):
+        ms.register(ident(str(rank), pids[rank]), TOKEN)
+    for op, rank, step in ops:
+        before, count = shown(ms, own), ms.facts_version
+        node, pid = str(rank), pids[rank]
+        if op == "register":
+            clock.advance(2.0)
+            pids[rank] = pid = pid + 100
+            ms.register(ident(node, pid), TOKEN)
+        elif op == "step":
+            ms.heartbeat(ident(node, pid), TOKEN, step, phase=f"phase {step}")
+        elif op in ("finish", "die", "leave"):
+            ms.report_exit(node, pid, 0, abnormal=op == "die", reason=op, by="supervisor",
+                           finished=op == "finish")
+        elif op == "retire":
+            ms.retire([rank], "test")
+        else:
+            clock.advance(6.0)
+            ms.check()
+        if shown(ms, own) != before:
+            assert ms.facts_version != count, f"{op} {rank} changed the status unannounced"
+
+
+def test_a_beat_with_nothing_new_leaves_the_count_of_changes_where_it_was() -> None:
+    ms = make(FakeClock())
+    for rank in range(RANKS):
+        ms.register(ident(str(rank), 100 + rank), TOKEN)
+    count = ms.facts_version
+    for step in range(3):
+        for rank in range(RANKS):
+            assert ms.heartbeat(ident(str(rank), 100 + rank), TOKEN, step, "train").to_json()["ok"]
+    assert ms.facts_version == count

@@ -98,3 +98,47 @@ def test_snapshots_are_spaced_in_large_jobs_only_and_news_takes_one_at_once() ->
     finally:
         watch.close()
     assert control.asked == [(0, 4, False)]
+
+
+def test_a_large_job_asks_for_its_status_only_when_its_beats_say_something_changed() -> None:
+    """Spaced snapshots (a job of more than 128 nodes): a round asks only when the count of
+    changes a beat's reply brought differs from the last snapshot's, and then at once."""
+    timeouts = Timeouts(rejoin_cooldown=1.0, cluster_time_out=600.0, heartbeat_timeout=5.0)
+    membership = Membership(RANKS, TOKEN, timeouts, FakeClock())
+    control = Control(membership)
+    rounds = threading.Semaphore(0)
+    watch = SchedulerWatch(control, None, rounds.release, Scope(range(0, 4)),  # type: ignore[arg-type]
+                           interval=SNAPSHOT_INTERVAL + 0.1)
+    watch.start()
+    try:
+        assert rounds.acquire(timeout=10)  # the first round: no snapshot yet, so it asks
+        assert watch.snapshot is not None and watch.snapshot.facts == membership.facts_version
+        watch.facts_heard(membership.facts_version)
+        for _round in range(3):
+            assert rounds.acquire(timeout=10)
+        assert len(control.asked) == 1  # three rounds, nothing new: nothing asked
+        membership.register(ident("1", 101), TOKEN)
+        watch.facts_heard(membership.facts_version)  # the next beat's reply
+        assert rounds.acquire(timeout=10)
+        assert len(control.asked) == 2
+        assert [m.rank for m in watch.snapshot.members] == [1]
+    finally:
+        watch.close()
+
+
+def test_a_small_job_asks_every_round_whatever_its_beats_say() -> None:
+    timeouts = Timeouts(rejoin_cooldown=1.0, cluster_time_out=600.0, heartbeat_timeout=5.0)
+    membership = Membership(RANKS, TOKEN, timeouts, FakeClock())
+    control = Control(membership)
+    rounds = threading.Semaphore(0)
+    watch = SchedulerWatch(control, None, rounds.release, Scope(range(0, 4)),  # type: ignore[arg-type]
+                           interval=0.05)
+    watch.start()
+    try:
+        assert rounds.acquire(timeout=10)
+        watch.facts_heard(membership.facts_version)
+        for _round in range(3):
+            assert rounds.acquire(timeout=10)
+    finally:
+        watch.close()
+    assert len(control.asked) >= 4
