@@ -326,6 +326,9 @@ class Membership:
         member declared lost. Workers get it with every reply (:class:`Accepted`)."""
         self._formed: frozenset[tuple[str, int]] = frozenset()
         self._incomplete_since: float | None = None  # monotonic
+        self._completeness_at: int | None = None
+        """:attr:`facts_version` when :meth:`_update_completeness` last ran: the periodic
+        rules run it again only after a change (it is O(members))."""
         self._events: list[tuple[str, dict[str, Any]]] = []
         self._last_refusal: dict[str, tuple[int, int, RefuseReason]] = {}
         self._update_completeness()
@@ -527,7 +530,8 @@ class Membership:
             silent = now - member.heartbeat_at
             if silent > self.timeouts.heartbeat_timeout and not self._quiet_node(member.via, now):
                 self._declare_lost(member, silent)
-        self._update_completeness()
+        if self._completeness_at != self.facts_version:
+            self._update_completeness()
         self._check_progress(now)
 
     def _quiet_node(self, node: str | None, now: float) -> bool:
@@ -662,7 +666,14 @@ class Membership:
 
     @property
     def all_finished(self) -> bool:
-        return len(self._finished()) == self.worker_num
+        return self._job_facts().finished == self.worker_num
+
+    def _job_facts(self) -> JobFacts:
+        """The job-wide facts, found again (O(members)) only after a change."""
+        self._facts = self._facts or JobFacts.of(
+            self.worker_num, (m.rank for m in self._live()),
+            ((m.rank, m.global_step) for m in self._finished()), self.retired)
+        return self._facts
 
     def incomplete_for(self) -> float:
         """Seconds some rank has had neither a live process nor a finished one."""
@@ -695,9 +706,7 @@ class Membership:
         as the faults). O(own ranks + faults) while the job's facts hold (they are found
         again, O(members), after a change of any member's state)."""
         now = self.clock.monotonic()
-        facts = self._facts = self._facts or JobFacts.of(
-            self.worker_num, (m.rank for m in self._live()),
-            ((m.rank, m.global_step) for m in self._finished()), self.retired)
+        facts = self._job_facts()
         own = range(first_rank, first_rank + nproc)
         rows = []
         for rank in own:
@@ -942,6 +951,7 @@ class Membership:
 
     def _update_completeness(self) -> None:
         """Form a new generation when the cluster is complete with a new set of processes."""
+        self._completeness_at = self.facts_version
         if len(self.members) < self.worker_num:  # O(1) while a cluster fills up
             if self._incomplete_since is None:
                 self._incomplete_since = self.clock.monotonic()

@@ -95,12 +95,16 @@ CHECK_EVERY = 0.1
 PERSIST_EVERY = 1.0
 """Seconds between two deferred saves at the least, and between two updates of the state
 file's time while only heartbeats come (:meth:`Scheduler._keep_fresh`)."""
-RULES_SHARE = 0.02
-"""The share of a core that the periodic rules, and the deferred saves (registrations:
-:data:`_SAVED_LATER`), may each take: with tens of thousands of members a run of the rules (O(members)) takes
-tens of ms and a save hundreds, and each is then spaced to cost at most this. Deadlines
-(a heartbeat timeout, a progress timeout) still wake the rules on time, and decisions are
-still saved before their replies."""
+RULES_SHARE = 0.01
+"""The share of a core that the periodic rules may take: with thousands of members a run
+(O(members)) takes milliseconds (about 6 ms at 8192 members here), and runs are then
+spaced to cost at most this (0.6 s apart at 8192). Deadlines (a heartbeat timeout, a
+progress timeout) still wake them on time; a member falling behind is seen up to one
+spacing late, and its progress verdict with it."""
+SAVES_SHARE = 0.02
+"""The share of a core that the deferred saves (registrations: :data:`_SAVED_LATER`)
+may take: a save of tens of thousands of members takes hundreds of ms, and they are
+then spaced to cost at most this. Decisions are still saved before their replies."""
 BATCH = 256
 """At most this many waiting requests are handled before their decisions are persisted
 and they are answered."""
@@ -726,7 +730,7 @@ class Scheduler:
             self.membership.check()
             self._checked_at, self._check_pending = now, False
             self._rules_due = self.membership.next_due(after=now)
-            self._rules_every = _spaced(CHECK_EVERY, time.monotonic() - now)
+            self._rules_every = _spaced(CHECK_EVERY, time.monotonic() - now, RULES_SHARE)
         decided = [*self.membership.drain_events(), *self._decided]
         if decided or self._changed or self._unsaved or not self._saved:
             self._save(finished=False, now=self._changed or any(
@@ -811,7 +815,7 @@ class Scheduler:
     def _save(self, finished: bool, now: bool = True) -> None:
         """Persist the state when it changed: at once after a decision, else (the
         decisions in :data:`_SAVED_LATER`) at most every PERSIST_EVERY seconds, or
-        longer where a save would take more than :data:`RULES_SHARE` of a core (the
+        longer where a save would take more than :data:`SAVES_SHARE` of a core (the
         snapshot, O(members), is not even built in between). With it go the steps
         and phases heard since the last save (see :meth:`_keep_fresh`)."""
         started = time.monotonic()
@@ -824,7 +828,7 @@ class Scheduler:
             return
         self._state.save_text(text)
         self._saved, self._saved_at = text, time.monotonic()
-        self._persist_every = _spaced(PERSIST_EVERY, self._saved_at - started)
+        self._persist_every = _spaced(PERSIST_EVERY, self._saved_at - started, SAVES_SHARE)
 
     def _keep_fresh(self) -> None:
         """Nothing was decided: heartbeats moved steps, phases, clocks and readiness only,
@@ -860,10 +864,10 @@ class Scheduler:
         self._overdue_reported = overdue
 
 
-def _spaced(least: float, cost: float) -> float:
+def _spaced(least: float, cost: float, share: float) -> float:
     """Seconds between two runs of something periodic that took ``cost`` seconds: at
-    least ``least``, and enough that it takes at most :data:`RULES_SHARE` of a core."""
-    return max(least, cost / RULES_SHARE)
+    least ``least``, and enough that it takes at most ``share`` of a core."""
+    return max(least, cost / share)
 
 
 def raise_open_files_limit() -> None:
