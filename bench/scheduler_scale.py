@@ -19,8 +19,8 @@ by hand as a launch script would: its own port, no supervisor) for that many wor
   And as a supervisor's scheduler watch does (launcher/supervisor/watch.py), it asks for
   its status: ``--status node``, tftrun's: its node's, ``snapshot_interval(nodes)`` after
   the last answer (0.5 s, spaced in jobs of more than 128 nodes) and at once on news; in
-  jobs of more than 128 nodes only when its last beat's reply said the scheduler's count
-  of changes moved since its last status, and then at once;
+  jobs of more than 128 nodes a spaced one only when its last beat's reply said the
+  scheduler's count of changes moved since its last status;
   ``--status whole``, what tftrun asked before: the whole table (``tftctl status``'s)
   every 0.5 s; ``--status none``: none, as this bench did before.
 * ``--mode rank`` (a rank beats itself, as a script started by hand): one thread per
@@ -293,9 +293,6 @@ class SimulatedNode:
                 continue
             self.trips.append((sent_at, time.perf_counter() - started))
             self.last_answered = time.time()
-            if self.status_when_changed and self.status_trips \
-                    and stale(self.status_facts, self.beats.facts):
-                self.status_at = time.monotonic()  # as facts_heard pokes the watch
             for rank, answer in registered.items():
                 if answer.get("ok"):
                     self.registered.add(rank)

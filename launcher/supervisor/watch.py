@@ -12,11 +12,11 @@ each round it wakes the loop.
 
 In a large job (spaced snapshots) the node's beats say whether a snapshot would show
 anything new: each ``node_beat``'s reply carries the scheduler's count of changes
-(``facts``: recovery/control/membership.py's ``facts_version``), and a round asks for
-the status only when that count moved since the last snapshot
-(:meth:`SchedulerWatch.facts_heard`), or when it has reports or news. A steady job's
-supervisors then ask nothing; the steps the snapshot would bring, the node's events
-file brings (launcher/supervisor/observer.py).
+(``facts``: recovery/control/membership.py's ``facts_version``), and a spaced round asks
+for the status only when that count moved since the last snapshot
+(:meth:`SchedulerWatch.facts_heard`); a round for reports or news always asks. A steady
+job's supervisors then ask nothing; the steps the snapshot would bring, the node's
+events file brings (launcher/supervisor/observer.py).
 """
 
 from __future__ import annotations
@@ -198,14 +198,12 @@ class SchedulerWatch:
 
     def facts_heard(self, facts: int) -> None:
         """A reply to the node's beat said the scheduler's count of changes is ``facts``
-        (from the beat server's thread): in a large job, a snapshot now if it moved
-        since the last one. Not before the first: every node's first beats come as the
-        job forms, each with a new count, and the first snapshot is taken at the first
-        interval or on the news of the generation, as in any job."""
+        (from the beat server's thread): in a large job, the next spaced round asks only
+        if it differs from the last snapshot's. It does not ask at once: as a job forms
+        (or many ranks end) every beat brings a new count, and thousands of nodes asking
+        after each beat would crowd the registrations out; what must come at once comes
+        as news."""
         self._facts_heard = facts
-        snapshot = self.snapshot
-        if self._spaced and snapshot is not None and stale(snapshot.facts, facts):
-            self._poked.set()
 
     def delivered(self, timeout: float) -> bool:
         """Wait up to ``timeout`` s for every queued report to be handed to the client (which

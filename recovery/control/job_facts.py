@@ -26,8 +26,6 @@ class JobFacts:
     """Ranks whose process finished, or retired."""
     finished_steps: tuple[tuple[int, int], ...]
     """(step, rank) of each finished process that reported a step, highest step first."""
-    finished: int
-    """How many processes finished."""
 
     @classmethod
     def of(cls, worker_num: int, live: Iterable[int],
@@ -40,7 +38,7 @@ class JobFacts:
         return cls([r for r in range(worker_num) if r not in held and r not in retired],
                    sorted(retired), frozenset(held - retired), frozenset(ended | retired),
                    tuple(sorted(((step, rank) for rank, step in finished if step is not None),
-                                reverse=True)), len(finished))
+                                reverse=True)))
 
     def others(self, own: range) -> dict[str, Any]:
         """The ranks outside ``own``: how many train (a live or finished process, not

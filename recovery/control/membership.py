@@ -326,6 +326,8 @@ class Membership:
         member declared lost. Workers get it with every reply (:class:`Accepted`)."""
         self._formed: frozenset[tuple[str, int]] = frozenset()
         self._incomplete_since: float | None = None  # monotonic
+        self._all_finished: tuple[int | None, bool] = (None, False)
+        """:attr:`all_finished` as of a :attr:`facts_version`."""
         self._completeness_at: int | None = None
         """:attr:`facts_version` when :meth:`_update_completeness` last ran: the periodic
         rules run it again only after a change (it is O(members))."""
@@ -666,7 +668,12 @@ class Membership:
 
     @property
     def all_finished(self) -> bool:
-        return self._job_facts().finished == self.worker_num
+        """Whether every rank's process finished: worked out (O(members)) only after a
+        change, since the scheduler asks after every batch that decided something."""
+        if self._all_finished[0] != self.facts_version:
+            self._all_finished = (self.facts_version,
+                                  len(self._finished()) == self.worker_num)
+        return self._all_finished[1]
 
     def _job_facts(self) -> JobFacts:
         """The job-wide facts, found again (O(members)) only after a change."""

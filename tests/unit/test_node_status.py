@@ -94,7 +94,10 @@ def test_a_node_status_says_what_the_whole_table_says(ops: list[tuple[str, int, 
     for op, rank, step in ops:
         scoped(job.ms, own)  # the facts are kept from here: each change must renew them
         job.apply(op, rank, step)
-        assert scoped(job.ms, own) == from_the_table(job.ms.status(), own)
+        table = job.ms.status()
+        assert scoped(job.ms, own) == from_the_table(table, own)
+        assert job.ms.all_finished == (  # kept between changes too
+            sum(m["state"] == FINISHED for m in table["members"]) == RANKS)
 
 
 def test_a_node_status_of_a_quiet_job_holds_its_own_rows_only() -> None:

@@ -102,7 +102,7 @@ def test_snapshots_are_spaced_in_large_jobs_only_and_news_takes_one_at_once() ->
 
 def test_a_large_job_asks_for_its_status_only_when_its_beats_say_something_changed() -> None:
     """Spaced snapshots (a job of more than 128 nodes): a round asks only when the count of
-    changes a beat's reply brought differs from the last snapshot's, and then at once."""
+    changes a beat's reply brought differs from the last snapshot's."""
     timeouts = Timeouts(rejoin_cooldown=1.0, cluster_time_out=600.0, heartbeat_timeout=5.0)
     membership = Membership(RANKS, TOKEN, timeouts, FakeClock())
     control = Control(membership)
