@@ -187,8 +187,9 @@ class NodeBeats:
         """
         answers = reply.get("ranks")
         if not reply.get("ok") or not isinstance(answers, list) or len(answers) != len(sent) \
-                or not all(isinstance(answer, dict) for answer in answers):
+                or not all(type(answer) in (dict, int) for answer in answers):
             raise ValueError(f"not an answer to a beat of {len(sent)} rank(s): {reply!r:.200}")
+        fault_at = reply.get("fault_at")
         facts = reply.get("facts")
         if type(facts) is int:
             self.facts = facts
@@ -197,6 +198,9 @@ class NodeBeats:
             rank = self.ranks.get(key)
             if rank is None:
                 continue  # ended meanwhile
+            if type(answer) is int:  # an accepted plain heartbeat, in short: its generation
+                answer = {"ok": True, "node_id": entry["node_id"], "rank": entry["rank"],
+                          "generation": answer, "fault_at": fault_at}
             injections = answer.pop("inject", [])
             if rank.answer is None or injections or any(
                     rank.answer.get(name) != answer.get(name) for name in _CHANGES):

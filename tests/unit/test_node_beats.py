@@ -207,10 +207,27 @@ def test_a_node_beat_through_the_scheduler_answers_each_rank_and_shows_in_status
     assert reply["ok"] and [(a["ok"], a["rank"], a["generation"]) for a in reply["ranks"]] == [
         (True, 0, 0), (True, 1, 0)]
     beat = [{**entry, "op": "heartbeat", "step": 3, "phase": "train", "age": 200} for entry in ranks]
-    assert [a["ok"] for a in ask(sched, "node_beat", node="h/0", ranks=beat)["ranks"]] == [True, True]
+    reply = ask(sched, "node_beat", node="h/0", ranks=beat)
+    assert reply["ranks"] == [0, 0]  # plain heartbeats, answered in short: their generation
+    node = NodeBeats(TIMEOUT, INTERVAL)  # the supervisor's side
+    for key, entry in enumerate(beat):
+        node.heard(key, "heartbeat", entry, 0.0)
+    node.fan_out(list(enumerate(beat)), reply)
+    assert [node.answer(key) for key in (0, 1)] == [accepted(0), accepted(1)]  # in full
     status = ask(sched, "status")
     assert status["nodes"]["h/0"]["beats"] == 2 and status["nodes"]["h/0"]["ranks"] == 2
     assert status["loop"]["node_beats"] == 2
     assert [(m["step"], m["phase"]) for m in status["members"]] == [(3, "train"), (3, "train")]
     refused = ask(sched, "node_beat", node="h/0", ranks=[{**ranks[0], "age": -1}])
     assert refused["reason"] == "bad_request"
+
+
+def test_a_short_answer_is_the_full_answer_with_the_replys_fault_time() -> None:
+    """The scheduler answers an accepted plain heartbeat with its generation alone; the
+    supervisor hands the rank the whole answer, with the reply's fault time."""
+    beats = registered(2)
+    sent = beats.beats(INTERVAL)[0]
+    beats.fan_out(sent, {"ok": True, "ranks": [{"ok": False, "reason": "stale"}, 4],
+                         "fault_at": 1234.5})
+    assert beats.answer(1) == accepted(1, generation=4, fault_at=1234.5)
+    assert beats.ranks[0].judged and not beats.ranks[1].judged
