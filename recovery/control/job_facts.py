@@ -35,8 +35,7 @@ class JobFacts:
         finished = list(finished)
         ended = {rank for rank, _step in finished}
         held = set(live) | ended
-        return cls([r for r in range(worker_num) if r not in held and r not in retired],
-                   sorted(retired), frozenset(held - retired), frozenset(ended | retired),
+        return cls(sorted(set(range(worker_num)).difference(held, retired)), sorted(retired), frozenset(held - retired), frozenset(ended | retired),
                    tuple(sorted(((step, rank) for rank, step in finished if step is not None),
                                 reverse=True)))
 

@@ -111,6 +111,9 @@ TRANSITIONS: dict[MemberState, frozenset[MemberState]] = {
 LIVE_STATES = frozenset({MemberState.ALIVE, MemberState.HUNG, MemberState.UNCONFIRMED})
 _IN_GENERATION = frozenset({MemberState.ALIVE, MemberState.UNCONFIRMED})
 """The states of a member that keeps its generation whole (a HUNG one is about to be killed)."""
+_ALIVE, _FINISHED = MemberState.ALIVE, MemberState.FINISHED
+"""For the loops over every member (and every rank of a beat): an enum's member read
+through its class costs about 0.1 us in Python 3.11, 0.8 ms a pass at 8192 members."""
 _QUIET_BEATS = 2
 """Heartbeat intervals of silence after which a member may have stopped: no progress
 verdict is passed until the heartbeat rule has judged it or it is heard again."""
@@ -471,7 +474,7 @@ class Membership:
         :meth:`heartbeat`. ``beat`` holds a checked ``node_beat`` rank's fields
         (recovery/control/requests.py): thousands come a second, nearly all plain."""
         member = self.members.get(beat["node_id"] or "")
-        if (member is None or member.state is not MemberState.ALIVE
+        if (member is None or member.state is not _ALIVE
                 or member.pid != beat["pid"] or member.incarnation != beat["incarnation"]
                 or member.host != (beat["host"] or "")
                 or beat["age"] > self.timeouts.heartbeat_timeout * 1000
@@ -587,7 +590,7 @@ class Membership:
         members = [m for m in self._live() if (m.node_id, m.incarnation) in self._formed]
         highest = _two_highest(m.generation_step for m in members)
         for member in members:
-            if member.state is not MemberState.ALIVE:
+            if member.state is not _ALIVE:
                 continue
             ahead = _highest_of_others(highest, member.generation_step)
             if ahead is None or (member.generation_step is not None
@@ -617,7 +620,7 @@ class Membership:
             member = self.members.get(node_id)
             if member is None or member.incarnation != incarnation:
                 return False
-            if member.state is MemberState.FINISHED:
+            if member.state is _FINISHED:
                 continue
             if member.state not in _IN_GENERATION or now - member.heartbeat_at > quiet:
                 return False
@@ -638,7 +641,7 @@ class Membership:
                for seen in self.nodes.values() if not seen.judged]
         for member in self._live():
             due.append(member.heartbeat_at + self.timeouts.heartbeat_timeout)
-            if member.behind_since is not None and member.state is MemberState.ALIVE:
+            if member.behind_since is not None and member.state is _ALIVE:
                 due.append(member.behind_since + self.timeouts.progress_timeout)
         if self._incomplete_since is not None:
             due.append(self._incomplete_since + self.timeouts.cluster_time_out)
@@ -804,7 +807,7 @@ class Membership:
         return [m for m in self.members.values() if m.state in LIVE_STATES]
 
     def _finished(self) -> list[Member]:
-        return [m for m in self.members.values() if m.state is MemberState.FINISHED]
+        return [m for m in self.members.values() if m.state is _FINISHED]
 
     def _row(self, member: Member, now: float) -> dict[str, Any]:
         """``member``'s row of the status table."""
