@@ -35,7 +35,8 @@ class JobFacts:
         finished = list(finished)
         ended = {rank for rank, _step in finished}
         held = set(live) | ended
-        return cls(sorted(set(range(worker_num)).difference(held, retired)), sorted(retired), frozenset(held - retired), frozenset(ended | retired),
+        missing = sorted(set(range(worker_num)).difference(held, retired))
+        return cls(missing, sorted(retired), frozenset(held - retired), frozenset(ended | retired),
                    tuple(sorted(((step, rank) for rank, step in finished if step is not None),
                                 reverse=True)))
 
