@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(240)
 PROBE = textwrap.dedent('''
     """What a worker sees of itself, written to OUT/<rank>.json; then, by the second
     argument: end 0, exit 3, or raise."""
-    import ctypes, json, os, sys
+    import ctypes, gc, json, os, sys
     import psutil
 
     rank = int(os.environ["RANK"])
@@ -39,6 +39,7 @@ PROBE = textwrap.dedent('''
         "write_through": sys.stdout.write_through, "nice": os.nice(0),
         "rank": rank, "world": os.environ["WORLD_SIZE"],
         "proc_environ_is_os_environ": me.environ() == dict(os.environ),
+        "frozen": gc.get_freeze_count(),
     }
     with open(os.path.join(sys.argv[1], f"{rank}.json"), "w") as out:
         json.dump(seen, out)
@@ -75,11 +76,17 @@ def test_a_forked_worker_sees_what_a_spawned_one_sees(tmp_path: Path, module: bo
     """The same probe, forked and spawned: the same ``__main__``, argv, sys.path[0],
     working folder, command line, parent (tftrun), session, parent-death signal, stdin,
     open files, unbuffered output, priority, and the environment other processes read in
-    /proc (psutil's, tftctl's check of a scheduler)."""
+    /proc (psutil's, tftctl's check of a scheduler); only the objects the server made
+    before the fork are frozen."""
     forked = _run_probe(tmp_path / "forked", True, module)
     spawned = _run_probe(tmp_path / "spawned", False, module)
     assert forked["forked"] == [True] * 2 and spawned["forked"] == [False] * 2
     assert forked["status"] == spawned["status"] == 0
+    # What the server's warm-up made is frozen (launcher/procs/spare.py: warm_up): the
+    # only difference a forked worker may show.
+    for rank in "01":
+        assert spawned["seen"][rank].pop("frozen") == 0
+        assert forked["seen"][rank].pop("frozen") > 100_000
     assert forked["seen"] == spawned["seen"]
     assert forked["seen"]["0"]["cmdline"][:2] == ["-u", "-m" if module else "F/probe.py"]
     assert forked["seen"]["0"]["parent"] == ["-m", "launcher.cli.tftrun"]
