@@ -119,7 +119,9 @@ def test_run_sh_binds_the_scheduler_host_only_and_its_token_is_written_nowhere(
     recovery path holds it, none is writable by others, and the scheduler listened on
     MS_SCHED_HOST only."""
     log_dir, home = tmp_path / "device", tmp_path / "home"
-    env = {**cluster_env(log_dir, free_port, worker_num=1, cooldown=1.0, heartbeat_timeout=5.0,
+    # No verdict is wanted here: with a 5 s timeout the worker was once judged silent in CI
+    # while it joined its group on 2 loaded cores, and, started by hand, never came back.
+    env = {**cluster_env(log_dir, free_port, worker_num=1, cooldown=1.0, heartbeat_timeout=30.0,
                          progress_timeout=60.0, cluster_time_out=60.0),
            "PYTHON": sys.executable, "HOME": str(home)}
     del env[names.TFT_JOB_TOKEN]
