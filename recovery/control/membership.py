@@ -459,6 +459,7 @@ class Membership:
         self._confirm(member, sent)
         if ready and not member.ready:
             member.ready = True
+            self._changed()  # a node's rows show it
             self._update_completeness()
         if self._note(member, global_step, phase) and member.state is MemberState.HUNG:
             logger.info("node %s progresses again (step %d)", member.node_id, global_step)
