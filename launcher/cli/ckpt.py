@@ -15,7 +15,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
-import torch
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -25,7 +24,6 @@ from launcher.errors import TftrunError
 from recovery.ckpt.layout import rank_of_dir
 from recovery.ckpt.lineage import LineageError, read_lineage
 from recovery.ckpt.manifest import Candidate, CheckpointError, candidates, find_checkpoint_dirs, verify_dir
-from recovery.ckpt.restore import load_checkpoint
 
 __all__ = ["app"]
 
@@ -116,6 +114,8 @@ def verify(directory: _Dir) -> None:
 
 
 def _leaves(obj: Any, path: str) -> Iterator[tuple[str, str]]:
+    import torch  # here, not at the top: every tftctl command imports this module
+
     if isinstance(obj, torch.Tensor):
         yield path, f"tensor {tuple(obj.shape)} {str(obj.dtype).removeprefix('torch.')}"
     elif isinstance(obj, dict):
@@ -131,6 +131,8 @@ def _leaves(obj: Any, path: str) -> Iterator[tuple[str, str]]:
 @app.command("show")
 def show(file: _File) -> None:
     """Show a checkpoint's keys, tensor shapes and append_info (after verifying it)."""
+    from recovery.ckpt.restore import load_checkpoint  # imports torch: only for this command
+
     try:
         state = load_checkpoint(file)
     except CheckpointError as err:

@@ -41,7 +41,6 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-import torch
 from filelock import FileLock
 
 from recovery.ckpt import layout
@@ -335,6 +334,8 @@ def problem(candidate: Candidate) -> str | None:
 
 
 def _load(path: Path) -> Any:
+    import torch  # here: reading manifests (``tftctl ckpt list``) needs no torch
+
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
