@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["TftrunError", "ConfigError", "SpawnError"]
+__all__ = ["TftrunError", "ConfigError"]
 
 
 class TftrunError(Exception):
@@ -16,6 +16,3 @@ class ConfigError(TftrunError):
 
     exit_code = 2
 
-
-class SpawnError(TftrunError):
-    """A process could not be started."""

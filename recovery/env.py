@@ -81,7 +81,6 @@ ROLE_SCHEDULER = "MS_SCHED"
 TFT_RUN_ID = "TFT_RUN_ID"
 TFT_INCARNATION = "TFT_INCARNATION"
 TFT_RESTART_COUNT = "TFT_RESTART_COUNT"
-TFT_GENERATION = "TFT_GENERATION"
 TFT_LOG_DIR = "TFT_LOG_DIR"
 TFT_IS_RECOVER = "TFT_IS_RECOVER"
 TFT_JOB_TOKEN = "TFT_JOB_TOKEN"
@@ -168,7 +167,6 @@ class WorkerEnv:
     rank: int
     local_rank: int
     world_size: int
-    local_world_size: int
     node_rank: int
     node_id: str
     master_addr: str
@@ -179,12 +177,10 @@ class WorkerEnv:
     max_restarts: int
     run_id: str
     incarnation: int
-    generation: int
     log_dir: str | None
     is_recover: bool
     job_token: str = field(repr=False)
     insecure_no_token: bool
-    enable_recovery: bool
     recovery_path: str
     enable_tft: str
     lineage: str
@@ -216,7 +212,6 @@ class WorkerEnv:
             rank=rank,
             local_rank=_int(env, LOCAL_RANK, rank),
             world_size=world_size,
-            local_world_size=_int(env, LOCAL_WORLD_SIZE, world_size),
             node_rank=_int(env, GROUP_RANK, 0),
             node_id=env.get(MS_NODE_ID) or str(rank),
             master_addr=master_addr,
@@ -227,12 +222,10 @@ class WorkerEnv:
             max_restarts=_int(env, TORCHELASTIC_MAX_RESTARTS, 0),
             run_id=env.get(TFT_RUN_ID) or env.get(TORCHELASTIC_RUN_ID) or DEFAULT_RUN_ID,
             incarnation=_int(env, TFT_INCARNATION, 0),
-            generation=_int(env, TFT_GENERATION, 0),
             log_dir=env.get(TFT_LOG_DIR) or None,
             is_recover=_flag(env, TFT_IS_RECOVER),
             job_token=env.get(TFT_JOB_TOKEN, ""),
             insecure_no_token=_flag(env, TFT_INSECURE_NO_TOKEN),
-            enable_recovery=_flag(env, MS_ENABLE_RECOVERY),
             recovery_path=env.get(MS_RECOVERY_PATH) or DEFAULT_RECOVERY_PATH,
             enable_tft=env.get(MS_ENABLE_TFT, ""),
             lineage=env.get(TFT_LINEAGE, "").strip(),

@@ -148,7 +148,6 @@ def worker_spec(config: LaunchConfig, local_rank: int, incarnation: int, restart
         names.MS_NODE_ID: str(slot),
         names.TFT_INCARNATION: str(incarnation),
         names.TFT_RESTART_COUNT: str(restart_count),
-        names.TFT_GENERATION: str(restart_count),
     })
     if seat.world_size != config.worker_num:
         env[names.MS_WORKER_NUM] = env[names.RANK_SIZE] = str(seat.world_size)

@@ -96,8 +96,7 @@ class Supervisor:
         self._meeting = MeetingPlace(config, self.children.hosts_scheduler, self._nodes)
         # Connected once the workers are started, on one node once something needs it.
         self._control = SchedulerControl(config.master_addr, config.master_port,
-                                         config.job_token,
-                                         rejoin_cooldown=config.rejoin_cooldown, connect=False,
+                                         config.job_token, connect=False,
                                          run_id=config.run_id)
         self._wakeup: Wakeup | None = None
         self._watch = SchedulerWatch(

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -58,18 +57,14 @@ class SchedulerControl:
         port: its store port (``MS_SCHED_PORT``).
         token: the job token (``TFT_JOB_TOKEN``).
         timeout: how long one request may wait for the scheduler's answer, in seconds.
-        rejoin_cooldown: the job's cooldown, used only to estimate ``cooldown_left``
-            for an exit reported while the scheduler is down.
         connect: start connecting now; False: at :meth:`connect`.
         run_id: the job's run id (with the token, it makes the job's signing key).
     """
 
     def __init__(self, host: str, port: int, token: str, timeout: float = 1.0,
-                 rejoin_cooldown: float = 0.0, connect: bool = True,
+                 connect: bool = True,
                  run_id: str = names.DEFAULT_RUN_ID) -> None:
-        self._rejoin_cooldown = rejoin_cooldown
         self._pending: list[tuple[str, ExitReport | Retirement]] = []  # with its request id
-        self._until: dict[str, float] = {}
         self._lock = threading.Lock()
         self._link = SchedulerLink(host, port, token, timeout, on_connect=self._flush,
                                    connect=connect, run_id=run_id)
@@ -84,8 +79,6 @@ class SchedulerControl:
         with self._lock:
             self._pending.append((new_request_id(),
                                   ExitReport(node_id, rank, pid, incarnation, abnormal, reason)))
-            if abnormal:
-                self._until[node_id] = time.time() + self._rejoin_cooldown
         self._flush()
 
     def retire(self, retirement: Retirement) -> None:
@@ -94,28 +87,6 @@ class SchedulerControl:
         with self._lock:
             self._pending.append((new_request_id(), retirement))
         self._flush()
-
-    def cooldown_left(self, node_id: str) -> float:
-        """Seconds before ``node_id`` may register again; 0.0 when it may now."""
-        reply = self._call(Op.COOLDOWN, node_id=node_id)
-        with self._lock:
-            if reply is not None:
-                self._note_until(node_id, reply)
-            return max(0.0, self._until.get(node_id, 0.0) - time.time())
-
-    def verdicts(self) -> dict[int, str]:
-        """Workers the scheduler declares dead or hung: rank -> ``heartbeat`` | ``progress``.
-
-        The supervisor kills each one (and emits ``hang``), then reports its exit.
-        """
-        reply = self._call(Op.VERDICTS)
-        if reply is None:
-            return {}
-        try:
-            return {int(r): str(v) for r, v in reply["verdicts"].items()}
-        except (KeyError, TypeError, ValueError, AttributeError):
-            logger.warning("ignoring a malformed verdicts reply: %.200r", reply)
-            return {}
 
     def status(self) -> dict[str, Any] | None:
         """The membership table (as ``tftctl status`` shows it), or ``None`` when down."""
@@ -149,13 +120,6 @@ class SchedulerControl:
             return None
         return reply
 
-    def _note_until(self, node_id: str, reply: dict[str, Any]) -> None:
-        """Take the end of ``node_id``'s cooldown from ``reply`` (caller holds the lock)."""
-        try:
-            self._until[node_id] = float(reply["until"])
-        except (KeyError, TypeError, ValueError):
-            logger.warning("ignoring a malformed cooldown in a reply: %.200r", reply)
-
     def _flush(self) -> bool:
         """Deliver the queued exit reports and retirements, oldest first; True when none is
         left."""
@@ -173,6 +137,4 @@ class SchedulerControl:
                 self._pending.pop(0)
                 if not reply.get("ok"):
                     logger.warning("the scheduler refused %s: %s", report, reply.get("message"))
-                elif isinstance(report, ExitReport):
-                    self._note_until(report.node_id, reply)
             return True

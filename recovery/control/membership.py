@@ -131,15 +131,6 @@ class RefuseReason(StrEnum):
     FULL = "full"
     STALE = "stale"
 
-    @property
-    def retryable(self) -> bool:
-        """Whether trying again later may succeed.
-
-        A duplicate is retried too: the live holder may be a process that died without
-        anyone reporting it, which the heartbeat timeout will declare dead.
-        """
-        return self in {RefuseReason.COOLDOWN, RefuseReason.DUPLICATE, RefuseReason.FULL}
-
 
 class Verdict(StrEnum):
     """Why the scheduler wants a worker killed."""

@@ -115,8 +115,6 @@ class Op(str, Enum):
     NODE_BEAT = "node_beat"
     LEAVE = "leave"
     EXIT = "exit"
-    COOLDOWN = "cooldown"
-    VERDICTS = "verdicts"
     INJECT = "inject"
     LAST_WORDS = "last_words"
     STATUS = "status"

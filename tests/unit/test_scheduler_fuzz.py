@@ -46,9 +46,9 @@ PLAUSIBLE["retired"] = st.lists(st.integers(0, 2), min_size=1, max_size=3)
 IDENTITY = ("node_id", "pid", "incarnation", "host", "rank")
 ENDED = ("node_id", "rank", "pid", "incarnation", "abnormal", "reason")
 FIELDS = {Op.REGISTER: IDENTITY, Op.HEARTBEAT: (*IDENTITY, "step", "phase"), Op.LEAVE: ENDED,
-          Op.EXIT: ENDED, Op.COOLDOWN: ("node_id",), Op.INJECT: ("rank", "fault", "at_step"),
+          Op.EXIT: ENDED, Op.INJECT: ("rank", "fault", "at_step"),
           Op.LAST_WORDS: ("rank", "generation", "step", "consistent", "reason"),
-          Op.VERDICTS: (), Op.STATUS: (), Op.TICK: (), Op.NODE_RANK: ("node_id", "nproc"),
+          Op.STATUS: (), Op.TICK: (), Op.NODE_RANK: ("node_id", "nproc"),
           Op.NODE_BEAT: ("node", "ranks"), Op.RETIRE: ("retired", "reason")}
 """The fields of each request, as the clients send them."""
 

@@ -31,21 +31,18 @@ def register(link: SchedulerLink, node_id: str, pid: int) -> dict[str, object]:
 
 def test_control_answers_safely_while_the_scheduler_is_down_and_delivers_later(
         tmp_path: Path, free_port: int) -> None:
-    control = SchedulerControl("127.0.0.1", free_port, TOKEN, timeout=1.0, rejoin_cooldown=30.0)
+    control = SchedulerControl("127.0.0.1", free_port, TOKEN, timeout=1.0)
     try:
         started = time.monotonic()
         control.report_exit("1", 1, 4242, 3, abnormal=True, reason="SIGKILL")
-        assert control.verdicts() == {} and control.status() is None
-        assert 29.0 < control.cooldown_left("1") <= 30.0  # estimated from rejoin_cooldown
+        assert control.status() is None
         assert time.monotonic() - started < 1.0
 
         with running_scheduler(tmp_path, free_port):
             cooldown = wait_for_event(tmp_path / "logs", 30, "the queued report delivered",
                                       event="cooldown", node_id="1")
             assert cooldown["reason"] == "SIGKILL"
-            assert control.cooldown_left("1") == pytest.approx(
-                cooldown["until"] - time.time(), abs=0.5)
-            assert control.verdicts() == {}
+            assert cooldown["until"] > time.time() + 25.0
     finally:
         control.close()
 
@@ -69,7 +66,7 @@ def test_requests_are_served_and_the_end_is_persisted(tmp_path: Path, free_port:
             assert stranger._link.wait_connected(10)
             assert stranger.status() is None
             stranger.report_exit("0", 0, 100, 0, abnormal=True, reason="forged")
-            assert stranger.verdicts() == {}
+            assert stranger.status() is None
             assert scheduler.membership.cooldown_left("0") == 0.0
             assert stranger._link.unverified >= 2
         assert Endpoint.read(tmp_path / "logs") is None
