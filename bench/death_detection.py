@@ -4,7 +4,7 @@
 
 Starts tftrun with N workers that only sleep, `kill -9`s one of them K times (tftrun
 restarts the group each time) and reports the delay from the kill to the `exit` event
-in events.jsonl. Target (DESIGN.md §7): median < 100 ms with 128 workers.
+in events.jsonl. Target (docs/benchmarks.md): median < 100 ms with 128 workers.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Where the kernel shares the CPU between sessions first (autogroups), a thread's 
 weighs only within its session, and the spare leads one of its own. Lowering the
 session's niceness too (by 10, or to 19 with ``SCHED_IDLE``) was measured and not kept:
 the steps trained during the warm-up were no faster, and the spare was warm seconds later,
-so that a fault early in the job found it cold (docs/benchmarks.md, 2026-11-25).
+so that a fault early in the job found it cold.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 torch's ``env://`` rendezvous with ``TORCHELASTIC_USE_AGENT_STORE=True`` puts no
 per-attempt prefix on its keys: restarted gloo workers that meet in a reused store read
-the previous attempt's addresses and fail in ``connectFullMesh`` (DESIGN.md §3; this is
+the previous attempt's addresses and fail in ``connectFullMesh`` (docs/architecture.md; this is
 how torchrun 2.13's restarts fail on this machine). So every restart gets a brand-new
 store on a brand-new port, and the previous one is closed.
 

@@ -8,7 +8,7 @@ The same ``python train.py`` plays either role, as in msrun's dynamic-cluster mo
   scheduler (retrying while it is unreachable or refuses for a cooldown, until
   ``cluster_time_out``), starts its heartbeat, waits for all ``worker_num`` workers, and
   initialises the default process group of the generation it joined, under the store
-  prefix ``gen{g}-<MAC>/`` (a fresh key space per generation, DESIGN.md §3, that nobody
+  prefix ``gen{g}-<MAC>/`` (a fresh key space per generation, docs/architecture.md, that nobody
   without the token can name ahead: recovery/control/rpc.py ``generation_prefix``);
 * without ``MS_SCHED_PORT`` there is no scheduler to join: under plain torchrun
   (``WORLD_SIZE`` > 1) the group is initialised from ``env://``; run alone, it is a
@@ -235,7 +235,7 @@ class ClusterContext:
         """Leave this generation's process group and join the next one the scheduler forms.
 
         For a survivor of a peer's death: call it once every reference to the old
-        group's objects is dropped (DESIGN.md §9), so that the peers' collectives blocked
+        group's objects is dropped (docs/architecture.md), so that the peers' collectives blocked
         on this process are released. Leaving does not wait for a collective of this
         process still in flight (recovery/runtime/group.py). It waits until the scheduler has
         formed a newer generation with this process in it (the dead peer relaunched
@@ -258,7 +258,7 @@ class ClusterContext:
         """Leave this generation's process group at once, even with a collective of this
         process still in flight (recovery/runtime/group.py); nothing when there is none.
 
-        Call it once every reference to the group's objects is dropped (DESIGN.md §9).
+        Call it once every reference to the group's objects is dropped (docs/architecture.md).
         """
         import torch.distributed as dist
 

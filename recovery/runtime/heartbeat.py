@@ -10,7 +10,7 @@ carry fault injections for this rank (recovery/control/inject.py): they go to :a
 for the training loop to take. When the scheduler dies, beats fail;
 the link reconnects by itself and the next beat re-attaches the worker to the relaunched
 scheduler: training goes on meanwhile, since gloo does not use the store after its
-rendezvous (DESIGN.md §9).
+rendezvous (docs/architecture.md).
 
 The thread never dies silently: what it sends is coerced (a step given as a tensor or a
 numpy integer goes out as an ``int``; one that is no integer at all goes out as ``None``,

@@ -6,7 +6,7 @@ that of a completed step and which; the *source* is the consistent rank at the n
 (model, optimizer, LR scheduler, RNG states, position), and every rank that is behind or
 damaged loads it: no file is read. The others take part in the broadcast and keep their
 own state. Broadcasting from a fixed rank would be wrong: when rank 0 is the newcomer it
-would reset everyone (DESIGN.md §9).
+would reset everyone (docs/architecture.md).
 """
 
 from __future__ import annotations
