@@ -18,7 +18,7 @@ import pytest
 
 from recovery import env as names
 from support import free_tcp_port
-from support_chaos import CHAOS_SEED, SEED_VARIABLE
+from support.chaos import CHAOS_SEED, SEED_VARIABLE
 
 PR_SET_CHILD_SUBREAPER = 36
 

@@ -11,8 +11,8 @@ import pytest
 from filelock import FileLock
 
 from support import TFT_OFF, events, free_tcp_port, run
-from support_degraded import STEPS, degraded_job, final_loss
-from support_mnist import WORKERS, final_digests, mnist_job
+from support.degraded import STEPS, degraded_job, final_loss
+from support.mnist import WORKERS, final_digests, mnist_job
 
 
 @pytest.fixture(scope="session")
@@ -38,7 +38,7 @@ def mnist_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
 
 @pytest.fixture(scope="session")
 def degraded_reference(tmp_path_factory: pytest.TempPathFactory) -> float:
-    """The final loss of a fault-free run of the degraded job (tests/support_degraded.py).
+    """The final loss of a fault-free run of the degraded job (tests/support/degraded.py).
 
     A run that trained degraded must end within ``LOSS_TOLERANCE`` of it, after as many
     steps (tests/integration/test_degraded.py, the chaos test's degraded trials). Made

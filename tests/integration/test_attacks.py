@@ -33,7 +33,7 @@ from support import (
     wait_for,
     wait_for_event,
 )
-from support_mnist import EVENT, START, assert_recovered, final_digests, mnist_job, wait_job
+from support.mnist import EVENT, START, assert_recovered, final_digests, mnist_job, wait_job
 
 NO_TOKEN = {k: v for k, v in os.environ.items() if k != "TFT_JOB_TOKEN"}
 SHARED_TOKEN = {**TFT_OFF, "TFT_JOB_TOKEN": "f0e1d2c3b4a5968778695a4b3c2d1e0f"}

@@ -1,10 +1,10 @@
 """Seeded chaos: random faults against the main job, each run ending as if none happened.
 
-The seed (``TFT_CHAOS_SEED``, else a new one each run; tests/support_chaos.py) draws one
+The seed (``TFT_CHAOS_SEED``, else a new one each run; tests/support/chaos.py) draws one
 trial of every kind of fault, in an order, each at a step and against ranks of its own:
 ``kill -9`` of one worker, of two at once, of the scheduler, of a rank while another
 one's replacement rejoins, and ``SIGSTOP`` of a rank — 7 faults in 5 runs of the main job
-(tests/support_mnist.py: 80 steps of 3 ranks, a checkpoint every 20), with the
+(tests/support/mnist.py: 80 steps of 3 ranks, a checkpoint every 20), with the
 lose-nothing modes on or off as drawn, and both hang timeouts tight (5 s), so that a
 frozen rank is found, and so that a healthy one wrongly judged hung would show.
 
@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from support import events, pid_gone, spawned_pids, wait_for
-from support_chaos import (
+from support.chaos import (
     CHAOS_SEED,
     FAULTS,
     KILL_ONE,
@@ -41,8 +41,8 @@ from support_chaos import (
     Trial,
     chaos_schedule,
 )
-from support_chaos_jobs import Job, assert_struck_only, chaos_job, job_pids, kill, worker_spawns
-from support_mnist import EVENT, JOB_END, START, WORKERS, final_digests, mnist_job
+from support.chaos_jobs import Job, assert_struck_only, chaos_job, job_pids, kill, worker_spawns
+from support.mnist import EVENT, JOB_END, START, WORKERS, final_digests, mnist_job
 
 SEED = CHAOS_SEED
 STEPS = range(10, 61, 5)

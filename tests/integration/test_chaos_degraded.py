@@ -1,8 +1,8 @@
-"""Seeded chaos, degraded: the chaos test's seed (tests/support_chaos.py) also draws two
+"""Seeded chaos, degraded: the chaos test's seed (tests/support/chaos.py) also draws two
 trials of training through a fault (docs/elastic.md), apart from tests/integration/
 test_chaos.py so that the two files run side by side.
 
-The degraded job (tests/support_degraded.py: 500 steps of 3 ranks, paced while degraded, a ``committed`` line
+The degraded job (tests/support/degraded.py: 500 steps of 3 ranks, paced while degraded, a ``committed`` line
 with the parameters' hash after every step) under ``--min_worker_num`` below 3, one trial
 per ``--batch_policy`` (``constant``, ``shrink``), one ``kill -9``ing one rank and the other
 two at once (which does which is drawn), at a drawn step, against drawn ranks, with a drawn
@@ -29,16 +29,16 @@ from pathlib import Path
 import pytest
 
 from support import events, pid_gone, wait_for
-from support_chaos import CHAOS_SEED, POLICIES, SEED_VARIABLE, DegradedTrial, degraded_schedule
-from support_chaos_jobs import Job, assert_struck_only, chaos_job, job_pids, kill, worker_spawns
-from support_degraded import (
+from support.chaos import CHAOS_SEED, POLICIES, SEED_VARIABLE, DegradedTrial, degraded_schedule
+from support.chaos_jobs import Job, assert_struck_only, chaos_job, job_pids, kill, worker_spawns
+from support.degraded import (
     assert_loss_within_tolerance,
     assert_shrink_seen,
     assert_trained_through,
     degraded_job,
     degraded_steps,
 )
-from support_mnist import START, WORKERS
+from support.mnist import START, WORKERS
 
 SEED = CHAOS_SEED
 DEGRADED_STEPS = range(20, 151, 10)

@@ -19,7 +19,7 @@ rank at a step boundary, and the job ends whole. What must hold, read from every
   has the same generations from the same steps, and every rank's parameters after every
   step bitwise equal to the killed run's.
 
-The job and these checks are tests/support_degraded.py's, shared with the chaos test's
+The job and these checks are tests/support/degraded.py's, shared with the chaos test's
 degraded trials, and so is the fault-free run (``degraded_reference``).
 """
 
@@ -34,7 +34,7 @@ from recovery import env as names
 from recovery.events import read_events
 from recovery.train.replay import recorded_changes
 from support import REPO, events, free_tcp_port, run, run_gated_with_kills, tftrun_cmd
-from support_degraded import (
+from support.degraded import (
     BATCH,
     JOB,
     STEPS,

@@ -28,8 +28,8 @@ import pytest
 from test_multinode import JOB_TOKEN, finish_ok, kill_node, log_dir, node_cmd, nodes_running
 
 from support import BIN, events, free_tcp_port, run, spawn, tftctl_cmd, wait_for_event
-from support_degraded import committed_by_step, last_committers, trained_per_epoch
-from support_mnist import EVENT, START, TRAIN
+from support.degraded import committed_by_step, last_committers, trained_per_epoch
+from support.mnist import EVENT, START, TRAIN
 
 pytestmark = pytest.mark.timeout(300)
 

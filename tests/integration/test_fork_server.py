@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from support import events, run, spawn, spawned_pids, terminate, tftrun_cmd, wait_for, wait_for_event
-from support_mnist import START
+from support.mnist import START
 
 pytestmark = pytest.mark.timeout(240)
 

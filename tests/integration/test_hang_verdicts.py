@@ -18,7 +18,7 @@ import pytest
 
 from recovery import env as names
 from support import TFT_OFF, events, log_has, spawn, spawned_pids, terminate, wait_for
-from support_mnist import START, WORKERS, assert_recovered, mnist_job, wait_job
+from support.mnist import START, WORKERS, assert_recovered, mnist_job, wait_job
 
 pytestmark = pytest.mark.timeout(300)
 

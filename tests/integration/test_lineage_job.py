@@ -18,7 +18,7 @@ from launcher.cli import tftctl as ctl
 from recovery.ckpt import layout
 from recovery.ckpt.lineage import read_lineage
 from support import TFT_OFF, events, kill_rank_and_wait, log_has, run, spawn, terminate, wait_for
-from support_mnist import JOB, final_digests, mnist_job
+from support.mnist import JOB, final_digests, mnist_job
 
 pytestmark = pytest.mark.timeout(400)
 

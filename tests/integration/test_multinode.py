@@ -31,7 +31,7 @@ from support import (
     wait_for,
     wait_for_event,
 )
-from support_mnist import EVENT, JOB, JOB_END, START, TRAIN, final_digests, worker_launches
+from support.mnist import EVENT, JOB, JOB_END, START, TRAIN, final_digests, worker_launches
 
 NODE_ADDRS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 JOB_TOKEN = {"TFT_JOB_TOKEN": "the-secret-every-node-is-given"}

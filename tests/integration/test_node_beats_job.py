@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sched_cluster import SCRIPT
 
 from support import events, run, spawn, spawned_pids, terminate, tftctl_cmd, tftrun_cmd, wait_for, wait_for_event
+from support.sched_cluster import SCRIPT
 
 pytestmark = pytest.mark.timeout(240)
 

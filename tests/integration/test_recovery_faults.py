@@ -1,7 +1,7 @@
 """Recovery under harder faults: during a save, repeatedly, during the recovery itself, a
 hung rank; and when per-rank relaunch cannot work, restart-all.
 
-The per-rank tests run the main job (tests/support_mnist.py: 80 steps of 3 ranks, a
+The per-rank tests run the main job (tests/support/mnist.py: 80 steps of 3 ranks, a
 checkpoint every 20) under tftrun with the cooldown off, inject their faults at moments
 read from ``events.jsonl`` and the workers' logs, and check that the job ends with every
 rank's parameters bitwise equal to the fault-free run, with only the killed ranks started
@@ -22,7 +22,7 @@ import pytest
 from recovery.ckpt.layout import checkpoint_name, rank_dir
 from recovery.position import TrainPosition
 from support import BIN, TFT_OFF, events, log_has, spawn, spawned_pids, terminate, tftrun_cmd, wait_for, wait_for_event
-from support_mnist import EVENT, START, assert_recovered, mnist_job, wait_job
+from support.mnist import EVENT, START, assert_recovered, mnist_job, wait_job
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -22,9 +22,9 @@ import pytest
 from launcher.cli import tftctl as ctl
 from launcher.view.logs import archive_previous_run
 from support import TFT_OFF, events, free_tcp_port, log_has, spawn, spawned_pids, tftrun_cmd, wait_for
-from support_mnist import EVENT, TRAIN, wait_job
-from support_png import read_png
-from support_report import SvgElements, check_trace
+from support.mnist import EVENT, TRAIN, wait_job
+from support.png import read_png
+from support.report import SvgElements, check_trace
 
 pytestmark = pytest.mark.timeout(200)
 

@@ -22,7 +22,7 @@ from recovery import env as envnames
 from recovery.ckpt import layout
 from recovery.ckpt.restore import load_checkpoint
 from support import REPO, free_tcp_port, tftrun_cmd
-from support_mnist import TEMPLATE, write_mnist
+from support.mnist import TEMPLATE, write_mnist
 
 TRAIN = str(TEMPLATE / "train.py")
 COMMON = ["--epochs", "2", "--synthetic_size", "4096", "--save_steps", "20", "--momentum", "0.9"]

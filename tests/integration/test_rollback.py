@@ -9,7 +9,7 @@ import pytest
 
 from recovery.events import EventLog
 from support import TFT_OFF, events, kill_rank_and_wait, log_has, spawn, terminate, wait_for
-from support_mnist import final_digests, mnist_job
+from support.mnist import final_digests, mnist_job
 
 pytestmark = pytest.mark.timeout(300)
 

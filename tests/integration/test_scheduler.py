@@ -9,13 +9,13 @@ import signal
 from pathlib import Path
 
 import pytest
-from sched_cluster import TOKEN, Cluster, event_fields, exited, log_text
 
 from launcher.cli.status import format_status, query
 from recovery import env as names
 from recovery.control.rpc import REQUESTS, open_client
 from recovery.runtime.heartbeat import EXIT_EVICTED
 from support import events, run, scheduler_stalled, signed_request, tftctl_cmd, wait_for, wait_for_event
+from support.sched_cluster import TOKEN, Cluster, event_fields, exited, log_text
 
 pytestmark = pytest.mark.timeout(90)
 

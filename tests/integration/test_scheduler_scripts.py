@@ -12,12 +12,12 @@ from contextlib import ExitStack, closing
 from pathlib import Path
 
 import pytest
-from sched_cluster import SCRIPT, TOKEN, cluster_env
 
 from recovery import env as names
 from recovery.control.client import SchedulerControl
 from recovery.control.rpc import REQUESTS, open_client
 from support import REPO, events, pid_gone, run, wait_for, wait_for_event
+from support.sched_cluster import SCRIPT, TOKEN, cluster_env
 
 pytestmark = pytest.mark.timeout(120)
 

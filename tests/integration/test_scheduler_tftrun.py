@@ -8,10 +8,10 @@ import signal
 from pathlib import Path
 
 import pytest
-from sched_cluster import SCRIPT
 
 from support import BIN, events, log_has, pid_gone, spawn, spawned_pids, terminate, tftrun_cmd, wait_for, wait_for_event
-from support_mnist import WORKERS, final_digests, mnist_job
+from support.mnist import WORKERS, final_digests, mnist_job
+from support.sched_cluster import SCRIPT
 
 pytestmark = pytest.mark.timeout(240)
 

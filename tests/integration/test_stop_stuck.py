@@ -18,7 +18,7 @@ import pytest
 from recovery.ckpt import layout
 from recovery.position import TrainPosition
 from support import events, spawn, spawned_pids, terminate, tftrun_cmd, wait_for
-from support_mnist import TRAIN
+from support.mnist import TRAIN
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -30,7 +30,7 @@ from support import (
     wait_for,
     wait_for_event,
 )
-from support_mnist import final_digests, mnist_job
+from support.mnist import final_digests, mnist_job
 
 pytestmark = pytest.mark.timeout(300)
 

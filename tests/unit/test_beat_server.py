@@ -7,8 +7,6 @@ import threading
 import time
 from pathlib import Path
 
-from sched_inprocess import TOKEN, scheduler_config
-
 from launcher.supervisor.beats import BeatServer
 from recovery.control.beat_channel import LocalLink
 from recovery.control.rpc import Op, SchedulerLink
@@ -16,6 +14,7 @@ from recovery.control.scheduler import Scheduler
 from recovery.env import DEFAULT_RUN_ID
 from recovery.timeouts import Timeouts
 from support import free_tcp_port, wait_for_event
+from support.sched_inprocess import TOKEN, scheduler_config
 
 ANSWER_WITHIN = 3.0
 """Seconds a registration may take here: below the 5 s a node beat waits for its reply,

@@ -13,7 +13,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from sched_inprocess import TOKEN, answer, scheduler_config, signed
 
 from recovery.control.client import SchedulerControl
 from recovery.control.rpc import REQUESTS, NoReply, Op, SchedulerLink, SchedulerUnavailable, open_client, reply_key
@@ -21,6 +20,7 @@ from recovery.control.scheduler import Scheduler, host_store
 from recovery.control.signing import Kind, job_key, seal, unseal
 from recovery.env import DEFAULT_RUN_ID
 from support import events
+from support.sched_inprocess import TOKEN, answer, scheduler_config, signed
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,11 +15,11 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from sched_inprocess import TOKEN, running_scheduler
 
 from recovery.control.membership import Identity
 from recovery.control.rpc import Op, SchedulerLink
 from recovery.runtime.heartbeat import BLOCKED_LOOKS_PER_SECOND, Heartbeat, news_look_interval
+from support.sched_inprocess import TOKEN, running_scheduler
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sched_inprocess import ask, reloaded, scheduler
 
 from launcher.cli.inject import _signal_target
 from recovery import env as names
@@ -25,6 +24,7 @@ from recovery.runtime.cluster import ClusterContext, _Session
 from recovery.runtime.heartbeat import Heartbeat
 from recovery.timeouts import Timeouts
 from support import REPO, events
+from support.sched_inprocess import ask, reloaded, scheduler
 
 WORKER = {"node_id": "1", "pid": 101, "incarnation": 0, "host": "h"}
 

@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from fake_clock import T0, FakeClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from recovery.control.membership import Accepted, Identity, Member, Membership, MemberState, Refused, RefuseReason
 from recovery.timeouts import Timeouts
 from recovery.transitions import IllegalTransition
+from support.fake_clock import T0, FakeClock
 
 TOKEN = "secret"
 def make(worker_num: int = 2, cooldown: float = 30.0, clock: FakeClock | None = None,

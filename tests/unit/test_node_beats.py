@@ -9,15 +9,15 @@ import math
 from pathlib import Path
 from typing import Any
 
-from fake_clock import FakeClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sched_inprocess import TOKEN, ask, scheduler
 
 from recovery.control.membership import Identity, Membership, MemberState
 from recovery.control.node_beats import BEAT_BYTES, NodeBeats
 from recovery.control.requests import MAX_REQUEST_BYTES, NODE_BEAT_RANKS
 from recovery.timeouts import Timeouts
+from support.fake_clock import FakeClock
+from support.sched_inprocess import TOKEN, ask, scheduler
 
 TIMEOUT = 30.0
 INTERVAL = 6.0

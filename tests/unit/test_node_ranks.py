@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sched_inprocess import ask, reloaded, scheduler
 
 from launcher.config import LaunchConfig, with_node_rank
 from launcher.errors import ConfigError
 from launcher.nodes.ranks import owns_address, place_node
 from recovery.control.node_ranks import Given, NodeRanks, Refused
 from support import events
+from support.sched_inprocess import ask, reloaded, scheduler
 
 NODE_IDS = st.sampled_from([f"host{n}/10.0.0.{n}" for n in range(6)])
 

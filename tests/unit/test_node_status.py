@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fake_clock import FakeClock
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from test_membership import TOKEN, ident
 
 from recovery.control.membership import LIVE_STATES, Membership, MemberState
 from recovery.timeouts import Timeouts
+from support.fake_clock import FakeClock
 
 RANKS = 8
 LIVE = {state.value for state in LIVE_STATES}

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fake_clock import FakeClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_membership import TOKEN, ident
 
 from recovery.control.membership import Identity, Membership, MemberState
 from recovery.timeouts import Timeouts
+from support.fake_clock import FakeClock
 
 RANKS = 4
 NODE = "host-a/0"

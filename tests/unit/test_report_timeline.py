@@ -18,7 +18,7 @@ from launcher.report.page import render_html
 from launcher.report.sources import read_job
 from launcher.report.timeline import build_timeline
 from launcher.report.trace import trace_events
-from support_report import SvgElements, check_trace
+from support.report import SvgElements, check_trace
 
 T0 = 1_800_000_000.0
 

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sched_inprocess import TOKEN, answer, running_scheduler, scheduler_config, signed
 
 from recovery.control.files import StateFile
 from recovery.control.inject import FAULTS
@@ -25,6 +24,7 @@ from recovery.control.scheduler import Scheduler
 from recovery.control.signing import Kind, job_key, new_nonce, seal
 from recovery.env import DEFAULT_RUN_ID
 from support import free_tcp_port
+from support.sched_inprocess import TOKEN, answer, running_scheduler, scheduler_config, signed
 
 PLAUSIBLE = {
     "node_id": st.sampled_from(["0", "1", ""]), "pid": st.integers(1, 5000),

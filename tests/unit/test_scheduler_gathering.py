@@ -8,10 +8,9 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from sched_inprocess import answer, running_scheduler, signed
-
 from recovery.control.gathering import GATHER, GATHER_FROM_RANKS, Gathering, for_ranks
 from recovery.control.rpc import REQUESTS, open_client, reply_key
+from support.sched_inprocess import answer, running_scheduler, signed
 
 
 def batches(gathering: Gathering, gaps: list[float], per_batch: int = 1) -> list[float]:

@@ -11,10 +11,10 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sched_inprocess import ask, reloaded, scheduler
 
 from recovery.control.files import StateFile
 from recovery.control.scheduler import PERSIST_EVERY, Scheduler
+from support.sched_inprocess import ask, reloaded, scheduler
 
 
 def worker(rank: int) -> dict[str, Any]:

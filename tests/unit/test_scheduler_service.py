@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-from sched_inprocess import TOKEN, running_scheduler
 
 from recovery.control.client import SchedulerControl
 from recovery.control.files import Endpoint, StateFile
@@ -21,6 +20,7 @@ from recovery.runtime.cluster import ClusterContext, ClusterError, _register, _S
 from recovery.runtime.heartbeat import Heartbeat
 from recovery.timeouts import Timeouts
 from support import events, wait_for_event
+from support.sched_inprocess import TOKEN, running_scheduler
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -141,7 +141,7 @@ def test_the_scheduler_serves_with_more_than_1024_files_open(tmp_path: Path, fre
 import os, sys, threading
 sys.path[:0] = [{str(here)!r}, {str(here.parent)!r}]
 from pathlib import Path
-from sched_inprocess import scheduler_config
+from support.sched_inprocess import scheduler_config
 from support import wait_for_event
 from recovery.control.scheduler import Scheduler, raise_open_files_limit
 raise_open_files_limit()

@@ -8,14 +8,14 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from fake_clock import FakeClock
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from sched_inprocess import answer, running_scheduler, signed
 
 from recovery.control.membership import Identity, Membership
 from recovery.control.rpc import REQUESTS, open_client, reply_key
 from recovery.timeouts import Timeouts
+from support.fake_clock import FakeClock
+from support.sched_inprocess import answer, running_scheduler, signed
 
 IDLE_WINDOW = 1.0
 

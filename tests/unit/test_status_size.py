@@ -6,14 +6,13 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from sched_inprocess import TOKEN, scheduler_config
-
 from recovery.control.client import SchedulerControl
 from recovery.control.rpc import Op, SchedulerLink
 from recovery.control.scheduler import Scheduler
 from recovery.control.signing import MAX_MESSAGE_BYTES
 from recovery.runtime.cluster import _missing_ranks
 from support import free_tcp_port, wait_for_event
+from support.sched_inprocess import TOKEN, scheduler_config
 
 RANKS = 256
 """Ranks whose membership table is larger than a request may be (about 130 bytes each)."""

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from support_mnist import mnist_data, write_idx, write_mnist
+from support.mnist import mnist_data, write_idx, write_mnist
 
 data = mnist_data()
 

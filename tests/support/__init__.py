@@ -26,8 +26,8 @@ from recovery.control.signing import Kind, job_key, new_nonce, seal
 from recovery.env import DEFAULT_RUN_ID
 from recovery.events import read_events
 
-REPO = Path(__file__).resolve().parent.parent
-BIN = Path(__file__).resolve().parent / "bin"
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(__file__).resolve().parents[1] / "bin"
 
 T = TypeVar("T")
 

@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 import pytest
 
 from support import events, log_has, spawn, spawned_pids, terminate, wait_for
-from support_chaos import Strikes
-from support_mnist import EVENT, START, WORKERS
+from support.chaos import Strikes
+from support.mnist import EVENT, START, WORKERS
 
 T = TypeVar("T")
 

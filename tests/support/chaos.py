@@ -95,7 +95,7 @@ POLICIES = ("constant", "shrink")
 
 @dataclass(frozen=True)
 class DegradedTrial(Strikes):
-    """One run of the degraded job (tests/support_degraded.py) under ``--min_worker_num=
+    """One run of the degraded job (tests/support/degraded.py) under ``--min_worker_num=
     min_workers``: the ``victims`` are ``kill -9``ed together at ``step``, at least
     ``min_workers`` ranks are left, and they train on under ``policy`` until the victims'
     relaunches heal."""
