@@ -15,8 +15,6 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from test_multinode import finish_ok, log_dir, nodes_running
-
 from recovery import env as names
 from recovery.control.rpc import REQUESTS
 from recovery.control.tcpstore_client import TCPStoreClient
@@ -34,6 +32,7 @@ from support import (
     wait_for_event,
 )
 from support.mnist import EVENT, START, assert_recovered, final_digests, mnist_job, wait_job
+from support.multinode import finish_ok, log_dir, nodes_running
 
 NO_TOKEN = {k: v for k, v in os.environ.items() if k != "TFT_JOB_TOKEN"}
 SHARED_TOKEN = {**TFT_OFF, "TFT_JOB_TOKEN": "f0e1d2c3b4a5968778695a4b3c2d1e0f"}

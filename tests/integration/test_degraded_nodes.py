@@ -25,11 +25,11 @@ import os
 from pathlib import Path
 
 import pytest
-from test_multinode import JOB_TOKEN, finish_ok, kill_node, log_dir, node_cmd, nodes_running
 
 from support import BIN, events, free_tcp_port, run, spawn, tftctl_cmd, wait_for_event
 from support.degraded import committed_by_step, last_committers, trained_per_epoch
 from support.mnist import EVENT, START, TRAIN
+from support.multinode import JOB_TOKEN, finish_ok, kill_node, log_dir, node_cmd, nodes_running
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -8,11 +8,11 @@ import sys
 import time
 
 import pytest
-from test_news_watch import AT_ONCE, Calls, bump
 from torch.distributed import TCPStore
 
 from recovery.control.rpc import NEWS
 from support import REPO
+from support.news_watch import AT_ONCE, Calls, bump
 
 sys.path.insert(0, str(REPO / "bench"))
 from news_watches import NewsWatches  # noqa: E402 - bench/ is not a package

@@ -7,11 +7,11 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_membership import TOKEN, accepted, ident, join_all
 
 from recovery.control.membership import Membership
 from recovery.timeouts import Timeouts
 from support.fake_clock import FakeClock
+from support.membership import TOKEN, accepted, ident, join_all
 
 
 def make(worker_num: int, min_worker_num: int, clock: FakeClock | None = None) -> Membership:

@@ -11,41 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recovery.control.membership import Accepted, Identity, Member, Membership, MemberState, Refused, RefuseReason
-from recovery.timeouts import Timeouts
+from recovery.control.membership import Identity, Member, Membership, MemberState, RefuseReason
 from recovery.transitions import IllegalTransition
 from support.fake_clock import T0, FakeClock
-
-TOKEN = "secret"
-def make(worker_num: int = 2, cooldown: float = 30.0, clock: FakeClock | None = None,
-         token: str = TOKEN, progress_timeout: float = 20.0) -> Membership:
-    timeouts = Timeouts(rejoin_cooldown=cooldown, cluster_time_out=60.0, heartbeat_timeout=5.0,
-                        progress_timeout=progress_timeout)
-    return Membership(worker_num, token, timeouts, clock or FakeClock())
-
-
-def ident(node_id: str, pid: int, incarnation: int = 0, rank: int | None = None) -> Identity:
-    return Identity(node_id, pid, incarnation, "host-a", rank)
-
-
-def names(ms: Membership) -> list[str]:
-    return [name for name, _ in ms.drain_events()]
-
-
-def accepted(result: Accepted | Refused) -> Accepted:
-    assert isinstance(result, Accepted), result
-    return result
-
-
-def refused(result: Accepted | Refused, reason: RefuseReason) -> Refused:
-    assert isinstance(result, Refused), result
-    assert result.reason is reason, result
-    return result
-
-
-def join_all(ms: Membership, pids: dict[str, int]) -> None:
-    for node_id, pid in pids.items():
-        accepted(ms.register(ident(node_id, pid), TOKEN))
+from support.membership import TOKEN, accepted, ident, join_all, make, names, refused
 
 
 # ----------------------------------------------------------------- joining and ranks

@@ -8,11 +8,11 @@ from typing import Any
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from test_membership import TOKEN, ident
 
 from recovery.control.membership import LIVE_STATES, Membership, MemberState
 from recovery.timeouts import Timeouts
 from support.fake_clock import FakeClock
+from support.membership import TOKEN, ident
 
 RANKS = 8
 LIVE = {state.value for state in LIVE_STATES}

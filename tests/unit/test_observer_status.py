@@ -7,14 +7,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from test_membership import TOKEN, ident
-
 from launcher.config import LaunchConfig
 from launcher.supervisor.observer import Observer, watch_scope
 from launcher.supervisor.watch import SNAPSHOT_INTERVAL, STATUS_RATE, SchedulerWatch, Scope, snapshot_interval
 from recovery.control.membership import Membership
 from recovery.timeouts import Timeouts
 from support.fake_clock import FakeClock
+from support.membership import TOKEN, ident
 
 RANKS = 8
 

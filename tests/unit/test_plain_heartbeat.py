@@ -7,11 +7,11 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_membership import TOKEN, ident
 
 from recovery.control.membership import Identity, Membership, MemberState
 from recovery.timeouts import Timeouts
 from support.fake_clock import FakeClock
+from support.membership import TOKEN, ident
 
 RANKS = 4
 NODE = "host-a/0"
