@@ -26,24 +26,15 @@ from launcher.nodes.presence import NodePresence
 from launcher.nodes.rounds import RoundMeeting
 from launcher.procs.process import Watchdog, become_subreaper, sweep
 from launcher.procs.spec import Seat
-from launcher.supervisor.beats import BeatServer, node_name
-from launcher.supervisor.children import Children, node_workers
-from launcher.supervisor.closing import Closing, stop_everything_now
-from launcher.supervisor.failures import ExitInfo
-from launcher.supervisor.meeting import MeetingPlace, point_at_remote_scheduler
-from launcher.supervisor.observer import Observer, watch_scope
-from launcher.supervisor.policy import (
+from launcher.supervisor.absences import down_since
+from launcher.supervisor.actions import (
     EXIT_PEER_ENDED,
-    RESTART_GRACE,
     Action,
     Close,
-    Ending,
     GiveUp,
     Hang,
-    JobView,
     KeepSpares,
     Kill,
-    RankView,
     Relaunch,
     RelaunchScheduler,
     RestartAll,
@@ -55,9 +46,15 @@ from launcher.supervisor.policy import (
     StopWorkers,
     TeardownCrash,
     WaitUntil,
-    decide,
-    down_since,
 )
+from launcher.supervisor.beats import BeatServer, node_name
+from launcher.supervisor.children import Children, node_workers
+from launcher.supervisor.closing import Closing, stop_everything_now
+from launcher.supervisor.failures import ExitInfo
+from launcher.supervisor.job_view import Ending, JobView, RankView
+from launcher.supervisor.meeting import MeetingPlace, point_at_remote_scheduler
+from launcher.supervisor.observer import Observer, watch_scope
+from launcher.supervisor.policy import RESTART_GRACE, decide
 from launcher.supervisor.signals import Wakeup, handled
 from launcher.supervisor.state import Failure, Worker, WorkerState
 from launcher.supervisor.summary import job_start_fields, live_rows, print_job_summary
@@ -122,7 +119,7 @@ class Supervisor:
         self._relaunched_after: dict[int, Failure] = {}
         """Ranks relaunched alone since the last group restart: the failure each followed."""
         self._down_since: dict[int, float] = {}
-        """Absent ranks: when each one's absence began (policy.down_since)."""
+        """Absent ranks: when each one's absence began (absences.down_since)."""
         self._retired: set[int] = set()
         """Ranks retired for good (degraded training) since the last group restart."""
         self._retiring: dict[int, float] = {}

@@ -5,7 +5,7 @@ It reads, never waits: the latest snapshot the scheduler watch took
 the workers' ``step`` and ``train_end`` events and, on the scheduler's node, every
 registration and every leave (with the step the process had reached), written before the
 scheduler answers them. From these it answers the
-questions the :class:`~launcher.supervisor.policy.JobView` asks: which node ids
+questions the :class:`~launcher.supervisor.job_view.JobView` asks: which node ids
 registered, which own processes the scheduler declares dead or hung, when a rank's
 cooldown ends, which step each process reached, and what of the other nodes is missing,
 trains, or was retired.
@@ -18,7 +18,7 @@ from pathlib import Path
 from launcher.config import LaunchConfig
 from launcher.nodes.link import NodeWatch
 from launcher.nodes.presence import BeatTracker
-from launcher.supervisor.policy import RankView
+from launcher.supervisor.job_view import RankView
 from launcher.supervisor.state import Failure, Worker, WorkerState
 from launcher.supervisor.watch import SchedulerWatch, Scope, Snapshot
 from launcher.view.progress import EventTail
@@ -69,7 +69,7 @@ class Observer:
         self.snapshot: Snapshot | None = None
         self.lost: dict[int, float] = {}
         """Node 0, degraded training: the lost ranks of other nodes, and since when (see
-        :attr:`~launcher.supervisor.policy.JobView.lost_ranks`)."""
+        :attr:`~launcher.supervisor.job_view.JobView.lost_ranks`)."""
 
     def read(self, now: float, workers: list[Worker]) -> None:
         """Take the new events of this node and the latest snapshot. Call it before the

@@ -58,24 +58,35 @@ and any stop at the job's end get the whole ``--grace_period``.
 from __future__ import annotations
 
 import signal
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
 from launcher.config import RestartPolicy
+from launcher.supervisor.absences import absence_deadlines, absences, absent_ranks
+from launcher.supervisor.actions import (
+    EXIT_PEER_ENDED,
+    Action,
+    Close,
+    GiveUp,
+    Hang,
+    KeepSpares,
+    Kill,
+    Relaunch,
+    RelaunchScheduler,
+    RestartAll,
+    ScheduleRelaunch,
+    SchedulerSpent,
+    StartAll,
+    Stop,
+    StopWorkers,
+    TeardownCrash,
+    WaitUntil,
+)
+from launcher.supervisor.job_view import JobView, RankView, crash, degraded, stop_all
 from launcher.supervisor.state import Failure, WorkerState
-from recovery.control.node_range import NodeRange
 from recovery.exit_codes import UNFIXABLE
 
-__all__ = [
-    "RankView", "JobView", "Ending", "Action", "Hang", "ScheduleRelaunch", "Relaunch",
-    "RestartAll", "StartAll", "Stop", "GiveUp", "StopWorkers", "Kill", "Close", "WaitUntil",
-    "TeardownCrash", "RelaunchScheduler", "SchedulerSpent", "KeepSpares", "decide",
-    "STATUS_WAIT", "EXIT_PEER_ENDED", "RESTART_GRACE", "AUTOMATIC_SPARES", "PEERS_SETTLE",
-    "Retire", "down_since",
-]
+__all__ = ["decide", "STATUS_WAIT", "RESTART_GRACE", "AUTOMATIC_SPARES", "PEERS_SETTLE"]
 
-EXIT_PEER_ENDED = 1
-"""tftrun's status when another node ended the job (its own reason says why)."""
 STATUS_WAIT = 10.0
 """Seconds a failed rank's registration may stay unknown (the scheduler process runs but
 does not answer, e.g. on a loaded host) before it is taken as "not registered"."""
@@ -93,258 +104,6 @@ PEERS_SETTLE = 5.0
 the group: its other peers, ending too, may still finish (their exits come seconds apart
 at a job's end), and once all did the job ends instead (a teardown's crash)."""
 _NO_STEP = -1
-
-
-@dataclass(frozen=True)
-class RankView:
-    """One worker as the policy sees it."""
-
-    rank: int
-    state: WorkerState
-    deadline: float = 0.0
-    """COOLDOWN: when its relaunch is due; STOPPING: when it is to be SIGKILLed."""
-    failure: Failure | None = None
-    registered: bool | None = False
-    """Whether its node id registered with the scheduler; None: not known yet."""
-    cooldown_until: float = 0.0
-    """When the scheduler lets its node id register again (read for a FAILED rank)."""
-    hung: bool = False
-    relaunch_why: str = ""
-    step: int | None = None
-    """The last step its current (or last ended) process reported; None: none."""
-    failure_step: int | None = None
-    """The last step the process of its failure (or ``relaunched_after``) reported."""
-    relaunched_after: Failure | None = None
-    """RUNNING: relaunched alone after this failure, and its new process has reported no
-    step yet (it waits for a generation to join)."""
-    finished_at: float | None = None
-    """SUCCEEDED: when its process exited 0."""
-    down_since: float | None = None
-    """When its absence began: the death after which it has not registered again (see
-    :func:`down_since`); None while it is not absent."""
-    retired: bool = False
-    """Retired for good (:class:`Retire`): no longer one of the job's ranks."""
-    holds_rank: bool = False
-    """Relaunched alone (``relaunched_after``): the scheduler holds its new process as the
-    rank's live member (it registered, perhaps still unready while it builds its model)."""
-
-
-@dataclass(frozen=True)
-class Ending:
-    """The job is being stopped: tftrun's exit status, why, and the root cause if any."""
-
-    status: int
-    reason: str
-    failing: Failure | None = None
-
-
-@dataclass(frozen=True)
-class JobView:
-    """The job at one moment: the workers, the budget, what is pending, what came in."""
-
-    ranks: tuple[RankView, ...]
-    max_restarts: int
-    restart_policy: RestartPolicy = RestartPolicy.AUTO
-    restarts: int = 0
-    """Group restarts carried out."""
-    relaunches: int = 0
-    """Single-rank relaunches carried out."""
-    restart_at: float | None = None
-    """A group restart is decided and due at this time."""
-    ending: Ending | None = None
-    signal: int | None = None
-    """A signal that tftrun received (one of ``--signals_to_handle``)."""
-    verdicts: Mapping[int, str] = field(default_factory=dict)
-    """Ranks the scheduler declares dead or hung just now: rank → reason."""
-    peer_restart: str = ""
-    """Another node started a group restart this node has not: why (empty: none)."""
-    peer_end: str = ""
-    """Another node ended the job for every node: why (empty: it did not)."""
-    grace_period: float = 10.0
-    node_rank: int = 0
-    gone: str = ""
-    """What of the other nodes is missing just now (empty: nothing)."""
-    gone_since: float | None = None
-    """Since when ``gone`` has been missing without a break."""
-    node_time_out: float = 600.0
-    other_ranks: int = 0
-    """Ranks on the other nodes (0 on one node)."""
-    others_finished: bool = True
-    """Every rank of the other nodes finished (True on one node)."""
-    others_step: int | None = None
-    """The highest step the finished ranks of the other nodes reported."""
-    scheduler_exit: str = ""
-    """How this node's scheduler ended, when it did unexpectedly (empty: it runs)."""
-    scheduler_launches: int = 0
-    warm_spare: int | None = None
-    """``--warm_spare`` (None: not given)."""
-    forks_workers: bool = False
-    """Workers start from the fork server, warm: no automatic spare is kept."""
-    spares: int = 0
-    """Spares kept now."""
-    node_range: NodeRange | None = None
-    """``--nnodes=MIN:MAX`` with MIN < MAX (None: a fixed node count)."""
-    round_nodes: tuple[int, ...] = ()
-    """Node 0 of an elastic job: the current generation's nodes (empty: none yet, or
-    another node, which follows node 0's restarts)."""
-    waiting_nodes: frozenset[int] = frozenset()
-    """Node 0 of an elastic job: nodes that asked to join the next generation."""
-    silent_since: Mapping[int, float] = field(default_factory=dict)
-    """Node 0 of an elastic job: when each other node of the generation last beat."""
-    min_worker_num: int | None = None
-    """``--min_worker_num`` (None: the job's size): with fewer, the survivors of a death
-    train on without the dead rank (docs/elastic.md)."""
-    rejoin_timeout: float = 60.0
-    """``--rejoin_timeout``: seconds an absent rank may take to register again before it is
-    retired (degraded training only)."""
-    others_training: int | None = None
-    """Ranks of the other nodes that train: the scheduler holds a live (or finished)
-    process for them. None: not known; every one not retired counts."""
-    others_retired: frozenset[int] = frozenset()
-    """Ranks of the other nodes retired for good (by the scheduler's word, or by this node)."""
-    lost_ranks: Mapping[int, float] = field(default_factory=dict)
-    """Node 0, degraded training: ranks of other nodes that registered once, have no live
-    process, and whose node's tftrun is silent (the node is lost): rank → when their node
-    last beat, where their absence is dated from."""
-
-    @property
-    def charged(self) -> int:
-        """Restarts charged to the budget: carried out, and decided but pending."""
-        pending = (1 if self.restart_at is not None
-                   else sum(r.state is WorkerState.COOLDOWN for r in self.ranks))
-        return self.restarts + self.relaunches + pending
-
-
-@dataclass(frozen=True)
-class Hang:
-    """SIGKILL a running rank the scheduler declared dead or hung (event ``hang``)."""
-
-    rank: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class ScheduleRelaunch:
-    """Relaunch a FAILED rank alone at ``at`` (charged now): it waits in COOLDOWN."""
-
-    rank: int
-    at: float
-    why: str
-
-
-@dataclass(frozen=True)
-class Relaunch:
-    """A rank's COOLDOWN is over: start it again."""
-
-    rank: int
-
-
-@dataclass(frozen=True)
-class RestartAll:
-    """Restart the whole group at ``at`` (charged now, unless not ``charged``: a change of
-    an elastic job's nodes); a :class:`StopWorkers` comes with it."""
-
-    at: float
-    why: str
-    charged: bool = True
-
-
-@dataclass(frozen=True)
-class StartAll:
-    """The group restart is due and every worker is stopped: start them all."""
-
-
-@dataclass(frozen=True)
-class Stop:
-    """End the job (every worker succeeded, tftrun was signalled, another node ended it);
-    ``everywhere``: this node ends it for every node."""
-
-    status: int
-    reason: str
-    everywhere: bool = False
-
-
-@dataclass(frozen=True)
-class GiveUp:
-    """End the job (for every node) on ``failure``: the budget is spent, or no restart
-    can fix it."""
-
-    failure: Failure
-    reason: str
-
-
-@dataclass(frozen=True)
-class StopWorkers:
-    """Send ``signum`` to each running rank of ``deadlines`` (STOPPING until its deadline,
-    then SIGKILL) and withdraw every relaunch waiting in COOLDOWN."""
-
-    signum: int
-    deadlines: Mapping[int, float]
-
-
-@dataclass(frozen=True)
-class TeardownCrash:
-    """Warn (event ``teardown_crash``) that ``rank`` crashed after the peers' final step."""
-
-    rank: int
-    failure: Failure
-    step: int
-    final_step: int
-
-
-@dataclass(frozen=True)
-class Kill:
-    """A STOPPING rank's grace period is over: SIGKILL it."""
-
-    rank: int
-
-
-@dataclass(frozen=True)
-class Close:
-    """The job ends and no worker runs any more: stop the spares and the scheduler."""
-
-
-@dataclass(frozen=True)
-class RelaunchScheduler:
-    """This node's scheduler died: start it again on the same socket."""
-
-    why: str
-
-
-@dataclass(frozen=True)
-class SchedulerSpent:
-    """This node's scheduler died and its restart budget is spent: go on without it."""
-
-    why: str
-
-
-@dataclass(frozen=True)
-class KeepSpares:
-    """From now on keep ``count`` warm spares."""
-
-    count: int
-
-
-@dataclass(frozen=True)
-class Retire:
-    """Degraded training: ``rank`` was not back within ``--rejoin_timeout``: it leaves the
-    job for good (its relaunch withdrawn, or stopped if it is starting; no other), and
-    the others train on without it (a ``membership`` event with ``retired``)."""
-
-    rank: int
-    why: str
-
-
-@dataclass(frozen=True)
-class WaitUntil:
-    """Nothing is due before ``at`` (the loop wakes earlier for any child's exit)."""
-
-    at: float
-
-
-Action = (Hang | ScheduleRelaunch | Relaunch | RestartAll | StartAll | Stop | GiveUp
-          | StopWorkers | TeardownCrash | Kill | Close | RelaunchScheduler | SchedulerSpent
-          | KeepSpares | Retire | WaitUntil)
 
 
 def decide(view: JobView, now: float) -> list[Action]:
@@ -379,13 +138,13 @@ def _about_workers(view: JobView, now: float) -> list[Action]:
     if view.signal is not None:
         name = signal.Signals(view.signal).name
         return [Stop(128 + view.signal, f"received {name}"),
-                _stop_all(view, now, view.signal)]
+                stop_all(view, now, view.signal)]
     if view.peer_end:
-        return [Stop(EXIT_PEER_ENDED, view.peer_end), _stop_all(view, now)]
+        return [Stop(EXIT_PEER_ENDED, view.peer_end), stop_all(view, now)]
     if view.gone_since is not None and now - view.gone_since >= view.node_time_out:
         reason = (f"node {view.node_rank}: {view.gone} did not come back within "
                   f"--node_time_out={view.node_time_out:g}s")
-        return [Stop(EXIT_PEER_ENDED, reason, everywhere=True), _stop_all(view, now)]
+        return [Stop(EXIT_PEER_ENDED, reason, everywhere=True), stop_all(view, now)]
     if all(r.state is WorkerState.SUCCEEDED for r in view.ranks if not r.retired):
         retired = sorted([r.rank for r in view.ranks if r.retired] + [*view.others_retired])
         return [Stop(0, "all workers succeeded" + (f"; ranks {retired} were retired"
@@ -396,12 +155,12 @@ def _about_workers(view: JobView, now: float) -> list[Action]:
     failed = [r for r in view.ranks
               if r.state is WorkerState.FAILED and view.restart_at is None and not r.retired]
     if unfixable := _unfixable(failed):
-        return [unfixable, _stop_all(view, now)]
+        return [unfixable, stop_all(view, now)]
     if (ending := _peers_finished(view, now)) is not None:
         return ending
     if (change := _membership_change(view, now)) is not None:
         return change
-    if (absence := _absences(view, now)) is not None:
+    if (absence := absences(view, now)) is not None:
         return absence
     actions: list[Action] = [Hang(r.rank, view.verdicts[r.rank]) for r in view.ranks
                              if r.state is WorkerState.RUNNING and not r.hung
@@ -441,136 +200,13 @@ def _membership_change(view: JobView, now: float) -> list[Action] | None:
         if left < span.low:
             return [Stop(EXIT_PEER_ENDED, f"node {view.node_rank}: {why}, fewer than "
                                           f"--nnodes={span.low}:{span.high} needs", everywhere=True),
-                    _stop_all(view, now)]
+                    stop_all(view, now)]
         return [RestartAll(now, why, charged=False), _stop_for_restart(view, now)]
     joining = sorted(view.waiting_nodes - set(view.round_nodes))
     if joining and len(view.round_nodes) < span.high:
         return [RestartAll(now, f"nodes {joining} asked to join", charged=False),
                 _stop_for_restart(view, now)]
     return None
-
-
-def down_since(before: float | None, rank: RankView) -> float | None:
-    """When ``rank``'s absence began, given when it had begun as of the last pass
-    (``before``; None: it was not absent): the failure that began it, kept while the rank
-    stays absent (FAILED, waiting in COOLDOWN, or relaunched alone and neither registered
-    nor training yet), None once it is back (registered again, or training) or stopped (a
-    group restart, the job's end, retired)."""
-    if rank.retired:
-        return None
-    if rank.state in (WorkerState.FAILED, WorkerState.COOLDOWN) or (
-            rank.state is WorkerState.RUNNING and rank.relaunched_after is not None
-            and not rank.holds_rank):
-        return before if before is not None else _crash(rank).at
-    return None
-
-
-def _degraded(view: JobView) -> bool:
-    """Whether the job trains on without dead ranks: ``--min_worker_num`` below its size,
-    and its ranks register (a script that uses recovery; a plain script's restart all)."""
-    size = len(view.ranks) + view.other_ranks
-    return (view.min_worker_num is not None and view.min_worker_num < size
-            and any(r.registered for r in view.ranks))
-
-
-@dataclass(frozen=True)
-class _Absence:
-    """A rank absent (degraded training): since when, and why."""
-
-    rank: int
-    since: float
-    why: str
-    failure: Failure | None
-    """This node's rank: the crash that began its absence; None: another node's rank, lost
-    with its node."""
-
-
-def _training(view: JobView, absent: Sequence[_Absence]) -> int:
-    """The ranks that train while ``absent`` are away: this node's, less the absent and the
-    retired ones, and the other nodes' that train."""
-    own = len(view.ranks) - sum(r.retired for r in view.ranks) - sum(
-        a.failure is not None for a in absent)
-    others = (view.other_ranks - len(view.others_retired) if view.others_training is None
-              else view.others_training)
-    return own + others
-
-
-def _absent(view: JobView) -> list[_Absence]:
-    """This node's absent ranks, and the lost ranks of other nodes that node 0 judges."""
-    own = [_Absence(r.rank, r.down_since, _crash(r).reason, _crash(r)) for r in view.ranks
-           if r.down_since is not None and not r.retired]
-    lost = [_Absence(rank, since, "its node's tftrun went silent", None)
-            for rank, since in sorted(view.lost_ranks.items()) if rank not in view.others_retired]
-    return own + lost
-
-
-def _absences(view: JobView, now: float) -> list[Action] | None:
-    """Degraded training: retire the ranks absent for ``--rejoin_timeout`` while at least
-    ``--min_worker_num`` train; with fewer, end the job once that lasted
-    ``--node_time_out``, or at once when none of them can come back (see the module
-    docstring)."""
-    absent = _absent(view)
-    if not absent or view.restart_at is not None or not _degraded(view):
-        return None
-    assert view.min_worker_num is not None
-    training = _training(view, absent)
-    if training >= view.min_worker_num:
-        due = [a for a in absent if now >= a.since + view.rejoin_timeout]
-        if not due:
-            return None
-        return [*(Retire(a.rank, f"rank {a.rank} ({a.why}) was not back within "
-                                 f"--rejoin_timeout={view.rejoin_timeout:g}s") for a in due),
-                WaitUntil(now)]
-    if _none_can_return(view, absent):
-        first = min(absent, key=lambda a: a.since)
-        assert first.failure is not None
-        return [GiveUp(first.failure, f"{training} of {len(view.ranks) + view.other_ranks} "
-                                      f"ranks train, fewer than --min_worker_num="
-                                      f"{view.min_worker_num}, and ranks "
-                                      f"{sorted(a.rank for a in absent)} cannot be relaunched; "
-                                      f"restart budget ({view.max_restarts}) spent"),
-                _stop_all(view, now)]
-    since = _too_few_since(view, absent)
-    if now < since + view.node_time_out:
-        return None
-    first = min(absent, key=lambda a: a.since)
-    ranks = sorted(a.rank for a in absent)
-    size = len(view.ranks) + view.other_ranks
-    reason = (f"{training} of {size} ranks train, fewer than --min_worker_num="
-              f"{view.min_worker_num}, and ranks {ranks} were not back within "
-              f"--node_time_out={view.node_time_out:g}s")
-    if first.failure is None:  # another node's: this node ends the job for every node
-        return [Stop(EXIT_PEER_ENDED, f"node {view.node_rank}: {reason}", everywhere=True),
-                _stop_all(view, now)]
-    return [GiveUp(first.failure, reason), _stop_all(view, now)]
-
-
-def _none_can_return(view: JobView, absent: Sequence[_Absence]) -> bool:
-    """Whether no absent rank can come back: each is this node's, none waits out its
-    cooldown or is starting again, and the budget cannot relaunch the failed ones
-    (:func:`_on_failures` relaunches all of them or none); a lost node's ranks may come
-    back with it. Waiting ``--node_time_out`` would then only delay the end."""
-    states = {r.rank: r.state for r in view.ranks}
-    return (all(a.failure is not None and states[a.rank] is WorkerState.FAILED for a in absent)
-            and view.charged + len(absent) > view.max_restarts)
-
-
-def _absence_deadlines(view: JobView, absent: Sequence[_Absence]) -> list[float]:
-    """When :func:`_absences` acts next: each absent rank's retirement while enough train,
-    else the end of the job's wait with too few."""
-    assert view.min_worker_num is not None
-    if _training(view, absent) >= view.min_worker_num:
-        return [a.since + view.rejoin_timeout for a in absent]
-    return [_too_few_since(view, absent) + view.node_time_out]
-
-
-def _too_few_since(view: JobView, absent: Sequence[_Absence]) -> float:
-    """When the job fell below ``--min_worker_num`` training ranks: the absence that the
-    job could no longer take."""
-    assert view.min_worker_num is not None
-    deaths = sorted(a.since for a in absent)
-    spare = _training(view, absent) + len(absent) - view.min_worker_num
-    return deaths[min(max(spare, 0), len(deaths) - 1)]
 
 
 def _wind_down(view: JobView, now: float) -> list[Action]:
@@ -584,12 +220,6 @@ def _wind_down(view: JobView, now: float) -> list[Action]:
 def _overdue(view: JobView, now: float) -> list[Action]:
     return [Kill(r.rank) for r in view.ranks
             if r.state is WorkerState.STOPPING and r.deadline <= now]
-
-
-def _stop_all(view: JobView, now: float, signum: int = signal.SIGTERM) -> StopWorkers:
-    """The job's end: every running rank gets ``signum`` and the whole grace period."""
-    return StopWorkers(signum, {r.rank: now + view.grace_period for r in view.ranks
-                                if r.state is WorkerState.RUNNING})
 
 
 def _stop_for_restart(view: JobView, now: float) -> StopWorkers:
@@ -637,17 +267,17 @@ def _peers_finished(view: JobView, now: float) -> list[Action] | None:
     size = len(view.ranks) + view.other_ranks
     if short and view.min_worker_num is not None and view.min_worker_num <= peers < size:
         # Degraded training: the peers trained the lost ranks' samples too, to the end.
-        what = ", ".join(f"rank {r.rank} ({_crash(r).reason})" for r in left)
+        what = ", ".join(f"rank {r.rank} ({crash(r).reason})" for r in left)
         return [Stop(0, f"all workers finished; the survivors trained on without {what}"),
                 stop]
     if short:  # every one when the peers' final step is not known
         first = short[0]
         at = "no step" if first.failure_step is None else f"step {first.failure_step}"
-        return [GiveUp(_crash(first), f"rank {first.rank} {_crash(first).reason} at {at}, "
+        return [GiveUp(crash(first), f"rank {first.rank} {crash(first).reason} at {at}, "
                                       f"before its peers' final step {final}, and they "
                                       f"finished: a relaunched rank could not rejoin them"),
                 stop]
-    crashes = [TeardownCrash(r.rank, _crash(r), r.failure_step or 0, final) for r in left]
+    crashes = [TeardownCrash(r.rank, crash(r), r.failure_step or 0, final) for r in left]
     what = "; ".join(f"rank {c.rank} {c.failure.reason} in its teardown, after the final "
                      f"step {final}" for c in crashes)
     return [*crashes, Stop(0, f"all workers finished ({what})"), stop]
@@ -660,12 +290,6 @@ def _stranded(view: JobView, rank: RankView) -> bool:
             or (rank.state is WorkerState.RUNNING and rank.relaunched_after is not None)
             or (rank.state is WorkerState.FAILED and rank.registered is not None
                 and _per_rank(view, [rank])))
-
-
-def _crash(rank: RankView) -> Failure:
-    crash = rank.relaunched_after if rank.state is WorkerState.RUNNING else rank.failure
-    assert crash is not None, f"rank {rank.rank} is {rank.state.value} without a failure"
-    return crash
 
 
 def _registrations_pending(view: JobView, failed: Sequence[RankView],
@@ -685,9 +309,9 @@ def _on_failures(view: JobView, failed: Sequence[RankView], now: float) -> list[
     why = "; ".join(f"rank {r.rank} {_failure(r).reason}" for r in failed)
     if _per_rank(view, failed):
         if view.charged + len(failed) > view.max_restarts:
-            if _degraded(view):
-                return []  # not relaunched: absent until retired, or the job ends (_absences)
-            return [_give_up(view, failed[0], why), _stop_all(view, now)]
+            if degraded(view):
+                return []  # not relaunched: absent until retired, or the job ends (launcher/supervisor/absences.py)
+            return [_give_up(view, failed[0], why), stop_all(view, now)]
         return [ScheduleRelaunch(r.rank, max(now, r.cooldown_until, _settled(view)),
                                  f"rank {r.rank} {_failure(r).reason}") for r in failed]
     cooldowns = [r.cooldown_until for r in failed if r.registered]
@@ -721,7 +345,7 @@ def _settled(view: JobView) -> float:
 def _restart_all(view: JobView, first: RankView, why: str, at: float,
                  now: float) -> list[Action]:
     if view.restarts + view.relaunches + 1 > view.max_restarts:
-        return [_give_up(view, first, why), _stop_all(view, now)]
+        return [_give_up(view, first, why), stop_all(view, now)]
     return [RestartAll(at, why), _stop_for_restart(view, now)]
 
 
@@ -752,6 +376,6 @@ def _next_deadline(view: JobView, decided: Sequence[Action], now: float) -> floa
             and (at := view.silent_since[node] + view.node_time_out) > now]
     if _finished(view) and _relaunch_times(view) and _settled(view) > now:
         due.append(_settled(view))
-    if _degraded(view) and (absent := _absent(view)):
-        due += [at for at in _absence_deadlines(view, absent) if at > now]
+    if degraded(view) and (absent := absent_ranks(view)):
+        due += [at for at in absence_deadlines(view, absent) if at > now]
     return min(due, default=float("inf"))

@@ -7,7 +7,7 @@ import os
 from launcher.config import LaunchConfig
 from launcher.procs.spec import error_file
 from launcher.supervisor.failures import read_error_file
-from launcher.supervisor.policy import Ending
+from launcher.supervisor.job_view import Ending
 from launcher.supervisor.state import Worker, WorkerState
 from launcher.view.logs import last_lines
 from launcher.view.render import Row, SummaryRow, print_summary

@@ -16,7 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from launcher.supervisor.policy import EXIT_PEER_ENDED, JobView, RankView, RestartAll, Stop, decide
+from launcher.supervisor.actions import EXIT_PEER_ENDED, RestartAll, Stop
+from launcher.supervisor.job_view import JobView, RankView
+from launcher.supervisor.policy import decide
 from launcher.supervisor.state import WorkerState
 from recovery.control.node_range import (
     Close,

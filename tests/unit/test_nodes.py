@@ -20,7 +20,9 @@ from launcher.errors import ConfigError
 from launcher.nodes.link import NodeLink, NodeWatch, job_still_waited_for, local_address_towards, save_job
 from launcher.nodes.presence import BeatTracker
 from launcher.procs.spec import Seat, worker_spec
-from launcher.supervisor.policy import JobView, RankView, Stop, decide
+from launcher.supervisor.actions import Stop
+from launcher.supervisor.job_view import JobView, RankView
+from launcher.supervisor.policy import decide
 from launcher.supervisor.state import WorkerState
 from recovery.ckpt import layout
 from recovery.ckpt.lineage import join_lineage, read_lineage, record_lineage

@@ -37,22 +37,15 @@ from hypothesis.stateful import (
 )
 
 from launcher.config import DEFAULT_SIGNALS, RestartPolicy
-from launcher.supervisor.failures import ExitInfo
-from launcher.supervisor.policy import (
-    AUTOMATIC_SPARES,
+from launcher.supervisor.absences import down_since
+from launcher.supervisor.actions import (
     EXIT_PEER_ENDED,
-    PEERS_SETTLE,
-    RESTART_GRACE,
-    STATUS_WAIT,
     Action,
     Close,
-    Ending,
     GiveUp,
     Hang,
-    JobView,
     KeepSpares,
     Kill,
-    RankView,
     Relaunch,
     RelaunchScheduler,
     RestartAll,
@@ -64,9 +57,10 @@ from launcher.supervisor.policy import (
     StopWorkers,
     TeardownCrash,
     WaitUntil,
-    decide,
-    down_since,
 )
+from launcher.supervisor.failures import ExitInfo
+from launcher.supervisor.job_view import Ending, JobView, RankView
+from launcher.supervisor.policy import AUTOMATIC_SPARES, PEERS_SETTLE, RESTART_GRACE, STATUS_WAIT, decide
 from launcher.supervisor.state import Failure, Worker, WorkerState
 from recovery.exit_codes import UNFIXABLE
 
