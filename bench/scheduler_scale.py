@@ -75,7 +75,7 @@ from news_watches import NewsWatches
 
 from launcher.supervisor.watch import SNAPSHOT_INTERVAL, snapshot_interval, stale
 from recovery import env as names
-from recovery.control.membership import Identity
+from recovery.control.members import Identity
 from recovery.control.node_beats import NodeBeats
 from recovery.control.rpc import Op, SchedulerLink, SchedulerUnavailable, port_open
 from recovery.events import EVENTS_FILE

@@ -1,7 +1,7 @@
 """The one idiom of the project's three state machines.
 
 The supervisor's :class:`launcher.supervisor.state.WorkerState`, the scheduler's
-:class:`recovery.control.membership.MemberState` and the trainer's
+:class:`recovery.control.members.MemberState` and the trainer's
 :class:`recovery.train.state.TrainerState` are each a ``StrEnum`` with a table
 ``TRANSITIONS`` (state → the states it may move to) and a ``transition(to)`` method that
 checks the move here first. docs/architecture.md draws the three tables; a unit test keeps

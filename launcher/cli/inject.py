@@ -24,7 +24,7 @@ import typer
 from launcher.cli.status import NoJobError, connect, query
 from launcher.errors import ConfigError, TftrunError
 from recovery.control.inject import FAULTS, Injection, check, check_fault, new_id
-from recovery.control.membership import LIVE_STATES
+from recovery.control.members import LIVE_STATES
 from recovery.control.rpc import Op
 from recovery.env import WorkerEnv
 from recovery.events import EventLog

@@ -22,7 +22,7 @@ from launcher.supervisor.job_view import RankView
 from launcher.supervisor.state import Failure, Worker, WorkerState
 from launcher.supervisor.watch import SchedulerWatch, Scope, Snapshot
 from launcher.view.progress import EventTail
-from recovery.control.membership import LIVE_STATES, MemberState, Verdict
+from recovery.control.members import LIVE_STATES, MemberState, Verdict
 from recovery.control.node_range import NODE_SILENT
 
 __all__ = ["Observer", "watch_scope"]

@@ -58,7 +58,7 @@ class MemberRow:
     node_id: str
     pid: int
     state: str
-    """recovery.control.membership.MemberState's value: ``alive``, ``lost``, ``finished``..."""
+    """recovery.control.members.MemberState's value: ``alive``, ``lost``, ``finished``..."""
     global_step: int | None
     cooldown_left: float
 

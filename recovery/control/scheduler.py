@@ -48,7 +48,8 @@ from recovery.control import gathering
 from recovery.control.claims import LastWords
 from recovery.control.files import Endpoint, StateFile
 from recovery.control.inject import Injection, InjectionQueue, check, new_id
-from recovery.control.membership import NO_GENERATION, Accepted, Identity, Membership, Refused, describe_incomplete
+from recovery.control.members import Accepted, Identity, Refused
+from recovery.control.membership import NO_GENERATION, Membership, describe_incomplete
 from recovery.control.node_ranks import Given, NodeRanks
 from recovery.control.nodes import JOB_KEY, MAX_VALUE_BYTES, JobIdentity, job_names, job_value
 from recovery.control.replies import KeptReplies, SentReplies

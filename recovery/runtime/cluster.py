@@ -32,7 +32,8 @@ from typing import Any, NoReturn
 from recovery import env as names
 from recovery.control.beat_channel import LocalLink
 from recovery.control.inject import Injection
-from recovery.control.membership import Identity, describe_incomplete
+from recovery.control.members import Identity
+from recovery.control.membership import describe_incomplete
 from recovery.control.rpc import (
     Op,
     SchedulerLink,

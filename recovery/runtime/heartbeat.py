@@ -36,7 +36,7 @@ from typing import Any
 
 from recovery.control.beat_channel import LocalLink
 from recovery.control.inject import Inbox, Injection
-from recovery.control.membership import Identity
+from recovery.control.members import Identity
 from recovery.control.rpc import Op, SchedulerLink, SchedulerUnavailable
 
 __all__ = ["Heartbeat", "EXIT_EVICTED", "news_look_interval", "JITTER"]

@@ -3,7 +3,8 @@ assertions on what a registration returned."""
 
 from __future__ import annotations
 
-from recovery.control.membership import Accepted, Identity, Membership, Refused, RefuseReason
+from recovery.control.members import Accepted, Identity, Refused, RefuseReason
+from recovery.control.membership import Membership
 from recovery.timeouts import Timeouts
 from support.fake_clock import FakeClock
 

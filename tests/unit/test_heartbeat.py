@@ -16,7 +16,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from recovery.control.membership import Identity
+from recovery.control.members import Identity
 from recovery.control.rpc import Op, SchedulerLink
 from recovery.runtime.heartbeat import BLOCKED_LOOKS_PER_SECOND, Heartbeat, news_look_interval
 from support.sched_inprocess import TOKEN, running_scheduler

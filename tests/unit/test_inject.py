@@ -16,7 +16,7 @@ from launcher.cli.inject import _signal_target
 from recovery import env as names
 from recovery.control.claims import LastWords
 from recovery.control.inject import Inbox, InjectedError, Injection, check, deliver
-from recovery.control.membership import Identity
+from recovery.control.members import Identity
 from recovery.control.rpc import Op, SchedulerUnavailable
 from recovery.control.scheduler import Scheduler
 from recovery.faults import DeviceError, is_recoverable_device_error

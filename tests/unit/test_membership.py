@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recovery.control.membership import Identity, Member, Membership, MemberState, RefuseReason
+from recovery.control.members import Identity, Member, MemberState, RefuseReason
+from recovery.control.membership import Membership
 from recovery.transitions import IllegalTransition
 from support.fake_clock import T0, FakeClock
 from support.membership import TOKEN, accepted, ident, join_all, make, names, refused

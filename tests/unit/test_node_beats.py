@@ -12,7 +12,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recovery.control.membership import Identity, Membership, MemberState
+from recovery.control.members import Identity, MemberState
+from recovery.control.membership import Membership
 from recovery.control.node_beats import BEAT_BYTES, NodeBeats
 from recovery.control.requests import MAX_REQUEST_BYTES, NODE_BEAT_RANKS
 from recovery.timeouts import Timeouts

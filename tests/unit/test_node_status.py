@@ -9,7 +9,8 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from recovery.control.membership import LIVE_STATES, Membership, MemberState
+from recovery.control.members import LIVE_STATES, MemberState
+from recovery.control.membership import Membership
 from recovery.timeouts import Timeouts
 from support.fake_clock import FakeClock
 from support.membership import TOKEN, ident

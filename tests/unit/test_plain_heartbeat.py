@@ -8,7 +8,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recovery.control.membership import Identity, Membership, MemberState
+from recovery.control.members import Identity, MemberState
+from recovery.control.membership import Membership
 from recovery.timeouts import Timeouts
 from support.fake_clock import FakeClock
 from support.membership import TOKEN, ident

@@ -16,7 +16,7 @@ import pytest
 from recovery.control import replies
 from recovery.control.client import SchedulerControl
 from recovery.control.files import StateFile
-from recovery.control.membership import Identity
+from recovery.control.members import Identity
 from recovery.control.rpc import REQUESTS, NoReply, Op, SchedulerLink, open_client, reply_key
 from recovery.control.scheduler import Scheduler
 from recovery.control.signing import Kind, job_key, new_nonce, seal

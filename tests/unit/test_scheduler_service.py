@@ -14,7 +14,7 @@ import pytest
 
 from recovery.control.client import SchedulerControl
 from recovery.control.files import Endpoint, StateFile
-from recovery.control.membership import Identity
+from recovery.control.members import Identity
 from recovery.control.rpc import Op, SchedulerLink
 from recovery.runtime.cluster import ClusterContext, ClusterError, _register, _Session
 from recovery.runtime.heartbeat import Heartbeat

@@ -11,7 +11,8 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from recovery.control.membership import Identity, Membership
+from recovery.control.members import Identity
+from recovery.control.membership import Membership
 from recovery.control.rpc import REQUESTS, open_client, reply_key
 from recovery.timeouts import Timeouts
 from support.fake_clock import FakeClock

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from launcher.supervisor import state as supervisor
-from recovery.control import membership
+from recovery.control import members
 from recovery.train import state as trainer
 from recovery.transitions import IllegalTransition
 
@@ -50,9 +50,9 @@ MACHINES = [
             supervisor.WorkerState.PENDING,
             lambda s: supervisor.Worker(rank=0, local_rank=0, state=s),
             (("architecture.md", "### The supervisor's workers: `WorkerState`"),)),
-    Machine("scheduler", membership.MemberState, membership.TRANSITIONS,
-            membership.MemberState.ALIVE,
-            lambda s: membership.Member("0", 0, 100, 0, "h", s),
+    Machine("scheduler", members.MemberState, members.TRANSITIONS,
+            members.MemberState.ALIVE,
+            lambda s: members.Member("0", 0, 100, 0, "h", s),
             (("architecture.md", "### The scheduler's members: `MemberState`"),)),
     Machine("trainer", trainer.TrainerState, trainer.TRANSITIONS,
             trainer.TrainerState.STARTING, _trainer_in,

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from recovery.ckpt.manifest import CheckpointEntry, CheckpointKind, Manifest
 from recovery.control.claims import LastWords
-from recovery.control.membership import Member, MemberState
+from recovery.control.members import Member, MemberState
 from recovery.position import TrainPosition
 
 counts = st.integers(min_value=0, max_value=10**9)

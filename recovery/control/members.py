@@ -1,0 +1,233 @@
+"""The scheduler's view of one process and of a registration's answer: the member states
+and their transitions, a process's identity, and what a request is answered."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol
+
+from recovery.transitions import check_transition
+
+__all__ = [
+    "Clock", "SystemClock", "MemberState", "ENDINGS", "TRANSITIONS", "LIVE_STATES", "IN_GENERATION", "RefuseReason",
+    "Verdict", "Identity", "Member", "NodeSeen", "Accepted", "Refused", "token_digest",
+]
+
+
+class Clock(Protocol):
+    def time(self) -> float: ...
+
+    def monotonic(self) -> float: ...
+
+
+class SystemClock:
+    """The real clocks."""
+
+    def time(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+class MemberState(StrEnum):
+    """Where the process holding a node id stands, as the scheduler sees it.
+
+    ::
+
+        (new) ──register──► ALIVE ◄──step advances── HUNG
+                              │ └──behind its generation for progress_timeout──┘
+                              ├──no heartbeat for heartbeat_timeout──► LOST (cooldown)
+                              ├──abnormal exit──► DEAD (cooldown)
+                              ├──stopped by the supervisor──► LEFT
+                              └──finished──► FINISHED
+        DEAD | LEFT | FINISHED | LOST ──a new process registers, after the cooldown──► ALIVE
+        ALIVE | HUNG ──the scheduler restarts──► UNCONFIRMED
+        UNCONFIRMED ──its heartbeat, or a new process registering──► ALIVE
+        UNCONFIRMED ──no heartbeat for heartbeat_timeout──► LOST
+
+    LOST, HUNG and UNCONFIRMED end like ALIVE does (DEAD, LEFT, FINISHED) when their
+    exit is reported. A LOST or HUNG member is a *verdict* for the supervisor to act on.
+    """
+
+    ALIVE = "alive"
+    HUNG = "hung"
+    UNCONFIRMED = "unconfirmed"
+    LOST = "lost"
+    DEAD = "dead"
+    LEFT = "left"
+    FINISHED = "finished"
+
+
+ENDINGS = {MemberState.DEAD, MemberState.LEFT, MemberState.FINISHED}
+TRANSITIONS: dict[MemberState, frozenset[MemberState]] = {
+    MemberState.ALIVE: frozenset({MemberState.HUNG, MemberState.LOST, MemberState.UNCONFIRMED,
+                                  *ENDINGS}),
+    MemberState.HUNG: frozenset({MemberState.ALIVE, MemberState.LOST, MemberState.UNCONFIRMED,
+                                 *ENDINGS}),
+    MemberState.UNCONFIRMED: frozenset({MemberState.ALIVE, MemberState.LOST, *ENDINGS}),
+    MemberState.LOST: frozenset({MemberState.ALIVE, *ENDINGS}),
+    # An ended process may still be reported dead (the supervisor saw a non-zero exit
+    # after the worker said it finished); a new process makes the node ALIVE again.
+    MemberState.DEAD: frozenset({MemberState.ALIVE}),
+    MemberState.LEFT: frozenset({MemberState.ALIVE, MemberState.DEAD}),
+    MemberState.FINISHED: frozenset({MemberState.ALIVE, MemberState.DEAD}),
+}
+LIVE_STATES = frozenset({MemberState.ALIVE, MemberState.HUNG, MemberState.UNCONFIRMED})
+IN_GENERATION = frozenset({MemberState.ALIVE, MemberState.UNCONFIRMED})
+"""The states of a member that keeps its generation whole (a HUNG one is about to be killed)."""
+
+
+class RefuseReason(StrEnum):
+    """Why a registration (or a heartbeat) was refused."""
+
+    TOKEN = "token"
+    COOLDOWN = "cooldown"
+    DUPLICATE = "duplicate"
+    RANK_OUT_OF_RANGE = "rank_out_of_range"
+    RANK_TAKEN = "rank_taken"
+    RANK_MISMATCH = "rank_mismatch"
+    FULL = "full"
+    STALE = "stale"
+
+
+class Verdict(StrEnum):
+    """Why the scheduler wants a worker killed."""
+
+    HEARTBEAT = "heartbeat"
+    PROGRESS = "progress"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """One process's claim to a node id.
+
+    Args:
+        node_id: ``MS_NODE_ID``; empty to let the scheduler assign one.
+        pid: the process id.
+        incarnation: unique per launch of a process (``TFT_INCARNATION``).
+        host: where the process runs.
+        rank: the rank it asks for (``RANK``), or ``None``.
+    """
+
+    node_id: str
+    pid: int
+    incarnation: int
+    host: str
+    rank: int | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Identity:
+        rank = data.get("rank")
+        return cls(str(data.get("node_id") or ""), int(data["pid"]), int(data["incarnation"]),
+                   str(data.get("host") or ""), None if rank is None else int(rank))
+
+
+@dataclass
+class Member:
+    """The process that holds a node id now (or held it last)."""
+
+    node_id: str
+    rank: int
+    pid: int
+    incarnation: int
+    host: str
+    state: MemberState
+    global_step: int | None = None
+    """The step it reported last (its heartbeat's ``step``)."""
+    phase: str | None = None  # what the training loop says it is doing, as it says it
+    heartbeat_at: float = 0.0  # monotonic
+    progress_at: float = 0.0  # monotonic: its start, its generation forming or its new step
+    # The step it reported since its generation formed (None: none yet), and since when
+    # another member of the generation has reported a higher one (monotonic).
+    generation_step: int | None = None
+    behind_since: float | None = None
+    least_delay: float | None = None
+    """The least (scheduler's wall clock - a request's signed stamp) seen from this
+    process: its clock's offset from the scheduler's, plus the quickest delivery."""
+    ready: bool = True
+    """Whether it may be put in a generation: a rank relaunched into a job that trains
+    without it registers unready, and says it is ready once its training loop can take
+    a live rank's state (docs/elastic.md), so the others train on until then."""
+    via: str | None = None
+    """The node whose supervisor beats for it (``node_beat``); None: it beats itself."""
+
+    def is_process(self, pid: int, incarnation: int, host: str | None = None) -> bool:
+        return (self.pid == pid and self.incarnation == incarnation
+                and (host is None or self.host == host))
+
+    def transition(self, to: MemberState) -> None:
+        check_transition(TRANSITIONS, f"node {self.node_id}", self.state, to)
+        self.state = to
+
+    def fields(self) -> dict[str, Any]:
+        """The fields events carry about this member."""
+        return {"node_id": self.node_id, "rank": self.rank, "pid": self.pid,
+                "incarnation": self.incarnation}
+
+    def to_json(self) -> dict[str, Any]:
+        """The persisted member; its step is recorded as ``step``, as the scheduler's state
+        (and ``tftctl status``) always had it: only here and in :meth:`from_json` is it
+        mapped to :attr:`global_step`."""
+        return {**self.fields(), "host": self.host, "state": self.state.value,
+                "step": self.global_step, "phase": self.phase,
+                "generation_step": self.generation_step, "ready": self.ready}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Member:
+        return cls(str(data["node_id"]), int(data["rank"]), int(data["pid"]),
+                   int(data["incarnation"]), str(data["host"]), MemberState(data["state"]),
+                   data.get("step"), data.get("phase"),
+                   generation_step=data.get("generation_step"), ready=data.get("ready", True))
+
+
+@dataclass
+class NodeSeen:
+    """A node whose supervisor beats for its ranks (``node_beat``), as last heard."""
+
+    heard_at: float
+    """Monotonic: its latest beat."""
+    beats: int = 0
+    ranks: int = 0
+    """How many ranks its latest beat carried."""
+    judged: bool = False
+    """Declared silent since its latest beat."""
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """The process holds ``node_id`` with ``rank``; it joins ``generation``.
+
+    ``fault_at`` is when the scheduler heard of the newest fault (:attr:`Membership.fault_at`):
+    what a rank's recovery is timed from, without reading any history.
+    """
+
+    node_id: str
+    rank: int
+    generation: int
+    fault_at: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": True, "node_id": self.node_id, "rank": self.rank,
+                "generation": self.generation, "fault_at": self.fault_at}
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Not accepted; ``retry_after`` seconds when trying again may succeed, else ``None``."""
+
+    reason: RefuseReason
+    message: str
+    retry_after: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": False, "reason": self.reason.value, "message": self.message,
+                "retry_after": self.retry_after}
+
+
+def token_digest(token: str) -> str:
+    """What is persisted instead of the token: enough to tell another job's state apart."""
+    return hashlib.sha256(token.encode()).hexdigest()
