@@ -18,9 +18,9 @@ import secrets
 from typing import Any
 
 from recovery.control.job_facts import JobFacts
+from recovery.control.liveness import LivenessRules
 from recovery.control.members import (
     ENDINGS,
-    IN_GENERATION,
     LIVE_STATES,
     TRANSITIONS,
     Accepted,
@@ -32,9 +32,9 @@ from recovery.control.members import (
     Refused,
     RefuseReason,
     SystemClock,
-    Verdict,
     token_digest,
 )
+from recovery.control.membership_status import StatusViews
 from recovery.control.node_range import MembershipWhy, membership_why
 from recovery.timeouts import Timeouts
 
@@ -48,14 +48,11 @@ NO_GENERATION = -1
 
 
 _ALIVE, _FINISHED = MemberState.ALIVE, MemberState.FINISHED
-"""For the loops over every member (and every rank of a beat): an enum's member read
-through its class costs about 0.1 us in Python 3.11, 0.8 ms a pass at 8192 members."""
-_QUIET_BEATS = 2
-"""Heartbeat intervals of silence after which a member may have stopped: no progress
-verdict is passed until the heartbeat rule has judged it or it is heard again."""
+"""For the loops over every member: a module constant is read faster than an enum's member
+through its class."""
 
 
-class Membership:
+class Membership(LivenessRules, StatusViews):
     """The cluster's members, cooldowns and generation, and the rules that change them.
 
     Args:
@@ -301,128 +298,7 @@ class Membership:
                 self._update_completeness()
         return self.cooldowns.get(node_id, 0.0)
 
-    def check(self) -> None:
-        """Apply the heartbeat and progress rules; called periodically."""
-        now = self.clock.monotonic()
-        self._judge_nodes({node: now - seen.heard_at for node, seen in self.nodes.items()
-                           if not seen.judged
-                           and now - seen.heard_at > self.timeouts.heartbeat_timeout})
-        for member in self._live():
-            silent = now - member.heartbeat_at
-            if silent > self.timeouts.heartbeat_timeout and not self._quiet_node(member.via, now):
-                self._declare_lost(member, silent)
-        if self._completeness_at != self.facts_version:
-            self._update_completeness()
-        self._check_progress(now)
-
-    def _quiet_node(self, node: str | None, now: float) -> bool:
-        """Whether ``node``'s supervisor (which beats for a rank) has not beaten for
-        :data:`_QUIET_BEATS` intervals either. Then a rank of it past the heartbeat timeout
-        is left to the node's own judgement, due within about a beat (a rank's last beat
-        is older than its node's by its age): the node is likely gone, and all its ranks
-        are judged at once, one degraded generation, not one per rank. Should the node beat
-        again, its beat judges the rank."""
-        seen = None if node is None else self.nodes.get(node)
-        return (seen is not None and not seen.judged
-                and now - seen.heard_at > _QUIET_BEATS * self.timeouts.beat_interval)
-
-    def _judge_nodes(self, silent_nodes: dict[str, float]) -> None:
-        """Silence per node: a node whose supervisor has not beaten for the heartbeat
-        timeout is ``node_silent``, and each of its live ranks gets its verdict (the
-        supervisor, or its host, is gone; nobody vouches for them)."""
-        if not silent_nodes:
-            return
-        ranks: dict[str, list[Member]] = {node: [] for node in silent_nodes}
-        for member in self._live():
-            if member.via in ranks:
-                ranks[member.via].append(member)
-        for node, silent in silent_nodes.items():
-            self.nodes[node].judged = True
-            self._emit("node_silent", node=node, silent_s=round(silent, 3),
-                       ranks=sorted(m.rank for m in ranks[node]))
-            for member in ranks[node]:
-                self._declare_lost(member, silent)
-
-    def _declare_lost(self, member: Member, silent: float) -> None:
-        """The heartbeat rule's verdict on ``member``, silent for ``silent`` seconds."""
-        self._move(member, MemberState.LOST)
-        self._emit("verdict", **member.fields(), verdict=Verdict.HEARTBEAT.value,
-                   silent_s=round(silent, 3), **({} if member.via is None else {"node": member.via}))
-        self._start_cooldown(member.node_id, member.rank, f"no heartbeat for {silent:.1f}s")
-
-    def _check_progress(self, now: float) -> None:
-        """The progress rule, within the current generation (docs/scheduler.md).
-
-        Only steps reported since the generation formed count: a step of an earlier
-        generation (before a rollback) is no evidence of anything, and a member that has
-        reported none yet is behind only a member that has, never "at step -1". A member
-        is hung once it has been behind for ``progress_timeout``. That clock starts when
-        another member's higher step is seen, so never before the generation formed, nor
-        before the member started; and a member the others only seem to be ahead of
-        because its own heartbeat is up to one interval old is never judged on it.
-        """
-        if not self._generation_whole_and_heard(now):
-            return
-        members = [m for m in self._live() if (m.node_id, m.incarnation) in self._formed]
-        highest = _two_highest(m.generation_step for m in members)
-        for member in members:
-            if member.state is not _ALIVE:
-                continue
-            ahead = _highest_of_others(highest, member.generation_step)
-            if ahead is None or (member.generation_step is not None
-                                 and ahead <= member.generation_step):
-                member.behind_since = None
-                continue
-            if member.behind_since is None:
-                member.behind_since = now
-            behind = now - member.behind_since
-            if behind > self.timeouts.progress_timeout:
-                self._move(member, MemberState.HUNG)
-                self._emit("verdict", **member.fields(), verdict=Verdict.PROGRESS.value,
-                           step=member.generation_step, others_step=ahead,
-                           stalled_s=round(now - member.progress_at, 3),
-                           behind_s=round(behind, 3))
-
-    def _generation_whole_and_heard(self, now: float) -> bool:
-        """Whether progress may be judged: every process of the formed generation is still
-        a member (alive or finished) and none has been silent for more than
-        ``_QUIET_BEATS`` heartbeat intervals. Otherwise a member is gone, judged, or
-        perhaps stopped: the others lag because of it (a stopped rank can leave one peer a
-        step behind another in the collective it was in), the heartbeat rule judges it,
-        and the others wait for the next generation, whose forming restarts their clocks.
-        """
-        quiet = _QUIET_BEATS * self.timeouts.beat_interval
-        for node_id, incarnation in self._formed:
-            member = self.members.get(node_id)
-            if member is None or member.incarnation != incarnation:
-                return False
-            if member.state is _FINISHED:
-                continue
-            if member.state not in IN_GENERATION or now - member.heartbeat_at > quiet:
-                return False
-        return True
-
     # ----------------------------------------------------------------- queries
-    def next_due(self, after: float) -> float | None:
-        """The first deadline later than ``after`` (monotonic: when :meth:`check` last
-        ran) at which :meth:`check` may decide something that no request brings about
-        (a heartbeat or progress verdict, the cluster timeout), or ``None``. Between
-        ``after`` and it, :meth:`check` finds nothing new to do, so the scheduler may sleep
-        until then or the next request. A deadline already passed is not due again: its
-        rule either fired, or waits for what only a request changes (a member heard
-        again, the generation whole again). One that falls exactly at ``after`` has not
-        passed: the rules compare strictly (silent *more than* the timeout), so it fires
-        on the next check."""
-        due = [seen.heard_at + self.timeouts.heartbeat_timeout
-               for seen in self.nodes.values() if not seen.judged]
-        for member in self._live():
-            due.append(member.heartbeat_at + self.timeouts.heartbeat_timeout)
-            if member.behind_since is not None and member.state is _ALIVE:
-                due.append(member.behind_since + self.timeouts.progress_timeout)
-        if self._incomplete_since is not None:
-            due.append(self._incomplete_since + self.timeouts.cluster_time_out)
-        return min((d for d in due if d >= after), default=None)
-
     def active_ranks(self) -> list[int]:
         """The ranks of the formed generation, ascending (all of them unless degraded)."""
         return sorted(self.members[node].rank for node, _incarnation in self._formed
@@ -430,16 +306,6 @@ class Membership:
 
     def cooldown_left(self, node_id: str) -> float:
         return max(0.0, self.cooldowns.get(node_id, 0.0) - self.clock.time())
-
-    def verdicts(self) -> dict[int, str]:
-        """rank -> ``heartbeat`` | ``progress``: the workers the supervisor should kill."""
-        found = {}
-        for member in self.members.values():
-            if member.state is MemberState.LOST:
-                found[member.rank] = Verdict.HEARTBEAT.value
-            elif member.state is MemberState.HUNG:
-                found[member.rank] = Verdict.PROGRESS.value
-        return found
 
     @property
     def complete(self) -> bool:
@@ -453,61 +319,6 @@ class Membership:
             self._all_finished = (self.facts_version,
                                   len(self._finished()) == self.worker_num)
         return self._all_finished[1]
-
-    def _job_facts(self) -> JobFacts:
-        """The job-wide facts, found again (O(members)) only after a change."""
-        self._facts = self._facts or JobFacts.of(
-            self.worker_num, (m.rank for m in self._live()),
-            ((m.rank, m.global_step) for m in self._finished()), self.retired)
-        return self._facts
-
-    def incomplete_for(self) -> float:
-        """Seconds some rank has had neither a live process nor a finished one."""
-        if self._incomplete_since is None:
-            return 0.0
-        return self.clock.monotonic() - self._incomplete_since
-
-    def missing_ranks(self) -> list[int]:
-        """Ranks with no live process and no finished one, less the retired ones."""
-        held = {m.rank for m in self._live()} | {m.rank for m in self._finished()} | self.retired
-        return [r for r in range(self.worker_num) if r not in held]
-
-    def status(self) -> dict[str, Any]:
-        """The membership table, as ``tftctl status`` prints it."""
-        now = self.clock.monotonic()
-        rows = []
-        for member in sorted(self.members.values(), key=lambda m: m.rank):
-            rows.append(self._row(member, now))
-        nodes = {node: {"beats": seen.beats, "ranks": seen.ranks, "silent": seen.judged,
-                        "heartbeat_age": round(now - seen.heard_at, 3)}
-                 for node, seen in sorted(self.nodes.items())}
-        return {"worker_num": self.worker_num, "generation": self.generation,
-                "complete": self.complete, "missing": self.missing_ranks(), "members": rows,
-                "nodes": nodes, "retired": sorted(self.retired)}
-
-    def node_status(self, first_rank: int, nproc: int, missing: bool) -> dict[str, Any]:
-        """What a node's supervisor needs (``tftctl status`` has the whole table): the rows
-        of its ranks ``first_rank`` to ``first_rank + nproc - 1``, and of the others only
-        counts and the ranks at fault; with ``missing``, the ranks missing (a list as long
-        as the faults). O(own ranks + faults) while the job's facts hold (they are found
-        again, O(members), after a change of any member's state)."""
-        now = self.clock.monotonic()
-        facts = self._job_facts()
-        own = range(first_rank, first_rank + nproc)
-        rows = []
-        for rank in own:
-            holder = self._rank_holders.get(rank)
-            if holder is not None:
-                rows.append(self._row(self.members[holder], now))
-        status: dict[str, Any] = {
-            "worker_num": self.worker_num, "generation": self.generation,
-            "members": rows, "retired": facts.retired,
-            "scope": {"first_rank": first_rank, "nproc": nproc},
-            "others": facts.others(own), "facts": self.facts_version}
-        if missing:
-            status["missing"] = facts.missing
-            status["missing_known"] = [r for r in facts.missing if r in self._rank_holders]
-        return status
 
     def drain_events(self) -> list[tuple[str, dict[str, Any]]]:
         """The events decided since the last call, oldest first: ``(name, fields)``."""
@@ -584,13 +395,6 @@ class Membership:
 
     def _finished(self) -> list[Member]:
         return [m for m in self.members.values() if m.state is _FINISHED]
-
-    def _row(self, member: Member, now: float) -> dict[str, Any]:
-        """``member``'s row of the status table."""
-        live = member.state in LIVE_STATES
-        return {**member.to_json(),
-                "heartbeat_age": round(now - member.heartbeat_at, 3) if live else None,
-                "cooldown_left": round(self.cooldown_left(member.node_id), 3)}
 
     def _emit(self, event: str, **fields: Any) -> None:
         self._events.append((event, fields))
@@ -781,27 +585,6 @@ class Membership:
             return False
         gone = [self.members[node] for node, _incarnation in self._formed - processes]
         return all(member.state in {MemberState.DEAD, MemberState.LOST} for member in gone)
-
-
-def _two_highest(steps: Any) -> tuple[int | None, int | None]:
-    """The highest and second-highest of the reported steps (``None``: not reported);
-    equal steps count twice, so the second equals the first when two members share it."""
-    first = second = None
-    for step in steps:
-        if step is None:
-            continue
-        if first is None or step > first:
-            first, second = step, first
-        elif second is None or step > second:
-            second = step
-    return first, second
-
-
-def _highest_of_others(highest: tuple[int | None, int | None], own: int | None) -> int | None:
-    """The highest step reported by the members other than one whose step is ``own``,
-    in O(1) from :func:`_two_highest`: its own step hides the highest only when it is it."""
-    first, second = highest
-    return second if own is not None and own == first else first
 
 
 def describe_incomplete(cluster_time_out: float, worker_num: int, missing: list[int]) -> str:
