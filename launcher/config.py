@@ -164,6 +164,12 @@ class LaunchConfig:
         return min(DEFAULT_MIN_WORKER_NUM, self.worker_num)
 
     @property
+    def trains_degraded(self) -> bool:
+        """Whether the survivors of a death train on without the dead ranks (for scripts
+        whose ranks register): :attr:`fewest_workers` below the job's size."""
+        return self.fewest_workers < self.worker_num
+
+    @property
     def retire_after(self) -> float:
         """``--rejoin_timeout``; by default the cooldown plus torchrun's last call (30 s):
         a relaunched rank gets its cooldown, then as long as torchrun's rendezvous waits

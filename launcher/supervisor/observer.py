@@ -53,9 +53,6 @@ class Observer:
         self._beats = beats
         """When each other node's tftrun last beat (node 0 of several)."""
         self._own = watch_scope(config).own
-        self._degraded = (config.min_worker_num is not None
-                          and config.min_worker_num < config.worker_num)
-        """The job trains on without lost ranks (docs/elastic.md)."""
         self._tail = EventTail(events_path) if events_path is not None else None
         self.sees_registrations = config.hosts_scheduler and self._tail is not None
         """This node's scheduler writes every registration in the events file before it
@@ -200,7 +197,7 @@ class Observer:
         live process now and whose node's tftrun is silent, each with when its node last
         beat. Never those of an elastic node range (its rounds judge nodes)."""
         snapshot, beats, config = self.snapshot, self._beats, self._config
-        if snapshot is None or beats is None or not self._degraded \
+        if snapshot is None or beats is None or not config.trains_degraded \
                 or config.node_range is not None:
             return {}
         return {r: beats.silent_since(r // config.nproc) for r in snapshot.missing

@@ -20,11 +20,12 @@ PER_NODE = 2
 
 def node_cmd(tmp_path: Path, node: int, port: int, script: Path, *script_args: str,
              options: tuple[str, ...] = (), auto_rank: bool = False,
-             nnodes: str = "2") -> list[str]:
+             nnodes: str = "2", degraded: bool = False) -> list[str]:
     """tftrun for node ``node`` of a 2-node x 2-rank job (``--nnodes``: ``nnodes``); its
     files under tmp_path/node<K>. ``auto_rank``: no node rank given (node 0 leaves the
     flag out, the others give msrun's ``--node_rank=-1``): node 0 is the node at the
-    master's address, the others ask it."""
+    master's address, the others ask it. ``degraded``: tftrun's own ``--min_worker_num``
+    (see :func:`support.tftrun_cmd`)."""
     home = tmp_path / f"node{node}"
     rank = f"--node_rank={-1 if auto_rank else node}"
     return tftrun_cmd(
@@ -32,15 +33,17 @@ def node_cmd(tmp_path: Path, node: int, port: int, script: Path, *script_args: s
         f"--master_addr={NODE_ADDRS[0]}", f"--master_port={port}",
         f"--node_addr={NODE_ADDRS[node]}", f"--log_dir={home / 'logs'}",
         f"--recovery_path={home / 'recovery'}", "--rejoin_cooldown=0",
-        "--cluster_time_out=60", "--grace_period=5", *options, str(script), *script_args)
+        "--cluster_time_out=60", "--grace_period=5", *options, str(script), *script_args,
+        degraded=degraded)
 
 
 def start_nodes(tmp_path: Path, port: int, script: Path, *script_args: str,
                 options: tuple[str, ...] = (), env: dict[str, str] | None = None,
-                auto_rank: bool = False, nnodes: str = "2") -> list[subprocess.Popen[str]]:
+                auto_rank: bool = False, nnodes: str = "2",
+                degraded: bool = False) -> list[subprocess.Popen[str]]:
     """Node 1 first, then node 0: the nodes may start in any order."""
     started = [spawn(node_cmd(tmp_path, node, port, script, *script_args, options=options,
-                              auto_rank=auto_rank, nnodes=nnodes),
+                              auto_rank=auto_rank, nnodes=nnodes, degraded=degraded),
                      env={**(env or os.environ), **JOB_TOKEN}) for node in (1, 0)]
     return started[::-1]
 
@@ -48,12 +51,12 @@ def start_nodes(tmp_path: Path, port: int, script: Path, *script_args: str,
 @contextmanager
 def nodes_running(tmp_path: Path, port: int, script: Path, *script_args: str,
                   options: tuple[str, ...] = (), env: dict[str, str] | None = None,
-                  auto_rank: bool = False, nnodes: str = "2"
+                  auto_rank: bool = False, nnodes: str = "2", degraded: bool = False
                   ) -> Iterator[list[subprocess.Popen[str]]]:
     """Both nodes' tftrun, stopped on the way out whatever happened (a node the test
     replaced in the list included)."""
     procs = start_nodes(tmp_path, port, script, *script_args, options=options, env=env,
-                        auto_rank=auto_rank, nnodes=nnodes)
+                        auto_rank=auto_rank, nnodes=nnodes, degraded=degraded)
     try:
         yield procs
     finally:
