@@ -55,7 +55,8 @@ PACED = REPO / "tests" / "bin" / "paced.py"
 NEEDED = ("torch", "numpy", "psutil", "typer", "rich", "filelock", "xxhash")
 """What tftrun imports (pyproject.toml's dependencies)."""
 PROBE_RANKS, TEMPLATE_RANKS = 2, 4
-UCE_RANK, UCE_STEP, KILL_RANK, KILL_STEP, MAX_STEPS = 1, 30, 2, 80, 200
+UCE_RANK, UCE_STEP, KILL_RANK, KILL_STEP, MAX_STEPS = 1, 30, 2, 90, 250
+"""The kill comes between two checkpoints (every 20 steps), so that the last words are newest."""
 TEMPLATE_ARGS = ("--epochs", "3", "--max_steps", str(MAX_STEPS), "--save_steps", "20",
                  "--synthetic_size", "12000", "--log_every", "50")
 LAST_WORDS_ONLY = "{TTP:1,UCE:0,ARF:0}"
