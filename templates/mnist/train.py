@@ -15,6 +15,8 @@ uninterrupted one. Under tftrun, the loop survives ``kill -9`` of any rank: the 
 is relaunched, every rank rolls back to the newest checkpoint they all hold, and training
 goes on (``recovery.train.elastic.ElasticTrainer``). Output: ``step=<n> loss=<x>`` every
 ``--log_every`` steps, and on rank 0 at the end ``final step=<n> params_sha256=<hex>``.
+``--device cuda`` trains on the worker's GPU (``LOCAL_RANK`` modulo the GPUs it sees), the
+collectives still on gloo, which all-reduces and broadcasts CUDA tensors.
 """
 
 from __future__ import annotations
@@ -148,9 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = WorkerEnv.from_env()
     logging.basicConfig(level=logging.INFO, format=f"[rank {env.rank}] %(levelname)s %(name)s: %(message)s")
     try:
-        device = worker_device(args.device, env.local_rank)
-        ctx = recovery.init(timeout=PROCESS_GROUP_TIMEOUT)
-        train(args, ctx, device)
+        ctx = recovery.init(timeout=PROCESS_GROUP_TIMEOUT)  # the scheduler's role never returns
+        train(args, ctx, worker_device(args.device, env.local_rank))
     except CheckpointError as err:
         logger.error("%s", err)
         return 1
