@@ -228,15 +228,19 @@ class TemplateRun:
     steps: dict[int, list[Any]]
     fault_at: float
 
+    def relaunched_first_step(self) -> Any:
+        """The first step the relaunched rank completed (its record)."""
+        killed = self.steps[KILL_RANK][0].pid
+        return next(r for r in self.steps[KILL_RANK] if r.pid != killed)
+
     def first_step_after_kill(self) -> float:
         """Seconds from the kill until the relaunched rank completed a step."""
-        killed = self.steps[KILL_RANK][0].pid
-        return next(r.time for r in self.steps[KILL_RANK] if r.pid != killed) - self.fault_at
+        return self.relaunched_first_step().time - self.fault_at
 
     def degraded_steps(self) -> int:
-        """Steps rank 0 completed between the kill and the relaunched rank's first step."""
-        back = self.fault_at + self.first_step_after_kill()
-        return sum(1 for r in self.steps[0] if self.fault_at < r.time < back)
+        """Steps the survivors trained without the killed rank: after the kill's, before
+        the one its relaunch took up training with."""
+        return self.relaunched_first_step().step - 1 - KILL_STEP
 
     def same_hash(self) -> str:
         digests = {e["rank"]: e["params_sha256"] for e in events_of(self.job.log_dir, "train_end")}
