@@ -22,7 +22,7 @@ PATIENCE = 3.0
 
 rank, port = int(sys.argv[1]), int(sys.argv[2])
 torch.cuda.set_device(rank)
-store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=dist.constants.default_pg_timeout)
+store = dist.TCPStore("127.0.0.1", port, 2, rank == 0)
 assert group.connect("nccl", dist.PrefixStore("gen0/", store), rank, 2, 60.0, None)
 total = torch.ones(1, device="cuda")
 dist.all_reduce(total)
