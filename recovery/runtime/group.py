@@ -22,7 +22,7 @@ An NCCL group is left as torch documents it instead: aborted (``ncclCommAbort`` 
 collective blocked on a dead peer at once), with ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` set
 to :data:`NCCL_ERROR_HANDLING` before it forms, so that torch's watchdog leaves the
 errors to this module rather than ending the process (``1``, torchrun's value, tears it
-down; so does ``3``, torch's default).
+down, and so does ``3``).
 """
 
 from __future__ import annotations
