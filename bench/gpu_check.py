@@ -1,6 +1,6 @@
 """The CUDA path on one GPU, checked in one command that prints one table.
 
-    PYTHONPATH=. python3 bench/gpu_check.py [--device cuda|cpu] [--budget 320] [--json]
+    PYTHONPATH=. python3 bench/gpu_check.py [--device cuda|cpu] [--budget 320] [--keep DIR] [--json]
 
 Run from the repository's root on a machine with a GPU (docs/gpu.md). Each row is one
 check: its result (``ok``, ``FAIL``, or ``skipped`` with why) and its figure. The jobs:
@@ -24,12 +24,15 @@ check: its result (``ok``, ``FAIL``, or ``skipped`` with why) and its figure. Th
 Without CUDA only the fork server's check runs (on the CPU) and the rest is skipped, with
 status 0; ``--device cpu`` runs every check but the NCCL one on the CPU instead, which
 tests this script, not CUDA. Status 1 when a check failed. ``--budget`` bounds the whole
-run: a check that would start past it is skipped.
+run: a check that would start past it is skipped. ``--keep DIR`` keeps every job's
+folder (``logs/`` with ``events.jsonl`` and the workers' logs, ``tftrun.out``) to read
+after a failure.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -61,7 +64,7 @@ TEMPLATE_ARGS = ("--epochs", "3", "--max_steps", str(MAX_STEPS), "--save_steps",
                  "--synthetic_size", "12000", "--log_every", "50")
 LAST_WORDS_ONLY = "{TTP:1,UCE:0,ARF:0}"
 JOB_TIMEOUT = 150.0
-"""Seconds one job may take (a template run takes about 40 s on 2 busy cores)."""
+"""Seconds one job may take (a template run took 60-80 s on 2 busy cores)."""
 RUN_DIR = "gpu_check"
 
 
@@ -113,10 +116,10 @@ class Job:
         cmd = tftrun_cmd(workers, self.log_dir, *script, extra=(
             f"--recovery_path={self.root / self.name / 'recovery'}", "--rejoin_cooldown=0",
             *options))
-        output = (self.root / self.name / "tftrun.out").open("wb")
         self.started = time.time()
-        return subprocess.Popen(cmd, cwd=REPO, env=child_env(),
-                                stdout=output, stderr=subprocess.STDOUT)
+        with (self.root / self.name / "tftrun.out").open("wb") as output:
+            return subprocess.Popen(cmd, cwd=REPO, env=child_env(), stdout=output,
+                                    stderr=subprocess.STDOUT)
 
     def finish(self, proc: subprocess.Popen[bytes], timeout: float) -> None:
         """Wait for the job; it must end with status 0."""
@@ -465,8 +468,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="cpu: run the CUDA checks on the CPU instead (tests this script)")
     parser.add_argument("--budget", type=float, default=320.0,
                         help="seconds the whole run may take (default 320)")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="a new folder to keep the jobs' logs and events in (default: a "
+                             "temporary one, removed at the end)")
     add_json_flag(parser)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.keep is not None and args.keep.exists() and any(args.keep.iterdir()):
+        parser.error(f"--keep: {args.keep} is not empty")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -483,7 +492,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     with_cuda = has_cuda or args.device == "cpu"
     device = args.device if has_cuda else "cpu"
-    with tempfile.TemporaryDirectory(prefix=RUN_DIR) as tmp:
+    with (contextlib.nullcontext(str(args.keep)) if args.keep is not None
+          else tempfile.TemporaryDirectory(prefix=RUN_DIR)) as tmp:
         checker = Checker(device, deadline, Path(tmp))
         checker.rows.append(first)
         checker.probes(with_cuda)
