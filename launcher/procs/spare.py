@@ -42,6 +42,10 @@ READY = "warm"
 """Printed (with the pid) to the spare's own log once the cold start is paid."""
 FORK_SERVER = "--fork-server"
 """The first argument that makes this program the fork server (launcher/procs/spec.py)."""
+CUDA_UNTOUCHED = "CUDA initialised: no"
+"""In the fork server's ready line (its log): the warm-up left CUDA uninitialised."""
+CUDA_INITIALISED = "CUDA was initialised while warming up, so a worker forked from here could not use it"
+"""Why a fork server refuses to serve (its log); workers then start as fresh processes."""
 MAX_MESSAGE = 1 << 20
 """The largest request the fork server reads (a worker's environment is a few KiB)."""
 MAX_FDS = 4
@@ -76,6 +80,20 @@ def warm_up() -> None:
     except ImportError:
         pass
     gc.freeze()
+
+
+def refuse_initialised_cuda() -> None:
+    """End the fork server (workers then start as fresh processes) if its warm-up
+    initialised CUDA: a process forked from one that did cannot use CUDA itself."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        raise SystemExit(f"tftrun fork server pid={os.getpid()}: {CUDA_INITIALISED}; not serving")
+
+
+def cuda_driver_loaded() -> bool:
+    """Whether the CUDA driver's library is mapped in this process (a CUDA call loads it)."""
+    with open("/proc/self/maps") as maps:
+        return any("/libcuda.so" in line for line in maps)
 
 
 class GoListener:
@@ -274,7 +292,7 @@ def main() -> None:
     # This file's folder (launcher/) must not shadow a module that torch imports.
     sys.path.pop(0)
     if sys.argv[1] == FORK_SERVER:
-        fork_server(int(sys.argv[2]), int(sys.argv[3]))
+        fork_server(int(sys.argv[2]), int(sys.argv[3]), started)
         return
     from recovery.priority import lower_priority
     from recovery.quick_exit import exit_now
@@ -289,12 +307,16 @@ def main() -> None:
     become(message)
 
 
-def fork_server(sock_fd: int, supervisor: int) -> None:
+def fork_server(sock_fd: int, supervisor: int, started: float) -> None:
     """Warm up at the workers' priority (they wait for it), then serve; in a forked
     worker, become it."""
     from recovery.quick_exit import exit_now
 
     warm_up()
+    refuse_initialised_cuda()
+    print(f"tftrun fork server pid={os.getpid()}: {READY} after {time.monotonic() - started:.2f}s; "
+          f"{CUDA_UNTOUCHED}; CUDA driver loaded: {'yes' if cuda_driver_loaded() else 'no'}",
+          flush=True)
     with socket.socket(fileno=sock_fd) as sock:
         message = serve(sock, supervisor)
     if message is None:

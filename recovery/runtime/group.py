@@ -17,23 +17,34 @@ Two traps of torch 2.13's gloo (docs/architecture.md, and measured again for thi
   by a background thread, where the blocking join does no harm. The process must not
   exit while such a join is still blocked (the C++ runtime aborts it), so
   :func:`exit_blocked` tells the exit path to leave without waiting.
+
+An NCCL group is left as torch documents it instead: aborted (``ncclCommAbort`` frees a
+collective blocked on a dead peer at once), with ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` set
+to :data:`NCCL_ERROR_HANDLING` before it forms, so that torch's watchdog leaves the
+errors to this module rather than ending the process (``1``, torchrun's value, tears it
+down, and so does ``3``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from recovery.env import TORCH_NCCL_ASYNC_ERROR_HANDLING
 from recovery.runtime.abort import Aborted, ShouldAbort, never
 
-__all__ = ["meet", "connect", "retire", "exit_blocked"]
+__all__ = ["meet", "connect", "retire", "exit_blocked", "NCCL_ERROR_HANDLING"]
 
 logger = logging.getLogger(__name__)
 
+NCCL_ERROR_HANDLING = "0"
+"""``TORCH_NCCL_ASYNC_ERROR_HANDLING`` for an NCCL group: no handling by torch's watchdog,
+as torch asks of a process that aborts its groups itself (``_abort_process_group``)."""
 _MEET_POLL = 0.05
 _retiring: list[threading.Thread] = []
 
@@ -83,6 +94,8 @@ def connect(backend: str, store: Any, rank: int, world_size: int,
 
     from recovery.runtime import torch_compat
 
+    if backend == "nccl":
+        _leave_nccl_errors_to_recovery()
     try:
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=rendezvous_timeout))
@@ -97,10 +110,26 @@ def connect(backend: str, store: Any, rank: int, world_size: int,
     return True
 
 
+def _leave_nccl_errors_to_recovery() -> None:
+    """Set :data:`NCCL_ERROR_HANDLING` for the NCCL group about to form (torch reads it then)."""
+    given = os.environ.get(TORCH_NCCL_ASYNC_ERROR_HANDLING)
+    if given != NCCL_ERROR_HANDLING:
+        logger.info("%s=%s for recovery's NCCL groups (it was %s): a survivor aborts its group "
+                    "itself when a peer dies", TORCH_NCCL_ASYNC_ERROR_HANDLING,
+                    NCCL_ERROR_HANDLING, given)
+        os.environ[TORCH_NCCL_ASYNC_ERROR_HANDLING] = NCCL_ERROR_HANDLING
+
+
 def retire() -> None:
-    """Leave the default process group at once; its threads are joined in the background."""
+    """Leave the default process group at once: an NCCL group is aborted; a gloo group's
+    threads are joined in the background."""
     import torch.distributed as dist
 
+    from recovery.runtime import torch_compat
+
+    if dist.get_backend() == "nccl":
+        torch_compat.abort_default_group()
+        return
     old = [dist.group.WORLD]
     dist.destroy_process_group()  # unregisters it; ``old`` keeps the object alive
 

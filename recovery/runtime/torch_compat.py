@@ -15,7 +15,7 @@ import torch
 import torch.distributed.distributed_c10d as c10d
 
 __all__ = ["WRITTEN_FOR", "TorchVersionError", "check_version", "reset_group_count",
-           "set_default_group_timeout"]
+           "set_default_group_timeout", "abort_default_group"]
 
 WRITTEN_FOR = (2, 13)
 """The torch release (major, minor) whose private API this module uses."""
@@ -56,3 +56,9 @@ def reset_group_count() -> None:
 def set_default_group_timeout(timeout: timedelta) -> None:
     """Set the default group's timeout after it formed (the rendezvous used another)."""
     c10d._set_pg_timeout(timeout)
+
+
+def abort_default_group() -> None:
+    """Abort every process group and forget them (``ncclCommAbort``): what torch documents
+    for leaving an NCCL group whose collective may never complete; NCCL only."""
+    c10d._abort_process_group()

@@ -44,8 +44,9 @@ def all_reduce_gradients(
             waits for it (a fault-aware wait may raise; the gradients are then left
             untouched).
         flags: a small tensor summed over the ranks in the same collective (appended to
-            the first buffer, so it costs no extra round trip); replaced by the sum. The
-            trainer uses it to say which ranks' devices failed in this step.
+            the first buffer, so it costs no extra round trip, on the gradients' device);
+            replaced by the sum. The trainer uses it to say which ranks' devices failed
+            in this step.
         weight: what this rank's gradients are multiplied by before the sum: the
             micro-batches it computed, when a degraded step gave it more than one (its
             gradient is the mean over all its samples; recovery/train/shares.py).
@@ -63,7 +64,7 @@ def all_reduce_gradients(
         if param.grad is not None:
             by_dtype.setdefault(param.grad.dtype, []).append(param.grad)
     for index, grads in enumerate(by_dtype.values()):
-        extra = [flags.to(grads[0].dtype)] if flags is not None and index == 0 else []
+        extra = [flags.to(grads[0].device, grads[0].dtype)] if flags is not None and index == 0 else []
         flat = torch.cat([grad.reshape(-1) for grad in grads] + extra)
         if weight != 1:
             flat[:flat.numel() - sum(t.numel() for t in extra)].mul_(weight)

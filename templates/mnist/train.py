@@ -15,6 +15,8 @@ uninterrupted one. Under tftrun, the loop survives ``kill -9`` of any rank: the 
 is relaunched, every rank rolls back to the newest checkpoint they all hold, and training
 goes on (``recovery.train.elastic.ElasticTrainer``). Output: ``step=<n> loss=<x>`` every
 ``--log_every`` steps, and on rank 0 at the end ``final step=<n> params_sha256=<hex>``.
+``--device cuda`` trains on the worker's GPU (``LOCAL_RANK`` modulo the GPUs it sees), the
+collectives still on gloo, which all-reduces and broadcasts CUDA tensors.
 """
 
 from __future__ import annotations
@@ -69,6 +71,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch_policy", default=None, choices=["constant", "shrink"],
                         help="what a step trains while ranks are missing (docs/elastic.md); "
                              "default: TFT_BATCH_POLICY, else constant")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="where the model and batches live; cuda: this worker's GPU, "
+                             "LOCAL_RANK modulo the GPUs it sees (the collectives stay on gloo)")
     parser.add_argument("--log_params_hash", action="store_true",
                         help="log each committed step's parameter hash and micro-batches")
     parser.add_argument(
@@ -78,7 +83,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.save_steps < 1 or args.log_every < 1:
         parser.error("--save_steps and --log_every must be >= 1")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device=cuda: this process sees no CUDA device")
     return args
+
+
+def worker_device(name: str, local_rank: int) -> torch.device:
+    """``cpu``, or this worker's GPU (``LOCAL_RANK`` modulo the GPUs it sees), made current."""
+    if name == "cpu":
+        return torch.device("cpu")
+    device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
 
 
 def build_model() -> torch.nn.Module:
@@ -98,9 +114,9 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def train(args: argparse.Namespace, ctx: recovery.ClusterContext) -> None:
+def train(args: argparse.Namespace, ctx: recovery.ClusterContext, device: torch.device) -> None:
     seed_everything(args.seed)
-    model = build_model()
+    model = build_model().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     images, labels = load_dataset(os.environ.get(DATA_PATH), args.synthetic_size)
     sampler = ResumableDistributedSampler(
@@ -117,9 +133,9 @@ def train(args: argparse.Namespace, ctx: recovery.ClusterContext) -> None:
     # A plain loop: resuming, pausing when a peer dies, rolling back and going on happen
     # inside trainer.steps() and trainer.all_reduce_gradients().
     for step in trainer.steps(args.epochs, args.max_steps):
-        inputs = (images[step.indices].float() / 255 - MEAN) / STD
+        inputs = (images[step.indices].to(device).float() / 255 - MEAN) / STD
         optimizer.zero_grad()
-        loss = F.cross_entropy(model(inputs), labels[step.indices])
+        loss = F.cross_entropy(model(inputs), labels[step.indices].to(device))
         loss.backward()
         trainer.all_reduce_gradients()
         optimizer.step()
@@ -134,8 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = WorkerEnv.from_env()
     logging.basicConfig(level=logging.INFO, format=f"[rank {env.rank}] %(levelname)s %(name)s: %(message)s")
     try:
-        ctx = recovery.init(timeout=PROCESS_GROUP_TIMEOUT)
-        train(args, ctx)
+        ctx = recovery.init(timeout=PROCESS_GROUP_TIMEOUT)  # the scheduler's role never returns
+        train(args, ctx, worker_device(args.device, env.local_rank))
     except CheckpointError as err:
         logger.error("%s", err)
         return 1
