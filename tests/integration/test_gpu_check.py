@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from support import REPO, run
-from support_mnist import JOB, final_digests, mnist_job
+from support.mnist import JOB, final_digests, mnist_job
 
 sys.path.insert(0, str(REPO / "bench"))
 import gpu_check  # noqa: E402 - bench/ is not a package

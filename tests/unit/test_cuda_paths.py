@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from launcher.procs.spare import CUDA_INITIALISED, refuse_initialised_cuda
 from recovery.train.grad_sync import all_reduce_gradients
-from support_mnist import TEMPLATE
+from support.mnist import TEMPLATE
 
 sys.path.insert(0, str(TEMPLATE))
 import train  # noqa: E402 - the template's folder is not a package
