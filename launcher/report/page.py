@@ -46,6 +46,12 @@ def _state(timeline: Timeline) -> str:
     return "no job_end recorded: tftrun itself was stopped, or these are not all the events"
 
 
+def _left_out(timeline: Timeline) -> str:
+    if not timeline.left_out:
+        return ""
+    return f'; <span class="bad">{timeline.left_out} events left out</span> (a field not of its type)'
+
+
 def _faults_table(timeline: Timeline) -> str:
     rows = []
     number = 0
@@ -98,6 +104,7 @@ def render_html(timeline: Timeline, log_dirs: Sequence[str]) -> str:
     """The report of ``timeline``, read from ``log_dirs``, as one HTML document."""
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timeline.start))
     title = f"tftrun report: {timeline.run_id or 'job'}"
+    read_from = escape(", ".join(log_dirs)) + _left_out(timeline)
     steps = (steps_svg(timeline) if timeline.steps else
              "<p>No steps reported (the script does not use <code>ElasticTrainer</code>, or "
              "has not completed a step yet).</p>")
@@ -106,7 +113,7 @@ def render_html(timeline: Timeline, log_dirs: Sequence[str]) -> str:
 <style>{_STYLE}</style></head>
 <body>
 <h1>{escape(title)}</h1>
-<div class="meta">started {started}; {_state(timeline)}; read from {escape(", ".join(log_dirs))}</div>
+<div class="meta">started {started}; {_state(timeline)}; read from {read_from}</div>
 <h2>Timeline</h2>
 {timeline_svg(timeline)}
 <h2>Steps over time</h2>

@@ -163,8 +163,9 @@ def _bars(timeline: Timeline, scale: _Scale, rows: dict[int, float]) -> list[str
             f'<rect class="incarnation" data-rank="{life.rank}" data-ending="{life.ending.value}" '
             f'x="{x0:.1f}" y="{rows[life.rank] + pad:.1f}" width="{max(x1 - x0, 1):.1f}" '
             f'height="{BAR}" rx="3" fill="{ENDING_COLOURS[life.ending]}">'
-            f'<title>rank {life.rank} incarnation {life.incarnation} (pid {life.pid}): '
-            f'{life.ending.value}{escape(ended)}, {_seconds(life.end - life.start)}</title></rect>')
+            f'<title>rank {_attr(life.rank)} incarnation {_attr(life.incarnation)} '
+            f'(pid {_attr(life.pid)}): {life.ending.value}{_attr(ended)}, '
+            f'{_seconds(life.end - life.start)}</title></rect>')
     for span in timeline.phases:
         if span.rank not in rows:
             continue
@@ -216,8 +217,8 @@ def _faults(timeline: Timeline, scale: _Scale, rows: dict[int, float]) -> list[s
         parts.append(
             f'<g class="fault" data-rank="{fault.rank}" data-ts="{fault.ts:.3f}" '
             f'data-cause="{_attr(fault.cause)}" data-x="{x:.1f}">'
-            f'<title>rank {fault.rank} fault: {escape(fault.cause)} '
-            f'(pid {fault.pid}) at {_seconds(fault.ts - timeline.start)}</title>'
+            f'<title>rank {_attr(fault.rank)} fault: {_attr(fault.cause)} '
+            f'(pid {_attr(fault.pid)}) at {_seconds(fault.ts - timeline.start)}</title>'
             f'<line x1="{x:.1f}" y1="{y + 1:.1f}" x2="{x:.1f}" y2="{y + LANE - 1:.1f}" '
             f'stroke="{FAULT_COLOUR}" stroke-width="2.5"/>'
             f'<path d="M{x - 6:.1f},{y + 1:.1f} L{x + 6:.1f},{y + 1:.1f} L{x:.1f},{y + 9:.1f} Z" '
