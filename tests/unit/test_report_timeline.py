@@ -231,13 +231,16 @@ TEXT_FIELDS = ("run_id", "role", "signal", "cause", "what", "why", "params_sha25
 
 def tampered_job() -> list[dict[str, Any]]:
     """A job with a kill, followed by copies of each of its events with one field (any but
-    ``event``) set to markup, and by copies with every text field set to markup."""
+    ``event``) set to markup, by copies with every text field set to markup, and by texts
+    with control characters and lone surrogates (neither XML nor UTF-8 can hold them)."""
     events = job_events(2, 1, [Kill(1, 5, 2)])
     out = list(events)
     for event in events:
         out += [{**event, name: MARKUP} for name in event if name != "event"]
         out.append({**event, **{name: MARKUP for name in TEXT_FIELDS if name in event}})
     out.append({**events[0], "event": MARKUP})
+    out += [{**event, "cause": "\x1b[31m\ud800\x00" + MARKUP, "reason": "\udfff\x07"}
+            for event in events if event["event"] in ("fault", "job_end")]
     return out
 
 
@@ -297,3 +300,33 @@ def test_a_number_that_is_not_one_is_not_drawn(tmp_path: Path) -> None:
     assert drawn.left_out == len(lines) - len(events)
     assert replace(drawn, left_out=0) == build_timeline(events)
     assert f"{drawn.left_out} events left out" in page
+
+
+FIELDS_READ = ("event", "ts", "node_rank", "run_id", "pid", "role", "rank", "incarnation",
+               "expected", "exitcode", "signal", "cause", "what", "seconds", "until",
+               "generation", "world", "retired", "active", "step", "why", "total",
+               "params_sha256", "source", "reason")
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats()
+    | st.text() | st.sampled_from([MARKUP, "spawn", "exit", "fault", "worker"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=6)
+
+
+@given(st.lists(st.tuples(st.integers(0, 30), st.sampled_from(FIELDS_READ), json_values),
+                max_size=8))
+@settings(max_examples=150, deadline=None)
+def test_any_value_in_any_field_renders_a_page_without_foreign_tags_and_a_json_trace(
+        changes: list[tuple[int, str, Any]]) -> None:
+    """Whatever JSON a field of the events holds, the report neither fails nor lets a tag
+    through, and its trace is JSON (no ``NaN``)."""
+    events = job_events(2, 1, [Kill(1, 5, 2)])
+    for index, name, value in changes:
+        events[index % len(events)] = {**events[index % len(events)], name: value}
+    timeline = build_timeline(events)
+    page = render_html(timeline, ["logs"])
+    assert_no_markup_survives(page)
+    trace = json.loads(json.dumps(trace_events(timeline), allow_nan=False))
+    # (A job whose events were removed at random need not nest as check_trace wants.)
+    assert all(isinstance(entry["pid"], int) and isinstance(entry["tid"], int)
+               and isinstance(entry.get("ts", 0), int) for entry in trace["traceEvents"])
