@@ -3,15 +3,16 @@
 An ``events.jsonl`` is written by the job's processes, but a log dir may be shared or
 archived and its report opened by others, so the report trusts none of its values: an
 event whose time, number or text field has another type (a ``pid`` that is markup, a
-``ts`` of ``NaN``), or that lacks a field its drawing needs, is left out whole. What is
-left is still escaped wherever it is written (svg.py, page.py).
+``ts`` of ``NaN``) is left out whole, and counted; one that lacks a field its drawing
+needs draws nothing. What is drawn is still escaped wherever it is written (svg.py,
+page.py).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["readable"]
+__all__ = ["well_typed", "drawable"]
 
 _INTEGERS = frozenset({"node_rank", "pid", "rank", "incarnation", "exitcode", "generation",
                        "world", "step", "total"})
@@ -53,10 +54,15 @@ def _field_ok(name: str, value: object) -> bool:
     return True  # not read, or read only for its truth (``expected``, ``retired``)
 
 
-def readable(event: Any) -> bool:
-    """Whether ``event`` (a parsed line of ``events.jsonl``) is one the report may draw."""
+def well_typed(event: Any) -> bool:
+    """Whether every field the report reads of ``event`` (a parsed line of ``events.jsonl``)
+    is of its type, ``ts`` included; one that is not is counted as left out."""
     if not isinstance(event, dict) or not _real(event.get("ts")):
         return False
-    if not all(_field_ok(name, value) for name, value in event.items()):
-        return False
+    return all(_field_ok(name, value) for name, value in event.items())
+
+
+def drawable(event: dict[str, Any]) -> bool:
+    """Whether a well-typed ``event`` holds every field its drawing needs (a supervisor's
+    ``membership`` event of a retired rank has no generation: it draws nothing)."""
     return all(event.get(name) is not None for name in _REQUIRED.get(str(event.get("event")), ()))

@@ -16,7 +16,7 @@ from typing import Any
 import psutil
 
 from launcher.errors import ConfigError
-from launcher.report.fields import readable
+from launcher.report.fields import well_typed
 from launcher.view.logs import PREVIOUS_DIR
 from recovery.events import EVENTS_FILE, read_events
 
@@ -35,7 +35,7 @@ def _read_node(log_dir: Path) -> list[dict[str, Any]]:
         hint = f" (archived runs: {', '.join(archived)})" if archived else ""
         raise ConfigError(f"no {EVENTS_FILE} in {log_dir}{hint}")
     events = [e for e in read_events(log_dir) if isinstance(e, dict)]
-    start = next((e for e in events if e.get("event") == "job_start" and readable(e)), {})
+    start = next((e for e in events if e.get("event") == "job_start" and well_typed(e)), {})
     node = int(start.get("node_rank") or 0)
     return [{**e, "node_rank": e.get("node_rank", node)} for e in events]
 

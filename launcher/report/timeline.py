@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from launcher.report.fields import readable
+from launcher.report.fields import drawable, well_typed
 from launcher.report.model import (
     DegradedSpan,
     FaultMark,
@@ -285,12 +285,13 @@ def build_timeline(events: Iterable[dict[str, Any]], now: float | None = None) -
 
     ``now``: the job is still running, and the timeline ends now (processes without an
     exit are running); None: it ends at the last event. An event with a field of another
-    type than the report draws it as is left out (launcher/report/fields.py).
+    type than the report draws it as is left out, and counted (launcher/report/fields.py).
     """
     given = list(events)
-    ordered = sorted(filter(readable, given), key=lambda e: e["ts"])
+    typed = [event for event in given if well_typed(event)]
+    ordered = sorted(filter(drawable, typed), key=lambda e: e["ts"])
     last = ordered[-1]["ts"] if ordered else 0.0
     builder = _Builder(end=max(last, now) if now is not None else last, live=now is not None)
     for event in ordered:
         builder.feed(event)
-    return replace(builder.timeline(), left_out=len(given) - len(ordered))
+    return replace(builder.timeline(), left_out=len(given) - len(typed))

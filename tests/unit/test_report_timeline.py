@@ -216,8 +216,9 @@ def test_a_retirement_goes_on_with_the_degraded_span() -> None:
          "generation": None, "why": "shrink", "lost": [], "joined": [], "retired": [1]},
         {"ts": T0 + 12.0, "event": "job_end", "exitcode": 0, "reason": "done"},
     ]
-    assert [(s.start - T0, s.end - T0, s.active) for s in build_timeline(events).degraded] \
-        == [(2.0, 12.0, (0, 2))]
+    timeline = build_timeline(events)
+    assert [(s.start - T0, s.end - T0, s.active) for s in timeline.degraded] == [(2.0, 12.0, (0, 2))]
+    assert timeline.left_out == 0  # a generation of None: nothing to draw, not a wrong type
 
 
 MARKUP = "<script>alert(1)</script><img src=x onerror=alert(1)>\"'&</title>"
