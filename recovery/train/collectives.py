@@ -29,7 +29,8 @@ Wait = Callable[[Any], None]
 
 MAX_ROWS = 4096
 """The most rows a peer may announce to :func:`all_gather_rows` unless the caller expects
-fewer: a few hundred KiB per rank, never an allocation a false count chooses."""
+fewer: at most 96 KiB per rank for rows of three integers, never an allocation a false
+count chooses."""
 
 
 class RefusedPayload(Exception):
@@ -47,7 +48,8 @@ def all_gather_rows(rows: list[tuple[int, ...]], width: int, wait: Wait = blocki
     """Every rank's list of integer tuples of ``width`` items, in rank order.
 
     Each rank sends at most ``most`` rows; a peer that announces more (or fewer than none)
-    raises :class:`RefusedPayload` before anything is allocated for its rows.
+    raises :class:`RefusedPayload` before anything is allocated for its rows, on every rank
+    alike (they all see the same counts).
     """
     if len(rows) > most:
         raise ValueError(f"{len(rows)} rows to gather, more than the {most} a rank may send")
