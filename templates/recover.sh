@@ -33,6 +33,7 @@ PYTHON=${PYTHON:-python}
 umask "$(printf '%04o' $(( $(umask) | 022 )))"
 
 mkdir -p "$TFT_LOG_DIR"
+"$PYTHON" -m recovery.runtime.folders           # refused as tftrun refuses them: exit 2
 TFT_TOKEN_FILE=${TFT_TOKEN_FILE:-$HOME/.tftrun/tokens/$("$PYTHON" -c 'import hashlib, os, sys
 print(hashlib.sha256(os.path.realpath(sys.argv[1]).encode()).hexdigest()[:16])' "$MS_RECOVERY_PATH").token}
 if [ -z "${TFT_JOB_TOKEN:-}" ] && [ "${TFT_INSECURE_NO_TOKEN:-0}" != 1 ]; then

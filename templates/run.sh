@@ -14,7 +14,8 @@
 #     random one, kept (mode 0600) in TFT_TOKEN_FILE (~/.tftrun/tokens/, one per recovery
 #     path) for recover.sh. TFT_INSECURE_NO_TOKEN=1: none at all (anyone who reaches the
 #     port can steer the job; docs/security.md).
-# The scheduler listens on MS_SCHED_HOST only; nothing written is writable by others.
+# The scheduler listens on MS_SCHED_HOST only; nothing written is writable by others;
+# a log dir or recovery path another user owns or may write into is refused, as tftrun does.
 # Like tftrun, it starts a new job: an earlier job's checkpoints in MS_RECOVERY_PATH move
 # to previous/<n>/ (TFT_IS_RECOVER=1: resume that job instead; docs/checkpoints.md#lineage).
 # Watch it with: tftctl status --log_dir "$TFT_LOG_DIR"
@@ -34,7 +35,8 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}    # many processes share the cores
 PYTHON=${PYTHON:-python}
 umask "$(printf '%04o' $(( $(umask) | 022 )))"
 
-mkdir -p "$TFT_LOG_DIR"
+mkdir -p "$TFT_LOG_DIR" "$MS_RECOVERY_PATH"
+"$PYTHON" -m recovery.runtime.folders           # refused as tftrun refuses them: exit 2
 TFT_TOKEN_FILE=${TFT_TOKEN_FILE:-$HOME/.tftrun/tokens/$("$PYTHON" -c 'import hashlib, os, sys
 print(hashlib.sha256(os.path.realpath(sys.argv[1]).encode()).hexdigest()[:16])' "$MS_RECOVERY_PATH").token}
 if [ -z "${TFT_JOB_TOKEN:-}" ] && [ "${TFT_INSECURE_NO_TOKEN:-0}" != 1 ]; then

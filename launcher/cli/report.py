@@ -60,4 +60,6 @@ def report(
     typer.echo(f"wrote {target}: {len(timeline.lanes)} ranks, {faults} fault"
                f"{'' if faults == 1 else 's'}, {len(timeline.recoveries)} recover"
                f"{'y' if len(timeline.recoveries) == 1 else 'ies'}"
-               + ("" if timeline.ended else " (job not ended)"))
+               + ("" if timeline.ended else " (job not ended)")
+               + (f"; {timeline.left_out} events left out (a field not of its type)"
+                  if timeline.left_out else ""))

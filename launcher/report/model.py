@@ -147,6 +147,8 @@ class Timeline:
     restarts: int
     relaunches: int
     degraded: tuple[DegradedSpan, ...] = ()
+    left_out: int = 0
+    """Events not drawn: one of their fields is not of its type (launcher/report/fields.py)."""
 
     @property
     def nodes(self) -> list[int]:

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from html import escape
 
 from launcher.report.model import Timeline
-from launcher.report.svg import steps_svg, timeline_svg
+from launcher.report.svg import escape_text, steps_svg, timeline_svg
 
 __all__ = ["render_html"]
 
@@ -32,7 +31,7 @@ def _seconds(value: float | None) -> str:
 
 
 def _cell(value: object, numeric: bool = False) -> str:
-    text = "–" if value is None else escape(str(value))
+    text = "–" if value is None else escape_text(str(value))
     return f'<td class="num">{text}</td>' if numeric else f"<td>{text}</td>"
 
 
@@ -40,10 +39,16 @@ def _state(timeline: Timeline) -> str:
     if timeline.ended:
         verdict = "ok" if timeline.exitcode == 0 else "bad"
         return (f'ended, exit status <span class="{verdict}">{timeline.exitcode}</span> '
-                f"({escape(timeline.reason)})")
+                f"({escape_text(timeline.reason)})")
     if timeline.running:
         return "still running: this is what is known so far"
     return "no job_end recorded: tftrun itself was stopped, or these are not all the events"
+
+
+def _left_out(timeline: Timeline) -> str:
+    if not timeline.left_out:
+        return ""
+    return f'; <span class="bad">{timeline.left_out} events left out</span> (a field not of its type)'
 
 
 def _faults_table(timeline: Timeline) -> str:
@@ -88,7 +93,7 @@ def _digests_table(timeline: Timeline) -> str:
     agree = timeline.digests_agree
     verdict = ('<p class="ok">Every rank ended with the same parameters.</p>' if agree else
                '<p class="bad">The ranks ended with different parameters.</p>')
-    rows = "".join(f"<tr>{_cell(rank, True)}<td><code>{escape(digest)}</code></td></tr>"
+    rows = "".join(f"<tr>{_cell(rank, True)}<td><code>{escape_text(digest)}</code></td></tr>"
                    for rank, digest in timeline.digests.items())
     return (f'{verdict}<table class="digests"><tr><th>rank</th><th>final params_sha256</th>'
             f"</tr>{rows}</table>")
@@ -98,15 +103,16 @@ def render_html(timeline: Timeline, log_dirs: Sequence[str]) -> str:
     """The report of ``timeline``, read from ``log_dirs``, as one HTML document."""
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timeline.start))
     title = f"tftrun report: {timeline.run_id or 'job'}"
+    read_from = escape_text(", ".join(log_dirs)) + _left_out(timeline)
     steps = (steps_svg(timeline) if timeline.steps else
              "<p>No steps reported (the script does not use <code>ElasticTrainer</code>, or "
              "has not completed a step yet).</p>")
     return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>
+<html lang="en"><head><meta charset="utf-8"><title>{escape_text(title)}</title>
 <style>{_STYLE}</style></head>
 <body>
-<h1>{escape(title)}</h1>
-<div class="meta">started {started}; {_state(timeline)}; read from {escape(", ".join(log_dirs))}</div>
+<h1>{escape_text(title)}</h1>
+<div class="meta">started {started}; {_state(timeline)}; read from {read_from}</div>
 <h2>Timeline</h2>
 {timeline_svg(timeline)}
 <h2>Steps over time</h2>

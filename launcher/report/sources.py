@@ -16,6 +16,7 @@ from typing import Any
 import psutil
 
 from launcher.errors import ConfigError
+from launcher.report.fields import well_typed
 from launcher.view.logs import PREVIOUS_DIR
 from recovery.events import EVENTS_FILE, read_events
 
@@ -33,8 +34,8 @@ def _read_node(log_dir: Path) -> list[dict[str, Any]]:
         archived = _archived(log_dir)
         hint = f" (archived runs: {', '.join(archived)})" if archived else ""
         raise ConfigError(f"no {EVENTS_FILE} in {log_dir}{hint}")
-    events = list(read_events(log_dir))
-    start = next((e for e in events if e.get("event") == "job_start"), {})
+    events = [e for e in read_events(log_dir) if isinstance(e, dict)]
+    start = next((e for e in events if e.get("event") == "job_start" and well_typed(e)), {})
     node = int(start.get("node_rank") or 0)
     return [{**e, "node_rank": e.get("node_rank", node)} for e in events]
 

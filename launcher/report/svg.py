@@ -9,13 +9,14 @@ that tests and users' tools can find them.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from html import escape
 
 from launcher.report.model import IncarnationEnding, Recovery, SpanPhase, StepPoint, Timeline
 
-__all__ = ["timeline_svg", "steps_svg", "ENDING_COLOURS", "PHASE_COLOURS", "WIDTH"]
+__all__ = ["timeline_svg", "steps_svg", "escape_text", "ENDING_COLOURS", "PHASE_COLOURS", "WIDTH"]
 
 WIDTH = 1160
 LEFT, RIGHT = 130, 30
@@ -36,8 +37,14 @@ RANK_COLOURS = ("#1e88e5", "#43a047", "#fb8c00", "#8e24aa", "#00acc1", "#6d4c41"
                 "#3949ab", "#7cb342", "#546e7a")
 
 
-def _attr(value: object) -> str:
-    return escape(str(value), quote=True)
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+"""Characters XML 1.0 does not allow (control characters, lone surrogates): an SVG that
+held one would not parse, and a lone surrogate cannot even be written as UTF-8."""
+
+
+def escape_text(value: object) -> str:
+    """``value`` as text safe in an element or an attribute of the page and its SVG."""
+    return escape(_NOT_XML.sub("\N{REPLACEMENT CHARACTER}", str(value)), quote=True)
 
 
 def _seconds(value: float) -> str:
@@ -117,12 +124,12 @@ def _recoveries(timeline: Timeline, scale: _Scale, top: float) -> list[str]:
         causes = ", ".join(f"rank {f.rank} {f.cause}" for f in recovery.faults)
         label = _recovery_label(recovery, timeline.running)
         parts.append(
-            f'<g class="recovery" data-index="{index}" data-source="{_attr(recovery.source or "")}">'
-            f'<title>{escape(causes)}: {escape(label)}</title>'
+            f'<g class="recovery" data-index="{index}" data-source="{escape_text(recovery.source or "")}">'
+            f'<title>{escape_text(causes)}: {escape_text(label)}</title>'
             f'<path d="M{x0:.1f},{y - 6:.1f} V{y:.1f} H{x1:.1f} V{y - 6:.1f}" fill="none" '
             f'stroke="#37474f" stroke-width="1.5"/>'
             f'<text x="{(x0 + x1) / 2:.1f}" y="{y - 10:.1f}" font-size="12" fill="#263238" '
-            f'text-anchor="middle" font-weight="600">{escape(label)}</text></g>')
+            f'text-anchor="middle" font-weight="600">{escape_text(label)}</text></g>')
     return parts
 
 
@@ -163,8 +170,9 @@ def _bars(timeline: Timeline, scale: _Scale, rows: dict[int, float]) -> list[str
             f'<rect class="incarnation" data-rank="{life.rank}" data-ending="{life.ending.value}" '
             f'x="{x0:.1f}" y="{rows[life.rank] + pad:.1f}" width="{max(x1 - x0, 1):.1f}" '
             f'height="{BAR}" rx="3" fill="{ENDING_COLOURS[life.ending]}">'
-            f'<title>rank {life.rank} incarnation {life.incarnation} (pid {life.pid}): '
-            f'{life.ending.value}{escape(ended)}, {_seconds(life.end - life.start)}</title></rect>')
+            f'<title>rank {escape_text(life.rank)} incarnation {escape_text(life.incarnation)} '
+            f'(pid {escape_text(life.pid)}): {life.ending.value}{escape_text(ended)}, '
+            f'{_seconds(life.end - life.start)}</title></rect>')
     for span in timeline.phases:
         if span.rank not in rows:
             continue
@@ -215,15 +223,15 @@ def _faults(timeline: Timeline, scale: _Scale, rows: dict[int, float]) -> list[s
         x, y = scale.x(fault.ts), rows[fault.rank]
         parts.append(
             f'<g class="fault" data-rank="{fault.rank}" data-ts="{fault.ts:.3f}" '
-            f'data-cause="{_attr(fault.cause)}" data-x="{x:.1f}">'
-            f'<title>rank {fault.rank} fault: {escape(fault.cause)} '
-            f'(pid {fault.pid}) at {_seconds(fault.ts - timeline.start)}</title>'
+            f'data-cause="{escape_text(fault.cause)}" data-x="{x:.1f}">'
+            f'<title>rank {escape_text(fault.rank)} fault: {escape_text(fault.cause)} '
+            f'(pid {escape_text(fault.pid)}) at {_seconds(fault.ts - timeline.start)}</title>'
             f'<line x1="{x:.1f}" y1="{y + 1:.1f}" x2="{x:.1f}" y2="{y + LANE - 1:.1f}" '
             f'stroke="{FAULT_COLOUR}" stroke-width="2.5"/>'
             f'<path d="M{x - 6:.1f},{y + 1:.1f} L{x + 6:.1f},{y + 1:.1f} L{x:.1f},{y + 9:.1f} Z" '
             f'fill="{FAULT_COLOUR}"/>'
             f'<text x="{x + 8:.1f}" y="{y + 11:.1f}" font-size="11" font-weight="700" '
-            f'fill="{FAULT_COLOUR}">{escape(fault.cause)}</text></g>')
+            f'fill="{FAULT_COLOUR}">{escape_text(fault.cause)}</text></g>')
     return parts
 
 
@@ -239,7 +247,7 @@ def _legend(timeline: Timeline, y: float) -> list[str]:
     for colour, text in items:
         parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="14" height="12" rx="2" '
                      f'fill="{colour}"/><text x="{x + 18:.1f}" y="{y + 10:.1f}" font-size="11" '
-                     f'fill="#37474f">{escape(text)}</text>')
+                     f'fill="#37474f">{escape_text(text)}</text>')
         x += 26 + 6.2 * len(text)
     parts.append(f'<path d="M{x:.1f},{y:.1f} L{x + 12:.1f},{y:.1f} L{x + 6:.1f},{y + 8:.1f} Z" '
                  f'fill="{FAULT_COLOUR}"/><text x="{x + 18:.1f}" y="{y + 10:.1f}" '

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from launcher.report.fields import drawable, well_typed
 from launcher.report.model import (
     DegradedSpan,
     FaultMark,
@@ -40,6 +41,10 @@ from launcher.report.model import (
 from recovery.train.step_events import RESTORED
 
 __all__ = ["build_timeline"]
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 @dataclass
@@ -109,17 +114,17 @@ class _Builder:
             return
         rank = int(event["rank"])
         self.lanes.add(Lane(node, rank))
-        self.running[(rank, event["pid"])] = event
+        self.running[(rank, int(event["pid"]))] = event
         self.spawns[rank].append(event["ts"])
         self.current[rank] = int(event.get("incarnation") or 0)
 
     def _on_hang(self, event: dict[str, Any], node: int) -> None:
-        self.hung.add((event["rank"], event["pid"]))
+        self.hung.add((int(event["rank"]), int(event["pid"])))
 
     def _on_exit(self, event: dict[str, Any], node: int) -> None:
         if event.get("role") != "worker" or event.get("rank") is None:
             return
-        key = (int(event["rank"]), event["pid"])
+        key = (int(event["rank"]), int(event["pid"]))
         spawn = self.running.pop(key, None)
         if spawn is None:
             return
@@ -134,9 +139,8 @@ class _Builder:
                                              key[1], spawn["ts"], event["ts"], ending, how))
 
     def _on_fault(self, event: dict[str, Any], node: int) -> None:
-        rank = event.get("rank")
-        fault = FaultMark(event["ts"], None if rank is None else int(rank), str(event.get("cause")),
-                      event.get("pid"), event.get("incarnation"))
+        fault = FaultMark(event["ts"], _optional_int(event.get("rank")), str(event.get("cause")),
+                          _optional_int(event.get("pid")), _optional_int(event.get("incarnation")))
         self.faults.append(fault)
         if self.episode is None:
             formed = self.generations[-1].generation if self.generations else None
@@ -210,10 +214,11 @@ class _Builder:
         if episode is None:
             return
         self.episode = None
-        global_step = int(event["step"]) if event.get("step") is not None else None
+        global_step = _optional_int(event.get("step"))
+        seconds = event.get("seconds")
         self.recoveries.append(Recovery(tuple(episode.faults), event["ts"], event.get("source"),
-                                        event.get("seconds"), global_step, episode.reached,
-                                        episode.restart))
+                                        None if seconds is None else float(seconds), global_step,
+                                        episode.reached, episode.restart))
         self.high = global_step
 
     # ------------------------------------------------------------------ assembly
@@ -279,12 +284,14 @@ def build_timeline(events: Iterable[dict[str, Any]], now: float | None = None) -
     """The timeline of ``events`` (any order; each may carry ``node_rank``, default 0).
 
     ``now``: the job is still running, and the timeline ends now (processes without an
-    exit are running); None: it ends at the last event.
+    exit are running); None: it ends at the last event. An event with a field of another
+    type than the report draws it as is left out, and counted (launcher/report/fields.py).
     """
-    ordered = sorted((e for e in events if isinstance(e.get("ts"), (int, float))),
-                     key=lambda e: e["ts"])
+    given = list(events)
+    typed = [event for event in given if well_typed(event)]
+    ordered = sorted(filter(drawable, typed), key=lambda e: e["ts"])
     last = ordered[-1]["ts"] if ordered else 0.0
     builder = _Builder(end=max(last, now) if now is not None else last, live=now is not None)
     for event in ordered:
         builder.feed(event)
-    return builder.timeline()
+    return replace(builder.timeline(), left_out=len(given) - len(typed))

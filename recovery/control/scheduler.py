@@ -33,7 +33,6 @@ import json
 import logging
 import math
 import os
-import resource
 import select
 import signal
 import threading
@@ -52,6 +51,7 @@ from recovery.control.members import Accepted, Identity, Refused
 from recovery.control.membership import NO_GENERATION, Membership, describe_incomplete
 from recovery.control.node_ranks import Given, NodeRanks
 from recovery.control.nodes import JOB_KEY, MAX_VALUE_BYTES, JobIdentity, job_names, job_value
+from recovery.control.process_limits import offer_to_oom_killer, raise_open_files_limit
 from recovery.control.replies import KeptReplies, SentReplies
 from recovery.control.requests import BadRequest, Request, parse_request
 from recovery.control.rpc import (
@@ -866,26 +866,13 @@ def _spaced(least: float, cost: float, share: float) -> float:
     return max(least, cost / share)
 
 
-def raise_open_files_limit() -> None:
-    """Raise this process's soft limit on open files to its hard limit: the store holds two
-    connections per node under tftrun (its beats, and its news watch) and one per rank
-    beating itself, and a soft limit of 1 024 (a common default) would refuse the
-    connections of a job past 500 nodes (docs/scale.md)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == hard:
-        return
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    except (ValueError, OSError) as err:  # an unlimited hard limit the kernel caps lower
-        logger.debug("open files limit kept at %d: %s", soft, err)
-
-
 def main() -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO,
                             format="%(asctime)s scheduler %(levelname)s %(message)s")
     os.umask(os.umask(0) | 0o022)  # what it writes is never world-writable
     raise_open_files_limit()
+    offer_to_oom_killer()
     try:
         config = SchedulerConfig.from_env()
     except (MissingToken, WeakToken) as err:

@@ -48,7 +48,7 @@ from recovery.control.rpc import (
 from recovery.control.signing import MissingToken, checked_token
 from recovery.env import WorkerEnv
 from recovery.exit_codes import REGISTRATION_REFUSED
-from recovery.runtime import group
+from recovery.runtime import folders, group
 from recovery.runtime.abort import Aborted, ShouldAbort, never
 from recovery.runtime.heartbeat import Heartbeat, news_look_interval
 from recovery.timeouts import Timeouts
@@ -404,12 +404,12 @@ def init(backend: str | None = None, timeout: timedelta | None = None) -> Cluste
         return: the process runs the scheduler and exits.
 
     Raises:
-        RegistrationRefused: a :class:`ClusterError`: the registration was refused for
-            good (wrong token, rank beyond ``worker_num``, ...); uncaught, the process
-            exits 77 (recovery/exit_codes.py).
+        RegistrationRefused: a :class:`ClusterError`: refused for good (a wrong token, a
+            rank beyond ``worker_num``, ...); uncaught, the process exits 77.
+        UnsafeFolder: the log dir or recovery path is not the user's own; uncaught, exit 2.
         ClusterError: the cluster did not complete within ``cluster_time_out``.
     """
-    worker_env = WorkerEnv.from_env()
+    worker_env = folders.checked(WorkerEnv.from_env())
     if worker_env.is_scheduler:
         from recovery.control import scheduler
 

@@ -20,15 +20,22 @@ import psutil
 import torch
 import torch.distributed as dist
 
-__all__ = ["Wait", "RefusedPayload", "blocking", "all_gather_rows", "broadcast_bytes",
+__all__ = ["Wait", "RefusedPayload", "MAX_ROWS", "blocking", "all_gather_rows", "broadcast_bytes",
            "broadcast_plain"]
 
 Wait = Callable[[Any], None]
 """Waits for an asynchronous collective's work (it may raise to give up on it)."""
 
 
+MAX_ROWS = 4096
+"""The most rows a peer may announce to :func:`all_gather_rows` unless the caller expects
+fewer: at most 96 KiB per rank for rows of three integers, never an allocation a false
+count chooses."""
+
+
 class RefusedPayload(Exception):
-    """A peer sent state that does not load as tensors and plain data: it was not loaded."""
+    """A peer sent state that does not load as tensors and plain data, or announced more
+    than an honest peer sends: nothing of it was loaded, nor room made for it."""
 
 
 def blocking(work: Any) -> None:
@@ -36,13 +43,23 @@ def blocking(work: Any) -> None:
     work.wait()
 
 
-def all_gather_rows(rows: list[tuple[int, ...]], width: int,
-                    wait: Wait = blocking) -> list[list[tuple[int, ...]]]:
-    """Every rank's list of integer tuples of ``width`` items, in rank order."""
+def all_gather_rows(rows: list[tuple[int, ...]], width: int, wait: Wait = blocking,
+                    most: int = MAX_ROWS) -> list[list[tuple[int, ...]]]:
+    """Every rank's list of integer tuples of ``width`` items, in rank order.
+
+    Each rank sends at most ``most`` rows; a peer that announces more (or fewer than none)
+    raises :class:`RefusedPayload` before anything is allocated for its rows, on every rank
+    alike (they all see the same counts).
+    """
+    if len(rows) > most:
+        raise ValueError(f"{len(rows)} rows to gather, more than the {most} a rank may send")
     world_size = dist.get_world_size()
     count = torch.tensor([len(rows)], dtype=torch.int64)
     counts = [torch.zeros(1, dtype=torch.int64) for _ in range(world_size)]
     wait(dist.all_gather(counts, count, async_op=True))
+    for peer, announced in enumerate(int(c) for c in counts):
+        if not 0 <= announced <= most:
+            raise RefusedPayload(f"rank {peer} announced {announced} rows; a rank sends at most {most}")
     longest = max(int(c) for c in counts)
     if longest == 0:
         return [[] for _ in range(world_size)]  # every rank knows it: no second collective
@@ -54,10 +71,12 @@ def all_gather_rows(rows: list[tuple[int, ...]], width: int,
     return [[tuple(row) for row in table[:int(n)].tolist()] for table, n in zip(everyone, counts)]
 
 
-def broadcast_bytes(data: bytes | None, source: int, wait: Wait = blocking) -> bytes:
+def broadcast_bytes(data: bytes | None, source: int, most: int, wait: Wait = blocking) -> bytes:
     """Send ``data`` from rank ``source`` to every rank, as its length then a uint8 tensor.
 
-    ``data`` is only read on the source (pass ``None`` elsewhere).
+    ``data`` is only read on the source (pass ``None`` elsewhere). Every other rank accepts
+    at most ``most`` bytes (and never more than this host has available): a larger
+    announced length raises :class:`RefusedPayload` before anything is allocated.
     """
     if dist.get_rank() == source:
         assert data is not None
@@ -69,22 +88,23 @@ def broadcast_bytes(data: bytes | None, source: int, wait: Wait = blocking) -> b
     if dist.get_rank() != source:
         announced = int(size)
         available = psutil.virtual_memory().available
-        if not 0 < announced <= available:
+        if not 0 < announced <= min(most, available):
             # Refused before allocating: a size past what this host holds would end in a
             # MemoryError or, under overcommit, in the OOM killer choosing among the ranks.
-            raise RefusedPayload(f"rank {source} announced {announced} bytes "
-                                 f"({available} available here)")
+            raise RefusedPayload(f"rank {source} announced {announced} bytes; this rank accepts "
+                                 f"at most {most} ({available} available here)")
         buffer = bytearray(announced)
     wait(dist.broadcast(torch.frombuffer(buffer, dtype=torch.uint8), src=source, async_op=True))
     return bytes(buffer)
 
 
-def broadcast_plain(value: Any, source: int, wait: Wait = blocking) -> Any:
+def broadcast_plain(value: Any, source: int, most: int, wait: Wait = blocking) -> Any:
     """Send ``value`` (tensors and plain data, as a checkpoint holds) from rank ``source``
     to every rank; returns it everywhere.
 
     ``value`` is only read on the source (pass ``None`` elsewhere); the source gets back
-    the very object it passed. The others load what arrives with
+    the very object it passed. The others accept at most ``most`` bytes of it
+    (:func:`broadcast_bytes`). The others load what arrives with
     ``torch.load(weights_only=True)``: a payload that needs any other object rebuilt
     (a pickle whose ``__reduce__`` would run code) raises :class:`RefusedPayload`
     unloaded.
@@ -94,7 +114,7 @@ def broadcast_plain(value: Any, source: int, wait: Wait = blocking) -> Any:
         out = io.BytesIO()
         torch.save(value, out)
         data = out.getvalue()
-    received = broadcast_bytes(data, source, wait)
+    received = broadcast_bytes(data, source, most, wait)
     if dist.get_rank() == source:
         return value
     try:

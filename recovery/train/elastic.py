@@ -77,12 +77,12 @@ from recovery.faults import is_recoverable_device_error
 from recovery.position import TrainPosition
 from recovery.runtime.abort import Aborted, ShouldAbort, never
 from recovery.runtime.cluster import ClusterContext
-from recovery.train.collectives import Wait, all_gather_rows, blocking
+from recovery.train.collectives import MAX_ROWS, Wait, all_gather_rows, blocking
 from recovery.train.grad_sync import all_reduce_gradients
 from recovery.train.modes import TftModes, parse_enable_tft
 from recovery.train.phase import phase_of
 from recovery.train.replay import BeforeStep, MembershipReplay
-from recovery.train.replica import ReplicaReport, broadcast_state, choose_source, gather_reports
+from recovery.train.replica import ReplicaReport, broadcast_state, choose_source, gather_reports, own_state
 from recovery.train.sampler import ResumableDistributedSampler
 from recovery.train.shares import BatchPolicy, plan_step, steps_left
 from recovery.train.state import TrainerMachine, TrainerState
@@ -193,10 +193,10 @@ def agree_rollback_point(directories: list[Path], lineage: str,
     checkpoint.
 
     Each rank lists its own valid checkpoints (periodic and last-words) of the job's
-    ``lineage``; the lists are gathered over the current process group, so every rank
-    computes the same answer. ``None`` when there is none.
+    ``lineage``, the newest :data:`MAX_ROWS`; the lists are gathered over the current
+    process group, so every rank computes the same answer. ``None`` when there is none.
     """
-    mine = sorted({(c.epoch, c.step_in_epoch) for c in _valid(directories, lineage)})
+    mine = sorted({(c.epoch, c.step_in_epoch) for c in _valid(directories, lineage)})[-MAX_ROWS:]
     everyone = all_gather_rows(mine, 2, wait)
     common = set.intersection(*(set(points) for points in everyone))
     return max(common) if common else None  # type: ignore[return-value]
@@ -633,10 +633,10 @@ class ElasticTrainer:
             # nothing to send.
             self._after_restore(label, from_rank=source.rank)
             return
-        state = self.saver.state(self.position) if self.ctx.rank == source.rank else None
+        state, most = own_state(self.saver, self.position, sending=self.ctx.rank == source.rank)
         if receive and self.ctx.rank in damaged:
             self._discard_state()
-        state = broadcast_state(state, self.ctx.active.index(source.rank), self._wait)
+        state = broadcast_state(state, self.ctx.active.index(source.rank), most, self._wait)
         if receive:
             self.position = restore_checkpoint(
                 state, self.model, self.optimizer, self.lr_scheduler, sampler=self.sampler,

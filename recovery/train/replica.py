@@ -11,12 +11,22 @@ would reset everyone (docs/architecture.md).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from recovery.ckpt.checkpoint import CheckpointSaver
+from recovery.position import TrainPosition
 from recovery.train.collectives import Wait, all_gather_rows, blocking, broadcast_plain
 
-__all__ = ["ReplicaReport", "gather_reports", "choose_source", "broadcast_state"]
+__all__ = ["ReplicaReport", "gather_reports", "choose_source", "own_state", "state_limit",
+           "broadcast_state"]
+
+STATE_SLACK = 4 << 20
+"""Bytes a state may hold besides its tensors: RNG states, position, parameter groups and
+``torch.save``'s framing."""
 
 
 @dataclass(frozen=True)
@@ -31,7 +41,7 @@ class ReplicaReport:
 def gather_reports(mine: ReplicaReport, wait: Wait = blocking) -> list[ReplicaReport]:
     """Every rank's report, in rank order (a collective: every rank calls it)."""
     row = (mine.rank, int(mine.consistent), mine.global_step)
-    everyone = all_gather_rows([row], 3, wait)
+    everyone = all_gather_rows([row], 3, wait, most=1)
     return [ReplicaReport(rank, bool(consistent), global_step)
             for [(rank, consistent, global_step)] in everyone]
 
@@ -44,13 +54,46 @@ def choose_source(reports: list[ReplicaReport], excluded: frozenset[int] = froze
     return min(healthy, key=lambda r: (-r.global_step, r.rank))
 
 
-def broadcast_state(state: dict[str, Any] | None, source: int,
+def _storage_bytes(value: Any) -> int:
+    """The bytes ``torch.save`` writes for the tensors in ``value``: each storage once, whole."""
+    storages: dict[int, int] = {}
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, torch.Tensor):
+            storage = item.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+        elif isinstance(item, Mapping):
+            pending.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            pending.extend(item)
+    return sum(storages.values())
+
+
+def state_limit(own: Mapping[str, Any]) -> int:
+    """The most bytes of a replica's state this rank accepts: twice its ``own`` state (as
+    :meth:`CheckpointSaver.state` gives it), whose optimizer counts at least two copies of
+    the model (Adam's moments) so that a newcomer, whose optimizer holds nothing yet,
+    accepts a trained peer's."""
+    model, optimizer = _storage_bytes(own.get("model")), _storage_bytes(own.get("optimizer"))
+    return 2 * (_storage_bytes(own) + max(0, 2 * model - optimizer)) + STATE_SLACK
+
+
+def own_state(saver: CheckpointSaver, position: TrainPosition,
+              sending: bool) -> tuple[dict[str, Any] | None, int]:
+    """What this rank passes to :func:`broadcast_state`: its state when it is the source
+    (else None), and the most bytes it accepts (:func:`state_limit`)."""
+    state = saver.state(position)
+    return (state if sending else None), state_limit(state)
+
+
+def broadcast_state(state: dict[str, Any] | None, source: int, most: int,
                     wait: Wait = blocking) -> dict[str, Any]:
     """Send ``state`` from ``source`` to every rank; returns it on every rank.
 
     ``state`` is only read on the source (pass ``None`` elsewhere). It travels as
     ``torch.save`` bytes and is loaded with ``weights_only=True``: a peer's payload that
-    would need arbitrary unpickling raises
-    :class:`~recovery.train.collectives.RefusedPayload` instead of running.
+    would need arbitrary unpickling, or that announces more than ``most`` bytes, raises
+    :class:`~recovery.train.collectives.RefusedPayload` instead of running or allocating.
     """
-    return broadcast_plain(state, source, wait)
+    return broadcast_plain(state, source, most, wait)

@@ -19,7 +19,7 @@ def main() -> None:
     rank = dist.get_rank()
     rows = all_gather_rows([(rank, i) for i in range(rank)], 2)
     mine = {"weights": torch.arange(5, dtype=torch.float64) * 1.5, "step": 39} if rank == 1 else None
-    state = broadcast_plain(mine, source=1)
+    state = broadcast_plain(mine, source=1, most=1 << 20)
     print(json.dumps({"rows": rows, "weights": state["weights"].tolist(), "step": state["step"],
                       "same_object": state is mine}), flush=True)
     dist.destroy_process_group()

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
+
+import pytest
 
 from recovery import env as envnames
 from support import BIN, run_together
@@ -38,3 +41,22 @@ def test_a_peer_sending_a_pickle_that_runs_code_or_announcing_more_than_memory_i
         assert status == 0, err
     assert not marker.exists()
     assert json.loads(results[1][1]) == ["refused RefusedPayload"] * 3
+
+
+@pytest.mark.parametrize("exchange, refusal", [
+    ("rows", r"rank 0 announced 100000 rows; a rank sends at most 1$"),
+    ("state", r"rank 0 announced 1677\d{4} bytes; this rank accepts at most \d{6,7} "),
+])
+def test_a_peer_announcing_more_than_an_honest_one_sends_is_refused_before_allocating(
+        free_port: int, exchange: str, refusal: str) -> None:
+    """100 000 report rows where each rank sends one; a 16 MiB state to a rank whose own
+    is a few hundred bytes: refused with a clear error, nothing loaded."""
+    base = {**os.environ, envnames.WORLD_SIZE: "2", envnames.MASTER_ADDR: "127.0.0.1",
+            envnames.MASTER_PORT: str(free_port)}
+    base.pop(envnames.TORCHELASTIC_USE_AGENT_STORE, None)
+    results = run_together([[sys.executable, str(BIN / "oversize_attack.py"), exchange]] * 2,
+                           timeout=90, envs=[{**base, envnames.RANK: str(rank)} for rank in range(2)])
+    for status, _, err in results:
+        assert status == 0, err
+    outcome = json.loads(results[1][1])
+    assert re.match(f"refused RefusedPayload: {refusal}", outcome), outcome

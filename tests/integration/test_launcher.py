@@ -282,3 +282,19 @@ def test_no_grandchild_outlives_its_worker_nor_tftrun(tmp_path: Path, free_port:
                  "every descendant of tftrun gone in 2 s")
     finally:
         terminate(proc)
+
+
+def oom_score_adj(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/oom_score_adj").read_text())
+
+
+def test_the_oom_killer_takes_the_scheduler_before_a_rank(tmp_path: Path, free_port: int) -> None:
+    """The store lives in the scheduler, and a stranger may fill it: when memory runs out,
+    the kernel must take the scheduler (relaunched, freeing what filled it), not a rank."""
+    proc, log_dir, _ = start_endless_job(tmp_path, free_port)
+    try:
+        scheduler = oom_score_adj(spawned_pids(log_dir, "scheduler")[None])
+        others = [oom_score_adj(pid) for pid in [proc.pid, *spawned_pids(log_dir).values()]]
+    finally:
+        terminate(proc)
+    assert scheduler == 1000 and max(others) < scheduler, (scheduler, others)

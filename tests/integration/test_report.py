@@ -132,6 +132,7 @@ def test_the_html_draws_a_lane_per_rank_and_the_kill_where_it_happened(
     [redone] = svg.of("redone")
     assert int(redone["data-steps"]) > 0
     assert "Every rank ended with the same parameters." in page
+    assert "left out" not in page  # every event a real job writes is of its fields' types
 
 
 def test_the_progress_lines_show_steps_eta_and_the_re_forming(killed_job: KilledJob) -> None:

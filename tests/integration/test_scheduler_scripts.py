@@ -25,12 +25,16 @@ RUN_SH = REPO / "templates" / "run.sh"
 RECOVER_SH = REPO / "templates" / "recover.sh"
 
 
+def started_pids(output: str) -> dict[str, int]:
+    """The pids a launch script says it started, by process name."""
+    return {name: int(pid) for name, pid in re.findall(r"^(.+): pid (\d+)$", output, re.MULTILINE)}
+
+
 def launch(script: Path, *args: str, env: dict[str, str], cwd: Path) -> dict[str, int]:
     """Run a launch script; return the pids it says it started, by process name."""
     result = run(["bash", str(script), *args], env=env, cwd=cwd, timeout=60)
     assert result.returncode == 0, result.stderr
-    return {name: int(pid) for name, pid in re.findall(r"^(.+): pid (\d+)$", result.stdout,
-                                                        re.MULTILINE)}
+    return started_pids(result.stdout)
 
 
 def steps(control: SchedulerControl) -> dict[int, int]:
@@ -154,3 +158,48 @@ def test_run_sh_binds_the_scheduler_host_only_and_its_token_is_written_nowhere(
     assert not [path for path in [*files, log_dir, recovery]
                 if path.stat().st_mode & stat.S_IWOTH]
     assert stat.S_IMODE((recovery / "scheduler").stat().st_mode) == 0o700
+
+
+def shared_folder(tmp_path: Path) -> Path:
+    """A folder anyone may write into (no sticky bit): where another user could plant
+    ``worker_0.log -> ~/.bashrc`` for a shell redirection to follow."""
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    folder.chmod(0o777)
+    return folder
+
+
+@pytest.mark.parametrize("variable", [names.TFT_LOG_DIR, names.MS_RECOVERY_PATH])
+def test_run_sh_refuses_a_folder_others_may_write_into_as_tftrun_does(
+        tmp_path: Path, free_port: int, variable: str) -> None:
+    shared = shared_folder(tmp_path)
+    env = {**cluster_env(tmp_path / "device", free_port, worker_num=1, cooldown=1.0,
+                         heartbeat_timeout=30.0, progress_timeout=60.0, cluster_time_out=60.0),
+           "PYTHON": sys.executable, variable: str(shared)}
+    started: dict[str, int] = {}
+    with ExitStack() as stack:
+        stack.callback(kill_all, started)
+        result = run(["bash", str(RUN_SH), str(SCRIPT)], env=env, cwd=tmp_path, timeout=60)
+        started.update(started_pids(result.stdout))
+    assert result.returncode == 2 and not started, result.stdout + result.stderr
+    err = result.stderr.strip().splitlines()
+    assert len(err) == 1 and f"{variable} {shared}: " in err[0] and "write" in err[0], err
+    assert not list(shared.iterdir())
+
+
+@pytest.mark.parametrize("role", [names.ROLE_WORKER, names.ROLE_SCHEDULER])
+def test_a_process_started_by_hand_refuses_a_log_dir_linked_to_a_shared_folder(
+        tmp_path: Path, free_port: int, role: str) -> None:
+    """``recovery.init()`` checks the folders as tftrun does before anything is written or
+    listened on: one line, exit 2 (a usage error, which no restart fixes)."""
+    shared = shared_folder(tmp_path)
+    link = tmp_path / "logs"
+    link.symlink_to(shared)
+    env = {**cluster_env(link, free_port, worker_num=1, cooldown=1.0, heartbeat_timeout=30.0,
+                         progress_timeout=60.0, cluster_time_out=60.0),
+           names.MS_ROLE: role, names.MS_NODE_ID: "0"}
+    result = run([sys.executable, str(SCRIPT)], env=env, cwd=tmp_path, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    err = result.stderr.strip().splitlines()
+    assert len(err) == 1 and f"{names.TFT_LOG_DIR} {link}: " in err[0], err
+    assert not list(shared.iterdir()) and listening(free_port) == []

@@ -6,13 +6,17 @@ The real job's events are in tests/integration/test_report.py."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import math
+import re
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from launcher.cli import tftctl as ctl
 from launcher.report.model import IncarnationEnding, SpanPhase
 from launcher.report.page import render_html
 from launcher.report.sources import read_job
@@ -212,5 +216,118 @@ def test_a_retirement_goes_on_with_the_degraded_span() -> None:
          "generation": None, "why": "shrink", "lost": [], "joined": [], "retired": [1]},
         {"ts": T0 + 12.0, "event": "job_end", "exitcode": 0, "reason": "done"},
     ]
-    assert [(s.start - T0, s.end - T0, s.active) for s in build_timeline(events).degraded] \
-        == [(2.0, 12.0, (0, 2))]
+    timeline = build_timeline(events)
+    assert [(s.start - T0, s.end - T0, s.active) for s in timeline.degraded] == [(2.0, 12.0, (0, 2))]
+    assert timeline.left_out == 0  # a generation of None: nothing to draw, not a wrong type
+
+
+MARKUP = "<script>alert(1)</script><img src=x onerror=alert(1)>\"'&</title>"
+PAGE_TAGS = {"html", "head", "meta", "title", "style", "body", "h1", "h2", "div", "p", "code",
+             "span", "table", "tr", "th", "td", "svg", "g", "line", "text", "rect", "path",
+             "polyline"}
+"""Every element the report itself writes."""
+TEXT_FIELDS = ("run_id", "role", "signal", "cause", "what", "why", "params_sha256", "source",
+               "reason")
+
+
+def tampered_job() -> list[dict[str, Any]]:
+    """A job with a kill, followed by copies of each of its events with one field (any but
+    ``event``) set to markup, by copies with every text field set to markup, and by texts
+    with control characters and lone surrogates (neither XML nor UTF-8 can hold them)."""
+    events = job_events(2, 1, [Kill(1, 5, 2)])
+    out = list(events)
+    for event in events:
+        out += [{**event, name: MARKUP} for name in event if name != "event"]
+        out.append({**event, **{name: MARKUP for name in TEXT_FIELDS if name in event}})
+    out.append({**events[0], "event": MARKUP})
+    out += [{**event, "cause": "\x1b[31m\ud800\x00" + MARKUP, "reason": "\udfff\x07"}
+            for event in events if event["event"] in ("fault", "job_end")]
+    return out
+
+
+def report_of(tmp_path: Path, lines: list[str]) -> tuple[str, dict[str, Any]]:
+    """``tftctl report``'s HTML page and trace of an ``events.jsonl`` of ``lines``."""
+    logs = tmp_path / "logs"
+    logs.mkdir(exist_ok=True)
+    (logs / "events.jsonl").write_text("".join(line + "\n" for line in lines))
+    page, trace = tmp_path / "report.html", tmp_path / "trace.json"
+    assert ctl.main(["report", "--log_dir", str(logs), "-o", str(page)]) == 0
+    assert ctl.main(["report", "--log_dir", str(logs), "--format", "trace", "-o", str(trace)]) == 0
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} in the trace: not JSON")
+
+    return page.read_text(), json.loads(trace.read_text(), parse_constant=refuse)
+
+
+def assert_no_markup_survives(page: str) -> None:
+    elements = SvgElements(page)
+    assert elements.tags <= PAGE_TAGS, elements.tags - PAGE_TAGS
+    assert not [name for _, attrs in elements.found for name in attrs if name.startswith("on")]
+    drawings = re.findall(r"<svg .*?</svg>", page, re.DOTALL)
+    assert len(drawings) == 2
+    for drawing in drawings:
+        tags = {element.tag.split("}")[-1] for element in ElementTree.fromstring(drawing).iter()}
+        assert tags <= PAGE_TAGS, tags
+
+
+def test_markup_in_any_field_of_the_events_leaves_no_tag_in_the_report(tmp_path: Path) -> None:
+    """A log dir may be shared or archived and its report opened by others: markup in a
+    field of ``events.jsonl`` is text in the page (escaped) or, in a field that holds a
+    number, leaves its event out; the trace stays JSON."""
+    page, trace = report_of(tmp_path, [json.dumps(e) for e in tampered_job()])
+    assert_no_markup_survives(page)
+    check_trace(trace)
+    assert "rank 1 fault: SIGKILL" in page  # the untampered job is drawn
+
+
+def test_a_number_that_is_not_one_is_not_drawn(tmp_path: Path) -> None:
+    """A pid, rank or time that is markup, a string, a boolean, NaN or infinite leaves its
+    event out: it is never printed, and the rest of the job is drawn."""
+    events = job_events(2, 1, [Kill(1, 5, 2)])
+    numbers = ("pid", "rank", "incarnation", "step", "generation", "ts", "seconds", "until")
+    bad = [MARKUP, "7", True, [1], {"x": 1}]
+    lines = [json.dumps(e) for e in events]
+    for event in events:
+        for name in (n for n in numbers if n in event):
+            lines += [json.dumps({**event, name: value}) for value in bad]
+            lines += [json.dumps({**event, name: value}) for value in (math.nan, math.inf, 1e300)]
+    not_objects = ["[1, 2]", '"text"', "null"]
+    page, trace = report_of(tmp_path, lines + not_objects)
+    assert "alert" not in page and "alert" not in json.dumps(trace)
+    assert_no_markup_survives(page)
+    check_trace(trace)
+    drawn = build_timeline(read_job([tmp_path / "logs"]))
+    assert drawn.left_out == len(lines) - len(events)
+    assert replace(drawn, left_out=0) == build_timeline(events)
+    assert f"{drawn.left_out} events left out" in page
+
+
+FIELDS_READ = ("event", "ts", "node_rank", "run_id", "pid", "role", "rank", "incarnation",
+               "expected", "exitcode", "signal", "cause", "what", "seconds", "until",
+               "generation", "world", "retired", "active", "step", "why", "total",
+               "params_sha256", "source", "reason")
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats()
+    | st.text() | st.sampled_from([MARKUP, "spawn", "exit", "fault", "worker"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=6)
+
+
+@given(st.lists(st.tuples(st.integers(0, 30), st.sampled_from(FIELDS_READ), json_values),
+                max_size=8))
+@settings(max_examples=150, deadline=None)
+def test_any_value_in_any_field_renders_a_page_without_foreign_tags_and_a_json_trace(
+        changes: list[tuple[int, str, Any]]) -> None:
+    """Whatever JSON a field of the events holds, the report neither fails nor lets a tag
+    through, and its trace is JSON (no ``NaN``)."""
+    events = job_events(2, 1, [Kill(1, 5, 2)])
+    for index, name, value in changes:
+        events[index % len(events)] = {**events[index % len(events)], name: value}
+    timeline = build_timeline(events)
+    page = render_html(timeline, ["logs"])
+    assert_no_markup_survives(page)
+    trace = json.loads(json.dumps(trace_events(timeline), allow_nan=False))
+    # (A job whose events were removed at random need not nest as check_trace wants.)
+    assert all(isinstance(entry["pid"], int) and isinstance(entry["tid"], int)
+               and isinstance(entry.get("ts", 0), int) for entry in trace["traceEvents"])

@@ -119,7 +119,7 @@ def test_a_worker_refused_until_cluster_time_out_gives_up_with_the_reason() -> N
 def test_the_scheduler_raises_its_open_files_limit_for_a_connection_per_node_and_news() -> None:
     """Two store connections per node (beats, news watch): a soft limit of 1 024 would
     refuse nodes past 500; the scheduler takes its hard limit."""
-    code = ("import resource; from recovery.control.scheduler import raise_open_files_limit; "
+    code = ("import resource; from recovery.control.process_limits import raise_open_files_limit; "
             "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE); "
             "resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard)); "
             "raise_open_files_limit(); print(resource.getrlimit(resource.RLIMIT_NOFILE) == (hard, hard))")
@@ -143,7 +143,8 @@ sys.path[:0] = [{str(here)!r}, {str(here.parent)!r}]
 from pathlib import Path
 from support.sched_inprocess import scheduler_config
 from support import wait_for_event
-from recovery.control.scheduler import Scheduler, raise_open_files_limit
+from recovery.control.process_limits import raise_open_files_limit
+from recovery.control.scheduler import Scheduler
 raise_open_files_limit()
 scheduler = Scheduler(scheduler_config(Path({str(tmp_path)!r}), {free_port}))
 held = [os.open(os.devnull, os.O_RDONLY)]
