@@ -37,6 +37,8 @@ class UntrustedEndpoint(LookupError):
 class TrustedEndpoint:
     endpoint: Endpoint
     token: str = field(repr=False)
+    epoch: str = ""
+    """The launch's epoch, from the same environment."""
 
 
 def trusted_endpoint(log_dir: Path) -> TrustedEndpoint:
@@ -63,7 +65,7 @@ def trusted_endpoint(log_dir: Path) -> TrustedEndpoint:
                                 f"{endpoint.run_id}")
     if not _listens(endpoint.pid, endpoint.port):
         raise UntrustedEndpoint(f"pid {endpoint.pid} does not listen on port {endpoint.port}")
-    return TrustedEndpoint(endpoint, seen.job_token)
+    return TrustedEndpoint(endpoint, seen.job_token, seen.epoch)
 
 
 def _scheduler_env(endpoint: Endpoint) -> WorkerEnv:

@@ -61,18 +61,19 @@ class SchedulerControl:
         rejoin_cooldown: the job's cooldown, used only to estimate ``cooldown_left``
             for an exit reported while the scheduler is down.
         connect: start connecting now; False: at :meth:`connect`.
-        run_id: the job's run id (with the token, it makes the job's signing key).
+        run_id: the job's run id (with the token and ``epoch``, it makes the job's signing key).
+        epoch: the launch's epoch.
     """
 
     def __init__(self, host: str, port: int, token: str, timeout: float = 1.0,
                  rejoin_cooldown: float = 0.0, connect: bool = True,
-                 run_id: str = names.DEFAULT_RUN_ID) -> None:
+                 run_id: str = names.DEFAULT_RUN_ID, epoch: str = "") -> None:
         self._rejoin_cooldown = rejoin_cooldown
         self._pending: list[tuple[str, ExitReport | Retirement]] = []  # with its request id
         self._until: dict[str, float] = {}
         self._lock = threading.Lock()
         self._link = SchedulerLink(host, port, token, timeout, on_connect=self._flush,
-                                   connect=connect, run_id=run_id)
+                                   connect=connect, run_id=run_id, epoch=epoch)
 
     def connect(self) -> None:
         """Start connecting in the background (a ``connect=False`` handle); idempotent."""
