@@ -73,10 +73,11 @@ def test_a_recorded_first_launch_replayed_into_its_resumed_launch_stops_and_seat
     [end] = events(log_dir(tmp_path, 0), "job_end")
     assert "did not come back" in end["reason"], end
     assert "did not come back" in recorded_text(recording)  # the old tft/end, signed
-    with store_peer("replay", "127.0.0.2", port, JOB_END, str(recording)):
+    with store_peer("replay", "127.0.0.2", port, JOB_END, str(recording)) as replayer:
         with nodes_running(tmp_path, port, TRAIN, *JOB,
                            options=(*PINNED, "--is_recover=1")) as procs:
             finish_ok(procs)
+        assert replayer.poll() is None, "the replay ended before the resumed launch did"
     for node in (0, 1):
         ends = events(log_dir(tmp_path, node), "job_end")
         assert [e["reason"] for e in ends] == ["all workers succeeded"], ends
