@@ -11,7 +11,8 @@ talks only to a scheduler that **belongs to the job**:
   (``MS_ROLE=MS_SCHED``) and the file's run id (``TFT_RUN_ID``);
 * it listens on the file's port.
 
-The token is then read from that process's environment (the same user may read it).
+The token and the launch's epoch are then read from that process's environment (the same
+user may read it).
 """
 
 from __future__ import annotations
