@@ -129,6 +129,9 @@ class LaunchConfig:
         repr=False)
     """The key of the control plane's signatures: the same on every node of a job, so a
     multi-node job takes it from TFT_JOB_TOKEN; a new random one otherwise."""
+    epoch: str = field(default_factory=lambda: secrets.token_hex(16))
+    """This launch's epoch (``TFT_JOB_EPOCH``): a new random one, except on a node that
+    joins node 0's launch or a node 0 that returns to it (launcher/nodes/job.py)."""
     lineage: str = ""
     """The job's lineage id (recovery/ckpt/lineage.py), set once the recovery path is opened."""
     entry: str = "script"

@@ -87,6 +87,11 @@ TFT_JOB_TOKEN = "TFT_JOB_TOKEN"
 """The job's secret: the key of every request's and reply's signature (control/signing.py)."""
 TFT_INSECURE_NO_TOKEN = "TFT_INSECURE_NO_TOKEN"
 """Set to 1 to run with an empty job token: no authentication at all (docs/security.md)."""
+TFT_JOB_EPOCH = "TFT_JOB_EPOCH"
+"""The launch's epoch: drawn at random by each launch of a job (node 0's tftrun; the
+other nodes take it from node 0's scheduler), it makes the job's signing key with the
+token and the run id, so that nothing signed in an earlier launch verifies in this one
+(recovery/control/signing.py ``job_key``)."""
 TFT_NODE_NUM = "TFT_NODE_NUM"
 """The job's node count (``--nnodes``), when given; the scheduler signs it into ``tft/job``."""
 TFT_INSECURE_WEAK_TOKEN = "TFT_INSECURE_WEAK_TOKEN"
@@ -191,6 +196,8 @@ class WorkerEnv:
     """``constant`` or ``shrink`` (recovery/train/shares.py); empty when not set."""
     replay_membership: str = ""
     """The recorded run whose membership changes to make again; empty: none."""
+    epoch: str = ""
+    """The launch's epoch (``TFT_JOB_EPOCH``); empty when started without tftrun."""
 
     @property
     def is_scheduler(self) -> bool:
@@ -232,4 +239,5 @@ class WorkerEnv:
             min_worker_num=_int(env, TFT_MIN_WORKER_NUM, world_size),
             batch_policy=env.get(TFT_BATCH_POLICY, "").strip(),
             replay_membership=env.get(TFT_REPLAY_MEMBERSHIP, "").strip(),
+            epoch=env.get(TFT_JOB_EPOCH, ""),
         )

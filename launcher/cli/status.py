@@ -47,7 +47,7 @@ def connect(log_dir: Path, timeout: float = ANSWER_TIMEOUT) -> Iterator[Schedule
         raise NoJobError(f"no job is running in {log_dir}: {err}") from None
     endpoint = trusted.endpoint
     link = SchedulerLink(endpoint.host, endpoint.port, token=trusted.token,
-                         reply_timeout=timeout, run_id=endpoint.run_id)
+                         reply_timeout=timeout, run_id=endpoint.run_id, epoch=trusted.epoch)
     try:
         if not link.wait_connected(timeout):
             raise NoJobError(f"no job is running in {log_dir}: the scheduler at "

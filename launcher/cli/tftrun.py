@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import replace
@@ -44,8 +43,9 @@ from launcher.config import (
 )
 from launcher.errors import ConfigError
 from launcher.nodes.cluster_env import DEFAULT_MASTER_ADDR, fill_from_cluster
-from launcher.nodes.link import NodeLink, job_still_waited_for, local_address_towards, save_job, saved_job
-from launcher.nodes.ranks import place_node, take_node_rank
+from launcher.nodes.job import join_job, keep_job, return_to_job
+from launcher.nodes.link import local_address_towards
+from launcher.nodes.ranks import place_node
 from launcher.supervisor.loop import Supervisor
 from launcher.view.logs import archive_previous_run
 from launcher.view.render import make_view
@@ -53,7 +53,6 @@ from recovery import env as names
 from recovery.ckpt.layout import previous_dir
 from recovery.ckpt.lineage import LineageError, join_lineage, open_lineage
 from recovery.control.node_range import DEFAULT_LAST_CALL
-from recovery.control.nodes import JobIdentity
 from recovery.control.signing import WeakToken, checked_strength
 from recovery.env import DEFAULT_RECOVERY_PATH
 from recovery.events import EVENTS_FILE, EventLog
@@ -465,12 +464,12 @@ def _run(config: LaunchConfig) -> int:
                 print(f"tftrun: master port {config.master_port} (a free port, picked for this "
                       "job)", file=sys.stderr)
         if not config.hosts_scheduler:
-            config = _join_job(config)
+            config = join_job(config)
         elif config.multi_node and not config.is_recover:
-            config = _return_to_job(config)
+            config = return_to_job(config)
         config = replace(config, lineage=_open_lineage(config))
         if config.hosts_scheduler and config.multi_node:
-            config = _keep_job(config)
+            config = keep_job(config)
         archive_previous_run(config.log_dir)
         view = make_view(config.log_dir / EVENTS_FILE, config.progress_interval, config.node_title)
         supervisor = Supervisor(config, store_socket, view, EventLog(config.log_dir, config.assigned_rank))
@@ -494,44 +493,6 @@ def _writable(recovery_path: Path) -> Path:
         raise ConfigError(f"--recovery_path {recovery_path} is not writable: {err.strerror}") from None
     check_own_folder(recovery_path, "--recovery_path")
     return recovery_path
-
-
-def _join_job(config: LaunchConfig) -> LaunchConfig:
-    """A node other than node 0 waits for node 0's scheduler and takes its job identity:
-    one run id and one lineage for every node (the token, every node is given); and its
-    node rank, when left out."""
-    job = NodeLink(config.master_addr, config.master_port,
-                   config.job_token).wait_for_job(config.cluster_time_out)
-    if job.worker_num != config.worker_num:
-        raise ConfigError(f"--worker_num={config.worker_num}, but node 0 runs "
-                          f"{job.worker_num} workers")
-    if config.nnodes is not None and job.node_num not in (0, config.nnodes):
-        raise ConfigError(f"--nnodes={config.nnodes}, but node 0 runs {job.node_num} nodes")
-    return take_node_rank(replace(config, run_id=job.run_id, lineage=job.lineage))
-
-
-def _return_to_job(config: LaunchConfig) -> LaunchConfig:
-    """Node 0 of many, started with its usual command: it returns to the job the other
-    nodes still wait for (as with ``--is_recover=1``), else it starts a new one."""
-    job = job_still_waited_for(config.recovery_path, config.node_time_out, time.time())
-    if job is None:
-        return config
-    print(f"tftrun: node 0 returns to job {job.run_id}: its scheduler's state in "
-          f"{config.recovery_path} is not finished and younger than --node_time_out="
-          f"{config.node_time_out:g}s", file=sys.stderr)
-    return replace(config, is_recover=True)
-
-
-def _keep_job(config: LaunchConfig) -> LaunchConfig:
-    """Node 0 of many: a resumed launch (``--is_recover=1``) serves the job it kept, so that
-    its scheduler reloads the job's state and the other nodes' workers, which kept
-    running, are still its members; any launch keeps the job it serves."""
-    kept = saved_job(config.recovery_path) if config.is_recover else None
-    if kept is not None and kept.lineage == config.lineage and kept.worker_num == config.worker_num:
-        config = replace(config, run_id=kept.run_id)
-    save_job(config.recovery_path, JobIdentity(config.run_id, config.lineage,
-                                               config.worker_num, config.nnodes or 0))
-    return config
 
 
 def _open_lineage(config: LaunchConfig) -> str:

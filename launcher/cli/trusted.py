@@ -11,7 +11,8 @@ talks only to a scheduler that **belongs to the job**:
   (``MS_ROLE=MS_SCHED``) and the file's run id (``TFT_RUN_ID``);
 * it listens on the file's port.
 
-The token is then read from that process's environment (the same user may read it).
+The token and the launch's epoch are then read from that process's environment (the same
+user may read it).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ class UntrustedEndpoint(LookupError):
 class TrustedEndpoint:
     endpoint: Endpoint
     token: str = field(repr=False)
+    epoch: str = ""
+    """The launch's epoch, from the same environment."""
 
 
 def trusted_endpoint(log_dir: Path) -> TrustedEndpoint:
@@ -63,7 +66,7 @@ def trusted_endpoint(log_dir: Path) -> TrustedEndpoint:
                                 f"{endpoint.run_id}")
     if not _listens(endpoint.pid, endpoint.port):
         raise UntrustedEndpoint(f"pid {endpoint.pid} does not listen on port {endpoint.port}")
-    return TrustedEndpoint(endpoint, seen.job_token)
+    return TrustedEndpoint(endpoint, seen.job_token, seen.epoch)
 
 
 def _scheduler_env(endpoint: Endpoint) -> WorkerEnv:

@@ -126,14 +126,15 @@ class NodeLink:
         token: the job token (``tft/job`` is signed with it).
         run_id: the job's run id (the other keys are signed with the job's key); empty
             before the job is known (:meth:`wait_for_job` needs none).
+        epoch: the launch's epoch, the job key's third part.
         report: told about refused values (see the module docstring).
     """
 
-    def __init__(self, host: str, port: int, token: str, run_id: str = "",
+    def __init__(self, host: str, port: int, token: str, run_id: str = "", epoch: str = "",
                  report: Report | None = None) -> None:
         self._host, self._port = host, port
         self._token = token
-        self._key = job_key(token, run_id)
+        self._key = job_key(token, run_id, epoch)
         self._report = report
         self._refusals: dict[str, Throttle] = {}
         self._client: TCPStoreClient | None = None

@@ -68,7 +68,7 @@ def take_node_rank(config: LaunchConfig) -> LaunchConfig:
         return config
     node_id = config.node_id or default_node_id(config.local_addr)
     link = SchedulerLink(config.master_addr, config.master_port, config.job_token, REPLY_TIMEOUT,
-                         run_id=config.run_id)
+                         run_id=config.run_id, epoch=config.epoch)
     where = f"node 0's scheduler at {link.where}"
     try:
         reply = link.call_until(Op.NODE_RANK, time.monotonic() + config.cluster_time_out,

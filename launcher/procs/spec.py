@@ -79,6 +79,7 @@ def _common_env(config: LaunchConfig, base: Mapping[str, str]) -> dict[str, str]
         names.MS_ENABLE_RECOVERY: "1",
         names.MS_RECOVERY_PATH: str(config.recovery_path.resolve()),
         names.TFT_RUN_ID: config.run_id,
+        names.TFT_JOB_EPOCH: config.epoch,
         names.TFT_LOG_DIR: str(config.log_dir.resolve()),
         names.TFT_JOB_TOKEN: config.job_token,
         names.TFT_IS_RECOVER: "1" if config.is_recover else "0",

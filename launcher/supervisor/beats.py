@@ -48,7 +48,7 @@ _GATHER = 0.05
 class BeatServer:
     """Serves the node's workers and beats for them under the name ``node``."""
 
-    def __init__(self, node: str, host: str, port: int, token: str, run_id: str,
+    def __init__(self, node: str, host: str, port: int, token: str, run_id: str, epoch: str,
                  timeouts: Timeouts, on_news: Callable[[], None] | None = None,
                  on_facts: Callable[[int], None] | None = None) -> None:
         """``on_news``: called (from the news watch's thread) when the scheduler has news,
@@ -63,7 +63,7 @@ class BeatServer:
                                 jitter=JITTER)
         self._token = token
         self._link = SchedulerLink(host, port, token, _REPLY_TIMEOUT, connect=False,
-                                   run_id=run_id)
+                                   run_id=run_id, epoch=epoch)
         self._lock = threading.Lock()  # the NodeBeats, and sends on the connections
         self._wake = threading.Event()
         self._news_came = threading.Event()

@@ -94,7 +94,7 @@ class Supervisor:
         # Connected once the workers are started, on one node once something needs it.
         self._control = SchedulerControl(config.master_addr, config.master_port,
                                          config.job_token, connect=False,
-                                         run_id=config.run_id)
+                                         run_id=config.run_id, epoch=config.epoch)
         self._wakeup: Wakeup | None = None
         self._watch = SchedulerWatch(
             self._control, self._node_link() if config.multi_node else None, self._wake,
@@ -144,7 +144,7 @@ class Supervisor:
         config = self.config
         self._beats = BeatServer(node_name(config.local_addr, config.node_rank),
                                  config.master_addr, config.master_port, config.job_token,
-                                 config.run_id, Timeouts(
+                                 config.run_id, config.epoch, Timeouts(
                                      heartbeat_timeout=config.heartbeat_timeout,
                                      progress_timeout=config.progress_timeout),
                                  on_news=self._watch.poke, on_facts=self._watch.facts_heard)
@@ -223,7 +223,7 @@ class Supervisor:
         (from whichever thread reads them: the events file only, not the view)."""
         config = self.config
         return NodeLink(config.master_addr, config.master_port, config.job_token, config.run_id,
-                        self._refused_value)
+                        config.epoch, self._refused_value)
 
     def _refused_value(self, key: str, why: str, count: int) -> None:
         """Values of a cluster-store key that are not the job's (launcher/nodes/link.py)."""

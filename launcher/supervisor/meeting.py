@@ -70,7 +70,7 @@ class MeetingPlace:
         announce: Callable[[], None] | None = None
         if self._nodes is not None:
             publisher = NodeLink(self._config.master_addr, self._config.master_port,
-                                 self._config.job_token, self._config.run_id)
+                                 self._config.job_token, self._config.run_id, self._config.epoch)
             announce = partial(publisher.publish_rendezvous, restart_count, *where)
         self._store.serve(announce)
 

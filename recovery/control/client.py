@@ -1,5 +1,4 @@
-"""The supervisor's handle on the scheduler: report exits and retirements, read cooldowns
-and verdicts.
+"""The supervisor's handle on the scheduler: report exits and retirements, read the status.
 
 The scheduler is the single source of truth about membership (docs/scheduler.md); the
 supervisor tells it which worker processes ended and asks it what to do next. No method
@@ -7,8 +6,7 @@ blocks longer than about ``timeout`` seconds, and each returns a safe value whil
 scheduler is down, or when a reply does not verify (forged: recovery/control/rpc.py) or is
 malformed or being relaunched: exit reports (and retirements) are queued and delivered, in order,
 as soon as it is back (a report that got no answer is sent again under its request id, so
-the scheduler counts it once); ``cooldown_left`` falls back to what the scheduler said last (or
-to ``rejoin_cooldown`` counted locally from a queued report); ``verdicts`` to none.
+the scheduler counts it once); a status read meanwhile is ``None``.
 
 The connection is made in the background, from construction or, with ``connect=False``,
 from :meth:`SchedulerControl.connect`; it needs no torch (recovery/control/tcpstore_client.py).
@@ -58,16 +56,17 @@ class SchedulerControl:
         token: the job token (``TFT_JOB_TOKEN``).
         timeout: how long one request may wait for the scheduler's answer, in seconds.
         connect: start connecting now; False: at :meth:`connect`.
-        run_id: the job's run id (with the token, it makes the job's signing key).
+        run_id: the job's run id (with the token and ``epoch``, it makes the job's signing key).
+        epoch: the launch's epoch.
     """
 
     def __init__(self, host: str, port: int, token: str, timeout: float = 1.0,
                  connect: bool = True,
-                 run_id: str = names.DEFAULT_RUN_ID) -> None:
+                 run_id: str = names.DEFAULT_RUN_ID, epoch: str = "") -> None:
         self._pending: list[tuple[str, ExitReport | Retirement]] = []  # with its request id
         self._lock = threading.Lock()
         self._link = SchedulerLink(host, port, token, timeout, on_connect=self._flush,
-                                   connect=connect, run_id=run_id)
+                                   connect=connect, run_id=run_id, epoch=epoch)
 
     def connect(self) -> None:
         """Start connecting in the background (a ``connect=False`` handle); idempotent."""

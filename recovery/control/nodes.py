@@ -3,11 +3,14 @@
 Nodes share no file system, only the network. Everything one node's tftrun must learn
 from another goes through these keys of the cluster store (the scheduler's, on node 0):
 
-* ``tft/job``: the job's identity (run id, lineage, worker count, node count), set by
-  the scheduler when it starts. A node other than node 0 waits for it before it starts
-  anything: it is also the sign that node 0's scheduler is up. Its value carries a MAC
-  keyed with the job token over the whole identity: the proof that node 0 holds the
-  token, without the token. A node given another token cannot verify it and stops.
+* ``tft/job``: the job's identity (run id, lineage, worker count, node count, and the
+  epoch this launch drew), set by the scheduler when it starts. A node other than node 0
+  waits for it before it starts anything: it is also the sign that node 0's scheduler is
+  up. Its value carries a MAC keyed with the job token over the whole identity: the
+  proof that node 0 holds the token, without the token. A node given another token
+  cannot verify it and stops. As the token alone signs it, a value recorded from another
+  job or an earlier launch verifies too: the joining node then asks node 0's scheduler
+  which job it serves now (recovery/control/job_proof.py) and takes that answer.
 * ``tft/rendezvous/<n>``: ``host:port`` of the fresh ``env://`` store of group restart
   ``n``, hosted by node 0's supervisor (launcher/nodes/rendezvous.py). Every node's workers of
   restart ``n`` meet there.
@@ -24,9 +27,11 @@ from another goes through these keys of the cluster store (the scheduler's, on n
 The store has no authentication (docs/security.md): whoever reaches the port can read and
 write these keys. So none of them holds a secret, and every value is signed
 (:func:`recovery.control.signing.sign_value`): ``tft/job`` with the token, the others with
-the job's key (:func:`recovery.control.signing.job_key`), each MAC over the key's name and
-its value. A value that does not verify, is longer than :data:`MAX_VALUE_BYTES` or does
-not parse is read as unset, and reported: a stranger can hide a key, never steer a node.
+the key of the job's launch (:func:`recovery.control.signing.job_key`: token, run id and
+epoch), each MAC over the key's name and its value; the names they are kept under are
+keyed with it too (:func:`stored_at`), so an earlier launch's are other names. A value
+that does not verify, is longer than :data:`MAX_VALUE_BYTES` or does not parse is read
+as unset, and reported: a stranger can hide a key, never steer a node.
 """
 
 from __future__ import annotations
@@ -84,6 +89,8 @@ class JobIdentity:
     lineage: str
     worker_num: int
     node_num: int = 1
+    epoch: str = ""
+    """The launch's epoch (``TFT_JOB_EPOCH``)."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -94,7 +101,7 @@ class JobIdentity:
         try:
             data = json.loads(text)
             return cls(str(data["run_id"]), str(data["lineage"]), int(data["worker_num"]),
-                       int(data.get("node_num", 1)))
+                       int(data.get("node_num", 1)), str(data.get("epoch", "")))
         except (KeyError, TypeError, AttributeError, json.JSONDecodeError,
                 RecursionError) as err:
             raise ValueError(f"not a job identity: {str(text)[:80]!r}") from err

@@ -240,6 +240,7 @@ SCHEMAS: dict[Op, dict[str, Field]] = {
                     "consistent": Flag(), "reason": Text(_TEXT, optional=True)},
     Op.NODE_RANK: {"node_id": Text(), "nproc": Int(low=1)},
     Op.RETIRE: {"retired": Ints(RETIRE_RANKS), "reason": Text(_TEXT)},
+    Op.JOB: {},
 }
 """The fields of each op; an optional field left out is ``None``."""
 

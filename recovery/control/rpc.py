@@ -121,6 +121,7 @@ class Op(str, Enum):
     TICK = "tick"
     NODE_RANK = "node_rank"
     RETIRE = "retire"
+    JOB = "job"
 
 
 def news_key(count: int) -> str:
@@ -267,21 +268,25 @@ class SchedulerLink:
     Args:
         host: the scheduler's address.
         port: its store port.
-        token: the job token; with ``run_id``, it makes the job's key
+        token: the job token; with ``run_id`` and ``epoch``, it makes the job's key
             (:func:`recovery.control.signing.job_key`), which every request is signed
             with and every reply verified with (neither is ever sent).
         reply_timeout: how long a request waits for its reply, in seconds.
         on_connect: called (in the connecting thread) after every (re)connection.
         connect: start connecting now; False: at :meth:`start`.
         run_id: the job's run id (a scheduler started without one has the default).
+        epoch: the launch's epoch (one started without tftrun has none).
+        key: sign with this key instead of the job's (a joining node, which does not
+            know the job yet: recovery/control/job_proof.py).
     """
 
     def __init__(self, host: str, port: int, token: str, reply_timeout: float,
                  on_connect: Callable[[], object] | None = None, connect: bool = True,
-                 run_id: str = names.DEFAULT_RUN_ID) -> None:
+                 run_id: str = names.DEFAULT_RUN_ID, epoch: str = "",
+                 key: bytes | None = None) -> None:
         self.host = host
         self.port = port
-        self._key = job_key(token, run_id)
+        self._key = job_key(token, run_id, epoch) if key is None else key
         self.unverified = 0
         """Replies that failed their check (forged, or signed with another token)."""
         self._unverified_log = Throttle()

@@ -47,10 +47,11 @@ from recovery.control import gathering
 from recovery.control.claims import LastWords
 from recovery.control.files import Endpoint, StateFile
 from recovery.control.inject import Injection, InjectionQueue, check, new_id
+from recovery.control.job_proof import JobNotice
 from recovery.control.members import Accepted, Identity, Refused
 from recovery.control.membership import NO_GENERATION, Membership, describe_incomplete
 from recovery.control.node_ranks import Given, NodeRanks
-from recovery.control.nodes import JOB_KEY, MAX_VALUE_BYTES, JobIdentity, job_names, job_value
+from recovery.control.nodes import JobIdentity
 from recovery.control.process_limits import offer_to_oom_killer, raise_open_files_limit
 from recovery.control.replies import KeptReplies, SentReplies
 from recovery.control.requests import BadRequest, Request, parse_request
@@ -166,6 +167,8 @@ class SchedulerConfig:
     lineage: str = ""
     node_num: int = 0
     """The job's node count, 0 when not given (``--nnodes``)."""
+    epoch: str = ""
+    """The launch's epoch (``TFT_JOB_EPOCH``): with the token and run id, the job's key."""
     min_worker_num: int | None = None
     """The fewest workers a generation may have (None: ``worker_num``)."""
 
@@ -192,6 +195,7 @@ class SchedulerConfig:
             lineage=worker.lineage,
             node_num=int(env.get(names.TFT_NODE_NUM) or 0),
             min_worker_num=worker.min_worker_num,
+            epoch=worker.epoch,
         )
 
 
@@ -209,10 +213,11 @@ class Scheduler:
         self.node_ranks = NodeRanks()
         self._sent = SentReplies()
         self._gathering = gathering.for_ranks(config.worker_num)
-        self._key = job_key(config.token, config.run_id)
-        self._job_value = job_value(config.token, JobIdentity(
-            config.run_id, config.lineage, config.worker_num, config.node_num))
+        self._key = job_key(config.token, config.run_id, config.epoch)
         self._replays = ReplayGuard()
+        self._notice = JobNotice(config.token, JobIdentity(
+            config.run_id, config.lineage, config.worker_num, config.node_num, config.epoch),
+            self._replays)
         self._refusals: dict[str, Throttle] = {}
         self._decided: list[tuple[str, dict[str, Any]]] = []
         self._changed = False
@@ -269,6 +274,7 @@ class Scheduler:
             Op.LAST_WORDS: self._on_last_words,
             Op.NODE_RANK: self._on_node_rank,
             Op.RETIRE: self._on_retire,
+            Op.JOB: lambda _request: self._notice.proof(),
         }
 
     # ----------------------------------------------------------------- lifecycle
@@ -287,8 +293,7 @@ class Scheduler:
         self._client = open_client(cfg.host, port, _LOOP_TIMEOUT.total_seconds())
         reloaded = self._reload()
         # The other nodes wait for this key: the scheduler is up, and this is the job.
-        for name in job_names(cfg.token):
-            self._client.set(name, self._job_value)
+        self._notice.publish(self._client, cfg.host, port)
         endpoint = Endpoint(cfg.host, port, os.getpid(), cfg.run_id, self._started)
         if cfg.log_dir is not None:
             endpoint.write(cfg.log_dir)
@@ -394,11 +399,10 @@ class Scheduler:
 
         client = open_client(host, port, _TICKER_TIMEOUT)
         guard: TCPStoreClient | None = None
-        overwritten = Throttle()
         next_guard = time.monotonic() + JOB_KEY_EVERY
         while not self._loop_exited.is_set():
             if time.monotonic() >= next_guard:
-                guard = self._guard_job_key(guard, host, port, overwritten)
+                guard = self._guard_job_key(guard, host, port)
                 next_guard = time.monotonic() + JOB_KEY_EVERY
             with self._wake_changed:
                 left = self._wake_at - time.monotonic()
@@ -411,19 +415,13 @@ class Scheduler:
             except DistError:
                 return
 
-    def _guard_job_key(self, guard: TCPStoreClient | None, host: str, port: int,
-                       overwritten: Throttle) -> TCPStoreClient | None:
+    def _guard_job_key(self, guard: TCPStoreClient | None, host: str,
+                       port: int) -> TCPStoreClient | None:
         """Set :data:`JOB_KEY` again when it holds anything but the job's identity; the
         client to use next time (``None``: a new one then)."""
         try:
             guard = guard or TCPStoreClient(host, port, _TICKER_TIMEOUT)
-            for name in job_names(self.config.token):
-                held = guard.get(name, MAX_VALUE_BYTES) if guard.check([name]) else b""
-                if held != self._job_value.encode():
-                    guard.set(name, self._job_value)
-                    if (count := overwritten.note()) is not None:
-                        logger.warning("%s was overwritten %d time(s) by someone else; put "
-                                       "back", JOB_KEY, count)
+            self._notice.guard(guard)
             return guard
         except StoreError:  # a value too long (the connection is dropped), or the store ends
             if guard is not None:
@@ -523,6 +521,8 @@ class Scheduler:
         try:
             sealed = unseal(self._key, Kind.REQUEST, raw)
         except BadSignature as err:
+            if (answer := self._notice.answer(raw)) is not None:  # a joining node's question
+                return answer
             header = err.header
             self._refused("signature", None if header is None else header.op, str(err))
             if header is None or self._behind is not None:  # a flood is not answered

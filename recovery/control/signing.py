@@ -217,11 +217,14 @@ def checked_strength(token: str, allow_weak: bool) -> str:
     return token
 
 
-def job_key(token: str, run_id: str) -> bytes:
-    """The one key that signs everything of job ``run_id``: HMAC-SHA256 keyed with the
-    token over ``tft job key <run_id>``. Two jobs that share a token sign with different
-    keys, so neither accepts a message captured from the other."""
-    return hmac.new(token.encode(), f"tft job key {run_id}".encode(), hashlib.sha256).digest()
+def job_key(token: str, run_id: str, epoch: str) -> bytes:
+    """The one key that signs everything of one launch of job ``run_id``: HMAC-SHA256
+    keyed with the token over ``tft job key <run_id>`` and the launch's ``epoch`` (drawn
+    at random by each launch, recovery/control/nodes.py). Two jobs that share a token, or
+    two launches of one job, sign with different keys, so neither accepts a message
+    captured from the other."""
+    return hmac.new(token.encode(), f"tft job key {run_id}\n{epoch}".encode(),
+                    hashlib.sha256).digest()
 
 
 def _value_mac(key: bytes, name: str, value: str) -> str:

@@ -463,7 +463,7 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None) -> Clu
         logger.error("%s", err)
         raise RegistrationRefused(str(err)) from None
     link = SchedulerLink(worker_env.sched_host, worker_env.sched_port, token, REPLY_TIMEOUT,
-                         run_id=worker_env.run_id)
+                         run_id=worker_env.run_id, epoch=worker_env.epoch)
     beats = _beat_link(link, token)
     claim = _identity(worker_env)
     defer = _defers_join(worker_env)

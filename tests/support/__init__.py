@@ -241,10 +241,11 @@ def scheduler_stalled(recovery_path: Path) -> Iterator[None]:
 
 
 def signed_request(token: str, op: str, rid: str | None = None, run_id: str = DEFAULT_RUN_ID,
-                   **fields: Any) -> bytes:
-    """A request as a client of job ``run_id`` whose token is ``token`` sends it."""
-    return seal(job_key(token, run_id), Kind.REQUEST, op, rid or new_request_id(), new_nonce(),
-                json.dumps(fields)).encode()
+                   epoch: str = "", **fields: Any) -> bytes:
+    """A request as a client of launch ``epoch`` of job ``run_id`` whose token is ``token``
+    sends it (a process started without tftrun has no epoch)."""
+    return seal(job_key(token, run_id, epoch), Kind.REQUEST, op, rid or new_request_id(),
+                new_nonce(), json.dumps(fields)).encode()
 
 
 def run_gated_with_kills(command: list[str], log_dir: Path, gate: Path, ranks: list[int],

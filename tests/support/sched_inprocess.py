@@ -26,7 +26,7 @@ def signed(op: str, token: str = TOKEN, rid: str | None = None, **fields: Any) -
 def answer(reply: str | bytes, token: str = TOKEN) -> dict[str, Any]:
     """The fields of a reply's body, and ``signed``: whether it verifies with ``token``."""
     try:
-        return {**json.loads(unseal(job_key(token, DEFAULT_RUN_ID), Kind.REPLY, reply).body), "signed": True}
+        return {**json.loads(unseal(job_key(token, DEFAULT_RUN_ID, ""), Kind.REPLY, reply).body), "signed": True}
     except BadSignature as err:
         assert err.header is not None, err
         return {**json.loads(err.header.body), "signed": False}

@@ -34,7 +34,7 @@ def test_a_worker_that_registers_before_the_scheduler_serves_is_answered_once_it
     port = free_tcp_port()
     sched = Scheduler(scheduler_config(tmp_path, port, worker_num=1))
     starter = threading.Timer(SCHEDULER_LATE, sched.run)
-    server = BeatServer("h/0", "127.0.0.1", port, TOKEN, DEFAULT_RUN_ID, Timeouts())
+    server = BeatServer("h/0", "127.0.0.1", port, TOKEN, DEFAULT_RUN_ID, "", Timeouts())
     link = LocalLink(server.path, ANSWER_WITHIN, TOKEN)
     server.start()
     starter.start()
@@ -64,7 +64,7 @@ def test_news_reaches_the_node_at_once(tmp_path: Path) -> None:
     runner = threading.Thread(target=sched.run, daemon=True)
     runner.start()
     news = threading.Event()
-    server = BeatServer("h/0", "127.0.0.1", port, TOKEN, DEFAULT_RUN_ID, Timeouts(),
+    server = BeatServer("h/0", "127.0.0.1", port, TOKEN, DEFAULT_RUN_ID, "", Timeouts(),
                         on_news=news.set)
     worker = LocalLink(server.path, ANSWER_WITHIN, TOKEN)
     tftctl = SchedulerLink("127.0.0.1", port, TOKEN, ANSWER_WITHIN)

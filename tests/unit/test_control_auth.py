@@ -99,7 +99,7 @@ def copied_header(body: bytes, key: bytes) -> Callable[[bytes], str | None]:
     (lambda _raw: b"\xff not even JSON", "ignored"),
     (copied_header(FORGED_STATUS, b"a guessed token"), "ignored"),
     # The genuine token, a malformed answer (a scheduler's bug): no crash either.
-    (copied_header(MALFORMED, job_key(TOKEN, DEFAULT_RUN_ID)), "verified"),
+    (copied_header(MALFORMED, job_key(TOKEN, DEFAULT_RUN_ID, "")), "verified"),
 ], ids=["plain", "malformed", "garbage", "wrong-key", "malformed-but-signed"])
 def test_a_forged_or_malformed_reply_is_ignored_and_counted(
         free_port: int, forge: Callable[[bytes], bytes | str | None], expected: str) -> None:
@@ -148,7 +148,7 @@ def test_a_late_reply_to_an_earlier_attempt_is_waited_past_not_counted_forged(
         free_port: int) -> None:
     """Attempt 1 stops waiting; its genuine reply comes late and is what attempt 2 finds
     first under the request's id: attempt 2 takes it away and waits for its own."""
-    key = job_key(TOKEN, DEFAULT_RUN_ID)
+    key = job_key(TOKEN, DEFAULT_RUN_ID, "")
     server = host_store("127.0.0.1", free_port, None)
     answered = threading.Event()
 

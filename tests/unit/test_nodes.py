@@ -43,7 +43,7 @@ from recovery.control.nodes import (
 from recovery.control.signing import job_key, sign_value
 from recovery.control.tcpstore_client import TCPStoreClient
 
-KEY = job_key("the-secret", "run-1")
+KEY = job_key("the-secret", "run-1", "")
 
 
 _FRESH = itertools.count()
@@ -107,14 +107,14 @@ def test_a_value_that_is_not_the_jobs_reads_as_unset_and_is_reported(
     token), one too long to read, or garbage, even where the job keeps its values; it
     reports each key's refusals."""
     run = f"run-forged-{next(_FRESH)}"
-    other = job_key("the-secret", "another-run")
+    other = job_key("the-secret", "another-run", "")
     values = {"unsigned": lambda name, value: value,
               "another job's": lambda name, value: sign_value(other, name, value),
               "too long": lambda name, value: "x" * (MAX_VALUE_BYTES + 1),
               "not a value": lambda name, value: b"\xff\x00" * 40}[forged]
     for name, value in ((rendezvous_key(3), "10.9.9.9:1"), (RESTART_KEY, "9"),
                         (END_KEY, "a stranger says stop")):
-        server.set(stored_at(job_key("the-secret", run), name), values(name, value))
+        server.set(stored_at(job_key("the-secret", run, ""), name), values(name, value))
     for name in job_names("the-secret"):
         server.set(name, values(JOB_KEY, JobIdentity(run, "x", 4).to_json()))
     reported: list[tuple[str, str, int]] = []
@@ -240,7 +240,7 @@ def test_nodes_beat_and_meet_in_rounds_through_the_store(server: Any) -> None:
     assert node_1.round_nodes(3) == (0, 2)
     node_0.close_round(4, ())  # the job ended well: no later round
     assert node_1.round_nodes(4) == ()
-    server.set(stored_at(job_key("the-secret", "run-2"), "tft/round/5"), "0,1,2")
+    server.set(stored_at(job_key("the-secret", "run-2", ""), "tft/round/5"), "0,1,2")
     assert node_1.round_nodes(5) is None
     node_1.beat(1, 7)
     assert node_0.beats(range(1, 3)) == {1: 7}

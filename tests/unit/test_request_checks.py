@@ -16,7 +16,7 @@ from recovery.control.rpc import Op
 from recovery.control.signing import Kind, job_key, new_nonce, seal, unseal
 from recovery.env import DEFAULT_RUN_ID
 
-KEY = job_key("job-token", DEFAULT_RUN_ID)
+KEY = job_key("job-token", DEFAULT_RUN_ID, "")
 RANKS = SCHEMAS[Op.NODE_BEAT]["ranks"]
 
 values = (st.none() | st.booleans() | st.integers(-2**64, 2**64) | st.text(max_size=8)

@@ -49,7 +49,7 @@ FIELDS = {Op.REGISTER: IDENTITY, Op.HEARTBEAT: (*IDENTITY, "step", "phase"), Op.
           Op.EXIT: ENDED, Op.INJECT: ("rank", "fault", "at_step"),
           Op.LAST_WORDS: ("rank", "generation", "step", "consistent", "reason"),
           Op.STATUS: (), Op.TICK: (), Op.NODE_RANK: ("node_id", "nproc"),
-          Op.NODE_BEAT: ("node", "ranks"), Op.RETIRE: ("retired", "reason")}
+          Op.NODE_BEAT: ("node", "ranks"), Op.RETIRE: ("retired", "reason"), Op.JOB: ()}
 """The fields of each request, as the clients send them."""
 
 json_values = st.recursive(
@@ -83,7 +83,7 @@ def requests(draw: st.DrawFn) -> tuple[bytes, bool]:
             body[name] = draw(others if draw(st.booleans()) else st.sampled_from(EDGES))
     # inf and NaN as Python writes them: Infinity, NaN
     how = draw(st.sampled_from(["job", "job", "other token", "tampered", "unsigned"]))
-    key = None if how == "unsigned" else (b"other" if how == "other token" else job_key(TOKEN, DEFAULT_RUN_ID))
+    key = None if how == "unsigned" else (b"other" if how == "other token" else job_key(TOKEN, DEFAULT_RUN_ID, ""))
     raw = bytearray(seal(key, Kind.REQUEST, op.value, draw(st.uuids()).hex, new_nonce(),
                          json.dumps(body)).encode())
     if how == "tampered":
@@ -94,7 +94,7 @@ def requests(draw: st.DrawFn) -> tuple[bytes, bool]:
 
 def nested(depth: int, opener: str) -> bytes:
     closer = "]" if opener == "[" else "}"
-    return seal(job_key(TOKEN, DEFAULT_RUN_ID), Kind.REQUEST, "status", "r1", new_nonce(),
+    return seal(job_key(TOKEN, DEFAULT_RUN_ID, ""), Kind.REQUEST, "status", "r1", new_nonce(),
                 f'{{"x": {opener * depth}1{closer * depth}}}').encode()
 
 

@@ -121,7 +121,7 @@ def ask(store: Any, raw: bytes | str, rid: str) -> dict[str, Any]:
 
 def with_body(op: str, rid: str, body: str) -> str:
     """A request signed with the job's token whose body is ``body``, as it is."""
-    return seal(job_key(TOKEN, DEFAULT_RUN_ID), Kind.REQUEST, op, rid, new_nonce(), body)
+    return seal(job_key(TOKEN, DEFAULT_RUN_ID, ""), Kind.REQUEST, op, rid, new_nonce(), body)
 
 
 MALFORMED_BODIES = {

@@ -356,7 +356,7 @@ ELASTIC_NODE_1 = ["--nproc_per_node=2", "--node_rank=1", "--master_addr=10.0.0.1
 def test_equal_bounds_are_the_fixed_count_and_a_range_is_elastic() -> None:
     fixed = cli.config_from_argv(["--nnodes=2", *ELASTIC_NODE_1, SCRIPT])
     assert cli.config_from_argv(["--nnodes=2:2", *ELASTIC_NODE_1, SCRIPT]) == replace(
-        fixed, min_nnodes=2, run_id=ANY, job_token=ANY)
+        fixed, min_nnodes=2, run_id=ANY, job_token=ANY, epoch=ANY)
     assert fixed.node_range is None and fixed.min_nnodes == 2
     elastic = cli.config_from_argv(["--nnodes=1:3", "--rdzv_conf=last_call_timeout=4",
                                     *ELASTIC_NODE_1, SCRIPT])
