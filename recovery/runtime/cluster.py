@@ -43,13 +43,16 @@ from recovery.runtime.generation_wait import REPLY_TIMEOUT, ClusterError, wait_f
 from recovery.runtime.heartbeat import Heartbeat, news_look_interval
 from recovery.timeouts import Timeouts
 
-__all__ = ["init", "ClusterContext", "ClusterError"]
+__all__ = ["init", "join", "ClusterContext", "ClusterError", "FormGroup"]
 
 logger = logging.getLogger(__name__)
 
 _LEAVE_WAIT = 2.0
 _REJOIN_POLL = 0.1
 _RETIRED_GROUP_WAIT = 5.0
+FormGroup = Callable[[Any, int, int], bool]
+"""Forms a generation's group once its members have met: (the generation's store, this
+rank's place in the group, the group's size) -> formed; False when a member died meanwhile."""
 _TOKEN_REFUSALS = 3
 """Registration attempts in a row answered only by an unsigned ``token`` refusal before a
 worker takes its token for wrong."""
@@ -272,15 +275,41 @@ class ClusterContext:
                 logger.warning("could not tell the scheduler this worker ends: %s", err)
         session.link.close()
 
-    def _init_group(self, generation: int, deadline: float,
+    def enter_whole(self, form: FormGroup, after: int | None = None,
                     should_abort: ShouldAbort = never) -> None:
+        """Enter the first generation after ``after`` (None: from the one this worker
+        registered into) that has every rank in it, and form its group with ``form``.
+
+        For a worker whose own code initialises the process group (recovery/runtime/restartable.py):
+        ``form`` only prepares what that code needs.
+
+        Raises:
+            ClusterError: none formed within ``cluster_time_out``.
+            Aborted: ``should_abort()`` said so while waiting.
+        """
+        session = self._session
+        assert session is not None
+        deadline = time.monotonic() + session.timeouts.cluster_time_out
+        generation = (self.generation if after is None
+                      else self._newer_generation(after, deadline, should_abort))
+        self._init_group(generation, deadline, should_abort, form, whole=True)
+
+    def _init_group(self, generation: int, deadline: float, should_abort: ShouldAbort = never,
+                    form: FormGroup | None = None, whole: bool = False) -> None:
         """Initialise the default process group of ``generation`` once it is formed, or of
-        the newest one after it when a member dies before the group is up."""
+        the newest one after it when a member dies before the group is up (or, ``whole``,
+        while the generation lacks a rank); ``form`` replaces torch's initialisation."""
         import torch.distributed as dist
         from torch.distributed import DistNetworkError
 
         session = self._session
         assert session is not None
+
+        def connect(store: Any, group_rank: int, size: int) -> bool:
+            return group.connect(self.backend, store, group_rank, size,
+                                 session.timeouts.heartbeat_timeout, session.group_timeout)
+
+        form = form or connect
 
         def superseded(candidate: int) -> Callable[[], bool]:
             # Bound to this attempt's generation, not to the loop variable.
@@ -297,9 +326,9 @@ class ClusterContext:
                 generation = newer
                 continue
             client, active = ready
-            if self.rank not in active:
-                # Formed before this worker was ready (survivors shrinking again): the
-                # next one takes it in.
+            if self.rank not in active or (whole and len(active) < self.world_size):
+                # Formed before this worker was ready (survivors shrinking again), or
+                # degraded when a whole one is wanted: the next one takes it in.
                 generation = self._newer_generation(generation, deadline, should_abort)
                 continue
             store = dist.PrefixStore(generation_prefix(session.link.key, generation), client)
@@ -307,9 +336,7 @@ class ClusterContext:
             try:
                 if group.meet(store, group_rank, len(active), superseded(generation),
                               deadline, should_abort) \
-                        and group.connect(self.backend, store, group_rank, len(active),
-                                          session.timeouts.heartbeat_timeout,
-                                          session.group_timeout):
+                        and form(store, group_rank, len(active)):
                     break
             except DistNetworkError:
                 continue  # the scheduler died: its relaunch announces the generation again
@@ -436,7 +463,14 @@ def _identity(worker_env: WorkerEnv) -> Identity:
                     socket.gethostname(), rank)
 
 
-def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None) -> ClusterContext:
+def join() -> ClusterContext:
+    """Register with the scheduler (``MS_SCHED_PORT``) and heartbeat, but form no process
+    group: the caller enters generations with :meth:`ClusterContext.enter_whole`."""
+    return _join(WorkerEnv.from_env(), "gloo", None, form_group=False)
+
+
+def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None,
+          form_group: bool = True) -> ClusterContext:
     timeouts = Timeouts.from_env()
     deadline = time.monotonic() + timeouts.cluster_time_out
     try:
@@ -448,7 +482,7 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None) -> Clu
                          run_id=worker_env.run_id)
     beats = _beat_link(link, token)
     claim = _identity(worker_env)
-    defer = _defers_join(worker_env)
+    defer = form_group and _defers_join(worker_env)
     accepted = _register(beats, claim, deadline, ready=not defer)
     rank, generation = int(accepted["rank"]), int(accepted["generation"])
     identity = Identity(accepted["node_id"], claim.pid, claim.incarnation, claim.host, rank)
@@ -477,7 +511,7 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None) -> Clu
         logger.info("[worker %s/%d] registered as rank %d; joins once its training loop is "
                     "ready (the others train on meanwhile)", identity.node_id,
                     identity.incarnation, rank)
-    else:
+    elif form_group:
         ctx._init_group(generation, deadline)
     return ctx
 
