@@ -111,6 +111,7 @@ class _Restarts:
             after = self._ctx.generation
             self._server = None
             self._ctx.leave_group()
+            _forget_group_names()
 
     def _form(self, store: Any, group_rank: int, size: int) -> bool:
         """Set the env that the function's ``env://`` reads, for a store of this generation's own."""
@@ -159,6 +160,14 @@ class _Restarts:
         thread = threading.Thread(target=watch, name="tft-restartable-watch", daemon=True)
         thread.start()
         return thread
+
+
+def _forget_group_names() -> None:
+    """A rendezvous that failed in ``init_process_group`` used up a group name, after which
+    this rank's keys in the next generation would not match the relaunched rank's."""
+    from recovery.runtime import torch_compat
+
+    torch_compat.reset_group_count()
 
 
 def _first_line(err: BaseException) -> str:

@@ -1,12 +1,14 @@
 """A plain DDP script in pytorch/examples' multigpu_torchrun.py pattern, with its entry point
 decorated ``@recovery.restartable`` (next to torchrun's ``@record``).
 
-Usage: restartable_ddp.py OUT_DIR TOTAL_STEPS SAVE_EVERY
+Usage: restartable_ddp.py OUT_DIR TOTAL_STEPS SAVE_EVERY [HOLD_RANK]
 
 DDP model, DistributedSampler, a snapshot that rank 0 writes every SAVE_EVERY steps and that
 every call of ``main`` resumes from. Each call prints ``rank R pid P starts at step S``;
 each step ``step=S``; at the end each rank writes OUT_DIR/params_<rank>.json with a digest
-of its parameters.
+of its parameters. With HOLD_RANK, that rank's first call in the job prints
+``rank R holds before init_process_group`` and sleeps a minute there: the others wait
+for it in their rendezvous.
 """
 
 import hashlib
@@ -101,7 +103,12 @@ def digest(model: torch.nn.Module) -> str:
 
 @record
 @recovery.restartable
-def main(out_dir: str, total_steps: int, save_every: int) -> None:
+def main(out_dir: str, total_steps: int, save_every: int, hold_rank: int = -1) -> None:
+    held = os.path.join(out_dir, "held")
+    if int(os.environ["RANK"]) == hold_rank and not os.path.exists(held):
+        open(held, "w").close()
+        print(f"rank {hold_rank} holds before init_process_group", flush=True)
+        time.sleep(60)
     init_process_group(backend="gloo")
     dataset, model, optimizer = load_train_objs()
     train_data = prepare_dataloader(dataset, batch_size=16)
@@ -114,4 +121,4 @@ def main(out_dir: str, total_steps: int, save_every: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *map(int, sys.argv[4:5]))

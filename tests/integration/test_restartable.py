@@ -5,12 +5,14 @@ script's entry point again in their own processes, from the script's own snapsho
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 from pathlib import Path
 
 import pytest
 
-from support import BIN, events, kill_rank_and_wait, log_has, spawn, tftrun_cmd, wait_for
+from support import BIN, events, kill_rank_and_wait, log_has, spawn, spawned_pids, terminate, tftrun_cmd, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -35,8 +37,11 @@ def test_a_killed_rank_is_relaunched_alone_and_the_survivors_call_main_again(
     out.mkdir()
     proc = spawn(tftrun_cmd("--nproc_per_node=3", "--rejoin_cooldown=3", f"--log_dir={logs}",
                             SCRIPT, str(out), "80", "10", degraded=True))
-    wait_for(lambda: log_has(logs, 1, "step=20\n"), 120, "rank 1's step 20")
-    before = kill_rank_and_wait(proc, logs, 1)
+    try:
+        wait_for(lambda: log_has(logs, 1, "step=20\n"), 120, "rank 1's step 20")
+        before = kill_rank_and_wait(proc, logs, 1)
+    finally:
+        terminate(proc)
     assert proc.returncode == 0
 
     spawns = [(e["rank"], e["pid"]) for e in events(logs, "spawn") if e["role"] == "worker"]
@@ -51,5 +56,33 @@ def test_a_killed_rank_is_relaunched_alone_and_the_survivors_call_main_again(
     relaunched = _starts(logs, 1)
     assert relaunched[0] == (before[1], 0)
     assert relaunched[1][0] != before[1] and relaunched[1][1] == _starts(logs, 0)[1][1]
+    finals = {json.loads((out / f"params_{rank}.json").read_text())["final"] for rank in range(3)}
+    assert len(finals) == 1
+
+
+def test_ranks_waiting_in_their_rendezvous_for_a_rank_that_died_are_released(
+        tmp_path: Path) -> None:
+    """Rank 1 of 3 is killed before its first ``init_process_group``, while ranks 0 and 2
+    wait for it there (their group's timeout is torch's 30 minutes): rank 0, which hosts
+    the generation's store, closes it once the scheduler reports the fault, so both raise
+    within seconds, call ``main`` again with the relaunched rank 1, and the job ends 0."""
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    out.mkdir()
+    proc = spawn(tftrun_cmd("--nproc_per_node=3", "--rejoin_cooldown=3", f"--log_dir={logs}",
+                            SCRIPT, str(out), "20", "10", "1", degraded=True))
+    try:
+        wait_for(lambda: log_has(logs, 1, "rank 1 holds before init_process_group"), 120,
+                 "rank 1 holding before its rendezvous")
+        before = spawned_pids(logs)
+        os.kill(before[1], signal.SIGKILL)
+        for survivor in (0, 2):
+            wait_for(lambda s=survivor: log_has(logs, s, f"[rank {s}] a peer failed in generation 0"),
+                     15, f"rank {survivor} released from its rendezvous")
+        proc.communicate(timeout=120)
+    finally:
+        terminate(proc)
+    assert proc.returncode == 0
+    for survivor in (0, 2):
+        assert _starts(logs, survivor) == [(before[survivor], 0)]
     finals = {json.loads((out / f"params_{rank}.json").read_text())["final"] for rank in range(3)}
     assert len(finals) == 1
