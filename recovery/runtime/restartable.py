@@ -38,6 +38,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from recovery import env as names
 from recovery.env import WorkerEnv
+from recovery.events import EventLog
 from recovery.runtime import cluster
 from recovery.timeouts import Timeouts
 
@@ -70,7 +71,7 @@ def restartable(fn: Callable[P, R]) -> Callable[P, R]:
             sys.exit(scheduler.main())
         if names.MS_SCHED_PORT not in os.environ:
             return fn(*args, **kwargs)
-        restarts = _Restarts(fn.__name__, worker_env.master_addr)
+        restarts = _Restarts(fn.__name__, worker_env)
         return restarts.run(functools.partial(fn, *args, **kwargs))
 
     return call
@@ -79,9 +80,11 @@ def restartable(fn: Callable[P, R]) -> Callable[P, R]:
 class _Restarts:
     """One rank's calls of the function, one per whole generation."""
 
-    def __init__(self, name: str, host: str) -> None:
+    def __init__(self, name: str, worker_env: WorkerEnv) -> None:
         self._name = name
-        self._host = host
+        self._host = worker_env.master_addr
+        self._events = EventLog(worker_env.log_dir, worker_env.node_rank)
+        self._calls = 0
         self._timeouts = Timeouts.from_env()
         self._ctx = cluster.join()
         self._server: Any = None
@@ -91,6 +94,14 @@ class _Restarts:
         after: int | None = None
         while True:
             self._ctx.enter_whole(self._form, after)
+            self._calls += 1
+            # Read by tftrun at once (a heartbeat may take seconds): this process is in a
+            # generation, so a relaunched rank is not stopped as one stranded when its
+            # peers finish first.
+            self._events.emit("function_call", rank=self._ctx.rank, pid=os.getpid(),
+                              incarnation=self._ctx.incarnation,
+                              generation=self._ctx.generation, call=self._calls,
+                              function=self._name)
             fault_seen = self._ctx.fault_at
             watch = self._watch(fault_seen) if self._server is not None else None
             try:

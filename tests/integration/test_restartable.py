@@ -29,30 +29,36 @@ def _starts(log_dir: Path, rank: int) -> list[tuple[int, int]]:
 def test_a_killed_rank_is_relaunched_alone_and_the_survivors_call_main_again(
         tmp_path: Path) -> None:
     """4 ranks at tftrun's default ``--min_worker_num`` (the survivors' degraded generation
-    is waited out), ``kill -9`` of rank 1 after its step 20 (the snapshot of step 20 or a
-    later one is written every 10 steps): the job ends 0, only rank 1 is spawned again,
+    is waited out), ``kill -9`` of rank 1 after its step 30 of 40 (the snapshot of step 30 is
+    written by then: every 10 steps): the job ends 0, only rank 1 is spawned again,
     ranks 0, 2 and 3 each call ``main`` twice in their first process, the second time from
     the snapshot, and every rank ends with the same parameters. Rank 3 is no neighbour of
     rank 1 in gloo's ring: its collective raises only once the others drop the group."""
     out, logs = tmp_path / "out", tmp_path / "logs"
     out.mkdir()
     proc = spawn(tftrun_cmd("--nproc_per_node=4", "--rejoin_cooldown=3", f"--log_dir={logs}",
-                            SCRIPT, str(out), "80", "10", degraded=True))
+                            SCRIPT, str(out), "40", "10", degraded=True))
     try:
-        wait_for(lambda: log_has(logs, 1, "step=20\n"), 120, "rank 1's step 20")
+        wait_for(lambda: log_has(logs, 1, "step=30\n"), 120, "rank 1's step 30")
         before = kill_rank_and_wait(proc, logs, 1)
     finally:
         terminate(proc)
     assert proc.returncode == 0
 
+    # The relaunched rank finished too (its peers first, a second after it joined), and was
+    # not stopped as a rank stranded by peers that finished without it.
+    assert [e["reason"] for e in events(logs, "job_end")] == ["all workers succeeded"]
     spawns = [(e["rank"], e["pid"]) for e in events(logs, "spawn") if e["role"] == "worker"]
     assert sorted(rank for rank, _pid in spawns) == [0, 1, 1, 2, 3]
+    calls = [(e["rank"], e["pid"], e["call"]) for e in events(logs, "function_call")]
+    assert sorted(calls) == sorted([*((r, before[r], c) for r in (0, 2, 3) for c in (1, 2)),
+                                    (1, before[1], 1), (1, spawned_pids(logs)[1], 1)])
     assert not [e for e in events(logs, "restart") if e["what"] == "workers"]
     assert [e["why"] for e in events(logs, "membership")] == ["start", "shrink", "grow"]
     for survivor in (0, 2, 3):
         starts = _starts(logs, survivor)
         assert [pid for pid, _step in starts] == [before[survivor]] * 2
-        assert starts[0][1] == 0 and starts[1][1] >= 20
+        assert starts[0][1] == 0 and starts[1][1] == 30
         assert log_has(logs, survivor, f"[rank {survivor}] a peer failed in generation 0")
     relaunched = _starts(logs, 1)
     assert relaunched[0] == (before[1], 0)
