@@ -5,7 +5,7 @@ The decorated function keeps torch's ``init_process_group("gloo")`` (``env://``)
 own checkpoint. The decorator registers the rank with the scheduler, so that tftrun
 relaunches only a dead rank, and runs the function in one whole generation after another:
 
-* **A fresh key space per generation** (DESIGN.md §3): ``env://`` puts no prefix on its
+* **A fresh key space per generation** (docs/env.md): ``env://`` puts no prefix on its
   keys, so rank 0 of each generation hosts a new c10d store on a free port and publishes
   its address in the generation's part of the scheduler's store; every rank's
   ``MASTER_ADDR``/``MASTER_PORT`` then name it, and all of them connect as clients
