@@ -30,6 +30,7 @@ _LAZY = {
     "init": "recovery.runtime.cluster",
     "ClusterContext": "recovery.runtime.cluster",
     "ClusterError": "recovery.runtime.cluster",
+    "restartable": "recovery.runtime.restartable",
     "ElasticTrainer": "recovery.train.elastic",
     "wrap_optimizer": "recovery.train.phase",
     "DeviceError": "recovery.faults",

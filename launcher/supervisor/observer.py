@@ -29,6 +29,9 @@ __all__ = ["Observer", "watch_scope"]
 
 WORKER_STEP_EVENTS = ("step", "train_end")
 """The events in which a worker says which step it completed."""
+WORKER_CALL_EVENT = "function_call"
+"""A ``@recovery.restartable`` worker's call in a generation, at a step tftrun does not
+know: taken as step 0 (it joined a generation)."""
 _VERDICTS = {MemberState.LOST.value: Verdict.HEARTBEAT.value,
              MemberState.HUNG.value: Verdict.PROGRESS.value}
 _LIVE = frozenset(state.value for state in LIVE_STATES)
@@ -82,6 +85,8 @@ class Observer:
             elif name in WORKER_STEP_EVENTS and step is not None \
                     and (pid := pids.get(rank)) is not None:
                 self._note_step(int(rank), pid, int(step))
+            elif name == WORKER_CALL_EVENT and event.get("pid") == pids.get(rank):
+                self._note_step(int(rank), int(event["pid"]), 0)
         self.snapshot = self._watch.snapshot
         if self.snapshot is not None:
             for member in self.snapshot.members:

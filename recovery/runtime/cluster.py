@@ -33,44 +33,29 @@ from recovery import env as names
 from recovery.control.beat_channel import LocalLink
 from recovery.control.inject import Injection
 from recovery.control.members import Identity
-from recovery.control.membership import describe_incomplete
-from recovery.control.rpc import (
-    Op,
-    SchedulerLink,
-    SchedulerUnavailable,
-    UnverifiedReply,
-    generation_prefix,
-    open_client,
-    port_open,
-    ready_at,
-    ready_ranks,
-)
+from recovery.control.rpc import Op, SchedulerLink, SchedulerUnavailable, UnverifiedReply, generation_prefix
 from recovery.control.signing import MissingToken, checked_token
 from recovery.env import WorkerEnv
 from recovery.exit_codes import REGISTRATION_REFUSED
 from recovery.runtime import folders, group
 from recovery.runtime.abort import Aborted, ShouldAbort, never
+from recovery.runtime.generation_wait import REPLY_TIMEOUT, ClusterError, wait_for_generation
 from recovery.runtime.heartbeat import Heartbeat, news_look_interval
 from recovery.timeouts import Timeouts
 
-__all__ = ["init", "ClusterContext", "ClusterError"]
+__all__ = ["init", "join", "ClusterContext", "ClusterError", "FormGroup"]
 
 logger = logging.getLogger(__name__)
 
-REPLY_TIMEOUT = 5.0
 _LEAVE_WAIT = 2.0
-_RETRY_PAUSE = 0.1
 _REJOIN_POLL = 0.1
 _RETIRED_GROUP_WAIT = 5.0
-_GENERATION_POLL = 0.05
-"""Seconds between two looks at whether the generation a worker waits for is formed."""
+FormGroup = Callable[[Any, int, int], bool]
+"""Forms a generation's group once its members have met: (the generation's store, this
+rank's place in the group, the group's size) -> formed; False when a member died meanwhile."""
 _TOKEN_REFUSALS = 3
 """Registration attempts in a row answered only by an unsigned ``token`` refusal before a
 worker takes its token for wrong."""
-
-
-class ClusterError(RuntimeError):
-    """This worker could not join the cluster (refused, or the cluster never completed)."""
 
 
 class RegistrationRefused(ClusterError, SystemExit):
@@ -290,22 +275,48 @@ class ClusterContext:
                 logger.warning("could not tell the scheduler this worker ends: %s", err)
         session.link.close()
 
-    def _init_group(self, generation: int, deadline: float,
+    def enter_whole(self, form: FormGroup, after: int | None = None,
                     should_abort: ShouldAbort = never) -> None:
+        """Enter the first generation after ``after`` (None: from the one this worker
+        registered into) that has every rank in it, and form its group with ``form``.
+
+        For a worker whose own code initialises the process group (recovery/runtime/restartable.py):
+        ``form`` only prepares what that code needs.
+
+        Raises:
+            ClusterError: none formed within ``cluster_time_out``.
+            Aborted: ``should_abort()`` said so while waiting.
+        """
+        session = self._session
+        assert session is not None
+        deadline = time.monotonic() + session.timeouts.cluster_time_out
+        generation = (self.generation if after is None
+                      else self._newer_generation(after, deadline, should_abort))
+        self._init_group(generation, deadline, should_abort, form, whole=True)
+
+    def _init_group(self, generation: int, deadline: float, should_abort: ShouldAbort = never,
+                    form: FormGroup | None = None, whole: bool = False) -> None:
         """Initialise the default process group of ``generation`` once it is formed, or of
-        the newest one after it when a member dies before the group is up."""
+        the newest one after it when a member dies before the group is up (or, ``whole``,
+        while the generation lacks a rank); ``form`` replaces torch's initialisation."""
         import torch.distributed as dist
         from torch.distributed import DistNetworkError
 
         session = self._session
         assert session is not None
 
+        def connect(store: Any, group_rank: int, size: int) -> bool:
+            return group.connect(self.backend, store, group_rank, size,
+                                 session.timeouts.heartbeat_timeout, session.group_timeout)
+
+        form = form or connect
+
         def superseded(candidate: int) -> Callable[[], bool]:
             # Bound to this attempt's generation, not to the loop variable.
             return lambda: session.heartbeat.generation > candidate
 
         while True:
-            ready = _wait_for_generation(
+            ready = wait_for_generation(
                 session.link, generation, deadline, session.timeouts, self.world_size,
                 self.rank, superseded(generation), should_abort)
             if ready is None:
@@ -315,9 +326,9 @@ class ClusterContext:
                 generation = newer
                 continue
             client, active = ready
-            if self.rank not in active:
-                # Formed before this worker was ready (survivors shrinking again): the
-                # next one takes it in.
+            if self.rank not in active or (whole and len(active) < self.world_size):
+                # Formed before this worker was ready (survivors shrinking again), or
+                # degraded when a whole one is wanted: the next one takes it in.
                 generation = self._newer_generation(generation, deadline, should_abort)
                 continue
             store = dist.PrefixStore(generation_prefix(session.link.key, generation), client)
@@ -325,9 +336,7 @@ class ClusterContext:
             try:
                 if group.meet(store, group_rank, len(active), superseded(generation),
                               deadline, should_abort) \
-                        and group.connect(self.backend, store, group_rank, len(active),
-                                          session.timeouts.heartbeat_timeout,
-                                          session.group_timeout):
+                        and form(store, group_rank, len(active)):
                     break
             except DistNetworkError:
                 continue  # the scheduler died: its relaunch announces the generation again
@@ -454,7 +463,14 @@ def _identity(worker_env: WorkerEnv) -> Identity:
                     socket.gethostname(), rank)
 
 
-def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None) -> ClusterContext:
+def join() -> ClusterContext:
+    """Register with the scheduler (``MS_SCHED_PORT``) and heartbeat, but form no process
+    group: the caller enters generations with :meth:`ClusterContext.enter_whole`."""
+    return _join(folders.checked(WorkerEnv.from_env()), "gloo", None, form_group=False)
+
+
+def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None,
+          form_group: bool = True) -> ClusterContext:
     timeouts = Timeouts.from_env()
     deadline = time.monotonic() + timeouts.cluster_time_out
     try:
@@ -466,7 +482,7 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None) -> Clu
                          run_id=worker_env.run_id, epoch=worker_env.epoch)
     beats = _beat_link(link, token)
     claim = _identity(worker_env)
-    defer = _defers_join(worker_env)
+    defer = form_group and _defers_join(worker_env)
     accepted = _register(beats, claim, deadline, ready=not defer)
     rank, generation = int(accepted["rank"]), int(accepted["generation"])
     identity = Identity(accepted["node_id"], claim.pid, claim.incarnation, claim.host, rank)
@@ -495,7 +511,7 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None) -> Clu
         logger.info("[worker %s/%d] registered as rank %d; joins once its training loop is "
                     "ready (the others train on meanwhile)", identity.node_id,
                     identity.incarnation, rank)
-    else:
+    elif form_group:
         ctx._init_group(generation, deadline)
     return ctx
 
@@ -561,57 +577,3 @@ def _say_once(said: str, message: str) -> str:
     if message != said:
         logger.warning("%s", message)
     return message
-
-
-def _wait_for_generation(link: SchedulerLink, generation: int, deadline: float,
-                         timeouts: Timeouts, world_size: int, rank: int,
-                         superseded: Callable[[], bool],
-                         should_abort: ShouldAbort = never) -> tuple[Any, list[int]] | None:
-    """A store client and the members' ranks, once the scheduler says ``generation`` is
-    formed; ``None`` once ``superseded()`` says a newer generation has this worker in it.
-
-    The scheduler makes only the newest generation ready: one formed and superseded in
-    the same batch of requests (the registrations of two relaunched ranks) never is.
-
-    The client is the one the process group rendezvous through; a scheduler that dies
-    meanwhile breaks it, so a new one is made once the port answers again. The ready key
-    is polled (``check``, not a blocking ``wait``: a timed-out wait logs a C++ warning),
-    and ``should_abort()`` is asked between polls.
-
-    Raises:
-        Aborted: ``should_abort()`` said so.
-    """
-    from torch.distributed import DistNetworkError
-
-    store = None
-    while (left := deadline - time.monotonic()) > 0:
-        if should_abort():
-            raise Aborted(f"stopped waiting for generation {generation} to form")
-        if superseded():
-            return None
-        if store is None and not port_open(link.host, link.port):
-            time.sleep(_RETRY_PAUSE)
-            continue
-        try:
-            # The rendezvous of the group waits on this client too: as long as we may.
-            store = store or open_client(link.host, link.port, max(left, REPLY_TIMEOUT))
-            ready = ready_at(link.key, generation)
-            if store.check([ready]) and (
-                    active := ready_ranks(link.key, generation, store.get(ready))) is not None:
-                return store, active
-        except DistNetworkError:
-            store = None  # the scheduler died: wait for its relaunch
-        time.sleep(_GENERATION_POLL)
-    missing = _missing_ranks(link, world_size, rank)
-    message = describe_incomplete(timeouts.cluster_time_out, world_size, missing)
-    logger.error("%s", message)
-    raise ClusterError(message)
-
-
-def _missing_ranks(link: SchedulerLink, world_size: int, rank: int) -> list[int]:
-    """The ranks the scheduler misses; when it is gone, every rank but this one."""
-    try:
-        # A rank's scope: the whole table is O(ranks), and every rank may ask at once.
-        return list(link.call(Op.STATUS, first_rank=rank, nproc=1, missing=True)["missing"])
-    except (SchedulerUnavailable, KeyError):
-        return [r for r in range(world_size) if r != rank]

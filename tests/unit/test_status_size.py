@@ -10,7 +10,7 @@ from recovery.control.client import SchedulerControl
 from recovery.control.rpc import Op, SchedulerLink
 from recovery.control.scheduler import Scheduler
 from recovery.control.signing import MAX_MESSAGE_BYTES
-from recovery.runtime.cluster import _missing_ranks
+from recovery.runtime.generation_wait import missing_ranks
 from support import free_tcp_port, wait_for_event
 from support.sched_inprocess import TOKEN, scheduler_config
 
@@ -65,7 +65,7 @@ def test_a_worker_whose_generation_never_formed_names_the_missing_ranks(tmp_path
         assert link.wait_connected(10)
         assert link.call(Op.REGISTER, node_id="0", pid=1000, incarnation=0, host="h", rank=0,
                          ready=True)["ok"]
-        missing = _missing_ranks(link, 3, 0)
+        missing = missing_ranks(link, 3, 0)
     finally:
         link.close()
         sched.request_stop("the test is over")

@@ -1,0 +1,186 @@
+"""``@recovery.restartable``: a plain script's entry point, called again in the surviving
+processes when a peer dies (docs/recovery.md, "In-process restart").
+
+The decorated function keeps torch's ``init_process_group("gloo")`` (``env://``) and its
+own checkpoint. The decorator registers the rank with the scheduler, so that tftrun
+relaunches only a dead rank, and runs the function in one whole generation after another:
+
+* **A fresh key space per generation** (docs/env.md): ``env://`` puts no prefix on its
+  keys, so rank 0 of each generation hosts a new c10d store on a free port and publishes
+  its address in the generation's part of the scheduler's store; every rank's
+  ``MASTER_ADDR``/``MASTER_PORT`` then name it, and all of them connect as clients
+  (``TORCHELASTIC_USE_AGENT_STORE``).
+* **A peer's fault ends the call.** The survivors' collectives raise (or, blocked, are
+  released once the others free the group); a ``RuntimeError`` that the scheduler
+  confirms as a fault (a newer generation, or a newer fault) within the heartbeat timeout
+  is caught; any other exception ends the process as it would without the decorator.
+  The exception and its traceback, which hold the function's frames (its DDP, its
+  buffers), are dropped, then the group: peers still blocked on this process go free.
+* **Only whole generations**: a degraded one (the survivors of a death, while the dead
+  rank's cooldown runs) is waited out, as the function knows nothing of a smaller world.
+* **Released from a rendezvous that cannot complete.** While the function runs, the rank
+  hosting the store closes it as soon as the scheduler reports a fault: a rank waiting in
+  ``init_process_group`` for a member that died then raises at once instead of at the
+  group's timeout.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, ParamSpec, TypeVar
+
+from recovery import env as names
+from recovery.env import WorkerEnv
+from recovery.events import EventLog
+from recovery.runtime import cluster
+from recovery.timeouts import Timeouts
+
+__all__ = ["restartable"]
+
+logger = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_ADDRESS_KEY = "tft/restartable/store"
+_POLL = 0.02
+_WATCH_POLL = 0.1
+_STORE_TIMEOUT = timedelta(seconds=60)
+
+
+def restartable(fn: Callable[P, R]) -> Callable[P, R]:
+    """Call ``fn`` again, in this process, each time a peer's death breaks its collectives.
+
+    Without a scheduler (plain torchrun, or run alone) ``fn`` is called once, unchanged.
+    Under ``MS_ROLE=MS_SCHED`` the process runs the scheduler, as ``recovery.init()`` does.
+    """
+
+    @functools.wraps(fn)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        worker_env = WorkerEnv.from_env()
+        if worker_env.is_scheduler:
+            from recovery.control import scheduler
+
+            sys.exit(scheduler.main())
+        if names.MS_SCHED_PORT not in os.environ:
+            return fn(*args, **kwargs)
+        restarts = _Restarts(fn.__name__, worker_env)
+        return restarts.run(functools.partial(fn, *args, **kwargs))
+
+    return call
+
+
+class _Restarts:
+    """One rank's calls of the function, one per whole generation."""
+
+    def __init__(self, name: str, worker_env: WorkerEnv) -> None:
+        self._name = name
+        self._host = worker_env.master_addr
+        self._events = EventLog(worker_env.log_dir, worker_env.node_rank)
+        self._calls = 0
+        self._timeouts = Timeouts.from_env()
+        self._ctx = cluster.join()
+        self._server: Any = None
+        self._done = threading.Event()
+
+    def run(self, fn: Callable[[], R]) -> R:
+        after: int | None = None
+        while True:
+            self._ctx.enter_whole(self._form, after)
+            self._calls += 1
+            # Read by tftrun at once (a heartbeat may take seconds): this process is in a
+            # generation, so a relaunched rank is not stopped as one stranded when its
+            # peers finish first.
+            self._events.emit("function_call", rank=self._ctx.rank, pid=os.getpid(),
+                              incarnation=self._ctx.incarnation,
+                              generation=self._ctx.generation, call=self._calls,
+                              function=self._name)
+            fault_seen = self._ctx.fault_at
+            watch = self._watch(fault_seen) if self._server is not None else None
+            try:
+                return fn()
+            except RuntimeError as err:
+                if not self._peer_failed(fault_seen):
+                    raise
+                logger.warning("[rank %d] a peer failed in generation %d (%s): calling %s "
+                               "again once its replacement has joined", self._ctx.rank,
+                               self._ctx.generation, _first_line(err), self._name)
+            finally:
+                self._done.set()
+                if watch is not None:
+                    watch.join()
+                self._done.clear()
+            # Outside the except block: the exception and its traceback, which hold the
+            # function's frames and through them the broken group, are gone.
+            after = self._ctx.generation
+            self._server = None
+            self._ctx.leave_group()
+            _forget_group_names()
+
+    def _form(self, store: Any, group_rank: int, size: int) -> bool:
+        """Set the env that the function's ``env://`` reads, for a store of this generation's own."""
+        if group_rank == 0:
+            from torch.distributed import TCPStore
+
+            self._server = None
+            self._server = TCPStore(self._host, 0, is_master=True, wait_for_workers=False,
+                                    timeout=_STORE_TIMEOUT)
+            store.set(_ADDRESS_KEY, f"{self._host}:{self._server.port}")
+        deadline = time.monotonic() + self._timeouts.heartbeat_timeout
+        while not store.check([_ADDRESS_KEY]):
+            if time.monotonic() > deadline:
+                return False  # the generation's rank 0 died after the members met
+            time.sleep(_POLL)
+        host, _, port = store.get(_ADDRESS_KEY).decode().rpartition(":")
+        os.environ.update({names.RANK: str(group_rank), names.WORLD_SIZE: str(size),
+                           names.MASTER_ADDR: host, names.MASTER_PORT: port,
+                           names.TORCHELASTIC_USE_AGENT_STORE: "True"})
+        return True
+
+    def _faulted(self, fault_seen: float | None) -> bool:
+        return (self._ctx.latest_generation > self._ctx.generation
+                or self._ctx.fault_at != fault_seen)
+
+    def _peer_failed(self, fault_seen: float | None) -> bool:
+        """Whether the scheduler reports a fault since the call began, within the heartbeat
+        timeout (the time within which a dead or frozen rank is declared so)."""
+        deadline = time.monotonic() + self._timeouts.heartbeat_timeout
+        while not self._faulted(fault_seen):
+            if time.monotonic() > deadline:
+                return False
+            self._ctx.look_for_news()
+            time.sleep(_POLL)
+        return True
+
+    def _watch(self, fault_seen: float | None) -> threading.Thread:
+        """Close this generation's store once a fault is reported while the function runs."""
+
+        def watch() -> None:
+            while not self._done.wait(_WATCH_POLL):
+                if self._faulted(fault_seen):
+                    self._server = None  # waits on it in the ranks' rendezvous raise now
+                    return
+
+        thread = threading.Thread(target=watch, name="tft-restartable-watch", daemon=True)
+        thread.start()
+        return thread
+
+
+def _forget_group_names() -> None:
+    """A rendezvous that failed in ``init_process_group`` used up a group name, after which
+    this rank's keys in the next generation would not match the relaunched rank's."""
+    from recovery.runtime import torch_compat
+
+    torch_compat.reset_group_count()
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
