@@ -13,6 +13,7 @@ from pathlib import Path
 from launcher.config import LaunchConfig
 from launcher.procs.spare import FORK_SERVER
 from recovery import env as names
+from recovery.safe_files import UnsafeFolder, own_subfolder
 
 _NCCL_ASYNC_ERROR_HANDLING = "1"
 """torchrun's value for ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` unless the user set one."""
@@ -77,9 +78,9 @@ def _common_env(config: LaunchConfig, base: Mapping[str, str]) -> dict[str, str]
         names.MS_SCHED_HOST: config.master_addr,
         names.MS_SCHED_PORT: str(config.master_port),
         names.MS_ENABLE_RECOVERY: "1",
-        names.MS_RECOVERY_PATH: str(config.recovery_path.resolve()),
+        names.MS_RECOVERY_PATH: str(config.recovery_path),
         names.TFT_RUN_ID: config.run_id,
-        names.TFT_LOG_DIR: str(config.log_dir.resolve()),
+        names.TFT_LOG_DIR: str(config.log_dir),
         names.TFT_JOB_TOKEN: config.job_token,
         names.TFT_IS_RECOVER: "1" if config.is_recover else "0",
         names.TFT_CLUSTER_TIME_OUT: str(config.cluster_time_out),
@@ -230,12 +231,20 @@ def signal_names(numbers: tuple[int, ...]) -> str:
 
 def error_file(config: LaunchConfig, rank: int) -> Path:
     """Where torch's ``@record`` in worker ``rank`` writes its root-cause JSON."""
-    return config.log_dir.resolve() / "errors" / f"worker_{rank}.json"
+    return config.log_dir / "errors" / f"worker_{rank}.json"
 
 
 def prepare_error_file(config: LaunchConfig, rank: int) -> None:
-    """Before a launch of ``rank``: its error file's folder exists (``@record`` does not make
-    it) and an earlier launch's file is gone (its error is not this launch's)."""
+    """Before a launch of ``rank``: its error file's folder exists, made and checked as the
+    log dir is (``@record`` does not make it, and writes without ``O_NOFOLLOW``), and an
+    earlier launch's file is gone (its error is not this launch's).
+
+    Raises:
+        OSError: the folder is not the user's own (a link in its place, say).
+    """
     path = error_file(config, rank)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        own_subfolder(path.parent)
+    except UnsafeFolder as err:
+        raise OSError(f"{path.parent}: {err}") from None
     path.unlink(missing_ok=True)
