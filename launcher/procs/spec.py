@@ -13,6 +13,7 @@ from pathlib import Path
 from launcher.config import LaunchConfig
 from launcher.procs.spare import FORK_SERVER
 from recovery import env as names
+from recovery.python_path import PYTHONPATH, own_pythonpath
 from recovery.safe_files import UnsafeFolder, own_subfolder
 
 _NCCL_ASYNC_ERROR_HANDLING = "1"
@@ -20,7 +21,8 @@ _NCCL_ASYNC_ERROR_HANDLING = "1"
 
 __all__ = ["SCHEDULER_MODULE", "Role", "ProcessSpec", "Seat", "worker_spec", "scheduler_spec",
            "spare_spec", "script_argv", "SPARE_PROGRAM", "worker_argv", "fork_server_spec",
-           "forks_workers", "error_file", "prepare_error_file", "signal_names"]
+           "forks_workers", "error_file", "prepare_error_file", "signal_names", "OWN_PYTHON",
+           "own_env"]
 
 SPARE_PROGRAM = Path(__file__).with_name("spare.py")
 SCHEDULER_MODULE = "recovery.control.scheduler"
@@ -64,11 +66,22 @@ class Seat:
                    config.group_world_size)
 
 
-OWN_PYTHON = (sys.executable, "-u", *(("-P",) if sys.version_info >= (3, 11) else ()))
-"""How tftrun starts its own modules (the scheduler, the watchdog): ``-P`` keeps the
-working folder off ``sys.path``, where ``python -m`` would put it first, so that a
-``recovery/`` or ``launcher/`` folder there is never run instead (Python 3.11 and later;
-docs/security.md). ``PYTHONPATH`` is still honoured."""
+OWN_PYTHON = (sys.executable, "-u", "-P")
+"""How tftrun starts its own processes (the scheduler, the watchdog, the fork server, a
+spare): ``-P`` keeps the working folder off ``sys.path``, where ``python -m`` would put it
+first, and :func:`own_env` the empty and relative entries of ``PYTHONPATH``, which stand
+for it too, so that a ``recovery/`` or ``launcher/`` folder there is never run instead
+(docs/security.md). Not ``-I``: it would drop ``PYTHONPATH`` and the user's
+site-packages, where tftrun or torch may be installed."""
+
+
+def own_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` for one of tftrun's own processes: ``PYTHONPATH``'s absolute entries only
+    (recovery/python_path.py)."""
+    cleaned = {name: value for name, value in env.items() if name != PYTHONPATH}
+    if own_pythonpath(env.get(PYTHONPATH, "")):
+        cleaned[PYTHONPATH] = own_pythonpath(env[PYTHONPATH])
+    return cleaned
 
 
 def _common_env(config: LaunchConfig, base: Mapping[str, str]) -> dict[str, str]:
@@ -165,7 +178,7 @@ def scheduler_spec(config: LaunchConfig, listen_fd: int,
     env = _common_env(config, os.environ if base_env is None else base_env)
     env.update({names.MS_ROLE: names.ROLE_SCHEDULER, names.TFT_STORE_FD: str(listen_fd)})
     argv = (*OWN_PYTHON, "-m", SCHEDULER_MODULE)
-    return ProcessSpec(Role.SCHEDULER, None, argv, env, config.log_dir / "scheduler.log")
+    return ProcessSpec(Role.SCHEDULER, None, argv, own_env(env), config.log_dir / "scheduler.log")
 
 
 def spare_spec(config: LaunchConfig, go_fd: int, restart_count: int,
@@ -174,10 +187,11 @@ def spare_spec(config: LaunchConfig, go_fd: int, restart_count: int,
 
     It gets a worker's environment, so that what torch reads at import time (e.g.
     ``OMP_NUM_THREADS``) is what a worker would read; the rank-specific variables are
-    placeholders, replaced with the whole environment when it is handed a rank.
+    placeholders, replaced with the whole environment when it is handed a rank (the
+    user's ``PYTHONPATH`` included, which :func:`own_env` cleans until then).
     """
-    env = worker_spec(config, 0, 0, restart_count, rendezvous_port).env
-    argv = (sys.executable, "-u", str(SPARE_PROGRAM), str(go_fd))
+    env = own_env(worker_spec(config, 0, 0, restart_count, rendezvous_port).env)
+    argv = (*OWN_PYTHON, str(SPARE_PROGRAM), str(go_fd))
     return ProcessSpec(Role.SPARE, None, argv, env, config.log_dir / "spare.log")
 
 
@@ -202,8 +216,8 @@ def forks_workers(config: LaunchConfig, env: Mapping[str, str] | None = None) ->
 def fork_server_spec(config: LaunchConfig, sock_fd: int, supervisor_pid: int) -> ProcessSpec:
     """The fork server (launcher/procs/spare.py), serving on the inherited socket
     ``sock_fd``. It gets a worker's environment, as a spare does (:func:`spare_spec`)."""
-    env = {**worker_spec(config, 0, 0, 0, 0).env, names.TFT_ENVIRON_ROOM: " " * ENVIRON_ROOM}
-    argv = (sys.executable, "-u", str(SPARE_PROGRAM), FORK_SERVER, str(sock_fd),
+    env = {**own_env(worker_spec(config, 0, 0, 0, 0).env), names.TFT_ENVIRON_ROOM: " " * ENVIRON_ROOM}
+    argv = (*OWN_PYTHON, str(SPARE_PROGRAM), FORK_SERVER, str(sock_fd),
             str(supervisor_pid), " " * TITLE_ROOM)
     return ProcessSpec(Role.FORK_SERVER, None, argv, env, config.log_dir / "fork_server.log")
 
