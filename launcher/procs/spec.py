@@ -78,10 +78,9 @@ site-packages, where tftrun or torch may be installed."""
 def own_env(env: Mapping[str, str]) -> dict[str, str]:
     """``env`` for one of tftrun's own processes: ``PYTHONPATH``'s absolute entries only
     (recovery/python_path.py)."""
-    cleaned = {name: value for name, value in env.items() if name != PYTHONPATH}
-    if own_pythonpath(env.get(PYTHONPATH, "")):
-        cleaned[PYTHONPATH] = own_pythonpath(env[PYTHONPATH])
-    return cleaned
+    kept = own_pythonpath(env.get(PYTHONPATH, ""))
+    return {**{name: value for name, value in env.items() if name != PYTHONPATH},
+            **({PYTHONPATH: kept} if kept else {})}
 
 
 def _common_env(config: LaunchConfig, base: Mapping[str, str]) -> dict[str, str]:
