@@ -2,9 +2,9 @@
 when ``PYTHONPATH`` has an empty entry (``PYTHONPATH=:/x``, which ``-P`` does not drop;
 issue 38), while its workers keep the ``sys.path`` torchrun would give them.
 
-The planted ``recovery/`` and ``sitecustomize.py`` note the command line of each process
-that imports them, then hand over to the real library, so that the job runs either way
-and the note tells who imported them."""
+The planted ``recovery/`` and ``sitecustomize.py`` note which of them was imported and the
+command line of the process, then ``recovery/`` hands over to the real library, so that
+the job runs either way and the notes tell who imported what."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ pytestmark = pytest.mark.timeout(180)
 
 REPO = Path(__file__).resolve().parents[2]
 NOTE = """import pathlib
+command = pathlib.Path("/proc/self/cmdline").read_bytes().replace(b"\\0", b" ").decode()
 with open({marker!r}, "a") as marker:
-    marker.write(pathlib.Path("/proc/self/cmdline").read_bytes().replace(b"\\0", b" ").decode() + "\\n")
+    marker.write({what!r} + ": " + command + "\\n")
 """
 HAND_OVER = """__path__[:] = [{real!r}]
 __file__ = {real!r} + "/__init__.py"
@@ -31,18 +32,19 @@ exec(compile(pathlib.Path(__file__).read_text(), __file__, "exec"))
 
 def plant(folder: Path, marker: Path) -> None:
     (folder / "recovery").mkdir(parents=True)
-    note = NOTE.format(marker=str(marker))
     (folder / "recovery" / "__init__.py").write_text(
-        note + HAND_OVER.format(real=str(REPO / "recovery")))
-    (folder / "sitecustomize.py").write_text(note)
+        NOTE.format(marker=str(marker), what="recovery") + HAND_OVER.format(real=str(REPO / "recovery")))
+    (folder / "sitecustomize.py").write_text(NOTE.format(marker=str(marker), what="sitecustomize"))
 
 
 @pytest.mark.parametrize("fork_server", [True, False])
 def test_a_planted_recovery_runs_in_none_of_tftruns_own_processes(
         tmp_path: Path, fork_server: bool) -> None:
     """With a warm spare, the fork server (or the scheduler and the workers started
-    cold), the scheduler and the watchdog: only tftrun itself, which the user started
-    with that ``PYTHONPATH``, and the workers, as under torchrun, may import them."""
+    cold), the scheduler and the watchdog. tftrun itself imports no planted
+    ``recovery/`` either; ``sitecustomize`` runs as Python starts, before any of tftrun's
+    code, in tftrun, which the user started with that ``PYTHONPATH``, and in a worker
+    started cold, as under torchrun."""
     work, marker, out, gate = tmp_path / "work", tmp_path / "marker", tmp_path / "out", tmp_path / "gate"
     plant(work, marker)
     out.mkdir()
@@ -59,6 +61,7 @@ def test_a_planted_recovery_runs_in_none_of_tftruns_own_processes(
         terminate(proc)
     assert proc.returncode == 0, output
     importers = _read(marker).splitlines()
+    assert [line for line in importers if line.startswith("recovery:")] == [], importers
     assert [line for line in importers
             if "launcher.cli.tftrun" not in line and "path_probe.py" not in line] == [], importers
     for rank in (0, 1):

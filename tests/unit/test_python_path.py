@@ -1,5 +1,6 @@
-"""PYTHONPATH for tftrun's own processes: its absolute entries only (issue 38); and the
-sys.path a forked worker gets back: the user's, as a fresh ``python script.py`` has it."""
+"""PYTHONPATH for tftrun's own processes: its absolute entries only (issue 38); the
+sys.path a forked worker gets back: the user's, as a fresh ``python script.py`` has it;
+and tftrun's own sys.path, without what stands for the working folder."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 from hypothesis import given
 from hypothesis import strategies as st
 
+from launcher.own_path import without_working_folder
 from launcher.procs.spec import own_env
 from recovery.python_path import interpreter_sys_path, own_pythonpath, worker_sys_path
 
@@ -34,3 +36,15 @@ def test_a_worker_gets_the_users_entries_after_its_first_and_before_the_interpre
     cwd = os.getcwd()
     assert path == ["/job/bin", cwd, "/repo", os.path.join(cwd, "rel"), "/usr/lib/python3.11", "/site"]
     assert worker_sys_path("/site", "/site", interpreter) == ["/site", "/usr/lib/python3.11"]
+
+
+def test_tftrun_drops_what_stands_for_the_working_folder_but_its_own_folder() -> None:
+    site = ["/usr/lib/python3.11", "/site"]
+    # python -m launcher.cli.tftrun in /job, PYTHONPATH=:/repo:rel
+    assert without_working_folder(["/job", "/job", "/repo", "/job/rel", *site], ":/repo:rel",
+                                  "/job", "/repo") == ["/repo", *site]
+    # python -c, '' first; tftrun imported from the working folder itself is kept
+    assert without_working_folder(["", *site], "", "/repo", "/repo") == ["", *site]
+    assert without_working_folder(["", "/repo", *site], "", "/job", "/repo") == ["/repo", *site]
+    # the working folder given as an absolute path on purpose is kept
+    assert without_working_folder(["/bin", "/job", *site], "/job", "/job", "/repo") == ["/bin", "/job", *site]
