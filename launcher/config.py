@@ -21,7 +21,7 @@ from launcher.errors import ConfigError
 from recovery import env as names
 from recovery.control.node_range import DEFAULT_LAST_CALL, NodeRange
 from recovery.control.rpc import describe_bind_error, listen_on
-from recovery.safe_files import folder_problem
+from recovery.safe_files import UnsafeFolder, resolved_folder
 from recovery.timeouts import (
     DEFAULT_CLUSTER_TIME_OUT,
     DEFAULT_HEARTBEAT_TIMEOUT,
@@ -33,7 +33,7 @@ from recovery.train.shares import BatchPolicy
 
 __all__ = ["LaunchConfig", "bind_listener", "RestartPolicy", "DEFAULT_PROGRESS_INTERVAL",
            "AUTO_NODE_RANK", "with_node_rank", "DEFAULT_SIGNALS", "ENTRY_KINDS",
-           "DEFAULT_MASTER_PORT"]
+           "DEFAULT_MASTER_PORT", "check_own_folder", "with_own_folders"]
 
 ENTRY_KINDS = ("script", "module", "exec")
 """What ``script`` names: a Python file, a module (``-m``), an executable (``--no_python``)."""
@@ -356,12 +356,25 @@ class LaunchConfig:
         check_own_folder(directory, option)
 
 
-def check_own_folder(directory: Path, option: str) -> None:
-    """ConfigError (one line) unless ``directory`` is the user's own and writable by
-    nobody else (recovery/safe_files.py)."""
-    problem = folder_problem(directory)
-    if problem is not None:
-        raise ConfigError(f"{option} {directory}: {problem}")
+def check_own_folder(directory: Path, option: str) -> Path:
+    """``directory`` resolved, unless it is not the user's own, writable by nobody else,
+    on a way nobody else can change (recovery/safe_files.py): ConfigError, one line."""
+    try:
+        return resolved_folder(directory)
+    except UnsafeFolder as err:
+        raise ConfigError(f"{option} {directory}: {err}") from None
+
+
+def with_own_folders(config: LaunchConfig) -> LaunchConfig:
+    """``config`` with its log dir and recovery path made, checked and resolved once: the
+    paths every process of the node is given from then on."""
+    try:
+        config.recovery_path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"--recovery_path {config.recovery_path} is not writable: "
+                          f"{err.strerror}") from None
+    return replace(config, log_dir=check_own_folder(config.log_dir, "--log_dir"),
+                   recovery_path=check_own_folder(config.recovery_path, "--recovery_path"))
 
 
 AUTO_NODE_RANK = -1

@@ -4,8 +4,9 @@ tftrun writes into folders a user names (``--log_dir``, ``--recovery_path``), wh
 lie in a shared place. Another user who owns such a folder, or may write into it, could
 plant ``worker_0.log -> ~/.bashrc`` there and have the job overwrite the user's file. So:
 
-* a folder the job writes into must be the user's own and writable by nobody else
-  (:func:`folder_problem`); tftrun refuses any other, one line, exit 2;
+* a folder the job writes into must be the user's own and writable by nobody else, and
+  so must be the folders on the way to it, or root's (:func:`resolved_folder`); tftrun
+  refuses any other, one line, exit 2, and uses the resolved path from then on;
 * its files are opened with ``O_NOFOLLOW`` (:func:`open_append`): a symbolic link planted
   in place of a log is refused, never followed;
 * temporary files get unpredictable names and are created exclusively
@@ -20,27 +21,84 @@ import os
 import stat
 from pathlib import Path
 
-__all__ = ["folder_problem", "open_append", "NOFOLLOW"]
+__all__ = ["folder_problem", "resolved_folder", "own_subfolder", "UnsafeFolder", "open_append",
+           "NOFOLLOW"]
 
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
-def folder_problem(path: Path) -> str | None:
-    """Why the job must not write into the existing folder ``path``, or ``None``.
+class UnsafeFolder(ValueError):
+    """A folder the job must not write into; the message says why, in one line."""
 
-    Refused: a folder owned by another user (root's excepted when running as root), one
-    that others may write into (group- or world-writable), and a symbolic link to one.
+
+def resolved_folder(path: Path) -> Path:
+    """The existing folder ``path`` resolved, once checked component by component: the
+    path to use from then on, so that a symbolic link on the way that is changed later
+    is never followed again.
+
+    Refused (:class:`UnsafeFolder`): a folder owned by another user (root's excepted when
+    running as root), one that others may write into (group- or world-writable), and
+    one inside a folder where another user could replace it: a folder on the way owned
+    by another user than root, or writable by others without the sticky bit (``/tmp``'s
+    mode 1777 is fine).
     """
     try:
-        info = path.stat()
+        real = Path(os.path.realpath(path, strict=True))
     except OSError as err:
-        return err.strerror or str(err)
-    if info.st_uid != os.getuid():
-        return f"it is owned by another user (uid {info.st_uid})"
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return (f"others may write into it (mode {stat.S_IMODE(info.st_mode):o}): "
-                "chmod go-w it, or choose another")
+        raise UnsafeFolder(err.strerror or str(err)) from None
+    for folder in (*reversed(real.parents), real):
+        try:
+            info = os.lstat(folder)
+        except OSError as err:
+            raise UnsafeFolder(f"{folder}: {err.strerror}") from None
+        if not stat.S_ISDIR(info.st_mode):
+            raise UnsafeFolder(f"{folder} is no longer a folder: it was replaced as it was checked")
+        if folder == real:
+            _check_own(info)
+        else:
+            _check_on_the_way(folder, info)
+    return real
+
+
+def folder_problem(path: Path) -> str | None:
+    """Why the job must not write into the existing folder ``path``
+    (:func:`resolved_folder`), or ``None``."""
+    try:
+        resolved_folder(path)
+    except UnsafeFolder as err:
+        return str(err)
     return None
+
+
+def own_subfolder(path: Path) -> Path:
+    """The folder ``path`` inside a checked folder, made if missing (its parent not), and
+    refused as :func:`resolved_folder` refuses one, a symbolic link in its place included."""
+    try:
+        path.mkdir(mode=0o755, exist_ok=True)
+        info = os.lstat(path)
+    except OSError as err:
+        raise UnsafeFolder(f"{path}: {err.strerror}") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise UnsafeFolder(f"{path} is not a folder (a symbolic link is refused)")
+    _check_own(info)
+    return path
+
+
+def _check_own(info: os.stat_result) -> None:
+    if info.st_uid != os.getuid():
+        raise UnsafeFolder(f"it is owned by another user (uid {info.st_uid})")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UnsafeFolder(f"others may write into it (mode {stat.S_IMODE(info.st_mode):o}): "
+                           "chmod go-w it, or choose another")
+
+
+def _check_on_the_way(folder: Path, info: os.stat_result) -> None:
+    if info.st_uid not in (0, os.getuid()):
+        raise UnsafeFolder(f"it lies in {folder}, owned by another user (uid {info.st_uid}), "
+                           "who could replace it: choose another")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
+        raise UnsafeFolder(f"it lies in {folder}, which others may write into (mode "
+                           f"{stat.S_IMODE(info.st_mode):o}) and so replace it: choose another")
 
 
 def open_append(path: str | os.PathLike[str], mode: int = 0o644) -> int:

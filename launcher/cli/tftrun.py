@@ -39,7 +39,7 @@ from launcher.config import (
     DEFAULT_SIGNALS,
     LaunchConfig,
     bind_listener,
-    check_own_folder,
+    with_own_folders,
 )
 from launcher.errors import ConfigError
 from launcher.nodes.cluster_env import DEFAULT_MASTER_ADDR, fill_from_cluster
@@ -452,8 +452,9 @@ def _run(config: LaunchConfig) -> int:
     config = place_node(replace(config, node_addr=config.node_addr or local_address_towards(
         config.master_addr, config.master_port or DEFAULT_MASTER_PORT)))
     with ExitStack() as held:
+        config = with_own_folders(config)
         _hold_lock(held, config.log_dir, f"another tftrun job is running with --log_dir {config.log_dir}")
-        _hold_lock(held, _writable(config.recovery_path),
+        _hold_lock(held, config.recovery_path,
                    f"another tftrun job is using --recovery_path {config.recovery_path}")
         store_socket = (bind_listener(config.master_addr, config.master_port)
                         if config.hosts_scheduler else None)
@@ -486,13 +487,6 @@ def _hold_lock(held: ExitStack, directory: Path, busy: str) -> None:
     held.callback(lock.release)
 
 
-def _writable(recovery_path: Path) -> Path:
-    try:
-        recovery_path.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ConfigError(f"--recovery_path {recovery_path} is not writable: {err.strerror}") from None
-    check_own_folder(recovery_path, "--recovery_path")
-    return recovery_path
 
 
 def _open_lineage(config: LaunchConfig) -> str:

@@ -74,7 +74,7 @@ class ForkServer:
             pass
         fds = fds or {}
         request = {**message, "env": dict(spec.env), "cwd": os.getcwd(),
-                   "log": str(spec.log_path.resolve()), "fd_env": list(fds)}
+                   "log": str(spec.log_path), "fd_env": list(fds)}
         reply = self._ask(request, list(fds.values()))
         if reply is None:
             return None

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from launcher.procs.sessions import Session, kill_members, members
-from launcher.procs.spec import OWN_PYTHON
+from launcher.procs.spec import OWN_PYTHON, own_env
 from recovery.safe_files import open_append
 
 __all__ = ["Adopted", "Child", "Stopping", "Watchdog", "become_subreaper", "open_log", "spawn", "stop_all",
@@ -228,7 +228,7 @@ class Watchdog:
         read_fd, self._write_fd = os.pipe()
         try:
             self._popen = subprocess.Popen(
-                [*OWN_PYTHON, "-m", "launcher.procs.watchdog", str(read_fd)],
+                [*OWN_PYTHON, "-m", "launcher.procs.watchdog", str(read_fd)], env=own_env(os.environ),
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 start_new_session=True, close_fds=True, pass_fds=(read_fd,))
         except BaseException:

@@ -16,10 +16,12 @@ runs as ``__main__``, so its exit status is the script's (``sys.exit(n)`` gives 
 traceback and 1). An empty pipe (the supervisor is gone, or retired the spare) ends it
 quietly with status 0.
 
-Started by path, not with ``-m``, and importing nothing but the standard library, torch
-and recovery (its light ``recovery.priority`` first, the library after torch): the
-script finds ``sys.modules`` and ``sys.path`` as a fresh ``python -u script.py`` would,
-apart from those being imported already.
+Started by path, not with ``-m``, with ``-P`` and the absolute entries of ``PYTHONPATH``
+only (a ``recovery/`` planted in the working folder is never imported here), and
+importing nothing but the standard library, torch and recovery (its light
+``recovery.priority`` first, the library after torch): the script finds ``sys.modules``
+and ``sys.path`` as a fresh ``python -u script.py`` would, the user's whole
+``PYTHONPATH`` included, apart from those being imported already.
 """
 
 from __future__ import annotations
@@ -127,8 +129,11 @@ def wait_for_go(fd: int) -> dict[str, Any] | None:
     return json.loads(data) if data else None
 
 
-def become(message: dict[str, Any]) -> None:
-    """Turn this process into the worker that ``message`` describes and run its script."""
+def become(message: dict[str, Any], interpreter: list[str]) -> None:
+    """Turn this process into the worker that ``message`` describes and run its script;
+    ``interpreter``: this Python's own ``sys.path`` entries
+    (recovery/python_path.py, ``interpreter_sys_path``)."""
+    from recovery.python_path import PYTHONPATH, worker_sys_path
     from recovery.safe_files import open_append
 
     log_fd = open_append(message["log"])
@@ -141,16 +146,15 @@ def become(message: dict[str, Any]) -> None:
     os.chdir(message["cwd"])
     sys.argv = list(message["argv"])
     target = sys.argv[0]
+    if not message.get("safe_path"):  # a worker, not tftrun's own module: the user's sys.path
+        # What `python -m module` puts first: the working folder; `python script.py`: the
+        # script's (real) folder.
+        first = os.getcwd() if message.get("module") else os.path.dirname(os.path.realpath(target))
+        sys.path[:] = worker_sys_path(first, os.environ.get(PYTHONPATH, ""), interpreter)
     try:
         if message.get("module"):
-            if not message.get("safe_path"):
-                # What `python -m module` puts first on sys.path: the working folder
-                # (``-P``, tftrun's own modules: nothing).
-                sys.path.insert(0, os.getcwd())
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
-            # What `python script.py` puts first on sys.path: the script's (real) folder.
-            sys.path.insert(0, os.path.dirname(os.path.realpath(target)))
             runpy.run_path(target, run_name="__main__")
     except SystemExit:
         raise  # an exception that is also a SystemExit ends with its code, as in Python
@@ -289,10 +293,13 @@ def retitle(title: str) -> None:
 
 def main() -> None:
     started = time.monotonic()
-    # This file's folder (launcher/) must not shadow a module that torch imports.
-    sys.path.pop(0)
+    # Started with -P and PYTHONPATH's absolute entries only (launcher/procs/spec.py,
+    # OWN_PYTHON): neither this file's folder nor the working folder is on sys.path.
+    from recovery.python_path import PYTHONPATH, interpreter_sys_path
+
+    interpreter = interpreter_sys_path(sys.path, os.environ.get(PYTHONPATH, ""))
     if sys.argv[1] == FORK_SERVER:
-        fork_server(int(sys.argv[2]), int(sys.argv[3]), started)
+        fork_server(int(sys.argv[2]), int(sys.argv[3]), started, interpreter)
         return
     from recovery.priority import lower_priority
     from recovery.quick_exit import exit_now
@@ -304,10 +311,10 @@ def main() -> None:
     message = go.wait()
     if message is None:
         exit_now(0)  # retired idle: nothing to tear down
-    become(message)
+    become(message, interpreter)
 
 
-def fork_server(sock_fd: int, supervisor: int, started: float) -> None:
+def fork_server(sock_fd: int, supervisor: int, started: float, interpreter: list[str]) -> None:
     """Warm up at the workers' priority (they wait for it), then serve; in a forked
     worker, become it."""
     from recovery.quick_exit import exit_now
@@ -323,7 +330,7 @@ def fork_server(sock_fd: int, supervisor: int, started: float) -> None:
         exit_now(0)  # the supervisor is done with it: nothing to tear down
     retitle(message["title"])
     _reseed_numpy()
-    become(message)
+    become(message, interpreter)
 
 
 def _reseed_numpy() -> None:

@@ -41,7 +41,7 @@ class Spare:
         with open_log(spec.log_path, header):
             pass
         message = {"env": dict(spec.env), "argv": list(argv), "cwd": os.getcwd(),
-                   "log": str(spec.log_path.resolve())}
+                   "log": str(spec.log_path)}
         try:
             with os.fdopen(self.go_fd, "wb") as pipe:
                 pipe.write(json.dumps(message).encode())

@@ -13,13 +13,16 @@ from pathlib import Path
 from launcher.config import LaunchConfig
 from launcher.procs.spare import FORK_SERVER
 from recovery import env as names
+from recovery.python_path import PYTHONPATH, own_pythonpath
+from recovery.safe_files import UnsafeFolder, own_subfolder
 
 _NCCL_ASYNC_ERROR_HANDLING = "1"
 """torchrun's value for ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` unless the user set one."""
 
 __all__ = ["SCHEDULER_MODULE", "Role", "ProcessSpec", "Seat", "worker_spec", "scheduler_spec",
            "spare_spec", "script_argv", "SPARE_PROGRAM", "worker_argv", "fork_server_spec",
-           "forks_workers", "error_file", "prepare_error_file", "signal_names"]
+           "forks_workers", "error_file", "prepare_error_file", "signal_names", "OWN_PYTHON",
+           "own_env"]
 
 SPARE_PROGRAM = Path(__file__).with_name("spare.py")
 SCHEDULER_MODULE = "recovery.control.scheduler"
@@ -63,11 +66,21 @@ class Seat:
                    config.group_world_size)
 
 
-OWN_PYTHON = (sys.executable, "-u", *(("-P",) if sys.version_info >= (3, 11) else ()))
-"""How tftrun starts its own modules (the scheduler, the watchdog): ``-P`` keeps the
-working folder off ``sys.path``, where ``python -m`` would put it first, so that a
-``recovery/`` or ``launcher/`` folder there is never run instead (Python 3.11 and later;
-docs/security.md). ``PYTHONPATH`` is still honoured."""
+OWN_PYTHON = (sys.executable, "-u", "-P")
+"""How tftrun starts its own processes (the scheduler, the watchdog, the fork server, a
+spare): ``-P`` keeps the working folder off ``sys.path``, where ``python -m`` would put it
+first, and :func:`own_env` the empty and relative entries of ``PYTHONPATH``, which stand
+for it too, so that a ``recovery/`` or ``launcher/`` folder there is never run instead
+(docs/security.md). Not ``-I``: it would drop ``PYTHONPATH`` and the user's
+site-packages, where tftrun or torch may be installed."""
+
+
+def own_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` for one of tftrun's own processes: ``PYTHONPATH``'s absolute entries only
+    (recovery/python_path.py)."""
+    kept = own_pythonpath(env.get(PYTHONPATH, ""))
+    return {**{name: value for name, value in env.items() if name != PYTHONPATH},
+            **({PYTHONPATH: kept} if kept else {})}
 
 
 def _common_env(config: LaunchConfig, base: Mapping[str, str]) -> dict[str, str]:
@@ -77,10 +90,10 @@ def _common_env(config: LaunchConfig, base: Mapping[str, str]) -> dict[str, str]
         names.MS_SCHED_HOST: config.master_addr,
         names.MS_SCHED_PORT: str(config.master_port),
         names.MS_ENABLE_RECOVERY: "1",
-        names.MS_RECOVERY_PATH: str(config.recovery_path.resolve()),
+        names.MS_RECOVERY_PATH: str(config.recovery_path),
         names.TFT_RUN_ID: config.run_id,
         names.TFT_JOB_EPOCH: config.epoch,
-        names.TFT_LOG_DIR: str(config.log_dir.resolve()),
+        names.TFT_LOG_DIR: str(config.log_dir),
         names.TFT_JOB_TOKEN: config.job_token,
         names.TFT_IS_RECOVER: "1" if config.is_recover else "0",
         names.TFT_CLUSTER_TIME_OUT: str(config.cluster_time_out),
@@ -164,7 +177,7 @@ def scheduler_spec(config: LaunchConfig, listen_fd: int,
     env = _common_env(config, os.environ if base_env is None else base_env)
     env.update({names.MS_ROLE: names.ROLE_SCHEDULER, names.TFT_STORE_FD: str(listen_fd)})
     argv = (*OWN_PYTHON, "-m", SCHEDULER_MODULE)
-    return ProcessSpec(Role.SCHEDULER, None, argv, env, config.log_dir / "scheduler.log")
+    return ProcessSpec(Role.SCHEDULER, None, argv, own_env(env), config.log_dir / "scheduler.log")
 
 
 def spare_spec(config: LaunchConfig, go_fd: int, restart_count: int,
@@ -173,10 +186,11 @@ def spare_spec(config: LaunchConfig, go_fd: int, restart_count: int,
 
     It gets a worker's environment, so that what torch reads at import time (e.g.
     ``OMP_NUM_THREADS``) is what a worker would read; the rank-specific variables are
-    placeholders, replaced with the whole environment when it is handed a rank.
+    placeholders, replaced with the whole environment when it is handed a rank (the
+    user's ``PYTHONPATH`` included, which :func:`own_env` cleans until then).
     """
-    env = worker_spec(config, 0, 0, restart_count, rendezvous_port).env
-    argv = (sys.executable, "-u", str(SPARE_PROGRAM), str(go_fd))
+    env = own_env(worker_spec(config, 0, 0, restart_count, rendezvous_port).env)
+    argv = (*OWN_PYTHON, str(SPARE_PROGRAM), str(go_fd))
     return ProcessSpec(Role.SPARE, None, argv, env, config.log_dir / "spare.log")
 
 
@@ -201,8 +215,8 @@ def forks_workers(config: LaunchConfig, env: Mapping[str, str] | None = None) ->
 def fork_server_spec(config: LaunchConfig, sock_fd: int, supervisor_pid: int) -> ProcessSpec:
     """The fork server (launcher/procs/spare.py), serving on the inherited socket
     ``sock_fd``. It gets a worker's environment, as a spare does (:func:`spare_spec`)."""
-    env = {**worker_spec(config, 0, 0, 0, 0).env, names.TFT_ENVIRON_ROOM: " " * ENVIRON_ROOM}
-    argv = (sys.executable, "-u", str(SPARE_PROGRAM), FORK_SERVER, str(sock_fd),
+    env = {**own_env(worker_spec(config, 0, 0, 0, 0).env), names.TFT_ENVIRON_ROOM: " " * ENVIRON_ROOM}
+    argv = (*OWN_PYTHON, str(SPARE_PROGRAM), FORK_SERVER, str(sock_fd),
             str(supervisor_pid), " " * TITLE_ROOM)
     return ProcessSpec(Role.FORK_SERVER, None, argv, env, config.log_dir / "fork_server.log")
 
@@ -230,12 +244,20 @@ def signal_names(numbers: tuple[int, ...]) -> str:
 
 def error_file(config: LaunchConfig, rank: int) -> Path:
     """Where torch's ``@record`` in worker ``rank`` writes its root-cause JSON."""
-    return config.log_dir.resolve() / "errors" / f"worker_{rank}.json"
+    return config.log_dir / "errors" / f"worker_{rank}.json"
 
 
 def prepare_error_file(config: LaunchConfig, rank: int) -> None:
-    """Before a launch of ``rank``: its error file's folder exists (``@record`` does not make
-    it) and an earlier launch's file is gone (its error is not this launch's)."""
+    """Before a launch of ``rank``: its error file's folder exists, made and checked as the
+    log dir is (``@record`` does not make it, and writes without ``O_NOFOLLOW``), and an
+    earlier launch's file is gone (its error is not this launch's).
+
+    Raises:
+        OSError: the folder is not the user's own (a link in its place, say).
+    """
     path = error_file(config, rank)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        own_subfolder(path.parent)
+    except UnsafeFolder as err:
+        raise OSError(f"{path.parent}: {err}") from None
     path.unlink(missing_ok=True)

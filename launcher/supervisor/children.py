@@ -142,16 +142,17 @@ class Children:
         """Start ``worker``'s next incarnation; ``warm``: in an idle spare, if there is one.
 
         A launch whose process cannot be started (an OSError: no memory, no pids, a log
-        that cannot be opened) is a failed launch: the worker is FAILED, and the policy
+        that cannot be opened, an error folder that is not the user's own) is a failed
+        launch: the worker is FAILED, and the policy
         decides about it like any failure, with the budget it charges.
         """
         worker.incarnation += 1
-        prepare_error_file(self.config, worker.rank)
         host, port = self.rendezvous
         spec = worker_spec(self.config, worker.local_rank, worker.incarnation,
                            self.restart_count, port, rendezvous_host=host, seat=self.seat,
                            beat_socket=self.beat_socket)
         try:
+            prepare_error_file(self.config, worker.rank)
             spare = self.spares.hand_over(spec, script_argv(self.config),
                                           self.header(spec, worker.incarnation)) if warm else None
             if spare is not None:

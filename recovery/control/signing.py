@@ -186,33 +186,36 @@ def checked_token(token: str, insecure_no_token: bool) -> str:
 
 
 MIN_TOKEN_BITS = 128
-"""A token set by the user must hold at least this much (hex or base64 text counted by
-what its characters can carry), unless TFT_INSECURE_WEAK_TOKEN=1: the MACs on the wire let
-whoever sees them test guesses of the token offline."""
+"""A token set by the user must be random text of at least this much: 32 hex digits, or 22
+base64url (or base64) characters, padding not counted; unless TFT_INSECURE_WEAK_TOKEN=1. The
+MACs on the wire let whoever sees them test guesses of the token offline, and a rule on the
+token's form, unlike a count of its characters, refuses a password such as
+``hunter2!hunter2!``."""
+_HEX_TOKEN = re.compile(r"[0-9a-fA-F]+")
+_BASE64_TOKEN = re.compile(r"[A-Za-z0-9_+/-]+={0,2}")
 
 
 class WeakToken(ValueError):
     """A user-set job token too short to resist an offline guess."""
 
 
-def _token_bits(token: str) -> float:
-    """What ``token`` can hold at most: its length times the bits of its alphabet."""
-    if re.fullmatch(r"[0-9a-fA-F]*", token):
-        per_char = 4.0
-    elif re.fullmatch(r"[A-Za-z0-9+/=_-]*", token):
-        per_char = 6.0
-    else:
-        per_char = 8.0 * len(token.encode()) / max(len(token), 1)
-    return per_char * len(token)
+def _strong_token(token: str) -> bool:
+    """Whether ``token`` is hex of :data:`MIN_TOKEN_BITS` or base64(url) of as much; a
+    token of hex digits only is counted as hex."""
+    if _HEX_TOKEN.fullmatch(token):
+        return len(token) * 4 >= MIN_TOKEN_BITS
+    if _BASE64_TOKEN.fullmatch(token):
+        return len(token.rstrip("=")) * 6 >= MIN_TOKEN_BITS
+    return False
 
 
 def checked_strength(token: str, allow_weak: bool) -> str:
-    """``token``, unless it is non-empty, shorter than :data:`MIN_TOKEN_BITS` and the
-    user did not opt in (an empty token is :func:`checked_token`'s business)."""
-    if token and not allow_weak and _token_bits(token) < MIN_TOKEN_BITS:
-        raise WeakToken(f"{names.TFT_JOB_TOKEN} holds less than {MIN_TOKEN_BITS} bits (e.g. "
-                        f"32 hex digits: python3 -c 'import secrets; "
-                        f"print(secrets.token_hex(16))'); {names.TFT_INSECURE_WEAK_TOKEN}=1 "
+    """``token``, unless it is non-empty, not :func:`_strong_token` and the user did not
+    opt in (an empty token is :func:`checked_token`'s business)."""
+    if token and not allow_weak and not _strong_token(token):
+        raise WeakToken(f"{names.TFT_JOB_TOKEN} is not a random 128-bit secret: give 32 or more "
+                        f"hex digits or 22 or more base64url characters (e.g. python3 -c 'import "
+                        f"secrets; print(secrets.token_hex(16))'); {names.TFT_INSECURE_WEAK_TOKEN}=1 "
                         f"accepts it")
     return token
 

@@ -30,7 +30,7 @@ PROBE = textwrap.dedent('''
     libc.prctl(2, ctypes.byref(deathsig), 0, 0, 0)  # PR_GET_PDEATHSIG
     me = psutil.Process()
     seen = {
-        "name": __name__, "argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(),
+        "name": __name__, "argv": sys.argv, "path": sys.path, "cwd": os.getcwd(),
         "cmdline": me.cmdline()[1:], "parent": me.parent().cmdline()[1:3],
         "session_leader": os.getsid(0) == os.getpid(),
         "group_leader": os.getpgid(0) == os.getpid(),
@@ -73,7 +73,7 @@ def _run_probe(folder: Path, fork_server: bool, module: bool = False, workers: i
 
 @pytest.mark.parametrize("module", [False, True], ids=["script", "module"])
 def test_a_forked_worker_sees_what_a_spawned_one_sees(tmp_path: Path, module: bool) -> None:
-    """The same probe, forked and spawned: the same ``__main__``, argv, sys.path[0],
+    """The same probe, forked and spawned: the same ``__main__``, argv, sys.path,
     working folder, command line, parent (tftrun), session, parent-death signal, stdin,
     open files, unbuffered output, priority, and the environment other processes read in
     /proc (psutil's, tftctl's check of a scheduler); only the objects the server made

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from launcher.procs.spare import READY
-from launcher.procs.spec import SPARE_PROGRAM
+from launcher.procs.spec import OWN_PYTHON, SPARE_PROGRAM
 from support import (
     BIN,
     REPO,
@@ -50,7 +49,7 @@ def spare(log_dir: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     read_fd, write_fd = os.pipe()
     log_dir.mkdir(parents=True, exist_ok=True)
     with open(log_dir / "spare.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-u", str(SPARE_PROGRAM), str(read_fd)],
+        proc = subprocess.Popen([*OWN_PYTHON, str(SPARE_PROGRAM), str(read_fd)],
                                 pass_fds=(read_fd,), stdout=log, stderr=subprocess.STDOUT,
                                 cwd=REPO)
     os.close(read_fd)
