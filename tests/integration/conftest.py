@@ -12,7 +12,8 @@ from filelock import FileLock
 
 from support import TFT_OFF, events, free_tcp_port, run
 from support.degraded import STEPS, degraded_job, final_loss
-from support.mnist import WORKERS, final_digests, mnist_job
+from support.mnist import JOB, TRAIN, WORKERS, final_digests, mnist_job
+from support.multinode import JOB_TOKEN, finish_ok, job_digests, start_nodes
 
 
 @pytest.fixture(scope="session")
@@ -62,3 +63,16 @@ def shared_file(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
     worker's own."""
     base = tmp_path_factory.getbasetemp()
     return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+
+
+@pytest.fixture(scope="module")
+def two_nodes_fault_free(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
+    """Every rank's final digest in a fault-free 2-node x 2-rank run of the main job."""
+    tmp_path = tmp_path_factory.mktemp("two_nodes")
+    finish_ok(start_nodes(tmp_path, free_tcp_port(), TRAIN, *JOB, env=TFT_OFF))
+    # The nodes agreed through node 0's store, which anyone on the port reads: the shared
+    # secret went through no key of it, and into no file of either node.
+    token = JOB_TOKEN["TFT_JOB_TOKEN"].encode()
+    holding = [path for path in tmp_path.rglob("*") if path.is_file() and token in path.read_bytes()]
+    assert holding == []
+    return job_digests(tmp_path)

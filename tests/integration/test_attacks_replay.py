@@ -19,17 +19,7 @@ from recovery import env as names
 from recovery.control.tcpstore_client import TCPStoreClient
 from support import BIN, events, free_tcp_port, spawn, terminate, wait_for, wait_for_event
 from support.mnist import EVENT, JOB, JOB_END, START, TRAIN
-from support.multinode import (  # noqa: F401 (a fixture)
-    JOB_TOKEN,
-    NODE_LOSS,
-    finish_ok,
-    job_digests,
-    kill_node,
-    log_dir,
-    node_cmd,
-    nodes_running,
-    two_nodes_fault_free,
-)
+from support.multinode import JOB_TOKEN, NODE_LOSS, finish_ok, job_digests, kill_node, log_dir, node_cmd, nodes_running
 
 PINNED = (*NODE_LOSS, "--node_time_out=5", "--min_worker_num=4")
 """Node 1's loss ends the job 5 s on; no degraded training: every round has 4 workers."""

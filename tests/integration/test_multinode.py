@@ -13,8 +13,6 @@ import re
 import signal
 from pathlib import Path
 
-import pytest
-
 from support import BIN, TFT_OFF, events, free_tcp_port, run, spawn, spawned_pids, terminate, wait_for, wait_for_event
 from support.mnist import EVENT, JOB, JOB_END, START, TRAIN, final_digests, worker_launches
 from support.multinode import (
@@ -29,19 +27,6 @@ from support.multinode import (
     nodes_running,
     start_nodes,
 )
-
-
-@pytest.fixture(scope="module")
-def two_nodes_fault_free(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
-    """Every rank's final digest in a fault-free 2-node x 2-rank run of the main job."""
-    tmp_path = tmp_path_factory.mktemp("two_nodes")
-    finish_ok(start_nodes(tmp_path, free_tcp_port(), TRAIN, *JOB, env=TFT_OFF))
-    # The nodes agreed through node 0's store, which anyone on the port reads: the shared
-    # secret went through no key of it, and into no file of either node.
-    token = JOB_TOKEN["TFT_JOB_TOKEN"].encode()
-    holding = [path for path in tmp_path.rglob("*") if path.is_file() and token in path.read_bytes()]
-    assert holding == []
-    return job_digests(tmp_path)
 
 
 def test_a_node_started_without_the_shared_token_is_refused_with_one_line(tmp_path: Path) -> None:
