@@ -12,6 +12,8 @@ only process 0 write the model, and the dead peer may be process 0.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 import random
@@ -24,10 +26,12 @@ from types import TracebackType
 from typing import Any
 
 import numpy as np
+import safetensors.torch
 import torch
 from transformers import PreTrainedModel, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer import OPTIMIZER_NAME, SCALER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME, TRAINING_ARGS_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import SAFE_WEIGHTS_NAME
 
 from recovery.ckpt.durable import fsync_dir
 from recovery.ckpt.layout import temp_path
@@ -65,6 +69,10 @@ class LastWordsCallback(TrainerCallback):
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        **kwargs: Any) -> None:
+        if args.deepspeed or args.fsdp:
+            # A sharded state is gathered by collectives, which the dead peer would never join.
+            logger.warning("recovery.hf: LastWordsCallback writes nothing under DeepSpeed or FSDP")
+            return
         self._training = _Training(args, state, kwargs["model"], kwargs.get("optimizer"),
                                    kwargs.get("lr_scheduler"), kwargs.get("processing_class"))
         self._stop.install()
@@ -123,12 +131,12 @@ def _write_checkpoint(training: _Training, folder: Path) -> None:
     """The files of the Trainer's ``_save_checkpoint``, written by this process alone."""
     model = training.model.module if isinstance(training.model, torch.nn.parallel.DistributedDataParallel) \
         else training.model
+    # Not save_pretrained: it writes on rank 0 only, and rank 0 may be the dead one. The
+    # Trainer's resume loads these weights with load_state_dict (strict=False: tied ones
+    # written once).
+    safetensors.torch.save_model(model, str(folder / SAFE_WEIGHTS_NAME), metadata={"format": "pt"})
     if isinstance(model, PreTrainedModel):
-        model.save_pretrained(folder, is_main_process=True)
-    else:
-        import safetensors.torch
-
-        safetensors.torch.save_file(model.state_dict(), folder / "model.safetensors", metadata={"format": "pt"})
+        model.config.save_pretrained(folder)
     if training.processing_class is not None:
         training.processing_class.save_pretrained(folder)
     torch.save(training.args, folder / TRAINING_ARGS_NAME)
@@ -166,11 +174,14 @@ def write_dir_atomic(path: Path, write: Callable[[Path], object]) -> None:
     """Fill a fresh temporary folder beside ``path`` with ``write``, make its files durable,
     then rename it to ``path``: a reader sees the old folder, none, or the whole new one.
 
-    An existing ``path`` is first renamed aside, then removed.
+    An existing ``path`` (the Trainer's own save, or another survivor's last words) is
+    renamed aside, then removed; a writer that puts its folder in between wins the race.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = temp_path(path)
     temp.mkdir(mode=0o755)
+    aside: list[Path] = []
+    renamed = False
     try:
         write(temp)
         for file in temp.rglob("*"):
@@ -178,14 +189,28 @@ def write_dir_atomic(path: Path, write: Callable[[Path], object]) -> None:
                 with open(file, "rb") as handle:
                     os.fsync(handle.fileno())
         fsync_dir(temp)
-        old = temp_path(path, tag="old")
-        replaced = path.exists()
-        if replaced:
-            path.rename(old)
-        temp.rename(path)
+        for attempt in range(_RENAME_TRIES):
+            if path.exists():
+                aside.append(temp_path(path, tag="old"))
+                with contextlib.suppress(FileNotFoundError):
+                    path.rename(aside[-1])
+            try:
+                temp.rename(path)
+                renamed = True
+                break
+            except OSError as err:
+                if err.errno not in (errno.ENOTEMPTY, errno.EEXIST) or attempt == _RENAME_TRIES - 1:
+                    raise
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
         raise
+    finally:
+        if not renamed and aside and not path.exists():
+            with contextlib.suppress(OSError):
+                aside.pop().rename(path)  # the folder this writer moved aside, back in its place
+        for old in aside:
+            shutil.rmtree(old, ignore_errors=True)
     fsync_dir(path.parent)
-    if replaced:
-        shutil.rmtree(old, ignore_errors=True)
+
+
+_RENAME_TRIES = 5

@@ -19,6 +19,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, SingleDeviceStrategy
 
 from recovery.ckpt.durable import write_atomic
 from recovery.peer_loss import StopRequest, is_peer_loss
@@ -38,6 +39,10 @@ class LastWordsCheckpoint(Callback):
         self._stop = StopRequest()
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        strategy = trainer.strategy
+        if isinstance(strategy, DeepSpeedStrategy) or not isinstance(strategy, DDPStrategy | SingleDeviceStrategy):
+            # A sharded state is gathered by collectives, which the dead peer would never join.
+            raise ValueError(f"LastWordsCheckpoint works with strategy='ddp', not {type(strategy).__name__}")
         if self.dirpath is None and _saving_last(trainer) is None:
             raise ValueError("LastWordsCheckpoint needs a dirpath, or a ModelCheckpoint with save_last=True "
                              "to write its last.ckpt")

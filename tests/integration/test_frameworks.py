@@ -1,8 +1,8 @@
 """PyTorch Lightning and Hugging Face Trainer jobs under tftrun with the last-words
 callbacks (recovery.lightning, recovery.hf; docs/frameworks.md): rank 1 is killed with
-``kill -9`` between two of the job's own checkpoints (every 10 steps), the survivor writes
-the framework's own checkpoint of its last completed step, and the group restart resumes
-there. Skipped unless the packages are installed (``pip install -e .[frameworks]``, which
+``kill -9`` (or rank 0 is sent SIGTERM) between two of the job's own checkpoints (every 10
+steps), a survivor writes the framework's own checkpoint of its last completed step, and
+the group restart resumes there. Skipped unless the packages are installed (``pip install -e .[frameworks]``, which
 .ci/run does)."""
 
 from __future__ import annotations
@@ -86,41 +86,59 @@ def _params_rel(out: Path, reference: Path, rank: int) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def _kill_between_checkpoints(tmp_path: Path, script: str, saved: str) -> None:
-    """A fault-free run and a run whose rank 1 is killed at step ~15 (after its checkpoint
-    ``saved`` of step 10), side by side; the killed run must resume at the step of the
-    death, end 0, and end where the fault-free run ends."""
+def _faults_against_a_clean_run(tmp_path: Path, script: str, saved: str) -> None:
+    """Three runs side by side: a fault-free one; one whose rank 1 is killed (``kill -9``)
+    once it passed step 15 (after the job's own checkpoint ``saved`` of step 10), so rank 0
+    learns of the death from its collective or tftrun's SIGTERM, whichever comes first; and
+    one whose rank 0 is sent SIGTERM there (a preemption), which it must act on at a step
+    boundary. Each faulty run must resume at the step of the fault, end 0, and end where
+    the fault-free run ends."""
     clean, clean_out, clean_logs = _job(tmp_path, "clean", script)
-    faulty, out, logs = _job(tmp_path, "faulty", script)
-    try:
-        wait_for(lambda: (out / saved).exists() and log_has(logs, 1, f"step={KILL_AFTER}\n"), 300,
-                 f"{saved} written and rank 1 past step {KILL_AFTER}")
-        os.kill(spawned_pids(logs)[1], signal.SIGKILL)
-    finally:
-        ended = [_end(proc, 300) for proc in (faulty, clean)]
-    assert [status for status, _ in ended] == [0, 0], ended
+    faults = {"kill": (signal.SIGKILL, 1), "term": (signal.SIGTERM, 0)}
+    jobs = {name: _job(tmp_path, name, script) for name in faults}
+    pending = dict(faults)
 
-    first = [_launches(logs, rank)[0] for rank in (0, 1)]
-    done_before = max(s for launch in first for s in launch.steps)
-    assert KILL_AFTER <= done_before < 2 * SAVE_EVERY, done_before
-    assert re.search(rf"last words at step {done_before} written", first[0].text), first[0].text[-2000:]
+    def inject_when_due() -> bool:
+        for name, (signum, rank) in list(pending.items()):
+            _, out, logs = jobs[name]
+            if (out / saved).exists() and log_has(logs, rank, f"step={KILL_AFTER}\n"):
+                os.kill(spawned_pids(logs)[rank], signum)
+                del pending[name]
+        return not pending
+
+    try:
+        wait_for(inject_when_due, 300, f"{saved} written and the rank to stop past step {KILL_AFTER}")
+    finally:
+        ended = [_end(proc, 300) for proc in (*(job[0] for job in jobs.values()), clean)]
+    assert [status for status, _ in ended] == [0, 0, 0], ended
+
     (reference,) = _launches(clean_logs, 0)
     assert reference.loss is not None
-    for rank in (0, 1):
-        launches = _launches(logs, rank)
-        assert [launch.start for launch in launches] == [0, done_before], (rank, done_before)
-        final = launches[-1]
-        assert final.steps[-1] == STEPS and final.loss is not None
-        assert _rel(final.loss, reference.loss) <= TOLERANCE, (final.loss, reference.loss)
-        assert _params_rel(out, clean_out, rank) <= TOLERANCE
+    for name, (_, signalled) in faults.items():
+        _, out, logs = jobs[name]
+        first = [_launches(logs, rank)[0] for rank in (0, 1)]
+        done_before = max(s for launch in first for s in launch.steps)
+        assert KILL_AFTER <= done_before < 2 * SAVE_EVERY, (name, done_before)
+        writer = first[1 - signalled] if name == "kill" else first[signalled]
+        words = re.search(rf"last words at step {done_before} written .* \((.*)\)$", writer.text, re.MULTILINE)
+        assert words, (name, writer.text[-2000:])
+        if name == "term":
+            assert words[1] == "SIGTERM", words[0]
+        for rank in (0, 1):
+            launches = _launches(logs, rank)
+            assert [launch.start for launch in launches] == [0, done_before], (name, rank, done_before)
+            final = launches[-1]
+            assert final.steps[-1] == STEPS and final.loss is not None
+            assert _rel(final.loss, reference.loss) <= TOLERANCE, (name, final.loss, reference.loss)
+            assert _params_rel(out, clean_out, rank) <= TOLERANCE, name
 
 
 def test_lightning_resumes_at_the_step_of_the_death(tmp_path: Path) -> None:
     pytest.importorskip("lightning")
-    _kill_between_checkpoints(tmp_path, "lightning_tiny.py", "last.ckpt")
+    _faults_against_a_clean_run(tmp_path, "lightning_tiny.py", "last.ckpt")
 
 
 def test_hugging_face_trainer_resumes_at_the_step_of_the_death(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    _kill_between_checkpoints(tmp_path, "hf_tiny.py", f"checkpoint-{SAVE_EVERY}")
+    _faults_against_a_clean_run(tmp_path, "hf_tiny.py", f"checkpoint-{SAVE_EVERY}")
