@@ -2,7 +2,7 @@
 config (no download), synthetic data, a checkpoint every few steps, and a restart that
 resumes from the newest one (``resume_from_checkpoint``).
 
-Usage: hf_tiny.py OUTPUT_DIR MAX_STEPS [--last-words]
+Usage: hf_tiny.py OUTPUT_DIR MAX_STEPS [--last-words] [--timing=DIR]
 ``--last-words`` adds recovery.hf.LastWordsCallback to the trainer's callbacks, the one
 change the new way asks of a script. Prints ``start step=<k>`` when training begins
 (k > 0: resumed), ``step=<n>`` after each step, and ``done step=<n> loss=<x>`` at the end
@@ -36,6 +36,16 @@ class Report(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         time.sleep(0.05)  # a step long enough to be killed in
         print(f"step={state.global_step}", flush=True)
+        record(f"{state.global_step} {time.time()} {os.getpid()}")
+
+
+def record(line: str, name: str = "steps") -> None:
+    """Append ``line`` to ``--timing``'s ``<name>_<rank>.txt`` (bench/frameworks_recovery.py)."""
+    timing = next((a.split("=", 1)[1] for a in sys.argv[3:] if a.startswith("--timing=")), None)
+    if timing is not None:
+        os.makedirs(timing, exist_ok=True)
+        with open(os.path.join(timing, f"{name}_{os.environ['RANK']}.txt"), "a") as file:
+            file.write(line + "\n")
 
 
 def main() -> None:
@@ -64,6 +74,7 @@ def main() -> None:
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
     torch.save(params, os.path.join(output_dir, f"final_params_{os.environ['RANK']}.pt"))
     print(f"done step={trainer.state.global_step} loss={loss!r}", flush=True)
+    record(repr(loss), "loss")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """A tiny PyTorch Lightning job as a user writes it for torchrun: Trainer(strategy="ddp"),
 a checkpoint every few steps, and a restart that resumes from the last one.
 
-Usage: lightning_tiny.py CKPT_DIR MAX_STEPS [--last-words]
+Usage: lightning_tiny.py CKPT_DIR MAX_STEPS [--last-words] [--timing=DIR]
 ``--last-words`` adds recovery.lightning.LastWordsCheckpoint to the trainer's callbacks,
 the one change the new way asks of a script. Prints ``start step=<k>`` when fitting
 begins (k > 0: resumed), ``step=<n>`` after each step, and ``done step=<n> loss=<x>`` at
@@ -45,6 +45,16 @@ class Report(Callback):
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         print(f"step={trainer.global_step}", flush=True)
+        record(f"{trainer.global_step} {time.time()} {os.getpid()}")
+
+
+def record(line: str, name: str = "steps") -> None:
+    """Append ``line`` to ``--timing``'s ``<name>_<rank>.txt`` (bench/frameworks_recovery.py)."""
+    timing = next((a.split("=", 1)[1] for a in sys.argv[3:] if a.startswith("--timing=")), None)
+    if timing is not None:
+        os.makedirs(timing, exist_ok=True)
+        with open(os.path.join(timing, f"{name}_{os.environ['RANK']}.txt"), "a") as file:
+            file.write(line + "\n")
 
 
 def main() -> None:
@@ -74,6 +84,7 @@ def main() -> None:
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
     torch.save(params, os.path.join(ckpt_dir, f"final_params_{os.environ['RANK']}.pt"))
     print(f"done step={trainer.global_step} loss={loss!r}", flush=True)
+    record(repr(loss), "loss")
 
 
 if __name__ == "__main__":
