@@ -126,8 +126,9 @@ def after_the_kill(faulty: Run) -> dict[str, Any]:
     """Steps redone, the time until every rank stepped again, and whether rank 0 kept its pid."""
     assert faulty.killed_at is not None
     first_pid = {rank: records[0][2] for rank, records in faulty.steps.items()}
-    before = [s for rank, records in faulty.steps.items() for s, _, pid in records if pid == first_pid[rank]]
-    again = {rank: _after(records, first_pid[rank], faulty.killed_at) for rank, records in faulty.steps.items()}
+    split = {rank: _split(records, first_pid[rank], faulty.killed_at) for rank, records in faulty.steps.items()}
+    before = [s for done, _ in split.values() for s in done]
+    again = {rank: records for rank, (_, records) in split.items()}
     resumed_at = min(records[0][0] for records in again.values()) - 1
     back = max(records[0][1] for records in again.values())
     survivor = faulty.steps[0]
@@ -135,11 +136,14 @@ def after_the_kill(faulty: Run) -> dict[str, Any]:
             "survivors_kept_pids": survivor[-1][2] == first_pid[0]}
 
 
-def _after(records: list[tuple[int, float, int]], first_pid: int, killed_at: float) -> list[tuple[int, float]]:
-    """A rank's steps after the kill: those of its relaunched process if it was relaunched,
-    else those its process completed after the kill."""
+def _split(records: list[tuple[int, float, int]], first_pid: int,
+           killed_at: float) -> tuple[list[int], list[tuple[int, float]]]:
+    """A rank's steps before the kill, and (step, time) after it: split at its relaunch if
+    it was relaunched, else at the kill."""
     relaunched = [(s, t) for s, t, pid in records if pid != first_pid]
-    return relaunched or [(s, t) for s, t, _ in records if t > killed_at]
+    if relaunched:
+        return [s for s, _, pid in records if pid == first_pid], relaunched
+    return [s for s, t, _ in records if t <= killed_at], [(s, t) for s, t, _ in records if t > killed_at]
 
 
 def measure(client: Client, args: argparse.Namespace) -> dict[str, Any]:
