@@ -35,7 +35,7 @@ from transformers.utils import SAFE_WEIGHTS_NAME
 
 from recovery.ckpt.durable import fsync_dir
 from recovery.ckpt.layout import temp_path
-from recovery.peer_loss import StopRequest, is_peer_loss
+from recovery.peer_loss import StopRequest, first_line, is_peer_loss
 
 __all__ = ["LastWordsCallback", "write_dir_atomic"]
 
@@ -120,7 +120,7 @@ class LastWordsCallback(TrainerCallback):
                      traceback: TracebackType | None) -> None:
         try:
             if is_peer_loss(error):
-                self.save(f"{kind.__name__}: {str(error).splitlines()[0]}")
+                self.save(first_line(error))
         finally:
             assert self._previous_hook is not None
             self._previous_hook(kind, error, traceback)

@@ -22,7 +22,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, SingleDeviceStrategy
 
 from recovery.ckpt.durable import write_atomic
-from recovery.peer_loss import StopRequest, is_peer_loss
+from recovery.peer_loss import StopRequest, first_line, is_peer_loss
 
 __all__ = ["LastWordsCheckpoint"]
 
@@ -68,7 +68,7 @@ class LastWordsCheckpoint(Callback):
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                      exception: BaseException) -> None:
         if is_peer_loss(exception):
-            self.save(trainer, f"{type(exception).__name__}: {str(exception).splitlines()[0]}")
+            self.save(trainer, first_line(exception))
         self._stop.default_action()
 
     def save(self, trainer: pl.Trainer, why: str = "SIGTERM") -> Path | None:

@@ -13,7 +13,7 @@ import signal
 import threading
 from types import FrameType
 
-__all__ = ["StopRequest", "is_peer_loss"]
+__all__ = ["StopRequest", "is_peer_loss", "first_line"]
 
 _PEER_LOSS_MARKERS = (
     "Connection reset by peer",
@@ -37,6 +37,11 @@ def is_peer_loss(error: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def first_line(error: BaseException) -> str:
+    """``error``'s type and the first line of its message, for a one-line log."""
+    return f"{type(error).__name__}: {next(iter(str(error).splitlines()), '')}"
 
 
 class StopRequest:

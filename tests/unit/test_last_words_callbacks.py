@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from recovery.peer_loss import StopRequest, is_peer_loss
+from recovery.peer_loss import StopRequest, first_line, is_peer_loss
 
 GLOO_RESET = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
               "[127.0.0.1]:33674: Connection reset by peer.")
@@ -109,3 +109,8 @@ def test_a_folder_another_writer_puts_in_place_meanwhile_is_replaced(tmp_path: P
     hf.write_dir_atomic(target, racing)
     assert _files(target) == {"model": "mine"}
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint-15"]
+
+
+def test_the_log_line_names_the_error_in_one_line() -> None:
+    assert first_line(RuntimeError(GLOO_RESET + "\nThis is typically caused by")) == f"RuntimeError: {GLOO_RESET}"
+    assert first_line(dist.DistBackendError("")) == "DistBackendError: "
