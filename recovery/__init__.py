@@ -37,10 +37,16 @@ _LAZY = {
     "TftModes": "recovery.train.modes",
 }
 
+# Callbacks for the frameworks (docs/frameworks.md): ``recovery.lightning.LastWordsCheckpoint``
+# after a plain ``import recovery``; they import their framework, so only on first use.
+_FRAMEWORK_MODULES = ("lightning", "hf")
+
 __all__ = ["WorkerEnv", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
+    if name in _FRAMEWORK_MODULES:
+        return importlib.import_module(f"recovery.{name}")
     if name not in _LAZY:
         raise AttributeError(f"module 'recovery' has no attribute {name!r}")
     return getattr(importlib.import_module(_LAZY[name]), name)

@@ -2,8 +2,12 @@
 config (no download), synthetic data, a checkpoint every few steps, and a restart that
 resumes from the newest one (``resume_from_checkpoint``).
 
-Usage: hf_tiny.py OUTPUT_DIR MAX_STEPS
-Prints ``start step=<k>`` when training begins (k > 0: resumed) and ``done step=<n>``.
+Usage: hf_tiny.py OUTPUT_DIR MAX_STEPS [--last-words] [--timing=DIR]
+``--last-words`` adds recovery.hf.LastWordsCallback to the trainer's callbacks, the one
+change the new way asks of a script. Prints ``start step=<k>`` when training begins
+(k > 0: resumed), ``step=<n>`` after each step, and ``done step=<n> loss=<x>`` at the end
+(the trained model's loss on a fixed batch), and saves its parameters, flat, to
+``OUTPUT_DIR/final_params_<rank>.pt``.
 """
 
 import os
@@ -32,6 +36,16 @@ class Report(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         time.sleep(0.05)  # a step long enough to be killed in
         print(f"step={state.global_step}", flush=True)
+        record(f"{state.global_step} {time.time()} {os.getpid()}")
+
+
+def record(line: str, name: str = "steps") -> None:
+    """Append ``line`` to ``--timing``'s ``<name>_<rank>.txt`` (bench/frameworks_recovery.py)."""
+    timing = next((a.split("=", 1)[1] for a in sys.argv[3:] if a.startswith("--timing=")), None)
+    if timing is not None:
+        os.makedirs(timing, exist_ok=True)
+        with open(os.path.join(timing, f"{name}_{os.environ['RANK']}.txt"), "a") as file:
+            file.write(line + "\n")
 
 
 def main() -> None:
@@ -40,13 +54,27 @@ def main() -> None:
                         num_attention_heads=2, intermediate_size=32, num_labels=2)
     args = TrainingArguments(
         output_dir=output_dir, max_steps=max_steps, per_device_train_batch_size=4,
-        save_strategy="steps", save_steps=5, save_total_limit=2, report_to=[],
+        save_strategy="steps", save_steps=10, save_total_limit=2, report_to=[],
         use_cpu=True, ddp_backend="gloo", logging_strategy="no", disable_tqdm=True)
-    trainer = Trainer(model=BertForSequenceClassification(config), args=args,
-                      train_dataset=Synthetic(), callbacks=[Report()])
+    callbacks = [Report()]
+    if "--last-words" in sys.argv[3:]:
+        from recovery.hf import LastWordsCallback
+
+        callbacks.append(LastWordsCallback())
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(config)
+    trainer = Trainer(model=model, args=args, train_dataset=Synthetic(), callbacks=callbacks)
     last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
     trainer.train(resume_from_checkpoint=last)
-    print(f"done step={trainer.state.global_step}", flush=True)
+    data = Synthetic()
+    batch = {key: torch.stack([data[i][key] for i in range(64)]) for key in ("input_ids", "labels")}
+    model.eval()
+    with torch.no_grad():
+        loss = model(**batch).loss.item()
+    params = torch.cat([p.detach().flatten() for p in model.parameters()])
+    torch.save(params, os.path.join(output_dir, f"final_params_{os.environ['RANK']}.pt"))
+    print(f"done step={trainer.state.global_step} loss={loss!r}", flush=True)
+    record(repr(loss), "loss")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,16 @@
 """A tiny PyTorch Lightning job as a user writes it for torchrun: Trainer(strategy="ddp"),
 a checkpoint every few steps, and a restart that resumes from the last one.
 
-Usage: lightning_tiny.py CKPT_DIR MAX_STEPS
-Prints ``start step=<k>`` when fitting begins (k > 0: resumed) and ``done step=<n>``.
+Usage: lightning_tiny.py CKPT_DIR MAX_STEPS [--last-words] [--timing=DIR]
+``--last-words`` adds recovery.lightning.LastWordsCheckpoint to the trainer's callbacks,
+the one change the new way asks of a script. Prints ``start step=<k>`` when fitting
+begins (k > 0: resumed), ``step=<n>`` after each step, and ``done step=<n> loss=<x>`` at
+the end (the trained model's loss on the whole data set), and saves its parameters, flat,
+to ``CKPT_DIR/final_params_<rank>.pt``.
+
+Each rank's share of the data is one batch, so an epoch is one step: a plain DataLoader
+cannot resume inside an epoch (Lightning starts the epoch's iterator again), and so a
+resume at any step sees the batches of a fault-free run.
 """
 
 import os
@@ -13,6 +21,8 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
+
+BATCH = 32
 
 
 class Tiny(L.LightningModule):
@@ -26,7 +36,7 @@ class Tiny(L.LightningModule):
         return torch.nn.functional.mse_loss(self.layer(x), y)
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
+        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
 
 
 class Report(Callback):
@@ -35,23 +45,46 @@ class Report(Callback):
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         print(f"step={trainer.global_step}", flush=True)
+        record(f"{trainer.global_step} {time.time()} {os.getpid()}")
+
+
+def record(line: str, name: str = "steps") -> None:
+    """Append ``line`` to ``--timing``'s ``<name>_<rank>.txt`` (bench/frameworks_recovery.py)."""
+    timing = next((a.split("=", 1)[1] for a in sys.argv[3:] if a.startswith("--timing=")), None)
+    if timing is not None:
+        os.makedirs(timing, exist_ok=True)
+        with open(os.path.join(timing, f"{name}_{os.environ['RANK']}.txt"), "a") as file:
+            file.write(line + "\n")
 
 
 def main() -> None:
     ckpt_dir, max_steps = sys.argv[1], int(sys.argv[2])
+    world = int(os.environ["WORLD_SIZE"])
     generator = torch.Generator().manual_seed(0)
-    data = TensorDataset(torch.randn(512, 8, generator=generator),
-                         torch.randn(512, 1, generator=generator))
+    data = TensorDataset(torch.randn(BATCH * world, 8, generator=generator),
+                         torch.randn(BATCH * world, 1, generator=generator))
+    callbacks = [ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=10, save_last=True, save_top_k=0),
+                 Report()]
+    if "--last-words" in sys.argv[3:]:
+        from recovery.lightning import LastWordsCheckpoint
+
+        callbacks.append(LastWordsCheckpoint())
     trainer = L.Trainer(
         strategy="ddp", accelerator="cpu", devices=int(os.environ["LOCAL_WORLD_SIZE"]),
         num_nodes=int(os.environ["GROUP_WORLD_SIZE"]), max_steps=max_steps, logger=False,
-        enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=5, save_last=True,
-                                   save_top_k=0), Report()])
+        enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)
     last = os.path.join(ckpt_dir, "last.ckpt")
-    trainer.fit(Tiny(), DataLoader(data, batch_size=8),
+    torch.manual_seed(0)
+    model = Tiny()
+    trainer.fit(model, DataLoader(data, batch_size=BATCH),
                 ckpt_path=last if os.path.exists(last) else None)
-    print(f"done step={trainer.global_step}", flush=True)
+    x, y = data.tensors
+    with torch.no_grad():
+        loss = torch.nn.functional.mse_loss(model.layer(x), y).item()
+    params = torch.cat([p.detach().flatten() for p in model.parameters()])
+    torch.save(params, os.path.join(ckpt_dir, f"final_params_{os.environ['RANK']}.pt"))
+    print(f"done step={trainer.global_step} loss={loss!r}", flush=True)
+    record(repr(loss), "loss")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """The floors of docs/architecture.md hold: each imports only the floors below it.
 
-``recovery``: ground < ckpt < control < runtime < train. ``launcher`` stands on all of
+``recovery``: ground < ckpt < control < runtime < train < the framework callbacks
+(``recovery.lightning``, ``recovery.hf``: they import their framework, and nothing in
+``recovery`` imports them). ``launcher`` stands on all of
 ``recovery`` and has floors of its own: ground (config, errors) < procs < nodes < view <
 report < supervisor < cli. A module may import its own package and any floor below.
 """
@@ -15,6 +17,7 @@ import pytest
 from support import REPO
 
 RECOVERY_FLOORS = ("ckpt", "control", "runtime", "train")
+FRAMEWORK_CALLBACKS = ("lightning", "hf")
 LAUNCHER_FLOORS = ("procs", "nodes", "view", "report", "supervisor", "cli")
 
 
@@ -23,8 +26,10 @@ def _floor(module: str) -> int:
     top, _, rest = module.partition(".")
     package = rest.split(".")[0]
     if top == "recovery":
+        if package in FRAMEWORK_CALLBACKS:
+            return len(RECOVERY_FLOORS) + 1
         return RECOVERY_FLOORS.index(package) + 1 if package in RECOVERY_FLOORS else 0
-    base = len(RECOVERY_FLOORS) + 1
+    base = len(RECOVERY_FLOORS) + 2
     return base + (LAUNCHER_FLOORS.index(package) + 1 if package in LAUNCHER_FLOORS else 0)
 
 
@@ -59,6 +64,7 @@ def test_no_module_imports_a_floor_above_its_own(package: str) -> None:
 
 def test_the_check_sees_an_upward_import() -> None:
     assert _floor("recovery.train.elastic") > _floor("recovery.ckpt.checkpoint")
+    assert _floor("recovery.lightning") > _floor("recovery.train.elastic") > _floor("recovery.peer_loss")
     assert _floor("launcher.config") > _floor("recovery.train.elastic")
     assert _floor("launcher.cli.tftrun") > _floor("launcher.supervisor.loop")
     assert _floor("launcher.supervisor.loop") > _floor("launcher.procs.process")
