@@ -171,8 +171,8 @@ def _tailed(text: str, nproc: int) -> frozenset[int] | None:
     if ranks == {ALL_RANKS}:
         return None
     if not ranks or not all(0 <= rank < nproc for rank in ranks):
-        raise ConfigError(f"--tail_worker_log={text}: give local ranks of this node's {nproc} "
-                          f"workers (0..{nproc - 1}) separated by commas, or -1 for all")
+        raise ConfigError(f"--tail_worker_log={text}: give this node's local ranks (0..{nproc - 1}) "
+                          "separated by commas, or -1 for all")
     return frozenset(ranks)
 
 

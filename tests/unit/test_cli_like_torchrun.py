@@ -182,7 +182,7 @@ def test_tail_worker_log_picks_the_ranks_join_streams() -> None:
 def test_tail_worker_log_outside_the_node_is_one_line(capsys: pytest.CaptureFixture[str],
                                                       value: str) -> None:
     line = one_error_line(capsys, ["--nproc_per_node=4", f"--tail_worker_log={value}", SCRIPT])
-    assert line.startswith(f"tftrun: error: --tail_worker_log={value}: give local ranks"), line
+    assert line.startswith(f"tftrun: error: --tail_worker_log={value}: give this node's local ranks"), line
 
 
 def test_worker_log_name_names_each_workers_log_as_msrun_does(tmp_path: Path) -> None:
