@@ -6,6 +6,7 @@ exit status 2).
 
 from __future__ import annotations
 
+import glob
 import os
 import secrets
 import shutil
@@ -33,12 +34,17 @@ from recovery.train.shares import BatchPolicy
 
 __all__ = ["LaunchConfig", "bind_listener", "RestartPolicy", "DEFAULT_PROGRESS_INTERVAL",
            "AUTO_NODE_RANK", "with_node_rank", "DEFAULT_SIGNALS", "ENTRY_KINDS",
-           "DEFAULT_MASTER_PORT", "check_own_folder", "with_own_folders"]
+           "DEFAULT_MASTER_PORT", "DEFAULT_WORKER_LOG_NAME", "check_own_folder", "with_own_folders"]
 
 ENTRY_KINDS = ("script", "module", "exec")
 """What ``script`` names: a Python file, a module (``-m``), an executable (``--no_python``)."""
-DEFAULT_MASTER_PORT = 8118
-"""msrun's port for node 0's scheduler (torchrun's is 29500; docs/from-torchrun.md)."""
+DEFAULT_MASTER_PORT = 0
+"""No ``--master_port``: a free port, picked and printed (torchrun's ``--standalone``); a job of
+several nodes must give one (docs/from-torchrun.md)."""
+DEFAULT_WORKER_LOG_NAME = "worker"
+"""msrun's ``--worker_log_name``: worker ``r`` logs to ``<log_dir>/worker_<r>.log``."""
+WORKER_LOG_FIELDS = ("ip", "hostname")
+"""What a ``--worker_log_name`` may name in braces, as msrun's does: ``{ip}``, ``{hostname}``."""
 
 
 class RestartPolicy(StrEnum):
@@ -52,12 +58,12 @@ class RestartPolicy(StrEnum):
     """Relaunch only the dead ranks (the survivors recover in-process through ``recovery``)."""
 
 
-DEFAULT_PROGRESS_INTERVAL = 30.0
+DEFAULT_PROGRESS_INTERVAL = 10.0
+"""Off a terminal, seconds between two progress lines."""
 DEFAULT_MIN_WORKER_NUM = 1
 """``--min_worker_num`` when not given: degraded training is on by default, for scripts
 whose ranks register (the others restart all, docs/recovery.md); see
 :attr:`LaunchConfig.fewest_workers`."""
-"""Off a terminal, seconds between two progress lines."""
 DEFAULT_SIGNALS: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
                                     signal.SIGUSR1, signal.SIGUSR2)
 """The signals that stop the job in order (``--signals_to_handle``): torchrun's four and
@@ -68,7 +74,7 @@ Slurm's usual preemption warnings."""
 class LaunchConfig:
     script: Path
     script_args: tuple[str, ...] = ()
-    worker_num: int = 8
+    worker_num: int = 1
     local_worker_num: int | None = None
     min_worker_num: int | None = None
     """The fewest workers the job trains on while ranks are missing (docs/elastic.md);
@@ -145,7 +151,12 @@ class LaunchConfig:
     grace period, then SIGKILL; tftrun exits 128+N (launcher/supervisor/signals.py)."""
     console_ranks: frozenset[int] | None = None
     """With ``join``: the local ranks whose output is shown (None: all; torchrun's
-    ``--redirects``, ``--tee`` and ``--local_ranks_filter``)."""
+    ``--redirects``, ``--tee`` and ``--local_ranks_filter``, msrun's ``--tail_worker_log``)."""
+    worker_log_name: str = DEFAULT_WORKER_LOG_NAME
+    """msrun's ``--worker_log_name``: the stem of each worker's log (:meth:`worker_log`)."""
+    bind_core: bool = False
+    """msrun's ``--bind_core``: pin each worker to its share of this node's cores
+    (launcher/procs/cores.py)."""
 
     def __post_init__(self) -> None:
         if self.restart_policy in RestartPolicy.__members__.values():
@@ -231,6 +242,19 @@ class LaunchConfig:
         """Nodes in the job (torchrun's ``GROUP_WORLD_SIZE``)."""
         return -(-self.worker_num // self.nproc)
 
+    def worker_log(self, slot: int) -> Path:
+        """Worker ``slot``'s log: ``<log_dir>/<worker_log_name>_<slot>.log``, msrun's name, with
+        ``{ip}`` (this node's address) and ``{hostname}`` filled in."""
+        return self.log_dir / f"{self._worker_log_stem()}_{slot}.log"
+
+    @property
+    def worker_log_glob(self) -> str:
+        """The pattern that every worker's log of this node matches (in ``log_dir``)."""
+        return f"{glob.escape(self._worker_log_stem())}_*.log"
+
+    def _worker_log_stem(self) -> str:
+        return self.worker_log_name.format(ip=self.local_addr, hostname=socket.gethostname())
+
     def shows_output(self, rank: int | None) -> bool:
         """Whether the console streams this process's log (``rank`` None: the scheduler)."""
         if not self.join:
@@ -295,6 +319,7 @@ class LaunchConfig:
                               f"{', '.join(p.value for p in BatchPolicy)}, "
                               f"got {self.batch_policy!r}")
         self._check_signals()
+        self._check_worker_log_name()
         self._check_enable_tft()
         self._check_script()
         self._check_writable(self.log_dir, "--log_dir")
@@ -311,6 +336,19 @@ class LaunchConfig:
                 f"in --worker_num={self.worker_num}")
         if self.nnodes is not None and not 0 <= rank < self.nnodes:
             raise ConfigError(f"--node_rank={rank} is not below --nnodes={self.nnodes}")
+
+    def _check_worker_log_name(self) -> None:
+        """A file name in ``log_dir``, naming no field but :data:`WORKER_LOG_FIELDS`."""
+        name = self.worker_log_name
+        try:
+            stem = name.format(**dict.fromkeys(WORKER_LOG_FIELDS, "x"))
+        except (KeyError, IndexError, ValueError):
+            raise ConfigError(f"--worker_log_name={name}: braces may name only "
+                              f"{', '.join('{' + f + '}' for f in WORKER_LOG_FIELDS)}") from None
+        if not stem or "/" in stem or stem in (".", ".."):
+            raise ConfigError(f"--worker_log_name={name!r}: give a file name (no '/'), e.g. "
+                              "worker_{hostname}")
+
     def _check_signals(self) -> None:
         """Each must be a signal a process may catch, and not SIGCHLD (the loop's own)."""
         for signum in self.signals_to_handle:

@@ -167,8 +167,7 @@ def worker_spec(config: LaunchConfig, local_rank: int, incarnation: int, restart
         env[names.MS_WORKER_NUM] = env[names.RANK_SIZE] = str(seat.world_size)
     if beat_socket is not None:
         env[names.TFT_BEAT_SOCKET] = beat_socket
-    return ProcessSpec(Role.WORKER, slot, worker_argv(config, env), env,
-                       config.log_dir / f"worker_{slot}.log")
+    return ProcessSpec(Role.WORKER, slot, worker_argv(config, env), env, config.worker_log(slot))
 
 
 def scheduler_spec(config: LaunchConfig, listen_fd: int,

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from socket import socket
 
 from launcher.config import LaunchConfig
+from launcher.procs.cores import node_cores, pin, share_of
 from launcher.procs.fork_server import ForkServer
 from launcher.procs.process import Child, Watchdog, spawn
 from launcher.procs.spare_pool import Spare, SparePool
@@ -79,6 +80,8 @@ class Children:
         """The node's beat socket (launcher/supervisor/beats.py), named to its workers."""
         self.fork_server: ForkServer | None = None
         """Forks the workers warm (launcher/procs/fork_server.py), once started."""
+        self._cores = node_cores() if config.bind_core else ()
+        """The cores ``--bind_core`` shares out among this node's workers."""
 
     @property
     def hosts_scheduler(self) -> bool:
@@ -167,6 +170,8 @@ class Children:
             self._emit("fault", rank=worker.rank, pid=None, incarnation=worker.incarnation,
                        cause="spawn", error=str(err))
             return
+        if self._cores:
+            pin(child.pid, share_of(self._cores, self.config.nproc, worker.local_rank))
         worker.launched(child)
 
     def _fork(self, spec: ProcessSpec, incarnation: int,

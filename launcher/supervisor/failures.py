@@ -42,6 +42,14 @@ class ExitInfo:
         """The status a shell would report for it: 128+N for signal N."""
         return 128 - self.returncode if self.returncode < 0 else self.returncode
 
+    @property
+    def outcome(self) -> str:
+        """The ``exit`` event's ``outcome``: ``stopped`` (by tftrun), ``clean`` (status 0) or
+        ``failed``."""
+        if self.expected:
+            return "stopped"
+        return "clean" if self.succeeded else "failed"
+
     def describe(self) -> str:
         """One phrase for logs and the summary, e.g. ``killed by SIGKILL (out of memory?)``."""
         if self.signal_name is None:
@@ -53,7 +61,7 @@ class ExitInfo:
         """The ``exit`` event's fields: ``exitcode`` or ``signal``, never both."""
         fields: dict[str, object] = {
             "role": self.role, "rank": self.rank, "pid": self.pid,
-            "incarnation": self.incarnation, "expected": self.expected,
+            "incarnation": self.incarnation, "expected": self.expected, "outcome": self.outcome,
         }
         if self.signal_name is None:
             fields["exitcode"] = self.returncode

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 from launcher.config import LaunchConfig
 from launcher.procs.spec import error_file
@@ -10,7 +11,9 @@ from launcher.supervisor.failures import read_error_file
 from launcher.supervisor.job_view import Ending
 from launcher.supervisor.state import Worker, WorkerState
 from launcher.view.logs import last_lines
-from launcher.view.render import Row, SummaryRow, print_summary
+from launcher.view.progress import run_span
+from launcher.view.render import Row, SummaryRow, print_summary, run_line
+from recovery.events import EVENTS_FILE
 
 __all__ = ["job_start_fields", "live_rows", "print_job_summary", "SUMMARY_LOG_LINES"]
 
@@ -31,7 +34,7 @@ def live_rows(config: LaunchConfig, workers: list[Worker], restart_at: float | N
               now: float) -> list[Row]:
     """One row per worker: its state (a wait counts down), restarts and last log line."""
     return [Row(w.rank, w.pid, _state_text(w, restart_at, now), w.restarts,
-                (last_lines(config.log_dir / f"worker_{w.rank}.log", 1) or [""])[0])
+                (last_lines(config.worker_log(w.rank), 1) or [""])[0])
             for w in workers]
 
 
@@ -45,14 +48,17 @@ def _state_text(worker: Worker, restart_at: float | None, now: float) -> str:
 
 
 def print_job_summary(config: LaunchConfig, workers: list[Worker], ending: Ending) -> None:
-    """The table of every worker's end, and the failing rank's root cause and last lines."""
+    """The table of every worker's end; the wall time, final step, steps/s and the log
+    folder; the failing rank's root cause and last lines."""
     rows = [SummaryRow(w.rank, w.pid, w.last_exit.describe() if w.last_exit else w.state.value,
                        w.restarts) for w in workers]
+    figures = run_line(run_span(config.log_dir / EVENTS_FILE), time.time(),
+                       str(config.log_dir.resolve()))
     failing = ending.failing
     if failing is None:
-        print_summary(rows, None, [], None)
+        print_summary(rows, None, [], None, figures)
         return
     root_cause = read_error_file(error_file(config, failing.rank))
     print_summary(rows, f"rank {failing.rank} (pid {failing.pid}) {failing.reason}",
-                  last_lines(config.log_dir / f"worker_{failing.rank}.log", SUMMARY_LOG_LINES),
-                  root_cause)
+                  last_lines(config.worker_log(failing.rank), SUMMARY_LOG_LINES),
+                  root_cause, figures)

@@ -15,14 +15,16 @@ PREVIOUS_DIR = "previous"
 _RUN_FILES = ("worker_*.log", "scheduler.log", "spare.log", EVENTS_FILE, "errors")
 
 
-def archive_previous_run(log_dir: Path) -> Path | None:
+def archive_previous_run(log_dir: Path, worker_logs: str = "worker_*.log") -> Path | None:
     """Move the files of an earlier run in ``log_dir`` to ``log_dir/previous/<n>/``.
 
     A second run into the same log dir must never destroy the first run's logs, and the
-    new run's ``worker_<rank>.log`` and ``events.jsonl`` must hold only the new run.
+    new run's worker logs (``worker_logs``, besides ``worker_<rank>.log``) and
+    ``events.jsonl`` must hold only the new run.
     Returns the archive folder, or None when there was nothing to keep.
     """
-    found = [p for pattern in _RUN_FILES for p in sorted(log_dir.glob(pattern))]
+    patterns = dict.fromkeys((worker_logs, *_RUN_FILES))
+    found = list(dict.fromkeys(p for pattern in patterns for p in sorted(log_dir.glob(pattern))))
     if not found:
         return None
     target = create_numbered_dir(log_dir / PREVIOUS_DIR)

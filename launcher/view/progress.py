@@ -17,7 +17,8 @@ from typing import Any
 
 from recovery.train.step_events import PAUSED, STEADY
 
-__all__ = ["EventTail", "RankProgress", "Progress", "progress_bar", "format_eta"]
+__all__ = ["EventTail", "RankProgress", "Progress", "progress_bar", "format_eta", "RunSpan",
+           "run_span"]
 
 
 READ_AT_MOST = 256 * 1024
@@ -202,3 +203,35 @@ def progress_bar(progress: Progress, width: int = 24) -> str:
     filled = int(done * width)
     return (f"[{'#' * filled}{'.' * (width - filled)}] {global_step}/{progress.total} "
             f"{done:.0%}{rate} {format_eta(progress.eta())}")
+
+
+STEP_REPORTS = ("step", "train_end")
+"""The events that say which global step a rank reached (``train_end``: its last)."""
+
+
+@dataclass(frozen=True)
+class RunSpan:
+    """The run, for the end summary: when this node's job started (its ``job_start``, wall
+    clock), the newest step reported, the steps the loop runs in all, and the steps per
+    second from the first report to the newest."""
+
+    started: float | None
+    final: int | None = None
+    total: int | None = None
+    rate: float | None = None
+
+
+def run_span(path: Path) -> RunSpan:
+    """The :class:`RunSpan` of the ``events.jsonl`` at ``path``, read from its head and its
+    tail only, so that the summary of a long job costs what a short one's does."""
+    head, tail = EventTail(path).read(), EventTail(path, catches_up=False).read()
+    started = next((float(e["ts"]) for e in head if e.get("event") == "job_start"), None)
+    reports = [e for e in (*head, *tail) if e.get("event") in STEP_REPORTS and "step" in e]
+    if not reports:
+        return RunSpan(started)
+    first = min(reports, key=lambda e: float(e["ts"]))
+    last = max(reports, key=lambda e: (float(e["ts"]), int(e["step"])))
+    final, seconds = int(last["step"]), float(last["ts"]) - float(first["ts"])
+    total = next((int(e["total"]) for e in reversed(reports) if e.get("total") is not None), None)
+    rate = (final - int(first["step"])) / seconds if seconds > 0 and final > int(first["step"]) else None
+    return RunSpan(started, final, total, rate)

@@ -17,12 +17,14 @@ from typing import Any, Protocol
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from launcher.view.progress import EventTail, Progress, progress_bar
+from launcher.view.progress import EventTail, Progress, RunSpan, progress_bar
 
-__all__ = ["Row", "View", "make_view", "SummaryRow", "print_summary", "progress_line"]
+__all__ = ["Row", "View", "make_view", "SummaryRow", "print_summary", "progress_line",
+           "event_line", "run_line", "format_duration"]
 
 
 @dataclass(frozen=True)
@@ -51,9 +53,23 @@ class View(Protocol):
     def close(self) -> None: ...
 
 
+OUTCOMES = {"clean": "a clean exit", "stopped": "stopped by tftrun", "failed": "a failure"}
+"""How an ``exit`` event's ``outcome`` reads on the console."""
+
+
 def _describe(record: dict[str, Any]) -> str:
-    fields = {k: v for k, v in record.items() if k not in ("ts", "event")}
-    return " ".join(f"{k}={v}" for k, v in fields.items() if v is not None and v != "")
+    hidden = ("ts", "event", "expected", "outcome") if record.get("event") == "exit" else (
+        "ts", "event")
+    fields = {k: v for k, v in record.items() if k not in hidden}
+    text = " ".join(f"{k}={v}" for k, v in fields.items() if v is not None and v != "")
+    outcome = OUTCOMES.get(str(record.get("outcome")))
+    return text if outcome is None else f"{text}: {outcome}"
+
+
+def event_line(record: dict[str, Any]) -> str:
+    """An event on the console: ``exit role=worker rank=2 pid=4242 incarnation=0 exitcode=0:
+    a clean exit`` (the file keeps every field)."""
+    return f"{record['event']} {_describe(record)}"
 
 
 def _stamp(ts: float) -> str:
@@ -121,7 +137,7 @@ class PlainView:
         print(text, file=self._stream, flush=True)
 
     def on_event(self, record: dict[str, Any]) -> None:
-        self._print(f"{_stamp(record['ts'])} tftrun: {record['event']} {_describe(record)}")
+        self._print(f"{_stamp(record['ts'])} tftrun: {event_line(record)}")
 
     def show_rows(self, rows: list[Row], caption: str = "") -> None:
         if self._tail is None:
@@ -174,7 +190,7 @@ class LiveView:
 
     def on_event(self, record: dict[str, Any]) -> None:
         if record["event"] in ("exit", "restart", "hang", "job_end"):
-            self._console.print(f"[bold]{record['event']}[/] {_describe(record)}",
+            self._console.print(f"[bold]{record['event']}[/] {escape(_describe(record))}",
                                 highlight=False)
 
     def show_rows(self, rows: list[Row], caption: str = "") -> None:
@@ -200,11 +216,32 @@ def make_view(events_path: Path | None = None, progress_interval: float = 0.0,
     return PlainView(None, events_path, progress_interval)
 
 
+def format_duration(seconds: float) -> str:
+    """``8.4 s`` under a minute, else ``1:02:03`` or ``2:03``."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def run_line(span: RunSpan, now: float, logs: str) -> str:
+    """The summary's figures: ``wall time 12.3 s, final step 100 of 100, 8.2 steps/s; logs
+    in /home/me/logs`` (what is known)."""
+    parts = [] if span.started is None else [f"wall time {format_duration(now - span.started)}"]
+    if span.final is not None:
+        of = "" if span.total is None else f" of {span.total}"
+        parts.append(f"final step {span.final}{of}")
+    if span.rate is not None:
+        parts.append(f"{span.rate:.1f} steps/s")
+    return "; ".join(filter(None, (", ".join(parts), f"logs in {logs}")))
+
+
 def print_summary(rows: list[SummaryRow], failing: str | None, failing_log: list[str],
-                  root_cause: str | None) -> None:
-    """The table printed when the job ends, and the failing rank's root cause: the error and
-    traceback its ``@record`` left (``root_cause``: the first line, then the traceback),
-    else its log's last lines."""
+                  root_cause: str | None, figures: str = "") -> None:
+    """The table printed when the job ends, the run's ``figures`` (:func:`run_line`), and the
+    failing rank's root cause: the error and traceback its ``@record`` left (``root_cause``:
+    the first line, then the traceback), else its log's last lines."""
     console = Console(width=None if sys.stdout.isatty() else 120)
     table = Table(title="tftrun summary")
     for column in ("rank", "pid", "end", "restarts"):
@@ -212,6 +249,8 @@ def print_summary(rows: list[SummaryRow], failing: str | None, failing_log: list
     for row in rows:
         table.add_row(str(row.rank), str(row.pid or "-"), row.end, str(row.restarts))
     console.print(table)
+    if figures:
+        console.print(figures, highlight=False, markup=False, soft_wrap=True)
     if failing is None:
         return
     console.print(f"Root cause (first observed failure): {failing}", highlight=False)

@@ -99,7 +99,8 @@ def job(tmp_path: Path, **fields: object) -> LaunchConfig:
     script = tmp_path / "train.py"
     script.write_text("")
     settings = {"worker_num": 4, "local_worker_num": 2, "node_rank": None,
-                "master_addr": "127.0.0.2", "log_dir": tmp_path / "logs", **fields}
+                "master_addr": "127.0.0.2", "master_port": 29500, "log_dir": tmp_path / "logs",
+                **fields}
     return LaunchConfig(script=script, **settings)  # type: ignore[arg-type]
 
 

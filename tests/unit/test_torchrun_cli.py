@@ -123,9 +123,17 @@ def test_nproc_per_node_without_nnodes_is_one_node() -> None:
     assert (config.worker_num, config.nproc, config.multi_node) == (4, 4, False)
 
 
-def test_msrun_defaults_stay_without_a_torchrun_option() -> None:
-    assert cli.config_from_argv([SCRIPT]).worker_num == 8
-    config = cli.config_from_argv(["--worker_num=8", "--local_worker_num=4", SCRIPT])
+def test_no_worker_count_is_one_worker_as_torchrun() -> None:
+    """It was msrun's 8; torchrun starts 1, and msrun's command lines give --worker_num."""
+    config = cli.config_from_argv([SCRIPT])
+    assert (config.worker_num, config.nproc, config.multi_node) == (1, 1, False)
+
+
+def test_an_msrun_command_line_keeps_its_meaning() -> None:
+    config = cli.config_from_argv(["--worker_num=8", SCRIPT])
+    assert (config.worker_num, config.nproc, config.multi_node) == (8, 8, False)
+    config = cli.config_from_argv(["--worker_num=8", "--local_worker_num=4", "--master_port=8118",
+                                   SCRIPT])
     assert config.multi_node and config.nproc == 4
 
 
@@ -186,7 +194,7 @@ def test_msrun_python_without_a_script_is_one_line(capsys: pytest.CaptureFixture
 
 def test_msrun_variables_are_set_as_msrun_sets_them() -> None:
     config = cli.config_from_argv(["--worker_num=4", "--local_worker_num=2", "--node_rank=1",
-                                   "--cluster_time_out=300", SCRIPT])
+                                   "--master_port=8118", "--cluster_time_out=300", SCRIPT])
     env = worker_spec(config, 1, 1, 0, 1).env
     assert (env[names.RANK_ID], env[names.DEVICE_ID], env[names.RANK_SIZE]) == ("3", "1", "4")
     assert float(env[names.MS_TOPO_TIMEOUT]) == 300
@@ -194,7 +202,8 @@ def test_msrun_variables_are_set_as_msrun_sets_them() -> None:
 
 def test_torchrun_variables_are_set_as_torchrun_sets_them() -> None:
     config = cli.config_from_argv(["--nnodes=2", "--nproc_per_node=2", "--node_rank=1",
-                                   "--role=trainer", "--master_addr=10.0.0.1", SCRIPT])
+                                   "--role=trainer", "--master_addr=10.0.0.1",
+                                   "--master_port=29500", SCRIPT])
     env = worker_spec(config, 0, 1, 0, 1, base_env={}).env
     assert env[names.GROUP_WORLD_SIZE] == "2"
     assert env[names.ROLE_NAME] == "trainer"
