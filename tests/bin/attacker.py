@@ -12,9 +12,9 @@ Modes, each for SECONDS:
 * ``announce``: announces a value of 4 GiB for ``tft/job`` and a request of 4 GiB on the
   queue, sends 1 MiB of each, and holds the connections open.
 * ``flood``: pushes RATE junk requests a second (a well-formed header, a wrong MAC).
-* ``hide_joins``: hides every join key of node NODE it finds listed
-  (``tft/round/<n>/join/NODE/<mac>``): the moment the node writes one, garbage over it for
-  50 ms, then deleted, until the node writes it again (issue 38).
+* ``hide_joins``: touches FILE once connected, then hides every join key of node NODE it
+  finds listed (``tft/round/<n>/join/NODE/<mac>``): the moment the node writes one,
+  garbage over it for 50 ms, then deleted, until the node writes it again (issue 38).
 * ``replay_beats``: records two values of node NODE's beat key as they change, touches
   FILE, and from then on sets the key to each of them in turn, every 0.2 s.
 """
@@ -87,8 +87,9 @@ def _listed(store, pattern: str) -> list[str]:  # noqa: ANN001
     return sorted(key.lstrip("/") for key in store.list_keys() if re.search(pattern, key))
 
 
-def hide_joins(node: int) -> None:
+def hide_joins(node: int, connected: str) -> None:
     store = _store()
+    open(connected, "w").close()
     pattern = rf"tft/round/\d+/join/{node}{_SIGNED}"
     deadline = time.monotonic() + SECONDS
     while time.monotonic() < deadline:
@@ -164,7 +165,7 @@ if __name__ == "__main__":
     elif mode == "announce":
         announce()
     elif mode == "hide_joins":
-        hide_joins(int(sys.argv[5]))
+        hide_joins(int(sys.argv[5]), sys.argv[6])
     elif mode == "replay_beats":
         replay_beats(int(sys.argv[5]), sys.argv[6])
     else:

@@ -32,10 +32,12 @@ def test_hidden_join_keys_exclude_no_node_and_raise_an_alert(tmp_path: Path) -> 
     restarted the group for it later): the first generation has both nodes, and node 0's
     events name the hidden key."""
     port = free_tcp_port()
+    connected = tmp_path / "connected"
     procs = [_start(tmp_path, 0, port, 30, "--rdzv_conf=last_call_timeout=3")]
     try:
         wait_for_event(log_dir(tmp_path, 0), START, "node 0's scheduler", event="scheduler_start")
-        with attacker("hide_joins", NODE_ADDRS[0], port, 120, "1"):
+        with attacker("hide_joins", NODE_ADDRS[0], port, 120, "1", str(connected)):
+            wait_for(connected.exists, START, "the stranger on node 0's store")
             procs.append(_start(tmp_path, 1, port, 30, "--rdzv_conf=last_call_timeout=3"))
             first = wait_for_event(log_dir(tmp_path, 0), START, "the first generation",
                                    event="membership")
