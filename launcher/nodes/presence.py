@@ -116,7 +116,8 @@ class NodePresence:
         self._joins: tuple[int, frozenset[int]] = (0, frozenset())
         """(a group restart, the nodes read as joined to it)."""
         self.joining: int | None = None
-        """The group restart this node waits to join (set by the loop), named in its beats."""
+        """The group restart this node waits to join (set by launcher/nodes/rounds.py),
+        named in its beats."""
 
     @property
     def waiting(self) -> frozenset[int]:

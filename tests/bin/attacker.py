@@ -1,6 +1,6 @@
 """Test helper: a process on the job's port that holds no token (issue 26).
 
-Usage: attacker.py MODE HOST PORT SECONDS [RATE | NODE [FILE]]
+Usage: attacker.py MODE HOST PORT SECONDS [RATE | NODE FILE [HOW]]
 Modes, each for SECONDS:
 
 * ``keys``: every 20 ms, writes what it can to every control key of the store: a
@@ -13,8 +13,9 @@ Modes, each for SECONDS:
   queue, sends 1 MiB of each, and holds the connections open.
 * ``flood``: pushes RATE junk requests a second (a well-formed header, a wrong MAC).
 * ``hide_joins``: touches FILE once connected, then hides every join key of node NODE it
-  finds listed (``tft/round/<n>/join/NODE/<mac>``): the moment the node writes one,
-  garbage over it for 50 ms, then deleted, until the node writes it again (issue 38).
+  finds listed (``tft/round/<n>/join/NODE/<mac>``): the moment the node writes one, it
+  deletes it (HOW ``delete``), or sets garbage over it for 50 ms and then deletes it
+  (``tamper``), until the node writes it again (issue 38).
 * ``replay_beats``: records two values of node NODE's beat key as they change, touches
   FILE, and from then on sets the key to each of them in turn, every 0.2 s.
 """
@@ -87,21 +88,27 @@ def _listed(store, pattern: str) -> list[str]:  # noqa: ANN001
     return sorted(key.lstrip("/") for key in store.list_keys() if re.search(pattern, key))
 
 
-def hide_joins(node: int, connected: str) -> None:
+def hide_joins(node: int, connected: str, tamper: bool) -> None:
     store = _store()
     open(connected, "w").close()
     pattern = rf"tft/round/\d+/join/{node}{_SIGNED}"
+    newest, listed_at = None, 0.0
     deadline = time.monotonic() + SECONDS
     while time.monotonic() < deadline:
-        for name in _listed(store, pattern):
-            try:
-                store.wait([name], timedelta(seconds=0.002))  # set again since deleted
-            except RuntimeError:
-                continue
-            store.set(name, GARBAGE)
+        if newest is None or time.monotonic() - listed_at > 0.2:  # a later round's?
+            rounds = {int(name.split("/")[2]): name for name in _listed(store, pattern)}
+            newest, listed_at = rounds.get(max(rounds, default=-1), newest), time.monotonic()
+        if newest is None:
+            time.sleep(0.002)
+            continue
+        try:
+            store.wait([newest], timedelta(seconds=0.1))  # the node set it (again)
+        except RuntimeError:
+            continue
+        if tamper:
+            store.set(newest, GARBAGE)
             time.sleep(0.05)
-            store.delete_key(name)
-        time.sleep(0.002)
+        store.delete_key(newest)
 
 
 def replay_beats(node: int, recorded: str) -> None:
@@ -165,7 +172,7 @@ if __name__ == "__main__":
     elif mode == "announce":
         announce()
     elif mode == "hide_joins":
-        hide_joins(int(sys.argv[5]), sys.argv[6])
+        hide_joins(int(sys.argv[5]), sys.argv[6], sys.argv[7] == "tamper")
     elif mode == "replay_beats":
         replay_beats(int(sys.argv[5]), sys.argv[6])
     else:
