@@ -12,10 +12,10 @@ Modes, each for SECONDS:
 * ``announce``: announces a value of 4 GiB for ``tft/job`` and a request of 4 GiB on the
   queue, sends 1 MiB of each, and holds the connections open.
 * ``flood``: pushes RATE junk requests a second (a well-formed header, a wrong MAC).
-* ``hide_joins``: touches FILE once connected, then hides every join key of node NODE it
-  finds listed (``tft/round/<n>/join/NODE/<mac>``): the moment the node writes one, it
-  deletes it (HOW ``delete``), or sets garbage over it for 50 ms and then deletes it
-  (``tamper``), until the node writes it again (issue 38).
+* ``hide_joins``: touches FILE once connected (it may start before the store is up and
+  wait for it), then hides the join key of node NODE of the latest round it finds listed
+  (``tft/round/<n>/join/NODE/<mac>``), as fast as the store answers: it deletes it again
+  and again (HOW ``delete``), or sets garbage over it (``tamper``) (issue 38).
 * ``replay_beats``: records two values of node NODE's beat key as they change, touches
   FILE, and from then on sets the key to each of them in turn, every 0.2 s.
 """
@@ -79,9 +79,18 @@ def _group_names(rest: str) -> list[str]:
 
 
 def _store():  # noqa: ANN202 - torch is imported late: the other modes never load it
+    """A client of the store, once it is up (the attacker may be there first)."""
     from torch.distributed import TCPStore
 
-    return TCPStore(HOST, PORT, is_master=False, timeout=timedelta(seconds=10))
+    deadline = time.monotonic() + SECONDS
+    while True:
+        try:
+            socket.create_connection((HOST, PORT), timeout=1).close()
+            return TCPStore(HOST, PORT, is_master=False, timeout=timedelta(seconds=10))
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _listed(store, pattern: str) -> list[str]:  # noqa: ANN001
@@ -95,20 +104,16 @@ def hide_joins(node: int, connected: str, tamper: bool) -> None:
     newest, listed_at = None, 0.0
     deadline = time.monotonic() + SECONDS
     while time.monotonic() < deadline:
-        if newest is None or time.monotonic() - listed_at > 0.2:  # a later round's?
+        if newest is None or time.monotonic() - listed_at > 0.5:  # a later round's?
             rounds = {int(name.split("/")[2]): name for name in _listed(store, pattern)}
             newest, listed_at = rounds.get(max(rounds, default=-1), newest), time.monotonic()
         if newest is None:
-            time.sleep(0.002)
-            continue
-        try:
-            store.wait([newest], timedelta(seconds=0.1))  # the node set it (again)
-        except RuntimeError:
-            continue
+            continue  # listed again at once: hidden from the node's first write
         if tamper:
             store.set(newest, GARBAGE)
-            time.sleep(0.05)
-        store.delete_key(newest)
+            store.check([newest])  # paced by the store's answer
+        else:
+            store.delete_key(newest)
 
 
 def replay_beats(node: int, recorded: str) -> None:

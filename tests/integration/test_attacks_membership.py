@@ -37,19 +37,21 @@ HIDDEN = "unset since this node wrote it"
                                               ("tamper", {HIDDEN, "not text"})])
 def test_hidden_join_keys_exclude_no_node_and_raise_an_alert(tmp_path: Path, how: str,
                                                              reasons: set[str]) -> None:
-    """With the default last call (30 s: node 1 starts well within it), the stranger hides
-    node 1's join of the first round from node 0 from its first write (a node 0 that
-    believed its join keys alone closed the round without node 1 at the last call, and
-    restarted the group for it later): the first generation has both nodes, and node 1's
-    events name the hidden key (node 0's too, whenever it read the key hidden)."""
+    """With a 6 s last call, the stranger, on node 0's store as soon as it is up, hides
+    node 1's join of the first round from node 0 from node 1's first write (a node 0 that
+    believed its join keys alone closed the round without node 1 at the last call, unless
+    it read one in the instant before the stranger hid it, and restarted the group for it
+    later): the first generation has both nodes, and node 1's events name the hidden key
+    (node 0's too, whenever it read the key hidden). Node 1, started first, waits for
+    node 0's scheduler: it joins within a second of node 0's first round."""
     port = free_tcp_port()
     connected = tmp_path / "connected"
-    procs = [_start(tmp_path, 0, port, 30)]
+    last_call = "--rdzv_conf=last_call_timeout=6"
+    procs: list[subprocess.Popen[str]] = []
     try:
-        wait_for_event(log_dir(tmp_path, 0), START, "node 0's scheduler", event="scheduler_start")
-        with attacker("hide_joins", NODE_ADDRS[0], port, 120, "1", str(connected), how):
+        with attacker("hide_joins", NODE_ADDRS[0], port, 180, "1", str(connected), how):
+            procs += [_start(tmp_path, node, port, 30, last_call) for node in (1, 0)][::-1]
             wait_for(connected.exists, START, "the stranger on node 0's store")
-            procs.append(_start(tmp_path, 1, port, 30))
             first = wait_for_event(log_dir(tmp_path, 0), START, "the first generation",
                                    event="membership")
             assert first["nodes"] == [0, 1], first
