@@ -58,7 +58,7 @@ def test_hidden_join_keys_exclude_no_node_and_raise_an_alert(tmp_path: Path, how
             alert = wait_for_event(log_dir(tmp_path, 1), EVENT, "an alert on the join key",
                                    event="alert", key="tft/round/0/join/1")
             assert alert["reason"] in reasons, alert
-            finish_ok(procs)
+        finish_ok(procs)
     finally:
         for proc in procs:
             terminate(proc)
