@@ -5,7 +5,9 @@ restart-all count and the job's end, through the cluster store on node 0
 Every call is bounded: while node 0's scheduler is down, a read answers ``None`` after
 about :data:`TIMEOUT` seconds and the caller carries on with what it knew. A value that
 is not the job's (unsigned, too long, malformed: anyone may write these keys) reads as
-unset too, and is reported through ``report`` (at most one report per key every 10 s).
+unset too, and is reported through ``report`` (at most one report per key every 10 s);
+through ``alert`` for the keys that say who is a member (the nodes' beats and joins), and
+for what a caller found wrong with those (:meth:`NodeLink.alert`).
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from launcher.errors import ConfigError
 from recovery import env as names
@@ -46,8 +49,8 @@ from recovery.control.signing import job_key, sign_value
 from recovery.control.tcpstore_client import StoreError, TCPStoreClient, ValueTooLarge
 from recovery.control.throttle import Throttle
 
-__all__ = ["NodeLink", "NodeWatch", "local_address_towards", "save_job", "saved_job",
-           "job_still_waited_for", "TIMEOUT", "JOB_FILE"]
+__all__ = ["NodeLink", "NodeWatch", "Beat", "NodeKeys", "local_address_towards", "save_job",
+           "saved_job", "job_still_waited_for", "TIMEOUT", "JOB_FILE"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +64,28 @@ token for wrong: node 0's scheduler puts back a value a stranger overwrote withi
 a second (recovery/control/scheduler.py)."""
 Report = Callable[[str, str, int], None]
 """``report(key, why, count)``: ``count`` values of ``key`` were refused, the latest for ``why``."""
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One beat of a node's tftrun (``tft/node/<K>/beat``): a count that only rises, and
+    the group restart of an elastic job the node waits to join (None: none)."""
+
+    count: int
+    joining: int | None = None
+
+    def __str__(self) -> str:
+        return str(self.count) if self.joining is None else f"{self.count} {self.joining}"
+
+
+@dataclass(frozen=True)
+class NodeKeys(Generic[T]):
+    """One key of each of some nodes, as read: the values that verified, and the nodes
+    whose key held one that did not (each alerted)."""
+
+    found: Mapping[int, T]
+    refused: frozenset[int] = frozenset()
 
 
 def local_address_towards(host: str, port: int) -> str:
@@ -128,14 +153,17 @@ class NodeLink:
             before the job is known (:meth:`wait_for_job` needs none).
         epoch: the launch's epoch, the job key's third part.
         report: told about refused values (see the module docstring).
+        alert: told about refused beats and joins, and what :meth:`alert` says (``report``
+            if None).
     """
 
     def __init__(self, host: str, port: int, token: str, run_id: str = "", epoch: str = "",
-                 report: Report | None = None) -> None:
+                 report: Report | None = None, alert: Report | None = None) -> None:
         self._host, self._port = host, port
         self._token = token
         self._key = job_key(token, run_id, epoch)
         self._report = report
+        self._alert = alert or report
         self._refusals: dict[str, Throttle] = {}
         self._client: TCPStoreClient | None = None
         self.reachable = True
@@ -208,24 +236,28 @@ class NodeLink:
         """The highest group restart any node started; ``None``: unknown just now."""
         return self._read(RESTART_KEY, _count)
 
-    def beat(self, node_rank: int, count: int) -> None:
-        """This node's tftrun is alive (its ``count``-th beat)."""
-        self._write(beat_key(node_rank), str(count))
+    def beat(self, node_rank: int, beat: Beat) -> None:
+        """This node's tftrun is alive."""
+        self._write(beat_key(node_rank), str(beat))
 
-    def beats(self, node_ranks: range | list[int]) -> dict[int, int]:
-        """The latest beat count of each node of ``node_ranks`` that beat (none when the
-        store cannot be reached)."""
-        found = {node: self._read(beat_key(node), _count) for node in node_ranks}
-        return {node: count for node, count in found.items() if count is not None}
+    def beats(self, node_ranks: range | list[int]) -> NodeKeys[Beat]:
+        """The latest beat of each node of ``node_ranks`` that beat (none when the store
+        cannot be reached)."""
+        return self._read_nodes({node: beat_key(node) for node in node_ranks}, _beat)
 
     def join_round(self, restart_count: int, node_rank: int) -> None:
         """This node joins group restart ``restart_count`` of an elastic job."""
         self._write(join_key(restart_count, node_rank), str(node_rank))
 
-    def joined(self, restart_count: int, node_ranks: range | list[int]) -> frozenset[int]:
+    def joined(self, restart_count: int, node_ranks: range | list[int]) -> NodeKeys[int]:
         """The nodes of ``node_ranks`` that joined group restart ``restart_count``."""
-        return frozenset(node for node in node_ranks
-                         if self._read(join_key(restart_count, node), _count) == node)
+        return self._read_nodes({node: join_key(restart_count, node) for node in node_ranks},
+                                _count)
+
+    def alert(self, key: str, why: str) -> None:
+        """Something is wrong with ``key`` that its value alone does not show (a join
+        hidden, a beat replayed): told like a refused beat or join."""
+        self._refused(key, why, alert=True)
 
     def close_round(self, restart_count: int, nodes: tuple[int, ...]) -> None:
         """Node 0: group restart ``restart_count`` runs on ``nodes``."""
@@ -255,19 +287,44 @@ class NodeLink:
     def _read(self, key: str, parse: Callable[[str], Any]) -> Any:
         """``parse`` of the job's value of ``key``; ``None`` when unset or not the job's."""
         try:
-            text = self._with_client(lambda client: read_signed(client, self._key, key))
-            return None if text is None else parse(text)
-        except (BadValue, ValueTooLarge, ValueError) as err:
+            return self._read_verified(key, parse)
+        except BadValue as err:
             self._refused(key, str(err))
             return None
 
-    def _refused(self, key: str, why: str) -> None:
+    def _read_nodes(self, keys: Mapping[int, str], parse: Callable[[str], T]) -> NodeKeys[T]:
+        """``parse`` of each node's value of its key in ``keys``; a value that is not the
+        job's is an alert, not an absence."""
+        found: dict[int, T] = {}
+        refused: set[int] = set()
+        for node, key in keys.items():
+            try:
+                if (value := self._read_verified(key, parse)) is not None:
+                    found[node] = value
+            except BadValue as err:
+                self._refused(key, str(err), alert=True)
+                refused.add(node)
+        return NodeKeys(found, frozenset(refused))
+
+    def _read_verified(self, key: str, parse: Callable[[str], T]) -> T | None:
+        """``parse`` of the job's value of ``key``; ``None`` when unset.
+
+        Raises:
+            BadValue: it holds anything else.
+        """
+        try:
+            text = self._with_client(lambda client: read_signed(client, self._key, key))
+            return None if text is None else parse(text)
+        except (BadValue, ValueTooLarge, ValueError) as err:
+            raise BadValue(str(err)) from None
+
+    def _refused(self, key: str, why: str, alert: bool = False) -> None:
         throttle = self._refusals.setdefault(key, Throttle())
         if (count := throttle.note()) is not None:
-            logger.warning("refused %d value(s) of %s in the cluster store at %s (latest: %s)",
-                           count, key, self._where(), why)
-            if self._report is not None:
-                self._report(key, why, count)
+            logger.warning("%s %d value(s) of %s in the cluster store at %s (latest: %s)",
+                           "alert:" if alert else "refused", count, key, self._where(), why)
+            if (tell := self._alert if alert else self._report) is not None:
+                tell(key, why, count)
 
     def _write(self, key: str, value: str) -> None:
         self._with_client(lambda client: client.set(stored_at(self._key, key),
@@ -305,6 +362,12 @@ def _count(text: str) -> int:
     if not text.isdigit():
         raise BadValue(f"not a count: {text[:80]!r}")
     return int(text)
+
+
+def _beat(text: str) -> Beat:
+    """A :class:`Beat` as written (``<count>`` or ``<count> <joining>``). Raises BadValue."""
+    count, _, joining = text.partition(" ")
+    return Beat(_count(count), _count(joining) if joining else None)
 
 
 class NodeWatch:

@@ -4,11 +4,18 @@ A node's workers may never talk to the scheduler (a plain torchrun script), so a
 known alive by its tftrun, not by its ranks: a thread of each node's supervisor raises
 ``tft/node/<K>/beat`` every :data:`BEAT_INTERVAL`; on node 0 the same thread reads the
 counts of the nodes asked about (:meth:`BeatTracker.want`: those with ranks the scheduler
-lacks; every node of an elastic job) and dates each change on its own monotonic clock
+lacks; every node of an elastic job) and dates each rise on its own monotonic clock
 (the nodes' clocks are never compared). One read per node asked about and beat: a job
 whose ranks register (the large ones) costs node 0 no reads. For an elastic job
 (``--nnodes=MIN:MAX``) it also reads which nodes asked to join the next group restart.
 The loop reads what the thread keeps; nothing here waits for the loop.
+
+Anyone may write the store, and read it: only a count above the last one seen is life,
+so a stranger who replays a node's recorded beats keeps no dead node alive. A count starts
+at the node's clock in milliseconds, so a node's tftrun started again goes on above its
+old count. A node waiting to join a group restart of an elastic job names it in its beat,
+after its join key: a stranger who hides the join key (it is listed by the store) still
+leaves node 0 the beat.
 """
 
 from __future__ import annotations
@@ -18,7 +25,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from launcher.nodes.link import NodeLink
+from launcher.nodes.link import Beat, NodeKeys, NodeLink
+from recovery.control.node_range import NODE_SILENT
+from recovery.control.nodes import beat_key
 
 __all__ = ["BeatTracker", "NodePresence", "BEAT_INTERVAL"]
 
@@ -29,11 +38,13 @@ BEAT_INTERVAL = 0.5
 
 
 class BeatTracker:
-    """Since when each node's beat count has not changed (monotonic), from what was read."""
+    """Since when each node's beat count has not risen (monotonic), from what was read."""
 
     def __init__(self, nodes: range, started: float) -> None:
-        self._counts: dict[int, int] = {}
+        self._latest: dict[int, Beat] = {}
+        """Each node's beat of the highest count seen."""
         self._changed: dict[int, float] = dict.fromkeys(nodes, started)
+        self._refused: frozenset[int] = frozenset()
         self.wanted: set[int] = set()
         """The nodes whose beats are read (added to, never taken from)."""
 
@@ -41,18 +52,37 @@ class BeatTracker:
         """Read the beats of ``nodes`` from now on."""
         self.wanted |= set(nodes)
 
-    def seen(self, counts: dict[int, int], now: float) -> None:
-        for node, count in counts.items():
-            if self._counts.get(node) != count:
-                self._counts[node] = count
+    def seen(self, beats: NodeKeys[Beat], now: float) -> list[tuple[int, int, int]]:
+        """Take the beats read at ``now``; (node, count, the last count) of each count
+        below the last one seen: a replay."""
+        replayed = []
+        for node, beat in beats.found.items():
+            last = self._latest.get(node)
+            if last is None or beat.count > last.count:
+                self._latest[node] = beat
                 self._changed[node] = now
+            elif beat.count < last.count:
+                replayed.append((node, beat.count, last.count))
+        self._refused = beats.refused
+        return replayed
 
     def silent_since(self, node: int) -> float:
         """When ``node`` last beat (or when watching began, for a node never heard)."""
         return self._changed[node]
 
     def heard(self, node: int) -> bool:
-        return node in self._counts
+        return node in self._latest
+
+    def disputed(self) -> frozenset[int]:
+        """The nodes whose beat key held, when last read, a value that is not the job's."""
+        return self._refused
+
+    def joining(self, restart_count: int, now: float) -> frozenset[int]:
+        """The nodes beating (within :data:`NODE_SILENT`) whose latest beat asks to join
+        group restart ``restart_count``."""
+        return frozenset(node for node, beat in self._latest.items()
+                         if beat.joining == restart_count
+                         and now - self._changed[node] < NODE_SILENT)
 
 
 class NodePresence:
@@ -75,7 +105,7 @@ class NodePresence:
         self._elastic = elastic and node_rank == 0
         self._wake = wake
         self._interval = interval
-        self._beats = 0
+        self._count = 0
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="node-presence", daemon=True)
         self.tracker = BeatTracker(self._others, time.monotonic())
@@ -85,6 +115,9 @@ class NodePresence:
         """The group restart whose joins node 0 reads (set by the loop)."""
         self._joins: tuple[int, frozenset[int]] = (0, frozenset())
         """(a group restart, the nodes read as joined to it)."""
+        self.joining: int | None = None
+        """The group restart this node waits to join (set by launcher/nodes/rounds.py),
+        named in its beats."""
 
     @property
     def waiting(self) -> frozenset[int]:
@@ -111,13 +144,19 @@ class NodePresence:
             self._closed.wait(self._interval)
 
     def _round(self) -> None:
-        self._beats += 1
-        self._link.beat(self._node_rank, self._beats)
+        self._count = max(self._count + 1, time.time_ns() // 1_000_000)
+        if (joining := self.joining) is not None:  # the join key first: the beat names it
+            self._link.join_round(joining, self._node_rank)
+        self._link.beat(self._node_rank, Beat(self._count, joining))
         if wanted := sorted(self.tracker.wanted):
-            self.tracker.seen(self._link.beats(wanted), time.monotonic())
+            replayed = self.tracker.seen(self._link.beats(wanted), time.monotonic())
+            for node, count, last in replayed:
+                self._link.alert(beat_key(node), f"a replay: count {count}, below the last "
+                                                 f"seen ({last})")
         if self._elastic:
             restart = self.next_round
-            joins = (restart, self._link.joined(restart, self._others))
+            joined = frozenset(self._link.joined(restart, self._others).found)
+            joins = (restart, joined | self.tracker.joining(restart, time.monotonic()))
             if joins != self._joins:
                 self._joins = joins
                 self._wake()

@@ -5,6 +5,13 @@ with, so its ranks.
 
 Each wait is bounded and polls ``interrupted`` (a signal to tftrun), as the rest of a
 launch's waits for node 0 do (launcher/supervisor/meeting.py).
+
+Node 0 counts a node as joined once it read its join key, or a fresh beat of it that names
+the round (launcher/nodes/presence.py), and keeps it joined: a stranger who deletes the
+key afterwards, or before node 0 reads it, excludes no node. A node whose join or beat
+key held a value that is not the job's is waited for up to the round's timeout. A
+joining node reads its own join key back before it writes it again, and alerts when it
+is gone.
 """
 
 from __future__ import annotations
@@ -14,8 +21,9 @@ from collections.abc import Callable
 
 from launcher.config import LaunchConfig
 from launcher.nodes.link import NodeLink
-from launcher.nodes.presence import BeatTracker
+from launcher.nodes.presence import NodePresence
 from recovery.control.node_range import NODE_SILENT, Close, JobDone, NodeRange, Round, RoundWait, TooFew, close_round
+from recovery.control.nodes import join_key
 
 __all__ = ["RoundMeeting"]
 
@@ -27,16 +35,17 @@ class RoundMeeting:
 
     Args:
         link: node 0's cluster store (a link of the loop's own).
-        beats: node 0: when each other node last beat.
+        presence: this node's beats (node 0: when each other node last beat).
         interrupted: whether a signal to tftrun came in (the wait gives up at once).
     """
 
     def __init__(self, config: LaunchConfig, span: NodeRange, link: NodeLink,
-                 beats: BeatTracker, interrupted: Callable[[], bool]) -> None:
+                 presence: NodePresence, interrupted: Callable[[], bool]) -> None:
         self._config = config
         self._span = span
         self._link = link
-        self._beats = beats
+        self._presence = presence
+        self._beats = presence.tracker
         self._interrupted = interrupted
         self._nodes = range(span.high)
 
@@ -47,7 +56,10 @@ class RoundMeeting:
         ended well before this node joined; None: a signal came in."""
         if self._config.assigned_rank == 0:
             return self._close(restart_count, previous)
-        return self._await(max(restart_count, self._link.restarts_started() or 0))
+        try:
+            return self._await(max(restart_count, self._link.restarts_started() or 0))
+        finally:
+            self._presence.joining = None
 
     def _close(self, restart_count: int, previous: Round | None) -> Round | TooFew | None:
         """Node 0: wait for the nodes by the rules, then say which the round runs on."""
@@ -56,13 +68,20 @@ class RoundMeeting:
         opened = time.monotonic()
         reached: float | None = None
         time_out = config.cluster_time_out if previous is None else config.node_time_out
+        joined, disputed = frozenset({0}), frozenset[int]()
         while True:
-            joined = link.joined(restart_count, self._nodes) | {0}
             now = time.monotonic()
+            by_beat = self._beats.joining(restart_count, now)  # before the keys: written after
+            read = link.joined(restart_count, self._nodes)
+            for node in sorted(by_beat - set(read.found) - read.refused):
+                link.alert(join_key(restart_count, node),
+                           f"unset, while node {node}'s signed beat says it joined")
+            joined |= set(read.found) | by_beat
+            disputed |= read.refused | self._beats.disputed()
             if reached is None and len(joined) >= self._span.low:
                 reached = now
             decision = close_round(RoundWait(joined, self._expected(previous, joined, now),
-                                             opened, reached),
+                                             opened, reached, disputed - joined),
                                    self._span, now, config.last_call, time_out)
             if isinstance(decision, Close):
                 link.close_round(restart_count, decision.nodes)
@@ -91,8 +110,12 @@ class RoundMeeting:
         node = config.assigned_rank
         waited = max(config.cluster_time_out, config.node_time_out) + config.last_call
         deadline = time.monotonic() + waited
+        wrote: int | None = None
         while True:
+            if wrote == restart_count:
+                self._check_own_join(restart_count)
             link.join_round(restart_count, node)
+            self._presence.joining = wrote = restart_count
             nodes = link.round_nodes(restart_count)
             if nodes == ():
                 return JobDone(f"node {node}: the job ended before group restart "
@@ -110,3 +133,11 @@ class RoundMeeting:
             if self._interrupted():
                 return None
             time.sleep(_POLL)
+
+    def _check_own_join(self, restart_count: int) -> None:
+        """This node's join key, written a poll ago, is still there: an alert when a
+        stranger hid it (one that does not verify is alerted as it is read)."""
+        node = self._config.assigned_rank
+        mine = self._link.joined(restart_count, [node])
+        if not mine.found and not mine.refused and self._link.reachable:
+            self._link.alert(join_key(restart_count, node), "unset since this node wrote it")

@@ -19,6 +19,7 @@ import time
 from collections.abc import Mapping
 from contextlib import suppress
 from dataclasses import replace
+from functools import partial
 
 from launcher.config import LaunchConfig
 from launcher.nodes.link import NodeLink
@@ -103,7 +104,7 @@ class Supervisor:
                                        config.group_world_size, config.node_range is not None,
                                        self._wake) if config.multi_node else None)
         self._rounds = (RoundMeeting(config, config.node_range, self._nodes,
-                                     self._presence.tracker, self._signalled)
+                                     self._presence, self._signalled)
                         if config.node_range is not None and self._nodes is not None
                         and self._presence is not None else None)
         self._round: Round | None = None
@@ -219,15 +220,15 @@ class Supervisor:
         self.view.on_event(self.events.emit(event, **fields))
 
     def _node_link(self) -> NodeLink:
-        """A link to node 0's cluster store that reports values not the job's as events
-        (from whichever thread reads them: the events file only, not the view)."""
+        """A link to node 0's cluster store that reports values not the job's (and alerts) as
+        events, from whichever thread reads them: the events file only, not the view."""
         config = self.config
         return NodeLink(config.master_addr, config.master_port, config.job_token, config.run_id,
-                        config.epoch, self._refused_value)
+                        config.epoch, partial(self._told, "store_value_refused"),
+                        partial(self._told, "alert"))
 
-    def _refused_value(self, key: str, why: str, count: int) -> None:
-        """Values of a cluster-store key that are not the job's (launcher/nodes/link.py)."""
-        self.events.emit("store_value_refused", key=key, reason=why, count=count)
+    def _told(self, event: str, key: str, why: str, count: int) -> None:
+        self.events.emit(event, key=key, reason=why, count=count)
 
     def _signalled(self) -> bool:
         """Whether a signal to tftrun came in (kept for the policy)."""

@@ -13,7 +13,8 @@ A round closes (:func:`close_round`):
 * at once when ``MAX`` nodes joined, or when ``MIN`` joined and every node node 0 waits
   for (:attr:`RoundWait.expected`) joined;
 * else once ``MIN`` joined and ``last_call`` seconds passed since (torchrun's
-  ``last_call_timeout``);
+  ``last_call_timeout``), unless a node is disputed (:attr:`RoundWait.disputed`): then
+  only once it joined, or ``time_out`` seconds passed since the round's opening;
 * below ``MIN`` it waits up to ``time_out`` seconds from the round's opening, then the
   job ends (:class:`TooFew`).
 """
@@ -85,12 +86,16 @@ class RoundWait:
             those silent for :data:`NODE_SILENT` (a lost node is not waited for).
         opened_at: when node 0 opened it (monotonic).
         reached_at: when ``MIN`` nodes had first joined (None: not yet).
+        disputed: nodes whose join or beat key held a value that is not the job's (a
+            stranger's: the node may be trying to join); waited for like ``expected``,
+            up to ``time_out``.
     """
 
     joined: frozenset[int]
     expected: frozenset[int]
     opened_at: float
     reached_at: float | None = None
+    disputed: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -131,8 +136,10 @@ def close_round(wait: RoundWait, span: NodeRange, now: float, last_call: float,
             return TooFew(f"{len(joined)} of the job's nodes (at least {span.low} needed by "
                           f"--nnodes={span.low}:{span.high}) joined within {time_out:g}s")
         return Wait(wait.opened_at + time_out)
-    if len(joined) == span.high or wait.expected <= set(joined):
+    if len(joined) == span.high or wait.expected | wait.disputed <= set(joined):
         return Close(joined)
+    if wait.disputed - set(joined) and now - wait.opened_at < time_out:
+        return Wait(wait.opened_at + time_out)
     reached = now if wait.reached_at is None else wait.reached_at
     if now - reached >= last_call:
         return Close(joined)

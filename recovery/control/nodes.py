@@ -18,8 +18,10 @@ from another goes through these keys of the cluster store (the scheduler's, on n
   restarts its workers raises it; the others see it and restart theirs.
 * ``tft/end``: why the job ended, set by the node that ended it for a reason that ends
   every node (a failure no restart fixes, a node that did not come back).
-* ``tft/node/<K>/beat``: a count node ``K``'s tftrun raises every half second: node 0
-  tells a live node from a lost one by it, whether or not its workers use ``recovery``.
+* ``tft/node/<K>/beat``: a count node ``K``'s tftrun raises every half second (and the
+  group restart it waits to join, if any): node 0 tells a live node from a lost one by it,
+  whether or not its workers use ``recovery``; only a rise is life
+  (launcher/nodes/presence.py).
 * ``tft/round/<n>/join/<K>``: node ``K`` joined group restart ``n`` of an elastic job
   (``--nnodes=MIN:MAX``); ``tft/round/<n>``: the nodes node 0 closed that round with,
   e.g. ``0,2`` (recovery/control/node_range.py).

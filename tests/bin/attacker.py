@@ -1,6 +1,6 @@
 """Test helper: a process on the job's port that holds no token (issue 26).
 
-Usage: attacker.py MODE HOST PORT SECONDS [RATE]
+Usage: attacker.py MODE HOST PORT SECONDS [RATE | NODE FILE [HOW]]
 Modes, each for SECONDS:
 
 * ``keys``: every 20 ms, writes what it can to every control key of the store: a
@@ -12,6 +12,12 @@ Modes, each for SECONDS:
 * ``announce``: announces a value of 4 GiB for ``tft/job`` and a request of 4 GiB on the
   queue, sends 1 MiB of each, and holds the connections open.
 * ``flood``: pushes RATE junk requests a second (a well-formed header, a wrong MAC).
+* ``hide_joins``: touches FILE once connected (it may start before the store is up and
+  wait for it), then hides the join key of node NODE of the latest round it finds listed
+  (``tft/round/<n>/join/NODE/<mac>``), as fast as the store answers: it deletes it again
+  and again (HOW ``delete``), or sets garbage over it (``tamper``) (issue 38).
+* ``replay_beats``: records two values of node NODE's beat key as they change, touches
+  FILE, and from then on sets the key to each of them in turn, every 0.2 s.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ HOST, PORT, SECONDS = sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 GARBAGE = b"\xff\x00 not yours {"
 _GEN = re.compile(r"^/?gen(\d+)(-[0-9a-f]*)?/(.*)$")
 _GROUP = re.compile(r"^/(\d+)/(.*)$")
+_SIGNED = r"/[0-9a-f]{32}$"
 
 
 def write_keys() -> None:
@@ -69,6 +76,61 @@ def _group_names(rest: str) -> list[str]:
         return [rest]
     first = int(found.group(1))
     return [f"/{n}/{found.group(2)}" for n in range(first, first + 4)]
+
+
+def _store():  # noqa: ANN202 - torch is imported late: the other modes never load it
+    """A client of the store, once it is up (the attacker may be there first)."""
+    from torch.distributed import TCPStore
+
+    deadline = time.monotonic() + SECONDS
+    while True:
+        try:
+            socket.create_connection((HOST, PORT), timeout=1).close()
+            return TCPStore(HOST, PORT, is_master=False, timeout=timedelta(seconds=10))
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+def _listed(store, pattern: str) -> list[str]:  # noqa: ANN001
+    return sorted(key.lstrip("/") for key in store.list_keys() if re.search(pattern, key))
+
+
+def hide_joins(node: int, connected: str, tamper: bool) -> None:
+    store = _store()
+    open(connected, "w").close()
+    pattern = rf"tft/round/\d+/join/{node}{_SIGNED}"
+    newest, listed_at = None, 0.0
+    deadline = time.monotonic() + SECONDS
+    while time.monotonic() < deadline:
+        if newest is None or time.monotonic() - listed_at > 0.5:  # a later round's?
+            rounds = {int(name.split("/")[2]): name for name in _listed(store, pattern)}
+            newest, listed_at = rounds.get(max(rounds, default=-1), newest), time.monotonic()
+        if newest is None:
+            continue  # listed again at once: hidden from the node's first write
+        if tamper:
+            store.set(newest, GARBAGE)
+            store.check([newest])  # paced by the store's answer
+        else:
+            store.delete_key(newest)
+
+
+def replay_beats(node: int, recorded: str) -> None:
+    store = _store()
+    pattern = rf"tft/node/{node}/beat{_SIGNED}"
+    values: list[bytes] = []
+    while len(values) < 2:
+        for name in _listed(store, pattern):
+            if (value := store.get(name)) not in values:
+                values.append(value)
+        time.sleep(0.05)
+    open(recorded, "w").close()
+    deadline = time.monotonic() + SECONDS
+    while time.monotonic() < deadline:
+        for value in values:
+            store.set(name, value)
+            time.sleep(0.2)
 
 
 def _connect() -> socket.socket:
@@ -114,5 +176,9 @@ if __name__ == "__main__":
         write_keys()
     elif mode == "announce":
         announce()
+    elif mode == "hide_joins":
+        hide_joins(int(sys.argv[5]), sys.argv[6], sys.argv[7] == "tamper")
+    elif mode == "replay_beats":
+        replay_beats(int(sys.argv[5]), sys.argv[6])
     else:
         flood(int(sys.argv[5]))

@@ -17,7 +17,15 @@ from torch.distributed import TCPStore
 
 from launcher.config import LaunchConfig
 from launcher.errors import ConfigError
-from launcher.nodes.link import NodeLink, NodeWatch, job_still_waited_for, local_address_towards, save_job
+from launcher.nodes.link import (
+    Beat,
+    NodeKeys,
+    NodeLink,
+    NodeWatch,
+    job_still_waited_for,
+    local_address_towards,
+    save_job,
+)
 from launcher.nodes.presence import BeatTracker
 from launcher.procs.spec import Seat, worker_spec
 from launcher.supervisor.actions import Stop
@@ -232,25 +240,26 @@ def test_nodes_beat_and_meet_in_rounds_through_the_store(server: Any) -> None:
     reads which nodes it runs on. A round's value that is not the job's reads as unset."""
     node_0, node_1 = (NodeLink("127.0.0.1", server.port, "the-secret", "run-2")
                       for _ in range(2))
-    assert node_0.round_nodes(3) is None and node_0.joined(3, range(3)) == frozenset()
+    assert node_0.round_nodes(3) is None and node_0.joined(3, range(3)) == NodeKeys({})
     node_1.join_round(3, 2)
     node_0.join_round(3, 0)
-    assert node_0.joined(3, range(3)) == {0, 2}
+    assert set(node_0.joined(3, range(3)).found) == {0, 2}
     node_0.close_round(3, (0, 2))
     assert node_1.round_nodes(3) == (0, 2)
     node_0.close_round(4, ())  # the job ended well: no later round
     assert node_1.round_nodes(4) == ()
     server.set(stored_at(job_key("the-secret", "run-2", ""), "tft/round/5"), "0,1,2")
     assert node_1.round_nodes(5) is None
-    node_1.beat(1, 7)
-    assert node_0.beats(range(1, 3)) == {1: 7}
+    node_1.beat(1, Beat(7))
+    node_1.beat(2, Beat(8, joining=4))
+    assert node_0.beats(range(1, 3)) == NodeKeys({1: Beat(7), 2: Beat(8, 4)})
 
 
 def test_a_node_is_silent_since_its_last_changed_beat() -> None:
     tracker = BeatTracker(range(1, 3), started=10.0)
     assert tracker.silent_since(1) == 10.0 and not tracker.heard(1)
-    tracker.seen({1: 4}, now=11.0)
-    tracker.seen({1: 4, 2: 1}, now=12.0)  # node 1 beat no more
+    tracker.seen(NodeKeys({1: Beat(4)}), now=11.0)
+    tracker.seen(NodeKeys({1: Beat(4), 2: Beat(1)}), now=12.0)  # node 1 beat no more
     assert (tracker.silent_since(1), tracker.silent_since(2)) == (11.0, 12.0)
     assert tracker.heard(1) and tracker.heard(2)
 
