@@ -96,7 +96,7 @@ def test_a_tampered_beat_or_join_is_an_alert_not_an_absence(server: Any) -> None
                                alert=lambda *told: alerted.append(told)) for _ in range(2))
     node_1.beat(1, Beat(5, joining=2))
     node_1.join_round(2, 1)
-    key = job_key("the-secret", "run-alerts")
+    key = job_key("the-secret", "run-alerts", "")
     for name in (beat_key(1), join_key(2, 1)):
         server.set(stored_at(key, name), b"\xff not yours")
     assert node_0.beats(range(1, 3)) == NodeKeys({}, refused=frozenset({1}))
