@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -37,14 +34,3 @@ def test_unknown_template_names_the_available_ones(capsys: pytest.CaptureFixture
     err = capsys.readouterr().err
     assert "no template named 'no-such-template'" in err
     assert "mnist" in available_templates() and "mnist" in err
-
-
-def test_the_wheel_ships_the_templates(tmp_path: Path) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(tmp_path), str(REPO)], check=True, timeout=120,
-                   capture_output=True)
-    (wheel,) = tmp_path.glob("tftrun-*.whl")
-    names = set(zipfile.ZipFile(wheel).namelist())
-    assert "launcher/templates/mnist/train.py" in names
-    assert {"launcher/templates/slurm/tftrun.sbatch", "launcher/templates/k8s/tftrun-job.yaml"} <= names
-    assert "launcher/cli/tftrun.py" in names and "recovery/env.py" in names

@@ -1,12 +1,11 @@
-"""SchedulerLink's connection: made in the background without torch, never stuck on a port
-that is listening but not served (the scheduler's while tftrun relaunches it)."""
+"""SchedulerLink's connection: made in the background, never stuck on a port that is
+listening but not served (the scheduler's while tftrun relaunches it); without torch:
+tests/integration/test_scheduler_link_without_torch.py."""
 
 from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,7 +15,7 @@ import pytest
 from torch.distributed import TCPStore
 
 from recovery.control.rpc import SchedulerLink
-from support import REPO, wait_for
+from support import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -61,20 +60,3 @@ def test_a_closed_link_on_an_unserved_port_stops_trying_within_a_reply_timeout()
         wait_for(lambda: not set(link_threads()) - before, 5,
                  "the closed link's connecting thread to end")
     assert not link.wait_connected(0)
-
-
-def test_talking_to_the_scheduler_imports_no_torch(free_port: int) -> None:
-    """The supervisor and tftctl use the link and nothing else of torch."""
-    server = TCPStore("127.0.0.1", free_port, is_master=True, wait_for_workers=False,
-                      timeout=timedelta(seconds=10))
-    server.add("tft/news", 5)
-    probe = ("import sys\n"
-             "from recovery.control.rpc import SchedulerLink\n"
-             f"link = SchedulerLink('127.0.0.1', {free_port}, 'token', reply_timeout=5.0)\n"
-             "assert link.wait_connected(20)\n"
-             "print(link.news(), 'torch' in sys.modules)\n")
-    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
-                          text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["5", "False"]
-    del server

@@ -1,17 +1,13 @@
-"""``tftctl status``: the table it prints, and "no job" without a live scheduler."""
+"""``tftctl status``: the table it prints and the last fault it names ("no job" without a
+live scheduler: tests/integration/test_status_dead_scheduler.py)."""
 
 from __future__ import annotations
 
 import itertools
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
-
-from launcher.cli.status import NoJobError, describe_last_fault, format_status, last_fault_events, query
-from recovery.control.files import Endpoint
+from launcher.cli.status import describe_last_fault, format_status, last_fault_events
 from recovery.events import newest_events
 
 STATUS = {
@@ -47,16 +43,6 @@ def test_the_header_names_the_retired_ranks() -> None:
     assert format_status(retired, now=1065.0).splitlines()[0] == (
         "job r1: generation 2, 2/3 workers live, retired ranks [2]; "
         "scheduler pid 4000 on 127.0.0.1, up 65s")
-
-
-def test_no_endpoint_or_a_dead_scheduler_means_no_job(tmp_path: Path) -> None:
-    with pytest.raises(NoJobError, match="no job is running in"):
-        query(tmp_path)
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    Endpoint("127.0.0.1", 1, dead.pid, "r1", 0.0).write(tmp_path)
-    with pytest.raises(NoJobError, match="no job is running in"):
-        query(tmp_path)
 
 
 FAULT = {"ts": 1000.0, "event": "fault", "rank": 1, "pid": 4002, "incarnation": 0,

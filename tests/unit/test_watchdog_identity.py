@@ -1,17 +1,14 @@
 """The watchdog kills processes by identity (issue 26): a pid or a session id that the
 kernel handed to another program, after the pid counter wrapped in a long job, is never
-chosen. Pure decisions on /proc snapshots, and one real process in a reused session."""
+chosen. Pure decisions on /proc snapshots (a real process in a reused session:
+tests/integration/test_watchdog_reused_session.py)."""
 
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.procs.sessions import JobProcesses, ProcStat, Session, proc_stat
+from launcher.procs.sessions import JobProcesses, ProcStat, Session
 
 
 def stat(pid: int, session: int, starttime: int, ppid: int = 1) -> ProcStat:
@@ -69,21 +66,3 @@ def test_a_process_never_known_and_not_descended_from_the_job_is_never_chosen(
         while not (chain.session == 1000 and chain.starttime >= 100):
             chain = by_pid[chain.ppid]
     assert worker in chosen
-
-
-def test_the_old_rule_would_kill_a_real_process_in_a_reused_session() -> None:
-    """A real process leading its own session stands for the program that got the id:
-    following the job's session until it emptied, the watchdog leaves it alone."""
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                             start_new_session=True)
-    try:
-        seen = proc_stat(other.pid)
-        assert seen is not None
-        job = JobProcesses()
-        job.add(Session(other.pid, seen.starttime - 10))  # the job's, long before
-        job.look([])  # a look while that session was empty
-        assert job.look([seen]) == []
-        os.kill(other.pid, 0)  # alive
-    finally:
-        other.kill()
-        other.wait()
