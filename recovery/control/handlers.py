@@ -86,7 +86,7 @@ class RequestHandlers:
         self.node_beats += 1
         answers = []
         hand_out = self._handing_out_injections if self.injections.pending else None
-        for entry in ranks:  # thousands a second: what does not change is looked up once
+        for entry in ranks:  # the hot path: what does not change is looked up once
             # Its fields are checked (recovery/control/requests.py): no conversions.
             age = entry["age"] / 1000
             sent = None if stamp is None else stamp - age
