@@ -6,7 +6,7 @@ For each age (a number of periodic saves) a fresh recovery path is aged with the
 saver: a save per step, and every ``--faults_every`` saves a fault: a last-words save of
 every rank (:func:`recovery.ckpt.last_words.save_last_words`) and a relaunch of the rank
 (a new ``CheckpointSaver``, which writes under the next ``<prefix>_<n>``). Then rank 0's
-rollback (:func:`recovery.train.elastic.choose_rollback`, in a one-rank gloo group) is
+rollback (:func:`recovery.train.rollback.choose_rollback`, in a one-rank gloo group) is
 timed twice: *cold*, as a relaunched process does it (no file verified yet), and *warm*,
 as a survivor's next rollback does (what it verified is remembered). It prints, per age,
 the files on disk, the bytes hashed and both times; the design target is a flat line:
@@ -35,7 +35,7 @@ from recovery.ckpt.checkpoint import CheckpointConfig, CheckpointSaver  # noqa: 
 from recovery.ckpt.durable import XXH3, FileDigest, file_digest  # noqa: E402
 from recovery.ckpt.last_words import save_last_words  # noqa: E402
 from recovery.position import TrainPosition  # noqa: E402
-from recovery.train.elastic import checkpoint_dirs, choose_rollback  # noqa: E402
+from recovery.train.rollback import checkpoint_dirs, choose_rollback  # noqa: E402
 
 LINEAGE = "aging-bench"
 

@@ -11,15 +11,13 @@ recovery/control/membership.py; a ticker wakes it when something is due without 
 (a heartbeat or progress deadline, the cluster timeout, a deferred save, a reply to clean
 up, a stop), and only then: an idle scheduler sleeps (docs/scale.md). The rules run at most
 every :data:`CHECK_EVERY` seconds however many requests come, so that thousands of
-heartbeats a second each cost O(1), not a scan of the members. Each request's signature is
-verified before anything else reads it (recovery/control/signing.py): one that does not
-verify, or replays an earlier one, is refused, and refusals are reported at most every few
-seconds (recovery/control/throttle.py). Then its body is checked
-(recovery/control/requests.py): a malformed one is answered ``bad_request`` and decides
-nothing. A retry of a request already carried out
-is answered as the first attempt was (recovery/control/replies.py). After each request it writes
+heartbeats a second each cost O(1), not a scan of the members. A request is taken in by
+recovery/control/intake.py (its signature verified before anything else reads it, a
+malformed one answered ``bad_request``, a retry answered as the first attempt was) and
+answered by its op's handler (recovery/control/handlers.py). After each batch it writes
 the decided events to ``events.jsonl``, publishes a newly formed generation, and persists
-its state, so that a ``kill -9`` loses nothing the workers were told.
+its state (recovery/control/persistence.py), so that a ``kill -9`` loses nothing the
+workers were told.
 
 It ends on SIGTERM/SIGINT (tftrun's job end), and, when nothing supervises it (started by
 hand), by itself: exit 0 once every worker finished, exit 1 when the cluster stays short
@@ -29,7 +27,6 @@ finished; after a failure of its own, a relaunch takes the state over.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -37,24 +34,24 @@ import select
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from recovery import env as names
 from recovery.control import gathering
 from recovery.control.claims import LastWords
 from recovery.control.files import Endpoint, StateFile
-from recovery.control.inject import Injection, InjectionQueue, check, new_id
+from recovery.control.handlers import RequestHandlers
+from recovery.control.inject import InjectionQueue
+from recovery.control.intake import TICK, RequestIntake
 from recovery.control.job_proof import JobNotice
-from recovery.control.members import Accepted, Identity, Refused
 from recovery.control.membership import NO_GENERATION, Membership, describe_incomplete
-from recovery.control.node_ranks import Given, NodeRanks
+from recovery.control.node_ranks import NodeRanks
 from recovery.control.nodes import JobIdentity
+from recovery.control.persistence import PERSIST_EVERY, Persistence, spaced
 from recovery.control.process_limits import offer_to_oom_killer, raise_open_files_limit
 from recovery.control.replies import KeptReplies, SentReplies
-from recovery.control.requests import BadRequest, Request, parse_request
+from recovery.control.requests import Request
 from recovery.control.rpc import (
     NEWS,
     REQUESTS,
@@ -67,46 +64,25 @@ from recovery.control.rpc import (
     ready_value,
     reply_key,
 )
-from recovery.control.signing import (
-    WRONG_TOKEN,
-    BadSignature,
-    Kind,
-    MissingToken,
-    ReplayGuard,
-    Sealed,
-    WeakToken,
-    checked_strength,
-    checked_token,
-    job_key,
-    seal,
-    unseal,
-)
+from recovery.control.scheduler_config import SchedulerConfig
+from recovery.control.signing import MissingToken, ReplayGuard, WeakToken, job_key
 from recovery.control.tcpstore_client import StoreError, TCPStoreClient
 from recovery.control.throttle import Throttle
-from recovery.env import WorkerEnv
 from recovery.events import EventLog
 from recovery.quick_exit import exit_now
-from recovery.timeouts import Timeouts
 
-__all__ = ["SchedulerConfig", "Scheduler", "host_store", "main", "EXIT_CLUSTER_TIMEOUT"]
+__all__ = ["Scheduler", "host_store", "main", "EXIT_CLUSTER_TIMEOUT"]
 
 logger = logging.getLogger(__name__)
 
 CHECK_EVERY = 0.1
 """The periodic rules run at most this often, and this soon after any request."""
-PERSIST_EVERY = 1.0
-"""Seconds between two deferred saves at the least, and between two updates of the state
-file's time while only heartbeats come (:meth:`Scheduler._keep_fresh`)."""
 RULES_SHARE = 0.01
 """The share of a core that the periodic rules may take: with thousands of members a run
 (O(members)) takes milliseconds (about 6 ms at 8192 members here), and runs are then
 spaced to cost at most this (0.6 s apart at 8192). Deadlines (a heartbeat timeout, a
 progress timeout) still wake them on time; a member falling behind is seen up to one
 spacing late, and its progress verdict with it."""
-SAVES_SHARE = 0.02
-"""The share of a core that the deferred saves (registrations: :data:`_SAVED_LATER`)
-may take: a save of tens of thousands of members takes hundreds of ms, and they are
-then spaced to cost at most this. Decisions are still saved before their replies."""
 BATCH = 256
 """At most this many waiting requests are handled before their decisions are persisted
 and they are answered."""
@@ -121,8 +97,6 @@ behind: a beat may be waiting in the queue, so no member is judged silent (or st
 until it has caught up."""
 JOB_KEY_EVERY = 1.0
 """How often the ticker checks that :data:`JOB_KEY` still holds the job's identity."""
-_TICK = json.dumps({"op": Op.TICK.value}).encode()
-"""What the ticker pushes: the one message that is not signed (it only wakes the loop)."""
 _NEWS_EVENTS = frozenset({"generation", "verdict", "inject"})
 """Decisions the workers are to hear before their next (spaced) beat: the news counter
 moves, and they beat at once (recovery/control/rpc.py)."""
@@ -131,10 +105,6 @@ _SAVED_LATER = frozenset({"register", "attach", "refuse"})
 that a relaunched scheduler does not know re-attaches with its next beat, under the same
 rank, and a refusal changes nothing. At tens of thousands of ranks a save takes seconds,
 and a generation's registrations would otherwise each wait for one."""
-_REGISTER = Op.REGISTER.value
-_KEPT = frozenset({Op.EXIT, Op.LEAVE, Op.INJECT, Op.LAST_WORDS})
-"""The ops whose replies are kept for a retry: carried out twice, they would not do the
-same (a second cooldown, a second injection, a claim granted but never learned)."""
 
 
 def host_store(host: str, port: int, listen_fd: int | None) -> Any:
@@ -147,59 +117,7 @@ def host_store(host: str, port: int, listen_fd: int | None) -> Any:
     )
 
 
-@dataclass(frozen=True)
-class SchedulerConfig:
-    """What the scheduler reads from its environment.
-
-    ``supervised`` is true when tftrun started it (it passed the socket): then tftrun
-    decides when the job ends, and the scheduler never exits by itself.
-    """
-
-    host: str
-    port: int
-    listen_fd: int | None
-    worker_num: int
-    token: str = field(repr=False)
-    run_id: str
-    log_dir: str | None
-    recovery_path: str
-    timeouts: Timeouts
-    lineage: str = ""
-    node_num: int = 0
-    """The job's node count, 0 when not given (``--nnodes``)."""
-    epoch: str = ""
-    """The launch's epoch (``TFT_JOB_EPOCH``): with the token and run id, the job's key."""
-    min_worker_num: int | None = None
-    """The fewest workers a generation may have (None: ``worker_num``)."""
-
-    @property
-    def supervised(self) -> bool:
-        return self.listen_fd is not None
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> SchedulerConfig:
-        env = os.environ if env is None else env
-        worker = WorkerEnv.from_env(env)
-        fd_text = env.get(names.TFT_STORE_FD, "")
-        return cls(
-            host=worker.sched_host,
-            port=worker.sched_port,
-            listen_fd=int(fd_text) if fd_text else None,
-            worker_num=worker.world_size,
-            token=checked_strength(checked_token(worker.job_token, worker.insecure_no_token),
-                                   allow_weak=env.get(names.TFT_INSECURE_WEAK_TOKEN) == "1"),
-            run_id=worker.run_id,
-            log_dir=worker.log_dir,
-            recovery_path=worker.recovery_path,
-            timeouts=Timeouts.from_env(env),
-            lineage=worker.lineage,
-            node_num=int(env.get(names.TFT_NODE_NUM) or 0),
-            min_worker_num=worker.min_worker_num,
-            epoch=worker.epoch,
-        )
-
-
-class Scheduler:
+class Scheduler(RequestIntake, RequestHandlers, Persistence):
     """Serves membership requests until the job ends; :meth:`run` returns the exit status."""
 
     def __init__(self, config: SchedulerConfig) -> None:
@@ -354,42 +272,6 @@ class Scheduler:
             except OSError:  # run() has just closed it: it is not waiting any more
                 pass
 
-    def _reload(self) -> bool:
-        """Take over the state a killed scheduler of this job left; True if it did."""
-        data = self._state.load()
-        if data is None:
-            return False
-        if data.get("run_id") != self.config.run_id:
-            return False
-        if data.get("finished"):
-            self._keep_node_ranks(data)
-            return False
-        replies = KeptReplies()
-        try:  # parsed before the membership is taken over: all or nothing
-            injections = InjectionQueue.parse(data.get("injections", []))
-            grants = LastWords.parse(data.get("last_words", {}))
-            replies.load(data.get("replies", []))
-            node_ranks = NodeRanks.parse(data.get("node_ranks", {}))
-            problem = self.membership.load(data.get("membership", {}))
-        except (KeyError, TypeError, ValueError, AttributeError) as err:
-            problem = f"it is malformed ({err!r})"
-        if problem is not None:
-            logger.warning("not reloading %s: %s", self._state.path, problem)
-            return False
-        self.injections.pending, self.last_words.grants = injections, grants
-        self.replies, self.node_ranks = replies, node_ranks
-        self._saved = json.dumps(self._snapshot(finished=False), sort_keys=True)
-        return True
-
-    def _keep_node_ranks(self, data: dict[str, Any]) -> None:
-        """The node ranks of this job's ended scheduler: the job resumed (``--is_recover=1``
-        serves the same run id) keeps them, as each node's recovery path holds the
-        checkpoints of its own ranks."""
-        try:
-            self.node_ranks = NodeRanks.parse(data.get("node_ranks", {}))
-        except (TypeError, ValueError, AttributeError) as err:
-            logger.warning("not keeping the node ranks of %s: %r", self._state.path, err)
-
     def _tick(self, host: str, port: int) -> None:
         """Wake the loop when something is due that no request brings (see
         :meth:`_next_wakeup`), and never else: a tick is a request the loop pops. Between
@@ -411,7 +293,7 @@ class Scheduler:
                     continue
                 self._wake_at = math.inf  # the loop sets the next once it has handled this
             try:
-                client.queue_push(REQUESTS, _TICK)
+                client.queue_push(REQUESTS, TICK)
             except DistError:
                 return
 
@@ -502,219 +384,6 @@ class Scheduler:
             self._client.delete_key(reply_key(expired))
         self._wake_loop_at(self._next_wakeup(time.monotonic()))
 
-    # ----------------------------------------------------------------- requests
-    def _handle(self, raw: bytes) -> tuple[str | None, str | None]:
-        """Decide on one request: its id (to reply under, ``None``: no reply) and the
-        reply's wire text. The job's own clients remove the replies they get (and those
-        they gave up on); an answer no client of the job reads (to a request signed with
-        another key, or stamped too long ago) is listed to be removed later.
-
-        The signature is verified before anything else is read: a request that does not
-        verify is answered, unsigned, ``token`` (it is the only answer a process holding
-        another job's token can read); a replayed one is not answered. A retry of a
-        request carried out already gets the same reply, and nothing is done again.
-        """
-        self._report_refusals()
-        if raw == _TICK:
-            self.ticks += 1
-            return None, None
-        try:
-            sealed = unseal(self._key, Kind.REQUEST, raw)
-        except BadSignature as err:
-            if (answer := self._notice.answer(raw)) is not None:  # a joining node's question
-                return answer
-            header = err.header
-            self._refused("signature", None if header is None else header.op, str(err))
-            if header is None or self._behind is not None:  # a flood is not answered
-                return None, None
-            self._sent.sent(header.rid)
-            return header.rid, seal(None, Kind.REPLY, header.op, header.rid, header.nonce,
-                                    json.dumps(WRONG_TOKEN))
-        problem = self._replays.check(sealed)
-        if problem == "replayed":
-            self._refused(problem, sealed.op, "a request already accepted, sent again")
-            return None, None
-        if problem == "stale":
-            message = (f"its time stamp is more than {self._replays.window:g}s from the "
-                       f"scheduler's clock: old, or the clocks of the hosts differ")
-            self._refused(problem, sealed.op, message)
-            self._sent.sent(sealed.rid)
-            return sealed.rid, self._sealed(sealed, {"ok": False, "reason": "clock",
-                                                     "message": message, "retry_after": None})
-        self._stamp = sealed.ts_ms / 1000
-        try:
-            request = parse_request(sealed)
-            self._check_pending = True
-        except BadRequest as err:
-            self._refused("bad_request", sealed.op, str(err))
-            return sealed.rid, self._sealed(sealed, {"ok": False, "reason": "bad_request",
-                                                     "message": str(err)})
-        rid = request.rid
-        kept = self.replies.get(rid)
-        if kept is not None:
-            return rid, self._sealed(sealed, kept)
-        reply = self._handlers[request.op](request)
-        if reply is None:
-            return None, None
-        if reply["ok"] and request.op in _KEPT:
-            self.replies.keep(rid, reply)
-            self._changed = True  # persisted before the reply, as what it answers
-        return rid, self._sealed(sealed, reply)
-
-    def _sealed(self, request: Sealed, reply: dict[str, Any]) -> str:
-        """``reply`` signed, answering the attempt ``request`` (its op, id and nonce)."""
-        return seal(self._key, Kind.REPLY, request.op, request.rid, request.nonce,
-                    json.dumps(reply))
-
-    def _refused(self, reason: str, op: str | None, message: str) -> None:
-        """Count a refused request; report at most one per reason every few seconds."""
-        throttle = self._refusals.setdefault(reason, Throttle())
-        if (count := throttle.note()) is not None:
-            self._report_refused(reason, count, op, message)
-
-    def _report_refusals(self) -> None:
-        """Report the refusals held back whose report is due (the ticks bring us here)."""
-        for reason, throttle in self._refusals.items():
-            if (count := throttle.due()) is not None:
-                self._report_refused(reason, count, None, "")
-
-    def _report_refused(self, reason: str, count: int, op: str | None, message: str) -> None:
-        logger.warning("refused %d request(s) (%s)%s%s", count, reason,
-                       "" if op is None else f", latest {op}", message and f": {message}")
-        self.events.emit("request_refused", reason=reason, count=count, op=op,
-                         message=message)
-
-    def _on_status(self, request: Request) -> dict[str, Any]:
-        """The whole table (``tftctl status``), or with ``nproc`` one node's status: its
-        ranks' rows from ``first_rank`` (0 when left out) and the job's facts (a
-        supervisor asks every 0.5 s: O(its ranks + faults), docs/protocol.md)."""
-        cfg = self.config
-        scope = request.fields
-        if scope["nproc"] is not None:
-            return {"ok": True, **self.membership.node_status(
-                scope["first_rank"] or 0, scope["nproc"], bool(scope["missing"]))}
-        return {"ok": True, **self.membership.status(), "run_id": cfg.run_id,
-                "pid": os.getpid(), "host": cfg.host, "started": self._started,
-                "supervised": cfg.supervised,
-                "rejoin_cooldown": cfg.timeouts.rejoin_cooldown,
-                "heartbeat_timeout": cfg.timeouts.heartbeat_timeout,
-                "progress_timeout": cfg.timeouts.progress_timeout,
-                "cluster_time_out": cfg.timeouts.cluster_time_out,
-                "loop": {"wakeups": self.wakeups, "ticks": self.ticks,
-                         "node_beats": self.node_beats}}
-
-    def _on_register(self, request: Request) -> dict[str, Any]:
-        """A registration (signed: it holds the job token); the reply hands the new
-        member the injections already queued for its rank, as a beat's does: beats are
-        seconds apart, and a fast rank could pass the step before its first one."""
-        answer = self.membership.register(Identity.from_json(request.fields),
-                                          self.config.token, request.fields["ready"] is not False)
-        return self._handing_out_injections(answer)
-
-    def _on_heartbeat(self, request: Request) -> dict[str, Any]:
-        """A beat; the reply hands the member the injections queued for its rank."""
-        fields = request.fields
-        answer = self.membership.heartbeat(Identity.from_json(fields), self.config.token,
-                                           fields["step"], fields["phase"], sent=self._stamp,
-                                           ready=fields["ready"])
-        return self._handing_out_injections(answer)
-
-    def _on_node_beat(self, request: Request) -> dict[str, Any]:
-        """One node's beat: its supervisor registers and beats for its ranks at once
-        (recovery/control/node_beats.py). The reply holds each rank's answer, in the
-        request's order, as its own register or heartbeat would have had it; an accepted
-        plain heartbeat's in short, as its generation alone (its node id and rank are the
-        request's, its fault time the reply's ``fault_at``): nearly every rank's, and each
-        a dict less to build and encode."""
-        node, ranks = request.fields["node"], request.fields["ranks"]
-        membership, token, stamp = self.membership, self.config.token, self._stamp
-        membership.heard_from_node(node, len(ranks))
-        self.node_beats += 1
-        answers = []
-        hand_out = self._handing_out_injections if self.injections.pending else None
-        for entry in ranks:  # thousands a second: what does not change is looked up once
-            # Its fields are checked (recovery/control/requests.py): no conversions.
-            age = entry["age"] / 1000
-            sent = None if stamp is None else stamp - age
-            if entry["op"] != _REGISTER and hand_out is None \
-                    and (plain := membership.plain_heartbeat(entry, sent, node)) is not None:
-                answers.append(plain.generation if plain.rank == entry["rank"]
-                               else plain.to_json())
-                continue
-            identity = Identity(entry["node_id"] or "", entry["pid"], entry["incarnation"],
-                                entry["host"] or "", entry["rank"])
-            if entry["op"] == _REGISTER:
-                answer = membership.register(identity, token, entry["ready"] is not False,
-                                             via=node)
-            else:
-                answer = membership.heartbeat(identity, token, entry["step"], entry["phase"],
-                                              sent=sent, ready=entry["ready"], via=node,
-                                              silent=age)
-            answers.append(answer.to_json() if hand_out is None else hand_out(answer))
-        return {"ok": True, "ranks": answers, "fault_at": membership.fault_at,
-                "facts": membership.facts_version}
-
-    def _handing_out_injections(self, answer: Accepted | Refused) -> dict[str, Any]:
-        """``answer`` as a reply, with the injections queued for an accepted rank."""
-        reply = answer.to_json()
-        if self.injections.pending and isinstance(answer, Accepted) \
-                and (taken := self.injections.take(answer.rank)):
-            reply["inject"] = [i.to_json() for i in taken]
-            self._changed = True  # handed out: persisted before the reply, never again
-        return reply
-
-    def _on_inject(self, request: Request) -> dict[str, Any]:
-        fields = request.fields
-        injection = Injection(new_id(), fields["rank"], fields["fault"], fields["at_step"])
-        problem = check(injection.rank, injection.fault, injection.at_step,
-                        self.config.worker_num)
-        if problem is not None:
-            return {"ok": False, "reason": "bad_injection", "message": problem}
-        self.injections.add(injection)
-        self._decide("inject", **injection.to_json(), via="scheduler")
-        return {"ok": True, "id": injection.id}
-
-    def _on_last_words(self, request: Request) -> dict[str, Any]:
-        """A survivor of a fault claims the last-words save (recovery/control/claims.py)."""
-        claim = request.fields
-        save = self.last_words.claim(claim["generation"], claim["rank"], claim["step"],
-                                     claim["consistent"])
-        self._decide("last_words_claim", rank=claim["rank"], generation=claim["generation"],
-                     step=claim["step"], consistent=claim["consistent"], granted=save,
-                     reason=claim["reason"] or "")
-        return {"ok": True, "save": save}
-
-    def _on_node_rank(self, request: Request) -> dict[str, Any]:
-        """A node started without ``--node_rank`` asks for its rank
-        (recovery/control/node_ranks.py); a new one is persisted before the reply."""
-        node_id = request.fields["node_id"]
-        answer = self.node_ranks.assign(node_id, request.fields["nproc"], self.config.worker_num)
-        if not isinstance(answer, Given):
-            self._decide("node_rank_refused", node_id=node_id, reason=answer.reason,
-                         message=answer.message)
-            return {"ok": False, "reason": answer.reason, "message": answer.message}
-        self._decide("node_rank", node_id=node_id, rank=answer.rank,
-                     returning=answer.returning)
-        return {"ok": True, "node_rank": answer.rank}
-
-    def _decide(self, event: str, **fields: Any) -> None:
-        """Record a decision of this module's own: persisted, then announced as ``event``."""
-        self._decided.append((event, fields))
-        self._changed = True
-
-    def _on_exit(self, request: Request, by: str) -> dict[str, Any]:
-        ended = request.fields
-        node_id, abnormal = ended["node_id"], ended["abnormal"]
-        until = self.membership.report_exit(
-            node_id, ended["pid"], ended["incarnation"], abnormal, ended["reason"] or "", by,
-            finished=by == "worker" and not abnormal)
-        return {"ok": True, "until": until, "left": self.membership.cooldown_left(node_id)}
-
-    def _on_retire(self, request: Request) -> dict[str, Any]:
-        """A supervisor retired ranks for good (degraded training, docs/elastic.md)."""
-        retired = self.membership.retire(request.fields["retired"], request.fields["reason"])
-        return {"ok": True, "retired": retired}
-
     # ----------------------------------------------------------------- after each request
     def _after_request(self) -> None:
         """Apply the periodic rules when due, persist, then make the decisions known."""
@@ -726,7 +395,7 @@ class Scheduler:
             self.membership.check()
             self._checked_at, self._check_pending = now, False
             self._rules_due = self.membership.next_due(after=now)
-            self._rules_every = _spaced(CHECK_EVERY, time.monotonic() - now, RULES_SHARE)
+            self._rules_every = spaced(CHECK_EVERY, time.monotonic() - now, RULES_SHARE)
         decided = [*self.membership.drain_events(), *self._decided]
         if decided or self._changed or self._unsaved or not self._saved:
             self._save(finished=False, now=self._changed or any(
@@ -800,46 +469,6 @@ class Scheduler:
                              ready_value(self._key, generation, self.membership.active_ranks()))
             self._published = generation
 
-    def _snapshot(self, finished: bool) -> dict[str, Any]:
-        return {"run_id": self.config.run_id, "finished": finished,
-                "membership": self.membership.to_json(),
-                "injections": self.injections.to_json(),
-                "last_words": self.last_words.to_json(),
-                "replies": self.replies.to_json(),
-                "node_ranks": self.node_ranks.to_json()}
-
-    def _save(self, finished: bool, now: bool = True) -> None:
-        """Persist the state when it changed: at once after a decision, else (the
-        decisions in :data:`_SAVED_LATER`) at most every PERSIST_EVERY seconds, or
-        longer where a save would take more than :data:`SAVES_SHARE` of a core (the
-        snapshot, O(members), is not even built in between). With it go the steps
-        and phases heard since the last save (see :meth:`_keep_fresh`)."""
-        started = time.monotonic()
-        if not now and started - self._saved_at < self._persist_every:
-            self._unsaved = True
-            return
-        self._unsaved = False
-        text = json.dumps(self._snapshot(finished), sort_keys=True)
-        if text == self._saved:
-            return
-        self._state.save_text(text)
-        self._saved, self._saved_at = text, time.monotonic()
-        self._persist_every = _spaced(PERSIST_EVERY, self._saved_at - started, SAVES_SHARE)
-
-    def _keep_fresh(self) -> None:
-        """Nothing was decided: heartbeats moved steps, phases, clocks and readiness only,
-        which every next beat repeats, so a relaunched scheduler learns them again from
-        its first beats (the nodes beat at once when it is back: their news watches see a
-        new counter). The state file is not written for them (its encoding is
-        O(members): 40 ms at 8192, seconds at 65 536), only its time brought up to date,
-        at most every :data:`PERSIST_EVERY` s: other nodes take a state file written
-        lately for a job still alive (launcher/nodes/link.py). The first batch saves
-        the state (or it was taken over) before any touch: the file is this job's."""
-        now = time.monotonic()
-        if now - max(self._saved_at, self._touched_at) >= PERSIST_EVERY:
-            self._touched_at = now
-            self._state.touch()
-
     def _check_end(self) -> None:
         ms = self.membership
         if ms.all_finished and not self.config.supervised:
@@ -858,12 +487,6 @@ class Scheduler:
             if not self.config.supervised:
                 self._finish(EXIT_CLUSTER_TIMEOUT, message)
         self._overdue_reported = overdue
-
-
-def _spaced(least: float, cost: float, share: float) -> float:
-    """Seconds between two runs of something periodic that took ``cost`` seconds: at
-    least ``least``, and enough that it takes at most ``share`` of a core."""
-    return max(least, cost / share)
 
 
 def main() -> int:

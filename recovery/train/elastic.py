@@ -40,8 +40,9 @@ its last completed step.
   there, so the run ends bitwise equal to it.
 * **The job is stopped** (SIGTERM). Each rank finishes its step; one consistent rank saves
   the last words, and all exit. A rank whose step cannot finish (its all-reduce is stuck
-  on a frozen peer) gives up waiting :data:`STOP_PATIENCE` after the signal, voids the
-  step and stops the same way; so does a rank waiting for a new generation.
+  on a frozen peer) gives up waiting :data:`recovery.train.stop_signals.STOP_PATIENCE`
+  after the signal, voids the step and stops the same way; so does a rank waiting for a
+  new generation.
 
 The trainer is always in one :class:`recovery.train.state.TrainerState` and moves only
 along :data:`recovery.train.state.TRANSITIONS`; docs/recovery.md draws them.
@@ -53,69 +54,41 @@ import contextlib
 import logging
 import os
 import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from recovery.ckpt import layout
 from recovery.ckpt.checkpoint import CheckpointSaver
 from recovery.ckpt.digest import params_sha256
 from recovery.ckpt.last_words import save_last_words
-from recovery.ckpt.manifest import Candidate, CheckpointKind, candidates, problem
-from recovery.ckpt.restore import ResumePoint, load_checkpoint, restore_checkpoint
-from recovery.control.inject import Injection, deliver
+from recovery.ckpt.manifest import CheckpointKind
+from recovery.ckpt.restore import ResumePoint, restore_checkpoint
 from recovery.env import WorkerEnv
 from recovery.events import EventLog
-from recovery.faults import is_recoverable_device_error
 from recovery.position import TrainPosition
-from recovery.runtime.abort import Aborted, ShouldAbort, never
+from recovery.runtime.abort import Aborted
 from recovery.runtime.cluster import ClusterContext
-from recovery.train.collectives import MAX_ROWS, Wait, all_gather_rows, blocking
+from recovery.train.collective_wait import PeerFailure, wait_collective
 from recovery.train.grad_sync import all_reduce_gradients
+from recovery.train.injected import InjectedFaults
 from recovery.train.modes import TftModes, parse_enable_tft
 from recovery.train.phase import phase_of
 from recovery.train.replay import BeforeStep, MembershipReplay
 from recovery.train.replica import ReplicaReport, broadcast_state, choose_source, gather_reports, own_state
+from recovery.train.rollback import checkpoint_dirs, choose_rollback
 from recovery.train.sampler import ResumableDistributedSampler
 from recovery.train.shares import BatchPolicy, plan_step, steps_left
 from recovery.train.state import TrainerMachine, TrainerState
 from recovery.train.step_events import PAUSED, RESTORED, StepEvents
+from recovery.train.stop_signals import StopSignals
 
-__all__ = ["ElasticTrainer", "Step", "PeerFailure", "TrainerState", "agree_rollback_point",
-           "choose_rollback"]
+__all__ = ["ElasticTrainer", "Step", "TrainerState"]
 
 logger = logging.getLogger(__name__)
-
-POLL = timedelta(milliseconds=50)
-"""How long one wait on a collective lasts before the generation is checked again (and
-news asked for: a survivor blocked on a dead rank it is no neighbour of learns of the
-new generation only from the scheduler, within about two polls)."""
-STOP_PATIENCE = 1.0
-"""Seconds a noted stop signal leaves a wait before it gives up: peers stopped at the same
-moment still complete the step's collective; a collective stuck on a frozen peer is left."""
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
-                signal.SIGUSR2)
-"""The signals that stop training in order (tftrun's default ``--signals_to_handle``);
-all but SIGTERM only where the script did not handle them itself."""
-
-
-class PeerFailure(RuntimeError):
-    """A collective of the current generation cannot complete: a member is gone."""
-
-
-@dataclass(frozen=True)
-class _StopRequest:
-    """A stop signal the handler noted, and when (``time.monotonic()``)."""
-
-    signum: int
-    at: float
 
 
 @dataclass(frozen=True)
@@ -142,82 +115,6 @@ class Step(TrainPosition):
     def micro_batches(self) -> int:
         """How many micro-batches ``indices`` hold."""
         return len(self.share)
-
-
-def _is_timeout(err: RuntimeError) -> bool:
-    return "timed out" in str(err).lower()
-
-
-def wait_collective(work: Any, ctx: ClusterContext, should_abort: ShouldAbort = never,
-                    held: Callable[[], bool] = never) -> None:
-    """Wait for an async collective, polling, so that a new generation interrupts it
-    (unless ``held()``: a replay takes the new generation's ranks in at a later step).
-
-    A timed-out ``wait`` does not cancel the operation; waiting again completes it if the
-    peers arrive. Any other error means a peer's connection broke.
-
-    Raises:
-        PeerFailure: a peer is gone, or the scheduler formed a newer generation.
-        Aborted: ``should_abort()`` said so between two polls (the collective is left in
-            flight: the caller must leave the group).
-    """
-    while True:
-        try:
-            work.wait(timeout=POLL)
-            return
-        except RuntimeError as err:
-            timed_out = _is_timeout(err)
-            cause = "a newer generation was formed" if timed_out else str(err).splitlines()[0]
-        # Outside the except block: the exception and its traceback (which hold the
-        # broken group's buffers) are released before anyone re-forms.
-        if timed_out and should_abort():
-            raise Aborted("gave up waiting for the collective")
-        if timed_out and (ctx.latest_generation == ctx.generation or held()):
-            ctx.look_for_news()
-            continue
-        raise PeerFailure(cause)
-
-
-def checkpoint_dirs(saver: CheckpointSaver, recovery_path: str, rank: int) -> list[Path]:
-    """Where this rank's checkpoints are: its periodic directory, then every last-words one."""
-    return [saver.directory, *layout.ttp_rank_dirs(recovery_path, rank)]
-
-
-def _valid(directories: list[Path], lineage: str) -> list[Candidate]:
-    return [c for d in directories for c in candidates(d, lineage) if problem(c) is None]
-
-
-def agree_rollback_point(directories: list[Path], lineage: str,
-                         wait: Wait = blocking) -> tuple[int, int] | None:
-    """The newest (epoch, step_in_epoch) for which *every* rank of the group has a valid
-    checkpoint.
-
-    Each rank lists its own valid checkpoints (periodic and last-words) of the job's
-    ``lineage``, the newest :data:`MAX_ROWS`; the lists are gathered over the current
-    process group, so every rank computes the same answer. ``None`` when there is none.
-    """
-    mine = sorted({(c.epoch, c.step_in_epoch) for c in _valid(directories, lineage)})[-MAX_ROWS:]
-    everyone = all_gather_rows(mine, 2, wait)
-    common = set.intersection(*(set(points) for points in everyone))
-    return max(common) if common else None  # type: ignore[return-value]
-
-
-def _candidate_at(directories: list[Path], point: tuple[int, int], lineage: str) -> Candidate:
-    """A valid checkpoint at ``point``: a periodic one if there is, else a last-words one."""
-    for candidate in _valid(directories, lineage):
-        if (candidate.epoch, candidate.step_in_epoch) == point:
-            return candidate
-    raise FileNotFoundError(f"no valid checkpoint for epoch {point[0]} step {point[1]} in {directories}")
-
-
-def choose_rollback(directories: list[Path], lineage: str,
-                    wait: Wait = blocking) -> tuple[Candidate, dict[str, Any]] | None:
-    """This rank's checkpoint at the point every rank agrees on, loaded; ``None`` if none."""
-    point = agree_rollback_point(directories, lineage, wait)
-    if point is None:
-        return None
-    candidate = _candidate_at(directories, point, lineage)
-    return candidate, load_checkpoint(candidate.path)
 
 
 class ElasticTrainer:
@@ -279,12 +176,12 @@ class ElasticTrainer:
         self._recovery_path = worker_env.recovery_path
         self._events = EventLog(worker_env.log_dir, worker_env.node_rank)
         self._step_events = StepEvents(self._events, ctx.rank, ctx.world_size)
+        self._injections = InjectedFaults(ctx, self.phase, self._events)
         self._resume = resume or worker_env.is_recover or worker_env.restart_count > 0
         self._allow_world_size_change = allow_world_size_change
         self._epochs, self._max_steps = 0, 0  # what steps() was asked to run
-        # Inputs, not states: what arrived from outside, for the loop to act on.
-        self._stop_request: _StopRequest | None = None
-        self._injected_uce: Injection | None = None
+        # An input, not a state: a stop signal noted, for the loop to act on.
+        self._stops = StopSignals()
 
     @property
     def state(self) -> TrainerState:
@@ -304,7 +201,7 @@ class ElasticTrainer:
                     TrainerState.STOPPING: self._stop}
         self._epochs, self._max_steps = epochs, max_steps
         self._update_total()
-        with self._stop_signals_noted():
+        with self._stops.noted() if self.modes.ttp else contextlib.nullcontext():
             if self.ctx.join_pending or self.ctx.generation > 0 or self._resume:
                 # A relaunched rank, or a resumed job: take the state the others can give.
                 self._machine.transition(TrainerState.RESYNCING)
@@ -385,7 +282,7 @@ class ElasticTrainer:
 
     def _run(self, step: Step) -> Iterator[Step]:
         """Hand ``step`` to the user's loop body; complete it if the trainer still trains."""
-        self._take_injection(step.global_step)
+        self._injections.take(step.global_step)
         self.phase.start_step(step.global_step)
         self._step = step
         if (leave := self._leaves_generation(step.global_step)) is not None:
@@ -441,7 +338,7 @@ class ElasticTrainer:
         self._step_events.batch = step.divisor * step.micro_batch_size or None  # its samples
         self._step_events.completed(step.global_step, self.ctx.generation)
         self.saver.step_end(*step)
-        if self._stop_request is not None:
+        if self._stops.request is not None:
             self._machine.fail(TrainerState.STOPPING, "the job is being stopped")
 
     # ------------------------------------------------------------------ collectives
@@ -464,7 +361,7 @@ class ElasticTrainer:
         # Reaching the step's collective is progress: a rank stuck before it (hung) stays
         # behind the others in the scheduler's eyes, so its progress verdict names it.
         self.ctx.report_step(self.phase.global_step)
-        self._raise_injected_uce()
+        self._injections.raise_uce()
         damaged = self.phase.device_error
         if damaged is not None and not self.modes.uce:
             raise damaged  # in-place recovery is off: the rank dies and is relaunched
@@ -497,39 +394,7 @@ class ElasticTrainer:
 
     def _wait(self, work: Any) -> None:
         """How the trainer waits for a collective (see :func:`wait_collective`)."""
-        wait_collective(work, self.ctx, self._should_abort, self._replay_holds)
-
-    def _should_abort(self) -> bool:
-        """Whether a wait should give up: a stop signal was noted :data:`STOP_PATIENCE` ago."""
-        request = self._stop_request
-        return request is not None and time.monotonic() - request.at >= STOP_PATIENCE
-
-    # ------------------------------------------------------------------ injected faults
-    def _take_injection(self, global_step: int) -> None:
-        """Carry out a fault injected for this step (``tftctl inject``)."""
-        injection = self.ctx.pending_injection(global_step)
-        if injection is None:
-            return
-        logger.warning("[rank %d] injected fault %s at step %d", self.ctx.rank, injection.fault,
-                       global_step)
-        if injection.fault == "uce":
-            self._injected_uce = injection  # raised inside the step, at its collective
-        else:
-            deliver(injection)
-
-    def _raise_injected_uce(self) -> None:
-        injection, self._injected_uce = self._injected_uce, None
-        if injection is None:
-            return
-        try:
-            deliver(injection)
-        except Exception as err:  # noqa: BLE001 - only a recoverable one is kept
-            if not is_recoverable_device_error(err):
-                raise
-            self.phase.device_error = err
-        self._events.emit("fault", rank=self.ctx.rank, pid=os.getpid(),
-                          incarnation=self.ctx.incarnation, cause="uce",
-                          step=self.phase.global_step, error=str(self.phase.device_error))
+        wait_collective(work, self.ctx, self._stops.should_abort, self._replay_holds)
 
     # ------------------------------------------------------------------ recovery
     def _recover(self) -> None:
@@ -539,10 +404,10 @@ class ElasticTrainer:
         if self.modes.ttp:
             self._machine.transition(TrainerState.SAVING_LAST_WORDS)
             self._save_last_words(fault.cause)
-            if self._stop_request is not None:
+            if self._stops.request is not None:
                 self._exit("the job is being stopped")
         self._machine.transition(TrainerState.REFORMING)
-        self.ctx.rejoin(self._should_abort)
+        self.ctx.rejoin(self._stops.should_abort)
         self._machine.transition(TrainerState.RESYNCING)
         self._resync(newcomer=False)
         self._check_replay()
@@ -589,7 +454,7 @@ class ElasticTrainer:
         """
         self._machine.transition(TrainerState.STOPPED)
         self.ctx.leave_group()
-        request = self._stop_request
+        request = self._stops.request
         status = 128 + (request.signum if request is not None else signal.SIGTERM)
         self.ctx.stop_status = status
         logger.warning("[rank %d] stopping at step %d: %s", self.ctx.rank,
@@ -601,7 +466,7 @@ class ElasticTrainer:
         joins only now that its model and data are built, so the others wait only for the
         state transfer (docs/elastic.md)."""
         if self.ctx.join_pending:
-            self.ctx.complete_join(self._should_abort)
+            self.ctx.complete_join(self._stops.should_abort)
         self._resync(newcomer=True)
         self._check_replay()
 
@@ -722,31 +587,3 @@ class ElasticTrainer:
         if heard is not None:
             return heard
         return fault.at if fault is not None else time.time()
-
-    # ------------------------------------------------------------------ stop signals
-    @contextlib.contextmanager
-    def _stop_signals_noted(self) -> Iterator[None]:
-        """While training, a stop signal ends the current step first (then last words,
-        exit 128+N): SIGTERM, and each of :data:`STOP_SIGNALS` the script left to its
-        default (tftrun passes on the signal it was stopped by, e.g. Slurm's SIGUSR1).
-
-        The handler only notes the signal; the loop acts on it after the step, or a wait
-        gives up on it (:meth:`_should_abort`) when the step cannot complete."""
-        if not self.modes.ttp or threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def note(signum: int, _frame: Any) -> None:
-            if self._stop_request is None:
-                self._stop_request = _StopRequest(signum, time.monotonic())
-
-        previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
-        noted = [sig for sig, handler in previous.items()
-                 if sig == signal.SIGTERM or handler in (signal.SIG_DFL, signal.default_int_handler)]
-        for sig in noted:
-            signal.signal(sig, note)
-        try:
-            yield
-        finally:
-            for sig in noted:
-                signal.signal(sig, previous[sig])

@@ -9,7 +9,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from recovery.control.scheduler import Scheduler, SchedulerConfig
+from recovery.control.scheduler import Scheduler
+from recovery.control.scheduler_config import SchedulerConfig
 from recovery.control.signing import BadSignature, Kind, job_key, unseal
 from recovery.env import DEFAULT_RUN_ID
 from recovery.timeouts import Timeouts

@@ -23,7 +23,7 @@ from recovery.ckpt.durable import XXH3, FileDigest
 from recovery.ckpt.last_words import save_last_words
 from recovery.ckpt.manifest import candidates, problem
 from recovery.position import TrainPosition
-from recovery.train.elastic import checkpoint_dirs, choose_rollback
+from recovery.train.rollback import checkpoint_dirs, choose_rollback
 from support import free_tcp_port
 
 LINEAGE = "job-a"

@@ -302,7 +302,7 @@ class PolicyMachine(RuleBasedStateMachine):
         return replace(seen, down_since=since)
 
     def _carry_out(self, action: Action) -> None:
-        """What launcher/supervisor/loop.py's ``_carry_out`` does, without the processes."""
+        """What launcher/supervisor/carry_out.py's ``_carry_out`` does, without the processes."""
         match action:
             case Hang(rank, _):
                 self.workers[rank].hung = True

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from recovery.control.files import StateFile
-from recovery.control.scheduler import PERSIST_EVERY, Scheduler
+from recovery.control.persistence import PERSIST_EVERY
+from recovery.control.scheduler import Scheduler
 from support.sched_inprocess import ask, reloaded, scheduler
 
 

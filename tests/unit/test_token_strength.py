@@ -15,7 +15,7 @@ from launcher.cli import tftrun
 from launcher.cli.trusted import TrustedEndpoint
 from launcher.config import LaunchConfig
 from recovery.control.files import Endpoint
-from recovery.control.scheduler import SchedulerConfig
+from recovery.control.scheduler_config import SchedulerConfig
 from recovery.control.signing import WeakToken, checked_strength
 from recovery.env import WorkerEnv
 
