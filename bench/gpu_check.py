@@ -212,7 +212,7 @@ def check_records(name: str, records: Sequence[dict[str, Any] | None]) -> None:
 
 def fork_server_line(job: Job) -> str:
     """The fork server's ready line, which says it left CUDA uninitialised."""
-    from launcher.procs.spare import CUDA_UNTOUCHED
+    from launcher.procs.fork_server_main import CUDA_UNTOUCHED
 
     log = job.log_dir / "fork_server.log"
     text = log.read_text(errors="replace") if log.exists() else ""

@@ -33,7 +33,6 @@ from launcher.supervisor.actions import (
     Close,
     GiveUp,
     Hang,
-    KeepSpares,
     Kill,
     Relaunch,
     RelaunchScheduler,
@@ -131,7 +130,7 @@ class Supervisor:
         self._signal: int | None = None
         self._ending: Ending | None = None
         self._closing: Closing | None = None
-        """The spares and the scheduler being stopped, once the workers are."""
+        """The fork server and the scheduler being stopped, once the workers are."""
 
     @property
     def restart_count(self) -> int:
@@ -209,8 +208,6 @@ class Supervisor:
             self._tell_retirements()
             if self._closing is not None and self._closing.poll():
                 return self._finish()
-            if self._ending is None:
-                self._tend_spares()
             self._refresh()
             wakeup.wait(wait)
 
@@ -278,16 +275,6 @@ class Supervisor:
         assert self._nodes is not None and self._presence is not None
         self._nodes.close_round(self._presence.next_round, ())
 
-    def _tend_spares(self) -> None:
-        """Keep the spares the policy wants started; one that died idle is replaced, no fault."""
-        try:
-            ended = self.children.spares.tend()
-        except OSError as err:
-            # Planned again at the next pass; a missing spare only means a cold start.
-            logger.warning("a warm spare could not be started: %s", err)
-            return
-        self.children.record_spare_exits(ended, expected=False)
-
     def _tell_scheduler(self, info: ExitInfo) -> None:
         """Queue the worker's exit for the scheduler's membership (the watch delivers it:
         the events that date the exit never wait for the scheduler)."""
@@ -335,8 +322,6 @@ class Supervisor:
             other_ranks=config.worker_num - config.nproc, others_finished=others_finished,
             others_step=others_step, scheduler_exit=self._scheduler_exit,
             scheduler_launches=self.children.scheduler_launches,
-            warm_spare=config.warm_spare, spares=self.children.spares.size,
-            forks_workers=self.children.fork_server is not None,
             min_worker_num=config.fewest_workers, rejoin_timeout=config.retire_after,
             others_training=others_training,
             others_retired=others_retired | frozenset(self._retiring),
@@ -386,7 +371,7 @@ class Supervisor:
                 self.relaunches += 1
                 self._emit("restart", what="rank", why=worker.relaunch_why,
                            restart_count=self.restart_count + self.relaunches, ranks=[rank])
-                self.children.launch(worker, warm=True)
+                self.children.launch(worker)
             case Retire(rank, why):
                 self._retire(rank, why, now)
             case RestartAll(at, why, charged):
@@ -424,8 +409,6 @@ class Supervisor:
                 self.children.start_scheduler()
             case SchedulerSpent(why):
                 logger.error("%s; its restart budget is spent", why)
-            case KeepSpares(count):
-                self.children.spares.keep(count)
             case Close():
                 if self._closing is None:
                     self._closing = Closing(self.children, self._watch, self.config.grace_period)
@@ -480,7 +463,7 @@ class Supervisor:
         self._start_workers()
 
     def _end(self, ending: Ending) -> None:
-        """The job ends: the workers are stopped (StopWorkers); the spares and the
+        """The job ends: the workers are stopped (StopWorkers); the fork server and the
         scheduler follow (Close)."""
         self._ending, self._restart_at = ending, None
 
@@ -488,7 +471,7 @@ class Supervisor:
         """The loop raised: stop every process in order anyway, then end the job.
 
         SIGTERM, grace period, SIGKILL, as on any stop, so that the workers get their
-        chance to save last words: the workers and the spares first, then the scheduler
+        chance to save last words: the workers and the fork server first, then the scheduler
         (which the workers' last words need). ``job_end`` says why. The traceback goes to
         tftrun's log for the bug report; tftrun exits with :data:`EXIT_SUPERVISOR_ERROR`.
         """
@@ -515,5 +498,4 @@ class Supervisor:
     def _refresh(self) -> None:
         if self.view.wants_rows:
             self.view.show_rows(live_rows(self.config, self.workers, self._restart_at,
-                                          time.monotonic()),
-                                caption=self.children.spares.describe())
+                                          time.monotonic()))
