@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.mnist import TRAIN
 
 from launcher.procs.cores import share_of
 from support import events, run
+from support.mnist import TRAIN
 
 pytestmark = pytest.mark.timeout(180)
 
