@@ -30,8 +30,8 @@ column's ratio to torchrun's:
 ``--mode`` picks the tftrun recovery mode of the kill column and passes the
 ``--enable_tft`` that selects it (``rollback``: all off; ``replica``, ``last_words`` and
 ``lose_nothing`` — the default, all on — expect 0 steps redone); more tftrun options go
-with ``--tftrun_arg`` (repeatable): ``--tftrun_arg=--warm_spare=0`` measures the cold
-relaunch (tftrun keeps one warm spare by default for a script that uses recovery).
+with ``--tftrun_arg`` (repeatable): ``--tftrun_arg=--fork_server=false`` measures the cold
+relaunch (tftrun forks every relaunch from its warm fork server by default).
 ``--real_defaults`` drops the ``--rejoin_cooldown=0 --min_worker_num=<workers>`` the bench
 otherwise gives tftrun (so the 30 s cooldown applies, and the survivors train on without
 the killed rank, tftrun's default: docs/elastic.md), which may then not be back before the job ends:
@@ -44,10 +44,9 @@ workers' ``step`` events in ``events.jsonl``, their ``batch`` field, in the gene
 samples/s and against its own run's while it had all N ranks (which shares the faulty
 run's machine load), as ratios beside (N-1)/N.
 Targets (issue 16): recovery ≤ 0.3× torchrun's with the defaults, ≤ 0.1× in the best
-case (a warm spare: ``--fault_step 300 --max_steps 400``); steady-state throughput ≥ 0.98×
-torchrun's, measured apart by steady_state.py (here the short job's window includes the
-warm spare's one-off warm-up). Each run's load average (1 min, before and after it) is reported beside the
-figures. ``--json`` prints one JSON object instead of the table. Results:
+case (``--fault_step 300 --max_steps 400``); steady-state throughput ≥ 0.98×
+torchrun's, measured apart by steady_state.py. Each run's load average (1 min, before and
+after it) is reported beside the figures. ``--json`` prints one JSON object instead of the table. Results:
 docs/benchmarks.md.
 """
 
@@ -57,7 +56,6 @@ import argparse
 import json
 import math
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -166,14 +164,12 @@ def recovery(steps: Mapping[int, Sequence[StepRecord]], fault_at: float,
                     steps_redone=last_before - (min(r.step for r in resumed.values()) - 1))
 
 
-def steady_rate(steps: Mapping[int, Sequence[StepRecord]], warmup_steps: int,
-                since: float = float("-inf")) -> float:
-    """Steps per second after ``warmup_steps`` (and of the steps completed at ``since`` or
-    later): the median over ranks, each from its first to its last step counted (a
+def steady_rate(steps: Mapping[int, Sequence[StepRecord]], warmup_steps: int) -> float:
+    """Steps per second after ``warmup_steps``: the median over ranks, each from its first to its last step counted (a
     fault-free run: one process per rank)."""
     rates = []
     for records in steps.values():
-        timed = [r for r in records if r.step > warmup_steps and r.time >= since]
+        timed = [r for r in records if r.step > warmup_steps]
         if len(timed) >= 2:
             rates.append((timed[-1].step - timed[0].step) / (timed[-1].time - timed[0].time))
     return median(rates)
@@ -239,7 +235,7 @@ def degraded_samples(faulty: Sequence[Event], clean: Sequence[Event], workers: i
 
 
 MILESTONES = ("spawn", "register", "generation", "rollback")
-"""The relaunched rank's way back in events.jsonl: its process (``warm`` when a spare),
+"""The relaunched rank's way back in events.jsonl: its process (``forked`` by the fork server),
 its registration with the scheduler, the generation formed with it, the state restored."""
 
 
@@ -257,9 +253,9 @@ def where_the_time_goes(events_file: Path, fault_rank: int, fault_at: float) -> 
             continue
         found[name] = ts - fault_at
         if name == "spawn":
-            found["warm"] = 1.0 if record.get("warm") else 0.0
+            found["forked"] = 1.0 if record.get("forked") else 0.0
     return {f"{name} s": found.get(name, float("nan")) for name in MILESTONES} | {
-        "warm": found.get("warm", float("nan"))}
+        "forked": found.get("forked", float("nan"))}
 
 
 @dataclass(frozen=True)
@@ -271,8 +267,6 @@ class Run:
     """The 1-minute load average before and after the run: how quiet the machine was."""
     milestones: dict[str, float]
     """tftrun's faulty runs: :func:`where_the_time_goes`; empty otherwise."""
-    spare_warm_at: float | None = None
-    """tftrun: when its first warm spare finished warming up (unix time); None without one."""
     events: list[dict[str, Any]] = field(default_factory=list)
     """tftrun: its ``events.jsonl``; empty for torchrun."""
 
@@ -318,28 +312,7 @@ def run_job(column: Column, args: argparse.Namespace, faulty: bool,
                                           fault_at)
                       if fault_at is not None and column.system == "tftrun" else {})
         return Run(wall, steps, fault_at, (load_before, os.getloadavg()[0]), milestones,
-                   spare_warm_time(Path(tmp) / "logs"),
                    list(read_events(Path(tmp) / "logs")) if column.system == "tftrun" else [])
-
-
-SPARE_WARM = re.compile(r"tftrun spare pid=(?P<pid>\d+): warm after (?P<seconds>[0-9.]+)s")
-"""The line a warm spare writes to ``spare.log`` once warm (launcher/procs/spare.py)."""
-
-
-def spare_warm_time(log_dir: Path) -> float | None:
-    """When the first spare of a tftrun run was warm: its ``spawn`` event's time plus the
-    warm-up it reports (measured from its ``main()``, so a few ms early); None if none was."""
-    log = log_dir / "spare.log"
-    if not log.is_file():
-        return None
-    match = SPARE_WARM.search(log.read_text())
-    if match is None:
-        return None
-    for line in (log_dir / "events.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if record.get("event") == "spawn" and record.get("pid") == int(match["pid"]):
-            return float(record["ts"]) + float(match["seconds"])
-    return None
 
 
 def measure(column: Column, args: argparse.Namespace, clean: Run) -> dict[str, float]:

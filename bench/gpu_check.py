@@ -15,7 +15,7 @@ check: its result (``ok``, ``FAIL``, or ``skipped`` with why) and its figure. Th
   tests/bin/paced.py), 4 ranks sharing the GPU over gloo, ``--rejoin_cooldown=0``:
   ``tftctl inject --fault uce`` into rank 1 (repaired in place), then rank 2 ``kill -9``s
   itself; the survivors train degraded and the relaunched rank heals from a replica.
-  Run with the fork server and spawned (``--warm_spare=0``: a cold start). A third run,
+  Run with the fork server and spawned (``--fork_server=false``: a cold start). A third run,
   with only last words on (``--enable_tft={TTP:1,UCE:0,ARF:0}``, ``--min_worker_num=4``),
   rolls every rank back to the last-words checkpoint of the kill.
 * ``nccl``: bench/scripts/nccl_reform.py, an NCCL group of one rank formed, aborted and
@@ -212,7 +212,7 @@ def check_records(name: str, records: Sequence[dict[str, Any] | None]) -> None:
 
 def fork_server_line(job: Job) -> str:
     """The fork server's ready line, which says it left CUDA uninitialised."""
-    from launcher.procs.spare import CUDA_UNTOUCHED
+    from launcher.procs.fork_server_main import CUDA_UNTOUCHED
 
     log = job.log_dir / "fork_server.log"
     text = log.read_text(errors="replace") if log.exists() else ""
@@ -394,7 +394,7 @@ class Checker:
         self.row("template on CUDA, fork server: uce, kill -9, replica",
                  lambda: template("fork", ()), no_cuda)
         self.row("template on CUDA, spawned: uce, kill -9, replica",
-                 lambda: template("spawn", ("--fork_server=false", "--warm_spare=0")), no_cuda)
+                 lambda: template("spawn", ("--fork_server=false",)), no_cuda)
         if "fork" in runs and "spawn" in runs:
             fork, spawn = runs["fork"], runs["spawn"]
             self.results["relaunched_rank_to_first_step"] = {

@@ -3,18 +3,12 @@
     PYTHONPATH=. python bench/steady_state.py [--workers 4] [--max_steps 900] [--rounds 3] [--json]
 
 Fault-free runs of the main job (bench/jobs/timed_mnist.py over two epochs, a checkpoint
-every ``--save_steps``) under torchrun, under tftrun with its defaults, and under tftrun
-without a warm spare (``--warm_spare=0``), the columns alternating round by round. Per
-run, the median over ranks of:
+every ``--save_steps``) under torchrun and under tftrun with its defaults, the columns
+alternating round by round. Per run, the median over ranks of:
 
-* **steps/s after start-up**: the steps completed once the launcher's own start-up work
-  is over: past ``--warmup_steps``, and under tftrun once its warm spare has finished
-  warming up (a one-off ``import torch`` and first optimizer step, a few CPU-seconds that
-  slow training while they last; docs/warm-spare.md). The steady state the target is
-  about: at least 0.98x torchrun's;
-* **steps/s from step** ``--warmup_steps``: the same with the start-up included, as
-  fault_recovery.py reports it;
-* the step rank 0 had completed when the spare was warm, and the job's wall time.
+* **steps/s after start-up**: the steps completed past ``--warmup_steps`` (the first steps
+  of any launcher). The steady state the target is about: at least 0.98x torchrun's;
+* the job's wall time.
 
 Each figure is the median over rounds, with each tftrun column's ratio to torchrun's.
 Results: docs/benchmarks.md.
@@ -32,7 +26,6 @@ from fault_recovery import Column, Run, run_job, steady_rate
 COLUMNS = (
     (Column("torchrun", "torchrun", "kill", "rollback"), ()),
     (Column("tftrun", "tftrun", "kill", "lose_nothing"), ()),
-    (Column("tftrun no spare", "tftrun", "kill", "lose_nothing"), ("--warm_spare=0",)),
 )
 """Each column, and the tftrun options it adds (``lose_nothing``: tftrun's default modes)."""
 JOB_ARGS = ("--epochs=2",)
@@ -41,16 +34,8 @@ JOB_ARGS = ("--epochs=2",)
 
 def figures(run: Run, warmup_steps: int) -> dict[str, float]:
     """The figures of one fault-free run."""
-    warm_at = run.spare_warm_at
-    rank0 = run.steps[0]
-    return {
-        "steps/s after start-up": steady_rate(run.steps, warmup_steps,
-                                              since=warm_at if warm_at is not None else float("-inf")),
-        "steps/s from the warm-up step": steady_rate(run.steps, warmup_steps),
-        "spare warm at step": float("nan") if warm_at is None else float(
-            max((r.step for r in rank0 if r.time <= warm_at), default=0)),
-        "job time s": run.wall_seconds,
-    }
+    return {"steps/s after start-up": steady_rate(run.steps, warmup_steps),
+            "job time s": run.wall_seconds}
 
 
 def table(labels: Sequence[str], medians: Mapping[str, Mapping[str, float]]) -> list[str]:

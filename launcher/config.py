@@ -122,11 +122,6 @@ class LaunchConfig:
     fork_server: bool = True
     """Fork this node's workers from a warm interpreter that imported torch once
     (launcher/procs/fork_server.py); False: every worker is a fresh process."""
-    warm_spare: int | None = None
-    """Spare processes kept warm on this node for relaunched ranks (launcher/procs/spare_pool.py);
-    None (the default): one, once a worker of this node registers with the scheduler (its
-    script uses recovery, so a dead rank is relaunched alone) and unless
-    ``--restart_policy=all``; 0: none."""
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL
     """Off a terminal, seconds between two progress lines (0: none)."""
     run_id: str = field(default_factory=lambda: time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3))
@@ -288,7 +283,6 @@ class LaunchConfig:
                               "nodes could not find it; give a fixed port, e.g. --master_port=29500")
         for name, value in (("--max_restarts", self.max_restarts),
                             ("--rejoin_cooldown", self.rejoin_cooldown),
-                            ("--warm_spare", self.warm_spare),
                             ("--progress_interval", self.progress_interval)):
             if value is not None and value < 0:
                 raise ConfigError(f"{name} must not be negative, got {value}")

@@ -122,7 +122,7 @@ set (a script started by hand): each rank beats to the scheduler itself."""
 TFT_ENVIRON_ROOM = "TFT_ENVIRON_ROOM"
 """Set for the fork server only: blanks that make its environment's memory large enough
 for each forked process to show its own there (``/proc/<pid>/environ``;
-launcher/procs/spare.py)."""
+launcher/procs/fork_server_main.py)."""
 
 # Read, never set: what a cluster manager tells tftrun itself about its node
 # (launcher/nodes/cluster_env.py; docs/multi-node.md#slurm-and-kubernetes).

@@ -8,7 +8,7 @@ absolute entries of ``PYTHONPATH`` only (:func:`own_pythonpath`), while a worker
 from one of them gets the ``sys.path`` a fresh ``python script.py`` would have
 (:func:`worker_sys_path`), as under torchrun.
 
-Standard library only: the spare (launcher/procs/spare.py) imports it.
+Standard library only: the fork server (launcher/procs/fork_server_main.py) imports it.
 """
 
 from __future__ import annotations

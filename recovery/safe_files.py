@@ -12,7 +12,7 @@ plant ``worker_0.log -> ~/.bashrc`` there and have the job overwrite the user's 
 * temporary files get unpredictable names and are created exclusively
   (recovery/ckpt/durable.py).
 
-Standard library only: the spare (launcher/procs/spare.py) imports it.
+Standard library only: the fork server (launcher/procs/fork_server_main.py) imports it.
 """
 
 from __future__ import annotations

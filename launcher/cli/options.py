@@ -76,7 +76,6 @@ def build_config(params: dict[str, Any]) -> LaunchConfig:
         grace_period=p.grace_period if p.shutdown_timeout is None else p.shutdown_timeout,
         restart_policy=p.restart_policy, is_recover=p.is_recover,
         recovery_path=p.recovery_path, enable_tft=p.enable_tft,
-        warm_spare=p.warm_spare if entry.kind == "script" else 0,
         fork_server=p.fork_server,
         progress_interval=p.progress_interval, role=p.role,
         job_id="" if p.standalone or p.rdzv_id in (None, "none") else p.rdzv_id,
@@ -105,6 +104,9 @@ def _refuse_unsupported(p: SimpleNamespace) -> None:
     if p.start_method != "spawn":
         print(f"tftrun: --start_method={p.start_method} chooses nothing: workers are forked "
               "from a warm fork server unless --fork_server=False", file=sys.stderr)
+    if p.warm_spare is not None:
+        print("tftrun: --warm_spare is deprecated and has no effect: the fork server (on by "
+              "default) starts every worker and relaunch warm", file=sys.stderr)
 
 
 def _rendezvous(p: SimpleNamespace) -> tuple[str | None, int | None, str | None, float, float]:
@@ -187,7 +189,4 @@ def _entry(p: SimpleNamespace) -> Entry:
         entry = Entry(str(p.script), tuple(args), "exec")
     else:
         entry = strip_python(p.script, args)
-    if entry.kind != "script" and p.warm_spare:
-        raise ConfigError("--warm_spare needs a Python script: a spare cannot run a module "
-                          "(-m) or an executable (--no_python)")
     return entry

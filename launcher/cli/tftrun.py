@@ -99,7 +99,7 @@ def launch(
     module: Annotated[bool, flag(
         "module", "Run SCRIPT as a module, like python -m.", LAUNCH, pet=True, short="-m")] = False,
     no_python: Annotated[bool, flag(
-        "no_python", "Run SCRIPT as an executable, not with Python (no warm spare).", LAUNCH,
+        "no_python", "Run SCRIPT as an executable, not with Python (no fork server).", LAUNCH,
         pet=True)] = False,
     fork_server: Annotated[bool, flag(
         "fork_server", "Fork this node's workers, and their relaunches, from one warm Python "
@@ -166,9 +166,8 @@ def launch(
         "enable_tft", "Lose-nothing modes in msrun's MS_ENABLE_TFT syntax, e.g. "
         "'{TTP:1,UCE:1,ARF:1}' (the default); a mode left out is off.", RECOVERY)] = None,
     warm_spare: Annotated[int | None, opt(
-        "warm_spare", "Spare processes kept ready on this node, torch imported, to take a "
-        "relaunched rank's place without a cold start; 0: none. [default: 1 once a worker "
-        "registers (its script uses recovery), unless --restart_policy=all]", RECOVERY)] = None,
+        "warm_spare", "Deprecated, no effect (a warning says so): relaunched ranks are forked "
+        "warm by the fork server; to be removed in a later release.", RECOVERY)] = None,
     # -------------------------------------------------------------- multi-node
     nnodes: Annotated[str | None, opt(
         "nnodes", "Node count N, or an elastic range MIN:MAX (a plain script's workers all "

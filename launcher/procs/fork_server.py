@@ -3,7 +3,7 @@ interpreter, not started cold.
 
 A worker's cold start is mostly ``import torch``: 1.3 s of CPU on an idle core here, 2 s
 and more when the job's processes share the cores. The fork server
-(launcher/procs/spare.py in its fork-server role) pays it once per node, at the job's
+(launcher/procs/fork_server_main.py) pays it once per node, at the job's
 start, at the workers' priority and with a worker's environment; each worker, at the
 start and at every relaunch, is then a ``fork`` of it that runs its script as
 ``__main__`` in a fresh session, as a spawned one would (docs/cli.md#the-fork-server).
@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from launcher.procs.fork_server_main import MAX_MESSAGE, READY
 from launcher.procs.process import Adopted, Child, open_log
-from launcher.procs.spare import MAX_MESSAGE, READY
 from launcher.procs.spec import ProcessSpec
 
 __all__ = ["ForkServer", "WARM_TIMEOUT", "REPLY_TIMEOUT"]

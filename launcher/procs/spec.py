@@ -11,7 +11,7 @@ from enum import Enum
 from pathlib import Path
 
 from launcher.config import LaunchConfig
-from launcher.procs.spare import FORK_SERVER
+from launcher.procs.fork_server_main import FORK_SERVER
 from recovery import env as names
 from recovery.python_path import PYTHONPATH, own_pythonpath
 from recovery.safe_files import UnsafeFolder, own_subfolder
@@ -20,18 +20,17 @@ _NCCL_ASYNC_ERROR_HANDLING = "1"
 """torchrun's value for ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` unless the user set one."""
 
 __all__ = ["SCHEDULER_MODULE", "Role", "ProcessSpec", "Seat", "worker_spec", "scheduler_spec",
-           "spare_spec", "script_argv", "SPARE_PROGRAM", "worker_argv", "fork_server_spec",
+           "script_argv", "FORK_SERVER_PROGRAM", "worker_argv", "fork_server_spec",
            "forks_workers", "error_file", "prepare_error_file", "signal_names", "OWN_PYTHON",
            "own_env"]
 
-SPARE_PROGRAM = Path(__file__).with_name("spare.py")
+FORK_SERVER_PROGRAM = Path(__file__).with_name("fork_server_main.py")
 SCHEDULER_MODULE = "recovery.control.scheduler"
 
 
 class Role(str, Enum):
     SCHEDULER = "scheduler"
     WORKER = "worker"
-    SPARE = "spare"
     FORK_SERVER = "fork_server"
 
 
@@ -45,7 +44,7 @@ class ProcessSpec:
 
     def __post_init__(self) -> None:
         if (self.role is Role.WORKER) != (self.rank is not None):
-            raise ValueError("a worker has a rank; the scheduler and a spare have none")
+            raise ValueError("a worker has a rank; the scheduler and the fork server have none")
 
 
 @dataclass(frozen=True)
@@ -67,8 +66,8 @@ class Seat:
 
 
 OWN_PYTHON = (sys.executable, "-u", "-P")
-"""How tftrun starts its own processes (the scheduler, the watchdog, the fork server, a
-spare): ``-P`` keeps the working folder off ``sys.path``, where ``python -m`` would put it
+"""How tftrun starts its own processes (the scheduler, the watchdog, the fork server):
+``-P`` keeps the working folder off ``sys.path``, where ``python -m`` would put it
 first, and :func:`own_env` the empty and relative entries of ``PYTHONPATH``, which stand
 for it too, so that a ``recovery/`` or ``launcher/`` folder there is never run instead
 (docs/security.md). Not ``-I``: it would drop ``PYTHONPATH`` and the user's
@@ -179,26 +178,12 @@ def scheduler_spec(config: LaunchConfig, listen_fd: int,
     return ProcessSpec(Role.SCHEDULER, None, argv, own_env(env), config.log_dir / "scheduler.log")
 
 
-def spare_spec(config: LaunchConfig, go_fd: int, restart_count: int,
-               rendezvous_port: int) -> ProcessSpec:
-    """A warm spare (launcher/procs/spare.py), waiting for its go on the inherited pipe ``go_fd``.
-
-    It gets a worker's environment, so that what torch reads at import time (e.g.
-    ``OMP_NUM_THREADS``) is what a worker would read; the rank-specific variables are
-    placeholders, replaced with the whole environment when it is handed a rank (the
-    user's ``PYTHONPATH`` included, which :func:`own_env` cleans until then).
-    """
-    env = own_env(worker_spec(config, 0, 0, restart_count, rendezvous_port).env)
-    argv = (*OWN_PYTHON, str(SPARE_PROGRAM), str(go_fd))
-    return ProcessSpec(Role.SPARE, None, argv, env, config.log_dir / "spare.log")
-
-
 TITLE_ROOM = 4096
 """Bytes of padding in the fork server's command line: the room a forked worker has to
-show its own (launcher/procs/spare.py, ``retitle``)."""
+show its own (launcher/procs/fork_server_main.py, ``retitle``)."""
 ENVIRON_ROOM = 100_000
 """Bytes of padding in the fork server's environment (``TFT_ENVIRON_ROOM``): the room a
-forked process has to show its own environment (launcher/procs/spare.py,
+forked process has to show its own environment (launcher/procs/fork_server_main.py,
 ``restamp_environ``); under Linux's 128 KiB limit on one variable."""
 
 
@@ -212,10 +197,13 @@ def forks_workers(config: LaunchConfig, env: Mapping[str, str] | None = None) ->
 
 
 def fork_server_spec(config: LaunchConfig, sock_fd: int, supervisor_pid: int) -> ProcessSpec:
-    """The fork server (launcher/procs/spare.py), serving on the inherited socket
-    ``sock_fd``. It gets a worker's environment, as a spare does (:func:`spare_spec`)."""
+    """The fork server (launcher/procs/fork_server_main.py), serving on the inherited
+    socket ``sock_fd``. It gets a worker's environment, so that what torch reads at import
+    time (e.g. ``OMP_NUM_THREADS``) is what a worker would read; each forked worker gets
+    its own whole environment (the user's ``PYTHONPATH`` included, which :func:`own_env`
+    cleans for the server)."""
     env = {**own_env(worker_spec(config, 0, 0, 0, 0).env), names.TFT_ENVIRON_ROOM: " " * ENVIRON_ROOM}
-    argv = (*OWN_PYTHON, str(SPARE_PROGRAM), FORK_SERVER, str(sock_fd),
+    argv = (*OWN_PYTHON, str(FORK_SERVER_PROGRAM), FORK_SERVER, str(sock_fd),
             str(supervisor_pid), " " * TITLE_ROOM)
     return ProcessSpec(Role.FORK_SERVER, None, argv, env, config.log_dir / "fork_server.log")
 

@@ -10,7 +10,7 @@ from launcher.supervisor.state import Failure
 __all__ = [
     "Action", "Hang", "ScheduleRelaunch", "Relaunch", "RestartAll", "StartAll", "Stop", "GiveUp",
     "StopWorkers", "TeardownCrash", "Kill", "Close", "RelaunchScheduler", "SchedulerSpent",
-    "KeepSpares", "Retire", "WaitUntil", "EXIT_PEER_ENDED",
+    "Retire", "WaitUntil", "EXIT_PEER_ENDED",
 ]
 
 EXIT_PEER_ENDED = 1
@@ -103,7 +103,7 @@ class Kill:
 
 @dataclass(frozen=True)
 class Close:
-    """The job ends and no worker runs any more: stop the spares and the scheduler."""
+    """The job ends and no worker runs any more: stop the fork server and the scheduler."""
 
 
 @dataclass(frozen=True)
@@ -118,13 +118,6 @@ class SchedulerSpent:
     """This node's scheduler died and its restart budget is spent: go on without it."""
 
     why: str
-
-
-@dataclass(frozen=True)
-class KeepSpares:
-    """From now on keep ``count`` warm spares."""
-
-    count: int
 
 
 @dataclass(frozen=True)
@@ -146,4 +139,4 @@ class WaitUntil:
 
 Action = (Hang | ScheduleRelaunch | Relaunch | RestartAll | StartAll | Stop | GiveUp
           | StopWorkers | TeardownCrash | Kill | Close | RelaunchScheduler | SchedulerSpent
-          | KeepSpares | Retire | WaitUntil)
+          | Retire | WaitUntil)

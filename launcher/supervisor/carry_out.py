@@ -18,7 +18,6 @@ from launcher.supervisor.actions import (
     Close,
     GiveUp,
     Hang,
-    KeepSpares,
     Kill,
     Relaunch,
     RelaunchScheduler,
@@ -149,7 +148,7 @@ class CarryingOut:
                 self.relaunches += 1
                 self._emit("restart", what="rank", why=worker.relaunch_why,
                            restart_count=self.restart_count + self.relaunches, ranks=[rank])
-                self.children.launch(worker, warm=True)
+                self.children.launch(worker)
             case Retire(rank, why):
                 self._retire(rank, why, now)
             case RestartAll(at, why, charged):
@@ -187,8 +186,6 @@ class CarryingOut:
                 self.children.start_scheduler()
             case SchedulerSpent(why):
                 logger.error("%s; its restart budget is spent", why)
-            case KeepSpares(count):
-                self.children.spares.keep(count)
             case Close():
                 if self._closing is None:
                     self._closing = Closing(self.children, self._watch, self.config.grace_period)
@@ -243,6 +240,6 @@ class CarryingOut:
         self._start_workers()
 
     def _end(self, ending: Ending) -> None:
-        """The job ends: the workers are stopped (StopWorkers); the spares and the
+        """The job ends: the workers are stopped (StopWorkers); the fork server and the
         scheduler follow (Close)."""
         self._ending, self._restart_at = ending, None

@@ -15,7 +15,6 @@ from launcher.config import LaunchConfig
 from launcher.procs.cores import node_cores, pin, share_of
 from launcher.procs.fork_server import ForkServer
 from launcher.procs.process import Child, Watchdog, spawn
-from launcher.procs.spare_pool import Spare, SparePool
 from launcher.procs.spec import (
     SCHEDULER_MODULE,
     ProcessSpec,
@@ -26,7 +25,6 @@ from launcher.procs.spec import (
     prepare_error_file,
     scheduler_spec,
     script_argv,
-    spare_spec,
     worker_spec,
 )
 from launcher.supervisor.failures import ExitInfo
@@ -56,7 +54,7 @@ def node_workers(config: LaunchConfig) -> list[Worker]:
 
 
 class Children:
-    """Starts workers, spares and the scheduler as this launch (``restart_count``, the
+    """Starts workers and the scheduler as this launch (``restart_count``, the
     rendezvous) wants them, and records every start and end as events."""
 
     def __init__(self, config: LaunchConfig, emit: Callable[..., None],
@@ -75,7 +73,6 @@ class Children:
         """This generation's ranks, for an elastic node range (None: the fixed ones)."""
         self.scheduler: Child | None = None
         self.scheduler_launches = 0
-        self.spares = SparePool(config.warm_spare or 0, self._start_spare)
         self.beat_socket: str | None = None
         """The node's beat socket (launcher/supervisor/beats.py), named to its workers."""
         self.fork_server: ForkServer | None = None
@@ -141,8 +138,8 @@ class Children:
                           else self._started(spec, forked, incarnation, forked=True))
         self.scheduler_launches += 1
 
-    def launch(self, worker: Worker, warm: bool = False) -> None:
-        """Start ``worker``'s next incarnation; ``warm``: in an idle spare, if there is one.
+    def launch(self, worker: Worker) -> None:
+        """Start ``worker``'s next incarnation: forked by the fork server, if there is one.
 
         A launch whose process cannot be started (an OSError: no memory, no pids, a log
         that cannot be opened, an error folder that is not the user's own) is a failed
@@ -156,11 +153,7 @@ class Children:
                            beat_socket=self.beat_socket)
         try:
             prepare_error_file(self.config, worker.rank)
-            spare = self.spares.hand_over(spec, script_argv(self.config),
-                                          self.header(spec, worker.incarnation)) if warm else None
-            if spare is not None:
-                child = self._started(spec, spare, worker.incarnation, warm=True)
-            elif (forked := self._fork(spec, worker.incarnation)) is not None:
+            if (forked := self._fork(spec, worker.incarnation)) is not None:
                 child = self._started(spec, forked, worker.incarnation, forked=True)
             else:
                 child = self._spawn(spec, worker.incarnation)
@@ -192,10 +185,6 @@ class Children:
             self.watchdog.watch(child)
         return child
 
-    def _start_spare(self, go_fd: int, serial: int) -> Child:
-        spec = spare_spec(self.config, go_fd, self.restart_count, self.rendezvous[1])
-        return self._spawn(spec, serial, pass_fds=(go_fd,))
-
     def exit_info(self, role: Role, rank: int | None, child: Child, incarnation: int,
                   returncode: int, expected: bool) -> ExitInfo:
         """How ``child`` ended, recorded as its ``exit`` event."""
@@ -203,10 +192,6 @@ class Children:
                         expected)
         self._emit("exit", **info.fields())
         return info
-
-    def record_spare_exits(self, ended: list[tuple[Spare, int]], expected: bool) -> None:
-        for spare, returncode in ended:
-            self.exit_info(Role.SPARE, None, spare.child, spare.serial, returncode, expected)
 
     def reap_workers(self, workers: list[Worker]) -> list[ExitInfo]:
         """Record every worker whose process ended (its ``exit``, and a ``fault`` for an

@@ -1,10 +1,9 @@
-"""The last of a job on this node: the idle spares, the fork server and the scheduler
-stopped in order.
+"""The last of a job on this node: the fork server and the scheduler stopped in order.
 
 Once no worker runs (the policy's ``Close``), the exit reports are given a moment to
-reach the scheduler, then the spares and the scheduler get SIGTERM, the grace period,
+reach the scheduler, then the fork server and the scheduler get SIGTERM, the grace period,
 SIGKILL, without blocking the loop. The error path (:func:`stop_everything_now`) stops
-everything the blocking way: the workers and the spares first, then the scheduler, which
+everything the blocking way: the workers and the fork server first, then the scheduler, which
 the workers' last words need.
 """
 
@@ -14,7 +13,6 @@ import signal
 from collections.abc import Callable
 
 from launcher.procs.process import Child, Stopping, stop_all
-from launcher.procs.spare_pool import Spare
 from launcher.procs.spec import Role
 from launcher.supervisor.children import Children
 from launcher.supervisor.failures import ExitInfo
@@ -28,15 +26,14 @@ REPORTS_WAIT = 2.0
 
 
 class Closing:
-    """The spares and the scheduler being stopped; :meth:`poll` until it returns True."""
+    """The fork server and the scheduler being stopped; :meth:`poll` until it returns True."""
 
     def __init__(self, children: Children, watch: SchedulerWatch, grace_period: float) -> None:
         self._children = children
         watch.delivered(REPORTS_WAIT)
-        self._spares: list[Spare] = children.spares.retire_all()
         self._scheduler: Child | None = children.scheduler
         children.scheduler = None
-        stopped = [s.child for s in self._spares]
+        stopped: list[Child] = []
         if (server := children.stop_fork_server()) is not None:
             stopped.append(server)
         if self._scheduler is not None:
@@ -47,12 +44,11 @@ class Closing:
         """True once all ended (their ``exit`` events written)."""
         if not self._stopping.poll():
             return False
-        _record(self._children, self._spares, self._scheduler)
+        _record(self._children, self._scheduler)
         return True
 
 
-def _record(children: Children, spares: list[Spare], scheduler: Child | None) -> None:
-    children.record_spare_exits([(s, s.child.process.returncode) for s in spares], expected=True)
+def _record(children: Children, scheduler: Child | None) -> None:
     if scheduler is not None:
         children.exit_info(Role.SCHEDULER, None, scheduler, children.scheduler_launches - 1,
                            scheduler.process.returncode, expected=True)
@@ -60,13 +56,12 @@ def _record(children: Children, spares: list[Spare], scheduler: Child | None) ->
 
 def stop_everything_now(children: Children, workers: list[Worker], watch: SchedulerWatch,
                         tell: Callable[[ExitInfo], None], grace_period: float) -> None:
-    """The blocking stop of the error path: workers and spares, then the scheduler; each
+    """The blocking stop of the error path: workers and the fork server, then the scheduler; each
     worker's end is told the scheduler (``tell``) before it is stopped."""
     running = [w for w in workers if w.child is not None and w.child.poll() is None]
-    spares = children.spares.retire_all()
     server = children.stop_fork_server()
-    stop_all([*(w.child for w in running if w.child), *(s.child for s in spares),
-              *([server] if server is not None else [])], signal.SIGTERM, grace_period)
+    stop_all([*(w.child for w in running if w.child), *([server] if server is not None else [])],
+             signal.SIGTERM, grace_period)
     for worker in running:
         assert worker.child is not None
         worker.last_exit = children.exit_info(Role.WORKER, worker.rank, worker.child,
@@ -77,4 +72,4 @@ def stop_everything_now(children: Children, workers: list[Worker], watch: Schedu
     scheduler, children.scheduler = children.scheduler, None
     if scheduler is not None:
         stop_all([scheduler], signal.SIGTERM, grace_period)
-    _record(children, spares, scheduler)
+    _record(children, scheduler)

@@ -96,12 +96,6 @@ class JobView:
     scheduler_exit: str = ""
     """How this node's scheduler ended, when it did unexpectedly (empty: it runs)."""
     scheduler_launches: int = 0
-    warm_spare: int | None = None
-    """``--warm_spare`` (None: not given)."""
-    forks_workers: bool = False
-    """Workers start from the fork server, warm: no automatic spare is kept."""
-    spares: int = 0
-    """Spares kept now."""
     node_range: NodeRange | None = None
     """``--nnodes=MIN:MAX`` with MIN < MAX (None: a fixed node count)."""
     round_nodes: tuple[int, ...] = ()

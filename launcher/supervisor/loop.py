@@ -112,7 +112,7 @@ class Supervisor(CarryingOut):
         self._signal: int | None = None
         self._ending: Ending | None = None
         self._closing: Closing | None = None
-        """The spares and the scheduler being stopped, once the workers are."""
+        """The fork server and the scheduler being stopped, once the workers are."""
 
     # ----------------------------------------------------------------- lifecycle
     def _start_beats(self) -> None:
@@ -186,8 +186,6 @@ class Supervisor(CarryingOut):
             self._tell_retirements()
             if self._closing is not None and self._closing.poll():
                 return self._finish()
-            if self._ending is None:
-                self._tend_spares()
             self._refresh()
             wakeup.wait(wait)
 
@@ -209,15 +207,6 @@ class Supervisor(CarryingOut):
             self._signal = self._wakeup.received()
         return self._signal is not None
 
-    def _tend_spares(self) -> None:
-        """Keep the spares the policy wants started; one that died idle is replaced, no fault."""
-        try:
-            ended = self.children.spares.tend()
-        except OSError as err:
-            # Planned again at the next pass; a missing spare only means a cold start.
-            logger.warning("a warm spare could not be started: %s", err)
-            return
-        self.children.record_spare_exits(ended, expected=False)
 
     def _tell_scheduler(self, info: ExitInfo) -> None:
         """Queue the worker's exit for the scheduler's membership (the watch delivers it:
@@ -266,8 +255,6 @@ class Supervisor(CarryingOut):
             other_ranks=config.worker_num - config.nproc, others_finished=others_finished,
             others_step=others_step, scheduler_exit=self._scheduler_exit,
             scheduler_launches=self.children.scheduler_launches,
-            warm_spare=config.warm_spare, spares=self.children.spares.size,
-            forks_workers=self.children.fork_server is not None,
             min_worker_num=config.fewest_workers, rejoin_timeout=config.retire_after,
             others_training=others_training,
             others_retired=others_retired | frozenset(self._retiring),
@@ -299,7 +286,7 @@ class Supervisor(CarryingOut):
         """The loop raised: stop every process in order anyway, then end the job.
 
         SIGTERM, grace period, SIGKILL, as on any stop, so that the workers get their
-        chance to save last words: the workers and the spares first, then the scheduler
+        chance to save last words: the workers and the fork server first, then the scheduler
         (which the workers' last words need). ``job_end`` says why. The traceback goes to
         tftrun's log for the bug report; tftrun exits with :data:`EXIT_SUPERVISOR_ERROR`.
         """
@@ -326,5 +313,4 @@ class Supervisor(CarryingOut):
     def _refresh(self) -> None:
         if self.view.wants_rows:
             self.view.show_rows(live_rows(self.config, self.workers, self._restart_at,
-                                          time.monotonic()),
-                                caption=self.children.spares.describe())
+                                          time.monotonic()))

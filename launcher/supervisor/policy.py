@@ -39,8 +39,6 @@ The rules (docs/recovery.md, *The restart policy*):
   judges the ranks of a lost node (its tftrun silent), from its last beat, and retires
   them likewise. A group restart brings every retired rank back. It is on by default for
   scripts whose ranks register (``--min_worker_num`` 1, launcher/config.py);
-* spares: ``--warm_spare``, or :data:`AUTOMATIC_SPARES` once a worker of this node
-  registered (unless ``--restart_policy=all``);
 * an elastic node range (``--nnodes=MIN:MAX``, decided on node 0): a node of the
   generation silent for ``--node_time_out`` restarts the group without it while ``MIN``
   nodes remain, else ends the job for every node; a node that asked to join while the
@@ -68,7 +66,6 @@ from launcher.supervisor.actions import (
     Close,
     GiveUp,
     Hang,
-    KeepSpares,
     Kill,
     Relaunch,
     RelaunchScheduler,
@@ -85,7 +82,7 @@ from launcher.supervisor.job_view import JobView, RankView, crash, degraded, sto
 from launcher.supervisor.state import Failure, WorkerState
 from recovery.exit_codes import UNFIXABLE
 
-__all__ = ["decide", "STATUS_WAIT", "RESTART_GRACE", "AUTOMATIC_SPARES", "PEERS_SETTLE"]
+__all__ = ["decide", "STATUS_WAIT", "RESTART_GRACE", "PEERS_SETTLE"]
 
 STATUS_WAIT = 10.0
 """Seconds a failed rank's registration may stay unknown (the scheduler process runs but
@@ -96,9 +93,6 @@ registered with the scheduler, and for a rank stopped because its peers finished
 such a process does on SIGTERM saves nothing the restart needs, and a script that
 catches SIGTERM and keeps running (Lightning does) would hold the restart for the whole
 ``--grace_period``."""
-AUTOMATIC_SPARES = 1
-"""Spares kept without ``--warm_spare`` once this node's script is seen using recovery,
-unless its workers start from the fork server (as warm as a spare)."""
 PEERS_SETTLE = 5.0
 """Seconds after a rank finished during which a rank that died is not yet restarted with
 the group: its other peers, ending too, may still finish (their exits come seconds apart
@@ -108,7 +102,7 @@ _NO_STEP = -1
 
 def decide(view: JobView, now: float) -> list[Action]:
     """What the supervisor does next; see the module docstring for the rules."""
-    return [*_about_the_scheduler(view), *_about_spares(view), *_about_workers(view, now)]
+    return [*_about_the_scheduler(view), *_about_workers(view, now)]
 
 
 def _about_the_scheduler(view: JobView) -> list[Action]:
@@ -118,18 +112,6 @@ def _about_the_scheduler(view: JobView) -> list[Action]:
     if view.scheduler_launches > view.max_restarts:
         return [SchedulerSpent(why)]
     return [RelaunchScheduler(why)]
-
-
-def _about_spares(view: JobView) -> list[Action]:
-    if view.ending is not None:
-        return []
-    wanted = view.warm_spare
-    if wanted is None:
-        registered = any(r.registered for r in view.ranks)
-        wanted = (AUTOMATIC_SPARES if registered and view.restart_policy is not RestartPolicy.ALL
-                  and not view.forks_workers else 0)
-        wanted = max(wanted, view.spares)  # the automatic spare, once started, is kept
-    return [KeepSpares(wanted)] if wanted != view.spares else []
 
 
 def _about_workers(view: JobView, now: float) -> list[Action]:

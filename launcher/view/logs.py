@@ -12,7 +12,7 @@ from recovery.events import EVENTS_FILE
 __all__ = ["archive_previous_run", "last_lines", "LogFollower", "PREVIOUS_DIR"]
 
 PREVIOUS_DIR = "previous"
-_RUN_FILES = ("worker_*.log", "scheduler.log", "spare.log", EVENTS_FILE, "errors")
+_RUN_FILES = ("worker_*.log", "scheduler.log", EVENTS_FILE, "errors")
 
 
 def archive_previous_run(log_dir: Path, worker_logs: str = "worker_*.log") -> Path | None:

@@ -48,7 +48,7 @@ class View(Protocol):
     wants_rows: bool
 
     def on_event(self, record: dict[str, Any]) -> None: ...
-    def show_rows(self, rows: list[Row], caption: str = "") -> None: ...
+    def show_rows(self, rows: list[Row]) -> None: ...
     def output(self, label: str, line: str) -> None: ...
     def close(self) -> None: ...
 
@@ -139,7 +139,7 @@ class PlainView:
     def on_event(self, record: dict[str, Any]) -> None:
         self._print(f"{_stamp(record['ts'])} tftrun: {event_line(record)}")
 
-    def show_rows(self, rows: list[Row], caption: str = "") -> None:
+    def show_rows(self, rows: list[Row]) -> None:
         if self._tail is None:
             return
         self._next_line = time.monotonic() + self._interval
@@ -167,16 +167,15 @@ class LiveView:
         self._tail = (EventTail(events_path, catches_up=False)
                       if events_path is not None else None)
         self._progress = Progress()
-        self._live = Live(self._table([], ""), console=console, refresh_per_second=4,
+        self._live = Live(self._table([]), console=console, refresh_per_second=4,
                           transient=False)
         self._live.start()
 
-    def _table(self, rows: list[Row], spares: str) -> Table:
-        """The ranks, one row each; the caption: progress, a recovery under way and what
-        else runs on the node (the warm spares)."""
+    def _table(self, rows: list[Row]) -> Table:
+        """The ranks, one row each; the caption: progress and a recovery under way."""
         progress = self._progress
         parts = [progress_bar(progress) if progress.global_step is not None else "",
-                 progress.degraded or "", progress.recovering or "", spares]
+                 progress.degraded or "", progress.recovering or ""]
         caption = "  ".join(part for part in parts if part) or None
         table = Table(title=self._title, caption=None if caption is None else Text(caption),
                       expand=False)
@@ -193,10 +192,10 @@ class LiveView:
             self._console.print(f"[bold]{record['event']}[/] {escape(_describe(record))}",
                                 highlight=False)
 
-    def show_rows(self, rows: list[Row], caption: str = "") -> None:
+    def show_rows(self, rows: list[Row]) -> None:
         if self._tail is not None:
             self._progress.feed(self._tail.read())
-        self._live.update(self._table(rows, caption))
+        self._live.update(self._table(rows))
 
     def output(self, label: str, line: str) -> None:
         self._console.print(f"[dim]\\[{label}][/] {line}", highlight=False, markup=True)

@@ -23,8 +23,8 @@ STEPS = 20
 
 def bare_tftrun(tmp_path: Path, *args: str) -> list[str]:
     """tftrun with only what a new user gives: no worker count, no port (support.tftrun_cmd
-    would add one); the folders in ``tmp_path``, no warm spare (a core of its own)."""
-    return [sys.executable, "-m", "launcher.cli.tftrun", "--warm_spare=0",
+    would add one); the folders in ``tmp_path``."""
+    return [sys.executable, "-m", "launcher.cli.tftrun",
             f"--log_dir={tmp_path / 'logs'}", f"--recovery_path={tmp_path / 'recovery'}", *args]
 
 

@@ -139,7 +139,7 @@ def test_a_job_goes_on_cold_once_the_fork_server_is_gone(tmp_path: Path) -> None
 
 
 def _fork_server_pid(worker: int) -> int:
-    """The fork server that forked ``worker``: tftrun's child running spare.py's server."""
+    """The fork server that forked ``worker``: tftrun's child running fork_server_main.py."""
     import psutil
 
     tftrun = psutil.Process(worker).parent()

@@ -159,7 +159,7 @@ def test_tftrun_imports_no_torch_to_talk_to_the_scheduler_through_a_relaunch(
     import (seconds of CPU, ~290 MiB) no longer competes with training."""
     log_dir = tmp_path / "logs"
     proc = spawn(tftrun_cmd(*launch_args(log_dir, free_port, 2, "--rejoin_cooldown=0",
-                                         "--warm_spare=0", f"--recovery_path={tmp_path / 'r'}"),
+                                         f"--recovery_path={tmp_path / 'r'}"),
                             str(BIN / "sched_train.py"), "--rejoin"))
     try:
         wait_for_event(log_dir, 60, "generation 0", event="generation", generation=0)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from support import BIN, spawn, terminate, tftrun_cmd, wait_for
+from support import BIN, spawn, terminate, tftrun_cmd
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -40,22 +40,20 @@ def plant(folder: Path, marker: Path) -> None:
 @pytest.mark.parametrize("fork_server", [True, False])
 def test_a_planted_recovery_runs_in_none_of_tftruns_own_processes(
         tmp_path: Path, fork_server: bool) -> None:
-    """With a warm spare, the fork server (or the scheduler and the workers started
-    cold), the scheduler and the watchdog. tftrun itself imports no planted
-    ``recovery/`` either; ``sitecustomize`` runs as Python starts, before any of tftrun's
-    code, in tftrun, which the user started with that ``PYTHONPATH``, and in a worker
-    started cold, as under torchrun."""
-    work, marker, out, gate = tmp_path / "work", tmp_path / "marker", tmp_path / "out", tmp_path / "gate"
+    """With the fork server (or the scheduler and the workers started cold), the scheduler
+    and the watchdog. tftrun itself imports no planted ``recovery/`` either;
+    ``sitecustomize`` runs as Python starts, before any of tftrun's code, in tftrun, which
+    the user started with that ``PYTHONPATH``, and in a worker started cold, as under
+    torchrun."""
+    work, marker, out = tmp_path / "work", tmp_path / "marker", tmp_path / "out"
     plant(work, marker)
     out.mkdir()
     logs = tmp_path / "logs"
     env = {**os.environ, "PYTHONPATH": f":{REPO}"}
-    proc = spawn(tftrun_cmd("--nproc_per_node=2", "--warm_spare=1", f"--fork_server={fork_server}",
-                            f"--log_dir={logs}", str(BIN / "gated.py"), str(gate),
-                            str(BIN / "path_probe.py"), str(out)), cwd=work, env=env)
+    proc = spawn(tftrun_cmd("--nproc_per_node=2", f"--fork_server={fork_server}",
+                            f"--log_dir={logs}", str(BIN / "path_probe.py"), str(out)),
+                 cwd=work, env=env)
     try:
-        wait_for(lambda: "warm after" in _read(logs / "spare.log"), 90, "the warm spare")
-        gate.touch()
         output = "".join(proc.communicate(timeout=120))
     finally:
         terminate(proc)

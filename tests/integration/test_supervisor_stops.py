@@ -151,7 +151,7 @@ def test_an_exception_in_the_loop_stops_every_process_in_order(
         if log_has(log_dir, 0, "running") and log_has(log_dir, 1, "running"):
             raise _Broken("injected")
 
-    monkeypatch.setattr(Supervisor, "_tend_spares", broken)
+    monkeypatch.setattr(Supervisor, "_tell_retirements", broken)
     out = io.StringIO()
     status = Supervisor(config, None, PlainView(out), EventLog(log_dir)).run()
     assert status == EXIT_SUPERVISOR_ERROR, out.getvalue()

@@ -118,26 +118,19 @@ PORT_OPTIONS = ("--master_port", "--master-port", "--standalone", "--rdzv_endpoi
 tests run side by side (pytest-xdist), and two on tftrun's default port would collide."""
 
 
-def tftrun_cmd(*args: str, spare: bool = False, cwd_recovery_path: bool = False,
-               degraded: bool = False) -> list[str]:
-    """tftrun with ``args``; without a warm spare unless ``spare`` (tftrun's automatic
-    spare: one for a script that uses recovery, when its workers start as fresh processes,
-    so ``spare`` also gives ``--fork_server=false``) or ``args`` name ``--warm_spare``. Most tests are
-    about something else, and a spare's warm-up takes a core for seconds: with the default
-    spare, tests/integration/test_lose_nothing.py, test_inject_tftrun.py and
-    test_supervisor_stops.py took 274 s instead of 217 s on the 2 shared cores.
+def tftrun_cmd(*args: str, cwd_recovery_path: bool = False, degraded: bool = False) -> list[str]:
+    """tftrun with ``args``.
 
     Unless ``args`` name ``--recovery_path`` (or ``cwd_recovery_path``: tftrun's own default,
     ``./tft_recovery`` in its working folder), the test's own recovery path
     (``MS_RECOVERY_PATH``, tests/conftest.py): tests run side by side in the repository's
     folder, and a second job on its ``./tft_recovery`` is refused at once (seen in CI: a
-    test then waited 120 s for a spare of a job that had exited).
+    test then waited 120 s for a job that had exited).
 
     Unless ``degraded`` or ``args`` name ``--min_worker_num``, ``--min_worker_num`` is
     pinned to the job's size (when ``args`` give it): a dead rank then pauses the others
     until it is back, and a run with faults ends bitwise equal to the fault-free one, as
     most tests assert (docs/elastic.md). tftrun's own default trains degraded."""
-    named = any(arg.startswith(("--warm_spare", "--warm-spare")) for arg in args)
     size = _worker_num(args)
     pinned = (() if degraded or size is None or "min_worker_num" in _options(args)
               else (f"--min_worker_num={size}",))
@@ -145,7 +138,6 @@ def tftrun_cmd(*args: str, spare: bool = False, cwd_recovery_path: bool = False,
     kept = cwd_recovery_path or any(arg.startswith(("--recovery_path", "--recovery-path"))
                                     for arg in args)
     return [sys.executable, "-m", "launcher.cli.tftrun",
-            *(("--fork_server=false",) if spare else () if named else ("--warm_spare=0",)),
             *(() if placed else ("--master_port=0",)),
             *(() if kept else (f"--recovery_path={os.environ[names.MS_RECOVERY_PATH]}",)),
             *pinned, *args]

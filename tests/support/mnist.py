@@ -54,13 +54,12 @@ def mnist_data() -> ModuleType:
 
 
 def mnist_job(tmp_path: Path, name: str, port: int, *options: str,
-              job: tuple[str, ...] = JOB, spare: bool = False) -> list[str]:
-    """tftrun running the main job on 3 ranks, logs in ``tmp_path/name``, no cooldown;
-    without a warm spare unless ``spare`` (see ``support.tftrun_cmd``)."""
+              job: tuple[str, ...] = JOB) -> list[str]:
+    """tftrun running the main job on 3 ranks, logs in ``tmp_path/name``, no cooldown."""
     return tftrun_cmd(f"--worker_num={WORKERS}", f"--log_dir={tmp_path / name}",
                       f"--recovery_path={tmp_path / (name + '_recovery')}",
                       f"--master_port={port}", "--rejoin_cooldown=0", "--cluster_time_out=60",
-                      "--grace_period=5", *options, str(TRAIN), *job, spare=spare)
+                      "--grace_period=5", *options, str(TRAIN), *job)
 
 
 def final_digests(log_dir: Path) -> dict[int, str]:

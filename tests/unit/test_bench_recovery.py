@@ -26,7 +26,6 @@ from fault_recovery import (  # noqa: E402 - bench/ is not a package
     degraded_lines,
     degraded_samples,
     recovery,
-    spare_warm_time,
     steady_rate,
     survivors_idle,
     table,
@@ -97,25 +96,6 @@ def test_steady_rate_leaves_out_the_warm_up_and_takes_the_median_rank(tmp_path: 
         write_log(tmp_path, rank, warm_up + [(step, 20 + (step - 20) * step_time, 10 + rank)
                                              for step in range(21, 101)])
     assert steady_rate(read_steps(tmp_path), warmup_steps=20) == pytest.approx(1 / 0.2)
-
-
-def test_steady_rate_since_a_time_leaves_out_the_steps_completed_before_it(tmp_path: Path) -> None:
-    """A spare warming up slows the first seconds: the rate after it counts only later steps."""
-    write_log(tmp_path, 0, [(step, step * 0.2 if step <= 50 else 10 + (step - 50) * 0.1, 10)
-                         for step in range(1, 101)])
-    slow_then_fast = read_steps(tmp_path)
-    assert steady_rate(slow_then_fast, warmup_steps=20) < 1 / 0.1
-    assert steady_rate(slow_then_fast, warmup_steps=20, since=10.0) == pytest.approx(1 / 0.1)
-
-
-def test_the_spare_is_warm_at_its_spawn_plus_the_warm_up_it_reports(tmp_path: Path) -> None:
-    assert spare_warm_time(tmp_path) is None  # no spare.log: no spare
-    (tmp_path / "spare.log").write_text(
-        "==== tftrun: spare rank=None incarnation=0 ====\ntftrun spare pid=42: warm after 7.49s\n")
-    (tmp_path / "events.jsonl").write_text(
-        '{"ts": 100.0, "event": "spawn", "role": "worker", "pid": 41}\n'
-        '{"ts": 103.5, "event": "spawn", "role": "spare", "pid": 42}\n')
-    assert spare_warm_time(tmp_path) == pytest.approx(110.99)
 
 
 def test_fault_time_round_trips(tmp_path: Path) -> None:

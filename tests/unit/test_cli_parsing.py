@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from contextlib import redirect_stderr
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -73,16 +74,17 @@ def test_unknown_option_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str
     assert "--no_such_option" in err[0]
 
 
-def test_warm_spare_defaults_to_none_and_takes_a_count() -> None:
-    assert parse("train.py")["warm_spare"] is None  # auto: one for scripts that use recovery
-    assert parse("--warm_spare=0", "train.py")["warm_spare"] == 0
-    assert parse("--warm-spare", "2", "train.py")["warm_spare"] == 2
-
-
-def test_negative_warm_spare_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["--warm_spare=-1", "train.py"]) == 2
+@pytest.mark.parametrize("args", [["--warm_spare=0"], ["--warm-spare", "2"]])
+def test_warm_spare_is_accepted_with_one_line_saying_it_does_nothing(
+        args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """Deprecated: every worker and relaunch is forked warm by the fork server; a command
+    line that gives it still runs, as the same job as without it."""
+    given, plain = cli.config_from_argv([*args, "train.py"]), cli.config_from_argv(["train.py"])
+    fresh = {"run_id": plain.run_id, "job_token": plain.job_token, "epoch": plain.epoch}
+    assert replace(given, **fresh) == plain  # each launch draws its own run id and token
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["tftrun: error: --warm_spare must not be negative, got -1"]
+    assert err == ["tftrun: --warm_spare is deprecated and has no effect: the fork server (on by "
+                   "default) starts every worker and relaunch warm"]
 
 
 FLOAT_OPTIONS = ["cluster_time_out", "rejoin_cooldown", "rejoin_timeout", "monitor_interval", "heartbeat_timeout",

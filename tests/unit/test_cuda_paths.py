@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from launcher.procs.spare import CUDA_INITIALISED, refuse_initialised_cuda
+from launcher.procs.fork_server_main import CUDA_INITIALISED, refuse_initialised_cuda
 from recovery.train.grad_sync import all_reduce_gradients
 from support.mnist import TEMPLATE
 

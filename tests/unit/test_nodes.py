@@ -201,7 +201,7 @@ def test_a_node_is_declared_lost_only_after_an_unbroken_absence_of_the_bound(
             gone_since = now
         watch.seen("node 1" if gone else "", now)
         actions = decide(JobView(ranks, 0, gone=watch.gone, gone_since=watch.since,
-                                 node_time_out=bound, node_rank=0, warm_spare=0), now)
+                                 node_time_out=bound, node_rank=0), now)
         ends = [a for a in actions if isinstance(a, Stop)]
         expected = gone_since is not None and now - gone_since >= bound
         assert bool(ends) == expected

@@ -7,16 +7,15 @@ cannot be started, other nodes (their group restarts, their end, their loss, the
 ranks finishing), and the clock. Each ``supervise`` step runs the supervisor's passes: it builds the view, calls
 ``decide`` and carries the actions out on real :class:`launcher.supervisor.state.Worker` objects,
 as launcher/supervisor/loop.py does, so a move the transition table forbids raises. After
-every pass it checks the invariants of issue 15: no illegal transition, the budget
-never exceeded, no rank relaunched alone into a generation that cannot form, every dead
-rank relaunched or the job ending with a reason, the job ending once all ranks succeeded;
-and issue 27's: the scheduler relaunched within its budget only, the spares kept as
-asked, a lost node ending the job at ``--node_time_out``, a rank stranded by peers that
-all finished stopped at once (status 0 with ``teardown_crash`` only when it had reached
-their final step), a group restart's short grace for ranks that never registered; and
-degraded training's (``--min_worker_num``, issue 25): a rank absent for
-``--rejoin_timeout`` is retired while enough ranks train, never before, never relaunched
-after (but by a group restart); with too few the job ends at ``--node_time_out``.
+every pass it checks the invariants of issue 15: no illegal transition, the budget never
+exceeded, no rank relaunched alone into a generation that cannot form, every dead rank
+relaunched or the job ending with a reason, the job ending once all ranks succeeded; and issue
+27's: the scheduler relaunched within its budget only, a lost node ending the job at
+``--node_time_out``, a rank stranded by peers that all finished stopped at once (status 0 with
+``teardown_crash`` only when it had reached their final step), a group restart's short grace
+for ranks that never registered; and degraded training's (``--min_worker_num``, issue 25): a
+rank absent for ``--rejoin_timeout`` is retired while enough ranks train, never before, never
+relaunched after (but by a group restart); with too few the job ends at ``--node_time_out``.
 """
 
 from __future__ import annotations
@@ -44,7 +43,6 @@ from launcher.supervisor.actions import (
     Close,
     GiveUp,
     Hang,
-    KeepSpares,
     Kill,
     Relaunch,
     RelaunchScheduler,
@@ -60,7 +58,7 @@ from launcher.supervisor.actions import (
 )
 from launcher.supervisor.failures import ExitInfo
 from launcher.supervisor.job_view import Ending, JobView, RankView
-from launcher.supervisor.policy import AUTOMATIC_SPARES, PEERS_SETTLE, RESTART_GRACE, STATUS_WAIT, decide
+from launcher.supervisor.policy import PEERS_SETTLE, RESTART_GRACE, STATUS_WAIT, decide
 from launcher.supervisor.state import Failure, Worker, WorkerState
 from recovery.exit_codes import UNFIXABLE
 
@@ -111,9 +109,6 @@ class PolicyMachine(RuleBasedStateMachine):
         self.scheduler_alive = True
         self.scheduler_exit = ""
         self.scheduler_launches = 1
-        self.warm_spare: int | None = None
-        self.forks_workers = False
-        self.spares = 0
         self.steps: dict[int, int] = {}
         """pid → the last step that process reported."""
         self.relaunched_after: dict[int, Failure] = {}
@@ -131,16 +126,12 @@ class PolicyMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ the world
     @initialize(max_restarts=st.integers(0, 4), policy=st.sampled_from(list(RestartPolicy)),
-                registered=st.sets(ranks), warm_spare=st.sampled_from([None, None, 0, 2]),
-                other_ranks=st.sampled_from([0, 0, 3]),
-                min_worker_num=st.sampled_from([None, None, 1, 2]), forks_workers=st.booleans())
+                registered=st.sets(ranks), other_ranks=st.sampled_from([0, 0, 3]),
+                min_worker_num=st.sampled_from([None, None, 1, 2]))
     def start(self, max_restarts: int, policy: RestartPolicy, registered: set[int],
-              warm_spare: int | None, other_ranks: int, min_worker_num: int | None,
-              forks_workers: bool) -> None:
+              other_ranks: int, min_worker_num: int | None) -> None:
         self.max_restarts, self.policy, self.registered = max_restarts, policy, registered
         self.min_worker_num = min_worker_num
-        self.warm_spare, self.spares = warm_spare, warm_spare or 0
-        self.forks_workers = forks_workers
         self.other_ranks, self.others_finished = other_ranks, not other_ranks
         for worker in self.workers:
             self._launch(worker)
@@ -254,7 +245,6 @@ class PolicyMachine(RuleBasedStateMachine):
         self._check_every_dead_rank_is_relaunched_or_the_job_ends()
         self._check_the_job_ends_once_all_ranks_succeeded()
         self._check_the_other_nodes_are_followed()
-        self._check_the_spares()
         self._check_a_lost_node_ends_the_job()
         self._check_a_stranded_rank_ends_the_job()
         self._check_the_restart_grace()
@@ -273,8 +263,7 @@ class PolicyMachine(RuleBasedStateMachine):
             other_ranks=self.other_ranks, others_finished=self.others_finished,
             others_step=5 if self.others_finished and self.other_ranks else None,
             scheduler_exit=self.scheduler_exit, scheduler_launches=self.scheduler_launches,
-            warm_spare=self.warm_spare, spares=self.spares, min_worker_num=self.min_worker_num,
-            rejoin_timeout=REJOIN_TIMEOUT, forks_workers=self.forks_workers)
+            min_worker_num=self.min_worker_num, rejoin_timeout=REJOIN_TIMEOUT)
 
     def _rank_view(self, worker: Worker, undecided: bool) -> RankView:
         registered = True if worker.rank in self.registered else (
@@ -332,8 +321,6 @@ class PolicyMachine(RuleBasedStateMachine):
                 self.scheduler_launches += 1
             case SchedulerSpent():
                 assert self.scheduler_launches > self.max_restarts
-            case KeepSpares(count):
-                self.spares = count
             case Retire(rank):
                 self._check_retirement(rank)
                 self.retired.add(rank)
@@ -468,19 +455,6 @@ class PolicyMachine(RuleBasedStateMachine):
         assert len(decided) == (1 if view.scheduler_exit else 0)
         assert self.scheduler_launches <= self.max_restarts + 1
 
-    def _check_the_spares(self) -> None:
-        """``--warm_spare`` when given; else one once a rank registered, unless ``all`` or
-        the workers start from the fork server."""
-        if self.ending is not None:
-            return
-        if self.warm_spare is not None:
-            expected = self.warm_spare
-        elif self.policy is RestartPolicy.ALL or self.forks_workers:
-            expected = 0
-        else:
-            expected = AUTOMATIC_SPARES if self.registered or self.spares else 0
-        assert self.spares == expected
-
     def _check_a_lost_node_ends_the_job(self) -> None:
         if self.gone_since is not None and self.now - self.gone_since >= NODE_TIME_OUT:
             assert self.ending is not None
@@ -564,7 +538,6 @@ class DegradedPolicyMachine(PolicyMachine):
     def start(self, max_restarts: int, min_worker_num: int, other_ranks: int) -> None:
         self.max_restarts, self.policy = max_restarts, RestartPolicy.RANK
         self.registered, self.min_worker_num = set(range(WORKERS)), min_worker_num
-        self.warm_spare = 0
         self.other_ranks, self.others_finished = other_ranks, not other_ranks
         for worker in self.workers:
             self._launch(worker)
@@ -589,7 +562,7 @@ def test_an_exit_no_restart_can_fix_ends_the_job_at_once(code: int) -> None:
     failure = Failure(1, 42, 0, 0.0, code, f"exited with code {code}", f"exit code {code}", code)
     view = JobView((RankView(0, WorkerState.RUNNING),
                     RankView(1, WorkerState.FAILED, failure=failure, registered=True)),
-                   max_restarts=3, warm_spare=0)
+                   max_restarts=3)
     [give_up, stop] = decide(view, 1.0)
     assert isinstance(give_up, GiveUp) and give_up.failure is failure
     assert UNFIXABLE[code] in give_up.reason
@@ -608,7 +581,7 @@ def test_a_relaunch_waiting_when_a_peer_finishes_becomes_a_group_restart() -> No
         return JobView((RankView(0, WorkerState.SUCCEEDED, finished_at=finished_at),
                         RankView(1, WorkerState.COOLDOWN, deadline=5.0, failure=_failed(1),
                                  registered=True, relaunch_why="rank 1 exited with code 1"),
-                        RankView(2, WorkerState.RUNNING)), max_restarts=1, warm_spare=0)
+                        RankView(2, WorkerState.RUNNING)), max_restarts=1)
 
     assert decide(view(0.5), 1.0) == [WaitUntil(5.0)]
     assert decide(view(4.0), 5.0) == [WaitUntil(4.0 + PEERS_SETTLE)]
@@ -621,11 +594,11 @@ def test_a_relaunch_waiting_when_a_peer_finishes_becomes_a_group_restart() -> No
 def test_two_deaths_at_once_are_charged_two_relaunches_when_decided() -> None:
     view = JobView(tuple(RankView(r, WorkerState.FAILED, failure=_failed(r), registered=True)
                          for r in (0, 1)) + (RankView(2, WorkerState.RUNNING),),
-                   max_restarts=1, restart_policy=RestartPolicy.RANK, warm_spare=0)
+                   max_restarts=1, restart_policy=RestartPolicy.RANK)
     [give_up, _] = decide(view, 1.0)
     assert isinstance(give_up, GiveUp) and "restart budget (1) spent" in give_up.reason
-    relaunches = decide(JobView(view.ranks, max_restarts=2, restart_policy=RestartPolicy.RANK,
-                                warm_spare=0), 1.0)
+    relaunches = decide(JobView(view.ranks, max_restarts=2, restart_policy=RestartPolicy.RANK),
+                       1.0)
     assert relaunches[:2] == [ScheduleRelaunch(0, 1.0, "rank 0 exited with code 1"),
                               ScheduleRelaunch(1, 1.0, "rank 1 exited with code 1")]
 
@@ -643,7 +616,7 @@ def test_a_rank_relaunched_alone_whose_peers_all_finished_ends_the_job(
               if state is WorkerState.COOLDOWN else
               RankView(1, state, registered=True, failure_step=crash_step, relaunched_after=crash))
     view = JobView((RankView(0, WorkerState.SUCCEEDED, step=5), rank_1,
-                    RankView(2, WorkerState.SUCCEEDED, step=5)), max_restarts=3, warm_spare=0)
+                    RankView(2, WorkerState.SUCCEEDED, step=5)), max_restarts=3)
     actions = decide(view, 1.0)
     stop = StopWorkers(15, {1: 1.0 + RESTART_GRACE} if state is WorkerState.RUNNING else {})
     if status == 0:
@@ -666,7 +639,7 @@ def test_with_degraded_training_a_rank_still_rejoining_when_its_peers_finished_e
     view = JobView((RankView(0, WorkerState.SUCCEEDED, step=5),
                     RankView(1, WorkerState.RUNNING, registered=True, failure_step=3,
                              relaunched_after=crash),
-                    RankView(2, WorkerState.SUCCEEDED, step=5)), max_restarts=3, warm_spare=0,
+                    RankView(2, WorkerState.SUCCEEDED, step=5)), max_restarts=3,
                    min_worker_num=min_worker_num)
     [ending, stopping] = decide(view, 1.0)
     assert stopping == StopWorkers(15, {1: 1.0 + RESTART_GRACE})
@@ -685,7 +658,7 @@ def test_with_degraded_training_a_rank_the_budget_cannot_relaunch_is_retired_in_
     and the job ends ``--node_time_out`` after the death that left too few."""
     def view(min_worker_num: int, rank_1: RankView) -> JobView:
         return JobView((RankView(0, WorkerState.RUNNING), rank_1, RankView(2, WorkerState.RUNNING)),
-                       max_restarts=0, warm_spare=0, min_worker_num=min_worker_num,
+                       max_restarts=0, min_worker_num=min_worker_num,
                        rejoin_timeout=60.0, node_time_out=600.0)
 
     dead = RankView(1, WorkerState.FAILED, failure=_failed(1), registered=True, down_since=0.0)
@@ -696,7 +669,7 @@ def test_with_degraded_training_a_rank_the_budget_cannot_relaunch_is_retired_in_
     retired = RankView(1, WorkerState.STOPPED, retired=True)
     assert decide(view(2, retired), 61.0) == [WaitUntil(float("inf"))]
     done = JobView((RankView(0, WorkerState.SUCCEEDED), retired,
-                    RankView(2, WorkerState.SUCCEEDED)), max_restarts=0, warm_spare=0,
+                    RankView(2, WorkerState.SUCCEEDED)), max_restarts=0,
                    min_worker_num=2)
     assert decide(done, 62.0) == [Stop(0, "all workers succeeded; ranks [1] were retired")]
 
@@ -707,7 +680,7 @@ def test_with_degraded_training_a_rank_the_budget_cannot_relaunch_is_retired_in_
     cooling = RankView(2, WorkerState.COOLDOWN, deadline=650.0, failure=_failed(2, 5.0),
                        registered=True, down_since=5.0, relaunch_why="rank 2 exited with code 1")
     two_dead = JobView((RankView(0, WorkerState.RUNNING), dead, cooling),
-                       max_restarts=1, warm_spare=0, min_worker_num=2, rejoin_timeout=60.0,
+                       max_restarts=1, min_worker_num=2, rejoin_timeout=60.0,
                        node_time_out=600.0)
     assert decide(two_dead, 60.0) == [WaitUntil(605.0)]
     [give_up, _stop] = decide(two_dead, 605.0)
@@ -732,7 +705,7 @@ def test_a_retired_rank_does_not_count_as_a_peer_that_finished() -> None:
     view = JobView((RankView(0, WorkerState.SUCCEEDED, step=5),
                     RankView(1, WorkerState.STOPPED, retired=True),
                     RankView(2, WorkerState.RUNNING, registered=True, failure_step=3,
-                             relaunched_after=crash)), max_restarts=3, warm_spare=0,
+                             relaunched_after=crash)), max_restarts=3,
                    min_worker_num=2)
     [ending, _stopping] = decide(view, 1.0)
     assert isinstance(ending, GiveUp) and ending.failure is crash
@@ -757,7 +730,7 @@ def test_node_0_counts_the_ranks_training_across_nodes_and_retires_a_lost_nodes_
     min_worker_num = data.draw(st.integers(1, size - 1), label="min_worker_num")
     view = JobView((RankView(0, WorkerState.RUNNING, registered=True),
                     RankView(1, WorkerState.RUNNING, registered=True)), max_restarts=3,
-                   warm_spare=0, other_ranks=others, others_finished=False,
+                   other_ranks=others, others_finished=False,
                    min_worker_num=min_worker_num, rejoin_timeout=REJOIN_TIMEOUT,
                    node_time_out=NODE_TIME_OUT, others_training=training, lost_ranks=lost)
     actions = decide(view, now)
@@ -789,7 +762,7 @@ def test_a_node_counts_the_other_nodes_ranks_that_do_not_train() -> None:
     absent = RankView(2, WorkerState.COOLDOWN, deadline=10 * NODE_TIME_OUT, failure=_failed(2),
                       registered=True, down_since=0.0, relaunch_why="rank 2 exited with code 1")
     view = JobView((absent, RankView(3, WorkerState.RUNNING, registered=True)),
-                   max_restarts=1, warm_spare=0, other_ranks=2, others_finished=False,
+                   max_restarts=1, other_ranks=2, others_finished=False,
                    node_rank=1, min_worker_num=3, rejoin_timeout=REJOIN_TIMEOUT,
                    node_time_out=NODE_TIME_OUT, others_training=1)
     assert decide(view, REJOIN_TIMEOUT) == [WaitUntil(NODE_TIME_OUT)]

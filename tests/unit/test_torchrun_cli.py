@@ -161,7 +161,6 @@ def test_entry_kinds_give_torchruns_worker_command_lines(tmp_path: Path) -> None
     module = cli.config_from_argv(["-m", "pkg.train", "--lr", "1"])
     spec = worker_spec(module, 0, 1, 0, 1)
     assert spec.argv == (sys.executable, "-u", "-m", "pkg.train", "--lr", "1")
-    assert module.warm_spare == 0  # a spare runs a script file only
     exe = cli.config_from_argv(["--no_python", "/bin/echo", "hi"])
     assert worker_spec(exe, 0, 1, 0, 1).argv == ("/bin/echo", "hi")
     run_path = cli.config_from_argv(["--run_path", "--no_python", "/abs/train.py"])

@@ -1,26 +1,18 @@
-"""A warm worker interpreter, in one of two roles.
+"""The node's fork server, run as ``python -u -P fork_server_main.py --fork-server
+SOCKET_FD SUPERVISOR_PID ROOM`` (launcher/procs/fork_server.py is the supervisor's end).
 
-* A warm spare (``tftrun --warm_spare``), run as ``python -u spare.py GO_FD``: it becomes
-  one worker, described by the one message it reads.
-* The node's fork server (launcher/procs/fork_server.py), run as ``python -u spare.py
-  --fork-server SOCKET_FD SUPERVISOR_PID ROOM``: it forks every worker of the node from
-  its warm interpreter, one per message on the socket (:func:`serve`).
-
-A spare pays a worker's cold start ahead of need (``import torch``, the first optimizer step,
-which imports ``torch._dynamo``, and the ``recovery`` library where it can be imported),
-at a lower CPU priority where it may go back (recovery/priority.py), while it reads one
-JSON message from the pipe ``GO_FD`` until EOF: ``env``, ``argv`` (the script and its
-arguments), ``cwd`` and ``log``. On it, the process becomes that rank's worker: its
-output goes to the rank's log, ``os.environ`` is replaced by the rank's, and the script
-runs as ``__main__``, so its exit status is the script's (``sys.exit(n)`` gives n, an uncaught exception a
-traceback and 1). An empty pipe (the supervisor is gone, or retired the spare) ends it
-quietly with status 0.
+It pays a worker's cold start once (``import torch``, the first optimizer step, which
+imports ``torch._dynamo``, and the ``recovery`` library where it can be imported), then
+forks every worker of the node from its warm interpreter, one per message on the socket
+(:func:`serve`). The forked process becomes the worker the message describes
+(:func:`become`): its output goes to the rank's log, ``os.environ`` is replaced by the
+rank's, and the script runs as ``__main__``, so its exit status is the script's
+(``sys.exit(n)`` gives n, an uncaught exception a traceback and 1).
 
 Started by path, not with ``-m``, with ``-P`` and the absolute entries of ``PYTHONPATH``
 only (a ``recovery/`` planted in the working folder is never imported here), and
-importing nothing but the standard library, torch and recovery (its light
-``recovery.priority`` first, the library after torch): the script finds ``sys.modules``
-and ``sys.path`` as a fresh ``python -u script.py`` would, the user's whole
+importing nothing but the standard library, torch and recovery: the script finds
+``sys.modules`` and ``sys.path`` as a fresh ``python -u script.py`` would, the user's whole
 ``PYTHONPATH`` included, apart from those being imported already.
 """
 
@@ -34,16 +26,15 @@ import runpy
 import signal
 import socket
 import sys
-import threading
 import time
 import warnings
 from types import TracebackType
 from typing import Any
 
 READY = "warm"
-"""Printed (with the pid) to the spare's own log once the cold start is paid."""
+"""The key of the server's first message, and the word of its log's ready line."""
 FORK_SERVER = "--fork-server"
-"""The first argument that makes this program the fork server (launcher/procs/spec.py)."""
+"""The server's first argument: what names it among a node's processes (``ps``)."""
 CUDA_UNTOUCHED = "CUDA initialised: no"
 """In the fork server's ready line (its log): the warm-up left CUDA uninitialised."""
 CUDA_INITIALISED = "CUDA was initialised while warming up, so a worker forked from here could not use it"
@@ -96,37 +87,6 @@ def cuda_driver_loaded() -> bool:
     """Whether the CUDA driver's library is mapped in this process (a CUDA call loads it)."""
     with open("/proc/self/maps") as maps:
         return any("/libcuda.so" in line for line in maps)
-
-
-class GoListener:
-    """Reads the supervisor's message in a thread while the spare warms up, and puts the
-    spare back to its priority the moment a message (or EOF) arrives: a spare handed a
-    rank before it is warm finishes warming up at a worker's priority."""
-
-    def __init__(self, fd: int, priority: int | None) -> None:
-        self._fd = fd
-        self._priority = priority
-        self.message: dict[str, Any] | None = None
-        self._thread = threading.Thread(target=self._listen, name="tftrun-spare-go", daemon=True)
-        self._thread.start()
-
-    def _listen(self) -> None:
-        from recovery.priority import restore_priority
-
-        self.message = wait_for_go(self._fd)
-        if self._priority is not None:
-            restore_priority(self._priority)
-
-    def wait(self) -> dict[str, Any] | None:
-        self._thread.join()
-        return self.message
-
-
-def wait_for_go(fd: int) -> dict[str, Any] | None:
-    """The supervisor's message, or None at EOF without one."""
-    with os.fdopen(fd, "rb") as pipe:
-        data = pipe.read()
-    return json.loads(data) if data else None
 
 
 def become(message: dict[str, Any], interpreter: list[str]) -> None:
@@ -298,20 +258,7 @@ def main() -> None:
     from recovery.python_path import PYTHONPATH, interpreter_sys_path
 
     interpreter = interpreter_sys_path(sys.path, os.environ.get(PYTHONPATH, ""))
-    if sys.argv[1] == FORK_SERVER:
-        fork_server(int(sys.argv[2]), int(sys.argv[3]), started, interpreter)
-        return
-    from recovery.priority import lower_priority
-    from recovery.quick_exit import exit_now
-
-    go = GoListener(int(sys.argv[1]), lower_priority())
-    warm_up()
-    print(f"tftrun spare pid={os.getpid()}: {READY} after {time.monotonic() - started:.2f}s",
-          flush=True)
-    message = go.wait()
-    if message is None:
-        exit_now(0)  # retired idle: nothing to tear down
-    become(message, interpreter)
+    fork_server(int(sys.argv[2]), int(sys.argv[3]), started, interpreter)
 
 
 def fork_server(sock_fd: int, supervisor: int, started: float, interpreter: list[str]) -> None:
