@@ -81,6 +81,8 @@ from recovery.control.signing import (
     seal,
     unseal,
 )
+from recovery.control.straggler_watch import StragglerWatch
+from recovery.control.stragglers import StragglerSettings
 from recovery.control.tcpstore_client import StoreError, TCPStoreClient
 from recovery.control.throttle import Throttle
 from recovery.env import WorkerEnv
@@ -171,6 +173,7 @@ class SchedulerConfig:
     """The launch's epoch (``TFT_JOB_EPOCH``): with the token and run id, the job's key."""
     min_worker_num: int | None = None
     """The fewest workers a generation may have (None: ``worker_num``)."""
+    stragglers: StragglerSettings = StragglerSettings()
 
     @property
     def supervised(self) -> bool:
@@ -196,6 +199,7 @@ class SchedulerConfig:
             node_num=int(env.get(names.TFT_NODE_NUM) or 0),
             min_worker_num=worker.min_worker_num,
             epoch=worker.epoch,
+            stragglers=StragglerSettings.from_env(env),
         )
 
 
@@ -208,6 +212,7 @@ class Scheduler:
                                      min_worker_num=config.min_worker_num)
         self.events = EventLog(config.log_dir, node_rank=0)  # the scheduler runs on node 0
         self.injections = InjectionQueue()
+        self.stragglers = StragglerWatch(config.stragglers, self.membership, self.events)
         self.last_words = LastWords()
         self.replies = KeptReplies()
         self.node_ranks = NodeRanks()
@@ -595,7 +600,7 @@ class Scheduler:
                 scope["first_rank"] or 0, scope["nproc"], bool(scope["missing"]))}
         return {"ok": True, **self.membership.status(), "run_id": cfg.run_id,
                 "pid": os.getpid(), "host": cfg.host, "started": self._started,
-                "supervised": cfg.supervised,
+                "supervised": cfg.supervised, "stragglers": self.stragglers.to_json(),
                 "rejoin_cooldown": cfg.timeouts.rejoin_cooldown,
                 "heartbeat_timeout": cfg.timeouts.heartbeat_timeout,
                 "progress_timeout": cfg.timeouts.progress_timeout,
@@ -617,6 +622,7 @@ class Scheduler:
         answer = self.membership.heartbeat(Identity.from_json(fields), self.config.token,
                                            fields["step"], fields["phase"], sent=self._stamp,
                                            ready=fields["ready"])
+        self.stragglers.heard(fields, fields["host"])
         return self._handing_out_injections(answer)
 
     def _on_node_beat(self, request: Request) -> dict[str, Any]:
@@ -633,6 +639,8 @@ class Scheduler:
         answers = []
         hand_out = self._handing_out_injections if self.injections.pending else None
         for entry in ranks:  # thousands a second: what does not change is looked up once
+            if entry["steps"] is not None:
+                self.stragglers.heard(entry, node)
             # Its fields are checked (recovery/control/requests.py): no conversions.
             age = entry["age"] / 1000
             sent = None if stamp is None else stamp - age
@@ -665,9 +673,10 @@ class Scheduler:
 
     def _on_inject(self, request: Request) -> dict[str, Any]:
         fields = request.fields
-        injection = Injection(new_id(), fields["rank"], fields["fault"], fields["at_step"])
+        injection = Injection(new_id(), fields["rank"], fields["fault"], fields["at_step"],
+                              fields["factor"])
         problem = check(injection.rank, injection.fault, injection.at_step,
-                        self.config.worker_num)
+                        self.config.worker_num, injection.factor)
         if problem is not None:
             return {"ok": False, "reason": "bad_injection", "message": problem}
         self.injections.add(injection)

@@ -78,6 +78,7 @@ from recovery.position import TrainPosition
 from recovery.runtime.abort import Aborted, ShouldAbort, never
 from recovery.runtime.cluster import ClusterContext
 from recovery.train.collectives import MAX_ROWS, Wait, all_gather_rows, blocking
+from recovery.train.compute_clock import ComputeClock
 from recovery.train.grad_sync import all_reduce_gradients
 from recovery.train.modes import TftModes, parse_enable_tft
 from recovery.train.phase import phase_of
@@ -285,6 +286,7 @@ class ElasticTrainer:
         # Inputs, not states: what arrived from outside, for the loop to act on.
         self._stop_request: _StopRequest | None = None
         self._injected_uce: Injection | None = None
+        self._clock = ComputeClock()  # each step's compute time, for the straggler detector
 
     @property
     def state(self) -> TrainerState:
@@ -386,6 +388,7 @@ class ElasticTrainer:
     def _run(self, step: Step) -> Iterator[Step]:
         """Hand ``step`` to the user's loop body; complete it if the trainer still trains."""
         self._take_injection(step.global_step)
+        self._clock.start()
         self.phase.start_step(step.global_step)
         self._step = step
         if (leave := self._leaves_generation(step.global_step)) is not None:
@@ -437,6 +440,7 @@ class ElasticTrainer:
                         self.ctx.generation, len(self.ctx.active), step.cursor, share,
                         params_sha256(self.model))
         self.ctx.report_step(step.global_step)
+        self.ctx.report_step_time(self._clock.finished())
         self._update_total()
         self._step_events.batch = step.divisor * step.micro_batch_size or None  # its samples
         self._step_events.completed(step.global_step, self.ctx.generation)
@@ -465,6 +469,7 @@ class ElasticTrainer:
         # behind the others in the scheduler's eyes, so its progress verdict names it.
         self.ctx.report_step(self.phase.global_step)
         self._raise_injected_uce()
+        self._clock.collective_started()
         damaged = self.phase.device_error
         if damaged is not None and not self.modes.uce:
             raise damaged  # in-place recovery is off: the rank dies and is relaunched
@@ -483,6 +488,7 @@ class ElasticTrainer:
             self._machine.fail(TrainerState.STOPPING,
                                "the job is being stopped, and the step's collective is stuck")
             return
+        self._clock.collective_ended()
         faulty = frozenset(int(r) for r in torch.nonzero(flags).flatten())
         if damaged is not None and dist.get_world_size() == 1:
             faulty = frozenset({self.ctx.rank})
@@ -514,6 +520,8 @@ class ElasticTrainer:
                        global_step)
         if injection.fault == "uce":
             self._injected_uce = injection  # raised inside the step, at its collective
+        elif injection.fault == "slow":
+            self._clock.slowdown = injection.factor or 1.0
         else:
             deliver(injection)
 
