@@ -17,20 +17,22 @@ from dataclasses import dataclass
 
 from recovery import env as names
 
-__all__ = ["DEFAULT_FACTOR", "DEFAULT_WINDOW", "StragglerSettings", "Straggler",
+__all__ = ["DEFAULT_FACTOR", "DEFAULT_WINDOW", "POLICIES", "StragglerSettings", "Straggler",
            "StragglerDetector", "StepTimes", "merge_summaries"]
 
 DEFAULT_FACTOR = 1.5
 DEFAULT_WINDOW = 20
+POLICIES = ("report", "evict")
 
 
 @dataclass(frozen=True)
 class StragglerSettings:
     """``factor``: how many times its peers' median a straggler's step time is at least;
-    ``window``: for how many steps in a row."""
+    ``window``: for how many steps in a row; ``policy``: ``report`` (tell) or ``evict``."""
 
     factor: float = DEFAULT_FACTOR
     window: int = DEFAULT_WINDOW
+    policy: str = POLICIES[0]
 
     def problem(self) -> str | None:
         """Why these settings are invalid, or ``None``."""
@@ -38,18 +40,22 @@ class StragglerSettings:
             return f"--straggler_factor must be above 1, got {self.factor:g}"
         if self.window < 1:
             return f"--straggler_window must be at least 1 step, got {self.window}"
+        if self.policy not in POLICIES:
+            return f"--straggler_policy must be one of {', '.join(POLICIES)}, got {self.policy!r}"
         return None
 
     def to_env(self) -> dict[str, str]:
         return {names.TFT_STRAGGLER_FACTOR: str(self.factor),
-                names.TFT_STRAGGLER_WINDOW: str(self.window)}
+                names.TFT_STRAGGLER_WINDOW: str(self.window),
+                names.TFT_STRAGGLER_POLICY: self.policy}
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> StragglerSettings:
         factor = env.get(names.TFT_STRAGGLER_FACTOR)
         window = env.get(names.TFT_STRAGGLER_WINDOW)
         return cls(DEFAULT_FACTOR if not factor else float(factor),
-                   DEFAULT_WINDOW if not window else int(window))
+                   DEFAULT_WINDOW if not window else int(window),
+                   env.get(names.TFT_STRAGGLER_POLICY) or POLICIES[0])
 
 
 @dataclass(frozen=True)
@@ -97,6 +103,13 @@ class StragglerDetector:
             return None
         straggler = self.named[rank] = Straggler(rank, step_time, median, run.since)
         return straggler
+
+    def reset(self) -> None:
+        """A new generation: each rank's share of the step may have changed, so no time
+        before it is compared with one after."""
+        self.latest.clear()
+        self._runs.clear()
+        self.named.clear()
 
     def forget(self, rank: int) -> None:
         """Rank ``rank``'s process ended: its times say nothing of its next one."""

@@ -3,6 +3,7 @@ node's beat, the scheduler names a straggler (event and status), ``slow`` is che
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,8 @@ from launcher.cli import tftrun as cli
 from launcher.cli.status import format_status
 from recovery.control.inject import Injection, check_fault
 from recovery.control.node_beats import NodeBeats
+from recovery.control.scheduler import Scheduler
+from recovery.control.stragglers import StragglerDetector, StragglerSettings
 from support import events
 from support.sched_inprocess import ask, scheduler
 
@@ -86,3 +89,42 @@ def test_bad_straggler_options_are_one_line_and_exit_2(
         option: str, error: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert cli.main([option, f"--log_dir={tmp_path}", "train.py"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [f"tftrun: error: {error}"]
+
+
+def test_under_evict_a_straggler_of_a_whole_job_is_judged_lost_and_only_one_at_a_time(
+        tmp_path: Path) -> None:
+    from torch.distributed import HashStore
+
+    config = replace(scheduler(tmp_path).config, worker_num=3,
+                     stragglers=StragglerSettings(window=10, policy="evict"))
+    sched = Scheduler(config)
+    sched._client = HashStore()
+    ranks = [{"op": "register", **report(r), "step": None, "phase": None, "age": 0}
+             for r in range(3)]
+    ask(sched, "node_beat", node="h/0", ranks=ranks)
+
+    def beat(step: int, slow: int) -> None:
+        ask(sched, "node_beat", node="h/0", ranks=[
+            {**entry, "op": "heartbeat", "step": step, "age": 0, "steps": 10,
+             "step_us": 5000 if entry["rank"] == slow else 1000} for entry in ranks])
+
+    beat(10, slow=2)  # each process's first summary is its warm-up: not counted
+    assert events(tmp_path / "logs", "verdict") == []
+    beat(20, slow=2)
+    [verdict] = events(tmp_path / "logs", "verdict")
+    assert (verdict["rank"], verdict["verdict"], verdict["node"]) == (2, "straggler", "h/0")
+    assert (verdict["step_time"], verdict["median"]) == (0.005, 0.001)
+    assert sched.membership.verdicts() == {2: "heartbeat"}  # its supervisor kills it
+    assert [m["state"] for m in ask(sched, "status")["members"]] == ["alive", "alive", "lost"]
+    beat(30, slow=1)  # rank 1 slow now, while rank 2 is missing: reported, not evicted
+    assert [e["rank"] for e in events(tmp_path / "logs", "straggler")] == [2, 1]
+    assert [e["rank"] for e in events(tmp_path / "logs", "verdict")] == [2]
+
+
+def test_a_new_generation_starts_the_detector_afresh() -> None:
+    detector = StragglerDetector(StragglerSettings(window=4))
+    detector.heard(0, 4, 1.0, 4)
+    detector.heard(1, 4, 3.0, 4)
+    assert detector.named
+    detector.reset()
+    assert (detector.named, detector.latest) == ({}, {})
