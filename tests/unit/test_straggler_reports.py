@@ -84,6 +84,7 @@ def test_a_slow_injection_keeps_its_factor_through_the_queue_and_others_have_non
 @pytest.mark.parametrize(("option", "error"), [
     ("--straggler_factor=1", "--straggler_factor must be above 1, got 1"),
     ("--straggler_window=0", "--straggler_window must be at least 1 step, got 0"),
+    ("--straggler_policy=kill", "--straggler_policy must be one of report, evict, got 'kill'"),
 ])
 def test_bad_straggler_options_are_one_line_and_exit_2(
         option: str, error: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
