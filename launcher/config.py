@@ -22,6 +22,7 @@ from launcher.errors import ConfigError
 from recovery import env as names
 from recovery.control.node_range import DEFAULT_LAST_CALL, NodeRange
 from recovery.control.rpc import describe_bind_error, listen_on
+from recovery.control.stragglers import StragglerSettings
 from recovery.safe_files import UnsafeFolder, resolved_folder
 from recovery.timeouts import (
     DEFAULT_CLUSTER_TIME_OUT,
@@ -112,6 +113,7 @@ class LaunchConfig:
     monitor_interval: float = 0.1
     heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
     progress_timeout: float = DEFAULT_PROGRESS_TIMEOUT
+    stragglers: StragglerSettings = StragglerSettings()
     grace_period: float = 10.0
     restart_policy: RestartPolicy = RestartPolicy.AUTO
     """A string is taken for its value (the CLI's); one that names none is refused by
@@ -297,6 +299,8 @@ class LaunchConfig:
                             ("--rejoin_timeout", self.retire_after)):
             if value <= 0:
                 raise ConfigError(f"{name} must be positive, got {value}")
+        if (problem := self.stragglers.problem()) is not None:
+            raise ConfigError(problem)
         if self.last_call < 0:
             raise ConfigError(f"--rdzv_conf last_call_timeout must not be negative, got "
                               f"{self.last_call:g}")

@@ -111,6 +111,11 @@ membership changes are made again at the same steps (recovery/train/replay.py,
 docs/elastic.md); read by ``ElasticTrainer``, never set by tftrun."""
 TFT_HEARTBEAT_TIMEOUT = "TFT_HEARTBEAT_TIMEOUT"
 TFT_PROGRESS_TIMEOUT = "TFT_PROGRESS_TIMEOUT"
+TFT_STRAGGLER_FACTOR = "TFT_STRAGGLER_FACTOR"
+TFT_STRAGGLER_WINDOW = "TFT_STRAGGLER_WINDOW"
+TFT_STRAGGLER_POLICY = "TFT_STRAGGLER_POLICY"
+"""For the scheduler: ``--straggler_factor``, ``--straggler_window`` and
+``--straggler_policy`` (docs/stragglers.md)."""
 TFT_LINEAGE = "TFT_LINEAGE"
 """The job's lineage id (recovery/ckpt/lineage.py): the checkpoints this job may restore."""
 TFT_STORE_FD = "TFT_STORE_FD"

@@ -68,16 +68,19 @@ def inject(
     at_step: Annotated[int | None, typer.Option(
         "--at_step", "--at-step", help="The global step at which the rank fails. "
         "[default: its next step; kill/term: at once, by signal]", show_default=False)] = None,
+    factor: Annotated[float | None, typer.Option(
+        "--factor", help="--fault slow: how many times slower the rank's steps become.",
+        show_default=False)] = None,
 ) -> None:
     """Inject FAULT into rank RANK of the job running with LOG_DIR."""
-    problem = check_fault(fault, at_step)  # the rank is checked against the job's size
+    problem = check_fault(fault, at_step, factor)  # the rank is checked against the job's size
     if problem is not None:
         raise ConfigError(problem)
     try:
         status = query(log_dir)
     except NoJobError as err:
         raise ConfigError(str(err)) from None
-    problem = check(rank, fault, at_step, status["worker_num"])
+    problem = check(rank, fault, at_step, status["worker_num"], factor)
     if problem is not None:
         raise ConfigError(problem)
     pid = _signal_target(status, rank) if fault in _SIGNALS and at_step is None else None
@@ -90,7 +93,7 @@ def inject(
         return
     try:
         with connect(log_dir) as link:
-            reply = link.call(Op.INJECT, rank=rank, fault=fault, at_step=at_step)
+            reply = link.call(Op.INJECT, rank=rank, fault=fault, at_step=at_step, factor=factor)
     except NoJobError as err:
         raise ConfigError(str(err)) from None
     if not reply.get("ok"):
@@ -98,4 +101,5 @@ def inject(
     when = Injection(reply["id"], rank, fault, at_step).when
     pid = _holder(status, rank)
     holder = "no live process yet" if pid is None else f"pid {pid}"
-    typer.echo(f"injected {fault} into rank {rank} ({holder}) {when}")
+    slower = "" if factor is None else f" ({factor:g}x slower)"
+    typer.echo(f"injected {fault}{slower} into rank {rank} ({holder}) {when}")

@@ -26,6 +26,7 @@ from launcher.config import AUTO_NODE_RANK, DEFAULT_MASTER_PORT, LaunchConfig
 from launcher.errors import ConfigError
 from launcher.nodes.cluster_env import DEFAULT_MASTER_ADDR, fill_from_cluster
 from recovery.control.node_range import DEFAULT_LAST_CALL
+from recovery.control.stragglers import StragglerSettings
 from recovery.timeouts import DEFAULT_CLUSTER_TIME_OUT
 
 __all__ = ["build_config", "START_METHODS", "ALL_RANKS", "TORCHRUN_ONLY"]
@@ -73,6 +74,8 @@ def build_config(params: dict[str, Any]) -> LaunchConfig:
         rejoin_cooldown=p.rejoin_cooldown, rejoin_timeout=p.rejoin_timeout,
         monitor_interval=p.monitor_interval,
         heartbeat_timeout=p.heartbeat_timeout, progress_timeout=p.progress_timeout,
+        stragglers=StragglerSettings(p.straggler_factor, p.straggler_window,
+                                     p.straggler_policy),
         grace_period=p.grace_period if p.shutdown_timeout is None else p.shutdown_timeout,
         restart_policy=p.restart_policy, is_recover=p.is_recover,
         recovery_path=p.recovery_path, enable_tft=p.enable_tft,

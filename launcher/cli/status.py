@@ -84,6 +84,9 @@ def format_status(status: dict[str, Any], now: float | None = None) -> str:
               + f", {alive}/{status['worker_num']} workers live"
               + ("" if not status["missing"] else f", missing ranks {status['missing']}")
               + ("" if not status.get("retired") else f", retired ranks {status['retired']}")
+              + "".join(f", straggler rank {s['rank']} ({s['step_time'] / s['median']:.1f}x its "
+                        f"peers' step time since step {s['since']})"
+                        for s in status.get("stragglers", ()))
               + f"; scheduler pid {status['pid']} on {status['host']}, "
               f"up {now - status['started']:.0f}s")
     rows = [[m["node_id"], _cell(m["rank"]), _cell(m["pid"]), _cell(m["incarnation"]),

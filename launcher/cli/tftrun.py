@@ -54,6 +54,7 @@ from recovery.ckpt.layout import previous_dir
 from recovery.ckpt.lineage import LineageError, join_lineage, open_lineage
 from recovery.control.node_range import DEFAULT_LAST_CALL
 from recovery.control.signing import WeakToken, checked_strength
+from recovery.control.stragglers import DEFAULT_FACTOR, DEFAULT_WINDOW, POLICIES
 from recovery.env import DEFAULT_RECOVERY_PATH
 from recovery.events import EVENTS_FILE, EventLog
 from recovery.quick_exit import skip_final_collections
@@ -144,6 +145,17 @@ def launch(
     progress_timeout: Annotated[float, float_opt(
         "progress_timeout", "Seconds a worker may stay behind another worker's step of its "
         "generation before it is declared hung.", RECOVERY)] = DEFAULT_PROGRESS_TIMEOUT,
+    straggler_factor: Annotated[float, float_opt(
+        "straggler_factor", "A rank whose compute time per step stays at least this many "
+        "times its peers' median is a straggler.", RECOVERY)] = DEFAULT_FACTOR,
+    straggler_window: Annotated[int, opt(
+        "straggler_window", "For how many steps in a row it must stay so.",
+        RECOVERY)] = DEFAULT_WINDOW,
+    straggler_policy: Annotated[str, opt(
+        "straggler_policy", "What to do with a straggler: 'report' it (an event, tftctl "
+        "status), or 'evict' it (killed and relaunched after its cooldown; the others train "
+        "on without it meanwhile, with --min_worker_num below --worker_num).",
+        RECOVERY)] = POLICIES[0],
     monitor_interval: Annotated[float, float_opt(
         "monitor_interval", "Seconds between checks of the workers (deaths are seen at "
         "once regardless).", RECOVERY, pet=True)] = 0.1,

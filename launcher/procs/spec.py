@@ -99,6 +99,7 @@ def _common_env(config: LaunchConfig, base: Mapping[str, str]) -> dict[str, str]
         names.TFT_REJOIN_COOLDOWN: str(config.rejoin_cooldown),
         names.TFT_HEARTBEAT_TIMEOUT: str(config.heartbeat_timeout),
         names.TFT_PROGRESS_TIMEOUT: str(config.progress_timeout),
+        **config.stragglers.to_env(),
         names.MS_TOPO_TIMEOUT: str(config.cluster_time_out),
         names.RANK_SIZE: str(config.worker_num),
         names.TFT_MIN_WORKER_NUM: str(config.fewest_workers),

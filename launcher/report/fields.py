@@ -15,7 +15,7 @@ from typing import Any
 __all__ = ["well_typed", "drawable"]
 
 _INTEGERS = frozenset({"node_rank", "pid", "rank", "incarnation", "exitcode", "generation",
-                       "world", "step", "total"})
+                       "world", "step", "total", "since"})
 _REALS = frozenset({"ts", "seconds", "until"})
 """Unix times and durations in seconds."""
 _TEXTS = frozenset({"event", "run_id", "role", "signal", "cause", "what", "why",
@@ -23,7 +23,8 @@ _TEXTS = frozenset({"event", "run_id", "role", "signal", "cause", "what", "why",
 _INTEGER_LISTS = frozenset({"active"})
 _REQUIRED = {"spawn": ("pid",), "exit": ("pid",), "hang": ("rank", "pid"),
              "generation": ("generation",), "membership": ("generation",),
-             "step": ("rank", "step"), "train_end": ("rank", "step"), "cooldown": ("until",)}
+             "step": ("rank", "step"), "train_end": ("rank", "step"), "cooldown": ("until",),
+             "straggler": ("rank",)}
 """The fields an event's drawing cannot do without, besides ``ts``."""
 _INT_LIMIT = 1 << 63
 _REAL_LIMIT = 1e11

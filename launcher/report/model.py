@@ -26,11 +26,13 @@ class IncarnationEnding(StrEnum):
 
 
 class SpanPhase(StrEnum):
-    """What a rank does between a fault and training again (a span of the timeline)."""
+    """What a rank does between a fault and training again, or how it trains (a span of
+    the timeline): ``straggling`` from its ``straggler`` event to the end of its process."""
 
     COOLDOWN = "cooldown"
     REFORMING = "re-forming"
     RESYNCING = "resynchronising"
+    STRAGGLING = "straggling"
 
 
 @dataclass(frozen=True, order=True)

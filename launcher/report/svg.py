@@ -28,7 +28,7 @@ ENDING_COLOURS = {
     IncarnationEnding.RUNNING: "#1e88e5", IncarnationEnding.UNKNOWN: "#bdbdbd",
 }
 PHASE_COLOURS = {SpanPhase.COOLDOWN: "#fdd835", SpanPhase.REFORMING: "#8e24aa",
-                 SpanPhase.RESYNCING: "#00acc1"}
+                 SpanPhase.RESYNCING: "#00acc1", SpanPhase.STRAGGLING: "#ff7043"}
 FAULT_COLOUR = "#b71c1c"
 _ROUND_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600,
                 43200, 86400)

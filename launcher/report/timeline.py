@@ -12,6 +12,9 @@ before the rollback minus the step rolled back to. While an episode is open, the
 from its first fault to the next ``generation`` event is *re-forming*, and from there to
 the rollback *resynchronising*; both are drawn on every incarnation alive then.
 
+A ``straggler`` event opens a *straggling* span on its rank, to the end of the process
+it named.
+
 A ``membership`` event with fewer ranks than the job's first one opens a *degraded* span
 (the survivors train on without the missing ranks); the next ``membership`` event closes
 it.
@@ -94,6 +97,8 @@ class _Builder:
     degraded: list[DegradedSpan] = field(default_factory=list)
     shrunk: dict[str, Any] | None = None
     """The ``membership`` event of the degraded stretch under way (None: none)."""
+    stragglers: list[tuple[int, float]] = field(default_factory=list)
+    """(rank, when) of each ``straggler`` event."""
 
     def feed(self, event: dict[str, Any]) -> None:
         handler = getattr(self, "_on_" + str(event.get("event")), None)
@@ -161,6 +166,9 @@ class _Builder:
     def _on_cooldown(self, event: dict[str, Any], node: int) -> None:
         if event.get("rank") is not None and float(event.get("seconds") or 0) > 0:
             self.cooldowns.append((int(event["rank"]), event["ts"], float(event["until"])))
+
+    def _on_straggler(self, event: dict[str, Any], node: int) -> None:
+        self.stragglers.append((int(event["rank"]), event["ts"]))
 
     def _on_generation(self, event: dict[str, Any], node: int) -> None:
         mark = GenerationMark(event["ts"], int(event["generation"]))
@@ -234,6 +242,11 @@ class _Builder:
             end = min([until, self.end, *later])
             if end > start:
                 spans.append(PhaseSpan(rank, SpanPhase.COOLDOWN, start, end))
+        for rank, start in self.stragglers:
+            end = min((life.end for life in incarnations
+                       if life.rank == rank and life.start <= start < life.end), default=self.end)
+            if end > start:
+                spans.append(PhaseSpan(rank, SpanPhase.STRAGGLING, start, end))
         for episode in self.episodes:
             if episode.formed_before is None:
                 continue  # a job without generations (a plain script): nothing re-forms

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from launcher.report.model import Timeline
+from launcher.report.model import SpanPhase, Timeline
 
 __all__ = ["trace_events", "RECOVERIES_TID"]
 
@@ -50,7 +50,8 @@ def trace_events(timeline: Timeline) -> dict[str, Any]:
     for phase in timeline.phases:
         name = phase.phase.value + ("" if phase.generation is None
                                     else f" generation {phase.generation}")
-        events.append(span(name, "recovery phase", timeline.node_of(phase.rank), phase.rank,
+        category = "straggler" if phase.phase is SpanPhase.STRAGGLING else "recovery phase"
+        events.append(span(name, category, timeline.node_of(phase.rank), phase.rank,
                            phase.start, phase.end))
     for fault in timeline.faults:
         node, tid = ((timeline.node_of(fault.rank), fault.rank) if fault.rank is not None

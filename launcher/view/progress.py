@@ -96,6 +96,8 @@ class Progress:
     """The job's ranks (its first ``membership`` event's ``world``)."""
     batch: int | None = None
     """Samples the newest reported step trained, job-wide (its ``step`` event's ``batch``)."""
+    stragglers: set[int] = field(default_factory=set)
+    """The ranks named stragglers (``straggler`` events), until a new process holds them."""
     _target: int | None = None
 
     def feed(self, events: list[dict[str, Any]]) -> None:
@@ -121,6 +123,13 @@ class Progress:
         generation = event.get("generation")
         if generation is not None:
             self._trains_in(int(generation))
+
+    def _on_straggler(self, event: dict[str, Any]) -> None:
+        self.stragglers.add(int(event["rank"]))
+
+    def _on_spawn(self, event: dict[str, Any]) -> None:
+        if event.get("rank") is not None:
+            self.stragglers.discard(int(event["rank"]))
 
     def _on_fault(self, event: dict[str, Any]) -> None:
         if event.get("cause") == "uce" or self.generation is None or self._target is not None:

@@ -86,11 +86,19 @@ def _step(progress: Progress, rank: int) -> str:
     return "-" if known is None else str(known.global_step)
 
 
+def _state(progress: Progress, row: Row) -> str:
+    """The row's state, marked when the rank is a straggler (docs/stragglers.md)."""
+    return f"{row.state} (straggler)" if row.rank in progress.stragglers else row.state
+
+
 def _rank_text(progress: Progress, row: Row) -> str:
-    """``rank 0 step 40 12.4/s``, or its state while it has no step or waits to relaunch."""
+    """``rank 0 step 40 12.4/s``, or its state while it has no step or waits to relaunch;
+    `` straggler`` after a rank named one."""
     if row.state.startswith("cooldown") or row.rank not in progress.ranks:
-        return f"rank {row.rank} {row.state}"
-    return f"rank {row.rank} step {_step(progress, row.rank)} {_rate(progress, row.rank)}/s"
+        return f"rank {row.rank} {_state(progress, row)}"
+    mark = " straggler" if row.rank in progress.stragglers else ""
+    return (f"rank {row.rank} step {_step(progress, row.rank)} "
+            f"{_rate(progress, row.rank)}/s{mark}")
 
 
 def progress_line(progress: Progress, rows: list[Row]) -> str | None:
@@ -182,7 +190,8 @@ class LiveView:
         for column in ("rank", "pid", "state", "restarts", "step", "steps/s", "last log line"):
             table.add_column(column, no_wrap=column != "last log line", overflow="ellipsis")
         for row in rows:
-            table.add_row(str(row.rank), str(row.pid or "-"), row.state, str(row.restarts),
+            table.add_row(str(row.rank), str(row.pid or "-"), _state(progress, row),
+                          str(row.restarts),
                           _step(progress, row.rank), _rate(progress, row.rank),
                           row.last_line[-100:])
         return table

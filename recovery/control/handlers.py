@@ -14,6 +14,7 @@ from recovery.control.node_ranks import Given, NodeRanks
 from recovery.control.requests import Request
 from recovery.control.rpc import Op
 from recovery.control.scheduler_config import SchedulerConfig
+from recovery.control.straggler_watch import StragglerWatch
 
 __all__ = ["RequestHandlers"]
 
@@ -30,6 +31,7 @@ class RequestHandlers:
     injections: InjectionQueue
     last_words: LastWords
     node_ranks: NodeRanks
+    stragglers: StragglerWatch
     wakeups: int
     ticks: int
     node_beats: int
@@ -49,7 +51,7 @@ class RequestHandlers:
                 scope["first_rank"] or 0, scope["nproc"], bool(scope["missing"]))}
         return {"ok": True, **self.membership.status(), "run_id": cfg.run_id,
                 "pid": os.getpid(), "host": cfg.host, "started": self._started,
-                "supervised": cfg.supervised,
+                "supervised": cfg.supervised, "stragglers": self.stragglers.to_json(),
                 "rejoin_cooldown": cfg.timeouts.rejoin_cooldown,
                 "heartbeat_timeout": cfg.timeouts.heartbeat_timeout,
                 "progress_timeout": cfg.timeouts.progress_timeout,
@@ -71,6 +73,7 @@ class RequestHandlers:
         answer = self.membership.heartbeat(Identity.from_json(fields), self.config.token,
                                            fields["step"], fields["phase"], sent=self._stamp,
                                            ready=fields["ready"])
+        self.stragglers.heard(fields, fields["host"])
         return self._handing_out_injections(answer)
 
     def _on_node_beat(self, request: Request) -> dict[str, Any]:
@@ -87,6 +90,8 @@ class RequestHandlers:
         answers = []
         hand_out = self._handing_out_injections if self.injections.pending else None
         for entry in ranks:  # the hot path: what does not change is looked up once
+            if entry["steps"] is not None:
+                self.stragglers.heard(entry, node)
             # Its fields are checked (recovery/control/requests.py): no conversions.
             age = entry["age"] / 1000
             sent = None if stamp is None else stamp - age
@@ -119,9 +124,10 @@ class RequestHandlers:
 
     def _on_inject(self, request: Request) -> dict[str, Any]:
         fields = request.fields
-        injection = Injection(new_id(), fields["rank"], fields["fault"], fields["at_step"])
+        injection = Injection(new_id(), fields["rank"], fields["fault"], fields["at_step"],
+                              fields["factor"])
         problem = check(injection.rank, injection.fault, injection.at_step,
-                        self.config.worker_num)
+                        self.config.worker_num, injection.factor)
         if problem is not None:
             return {"ok": False, "reason": "bad_injection", "message": problem}
         self.injections.add(injection)

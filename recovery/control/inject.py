@@ -23,11 +23,12 @@ from typing import Any
 from recovery.faults import DeviceError
 
 __all__ = ["FAULTS", "Injection", "InjectedError", "Inbox", "InjectionQueue", "check",
-           "check_fault", "deliver", "new_id"]
+           "check_fault", "deliver", "new_id", "MAX_SLOW_FACTOR"]
 
 logger = logging.getLogger(__name__)
 
-FAULTS = ("kill", "term", "hang", "uce", "exception")
+FAULTS = ("kill", "term", "hang", "uce", "exception", "slow")
+MAX_SLOW_FACTOR = 1000.0
 _HANG_WAKEUP = 3600.0
 
 
@@ -44,12 +45,14 @@ class Injection:
         rank: the target rank.
         fault: one of :data:`FAULTS`.
         at_step: the global step at (or after) which it is due; ``None``: the next step.
+        factor: ``slow`` only: how many times slower the rank's steps become.
     """
 
     id: str
     rank: int
     fault: str
     at_step: int | None
+    factor: float | None = None
 
     def due(self, global_step: int) -> bool:
         return self.at_step is None or self.at_step <= global_step
@@ -59,33 +62,44 @@ class Injection:
         return "at the next step" if self.at_step is None else f"at step {self.at_step}"
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """Its fields; ``factor`` only for ``slow``."""
+        data = asdict(self)
+        if self.factor is None:
+            del data["factor"]
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Injection:
         at_step = data.get("at_step")
+        factor = data.get("factor")
         return cls(str(data["id"]), int(data["rank"]), str(data["fault"]),
-                   None if at_step is None else int(at_step))
+                   None if at_step is None else int(at_step),
+                   None if factor is None else float(factor))
 
 
 def new_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
-def check_fault(fault: str, at_step: int | None) -> str | None:
-    """Why ``fault`` at ``at_step`` is invalid in any job, or ``None``."""
+def check_fault(fault: str, at_step: int | None, factor: float | None = None) -> str | None:
+    """Why ``fault`` at ``at_step`` (``slow`` by ``factor``) is invalid in any job, or ``None``."""
     if fault not in FAULTS:
         return f"unknown fault {fault!r} (one of {', '.join(FAULTS)})"
     if at_step is not None and at_step < 1:
         return f"at_step must be at least 1, got {at_step}"
+    if fault == "slow" and (factor is None or not 1 < factor <= MAX_SLOW_FACTOR):
+        return f"--fault slow needs --factor above 1 and at most {MAX_SLOW_FACTOR:g}, got {factor}"
+    if fault != "slow" and factor is not None:
+        return f"--factor is for --fault slow only, not {fault}"
     return None
 
 
-def check(rank: int, fault: str, at_step: int | None, worker_num: int) -> str | None:
+def check(rank: int, fault: str, at_step: int | None, worker_num: int,
+          factor: float | None = None) -> str | None:
     """Why an injection request is invalid in a job of ``worker_num``, or ``None``."""
     if not 0 <= rank < worker_num:
         return f"rank {rank} is beyond worker_num={worker_num} (ranks are 0..{worker_num - 1})"
-    return check_fault(fault, at_step)
+    return check_fault(fault, at_step, factor)
 
 
 class Inbox:
@@ -149,7 +163,9 @@ def deliver(injection: Injection) -> None:
     ``kill`` does not return; ``term`` returns once the signal is sent (the process's
     SIGTERM handler, or the default action, decides); ``hang`` never returns while the
     process (and its heartbeat thread) stays alive; ``uce`` raises
-    :class:`~recovery.faults.DeviceError`; ``exception`` raises :class:`InjectedError`.
+    :class:`~recovery.faults.DeviceError`; ``exception`` raises :class:`InjectedError`;
+    ``slow`` is ``ElasticTrainer``'s to carry out (recovery/train/compute_clock.py): here
+    it is only logged.
     """
     where = f"(injection {injection.id}) {injection.when}"
     if injection.fault == "kill":
@@ -167,5 +183,7 @@ def deliver(injection: Injection) -> None:
         raise DeviceError(f"injected uncorrectable device error {where}")
     elif injection.fault == "exception":
         raise InjectedError(f"injected exception {where}")
+    elif injection.fault == "slow":
+        logger.warning("injected slow %s: ignored, only ElasticTrainer's steps can be slowed", where)
     else:
         raise ValueError(f"unknown fault {injection.fault!r} (one of {', '.join(FAULTS)})")

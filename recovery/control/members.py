@@ -99,6 +99,7 @@ class Verdict(StrEnum):
 
     HEARTBEAT = "heartbeat"
     PROGRESS = "progress"
+    STRAGGLER = "straggler"
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import logging
 import secrets
 from typing import Any
 
+from recovery.control.eviction import StragglerEviction
 from recovery.control.job_facts import JobFacts
 from recovery.control.liveness import LivenessRules
 from recovery.control.members import (
@@ -52,7 +53,7 @@ _ALIVE, _FINISHED = MemberState.ALIVE, MemberState.FINISHED
 through its class."""
 
 
-class Membership(LivenessRules, StatusViews):
+class Membership(LivenessRules, StatusViews, StragglerEviction):
     """The cluster's members, cooldowns and generation, and the rules that change them.
 
     Args:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recovery.control.requests import NODE_BEAT_RANKS
+from recovery.control.stragglers import merge_summaries
 
 __all__ = ["NodeBeats", "RankBeat", "encode", "decode", "MAX_LOCAL_BYTES", "BEAT_BYTES"]
 
@@ -79,6 +80,8 @@ class RankBeat:
     """Handed out by the scheduler, not yet to the rank."""
     judged: bool = False
     """Refused by the scheduler (lost, evicted): no longer beaten for."""
+    step_times: tuple[int, int] | None = None
+    """Its compute time per step since the last node beat: median (µs) and count."""
 
 
 class NodeBeats:
@@ -122,6 +125,9 @@ class NodeBeats:
             rank.registering = rank.urgent = True
         else:
             rank.step, rank.phase = message.get("step"), message.get("phase")
+            step_us, steps = message.get("step_us"), message.get("steps")
+            if type(step_us) is int and type(steps) is int:
+                rank.step_times = merge_summaries(rank.step_times, (step_us, steps))
 
     def forget(self, key: int) -> None:
         """Rank ``key``'s connection closed: its process ended (its supervisor reports
@@ -168,6 +174,9 @@ class NodeBeats:
                      "step": rank.step, "phase": rank.phase,
                      "age": max(0, round((now - rank.heard_at) * 1000)),
                      **({} if rank.ready is None else {"ready": rank.ready})}
+            if rank.step_times is not None:
+                entry["step_us"], entry["steps"] = rank.step_times
+                rank.step_times = None
             rank.registering = rank.urgent = False
             length = len(encode(entry))
             if size + length > BEAT_BYTES or len(batches[-1]) >= NODE_BEAT_RANKS:

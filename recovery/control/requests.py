@@ -93,6 +93,23 @@ class Text:
 
 
 @dataclass(frozen=True)
+class Real:
+    """A finite number in [``low``, ``high``]."""
+
+    low: float
+    high: float
+    optional: bool = False
+
+    def check(self, name: str, value: Any) -> float | None:
+        if value is None and self.optional:
+            return None
+        if type(value) not in (int, float) or not self.low <= value <= self.high:
+            raise BadRequest(f"{name} must be a number in [{self.low:g}, {self.high:g}]"
+                             f"{' or null' if self.optional else ''}, not {_show(value)}")
+        return float(value)
+
+
+@dataclass(frozen=True)
 class Flag:
     optional: bool = False
 
@@ -205,14 +222,17 @@ class Choice:
         return value
 
 
-Field = Int | Text | Flag | Records | Ints
+Field = Int | Real | Text | Flag | Records | Ints
 
 _IDENTITY: dict[str, Field] = {
     "node_id": Text(optional=True), "pid": Int(low=0), "incarnation": Int(low=0),
     "host": Text(optional=True), "rank": Int(optional=True),
 }
 _BEAT: dict[str, Field] = {**_IDENTITY, "step": Int(optional=True),
-                           "phase": Text(_TEXT, optional=True), "ready": Flag(optional=True)}
+                           "phase": Text(_TEXT, optional=True), "ready": Flag(optional=True),
+                           "step_us": Int(low=0, optional=True), "steps": Int(low=1, optional=True)}
+"""``step_us`` and ``steps``: the median compute time (microseconds) of the steps since
+the rank's last beat, and their count (recovery/control/stragglers.py)."""
 NODE_BEAT_RANKS = 64
 """At most this many ranks in one ``node_beat`` (a node with more sends several)."""
 _NODE_RANK_BEAT: dict[str, Int | Text | Flag | Choice] = {
@@ -235,7 +255,8 @@ SCHEMAS: dict[Op, dict[str, Field]] = {
     Op.NODE_BEAT: {"node": Text(), "ranks": Records(_NODE_RANK_BEAT, NODE_BEAT_RANKS)},
     Op.LEAVE: _ENDED,
     Op.EXIT: _ENDED,
-    Op.INJECT: {"rank": Int(), "fault": Text(), "at_step": Int(optional=True)},
+    Op.INJECT: {"rank": Int(), "fault": Text(), "at_step": Int(optional=True),
+                "factor": Real(1.0, 1000.0, optional=True)},
     Op.LAST_WORDS: {"rank": Int(), "generation": Int(), "step": Int(),
                     "consistent": Flag(), "reason": Text(_TEXT, optional=True)},
     Op.NODE_RANK: {"node_id": Text(), "nproc": Int(low=1)},

@@ -66,6 +66,7 @@ from recovery.control.rpc import (
 )
 from recovery.control.scheduler_config import SchedulerConfig
 from recovery.control.signing import MissingToken, ReplayGuard, WeakToken, job_key
+from recovery.control.straggler_watch import StragglerWatch
 from recovery.control.tcpstore_client import StoreError, TCPStoreClient
 from recovery.control.throttle import Throttle
 from recovery.events import EventLog
@@ -126,6 +127,7 @@ class Scheduler(RequestIntake, RequestHandlers, Persistence):
                                      min_worker_num=config.min_worker_num)
         self.events = EventLog(config.log_dir, node_rank=0)  # the scheduler runs on node 0
         self.injections = InjectionQueue()
+        self.stragglers = StragglerWatch(config.stragglers, self.membership, self.events)
         self.last_words = LastWords()
         self.replies = KeptReplies()
         self.node_ranks = NodeRanks()

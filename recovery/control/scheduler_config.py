@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from recovery import env as names
 from recovery.control.signing import checked_strength, checked_token
+from recovery.control.stragglers import StragglerSettings
 from recovery.env import WorkerEnv
 from recovery.timeouts import Timeouts
 
@@ -38,6 +39,7 @@ class SchedulerConfig:
     """The launch's epoch (``TFT_JOB_EPOCH``): with the token and run id, the job's key."""
     min_worker_num: int | None = None
     """The fewest workers a generation may have (None: ``worker_num``)."""
+    stragglers: StragglerSettings = StragglerSettings()
 
     @property
     def supervised(self) -> bool:
@@ -63,4 +65,5 @@ class SchedulerConfig:
             node_num=int(env.get(names.TFT_NODE_NUM) or 0),
             min_worker_num=worker.min_worker_num,
             epoch=worker.epoch,
+            stragglers=StragglerSettings.from_env(env),
         )

@@ -124,6 +124,12 @@ class ClusterContext:
         if self._session is not None:
             self._session.heartbeat.global_step = global_step
 
+    def report_step_time(self, seconds: float) -> None:
+        """Tell the scheduler (summed up with the next heartbeat) that a step computed
+        for ``seconds`` outside its collectives (recovery/control/stragglers.py)."""
+        if self._session is not None:
+            self._session.heartbeat.step_times.add(seconds)
+
     def report_phase(self, phase: str) -> None:
         """Tell the scheduler (with the next heartbeat) what the loop is doing, e.g.
         ``computing``, ``updating``, ``done``; shown by ``tftctl status``."""

@@ -38,6 +38,7 @@ from recovery.control.beat_channel import LocalLink
 from recovery.control.inject import Inbox, Injection
 from recovery.control.members import Identity
 from recovery.control.rpc import Op, SchedulerLink, SchedulerUnavailable
+from recovery.control.stragglers import StepTimes
 
 __all__ = ["Heartbeat", "EXIT_EVICTED", "news_look_interval", "JITTER"]
 
@@ -97,6 +98,8 @@ class Heartbeat:
         """Sent with each beat: False while a deferred join waits for the training loop
         (recovery/runtime/cluster.py ``complete_join``), then True; None: not said."""
         self.inbox = Inbox()
+        self.step_times = StepTimes()
+        """Compute times of the steps since the last beat; each beat sends their summary."""
         self.generation = generation
         self.fault_at: float | None = None
         """When the scheduler heard of the newest fault (unix time; None: none yet), as of
@@ -148,9 +151,10 @@ class Heartbeat:
         or, while one is being formed with it, that one.
         """
         try:
+            step_us, steps = self.step_times.take() or (None, None)
             reply = self._link.call(Op.HEARTBEAT, **self._fields, step=self._sendable_step(),
                                     phase=None if self.phase is None else str(self.phase),
-                                    ready=self.ready)
+                                    ready=self.ready, step_us=step_us, steps=steps)
         except SchedulerUnavailable as err:
             if not self._lost:
                 logger.warning("%s lost the scheduler (%s); training goes on, reconnecting",

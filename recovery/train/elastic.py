@@ -73,6 +73,7 @@ from recovery.position import TrainPosition
 from recovery.runtime.abort import Aborted
 from recovery.runtime.cluster import ClusterContext
 from recovery.train.collective_wait import PeerFailure, wait_collective
+from recovery.train.compute_clock import ComputeClock
 from recovery.train.grad_sync import all_reduce_gradients
 from recovery.train.injected import InjectedFaults
 from recovery.train.modes import TftModes, parse_enable_tft
@@ -176,7 +177,8 @@ class ElasticTrainer:
         self._recovery_path = worker_env.recovery_path
         self._events = EventLog(worker_env.log_dir, worker_env.node_rank)
         self._step_events = StepEvents(self._events, ctx.rank, ctx.world_size)
-        self._injections = InjectedFaults(ctx, self.phase, self._events)
+        self._clock = ComputeClock()  # each step's compute time, for the straggler detector
+        self._injections = InjectedFaults(ctx, self.phase, self._events, self._clock)
         self._resume = resume or worker_env.is_recover or worker_env.restart_count > 0
         self._allow_world_size_change = allow_world_size_change
         self._epochs, self._max_steps = 0, 0  # what steps() was asked to run
@@ -283,6 +285,7 @@ class ElasticTrainer:
     def _run(self, step: Step) -> Iterator[Step]:
         """Hand ``step`` to the user's loop body; complete it if the trainer still trains."""
         self._injections.take(step.global_step)
+        self._clock.start()
         self.phase.start_step(step.global_step)
         self._step = step
         if (leave := self._leaves_generation(step.global_step)) is not None:
@@ -334,6 +337,7 @@ class ElasticTrainer:
                         self.ctx.generation, len(self.ctx.active), step.cursor, share,
                         params_sha256(self.model))
         self.ctx.report_step(step.global_step)
+        self.ctx.report_step_time(self._clock.finished())
         self._update_total()
         self._step_events.batch = step.divisor * step.micro_batch_size or None  # its samples
         self._step_events.completed(step.global_step, self.ctx.generation)
@@ -362,6 +366,7 @@ class ElasticTrainer:
         # behind the others in the scheduler's eyes, so its progress verdict names it.
         self.ctx.report_step(self.phase.global_step)
         self._injections.raise_uce()
+        self._clock.collective_started()
         damaged = self.phase.device_error
         if damaged is not None and not self.modes.uce:
             raise damaged  # in-place recovery is off: the rank dies and is relaunched
@@ -380,6 +385,7 @@ class ElasticTrainer:
             self._machine.fail(TrainerState.STOPPING,
                                "the job is being stopped, and the step's collective is stuck")
             return
+        self._clock.collective_ended()
         faulty = frozenset(int(r) for r in torch.nonzero(flags).flatten())
         if damaged is not None and dist.get_world_size() == 1:
             faulty = frozenset({self.ctx.rank})

@@ -9,6 +9,7 @@ from recovery.control.inject import Injection, deliver
 from recovery.events import EventLog
 from recovery.faults import is_recoverable_device_error
 from recovery.runtime.cluster import ClusterContext
+from recovery.train.compute_clock import ComputeClock
 from recovery.train.phase import StepPhase
 
 __all__ = ["InjectedFaults"]
@@ -20,10 +21,12 @@ class InjectedFaults:
     """This rank's injected faults: a ``uce`` is raised inside the step, at its collective;
     any other is delivered as soon as its step starts."""
 
-    def __init__(self, ctx: ClusterContext, phase: StepPhase, events: EventLog) -> None:
+    def __init__(self, ctx: ClusterContext, phase: StepPhase, events: EventLog,
+                 clock: ComputeClock) -> None:
         self._ctx = ctx
         self._phase = phase
         self._events = events
+        self._clock = clock
         self._uce: Injection | None = None
 
     def take(self, global_step: int) -> None:
@@ -35,6 +38,8 @@ class InjectedFaults:
                        global_step)
         if injection.fault == "uce":
             self._uce = injection  # raised inside the step, at its collective
+        elif injection.fault == "slow":
+            self._clock.slowdown = injection.factor or 1.0
         else:
             deliver(injection)
 

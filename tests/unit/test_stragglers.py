@@ -1,0 +1,115 @@
+"""The straggler detector: a slow rank named within its window, a jittery healthy job never."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from recovery.control.stragglers import StepTimes, StragglerDetector, StragglerSettings, merge_summaries
+
+RANKS = st.integers(min_value=2, max_value=16)
+BASE = st.floats(min_value=1e-4, max_value=10.0)
+
+
+def _jittered(rng: random.Random, base: float, jitter: float) -> float:
+    return base * (1 + rng.uniform(-jitter, jitter))
+
+
+@settings(max_examples=200, deadline=None)
+@given(ranks=RANKS, base=BASE, seed=st.integers(0, 2**32 - 1),
+       steps_per_beat=st.integers(1, 5), beats=st.integers(1, 60))
+def test_no_rank_is_named_under_30_percent_jitter(ranks: int, base: float, seed: int,
+                                                  steps_per_beat: int, beats: int) -> None:
+    """Every rank's step times drawn independently within +-30 % of one base: with the
+    defaults (1.5x for 20 steps) none is a straggler."""
+    rng = random.Random(seed)
+    detector = StragglerDetector(StragglerSettings())
+    step = 0
+    for _beat in range(beats):
+        step += steps_per_beat
+        for rank in rng.sample(range(ranks), ranks):
+            times = sorted(_jittered(rng, base, 0.3) for _ in range(steps_per_beat))
+            assert detector.heard(rank, step, times[len(times) // 2], steps_per_beat) is None
+    assert detector.named == {}
+
+
+@settings(max_examples=200, deadline=None)
+@given(ranks=RANKS, base=BASE, seed=st.integers(0, 2**32 - 1),
+       slowdown=st.floats(min_value=1.5, max_value=20.0), window=st.integers(1, 40),
+       healthy_steps=st.integers(0, 30))
+def test_a_rank_slower_than_every_peer_by_the_factor_is_named_within_the_window(
+        ranks: int, base: float, seed: int, slowdown: float, window: int,
+        healthy_steps: int) -> None:
+    """From a step on, one rank takes ``slowdown`` >= 1.5 times its slowest peer's time,
+    each step, while the peers jitter by +-10 %. At the default factor it is named exactly
+    at the window's last step, with the step it slowed down at, and only it is."""
+    rng = random.Random(seed)
+    slow = rng.randrange(ranks)
+    detector = StragglerDetector(StragglerSettings(window=window))
+    named = []
+    for step in range(1, healthy_steps + window + 1):
+        peers = {rank: _jittered(rng, base, 0.1) for rank in range(ranks) if rank != slow}
+        for rank, time in peers.items():
+            assert detector.heard(rank, step, time, 1) is None
+        slowed = step > healthy_steps
+        time = slowdown * max(peers.values()) if slowed else _jittered(rng, base, 0.1)
+        if (found := detector.heard(slow, step, time, 1)) is not None:
+            named.append((step, found))
+    assert len(named) == 1
+    step, found = named[0]
+    assert step == healthy_steps + window
+    assert (found.rank, found.since) == (slow, healthy_steps + 1)
+    assert found.step_time >= 1.5 * found.median
+    assert set(detector.named) == {slow}
+
+
+def test_a_named_rank_back_under_the_threshold_is_cleared_and_named_again_later() -> None:
+    detector = StragglerDetector(StragglerSettings(factor=1.5, window=4))
+    detector.heard(0, 10, 1.0, 10)
+    assert detector.heard(1, 10, 2.0, 4) is not None
+    assert detector.heard(1, 12, 2.0, 2) is None  # named once
+    assert detector.heard(1, 14, 1.0, 2) is None
+    assert detector.named == {}
+    found = detector.heard(1, 20, 3.0, 5)
+    assert found is not None and found.since == 16
+
+
+def test_a_lone_rank_and_a_forgotten_one_are_never_named() -> None:
+    detector = StragglerDetector(StragglerSettings(window=1))
+    assert detector.heard(0, 5, 9.0, 5) is None
+    detector.heard(1, 5, 1.0, 5)
+    detector.forget(1)
+    assert detector.heard(0, 6, 9.0, 1) is None
+
+
+@pytest.mark.parametrize(("factor", "window", "problem"), [
+    (1.0, 20, "--straggler_factor must be above 1, got 1"),
+    (float("nan"), 20, "--straggler_factor must be above 1, got nan"),
+    (1.5, 0, "--straggler_window must be at least 1 step, got 0"),
+])
+def test_bad_settings_are_refused(factor: float, window: int, problem: str) -> None:
+    assert StragglerSettings(factor, window).problem() == problem
+
+
+def test_settings_travel_through_the_environment() -> None:
+    chosen = StragglerSettings(2.5, 7)
+    assert StragglerSettings.from_env(chosen.to_env()) == chosen
+    assert StragglerSettings.from_env({}) == StragglerSettings()
+
+
+def test_step_times_are_summed_up_once_per_beat() -> None:
+    times = StepTimes()
+    assert times.take() is None
+    for seconds in (0.003, 0.001, 0.002):
+        times.add(seconds)
+    assert times.take() == (2000, 3)
+    assert times.take() is None
+
+
+def test_a_supervisor_merges_two_beats_of_a_rank_into_one_summary() -> None:
+    assert merge_summaries(None, (5, 2)) == (5, 2)
+    assert merge_summaries((5, 2), (9, 3)) == (9, 5)
+    assert merge_summaries((5, 4), (9, 3)) == (5, 7)
