@@ -175,7 +175,7 @@ def wait_collective(work: Any, ctx: ClusterContext, should_abort: ShouldAbort = 
         if timed_out and (ctx.latest_generation == ctx.generation or held()):
             ctx.look_for_news()
             continue
-        raise PeerFailure(cause)
+        raise PeerFailure(cause if timed_out else ctx.peer_failed(cause))
 
 
 def checkpoint_dirs(saver: CheckpointSaver, recovery_path: str, rank: int) -> list[Path]:
