@@ -139,6 +139,8 @@ def _about_workers(view: JobView, now: float) -> list[Action]:
         name = signal.Signals(view.signal).name
         return [Stop(128 + view.signal, f"received {name}"),
                 stop_all(view, now, view.signal)]
+    if view.peer_done:
+        return [Stop(0, view.peer_done), stop_all(view, now)]
     if view.peer_end:
         return [Stop(EXIT_PEER_ENDED, view.peer_end), stop_all(view, now)]
     if view.gone_since is not None and now - view.gone_since >= view.node_time_out:
