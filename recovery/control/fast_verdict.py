@@ -65,7 +65,8 @@ class FastVerdicts:
         return self._due
 
     def _beats(self, nodes: set[str], host: str, port: int) -> dict[str, int | None]:
-        """Each node's beat count as read now (``None``: not set, or not the job's)."""
+        """Each node's beat count as read now; a node whose beat is not set (or not the
+        job's) is left out, so never judged."""
         counts: dict[str, int | None] = {}
         try:
             self._client = self._client or TCPStoreClient(host, port, _TIMEOUT)
@@ -77,7 +78,8 @@ class FastVerdicts:
                     text = read_signed(self._client, self._key, beat_key(index))
                 except BadValue:
                     text = None
-                counts[node] = int(text) if text is not None and text.isdigit() else None
+                if text is not None and text.isdigit():
+                    counts[node] = int(text)
         except StoreError as err:
             logger.warning("reading the nodes' beats: %s", err)
             if self._client is not None:
