@@ -19,11 +19,14 @@ from dataclasses import dataclass
 from launcher.nodes.link import NodeLink
 from launcher.nodes.presence import BeatTracker
 
-__all__ = ["JobEnd", "Over", "parse_over", "done_line", "heard", "waiting_for", "END_WAIT", "STILL",
+__all__ = ["JobEnd", "Over", "parse_over", "done_line", "heard", "waiting_for", "END_WAIT", "STILL", "DONE_GRACE",
            "ENDED_ON_NODE_0"]
 
 END_WAIT = 10.0
 """The most seconds node 0 keeps its store up for the other nodes once its job ended."""
+DONE_GRACE = 5.0
+"""Seconds another node's running workers have to end by themselves once node 0's job
+ended well (they may be finishing the same job) before the node stops them."""
 STILL = 2.0
 """A node whose beat has not moved for this long is gone: node 0 does not wait for it."""
 ENDED_ON_NODE_0 = "the job ended on node 0"

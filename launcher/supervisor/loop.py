@@ -336,7 +336,7 @@ class Supervisor:
             self._ending, self._signal,
             verdicts=self._observer.verdicts(self.workers) if self._ending is None else {},
             peer_restart=peer_restart, peer_end=news.ended or over, peer_done=peer_done,
-            grace_period=config.grace_period,
+            peer_done_at=news.over_at, grace_period=config.grace_period,
             node_rank=config.node_rank, gone=self._observer.gone,
             gone_since=self._observer.gone_since, node_time_out=config.node_time_out,
             other_ranks=config.worker_num - config.nproc, others_finished=others_finished,

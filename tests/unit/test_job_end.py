@@ -6,7 +6,11 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from launcher.nodes.job_end import STILL, Over, done_line, heard, parse_over, waiting_for
+from launcher.nodes.job_end import DONE_GRACE, STILL, Over, done_line, heard, parse_over, waiting_for
+from launcher.supervisor.actions import Stop, StopWorkers
+from launcher.supervisor.job_view import JobView, RankView
+from launcher.supervisor.policy import decide
+from launcher.supervisor.state import WorkerState
 
 
 def test_node_0s_word_reads_back_and_anything_else_is_nothing() -> None:
@@ -33,3 +37,18 @@ def test_node_0_waits_exactly_for_the_nodes_that_beat_and_have_not_left(
     waited = waiting_for(nodes, left, since, now)
     for node in nodes:
         assert (node in waited) == (node not in left and now - since[node] < STILL)
+
+
+def test_another_nodes_running_workers_get_the_grace_to_end_by_themselves_then_are_stopped() -> None:
+    line = done_line(1, Over(0, "all workers succeeded"))
+
+    def view(*states: WorkerState) -> JobView:
+        return JobView(tuple(RankView(rank, state) for rank, state in enumerate(states, 2)),
+                       max_restarts=0, warm_spare=0, node_rank=1, peer_done=line, peer_done_at=10.0)
+
+    running = view(WorkerState.RUNNING, WorkerState.RUNNING)
+    assert not any(isinstance(a, Stop) for a in decide(running, 10.0 + DONE_GRACE - 0.1))
+    [stop, stop_workers] = decide(running, 10.0 + DONE_GRACE)
+    assert stop == Stop(0, line) and isinstance(stop_workers, StopWorkers), stop_workers
+    assert decide(view(WorkerState.SUCCEEDED, WorkerState.SUCCEEDED), 10.0) == [Stop(0, "all workers succeeded")]
+    assert decide(view(WorkerState.SUCCEEDED, WorkerState.FAILED), 10.0)[0] == Stop(0, line)
