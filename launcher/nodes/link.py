@@ -29,12 +29,14 @@ from recovery.control.nodes import (
     END_KEY,
     JOB_KEY,
     MAX_VALUE_BYTES,
+    OVER_KEY,
     RESTART_KEY,
     BadValue,
     JobIdentity,
     beat_key,
     job_names,
     join_key,
+    left_key,
     parse_address,
     parse_job,
     parse_nodes,
@@ -274,6 +276,22 @@ class NodeLink:
     def ended(self) -> str | None:
         """Why another node ended the job, if one did."""
         return self._read(END_KEY, str)
+
+    def over(self, value: str) -> None:
+        """Node 0: the job ended (``value``: launcher/nodes/job_end.py)."""
+        self._write(OVER_KEY, value)
+
+    def ended_on_node_0(self) -> str | None:
+        """What node 0 said of the job's end, once it ended."""
+        return self._read(OVER_KEY, str)
+
+    def leave(self, node_rank: int) -> None:
+        """This node ends: node 0 waits for it no more."""
+        self._write(left_key(node_rank), str(node_rank))
+
+    def left(self, node_ranks: range | list[int]) -> frozenset[int]:
+        """The nodes of ``node_ranks`` that ended."""
+        return frozenset(node for node in node_ranks if self._read(left_key(node), _count) == node)
 
     def close(self) -> None:
         if self._client is not None:

@@ -8,6 +8,7 @@ import signal
 from collections.abc import Mapping
 
 from launcher.config import LaunchConfig
+from launcher.nodes.job_end import JobEnd
 from launcher.nodes.link import NodeLink
 from launcher.nodes.presence import NodePresence
 from launcher.nodes.rounds import RoundMeeting
@@ -75,6 +76,7 @@ class CarryingOut:
     _retirements: list[tuple[int, str]]
     _ending: Ending | None
     _closing: Closing | None
+    _job_end: JobEnd | None
 
     @property
     def restart_count(self) -> int:
@@ -187,7 +189,7 @@ class CarryingOut:
             case SchedulerSpent(why):
                 logger.error("%s; its restart budget is spent", why)
             case Close():
-                if self._closing is None:
+                if self._closing is None and (self._job_end is None or self._job_end.may_close()):
                     self._closing = Closing(self.children, self._watch, self.config.grace_period)
 
     def _retire(self, rank: int, why: str, now: float) -> None:
@@ -243,3 +245,5 @@ class CarryingOut:
         """The job ends: the workers are stopped (StopWorkers); the fork server and the
         scheduler follow (Close)."""
         self._ending, self._restart_at = ending, None
+        if self._job_end is not None:
+            self._job_end.ending(ending.status, ending.reason)

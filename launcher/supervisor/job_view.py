@@ -80,6 +80,10 @@ class JobView:
     """Another node started a group restart this node has not: why (empty: none)."""
     peer_end: str = ""
     """Another node ended the job for every node: why (empty: it did not)."""
+    peer_done: str = ""
+    """Node 0's job ended well: what this node says as it ends too (empty: it did not)."""
+    peer_done_at: float = 0.0
+    """When (monotonic) this node learned it."""
     grace_period: float = 10.0
     node_rank: int = 0
     gone: str = ""

@@ -21,6 +21,7 @@ from dataclasses import replace
 from functools import partial
 
 from launcher.config import LaunchConfig
+from launcher.nodes.job_end import JobEnd, heard
 from launcher.nodes.link import NodeLink
 from launcher.nodes.presence import NodePresence
 from launcher.nodes.rounds import RoundMeeting
@@ -83,6 +84,8 @@ class Supervisor(CarryingOut):
         self._presence = (NodePresence(self._node_link(), config.assigned_rank,
                                        config.group_world_size, config.node_range is not None,
                                        self._wake) if config.multi_node else None)
+        self._job_end = (JobEnd(self._nodes, config.assigned_rank, config.group_world_size)
+                         if self._nodes is not None else None)
         self._rounds = (RoundMeeting(config, config.node_range, self._nodes,
                                      self._presence, self._signalled)
                         if config.node_range is not None and self._nodes is not None
@@ -163,6 +166,8 @@ class Supervisor(CarryingOut):
                 self._meeting.close()
                 if remote is not None:
                     remote.remove(self.config.log_dir)
+                if self._job_end is not None:
+                    self._job_end.leave()
                 if self._nodes is not None:
                     self._nodes.close()
                 self.view.close()
@@ -243,13 +248,15 @@ class Supervisor(CarryingOut):
         peer_restart = (f"another node started group restart {news.restarts_started}"
                         if news.restarts_started > self.restart_count else "")
         config = self.config
+        peer_done, over = heard(news.over, config.node_rank)
         return JobView(
             tuple(self._rank_view(w, undecided) for w in self.workers), config.max_restarts,
             config.restart_policy, self.restart_count - self._free_restarts, self.relaunches,
             self._restart_at,
             self._ending, self._signal,
             verdicts=self._observer.verdicts(self.workers) if self._ending is None else {},
-            peer_restart=peer_restart, peer_end=news.ended, grace_period=config.grace_period,
+            peer_restart=peer_restart, peer_end=news.ended or over, peer_done=peer_done,
+            peer_done_at=news.over_at, grace_period=config.grace_period,
             node_rank=config.node_rank, gone=self._observer.gone,
             gone_since=self._observer.gone_since, node_time_out=config.node_time_out,
             other_ranks=config.worker_num - config.nproc, others_finished=others_finished,

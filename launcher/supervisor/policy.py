@@ -14,6 +14,8 @@ The rules (docs/recovery.md, *The restart policy*):
   launches after the first) lasts;
 * the job ends for a signal to tftrun (the workers get the same signal), for another
   node's end, or for a node gone longer than ``--node_time_out`` (then for every node);
+  when node 0's job ended well, another node's workers have ``DONE_GRACE`` to end by
+  themselves before they are stopped, and the node exits 0;
 * a worker exit in :data:`recovery.exit_codes.UNFIXABLE` ends the job at once;
 * the budget (``--max_restarts``) is charged when a relaunch or a group restart is
   decided; a relaunch withdrawn into a group restart gives its charge to that restart;
@@ -59,6 +61,7 @@ import signal
 from collections.abc import Sequence
 
 from launcher.config import RestartPolicy
+from launcher.nodes.job_end import DONE_GRACE
 from launcher.supervisor.absences import absence_deadlines, absences, absent_ranks
 from launcher.supervisor.actions import (
     EXIT_PEER_ENDED,
@@ -131,6 +134,9 @@ def _about_workers(view: JobView, now: float) -> list[Action]:
         retired = sorted([r.rank for r in view.ranks if r.retired] + [*view.others_retired])
         return [Stop(0, "all workers succeeded" + (f"; ranks {retired} were retired"
                                                      if retired else ""))]
+    if view.peer_done and (now >= view.peer_done_at + DONE_GRACE
+                           or not any(r.state is WorkerState.RUNNING for r in view.ranks)):
+        return [Stop(0, view.peer_done), stop_all(view, now)]
     if view.peer_restart and view.restart_at is None:
         # The whole group restarts together; the node that started it charged it.
         return [RestartAll(now, view.peer_restart), _stop_for_restart(view, now)]

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.nodes.job_end import Over, parse_over
 from launcher.nodes.link import NodeLink
 from recovery.control.client import ExitReport, Retirement, SchedulerControl
 
@@ -138,6 +139,10 @@ class NodesNews:
     ended: str = ""
     """Why another node ended the job for all ('' while none did)."""
     reachable: bool = True
+    over: Over | None = None
+    """What node 0 said of the job's end, once it ended (launcher/nodes/job_end.py)."""
+    over_at: float = 0.0
+    """When (monotonic) this node first read it."""
 
 
 def snapshot_interval(nodes: int) -> float:
@@ -248,8 +253,10 @@ class SchedulerWatch:
         if self._nodes is not None:
             started = self._nodes.restarts_started()
             ended = self._nodes.ended()
+            over = self.nodes.over or parse_over(self._nodes.ended_on_node_0())
             self.nodes = NodesNews(max(self.nodes.restarts_started, started or 0),
-                                   ended or self.nodes.ended, self._nodes.reachable)
+                                   ended or self.nodes.ended, self._nodes.reachable, over,
+                                   self.nodes.over_at or (time.monotonic() if over else 0.0))
 
     def _may_be_stale(self) -> bool:
         """Whether a spaced round must ask: every round does but in a large job, where

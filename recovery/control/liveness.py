@@ -55,7 +55,13 @@ class LivenessRules:
         return (seen is not None and not seen.judged
                 and now - seen.heard_at > _QUIET_BEATS * self.timeouts.beat_interval)
 
-    def _judge_nodes(self, silent_nodes: dict[str, float]) -> None:
+    def judge_reported_nodes(self, silent_nodes: dict[str, float], reported_by: int) -> None:
+        """Nodes a survivor's peer failure points at, whose tftrun stopped beating
+        (recovery/control/peer_reports.py): judged now, as a silent node is."""
+        self._judge_nodes({node: silent for node, silent in silent_nodes.items()
+                           if node in self.nodes and not self.nodes[node].judged}, reported_by)
+
+    def _judge_nodes(self, silent_nodes: dict[str, float], reported_by: int | None = None) -> None:
         """Silence per node: a node whose supervisor has not beaten for the heartbeat
         timeout is ``node_silent``, and each of its live ranks gets its verdict (the
         supervisor, or its host, is gone; nobody vouches for them)."""
@@ -68,7 +74,8 @@ class LivenessRules:
         for node, silent in silent_nodes.items():
             self.nodes[node].judged = True
             self._emit("node_silent", node=node, silent_s=round(silent, 3),
-                       ranks=sorted(m.rank for m in ranks[node]))
+                       ranks=sorted(m.rank for m in ranks[node]),
+                       **({} if reported_by is None else {"reported_by": reported_by}))
             for member in ranks[node]:
                 self._declare_lost(member, silent)
 

@@ -18,6 +18,11 @@ from another goes through these keys of the cluster store (the scheduler's, on n
   restarts its workers raises it; the others see it and restart theirs.
 * ``tft/end``: why the job ended, set by the node that ended it for a reason that ends
   every node (a failure no restart fixes, a node that did not come back).
+* ``tft/over``: node 0's job ended, with its exit status and why (JSON ``{"status",
+  "reason"}``), set by node 0 before it stops its scheduler; ``tft/node/<K>/left``: node
+  ``K`` ends (it saw ``tft/over``, or ended for a reason of its own). Node 0 keeps its
+  store up until every live node left, or a bounded wait passed
+  (launcher/nodes/job_end.py).
 * ``tft/node/<K>/beat``: a count node ``K``'s tftrun raises every half second (and the
   group restart it waits to join, if any): node 0 tells a live node from a lost one by it,
   whether or not its workers use ``recovery``; only a rise is life
@@ -45,7 +50,7 @@ from dataclasses import asdict, dataclass
 from recovery.control.signing import BadSignature, keyed_name, open_value, sign_value
 from recovery.control.tcpstore_client import TCPStoreClient
 
-__all__ = ["JOB_KEY", "RESTART_KEY", "END_KEY", "MAX_VALUE_BYTES", "JobIdentity",
+__all__ = ["JOB_KEY", "RESTART_KEY", "END_KEY", "OVER_KEY", "left_key", "MAX_VALUE_BYTES", "JobIdentity",
            "BadValue", "rendezvous_key", "raise_counter", "read_signed", "job_value",
            "parse_job", "parse_address", "stored_at", "job_names", "beat_key", "round_key",
            "join_key", "parse_nodes"]
@@ -53,6 +58,7 @@ __all__ = ["JOB_KEY", "RESTART_KEY", "END_KEY", "MAX_VALUE_BYTES", "JobIdentity"
 JOB_KEY = "tft/job"
 RESTART_KEY = "tft/restart_all"
 END_KEY = "tft/end"
+OVER_KEY = "tft/over"
 MAX_VALUE_BYTES = 65_536
 """The most a node reads of a control key: a longer value is nobody's."""
 
@@ -63,6 +69,10 @@ def rendezvous_key(restart_count: int) -> str:
 
 def beat_key(node_rank: int) -> str:
     return f"tft/node/{node_rank}/beat"
+
+
+def left_key(node_rank: int) -> str:
+    return f"tft/node/{node_rank}/left"
 
 
 def round_key(restart_count: int) -> str:

@@ -262,6 +262,7 @@ SCHEMAS: dict[Op, dict[str, Field]] = {
     Op.NODE_RANK: {"node_id": Text(), "nproc": Int(low=1)},
     Op.RETIRE: {"retired": Ints(RETIRE_RANKS), "reason": Text(_TEXT)},
     Op.JOB: {},
+    Op.PEER_FAILED: {"rank": Int(), "generation": Int(), "cause": Text(_TEXT, optional=True)},
 }
 """The fields of each op; an optional field left out is ``None``."""
 

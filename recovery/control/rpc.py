@@ -122,6 +122,7 @@ class Op(str, Enum):
     NODE_RANK = "node_rank"
     RETIRE = "retire"
     JOB = "job"
+    PEER_FAILED = "peer_failed"
 
 
 def news_key(count: int) -> str:

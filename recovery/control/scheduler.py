@@ -40,6 +40,7 @@ from typing import Any
 
 from recovery.control import gathering
 from recovery.control.claims import LastWords
+from recovery.control.fast_verdict import FastVerdicts
 from recovery.control.files import Endpoint, StateFile
 from recovery.control.handlers import RequestHandlers
 from recovery.control.inject import InjectionQueue
@@ -134,6 +135,7 @@ class Scheduler(RequestIntake, RequestHandlers, Persistence):
         self._sent = SentReplies()
         self._gathering = gathering.for_ranks(config.worker_num)
         self._key = job_key(config.token, config.run_id, config.epoch)
+        self._fast = FastVerdicts(self._key, self.membership)
         self._replays = ReplayGuard()
         self._notice = JobNotice(config.token, JobIdentity(
             config.run_id, config.lineage, config.worker_num, config.node_num, config.epoch),
@@ -195,6 +197,7 @@ class Scheduler(RequestIntake, RequestHandlers, Persistence):
             Op.NODE_RANK: self._on_node_rank,
             Op.RETIRE: self._on_retire,
             Op.JOB: lambda _request: self._notice.proof(),
+            Op.PEER_FAILED: self._fast.report,
         }
 
     # ----------------------------------------------------------------- lifecycle
@@ -328,7 +331,8 @@ class Scheduler(RequestIntake, RequestHandlers, Persistence):
         # Just past a rules deadline: the rules compare strictly (silent > timeout).
         due = [self._rules_due + _PAST_DEADLINE if self._rules_due is not None else math.inf,
                self._checked_at + self._rules_every if self._check_pending else math.inf,
-               self._saved_at + self._persist_every if self._unsaved else math.inf]
+               self._saved_at + self._persist_every if self._unsaved else math.inf,
+               self._fast.next_due()]
         reply_expiry = self._sent.next_expiry()
         if reply_expiry is not None:
             due.append(reply_expiry)
@@ -398,6 +402,7 @@ class Scheduler(RequestIntake, RequestHandlers, Persistence):
             self._checked_at, self._check_pending = now, False
             self._rules_due = self.membership.next_due(after=now)
             self._rules_every = spaced(CHECK_EVERY, time.monotonic() - now, RULES_SHARE)
+        self._fast.check(self.config.host, self._port, now)
         decided = [*self.membership.drain_events(), *self._decided]
         if decided or self._changed or self._unsaved or not self._saved:
             self._save(finished=False, now=self._changed or any(

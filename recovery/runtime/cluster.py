@@ -41,6 +41,7 @@ from recovery.runtime import folders, group
 from recovery.runtime.abort import Aborted, ShouldAbort, never
 from recovery.runtime.generation_wait import REPLY_TIMEOUT, ClusterError, wait_for_generation
 from recovery.runtime.heartbeat import Heartbeat, news_look_interval
+from recovery.runtime.peer_failure import report_peer_failure
 from recovery.timeouts import Timeouts
 
 __all__ = ["init", "join", "ClusterContext", "ClusterError", "FormGroup"]
@@ -173,6 +174,12 @@ class ClusterContext:
             logger.warning("last-words claim refused: %s", reply.get("message"))
             return False
         return bool(reply["save"])
+
+    def peer_failed(self, cause: str) -> str:
+        """Tell the scheduler that a collective failed on a peer for ``cause``; returns it."""
+        if self._session is not None:
+            report_peer_failure(self._session.link, self.rank, self.generation, cause)
+        return cause
 
     @property
     def latest_generation(self) -> int:

@@ -53,4 +53,4 @@ def wait_collective(work: Any, ctx: ClusterContext, should_abort: ShouldAbort = 
         if timed_out and (ctx.latest_generation == ctx.generation or held()):
             ctx.look_for_news()
             continue
-        raise PeerFailure(cause)
+        raise PeerFailure(cause if timed_out else ctx.peer_failed(cause))

@@ -33,6 +33,7 @@ PLAUSIBLE = {
     "abnormal": st.booleans(), "reason": st.just("SIGKILL"), "fault": st.sampled_from(FAULTS),
     "at_step": st.none() | st.integers(1, 9), "generation": st.integers(0, 3),
     "consistent": st.booleans(), "nproc": st.integers(1, 2),
+    "cause": st.none() | st.just("Read error [127.0.0.3]:4000: Connection reset by peer"),
 }
 """Values a client sends, by field."""
 PLAUSIBLE["node"] = st.sampled_from(["h/0", "h/1"])
@@ -49,7 +50,8 @@ FIELDS = {Op.REGISTER: IDENTITY, Op.HEARTBEAT: (*IDENTITY, "step", "phase"), Op.
           Op.EXIT: ENDED, Op.INJECT: ("rank", "fault", "at_step"),
           Op.LAST_WORDS: ("rank", "generation", "step", "consistent", "reason"),
           Op.STATUS: (), Op.TICK: (), Op.NODE_RANK: ("node_id", "nproc"),
-          Op.NODE_BEAT: ("node", "ranks"), Op.RETIRE: ("retired", "reason"), Op.JOB: ()}
+          Op.NODE_BEAT: ("node", "ranks"), Op.RETIRE: ("retired", "reason"), Op.JOB: (),
+          Op.PEER_FAILED: ("rank", "generation", "cause")}
 """The fields of each request, as the clients send them."""
 
 json_values = st.recursive(
