@@ -44,7 +44,7 @@ def test_another_nodes_running_workers_get_the_grace_to_end_by_themselves_then_a
 
     def view(*states: WorkerState) -> JobView:
         return JobView(tuple(RankView(rank, state) for rank, state in enumerate(states, 2)),
-                       max_restarts=0, warm_spare=0, node_rank=1, peer_done=line, peer_done_at=10.0)
+                       max_restarts=0, node_rank=1, peer_done=line, peer_done_at=10.0)
 
     running = view(WorkerState.RUNNING, WorkerState.RUNNING)
     assert not any(isinstance(a, Stop) for a in decide(running, 10.0 + DONE_GRACE - 0.1))
