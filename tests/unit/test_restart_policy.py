@@ -428,10 +428,13 @@ class PolicyMachine(RuleBasedStateMachine):
             f"ranks {[w.rank for w in dead]} are dead, nothing decided")
         settle = max((w.last_exit.at + PEERS_SETTLE for w in self.workers
                       if w.state is WorkerState.SUCCEEDED and w.last_exit), default=None)
+        cooling = [w.deadline for w in self.workers if w.state is WorkerState.COOLDOWN]
         for worker in self.workers:
             if worker.state is WorkerState.COOLDOWN:
-                # Overdue only while a finished peer's PEERS_SETTLE runs (see above).
-                assert worker.deadline > self.now or (settle is not None and settle > self.now), (
+                # Once a peer finished, the relaunches wait to become one group restart:
+                # until its PEERS_SETTLE ran and the last of them is due (see above).
+                assert worker.deadline > self.now or (
+                    settle is not None and max([settle, *cooling]) > self.now), (
                     f"rank {worker.rank}'s relaunch is overdue")
 
     def _check_the_other_nodes_are_followed(self) -> None:
