@@ -15,7 +15,8 @@ Modes, each for SECONDS:
 * ``hide_joins``: touches FILE once connected (it may start before the store is up and
   wait for it), then hides the join key of node NODE of the latest round it finds listed
   (``tft/round/<n>/join/NODE/<mac>``), as fast as the store answers: it deletes it again
-  and again (HOW ``delete``), or sets garbage over it (``tamper``) (issue 38).
+  and again (HOW ``delete``), or sets garbage over it (``tamper``) (issue 38); FILE.hidden
+  holds the time (unix seconds) it first hid it.
 * ``replay_beats``: records two values of node NODE's beat key as they change, touches
   FILE, and from then on sets the key to each of them in turn, every 0.2 s.
 """
@@ -102,6 +103,7 @@ def hide_joins(node: int, connected: str, tamper: bool) -> None:
     open(connected, "w").close()
     pattern = rf"tft/round/\d+/join/{node}{_SIGNED}"
     newest, listed_at = None, 0.0
+    first_hidden: float | None = None
     deadline = time.monotonic() + SECONDS
     while time.monotonic() < deadline:
         if newest is None or time.monotonic() - listed_at > 0.5:  # a later round's?
@@ -112,8 +114,13 @@ def hide_joins(node: int, connected: str, tamper: bool) -> None:
         if tamper:
             store.set(newest, GARBAGE)
             store.check([newest])  # paced by the store's answer
+            hidden = True
         else:
-            store.delete_key(newest)
+            hidden = store.delete_key(newest)
+        if hidden and first_hidden is None:
+            first_hidden = time.time()
+            with open(connected + ".hidden", "w") as told:  # when the key was first hidden
+                told.write(repr(first_hidden))
 
 
 def replay_beats(node: int, recorded: str) -> None:

@@ -31,10 +31,11 @@ def _start(tmp_path: Path, node: int, port: int, steps: int,
 
 
 HIDDEN = "unset since this node wrote it"
+BEAT_SAYS = "unset, while node 1's signed beat says it joined"
 
 
-@pytest.mark.parametrize(("how", "reasons"), [("delete", {HIDDEN}),
-                                              ("tamper", {HIDDEN, "not text"})])
+@pytest.mark.parametrize(("how", "reasons"), [("delete", {HIDDEN, BEAT_SAYS}),
+                                              ("tamper", {HIDDEN, BEAT_SAYS, "not text"})])
 def test_hidden_join_keys_exclude_no_node_and_raise_an_alert(tmp_path: Path, how: str,
                                                              reasons: set[str]) -> None:
     """With a 6 s last call, the stranger, on node 0's store as soon as it is up, hides
@@ -55,14 +56,25 @@ def test_hidden_join_keys_exclude_no_node_and_raise_an_alert(tmp_path: Path, how
             first = wait_for_event(log_dir(tmp_path, 0), START, "the first generation",
                                    event="membership")
             assert first["nodes"] == [0, 1], first
-            alert = wait_for_event(log_dir(tmp_path, 1), EVENT, "an alert on the join key",
-                                   event="alert", key="tft/round/0/join/1")
-            assert alert["reason"] in reasons, alert
+            hidden = Path(f"{connected}.hidden")
+            if hidden.exists() and float(hidden.read_text()) < first["ts"]:
+                # Hidden before the round closed: a node's events name the key. (Node 0
+                # may read the key in the instant before the stranger first hides it;
+                # the round then closes at once, and there is nothing to alert.)
+                alert = wait_for(lambda: _alert(tmp_path, "tft/round/0/join/1"), EVENT,
+                                 "an alert on the join key")
+                assert alert["reason"] in reasons, alert
         finish_ok(procs)
     finally:
         for proc in procs:
             terminate(proc)
     assert [e["nodes"] for e in events(log_dir(tmp_path, 0), "membership")] == [[0, 1]]
+
+
+def _alert(tmp_path: Path, key: str) -> dict[str, object] | None:
+    """The first ``alert`` naming ``key`` in either node's events, or None."""
+    return next((e for node in (0, 1) for e in events(log_dir(tmp_path, node), "alert")
+                 if e["key"] == key), None)
 
 
 def test_replayed_beats_of_a_dead_node_keep_it_from_no_round(tmp_path: Path) -> None:
