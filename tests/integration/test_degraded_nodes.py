@@ -134,28 +134,3 @@ def assert_every_step_agreed_and_trained_once(tmp_path: Path) -> None:
     assert set(ends) == {0, 1, 2, 3} and len(set(ends.values())) == 1, ends
     for node in (0, 1):
         assert [e["exitcode"] for e in events(log_dir(tmp_path, node), "job_end")][-1:] == [0]
-
-
-def test_with_the_default_fewest_workers_node_0_retires_a_lost_nodes_ranks_and_ends_without_it(
-        tmp_path: Path) -> None:
-    """No ``--min_worker_num`` (tftrun's default: 1): node 1 lost for good, node 0 retires
-    its ranks after ``--rejoin_timeout`` and trains every remaining step to the end, where
-    the job ends 0 without waiting ``--node_time_out`` (its default, 600 s)."""
-    release = tmp_path / "release"
-    options = ("--rejoin_cooldown=2", "--heartbeat_timeout=3", f"--rejoin_timeout={REJOIN_TIMEOUT}")
-    with nodes_running(tmp_path, free_tcp_port(), BIN / "paced.py", str(release), str(TRAIN), *JOB,
-                       options=options, degraded=True) as procs:
-        node_0 = log_dir(tmp_path, 0)
-        kill_node(tmp_path, procs, 1, KILL_STEP)
-        wait_for_event(node_0, EVENT, "node 1's ranks retired", event="membership", retired=[2, 3])
-        release.touch()
-        finish_ok(procs[:1])
-    assert changes(tmp_path) == [START_4, SHRINK_2, ("shrink", [0, 1], 2, [2, 3], [], [])]
-    by_step = committed_by_step(node_0)
-    assert sorted(by_step) == list(range(1, EPOCHS * SAMPLES // WORKERS // BATCH + 1))
-    trained = trained_per_epoch(by_step, "constant", SAMPLES, BATCH, WORKERS)
-    for epoch in range(1, EPOCHS + 1):
-        assert sorted(trained[epoch]) == list(range(SAMPLES)), f"epoch {epoch}"
-    ends = {e["rank"]: e["params_sha256"] for e in events(node_0, "train_end")}
-    assert set(ends) == {0, 1} and len(set(ends.values())) == 1, ends
-    assert [e["exitcode"] for e in events(node_0, "job_end")] == [0]
