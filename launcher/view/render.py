@@ -123,7 +123,7 @@ def progress_line(progress: Progress, rows: list[Row]) -> str | None:
 
 
 class PlainView:
-    """One line per event: ``2026-11-23 10:00:01 tftrun: exit role=worker rank=2 ...``,
+    """One line per event: ``YYYY-MM-DD hh:mm:ss tftrun: exit role=worker rank=2 ...``,
     and a ``progress`` line every ``progress_interval`` seconds (0: never)."""
 
     def __init__(self, stream: Any = None, events_path: Path | None = None,
