@@ -15,6 +15,7 @@ import sys
 import time
 
 import torch
+from timing import record
 from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 
@@ -37,15 +38,6 @@ class Report(TrainerCallback):
         time.sleep(0.05)  # a step long enough to be killed in
         print(f"step={state.global_step}", flush=True)
         record(f"{state.global_step} {time.time()} {os.getpid()}")
-
-
-def record(line: str, name: str = "steps") -> None:
-    """Append ``line`` to ``--timing``'s ``<name>_<rank>.txt`` (bench/frameworks_recovery.py)."""
-    timing = next((a.split("=", 1)[1] for a in sys.argv[3:] if a.startswith("--timing=")), None)
-    if timing is not None:
-        os.makedirs(timing, exist_ok=True)
-        with open(os.path.join(timing, f"{name}_{os.environ['RANK']}.txt"), "a") as file:
-            file.write(line + "\n")
 
 
 def main() -> None:

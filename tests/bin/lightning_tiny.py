@@ -20,6 +20,7 @@ import time
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from timing import record
 from torch.utils.data import DataLoader, TensorDataset
 
 BATCH = 32
@@ -46,15 +47,6 @@ class Report(Callback):
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         print(f"step={trainer.global_step}", flush=True)
         record(f"{trainer.global_step} {time.time()} {os.getpid()}")
-
-
-def record(line: str, name: str = "steps") -> None:
-    """Append ``line`` to ``--timing``'s ``<name>_<rank>.txt`` (bench/frameworks_recovery.py)."""
-    timing = next((a.split("=", 1)[1] for a in sys.argv[3:] if a.startswith("--timing=")), None)
-    if timing is not None:
-        os.makedirs(timing, exist_ok=True)
-        with open(os.path.join(timing, f"{name}_{os.environ['RANK']}.txt"), "a") as file:
-            file.write(line + "\n")
 
 
 def main() -> None:

@@ -24,24 +24,37 @@ def run(tmp_path: Path, *args: str) -> int:
     return tftrun.main(["--worker_num=1", *args, str(script)])
 
 
+def _make_unsafe(folder: Path, writable: bool) -> None:
+    """``folder`` writable by others, or (as root) another user's."""
+    if writable:
+        folder.chmod(0o777)
+    elif os.getuid() == 0:
+        os.chown(folder, 65534, 65534)
+    else:
+        pytest.skip("making a folder another user's needs root")
+
+
+def _refused_line(tmp_path: Path, option: str, folder: Path,
+                  capsys: pytest.CaptureFixture[str]) -> str:
+    """tftrun with ``option`` at ``folder`` exits 2 with one line on stderr: that line."""
+    others = {"--log_dir": f"--log_dir={tmp_path / 'logs'}",
+              "--recovery_path": f"--recovery_path={tmp_path / 'rec'}"}
+    others[option] = f"{option}={folder}"
+    assert run(tmp_path, *others.values()) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
 @pytest.mark.parametrize("option", ["--log_dir", "--recovery_path"])
 @pytest.mark.parametrize("how", ["world-writable", "another user's"])
 def test_a_shared_or_foreign_folder_is_refused_in_one_line(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, how: str) -> None:
     folder = tmp_path / "shared"
     folder.mkdir()
-    if how == "world-writable":
-        folder.chmod(0o777)
-    elif os.getuid() == 0:
-        os.chown(folder, 65534, 65534)
-    else:
-        pytest.skip("making a folder another user's needs root")
-    others = {"--log_dir": f"--log_dir={tmp_path / 'logs'}",
-              "--recovery_path": f"--recovery_path={tmp_path / 'rec'}"}
-    others[option] = f"{option}={folder}"
-    assert run(tmp_path, *others.values()) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and option in err[0] and str(folder) in err[0], err
+    _make_unsafe(folder, writable=how == "world-writable")
+    err = _refused_line(tmp_path, option, folder, capsys)
+    assert option in err and str(folder) in err, err
     assert not list(folder.iterdir())
 
 
@@ -65,18 +78,9 @@ def test_a_folder_inside_one_another_user_could_replace_it_in_is_refused(
     way = tmp_path / "way"
     folder = way / "mine"
     folder.mkdir(parents=True)
-    if how == "writable by others":
-        way.chmod(0o777)
-    elif os.getuid() == 0:
-        os.chown(way, 65534, 65534)
-    else:
-        pytest.skip("making a folder another user's needs root")
-    others = {"--log_dir": f"--log_dir={tmp_path / 'logs'}",
-              "--recovery_path": f"--recovery_path={tmp_path / 'rec'}"}
-    others[option] = f"{option}={folder}"
-    assert run(tmp_path, *others.values()) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and option in err[0] and f"it lies in {way}," in err[0], err
+    _make_unsafe(way, writable=how == "writable by others")
+    err = _refused_line(tmp_path, option, folder, capsys)
+    assert option in err and f"it lies in {way}," in err, err
     assert not list(folder.iterdir())
 
 
