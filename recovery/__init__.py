@@ -31,6 +31,7 @@ _LAZY = {
     "ClusterContext": "recovery.runtime.cluster",
     "ClusterError": "recovery.runtime.cluster",
     "restartable": "recovery.runtime.restartable",
+    "attach": "recovery.train.attach",
     "ElasticTrainer": "recovery.train.elastic",
     "wrap_optimizer": "recovery.train.phase",
     "DeviceError": "recovery.faults",

@@ -33,18 +33,18 @@ from recovery import env as names
 from recovery.control.beat_channel import LocalLink
 from recovery.control.inject import Injection
 from recovery.control.members import Identity
-from recovery.control.rpc import Op, SchedulerLink, SchedulerUnavailable, UnverifiedReply, generation_prefix
+from recovery.control.rpc import Op, SchedulerLink, SchedulerUnavailable, generation_prefix
 from recovery.control.signing import MissingToken, checked_token
 from recovery.env import WorkerEnv
-from recovery.exit_codes import REGISTRATION_REFUSED
 from recovery.runtime import folders, group
 from recovery.runtime.abort import Aborted, ShouldAbort, never
 from recovery.runtime.generation_wait import REPLY_TIMEOUT, ClusterError, wait_for_generation
 from recovery.runtime.heartbeat import Heartbeat, news_look_interval
 from recovery.runtime.peer_failure import report_peer_failure
+from recovery.runtime.registration import RegistrationRefused, register
 from recovery.timeouts import Timeouts
 
-__all__ = ["init", "join", "ClusterContext", "ClusterError", "FormGroup"]
+__all__ = ["init", "join", "joined", "ClusterContext", "ClusterError", "RegistrationRefused", "FormGroup"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,21 +54,7 @@ _RETIRED_GROUP_WAIT = 5.0
 FormGroup = Callable[[Any, int, int], bool]
 """Forms a generation's group once its members have met: (the generation's store, this
 rank's place in the group, the group's size) -> formed; False when a member died meanwhile."""
-_TOKEN_REFUSALS = 3
-"""Registration attempts in a row answered only by an unsigned ``token`` refusal before a
-worker takes its token for wrong."""
-
-
-class RegistrationRefused(ClusterError, SystemExit):
-    """The scheduler refused this worker for good. Uncaught, it ends the process with
-    status :data:`recovery.exit_codes.REGISTRATION_REFUSED`, which tells tftrun that no
-    restart can fix it (its message is logged before it is raised)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.code = REGISTRATION_REFUSED
-
-
+_joined: list[ClusterContext] = []
 @dataclass
 class _Session:
     """A worker's live connection to the scheduler."""
@@ -213,17 +199,20 @@ class ClusterContext:
     def complete_join(self, should_abort: ShouldAbort = never) -> None:
         """Say this worker is ready, and join the generation the scheduler then forms.
 
-        A rank relaunched into a job that may train without it (``--min_worker_num``
-        below ``--worker_num``) registers unready: the others train on while it builds
-        its model and data, and take it in only once its training loop calls this
-        (:class:`recovery.train.elastic.ElasticTrainer` does, before its first step).
+        A relaunched rank registers unready, in a single-rank group of its own: the
+        others train on (or wait) while it builds its model and data, and take it in only
+        once its training loop calls this (:class:`recovery.train.elastic.ElasticTrainer`
+        does, before its first step).
 
         Raises:
             ClusterError: no generation with it formed within ``cluster_time_out``.
             Aborted: ``should_abort()`` said so while waiting.
         """
+        import torch.distributed as dist
+
         session = self._session
         assert session is not None and self._join_pending
+        dist.destroy_process_group()  # the single-rank group it waited in
         session.heartbeat.ready = True
         deadline = time.monotonic() + session.timeouts.cluster_time_out
         session.heartbeat.beat()
@@ -438,8 +427,16 @@ def init(backend: str | None = None, timeout: timedelta | None = None) -> Cluste
         sys.exit(scheduler.main())
     backend = _backend(backend)
     if names.MS_SCHED_PORT not in os.environ:
-        return _init_without_scheduler(worker_env, backend, timeout)
-    return _join(worker_env, backend, timeout)
+        ctx = _init_without_scheduler(worker_env, backend, timeout)
+    else:
+        ctx = _join(worker_env, backend, timeout)
+    _joined[:] = [ctx]
+    return ctx
+
+
+def joined() -> ClusterContext | None:
+    """What :func:`init` returned in this process, if it was called."""
+    return _joined[0] if _joined else None
 
 
 def _backend(asked: str | None) -> str:
@@ -496,7 +493,7 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None,
     beats = _beat_link(link, token)
     claim = _identity(worker_env)
     defer = form_group and _defers_join(worker_env)
-    accepted = _register(beats, claim, deadline, ready=not defer)
+    accepted = register(beats, claim, deadline, ready=not defer)
     rank, generation = int(accepted["rank"]), int(accepted["generation"])
     identity = Identity(accepted["node_id"], claim.pid, claim.incarnation, claim.host, rank)
     heartbeat = Heartbeat(beats, identity, timeouts.beat_interval, generation,
@@ -511,16 +508,13 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None,
                          _Session(link, heartbeat, timeouts, timeout))
     sys.excepthook = ctx._note_uncaught(sys.excepthook)
     atexit.register(ctx._finish_at_exit)
-    # Every object made so far (torch and the script's imports: ~290 000) is moved out of
-    # the cyclic collector's sight: the full collection that leaving a broken group takes
-    # (leave_group) then scans only what was made since, ~0.1 ms instead of ~145 ms on
-    # the critical path of every survivor's recovery. Objects are still freed when
-    # their last reference goes; only cycles among the frozen ones are never collected,
-    # so the freeze comes before the first process group is made: nothing of any group
-    # is ever frozen.
+    # The objects made so far (torch, the script's imports) leave the cyclic collector's
+    # sight, so that the collection in leave_group, on every survivor's critical path,
+    # scans only what was made since; before any process group, so none is ever frozen.
     gc.freeze()
     if defer:
         ctx._join_pending = True
+        _wait_alone(backend)
         logger.info("[worker %s/%d] registered as rank %d; joins once its training loop is "
                     "ready (the others train on meanwhile)", identity.node_id,
                     identity.incarnation, rank)
@@ -531,9 +525,17 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None,
 
 def _defers_join(worker_env: WorkerEnv) -> bool:
     """Whether this worker joins no group in ``init()`` but in :meth:`ClusterContext.complete_join`:
-    a relaunched (or restarted) rank of a job that may train without it."""
-    relaunched = worker_env.incarnation > 0 or worker_env.restart_count > 0
-    return relaunched and worker_env.min_worker_num < worker_env.world_size
+    a relaunched (or restarted) rank, which the others take in once its training loop
+    is ready."""
+    return worker_env.incarnation > 0 or worker_env.restart_count > 0
+
+
+def _wait_alone(backend: str) -> None:
+    """A single-rank default group until the join: the script's own set-up (its
+    ``DistributedDataParallel``) runs alone, as the rank's state comes from the others."""
+    import torch.distributed as dist
+
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
 
 
 def _beat_link(link: SchedulerLink, token: str) -> SchedulerLink | LocalLink:
@@ -541,52 +543,3 @@ def _beat_link(link: SchedulerLink, token: str) -> SchedulerLink | LocalLink:
     socket (``TFT_BEAT_SOCKET``: it beats once for the node), else the scheduler."""
     path = os.environ.get(names.TFT_BEAT_SOCKET)
     return LocalLink(path, REPLY_TIMEOUT, token) if path else link
-
-
-def _register(link: SchedulerLink | LocalLink, identity: Identity, deadline: float,
-              ready: bool = True) -> dict[str, Any]:
-    """Register, retrying while the scheduler is unreachable or refuses for a while.
-
-    The scheduler's refusal of a request signed with another token is unsigned, as it
-    cannot be otherwise: it is believed only after :data:`_TOKEN_REFUSALS` attempts in a
-    row got it (a stranger on the store who forges it could as well drop our requests).
-    """
-    said = ""
-    token_refusals = 0
-    while (left := deadline - time.monotonic()) > 0:
-        if not link.wait_connected(min(left, 1.0)):
-            said = _say_once(said, f"waiting for the scheduler at {link.where}")
-            continue
-        try:
-            reply = link.call(Op.REGISTER, node_id=identity.node_id, pid=identity.pid,
-                              incarnation=identity.incarnation, host=identity.host,
-                              rank=identity.rank, ready=ready)
-        except UnverifiedReply as err:
-            token_refusals = token_refusals + 1 if err.claimed == "token" else 0
-            if token_refusals >= _TOKEN_REFUSALS:
-                message = ("registration refused (token): wrong job token: the scheduler "
-                           "cannot verify this process's signature")
-                logger.error("%s", message)
-                raise RegistrationRefused(message) from None
-            continue
-        except SchedulerUnavailable:
-            continue
-        token_refusals = 0
-        if reply.get("ok"):
-            return reply
-        message = f"registration refused ({reply.get('reason')}): {reply.get('message')}"
-        if reply.get("retry_after") is None:
-            logger.error("%s", message)
-            raise RegistrationRefused(message)
-        said = _say_once(said, message + "; retrying")
-        time.sleep(min(float(reply["retry_after"]), max(deadline - time.monotonic(), 0.0)))
-    message = f"not admitted within cluster_time_out: {said or 'no answer'}"
-    logger.error("%s", message)
-    raise ClusterError(message)
-
-
-def _say_once(said: str, message: str) -> str:
-    """Log a waiting message when it changes (not at every retry); return it."""
-    if message != said:
-        logger.warning("%s", message)
-    return message

@@ -38,7 +38,7 @@ from typing import Any
 from recovery.env import TORCH_NCCL_ASYNC_ERROR_HANDLING
 from recovery.runtime.abort import Aborted, ShouldAbort, never
 
-__all__ = ["meet", "connect", "retire", "exit_blocked", "NCCL_ERROR_HANDLING"]
+__all__ = ["meet", "connect", "retire", "release", "exit_blocked", "NCCL_ERROR_HANDLING"]
 
 logger = logging.getLogger(__name__)
 
@@ -132,9 +132,16 @@ def retire() -> None:
         return
     old = [dist.group.WORLD]
     dist.destroy_process_group()  # unregisters it; ``old`` keeps the object alive
+    release(old)
+
+
+def release(held: list[Any]) -> None:
+    """Clear ``held`` in a background thread: a process group it holds (and nothing else
+    does) is destroyed there, where its destructor may wait for a collective still in
+    flight on it."""
 
     def drop() -> None:
-        old.clear()  # the group's destructor runs here, and may wait for a collective
+        held.clear()
 
     thread = threading.Thread(target=drop, name="tft-retire-group", daemon=True)
     _retiring.append(thread)

@@ -6,43 +6,31 @@ A user writes an ordinary loop around :meth:`ElasticTrainer.steps`::
     for step in trainer.steps(epochs=2):
         optimizer.zero_grad()
         loss_fn(model(x[step.indices]), y[step.indices]).backward()
-        trainer.all_reduce_gradients()
+        trainer.all_reduce_gradients()   # not with a DDP model: it reduces in backward()
         optimizer.step()
 
 The trainer wraps the optimizer (:func:`recovery.train.phase.wrap_optimizer`), so it knows
 whether this rank's state is that of a completed step, and can void a step whose
 gradient exchange failed: ``optimizer.step()`` then does nothing and every rank stays at
-its last completed step.
+its last completed step. docs/recovery.md walks through each case:
 
-* **A peer dies.** The gradient all-reduce fails (its ring neighbours see the reset at
-  once; the others see the scheduler announce a new generation between polls of the
-  collective). The trainer remembers it instead of raising. Before the next step each
-  survivor, if it is consistent and the scheduler picks it, saves the last-words
-  checkpoint of its last completed step for every rank (TTP, :mod:`recovery.ckpt.last_words`);
-  then it drops the broken group and joins the generation the scheduler forms once the
-  dead rank is relaunched (or at once, without it, when ``--min_worker_num`` allows: a
-  degraded generation). There every member reports its state; the newest consistent
-  one sends its state to the others over the new group (ARF, :mod:`recovery.train.replica`), or,
-  without such a replica, every rank restores the newest checkpoint all ranks hold,
-  last-words ones included. The relaunched rank does the same from its first step.
-* **Degraded steps** (docs/elastic.md). Each step is planned for the generation's live
-  ranks from the epoch's cursor (:mod:`recovery.train.shares`): ``step.indices`` may hold
-  several micro-batches, and :meth:`ElasticTrainer.all_reduce_gradients` weights this
-  rank's gradient by their count and divides the sum by the step's micro-batches. The
-  cursor moves only when a step commits, so a voided step is planned again at the new
-  membership and every sample of an epoch is trained once.
-* **A rank's device fails** (a :class:`recovery.faults.DeviceError` in its step). The
-  rank flags it in the step's gradient all-reduce (no extra round trip); every rank voids
-  the step, the faulty rank discards its state and receives a healthy replica's over the
-  same group, and all redo the step (UCE). No process restarts, no group is rebuilt.
-* **A replay** (docs/elastic.md#replaying-a-run): with an earlier run's ``events.jsonl``
-  (:mod:`recovery.train.replay`), each membership change happens at the step it did
-  there, so the run ends bitwise equal to it.
-* **The job is stopped** (SIGTERM). Each rank finishes its step; one consistent rank saves
-  the last words, and all exit. A rank whose step cannot finish (its all-reduce is stuck
-  on a frozen peer) gives up waiting :data:`recovery.train.stop_signals.STOP_PATIENCE`
-  after the signal, voids the step and stops the same way; so does a rank waiting for a
-  new generation.
+* **A peer dies.** The gradient exchange fails and the trainer remembers it instead of
+  raising. Before the next step a consistent survivor the scheduler picks saves the
+  last-words checkpoint (:mod:`recovery.ckpt.last_words`); then the survivors join the
+  generation the scheduler forms next (with the relaunched rank, or degraded without
+  it), where the newest consistent replica sends its state to the others
+  (:mod:`recovery.train.replica`), or every rank restores the newest checkpoint all hold.
+* **Degraded steps** (docs/elastic.md): each step is planned for the live ranks from the
+  epoch's cursor (:mod:`recovery.train.shares`), which moves only when a step commits,
+  so every sample of an epoch is trained once.
+* **A rank's device fails** (:class:`recovery.faults.DeviceError`): flagged in the step's
+  all-reduce, the step is voided everywhere and the rank takes a healthy replica's state
+  over the same group (UCE).
+* **A replay** (:mod:`recovery.train.replay`): each membership change of an earlier run
+  happens at the same step, so the run ends bitwise equal to it.
+* **The job is stopped** (SIGTERM): each rank finishes its step (or gives up on a stuck
+  one after :data:`recovery.train.stop_signals.STOP_PATIENCE`), one consistent rank saves
+  the last words, and all exit.
 
 The trainer is always in one :class:`recovery.train.state.TrainerState` and moves only
 along :data:`recovery.train.state.TRANSITIONS`; docs/recovery.md draws them.
@@ -61,6 +49,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from recovery.ckpt.checkpoint import CheckpointSaver
 from recovery.ckpt.digest import params_sha256
@@ -74,6 +63,7 @@ from recovery.runtime.abort import Aborted
 from recovery.runtime.cluster import ClusterContext
 from recovery.train.collective_wait import PeerFailure, wait_collective
 from recovery.train.compute_clock import ComputeClock
+from recovery.train.ddp_exchange import GradientExchange
 from recovery.train.grad_sync import all_reduce_gradients
 from recovery.train.injected import InjectedFaults
 from recovery.train.modes import TftModes, parse_enable_tft
@@ -123,28 +113,26 @@ class ElasticTrainer:
 
     Args:
         ctx: what :func:`recovery.init` returned.
-        model: the model (its parameters' gradients are averaged in one fixed layout).
+        model: the model: a plain module, whose gradients :meth:`all_reduce_gradients`
+            averages, or the user's ``DistributedDataParallel``, whose buckets are then
+            reduced during ``backward()`` through the current generation's group
+            (recovery/train/ddp_exchange.py); checkpoints hold its ``module``.
         optimizer: its optimizer (wrapped to report its phase).
         saver: the checkpoint saver of this rank (it decides when to save).
         sampler: the resumable sampler that orders this rank's data.
         lr_scheduler: the LR scheduler, if any (restored with the rest).
-        resume: start from the newest state every rank can reach, as after a failure
-            (also when ``TFT_IS_RECOVER=1``, a relaunch into a later generation, or a
-            restart of the whole group).
+        resume: start from the newest state every rank can reach (also when
+            ``TFT_IS_RECOVER=1``, in a relaunched rank, or after a restart of all).
         allow_world_size_change: resume from checkpoints of another world size.
         modes: the lose-nothing modes; by default from ``MS_ENABLE_TFT``
             (:mod:`recovery.train.modes`).
-        batch_policy: what a step trains in a degraded generation (``constant``, the
-            default, or ``shrink``; recovery/train/shares.py); by default from
-            ``TFT_BATCH_POLICY``.
-        log_params_hash: log every committed step with the parameters' sha256 (the
-            worker log's ``committed epoch=E step=S generation=G world=W cursor=C
-            micro_batches=a,b params_sha256=H`` lines; for tests: it hashes the model
-            every step).
-        replay_membership: an earlier run's ``events.jsonl`` (or its log dir) whose
-            membership changes this run makes again at the same steps, so that it ends
-            bitwise equal to it (recovery/train/replay.py); by default from
-            ``TFT_REPLAY_MEMBERSHIP``, none if unset.
+        batch_policy: ``constant`` (default) or ``shrink`` (recovery/train/shares.py);
+            by default from ``TFT_BATCH_POLICY``.
+        log_params_hash: log every committed step's ``committed epoch=E step=S ...
+            params_sha256=H`` line (for tests: it hashes the model every step).
+        replay_membership: an earlier run's ``events.jsonl`` (or log dir) whose membership
+            changes this run makes again at the same steps (recovery/train/replay.py); by
+            default from ``TFT_REPLAY_MEMBERSHIP``.
     """
 
     def __init__(self, ctx: ClusterContext, model: torch.nn.Module,
@@ -155,7 +143,9 @@ class ElasticTrainer:
                  log_params_hash: bool = False,
                  replay_membership: str | os.PathLike[str] | None = None) -> None:
         self.ctx = ctx
-        self.model = model
+        self.exchange = (GradientExchange(model, self._wait, self._reached_collective)
+                         if isinstance(model, DistributedDataParallel) else None)
+        self.model = model.module if self.exchange is not None else model
         self.optimizer = optimizer
         self.saver = saver
         self.sampler = sampler
@@ -173,7 +163,9 @@ class ElasticTrainer:
         self._machine = TrainerMachine(ctx.rank)
         self.phase = phase_of(optimizer)
         self.phase.listener = ctx.report_phase
-        self.phase.void_when = lambda: self._machine.state is not TrainerState.TRAINING
+        self.phase.void_when = lambda: (self._machine.state is not TrainerState.TRAINING
+                                        or (self.exchange is not None
+                                            and self.exchange.failure is not None))
         self._recovery_path = worker_env.recovery_path
         self._events = EventLog(worker_env.log_dir, worker_env.node_rank)
         self._step_events = StepEvents(self._events, ctx.rank, ctx.world_size)
@@ -238,10 +230,8 @@ class ElasticTrainer:
 
     def _update_total(self) -> None:
         """The step events' ``total``: the global step the loop ends at if the current
-        membership holds to the end (every step of epochs 1..``epochs``, or ``max_steps``
-        if fewer). Under ``shrink`` a degraded step trains fewer micro-batches, so the
-        epoch has more steps: the total is counted from the position and the cursor, at
-        the live ranks' count (recovery/train/shares.py)."""
+        membership holds (counted from the cursor: under ``shrink`` a degraded epoch has
+        more steps, recovery/train/shares.py)."""
         position, sampler = self.position, self.sampler
         placed = (sampler.epoch == position.epoch
                   and sampler.cursor_step == position.step_in_epoch)
@@ -291,7 +281,11 @@ class ElasticTrainer:
         if (leave := self._leaves_generation(step.global_step)) is not None:
             self._pause(leave)
         else:
+            if self.exchange is not None:
+                self.exchange.begin(max(step.micro_batches, 1), step.divisor)
             yield step
+            if self.exchange is not None and self.exchange.failure is not None:
+                self._collective_failed(self.exchange.failure)
         if self._machine.state is TrainerState.TRAINING:
             self._complete(step)
 
@@ -360,11 +354,12 @@ class ElasticTrainer:
         the faulty ranks in place. A stop signal noted while the all-reduce is stuck
         voids the step too, and the loop stops (last words, exit).
         """
+        if self.exchange is not None:
+            raise RuntimeError("the DistributedDataParallel model's gradients are reduced "
+                               "during backward(): do not call all_reduce_gradients()")
         if self._machine.state is not TrainerState.TRAINING:
             return
-        # Reaching the step's collective is progress: a rank stuck before it (hung) stays
-        # behind the others in the scheduler's eyes, so its progress verdict names it.
-        self.ctx.report_step(self.phase.global_step)
+        self._reached_collective()
         self._injections.raise_uce()
         self._clock.collective_started()
         damaged = self.phase.device_error
@@ -378,12 +373,8 @@ class ElasticTrainer:
             all_reduce_gradients(self.model.parameters(), flags=flags, wait=self._wait,
                                  weight=max(step.micro_batches, 1) if step else 1,
                                  divisor=(step.divisor or None) if step else None)
-        except PeerFailure as failure:
-            self._pause(str(failure))
-            return
-        except Aborted:
-            self._machine.fail(TrainerState.STOPPING,
-                               "the job is being stopped, and the step's collective is stuck")
+        except (PeerFailure, Aborted) as failure:
+            self._collective_failed(failure)
             return
         self._clock.collective_ended()
         faulty = frozenset(int(r) for r in torch.nonzero(flags).flatten())
@@ -391,6 +382,19 @@ class ElasticTrainer:
             faulty = frozenset({self.ctx.rank})
         if faulty:
             self._machine.fail(TrainerState.REPAIRING, "a device failed", faulty)
+
+    def _reached_collective(self) -> None:
+        # Reaching the step's collective is progress: a rank stuck before it (hung) stays
+        # behind the others in the scheduler's eyes, so its progress verdict names it.
+        self.ctx.report_step(self.phase.global_step)
+
+    def _collective_failed(self, failure: BaseException) -> None:
+        """The step's gradient exchange failed: pause on a lost peer, stop on a stop signal."""
+        if isinstance(failure, Aborted):
+            self._machine.fail(TrainerState.STOPPING,
+                               "the job is being stopped, and the step's collective is stuck")
+        else:
+            self._pause(str(failure))
 
     def _pause(self, cause: str) -> None:
         self._machine.fail(TrainerState.PAUSED, cause)
@@ -479,6 +483,8 @@ class ElasticTrainer:
     def _resync(self, newcomer: bool) -> None:
         """In a freshly joined group: take the newest consistent replica's state, or roll back."""
         self.saver.wait()
+        if self.exchange is not None:
+            self.exchange.follow_group()
         consistent = not newcomer and self.phase.consistent
         reports = gather_reports(ReplicaReport(self.ctx.rank, consistent, self.position.global_step),
                                  self._wait)
@@ -573,8 +579,7 @@ class ElasticTrainer:
                              seconds=round(time.time() - self._fault_time(), 3))
 
     def _emit_as_leader(self, event: str, **fields: Any) -> None:
-        """Emit an event the ranks agree on once, from the group's first member."""
-        if self.ctx.group_rank == 0:
+        if self.ctx.group_rank == 0:  # the ranks agree on it: emitted once
             self._events.emit(event, **fields)
 
     def _fault_time(self) -> float:

@@ -13,8 +13,9 @@ from recovery.control.client import SchedulerControl
 from recovery.control.files import Endpoint, StateFile
 from recovery.control.members import Identity
 from recovery.control.rpc import Op, SchedulerLink
-from recovery.runtime.cluster import ClusterContext, ClusterError, _register, _Session
+from recovery.runtime.cluster import ClusterContext, ClusterError, _Session
 from recovery.runtime.heartbeat import Heartbeat
+from recovery.runtime.registration import register as register_worker
 from recovery.timeouts import Timeouts
 from support import events, wait_for_event
 from support.sched_inprocess import TOKEN, running_scheduler
@@ -109,5 +110,5 @@ class RefusingLink:
 def test_a_worker_refused_until_cluster_time_out_gives_up_with_the_reason() -> None:
     with pytest.raises(ClusterError, match=r"not admitted within cluster_time_out: "
                        r"registration refused \(duplicate\): node 1 is held"):
-        _register(RefusingLink(), Identity("1", 1, 0, "h"),  # type: ignore[arg-type]
+        register_worker(RefusingLink(), Identity("1", 1, 0, "h"),  # type: ignore[arg-type]
                   time.monotonic() + 0.3)

@@ -1,0 +1,209 @@
+"""The user's ``DistributedDataParallel``, its gradients reduced through the current
+generation's group by a comm hook, in a layout that never changes.
+
+DDP stays what the user built: its buckets fill during ``backward()`` and each one handed
+to the hook starts its reduction while the backward pass goes on. What the hook changes:
+
+* **The group.** Every bucket is reduced on the default group of the generation the rank
+  is in now, which recovery re-forms when a rank dies or heals; the trainer points DDP's
+  own group at each new one too (:meth:`GradientExchange.follow_group`), for DDP's
+  buffer broadcast and bucket sync.
+* **A fault never breaks the backward pass.** The reductions are waited for by one thread
+  per model, fault-aware (:func:`recovery.train.collective_wait.wait_collective`); when a
+  peer is lost the remaining buckets are handed back unreduced, ``backward()`` returns,
+  and the trainer voids the step (:attr:`GradientExchange.failure`).
+* **One layout.** DDP reorders its buckets after its first iteration, and a relaunched
+  rank's DDP starts again in the initial order; a ring all-reduce sums an element in an
+  order that depends on where it lies in the buffer. The hook copies each gradient into
+  fixed buckets, the parameters in reverse order (roughly the order backward makes their
+  gradients) cut at :data:`BUCKET_BYTES`, and reduces those, one after another in the
+  same order on every rank: the sums are the same before and after any re-form, and a
+  relaunched rank's buckets match the survivors'. The cost is one copy of each gradient
+  in and out.
+* **Degraded steps.** Each rank's gradient is weighted by the micro-batches it computed
+  and the sum divided by the step's micro-batches (recovery/train/shares.py), set per
+  step with :meth:`GradientExchange.begin`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from recovery.runtime import group
+from recovery.runtime.abort import Aborted
+from recovery.train.collective_wait import PeerFailure
+
+__all__ = ["BUCKET_BYTES", "GradientExchange"]
+
+BUCKET_BYTES = 25 * 1024 * 1024
+"""The fixed buckets' size, DDP's default ``bucket_cap_mb``."""
+
+
+@dataclass
+class _Bucket:
+    """One fixed bucket: a flat buffer for a run of parameters of one dtype and device."""
+
+    flat: torch.Tensor
+    params: int
+    ready: int = 0
+    reduced: bool = False
+
+
+@dataclass
+class _Pending:
+    """A DDP bucket handed to the hook, answered once its fixed buckets are reduced."""
+
+    future: torch.futures.Future
+    buffer: torch.Tensor
+    gradients: list[torch.Tensor]
+    slots: list[tuple[int, int, int]]
+    buckets: set[int] = field(default_factory=set)
+
+
+class GradientExchange:
+    """The comm hook of one DDP model and the thread that waits for its reductions.
+
+    Args:
+        ddp: the user's ``DistributedDataParallel`` (its hook is registered here, so
+            before its first backward pass).
+        wait: how a reduction is waited for; raises
+            :class:`recovery.train.collective_wait.PeerFailure` or
+            :class:`recovery.runtime.abort.Aborted`.
+        on_first_bucket: called when a step's first bucket is ready (the rank reached
+            its collective: progress, for the scheduler's hang verdict).
+    """
+
+    def __init__(self, ddp: torch.nn.parallel.DistributedDataParallel,
+                 wait: Callable[[Any], None], on_first_bucket: Callable[[], None]) -> None:
+        self._ddp = ddp
+        self._wait = wait
+        self._on_first_bucket = on_first_bucket
+        self._slots: dict[int, tuple[int, int, int]] = {}  # id(param) -> bucket, offset, numel
+        self._buckets = _layout(ddp.module.parameters(), self._slots)
+        self._pending: list[_Pending] = []
+        self._next = 0  # the fixed bucket to reduce next
+        self._weight, self._divisor = 1, 0
+        self._started = False
+        self.failure: BaseException | None = None
+        """What made this step's reduction fail (a ``PeerFailure`` or ``Aborted``), if it did."""
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._reduce_forever, name="tft-ddp-exchange",
+                                        daemon=True)
+        self._thread.start()
+        # A lambda: DDP checks a hook's annotations, which this module's postponed ones fail.
+        ddp.register_comm_hook(self, lambda exchange, bucket: exchange._hook(bucket))
+
+    def begin(self, weight: int = 1, divisor: int = 0) -> None:
+        """Start a step: this rank's gradient counts ``weight`` times and the sum is
+        divided by ``divisor`` (0: the group's size)."""
+        with self._changed:
+            for bucket in self._buckets:
+                if self.failure is not None:
+                    # A reduction left in flight on the broken group may still write here.
+                    bucket.flat = torch.zeros_like(bucket.flat)
+                bucket.ready, bucket.reduced = 0, False
+            self._pending.clear()
+            self._next = 0
+            self._weight, self._divisor = weight, divisor
+            self._started = False
+            self.failure = None
+
+    def _hook(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        gradients = bucket.gradients()
+        pending = _Pending(torch.futures.Future(), bucket.buffer(), gradients,
+                           [self._slots[id(param)] for param in bucket.parameters()])
+        if not self._started:
+            self._started = True
+            self._on_first_bucket()
+        with self._changed:
+            for (index, offset, numel), grad in zip(pending.slots, gradients):
+                target = self._buckets[index]
+                piece = target.flat[offset:offset + numel]
+                piece.copy_(grad.reshape(-1))
+                if self._weight != 1:
+                    piece.mul_(self._weight)
+                target.ready += 1
+                pending.buckets.add(index)
+            self._pending.append(pending)
+            self._changed.notify_all()
+        return pending.future
+
+    def _reduce_forever(self) -> None:
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._next < len(self._buckets)
+                                       and self._buckets[self._next].ready
+                                       == self._buckets[self._next].params)
+                bucket = self._buckets[self._next]
+                failed = self.failure is not None
+            if not failed:
+                self._reduce(bucket)
+            with self._changed:
+                bucket.reduced = True
+                self._next += 1
+                self._answer_reduced()
+
+    def _reduce(self, bucket: _Bucket) -> None:
+        try:
+            work = dist.all_reduce(bucket.flat, async_op=True)
+            self._wait(work)
+        except (PeerFailure, Aborted) as err:
+            self.failure = err
+            return
+        except RuntimeError as err:  # the group broke before the reduction started
+            self.failure = PeerFailure(str(err).splitlines()[0] if str(err) else type(err).__name__)
+            return
+        bucket.flat.div_(self._divisor or dist.get_world_size())
+
+    def _answer_reduced(self) -> None:
+        """Answer every DDP bucket whose fixed buckets are all reduced (left unreduced
+        after a failure: the step is void anyway)."""
+        waiting = []
+        for pending in self._pending:
+            if not all(self._buckets[index].reduced for index in pending.buckets):
+                waiting.append(pending)
+                continue
+            if self.failure is None:
+                for (index, offset, numel), grad in zip(pending.slots, pending.gradients):
+                    grad.view(-1).copy_(self._buckets[index].flat[offset:offset + numel])
+            pending.future.set_result(pending.buffer)
+        self._pending = waiting
+
+    def follow_group(self) -> None:
+        """Point DDP at the current default group, the one its buckets are reduced on. The
+        group it held is let go of in the background: a gloo group's destructor waits for
+        a collective still in flight on it."""
+        held = [self._ddp.process_group]
+        self._ddp._update_process_group(dist.group.WORLD)
+        group.release(held)
+
+
+def _layout(parameters: Any, slots: dict[int, tuple[int, int, int]]) -> list[_Bucket]:
+    """Cut the trainable parameters, last first, into buckets of one dtype and device of
+    at most :data:`BUCKET_BYTES` each (a larger parameter gets one of its own)."""
+    buckets: list[_Bucket] = []
+    runs: list[list[torch.Tensor]] = []
+    for param in reversed([p for p in parameters if p.requires_grad]):
+        run = runs[-1] if runs else None
+        fits = (run is not None and run[0].dtype == param.dtype and run[0].device == param.device
+                and sum(p.numel() for p in run) * run[0].element_size()
+                + param.numel() * param.element_size() <= BUCKET_BYTES)
+        if fits:
+            run.append(param)
+        else:
+            runs.append([param])
+    for index, run in enumerate(runs):
+        offset = 0
+        for param in run:
+            slots[id(param)] = (index, offset, param.numel())
+            offset += param.numel()
+        buckets.append(_Bucket(torch.zeros(offset, dtype=run[0].dtype, device=run[0].device),
+                               len(run)))
+    return buckets
+
