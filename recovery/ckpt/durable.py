@@ -92,7 +92,7 @@ def write_atomic(path: str | os.PathLike[str], write: Callable[[BinaryIO], objec
             needs ``write`` (and ``flush``).
         reuse: a file of this process's to write over, if it exists (it becomes the
             temporary file): its pages are overwritten rather than allocated anew, and
-            no file is freed, which halves the kernel's CPU for a file of megabytes.
+            no file is freed, which spares the kernel much of its work for a file of megabytes.
 
     Returns:
         The size and checksum (:data:`XXH3`) of the bytes ``write`` wrote.

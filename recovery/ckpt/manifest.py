@@ -24,8 +24,8 @@ than the chosen one is reported with one warning line naming the file and the re
 The manifest is rewritten atomically under a file lock, so concurrent writers and a
 writer killed mid-update never leave it torn. It is read once per update, under that lock,
 and parsed only when its bytes differ from what this object last read or wrote; it is
-written one entry a line, by the C JSON encoder (``indent`` would take the pure-Python one,
-ten times dearer).
+written one entry a line, by the C JSON encoder (``indent`` would take the much slower
+pure-Python one).
 """
 
 from __future__ import annotations
