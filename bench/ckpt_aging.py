@@ -32,7 +32,7 @@ from common import free_port  # noqa: E402
 import recovery.ckpt.manifest as manifest  # noqa: E402
 from recovery.ckpt import layout  # noqa: E402
 from recovery.ckpt.checkpoint import CheckpointConfig, CheckpointSaver  # noqa: E402
-from recovery.ckpt.durable import XXH3, FileDigest, file_digest  # noqa: E402
+from recovery.ckpt.durable import FileDigest, file_digest  # noqa: E402
 from recovery.ckpt.last_words import save_last_words  # noqa: E402
 from recovery.position import TrainPosition  # noqa: E402
 from recovery.train.rollback import checkpoint_dirs, choose_rollback  # noqa: E402
@@ -46,8 +46,8 @@ class HashedBytes:
     def __init__(self) -> None:
         self.total = 0
 
-    def __call__(self, path: str | os.PathLike[str], algorithm: str = XXH3) -> FileDigest:
-        digest = file_digest(path, algorithm)
+    def __call__(self, path: str | os.PathLike[str]) -> FileDigest:
+        digest = file_digest(path)
         self.total += digest.size
         return digest
 

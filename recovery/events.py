@@ -35,10 +35,9 @@ EVENTS_FILE = "events.jsonl"
 LOCK_TIMEOUT = 2.0
 """Seconds an event waits for the file lock before it is written without it."""
 LOCK_POLL = 0.001
-"""Seconds between two tries of a held lock. Another writer holds it for one short write,
-so the lock is nearly always free again at the next try; filelock's default (50 ms) made
-a rank whose ``step`` event met another's sleep 50 ms, and the gradient all-reduce made
-every rank wait for it (docs/benchmarks.md: 5-7 steps of 60-120 ms in a 400-step run)."""
+"""Seconds between two tries of a held lock: another writer holds it for one short write,
+so it is nearly always free again at the next try, and a longer sleep would hold up the
+rank, and through the gradient all-reduce every rank."""
 
 
 class EventLog:
@@ -58,7 +57,7 @@ class EventLog:
 
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
         """Append one event and return it. ``ts`` (unix seconds) and ``event`` come first,
-        ``node_rank`` last: a line reads as it did before there were nodes."""
+        ``node_rank`` last, so that a line starts with what happened."""
         record: dict[str, Any] = {"ts": time.time(), "event": event, **fields, **self._node}
         self._write([record])
         return record

@@ -34,7 +34,7 @@ def print_version(prog: str) -> Callable[[bool], None]:
     """An eager ``--version`` option's callback: print ``<prog> <version>`` and exit 0."""
     def callback(value: bool) -> None:
         if value:
-            from importlib import metadata  # only here: 15-50 ms of every start
+            from importlib import metadata  # only here: every start would pay for its import
 
             try:
                 version = metadata.version("tftrun")

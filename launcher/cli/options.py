@@ -38,7 +38,7 @@ TORCHRUN_ONLY = ("standalone", "nproc_per_node", "rdzv_backend", "rdzv_endpoint"
 torchrun's, and a ``--worker_num`` given is shared out among ``--nnodes`` nodes."""
 
 START_METHODS = ("spawn", "fork", "forkserver")
-"""torchrun's choices; tftrun starts every worker as a fresh process whichever is given."""
+"""torchrun's choices, accepted; none decides how a worker starts (``--fork_server`` does)."""
 ALL_RANKS = -1
 """msrun's ``--tail_worker_log`` default: every worker's log."""
 

@@ -1,8 +1,7 @@
 """The node's fork server: workers, and node 0's scheduler, forked from one warm
 interpreter, not started cold.
 
-A worker's cold start is mostly ``import torch``: 1.3 s of CPU on an idle core here, 2 s
-and more when the job's processes share the cores. The fork server
+A worker's cold start is mostly ``import torch``, which costs far more than a fork. The fork server
 (launcher/procs/fork_server_main.py) pays it once per node, at the job's
 start, at the workers' priority and with a worker's environment; each worker, at the
 start and at every relaunch, is then a ``fork`` of it that runs its script as

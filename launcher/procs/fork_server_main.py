@@ -53,12 +53,10 @@ def warm_up() -> None:
     """Import what every worker imports, and build and step an optimizer once; then
     freeze what that made.
 
-    Frozen, the hundreds of thousands of objects of torch's import sit in the collector's
-    permanent generation: the worker's full collections never walk them, and a worker
-    forked from the fork server never writes to their pages for its collections, so the
-    kernel need not copy them. A forked worker of a trivial script took 0.28-0.35 s of
-    CPU instead of 0.88-1.04 s, most of it in its ending (2 shared cores). What the
-    script makes is collected as in any process.
+    Frozen, the objects of torch's import sit in the collector's permanent generation, so
+    a forked worker's collections never walk them nor write to the pages it shares with
+    the server, which the kernel would then copy. What the script makes is collected as
+    in any process.
     """
     import torch
     import torch.distributed  # noqa: F401
@@ -67,7 +65,7 @@ def warm_up() -> None:
     param.grad = torch.zeros(1)
     torch.optim.SGD([param], lr=0.1).step()
     try:
-        # The library the scripts that get relaunched alone import (about 0.1 s more).
+        # The library that only the scripts using recovery import.
         import recovery.ckpt.checkpoint  # noqa: F401
         import recovery.train.elastic  # noqa: F401
     except ImportError:

@@ -43,8 +43,8 @@ job of up to :data:`STATUS_RATE` / 2 nodes."""
 STATUS_RATE = 256
 """Status requests a second that the job's supervisors send at most between them, on
 their own: in a larger job each node's snapshots are spaced to :func:`snapshot_interval`.
-Each costs the scheduler about as much as a node's beat (0.2-0.4 ms of its one loop), so
-that 1024 nodes asking every 0.5 s would take most of a core. What must come sooner comes
+Each costs the scheduler's one loop about as much as a node's beat, so that a thousand
+nodes asking twice a second would take most of it. What must come sooner comes
 anyway: an exit to report takes a snapshot at once, and so does the scheduler's news (a
 verdict, a generation: :meth:`SchedulerWatch.poke`)."""
 _JOIN = 5.0

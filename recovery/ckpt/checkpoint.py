@@ -235,8 +235,8 @@ def write_checkpoint(
     spare = layout.spare_path(directory)
     digest = write_atomic(directory / name, lambda file: torch.save(state, file), reuse=spare)
     entry = CheckpointEntry(
-        name, *position, state["rank"], state["world_size"], digest.size, None, time.time(),
-        lineage=state.get("lineage"), kind=kind, xxh3_128=digest.checksum,
+        name, *position, state["rank"], state["world_size"], digest.size, digest.checksum,
+        time.time(), lineage=state.get("lineage"), kind=kind,
     )
     stale = manifest.add(entry, keep=keep)
     for stale_name in stale:

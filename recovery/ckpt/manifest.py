@@ -1,8 +1,7 @@
 """The checkpoint manifest: which files are complete, and which one is the newest valid.
 
 Each checkpoint directory has a ``manifest.json`` listing every checkpoint written to it
-completely, with its size and checksum (XXH3-128; sha256 for a file written before,
-which still verifies). A file is *valid* only if all of these hold:
+completely, with its size and XXH3-128 checksum. A file is *valid* only if all of these hold:
 
 1. it is in the manifest (a file the manifest does not list was never finished);
 2. its size is the recorded size (catches truncation);
@@ -25,8 +24,8 @@ than the chosen one is reported with one warning line naming the file and the re
 The manifest is rewritten atomically under a file lock, so concurrent writers and a
 writer killed mid-update never leave it torn. It is read once per update, under that lock,
 and parsed only when its bytes differ from what this object last read or wrote; it is
-written one entry a line, by the C JSON encoder (``indent`` would take the pure-Python one,
-ten times dearer).
+written one entry a line, by the C JSON encoder (``indent`` would take the much slower
+pure-Python one).
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ from typing import Any
 from filelock import FileLock
 
 from recovery.ckpt import layout
-from recovery.ckpt.durable import SHA256, XXH3, file_digest, write_atomic
+from recovery.ckpt.durable import XXH3, file_digest, write_atomic
 from recovery.position import TrainPosition
 
 __all__ = [
@@ -97,8 +96,8 @@ class CheckpointEntry:
     ``seq`` orders entries by the time they were recorded; it only breaks a tie between
     two files of the same ``(epoch, step_in_epoch)`` (two runs with different prefixes).
     ``lineage`` is the id of the job that wrote it; ``None`` in a manifest written before
-    lineages existed. The file's checksum is ``xxh3_128``; an entry written before XXH3
-    was used has ``sha256`` instead (:attr:`checksum` says which).
+    lineages existed. ``xxh3_128`` is the file's checksum; ``None`` in an entry that holds
+    only the ``sha256`` of an older tftrun, which cannot be verified.
     """
 
     name: str
@@ -108,12 +107,11 @@ class CheckpointEntry:
     rank: int
     world_size: int
     size: int
-    sha256: str | None
+    xxh3_128: str | None
     time: float
     seq: int = 0
     lineage: str | None = None
     kind: CheckpointKind = CheckpointKind.PERIODIC
-    xxh3_128: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", CheckpointKind(self.kind))  # a str when read from JSON
@@ -128,26 +126,17 @@ class CheckpointEntry:
 
         The step within the epoch is recorded under ``step``, as manifests always were
         (those already written must stay readable): only here and in :meth:`from_json` is
-        it mapped to :attr:`step_in_epoch`. An entry written before XXH3 (no ``xxh3_128``)
-        is recorded as it was.
+        it mapped to :attr:`step_in_epoch`.
         """
-        record = {}
-        for field in fields(self):
-            value = getattr(self, field.name)
-            if not (field.name == "xxh3_128" and value is None):
-                record["step" if field.name == "step_in_epoch" else field.name] = value
-        return record
+        return {("step" if field.name == "step_in_epoch" else field.name): getattr(self, field.name)
+                for field in fields(self)}
 
     @classmethod
     def from_json(cls, record: Mapping[str, Any]) -> CheckpointEntry:
-        """The entry :meth:`to_json` recorded."""
-        return cls(**{("step_in_epoch" if key == "step" else key): value
-                      for key, value in record.items()})
-
-    @property
-    def checksum(self) -> tuple[str, str | None]:
-        """``(algorithm, hex digest)`` the file is checked with."""
-        return (XXH3, self.xxh3_128) if self.xxh3_128 is not None else (SHA256, self.sha256)
+        """The entry :meth:`to_json` recorded, or an older tftrun's (its ``sha256`` is dropped)."""
+        values = {("step_in_epoch" if key == "step" else key): value
+                  for key, value in record.items() if key != "sha256"}
+        return cls(**{"xxh3_128": None, **values})
 
 
 @dataclass(frozen=True)
@@ -297,23 +286,22 @@ def find_checkpoint_dirs(root: str | os.PathLike[str]) -> list[Path]:
 
 
 _FileVersion = tuple[int, int, int]
-_verified: dict[tuple[str, str], tuple[_FileVersion, str]] = {}
-"""By path and algorithm: the (size, mtime_ns, inode) of the file this process last hashed
-there, and its checksum."""
+_verified: dict[str, tuple[_FileVersion, str]] = {}
+"""By path: the (size, mtime_ns, inode) of the file this process last hashed there, and its
+checksum."""
 _VERIFIED_MAX = 1024
 
 
-def _checksum(path: Path, stat: os.stat_result, algorithm: str) -> str:
+def _checksum(path: Path, stat: os.stat_result) -> str:
     version = (stat.st_size, stat.st_mtime_ns, stat.st_ino)
-    key = (str(path), algorithm)
-    known = _verified.get(key)
+    known = _verified.get(str(path))
     if known is not None and known[0] == version:
         return known[1]
-    checksum = file_digest(path, algorithm).checksum
+    checksum = file_digest(path).checksum
     if len(_verified) >= _VERIFIED_MAX:  # forget the files pruned since
-        for gone in [k for k in _verified if not os.path.exists(k[0])]:
+        for gone in [k for k in _verified if not os.path.exists(k)]:
             del _verified[gone]
-    _verified[key] = (version, checksum)
+    _verified[str(path)] = (version, checksum)
     return checksum
 
 
@@ -327,9 +315,10 @@ def problem(candidate: Candidate) -> str | None:
         return "missing: listed in the manifest but not on disk"
     if stat.st_size != candidate.entry.size:
         return f"truncated or torn: {stat.st_size} bytes, the manifest says {candidate.entry.size}"
-    algorithm, expected = candidate.entry.checksum
-    if _checksum(candidate.path, stat, algorithm) != expected:
-        return f"corrupt: {algorithm} differs from the manifest"
+    if candidate.entry.xxh3_128 is None:
+        return f"unverifiable: the manifest gives no {XXH3} (an older tftrun's entry)"
+    if _checksum(candidate.path, stat) != candidate.entry.xxh3_128:
+        return f"corrupt: {XXH3} differs from the manifest"
     return None
 
 

@@ -118,9 +118,8 @@ def _copy(view: torch.Tensor, tensor: torch.Tensor) -> None:
     """``view.copy_(tensor)``, as one plain ``memcpy`` on this thread where it can be.
 
     ``copy_`` splits a large copy among torch's threads; where training uses every core,
-    one of them is often descheduled (by the writer process, by another job) and the
-    copy waits for it: 0.08 ms at the median but 31 ms at the 90th percentile on 2
-    loaded cores, against 0.15 / 0.2 ms for one ``memcpy``.
+    one of them is often descheduled (by the writer process, by another job) and the whole
+    copy waits for it, which one ``memcpy`` on this thread never does.
     """
     plain = tensor.is_contiguous() and not (tensor.is_conj() or tensor.is_neg())  # no lazy conjugate
     if view.nbytes and tensor.device.type == "cpu" and tensor.dtype == view.dtype and plain:
@@ -217,7 +216,8 @@ class SharedStage:
 class Rebuilder:
     """Rebuilds the state from a mapping of the staged buffer (:meth:`__call__`), keeping
     the tensors it made on the buffer for the next call on the same mapping and layout:
-    making them costs 10-20 µs a tensor, and a writer's buffer and layout change rarely."""
+    making them anew costs time for every tensor of every save, and a writer's buffer and
+    layout change rarely."""
 
     def __init__(self) -> None:
         self._buffer: Any = None

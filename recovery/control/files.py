@@ -32,8 +32,8 @@ ENDPOINT_FILE = "scheduler.json"
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    # No indent: an indented dump runs json's pure-Python encoder, 0.3 s for the state of
-    # 2048 members, saved once a second while their steps move (docs/scale.md).
+    # No indent: an indented dump runs json's pure-Python encoder, too slow for a large
+    # job's state, which is saved once a second while its steps move.
     payload = json.dumps(data, sort_keys=True).encode()
     write_atomic(path, lambda file: file.write(payload))
 

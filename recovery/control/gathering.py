@@ -3,14 +3,14 @@
 The scheduler handles the requests waiting in its queue as one batch (one run of the
 rules, one save, one write of events). Where beats come one at a time, each batch is
 one beat, and the loop pays for waking (a store round trip to wait for the request,
-one to count those waiting, a cache gone cold) once per beat: at 8192 ranks most of a
+one to count those waiting, a cache gone cold) once per beat: in a large job most of a
 ``node_beat``'s cost (docs/scale.md). Waiting a little after the first request gathers
 the ones that come meanwhile into the same batch.
 
 The wait is only worth it where requests come often: it is :data:`GATHER` where at
 least one more request is expected within it (the mean gap between requests, estimated
 over recent batches, is shorter), nothing otherwise, so a quiet job's requests (a few a
-second) are answered as soon as before; nor while the queue is not drained (a backlog
+second) are answered at once; nor while the queue is not drained (a backlog
 fills batches without it). A request never waits for others longer than :data:`GATHER`.
 
 A job of fewer than :data:`GATHER_FROM_RANKS` ranks never gathers: its beats come 47 ms

@@ -4,17 +4,16 @@ The scheduler adds one to the counter :data:`~recovery.control.rpc.NEWS` wheneve
 news, and sets the key :func:`~recovery.control.rpc.news_key` of the new count
 (recovery/control/scheduler.py). A :class:`NewsWatch` holds a store connection of its own
 blocked in a ``WAIT`` on the key of the next count: the store answers it the moment the
-key is set, and a thousand nodes waiting cost the store nothing until then, where reading
-the counter every second cost it thousands of operations a second (docs/scale.md). The
+key is set, and nodes waiting cost the store nothing until then, where every node reading
+the counter every second costs it an operation per node and second (docs/scale.md). The
 watch reads the counter only when it (re)connects, after each wake-up and every
 ``rearm`` seconds (a wait it cancels, so that a key removed by a stranger holds no news
 back for longer); while the counter holds a stranger's value that is no number, it has
-no key to wait for and reads the counter every ``spacing``, as before.
+no key to wait for and reads the counter every ``spacing``.
 
-The counter and its keys are hints, as before: whoever sets them causes a beat, whose
-signed reply is the news. The watch calls back at most once per ``spacing`` seconds
-(the rate at which the counter used to be read), so that keys set in a flood cost a
-node no more beats than before.
+The counter and its keys are hints: whoever sets them causes a beat, whose signed reply
+is the news. The watch calls back at most once per ``spacing`` seconds, so that keys set
+in a flood cost a node no more beats than reading the counter every ``spacing`` would.
 """
 
 from __future__ import annotations
@@ -105,7 +104,7 @@ class NewsWatch:
                     break
                 continue  # the counter again: more may have come meanwhile
             if count is None:  # not a number (a stranger's) until the scheduler resets it:
-                self._closed.wait(self._spacing)  # read it as before, every spacing
+                self._closed.wait(self._spacing)  # read it every spacing
             else:
                 client.wait([news_key(count + 1)], self._rearm)
         return seen

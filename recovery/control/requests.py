@@ -143,7 +143,7 @@ class Records:
 
         ``surrogates=False``: the request's text has no ``\\u`` escape, so that no string
         in it can hold a lone surrogate; each item is then first given the quick test
-        (:meth:`_quickly`: half the cost of a node's beat of 8 ranks), and only an item
+        (:meth:`_quickly`, much cheaper for the many items of a node's beat), and only an item
         that fails it gets the full check, for its error.
         """
         if not isinstance(value, list) or not 1 <= len(value) <= self.most \

@@ -81,8 +81,7 @@ CHECK_EVERY = 0.1
 """The periodic rules run at most this often, and this soon after any request."""
 RULES_SHARE = 0.01
 """The share of a core that the periodic rules may take: with thousands of members a run
-(O(members)) takes milliseconds (about 6 ms at 8192 members here), and runs are then
-spaced to cost at most this (0.6 s apart at 8192). Deadlines (a heartbeat timeout, a
+(O(members)) takes milliseconds, and runs are then spaced to cost at most this. Deadlines (a heartbeat timeout, a
 progress timeout) still wake them on time; a member falling behind is seen up to one
 spacing late, and its progress verdict with it."""
 BATCH = 256
@@ -105,8 +104,8 @@ moves, and they beat at once (recovery/control/rpc.py)."""
 _SAVED_LATER = frozenset({"register", "attach", "refuse"})
 """Decisions saved with the next spaced save, not before their replies: a process admitted
 that a relaunched scheduler does not know re-attaches with its next beat, under the same
-rank, and a refusal changes nothing. At tens of thousands of ranks a save takes seconds,
-and a generation's registrations would otherwise each wait for one."""
+rank, and a refusal changes nothing; a large job's save is long, and a generation's
+registrations would otherwise each wait for one."""
 
 
 def host_store(host: str, port: int, listen_fd: int | None) -> Any:

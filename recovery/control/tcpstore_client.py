@@ -1,8 +1,8 @@
 """A client of torch's c10d ``TCPStore`` in plain Python, for the processes that need no torch.
 
 The supervisor and ``tftctl`` talk to the scheduler through its store (recovery/control/rpc.py)
-and do nothing else with torch: importing it only for a store client cost each of them about
-1.3 CPU-seconds and ~290 MiB, paid while the workers train (docs/benchmarks.md). This
+and do nothing else with torch: importing it only for a store client would cost each of
+them a worker's import time and memory, taken from the workers as they train. This
 client speaks the store's wire protocol (torch 2.13, both the libuv and the classic server;
 ``torch/csrc/distributed/c10d/TCPStoreBackend.hpp``) with a socket of its own:
 

@@ -1,6 +1,6 @@
 """Forming and retiring one generation's default process group, without ever hanging.
 
-Two traps of torch 2.13's gloo (docs/architecture.md, and measured again for this module) shape it:
+Two traps of torch 2.13's gloo (docs/architecture.md) shape it:
 
 * **A member that dies during the rendezvous.** ``init_process_group`` waits for every
   member's address in the store for the whole group timeout (minutes): if a member of

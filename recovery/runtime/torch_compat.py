@@ -1,8 +1,8 @@
 """The private torch.distributed calls recovery needs, in one place, for one torch version.
 
 Each call here reaches into ``torch.distributed.distributed_c10d`` for something torch has
-no public API for (measured traps: docs/architecture.md, recovery/runtime/group.py). Private names change
-between torch releases without notice, so importing this module checks that torch is the
+no public API for (the traps they get round: docs/architecture.md, recovery/runtime/group.py).
+Private names change between torch releases without notice, so importing this module checks that torch is the
 version these calls were written and tested for, and fails with one clear message
 otherwise, instead of an ``AttributeError`` deep inside a recovery.
 """

@@ -3,7 +3,7 @@
 A step event is one line in ``events.jsonl`` under a file lock, so they are rate-limited:
 each rank writes one at most every :func:`step_event_interval` seconds, which keeps the
 whole job near :data:`JOB_STEP_EVENTS_PER_SECOND` lines a second whatever its size (a
-64-rank job writing one per rank and second would add ~250 MB a day). A rank that sees a
+line per rank and second would grow the file with every rank added). A rank that sees a
 fault writes its step at once, whatever the limit: it is the step the job reached before
 it rolls back, which is what the steps redone are counted from.
 """

@@ -14,7 +14,7 @@ import torch
 
 from recovery.ckpt import layout
 from recovery.ckpt.checkpoint import CheckpointSaver
-from recovery.ckpt.durable import SHA256, file_digest, write_atomic
+from recovery.ckpt.durable import file_digest, write_atomic
 from recovery.ckpt.manifest import CheckpointEntry, InvalidCheckpointError, Manifest, newest_valid, verify_dir
 from recovery.ckpt.restore import load_checkpoint, resume
 from recovery.position import TrainPosition
@@ -88,8 +88,8 @@ def test_a_file_that_needs_arbitrary_unpickling_is_refused_even_if_listed(
     directory = three[0].parent
     unsafe = directory / "net-1_40.ckpt"
     digest = write_atomic(unsafe, lambda f: torch.save({"model": {}, "hook": shutil.copy}, f))
-    Manifest(directory).add(CheckpointEntry(unsafe.name, 1, 40, 40, 0, 1, digest.size, None, 0.0,
-                                            xxh3_128=digest.checksum))
+    Manifest(directory).add(CheckpointEntry(unsafe.name, 1, 40, 40, 0, 1, digest.size, digest.checksum,
+                                            0.0))
     with caplog.at_level(logging.WARNING):
         assert chosen(directory) == three[2]
     assert "arbitrary unpickling" in skipped(caplog)[0]
@@ -104,23 +104,22 @@ def test_verify_dir_names_every_bad_file(three: list[Path]) -> None:
                        "net-1_10.ckpt": "corrupt: xxh3_128 differs from the manifest"}
 
 
-def test_checkpoints_of_sha256_manifests_still_verify_and_load(three: list[Path]) -> None:
-    """A manifest written before XXH3 (its entries hold a sha256 and no xxh3_128 key)."""
+def test_an_entry_with_only_an_older_tftruns_sha256_is_listed_but_never_loaded(
+        three: list[Path], caplog: pytest.LogCaptureFixture) -> None:
     manifest = layout.manifest_path(three[0].parent)
     content = json.loads(manifest.read_text())
-    for entry in content["entries"]:
-        entry["sha256"] = hashlib.sha256((three[0].parent / entry["name"]).read_bytes()).hexdigest()
-        del entry["xxh3_128"]
+    newest = content["entries"][2]
+    newest["sha256"] = hashlib.sha256(three[2].read_bytes()).hexdigest()
+    del newest["xxh3_128"]
     manifest.write_text(json.dumps(content))
-    found = newest_valid(three[0].parent)
-    assert found is not None and found[0].path == three[2]
-    assert found[0].entry is not None and found[0].entry.checksum[0] == SHA256
-    assert load_checkpoint(three[1])["position"]["global_step"] == 20
-    flip_a_bit(three[0])
+    with caplog.at_level(logging.WARNING):
+        assert chosen(three[0].parent) == three[1]
+    assert str(three[2]) in skipped(caplog)[0] and "unverifiable" in skipped(caplog)[0]
+    with pytest.raises(InvalidCheckpointError, match="no xxh3_128"):
+        load_checkpoint(three[2])
     results = {c.path.name: reason for c, reason in verify_dir(three[0].parent)}
-    assert results == {"net-1_30.ckpt": None, "net-1_20.ckpt": None,
-                       "net-1_10.ckpt": "corrupt: sha256 differs from the manifest"}
-    assert file_digest(three[1], SHA256).checksum == content["entries"][1]["sha256"]
+    assert results == {"net-1_30.ckpt": "unverifiable: the manifest gives no xxh3_128 (an older tftrun's entry)",
+                       "net-1_20.ckpt": None, "net-1_10.ckpt": None}
 
 
 def test_a_damaged_manifest_trusts_no_file(three: list[Path], caplog: pytest.LogCaptureFixture) -> None:

@@ -77,7 +77,7 @@ def test_a_lineages_candidates_are_exactly_its_entries_and_the_unlisted_files(
             file = f"net{index}-1_{step}.ckpt"
             (directory / file).write_bytes(b"x")
             if listed:
-                Manifest(directory).add(CheckpointEntry(file, 1, step, step, 0, 1, 1, "0" * 64, 0.0,
+                Manifest(directory).add(CheckpointEntry(file, 1, step, step, 0, 1, 1, "0" * 32, 0.0,
                                                         lineage=lineage))
         every = candidates(directory)
         chosen = candidates(directory, wanted)

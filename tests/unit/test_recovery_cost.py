@@ -19,7 +19,7 @@ import torch.distributed as dist
 import recovery.ckpt.manifest as manifest
 from recovery.ckpt import layout
 from recovery.ckpt.checkpoint import CheckpointConfig, CheckpointSaver
-from recovery.ckpt.durable import XXH3, FileDigest
+from recovery.ckpt.durable import FileDigest
 from recovery.ckpt.last_words import save_last_words
 from recovery.ckpt.manifest import candidates, problem
 from recovery.position import TrainPosition
@@ -42,9 +42,9 @@ def hashed(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     counts: Counter[str] = Counter()
     real = manifest.file_digest
 
-    def counting(path: str | os.PathLike[str], algorithm: str = XXH3) -> FileDigest:
+    def counting(path: str | os.PathLike[str]) -> FileDigest:
         counts[Path(path).name] += 1
-        return real(path, algorithm)
+        return real(path)
 
     monkeypatch.setattr(manifest, "file_digest", counting)
     return counts
