@@ -5,11 +5,11 @@ user may enter, named to them in ``TFT_BEAT_SOCKET`` (recovery/control/beat_chan
 One thread serves the connections: it records each report and answers a heartbeat at
 once from the scheduler's latest answer (recovery/control/node_beats.py); a
 registration waits for the next beat. Another sends the node's beats: every beat
-interval, at once for a registration or for a rank silent past the heartbeat timeout, and
-at once when the scheduler has news: a store connection of the node's waits for its next
-news key (recovery/control/news_watch.py), so that news wakes the node the moment it is
-set and the store serves no reads of the counter meanwhile. The supervisor's loop never
-waits on any of them.
+interval; at once for a registration, a rank now ready, or a rank silent past the
+heartbeat timeout; and at once when the scheduler has news: a store connection of the
+node's waits for its next news key (recovery/control/news_watch.py), so that news wakes
+the node the moment it is set and the store serves no reads of the counter meanwhile.
+The supervisor's loop never waits on any of them.
 """
 
 from __future__ import annotations
@@ -140,6 +140,7 @@ class BeatServer:
             conn.close()
             return
         op = message.get("op")
+        urgent = False
         with self._lock:
             if op == "news":
                 self._send(key, {"news": self._beats.news})
@@ -147,10 +148,10 @@ class BeatServer:
                     and not local_proof_ok(message.get("proof"), self._token):
                 self._send(key, WRONG_TOKEN)  # another job's worker: refused for good
             elif op in (Op.REGISTER.value, Op.HEARTBEAT.value):
-                self._beats.heard(key, op, message, time.monotonic())
+                urgent = self._beats.heard(key, op, message, time.monotonic())
                 if op == Op.HEARTBEAT.value:
                     self._send(key, self._beats.answer(key) or {"waiting": True})
-        if op == Op.REGISTER.value:
+        if urgent:
             self._wake.set()
 
     def _send(self, key: int, message: dict[str, object]) -> None:

@@ -111,8 +111,10 @@ class NodeBeats:
         said): a large job's supervisor asks for its status only when it moves."""
 
     # ----------------------------------------------------------------- local reports
-    def heard(self, key: int, op: str, message: dict[str, Any], now: float) -> None:
-        """Rank ``key`` reported: a registration (``op`` ``register``) or a heartbeat."""
+    def heard(self, key: int, op: str, message: dict[str, Any], now: float) -> bool:
+        """Rank ``key`` reported: a registration (``op`` ``register``) or a heartbeat.
+        Returns whether the node's beat is due at once (a registration, a change of
+        readiness)."""
         identity = {name: message.get(name) for name in _IDENTITY}
         rank = self.ranks.get(key)
         if rank is None or rank.fields != identity:
@@ -128,6 +130,7 @@ class NodeBeats:
             step_us, steps = message.get("step_us"), message.get("steps")
             if type(step_us) is int and type(steps) is int:
                 rank.step_times = merge_summaries(rank.step_times, (step_us, steps))
+        return rank.urgent
 
     def forget(self, key: int) -> None:
         """Rank ``key``'s connection closed: its process ended (its supervisor reports

@@ -52,9 +52,11 @@ def test_a_rank_that_becomes_ready_is_beaten_for_at_once_and_the_scheduler_hears
     [sent] = beats.beats(0.0)
     assert sent[0][1]["ready"] is False
     beats.fan_out(sent, {"ok": True, "ranks": [accepted(0)]})
-    beats.heard(0, "heartbeat", report(0, step=None, ready=False), 1.0)
+    # What heard() returns wakes the beat thread (launcher/supervisor/beats.py), which
+    # otherwise sleeps until the beat it planned: an interval on, seconds of a rejoin.
+    assert beats.heard(0, "heartbeat", report(0, step=None, ready=False), 1.0) is False
     assert beats.next_due() == INTERVAL  # nothing new: the usual spacing
-    beats.heard(0, "heartbeat", report(0, step=None, ready=True), 2.0)
+    assert beats.heard(0, "heartbeat", report(0, step=None, ready=True), 2.0) is True
     assert beats.next_due() == -math.inf
     [sent] = beats.beats(2.0)
     assert (sent[0][1]["op"], sent[0][1]["ready"]) == ("heartbeat", True)
