@@ -1,0 +1,88 @@
+"""The comm hook under the user's DDP (recovery/train/ddp_exchange.py), in a gloo group of
+one rank in this process: the weight and divisor of a degraded step, the fixed buckets,
+and a failed reduction that voids the step without breaking ``backward()``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from recovery.train import ddp_exchange
+from recovery.train.collective_wait import PeerFailure
+from recovery.train.ddp_exchange import GradientExchange
+
+
+@pytest.fixture
+def alone() -> Iterator[None]:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=timedelta(seconds=30))
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
+
+
+def _local_grads(inputs: torch.Tensor) -> list[torch.Tensor]:
+    model = _model()
+    model(inputs).square().mean().backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def _exchange(wait: Any) -> tuple[DistributedDataParallel, GradientExchange, list[str]]:
+    reached: list[str] = []
+    ddp = DistributedDataParallel(_model())
+    return ddp, GradientExchange(ddp, wait, lambda: reached.append("collective")), reached
+
+
+@pytest.mark.parametrize(("weight", "divisor"), [(1, 0), (3, 2), (2, 4)])
+def test_a_step_gets_its_gradient_weighted_and_divided_as_its_plan_says(
+        alone: None, weight: int, divisor: int) -> None:
+    """This rank computed ``weight`` micro-batches of a step that trains ``divisor``."""
+    inputs = torch.randn(4, 6)
+    ddp, exchange, reached = _exchange(lambda work: work.wait())
+    exchange.begin(weight, divisor)
+    ddp(inputs).square().mean().backward()
+    assert exchange.failure is None and reached == ["collective"]
+    for got, local in zip((p.grad for p in ddp.module.parameters()), _local_grads(inputs)):
+        torch.testing.assert_close(got, local * weight / (divisor or 1), rtol=0, atol=1e-7)
+
+
+def test_a_lost_peer_leaves_the_step_void_and_backward_returns(alone: None) -> None:
+    def lost(work: Any) -> None:
+        work.wait()
+        raise PeerFailure("Connection closed by peer")
+
+    ddp, exchange, _reached = _exchange(lost)
+    exchange.begin()
+    ddp(torch.randn(4, 6)).square().mean().backward()  # returns: the hook's futures are answered
+    assert isinstance(exchange.failure, PeerFailure)
+    exchange.begin()  # the next step starts clean
+    assert exchange.failure is None
+
+
+def test_the_fixed_buckets_hold_the_parameters_last_first_by_dtype_and_size(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The layout depends on the parameters only, never on DDP's buckets: the same on a
+    survivor and on a relaunched rank."""
+    params = [torch.nn.Parameter(torch.zeros(n, dtype=dtype)) for n, dtype in
+              [(4, torch.float32), (4, torch.float32), (3, torch.float64), (8, torch.float64),
+               (1, torch.float64)]]
+    monkeypatch.setattr(ddp_exchange, "BUCKET_BYTES", 8 * 8)  # eight float64s
+    slots: dict[int, tuple[int, int, int]] = {}
+    buckets = ddp_exchange._layout(params, slots)
+    assert [slots[id(p)] for p in params] == [(3, 4, 4), (3, 0, 4), (2, 0, 3), (1, 0, 8),
+                                              (0, 0, 1)]
+    assert [(b.flat.numel(), b.flat.dtype, b.params) for b in buckets] == [
+        (1, torch.float64, 1), (8, torch.float64, 1), (3, torch.float64, 1),
+        (8, torch.float32, 2)]
