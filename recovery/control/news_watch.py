@@ -12,25 +12,30 @@ back for longer); while the counter holds a stranger's value that is no number, 
 no key to wait for and reads the counter every ``spacing``.
 
 The counter and its keys are hints: whoever sets them causes a beat, whose signed reply
-is the news. The watch calls back at most once per ``spacing`` seconds, so that keys set
-in a flood cost a node no more beats than reading the counter every ``spacing`` would.
+is the news. The watch calls back at once for up to :data:`BURST` pieces of news in a row
+(a death's shrink and its relaunched rank's grow come a moment apart), then at most once
+per ``spacing`` seconds: keys set in a flood cost a node no more beats than reading the
+counter every ``spacing`` would.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from recovery.control.rpc import MAX_NEWS_BYTES, NEWS, adopt_client, news_key
 from recovery.control.tcpstore_client import StoreError, TCPStoreClient
 
-__all__ = ["NewsWatch"]
+__all__ = ["BURST", "NewsWatch"]
 
 logger = logging.getLogger(__name__)
 
 _CONNECT_TIMEOUT = 5.0
 _RECONNECT_PAUSE = 0.5
+BURST = 2
+"""Calls the watch makes at once after a quiet while; one more each ``spacing``."""
 
 
 class NewsWatch:
@@ -95,14 +100,19 @@ class NewsWatch:
 
     def _follow(self, client: TCPStoreClient, seen: int | None) -> int | None:
         """Wait for each next count on ``client`` until it breaks (StoreError)."""
+        calls, since = float(BURST), time.monotonic()  # a bucket of calls, one more a spacing
         while not self._closed.is_set():
             count = _count(client)
             if count != seen:
-                seen = count
+                now = time.monotonic()
+                calls, since = min(float(BURST), calls + (now - since) / self._spacing), now
+                if calls < 1:
+                    if self._closed.wait((1 - calls) * self._spacing):
+                        break
+                    continue  # the counter again: more may have come meanwhile
+                seen, calls = count, calls - 1
                 self._on_news()
-                if self._closed.wait(self._spacing):
-                    break
-                continue  # the counter again: more may have come meanwhile
+                continue
             if count is None:  # not a number (a stranger's) until the scheduler resets it:
                 self._closed.wait(self._spacing)  # read it every spacing
             else:

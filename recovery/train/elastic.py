@@ -293,6 +293,8 @@ class ElasticTrainer:
         """Why step ``global_step`` cannot start in this generation (the scheduler formed
         a newer one), or ``None``. In a replay, the record decides when (and this rank
         dies here if the record lost it after the last committed step)."""
+        if self.ctx.degraded:  # the dead ranks' return, soon: its steps are not all-reduced
+            self.ctx.look_for_news()  # with them, so no blocked collective asks for news
         newer = self.ctx.latest_generation != self.ctx.generation
         if self._replay is None:
             return "the scheduler formed a new generation" if newer else None

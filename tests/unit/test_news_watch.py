@@ -45,17 +45,36 @@ def test_news_wakes_the_watch_at_once(store: TCPStore, watched: tuple[NewsWatch,
     assert len(calls.times) == 3
 
 
-def test_news_within_the_spacing_is_told_once_the_spacing_is_over(
+def test_two_pieces_of_news_a_moment_apart_are_both_told_at_once(
         store: TCPStore, watched: tuple[NewsWatch, Calls]) -> None:
-    """Keys set in a burst (or a flood) cost one call per spacing, and none is lost."""
+    """A death's shrink and its relaunched rank's grow come a fraction of a second apart
+    (with ``--rejoin_cooldown=0``): the grow is not held back for a spacing."""
     _watch, calls = watched
-    first = calls.wait_for(1, 10)
-    for _ in range(5):
-        bump(store)
-    second = calls.wait_for(2, 10)
-    assert second - first >= SPACING * 0.9
+    calls.wait_for(1, 10)
+    time.sleep(3 * SPACING)  # a quiet while: the watch may tell two at once again
+    first = bump(store)
+    assert calls.wait_for(2, 10) - first < AT_ONCE
+    second = bump(store)
+    assert calls.wait_for(3, 10) - second < SPACING / 2
+
+
+def test_a_flood_costs_one_call_per_spacing_and_none_is_lost(
+        store: TCPStore, watched: tuple[NewsWatch, Calls]) -> None:
+    """Keys set in a flood cost at most two calls at once, then one per spacing, and the
+    last call comes after the last key."""
+    _watch, calls = watched
+    calls.wait_for(1, 10)
     time.sleep(3 * SPACING)
-    assert len(calls.times) == 2  # the burst was one piece of news
+    started = time.monotonic()
+    last = started
+    while time.monotonic() - started < 4 * SPACING:
+        last = bump(store)
+        time.sleep(SPACING / 20)
+    time.sleep(2 * SPACING)
+    flood = [t for t in calls.times if t >= started]
+    assert flood[0] - started < AT_ONCE and flood[-1] >= last
+    assert len(flood) <= 2 + 6  # two at once, then one per spacing of the flood and after it
+    assert all(later - earlier >= SPACING * 0.9 for earlier, later in zip(flood[1:], flood[3:]))
 
 
 def test_a_counter_moved_without_its_key_is_seen_when_the_wait_is_rearmed(
@@ -92,13 +111,13 @@ def test_a_counter_that_is_not_a_number_is_read_every_spacing_until_it_is_reset(
     the counter every spacing, as supervisors did before, and news after the scheduler's
     reset reaches it within a spacing, not a rearm."""
     calls = Calls()
-    watch = NewsWatch("127.0.0.1", store.port, calls, spacing=0.1, rearm=60)
+    watch = NewsWatch("127.0.0.1", store.port, calls, spacing=0.1, rearm=1.0)
     watch.start()
     try:
         calls.wait_for(1, 10)
-        store.set(NEWS, "not a number")
+        store.set(NEWS, "not a number")  # no key: seen when the wait is rearmed
         calls.wait_for(2, 10)  # it moved (to something unreadable)
-        time.sleep(0.3)
+        time.sleep(1.5)  # past a rearm: from now on only the spacing can tell the reset
         store.delete_key(NEWS)  # the scheduler's reset, then its next news
         reset = bump(store)
         assert calls.wait_for(3, 10) - reset < 0.1 + AT_ONCE
