@@ -4,12 +4,13 @@ its process."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from support import REPO
 
 sys.path.insert(0, str(REPO / "bench"))
-from frameworks_recovery import CLIENTS, Run, after_the_kill  # noqa: E402 - bench/ is not a package
+from frameworks_recovery import CLIENTS, DDP_STEPS_PER_EPOCH, Run, after_the_kill  # noqa: E402 - bench/ is not a package
 
 
 def _records(pid: int, steps: range, start: float) -> list[tuple[int, float, int]]:
@@ -44,3 +45,17 @@ def test_a_survivor_that_keeps_its_process_is_seen() -> None:
 
 def test_every_client_of_the_json_shape_has_its_place() -> None:
     assert list(CLIENTS) == ["ddp", "lightning", "hf"]
+
+
+def test_the_ddp_tutorials_redone_steps_are_the_updates_rank_0_applied_beyond_the_jobs() -> None:
+    """The DDP client counts applied updates per process (bench/ddp_clock.py): torchrun's
+    restart from the epoch-0 snapshot repeats what rank 0 did past it; a survivor that kept
+    its process applies each of the job's steps once."""
+    args = argparse.Namespace(ddp_epochs=4)
+    total = 4 * DDP_STEPS_PER_EPOCH
+    restarted = Run({0: _records(100, range(1, 49), 0.0) + _records(200, range(1, total + 1), 9.0)},
+                    killed_at=4.85, loss=0.5)
+    kept = Run({0: _records(100, range(1, total + 1), 0.0)}, killed_at=4.85, loss=0.5)
+    client = CLIENTS["ddp"]
+    assert client.steps_redone(restarted, {}, args) == 48
+    assert client.steps_redone(kept, {}, args) == 0
