@@ -516,8 +516,8 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None,
         ctx._join_pending = True
         _wait_alone(backend)
         logger.info("[worker %s/%d] registered as rank %d; joins once its training loop is "
-                    "ready (the others train on meanwhile)", identity.node_id,
-                    identity.incarnation, rank)
+                    "ready (ElasticTrainer and recovery.attach say so; a loop of the script's "
+                    "own calls complete_join())", identity.node_id, identity.incarnation, rank)
     elif form_group:
         ctx._init_group(generation, deadline)
     return ctx

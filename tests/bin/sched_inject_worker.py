@@ -27,6 +27,8 @@ def main() -> None:
     parser.add_argument("--claim_at", type=int, default=0)
     args = parser.parse_args()
     ctx = recovery.init()
+    if ctx.join_pending:  # relaunched: joins once its loop is ready, which it is
+        ctx.complete_join()
     print(f"rank {ctx.rank} of {ctx.world_size} in generation {ctx.generation}", flush=True)
     step = 0
     while args.steps == 0 or step < args.steps:

@@ -55,6 +55,8 @@ def main() -> None:
     if WorkerEnv.from_env().rank == args.wrong_token_rank:
         os.environ[names.TFT_JOB_TOKEN] = "not-this-job"
     ctx = recovery.init()
+    if ctx.join_pending:  # relaunched: joins once its loop is ready, which it is
+        ctx.complete_join()
     print(f"rank {ctx.rank} of {ctx.world_size} in generation {ctx.generation}", flush=True)
     stall: list[bool] = []
     finish: list[bool] = []
