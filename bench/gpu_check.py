@@ -12,7 +12,8 @@ check: its result (``ok``, ``FAIL``, or ``skipped`` with why) and its figure. Th
   warm-up left CUDA uninitialised (it refuses to serve otherwise).
 * ``template``: the main job (templates/mnist/train.py ``--device cuda``, timed step by
   step by bench/jobs/timed_mnist.py, held 0.2 s a step while degraded by
-  tests/bin/paced.py), 4 ranks sharing the GPU over gloo, ``--rejoin_cooldown=0``:
+  tests/bin/paced.py), 4 ranks sharing the GPU over gloo, ``--rejoin_cooldown=1`` (a
+  relaunched rank is back within a degraded step with none):
   ``tftctl inject --fault uce`` into rank 1 (repaired in place), then rank 2 ``kill -9``s
   itself; the survivors train degraded and the relaunched rank heals from a replica.
   Run with the fork server and spawned (``--fork_server=false``: a cold start). A third run,
@@ -114,7 +115,7 @@ class Job:
     def start(self, workers: int, script: Sequence[str], options: Sequence[str]) -> subprocess.Popen[bytes]:
         self.out.mkdir(parents=True)
         cmd = tftrun_cmd(workers, self.log_dir, *script, extra=(
-            f"--recovery_path={self.root / self.name / 'recovery'}", "--rejoin_cooldown=0",
+            f"--recovery_path={self.root / self.name / 'recovery'}", "--rejoin_cooldown=1",
             *options))
         self.started = time.time()
         with (self.root / self.name / "tftrun.out").open("wb") as output:
