@@ -48,6 +48,8 @@ SPAN = 20
 """Steps over which a rate after the slow-down is taken (the detector's default window)."""
 RECOVERED = 0.9
 """The share of the rate before the slow-down that counts as recovered."""
+EPOCHS = ("--epochs=100",)
+"""Enough epochs of the template's data for any ``--max_steps``: the job ends there."""
 
 Steps = Mapping[int, Sequence[StepRecord]]
 
@@ -121,10 +123,10 @@ def options(args: argparse.Namespace, fault_free: bool, *tftrun: str) -> argpars
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    """The five runs and their figures."""
+    """The runs, and their figures."""
     torchrun = Column("torchrun", "torchrun", "slow", "rollback")
     tftrun = Column("tftrun", "tftrun", "slow", "lose_nothing")
-    factor = (f"--fault_factor={args.factor}",)
+    factor = (*EPOCHS, f"--fault_factor={args.factor}")
 
     def run(column: Column, fault_free: bool, *tftrun_args: str, job: tuple[str, ...] = factor) -> Run:
         print(f"straggler: {column.label} {' '.join(tftrun_args) or '(no options)'}"
@@ -138,9 +140,17 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     # Alternate the fault-free runs with and without the detector: drifting load hits both.
     cleans, blinds = [clean], []
     for round_ in range(args.overhead_rounds):
-        blinds.append(run(tftrun, True, job=("--no_step_times",)))
+        blinds.append(run(tftrun, True, job=(*EPOCHS, "--no_step_times")))
         if round_ < args.overhead_rounds - 1:
             cleans.append(run(tftrun, True))
+    return figures(args, cleans, blinds, evict=evict, report=report, torch=torch)
+
+
+def figures(args: argparse.Namespace, cleans: Sequence[Run], blinds: Sequence[Run], *,
+            evict: Run, report: Run, torch: Run) -> dict[str, Any]:
+    """The bench's result from its runs: fault-free with the detector (the first is the
+    baseline of the evict run) and without it, and the three slowed runs."""
+    clean = cleans[0]
     evicted = slowed(evict, args, evicts=True) | detected(evict, args.slow_rank)
     evicted["job_ratio"] = ratio(evict.wall_seconds, clean.wall_seconds)
     evicted["final_loss_rel_diff"] = abs(evict.loss - clean.loss) / clean.loss
