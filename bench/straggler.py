@@ -14,8 +14,9 @@ alike). The runs:
   (``--straggler_policy=report``, the default), slowed: ``after_ratio``, the job's
   steps/s after the slow-down over its steps/s before;
 * **tftrun, evict** (``--straggler_policy=evict``), slowed: ``steps_to_recover``, the
-  steps from the slow-down until a :data:`SPAN`-step stretch runs at least 0.9x the rate
-  before it (target ≤ 30); ``after_ratio``, the rate from there to the end over the rate
+  steps from the slow-down until a :data:`SPAN`-step stretch from the eviction on runs at
+  least 0.9x the rate before it (target ≤ 30; ``evicted_at_step``: the step of the
+  eviction); ``after_ratio``, the rate from there to the end over the rate
   before; ``job_ratio``, the job's wall time over the fault-free run's (target ≤ 1.15);
   ``final_loss_rel_diff``, rank 0's final loss over the first 2 000 samples against the
   fault-free run's (target ≤ 1e-4, the degraded runs' tolerance: docs/elastic.md);
@@ -23,6 +24,9 @@ alike). The runs:
   times; their step clocks still run), ``--overhead_rounds`` runs each, alternating:
   ``detector_overhead``, the median steady steps/s (past ``--warmup_steps``) without over
   the median with (target ≤ 1.01); the first run with it is the fault-free run above.
+  The machine's noise is larger than 1 %: ``detector_step_us`` times what the detector adds
+  to a step on its own (the step clock's marks, the time handed to the heartbeat), and
+  ``detector_cost_ratio`` is 1 plus that over the fault-free step.
 
 The rates are the median over the ranks other than the slowed one. tftrun runs with its
 defaults (the 30 s cooldown, ``--min_worker_num`` 1: the survivors of an eviction train
@@ -37,12 +41,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+import timeit
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from common import absolute_pythonpath, add_json_flag, emit, median, ratio
 from fault_recovery import Column, Run, run_job, steady_rate
 from jobs.step_log import StepRecord
+
+from recovery.control.stragglers import StepTimes
+from recovery.train.compute_clock import ComputeClock
 
 SPAN = 20
 """Steps over which a rate after the slow-down is taken (the detector's default window)."""
@@ -69,25 +77,30 @@ def survivors_rate(steps: Steps, slow_rank: int, first: int, last: int) -> float
                    if (value := rate(records, first, last)) == value])
 
 
-def steps_to_recover(steps: Steps, slow_rank: int, slow_at: int, before: float) -> int | None:
-    """The steps from ``slow_at`` until the survivors run :data:`SPAN` steps at
-    :data:`RECOVERED` times ``before`` or faster; None when they never do."""
+def steps_to_recover(steps: Steps, slow_rank: int, slow_at: int, evicted_at: int,
+                     before: float) -> int | None:
+    """The steps from ``slow_at`` until the survivors, from the step they had completed at
+    the eviction (``evicted_at``) on, run :data:`SPAN` steps at :data:`RECOVERED` times
+    ``before`` or faster; None when they never do. A fast stretch before the eviction is
+    the machine's noise: the straggler still holds every step back."""
     last = min(records[-1].step for rank, records in steps.items() if rank != slow_rank)
-    for start in range(slow_at, last - SPAN + 1):
+    for start in range(max(slow_at, evicted_at), last - SPAN + 1):
         if survivors_rate(steps, slow_rank, start, start + SPAN) >= RECOVERED * before:
             return start - slow_at
     return None
 
 
-def slowed(run: Run, args: argparse.Namespace, evicts: bool) -> dict[str, Any]:
-    """The figures of a slowed run: the rates before and after, and under eviction the
-    steps it took to recover (the rate after is then taken from there)."""
+def slowed(run: Run, args: argparse.Namespace, evicted_at: int | None = None) -> dict[str, Any]:
+    """The figures of a slowed run: the rates before and after; for a run that evicts
+    (``evicted_at``: the survivors' step then, -1 when it did not evict), the steps it took
+    to recover (the rate after is then taken from there)."""
     before = survivors_rate(run.steps, args.slow_rank, args.warmup_steps, args.slow_at)
     figures: dict[str, Any] = {"rate_before": before, "wall_s": run.wall_seconds,
                                "load": list(run.load)}
     start = args.slow_at
-    if evicts:
-        recovered = steps_to_recover(run.steps, args.slow_rank, args.slow_at, before)
+    if evicted_at is not None:
+        recovered = None if evicted_at < 0 else steps_to_recover(
+            run.steps, args.slow_rank, args.slow_at, evicted_at, before)
         figures["recovered"] = recovered is not None
         figures["steps_to_recover"] = args.max_steps - args.slow_at if recovered is None else recovered
         start += figures["steps_to_recover"]
@@ -111,6 +124,21 @@ def detected(run: Run, slow_rank: int) -> dict[str, Any]:
                 (r.step for r in survivor if r.time <= evicted_at), default=None),
             "evicted": [e["rank"] for e in run.events
                         if e.get("event") == "verdict" and e.get("verdict") == "straggler"]}
+
+
+def detector_step_seconds(number: int = 100_000, repeat: int = 5) -> float:
+    """What the detector adds to a rank's step on its own (seconds): the step clock's marks
+    and the compute time handed to the heartbeat, as the trainer makes them; the best of
+    ``repeat`` timings, as ``timeit`` advises."""
+    clock, times = ComputeClock(), StepTimes()
+
+    def step() -> None:
+        clock.start()
+        clock.collective_started()
+        clock.collective_ended()
+        times.add(clock.finished())
+
+    return min(timeit.repeat(step, setup=times.take, number=number, repeat=repeat)) / number
 
 
 def options(args: argparse.Namespace, fault_free: bool, *tftrun: str) -> argparse.Namespace:
@@ -151,16 +179,19 @@ def figures(args: argparse.Namespace, cleans: Sequence[Run], blinds: Sequence[Ru
     """The bench's result from its runs: fault-free with the detector (the first is the
     baseline of the evict run) and without it, and the three slowed runs."""
     clean = cleans[0]
-    evicted = slowed(evict, args, evicts=True) | detected(evict, args.slow_rank)
+    found = detected(evict, args.slow_rank)
+    evicted = slowed(evict, args, -1 if found["evicted_at_step"] is None
+                     else found["evicted_at_step"]) | found
     evicted["job_ratio"] = ratio(evict.wall_seconds, clean.wall_seconds)
     evicted["final_loss_rel_diff"] = abs(evict.loss - clean.loss) / clean.loss
     with_detector = median([steady_rate(r.steps, args.warmup_steps) for r in cleans])
     without = median([steady_rate(r.steps, args.warmup_steps) for r in blinds])
+    cost = detector_step_seconds()
     loads = [load for measured in (*cleans, evict, report, torch, *blinds) for load in measured.load]
-    return {"report": slowed(report, args, evicts=False) | detected(report, args.slow_rank),
-            "evict": evicted,
-            "torchrun": slowed(torch, args, evicts=False),
+    return {"report": slowed(report, args) | detected(report, args.slow_rank),
+            "evict": evicted, "torchrun": slowed(torch, args),
             "detector_overhead": ratio(without, with_detector),
+            "detector_step_us": cost * 1e6, "detector_cost_ratio": 1 + cost * with_detector,
             "fault_free": {"rate_with_detector": with_detector, "rate_without": without,
                            "wall_s": clean.wall_seconds},
             "load_average_1min": [min(loads), max(loads)], "args": vars(args)}
@@ -185,7 +216,8 @@ def text(result: Mapping[str, Any], args: argparse.Namespace) -> list[str]:
               f"(target <= 1e-4)",
               f"detector: fault-free steps/s {free['rate_with_detector']:.2f} with, "
               f"{free['rate_without']:.2f} without (median of {args.overhead_rounds} runs "
-              f"each): {result['detector_overhead']:.3f}x (target <= 1.01)",
+              f"each): {result['detector_overhead']:.3f}x (target <= 1.01); on its own "
+              f"{result['detector_step_us']:.2f} us a step: {result['detector_cost_ratio']:.5f}x",
               "load average (1 min) during the runs: {:.1f}-{:.1f}".format(*result["load_average_1min"])]
     return lines
 
