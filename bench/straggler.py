@@ -64,7 +64,7 @@ Steps = Mapping[int, Sequence[StepRecord]]
 
 def rate(records: Sequence[StepRecord], first: int, last: int) -> float:
     """Steps per second of one rank from completing step ``first`` to completing ``last``
-    (its latest process's records: a relaunch redoes none of them)."""
+    (a step logged twice, by a relaunch, at its later time); NaN without both."""
     times = {r.step: r.time for r in records}
     if first not in times or last not in times or last <= first:
         return float("nan")
