@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import socket
 import statistics
 import sys
@@ -14,6 +15,13 @@ from pathlib import Path
 from typing import Any
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+
+def absolute_pythonpath() -> None:
+    """Make ``PYTHONPATH``'s entries absolute (``PYTHONPATH=.`` as the benches are run):
+    tftrun starts its scheduler and workers from other folders."""
+    entries = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    os.environ["PYTHONPATH"] = os.pathsep.join(str(Path(e).resolve()) for e in entries if e)
 
 
 def free_port() -> int:

@@ -68,7 +68,7 @@ from pathlib import Path
 from typing import Any
 
 from common import add_json_flag, emit, median, ratio, tftrun_cmd, torchrun_cmd
-from jobs.step_log import StepRecord, read_fault_time, read_steps
+from jobs.step_log import StepRecord, read_fault_time, read_final_loss, read_steps
 
 from recovery.env import MS_ENABLE_TFT, MS_RECOVERY_PATH
 from recovery.events import read_events
@@ -269,6 +269,8 @@ class Run:
     """tftrun's faulty runs: :func:`where_the_time_goes`; empty otherwise."""
     events: list[dict[str, Any]] = field(default_factory=list)
     """tftrun: its ``events.jsonl``; empty for torchrun."""
+    loss: float = math.nan
+    """Rank 0's final loss over the first samples (jobs/timed_mnist.py); NaN if it wrote none."""
 
 
 def run_job(column: Column, args: argparse.Namespace, faulty: bool,
@@ -312,7 +314,8 @@ def run_job(column: Column, args: argparse.Namespace, faulty: bool,
                                           fault_at)
                       if fault_at is not None and column.system == "tftrun" else {})
         return Run(wall, steps, fault_at, (load_before, os.getloadavg()[0]), milestones,
-                   list(read_events(Path(tmp) / "logs")) if column.system == "tftrun" else [])
+                   list(read_events(Path(tmp) / "logs")) if column.system == "tftrun" else [],
+                   read_final_loss(timing))
 
 
 def measure(column: Column, args: argparse.Namespace, clean: Run) -> dict[str, float]:

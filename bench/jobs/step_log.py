@@ -1,7 +1,8 @@
 """The record the timed bench job writes and the bench reads: one file of completed steps per rank.
 
 ``<dir>/steps_<rank>.txt`` holds one line ``rank global_step unix_time pid`` per completed
-step, appended in order; ``<dir>/fault`` holds the unix time of the one fault.
+step, appended in order; ``<dir>/fault`` holds the unix time of the one fault, and
+``<dir>/final_loss`` rank 0's final model's loss over the first samples (a float).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 FAULT_FILE = "fault"
+FINAL_LOSS_FILE = "final_loss"
 
 
 @dataclass(frozen=True)
@@ -54,3 +56,9 @@ def read_steps(directory: Path) -> dict[int, list[StepRecord]]:
 
 def read_fault_time(directory: Path) -> float:
     return float((directory / FAULT_FILE).read_text())
+
+
+def read_final_loss(directory: Path) -> float:
+    """Rank 0's final loss; NaN when it wrote none (its job ended otherwise)."""
+    path = directory / FINAL_LOSS_FILE
+    return float(path.read_text()) if path.exists() else float("nan")

@@ -1,6 +1,7 @@
 """Bench job: the main job (templates/mnist/train.py), timed step by step, with an optional fault.
 
-    timed_mnist.py --timing_dir DIR [--fault kill|uce --fault_rank R --fault_step S] [TEMPLATE ARGS...]
+    timed_mnist.py --timing_dir DIR [--fault kill|uce|slow --fault_rank R --fault_step S
+        [--fault_factor F]] [--no_step_times] [TEMPLATE ARGS...]
 
 The same script runs under torchrun and under tftrun, so that both launch the very same
 training. It replaces the template's ``ElasticTrainer`` with a subclass that appends one
@@ -19,6 +20,14 @@ holds the fault time, so a restarted rank does not do it again):
   trainer the same injection the scheduler would (``ctx.pending_injection``), without the
   scheduler's round trip, so it works under torchrun too. The fault time is taken when
   the trainer reports that step S reached its all-reduce, just before it raises.
+* ``slow``: from step S on, the process's steps are ``--fault_factor`` times slower, as
+  ``tftctl inject --fault slow --factor F --at_step S`` makes them (the same hand-over);
+  its fault time is taken likewise. A relaunched rank is not slowed again.
+
+``--no_step_times``: the ranks send the straggler detector no compute times (their step
+clock still runs), to measure what the detector costs. Rank 0 writes its final model's
+mean loss over the first 2 000 samples to ``DIR/final_loss`` (step_log.py), to compare
+the final state of two runs.
 
 The product's code is untouched.
 """
@@ -33,15 +42,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from step_log import FAULT_FILE, StepRecord, steps_file
+import torch
+import torch.nn.functional as F
+from step_log import FAULT_FILE, FINAL_LOSS_FILE, StepRecord, steps_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "templates" / "mnist"))
 import train  # noqa: E402 - the template, found through its folder
 
 from recovery.control.inject import Injection, new_id  # noqa: E402
+from recovery.env import DATA_PATH  # noqa: E402
 from recovery.train.elastic import ElasticTrainer  # noqa: E402
 
-FAULTS = ("kill", "uce")
+FAULTS = ("kill", "uce", "slow")
+LOSS_SAMPLES = 2000
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -51,7 +64,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--fault", choices=FAULTS, default="kill")
     parser.add_argument("--fault_rank", type=int, default=-1, help="the rank that fails (-1: none)")
     parser.add_argument("--fault_step", type=int, default=0,
-                        help="kill: after completing this global step; uce: inside it")
+                        help="kill: after completing this global step; uce, slow: inside it")
+    parser.add_argument("--fault_factor", type=float, default=3.0,
+                        help="slow: how many times slower the rank's steps become")
+    parser.add_argument("--no_step_times", action="store_true",
+                        help="send the straggler detector no compute times")
     return parser.parse_known_args(argv)
 
 
@@ -67,26 +84,28 @@ def record_fault_once(timing_dir: Path) -> bool:
     return True
 
 
-def arm_uce(ctx: Any, options: argparse.Namespace) -> None:
-    """Hand the trainer an injected ``uce`` for step S once, and time it at the all-reduce."""
+def arm_injection(ctx: Any, options: argparse.Namespace) -> None:
+    """Hand the trainer an injected ``uce`` or ``slow`` for step S once, and time it at the
+    step's all-reduce."""
     pending_injection, report_step = ctx.pending_injection, ctx.report_step
+    factor = options.fault_factor if options.fault == "slow" else None
     armed = False
 
-    def inject_uce(global_step: int) -> Injection | None:
+    def inject(global_step: int) -> Injection | None:
         nonlocal armed
         if global_step == options.fault_step and not (options.timing_dir / FAULT_FILE).exists():
             armed = True
-            return Injection(new_id(), ctx.rank, "uce", global_step)
+            return Injection(new_id(), ctx.rank, options.fault, global_step, factor)
         return pending_injection(global_step)
 
     def report_and_time(step: int) -> None:
         nonlocal armed
-        if armed:  # the trainer raises the injected error right after this report
+        if armed:  # a uce is raised right after this report; a slow step sleeps next
             armed = False
             record_fault_once(options.timing_dir)
         report_step(step)
 
-    ctx.pending_injection, ctx.report_step = inject_uce, report_and_time
+    ctx.pending_injection, ctx.report_step = inject, report_and_time
 
 
 def timed_trainer(options: argparse.Namespace) -> type[ElasticTrainer]:
@@ -107,17 +126,37 @@ def timed_trainer(options: argparse.Namespace) -> type[ElasticTrainer]:
                 return step_end(epoch, step_in_epoch, global_step)
 
             self.saver.step_end = log_and_step_end  # type: ignore[method-assign]
-            if faulty and options.fault == "uce":
-                arm_uce(ctx, options)
+            if faulty and options.fault in ("uce", "slow"):
+                arm_injection(ctx, options)
+            if options.no_step_times:
+                ctx.report_step_time = lambda seconds: None
+            if ctx.rank == 0:
+                trained.append(self.model)
 
+    trained: list[torch.nn.Module] = []
+    TimedTrainer.trained = trained  # type: ignore[attr-defined]
     return TimedTrainer
+
+
+def final_loss(model: torch.nn.Module, template_args: list[str]) -> float:
+    """``model``'s mean loss over the first :data:`LOSS_SAMPLES` samples of the job's data."""
+    args = train.parse_args(template_args)
+    images, labels = train.load_dataset(os.environ.get(DATA_PATH), args.synthetic_size)
+    first = torch.arange(LOSS_SAMPLES)
+    with torch.no_grad():
+        inputs = (images[first].float() / 255 - train.MEAN) / train.STD
+        return float(F.cross_entropy(model(inputs), labels[first]))
 
 
 def main() -> int:
     options, template_args = parse_args(sys.argv[1:])
     options.timing_dir.mkdir(parents=True, exist_ok=True)
-    train.ElasticTrainer = timed_trainer(options)
-    return train.main(template_args)
+    train.ElasticTrainer = trainer = timed_trainer(options)
+    status = train.main(template_args)
+    if status == 0 and trainer.trained:  # type: ignore[attr-defined]
+        loss = final_loss(trainer.trained[-1], template_args)  # type: ignore[attr-defined]
+        (options.timing_dir / FINAL_LOSS_FILE).write_text(repr(loss))
+    return status
 
 
 if __name__ == "__main__":

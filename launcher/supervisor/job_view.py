@@ -12,7 +12,11 @@ from launcher.supervisor.actions import StopWorkers
 from launcher.supervisor.state import Failure, WorkerState
 from recovery.control.node_range import NodeRange
 
-__all__ = ["RankView", "Ending", "JobView", "crash", "stop_all", "degraded"]
+__all__ = ["RankView", "Ending", "JobView", "crash", "stop_all", "degraded", "RETIRED_VERDICT"]
+
+RETIRED_VERDICT = "retired"
+"""The verdict on a rank the scheduler declared lost and retired at once (a straggler
+evicted again soon after its relaunch, docs/stragglers.md): stopped, never relaunched."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,8 @@ class JobView:
     signal: int | None = None
     """A signal that tftrun received (one of ``--signals_to_handle``)."""
     verdicts: Mapping[int, str] = field(default_factory=dict)
-    """Ranks the scheduler declares dead or hung just now: rank → reason."""
+    """Ranks the scheduler declares dead or hung just now: rank → reason
+    (:data:`RETIRED_VERDICT`: retired too)."""
     peer_restart: str = ""
     """Another node started a group restart this node has not: why (empty: none)."""
     peer_end: str = ""

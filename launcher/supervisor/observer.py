@@ -18,7 +18,7 @@ from pathlib import Path
 from launcher.config import LaunchConfig
 from launcher.nodes.link import NodeWatch
 from launcher.nodes.presence import BeatTracker
-from launcher.supervisor.job_view import RankView
+from launcher.supervisor.job_view import RETIRED_VERDICT, RankView
 from launcher.supervisor.state import Failure, Worker, WorkerState
 from launcher.supervisor.watch import SchedulerWatch, Scope, Snapshot
 from launcher.view.progress import EventTail
@@ -161,12 +161,14 @@ class Observer:
         """The ranks the scheduler declares dead or hung, about this node's running
         processes only: a verdict counts only for the pid the scheduler holds for the rank
         (not for a process of an earlier tftrun of this node, gone, whose rank this one
-        runs again in a process that has not registered yet)."""
-        if self.snapshot is None:
+        runs again in a process that has not registered yet). A rank the scheduler
+        retired as it judged it gets :data:`RETIRED_VERDICT`."""
+        snapshot = self.snapshot
+        if snapshot is None:
             return {}
         pids = {w.rank: w.pid for w in workers}
-        return {m.rank: _VERDICTS[m.state] for m in self.snapshot.members
-                if m.state in _VERDICTS and pids.get(m.rank) == m.pid}
+        return {m.rank: RETIRED_VERDICT if m.rank in snapshot.retired else _VERDICTS[m.state]
+                for m in snapshot.members if m.state in _VERDICTS and pids.get(m.rank) == m.pid}
 
     # ----------------------------------------------------------------- the other nodes
     @property

@@ -39,7 +39,9 @@ The rules (docs/recovery.md, *The restart policy*):
   node), or at once when no absent rank can come back (the budget spent). The ranks that
   train are counted across nodes (the other nodes' by the scheduler's word); node 0 also
   judges the ranks of a lost node (its tftrun silent), from its last beat, and retires
-  them likewise. A group restart brings every retired rank back. It is on by default for
+  them likewise. A rank the scheduler itself retired as it judged it (a straggler evicted
+  again soon after its relaunch) is stopped and retired at once. A group restart brings
+  every retired rank back. It is on by default for
   scripts whose ranks register (``--min_worker_num`` 1, launcher/config.py);
 * an elastic node range (``--nnodes=MIN:MAX``, decided on node 0): a node of the
   generation silent for ``--node_time_out`` restarts the group without it while ``MIN``
@@ -73,6 +75,7 @@ from launcher.supervisor.actions import (
     Relaunch,
     RelaunchScheduler,
     RestartAll,
+    Retire,
     ScheduleRelaunch,
     SchedulerSpent,
     StartAll,
@@ -81,7 +84,7 @@ from launcher.supervisor.actions import (
     TeardownCrash,
     WaitUntil,
 )
-from launcher.supervisor.job_view import JobView, RankView, crash, degraded, stop_all
+from launcher.supervisor.job_view import RETIRED_VERDICT, JobView, RankView, crash, degraded, stop_all
 from launcher.supervisor.state import Failure, WorkerState
 from recovery.exit_codes import UNFIXABLE
 
@@ -150,7 +153,7 @@ def _about_workers(view: JobView, now: float) -> list[Action]:
         return change
     if (absence := absences(view, now)) is not None:
         return absence
-    actions: list[Action] = [Hang(r.rank, view.verdicts[r.rank]) for r in view.ranks
+    actions: list[Action] = [_on_verdict(r.rank, view.verdicts[r.rank]) for r in view.ranks
                              if r.state is WorkerState.RUNNING and not r.hung
                              and r.rank in view.verdicts]
     actions += _overdue(view, now)
@@ -227,6 +230,13 @@ def _unfixable(failed: Sequence[RankView]) -> GiveUp | None:
             return GiveUp(rank.failure, f"rank {rank.rank} {rank.failure.reason}: {why}; "
                                         f"no restart can fix it")
     return None
+
+
+def _on_verdict(rank: int, verdict: str) -> Action:
+    """Kill a rank the scheduler judged dead or hung; stop one it retired as well, for good."""
+    if verdict == RETIRED_VERDICT:
+        return Retire(rank, f"the scheduler retired rank {rank} as it judged it lost")
+    return Hang(rank, verdict)
 
 
 def _per_rank(view: JobView, failed: Sequence[RankView]) -> bool:

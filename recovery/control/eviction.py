@@ -2,35 +2,59 @@
 
 The straggler is judged as a silent rank is: ``lost``, with a ``verdict`` event
 (``verdict: straggler``) and its cooldown. Its node's supervisor kills it and relaunches
-it after the cooldown; the survivors go on degraded meanwhile (docs/stragglers.md).
+it after the cooldown; the survivors go on degraded meanwhile. A rank evicted again
+before its relaunch ran ``--straggler_window`` steps at its peers' pace is slow for a
+reason a relaunch does not fix (its host): it is retired instead, while the job keeps
+``--min_worker_num`` ranks without it (:func:`retires`; docs/stragglers.md).
 """
 
 from __future__ import annotations
 
 from recovery.control.members import LIVE_STATES, Member, MemberState, Verdict
+from recovery.control.stragglers import Straggler
 
-__all__ = ["StragglerEviction"]
+__all__ = ["StragglerEviction", "retires"]
+
+
+def retires(measured_from: int | None, since: int, window: int, ranks_left: int,
+            min_worker_num: int) -> bool:
+    """Whether a straggler evicted now is retired rather than relaunched.
+
+    ``measured_from``: the global step from which the process that replaced the rank's
+    last evicted one was measured (None: never evicted); ``since``: the step from which
+    its time stayed above the threshold; ``ranks_left``: the ranks that train without it.
+    """
+    return (measured_from is not None and since - measured_from < window
+            and ranks_left >= min_worker_num)
 
 
 class StragglerEviction:
     """Evicts stragglers; the membership's state and its moves (``_move``, ``_emit``,
-    ``_start_cooldown``, ``_update_completeness``) are the host class's."""
+    ``_start_cooldown``, ``_update_completeness``, ``retire``) are the host class's."""
 
     members: dict[str, Member]
     worker_num: int
+    min_worker_num: int
 
-    def evict_straggler(self, member: Member, step_time: float, median: float) -> bool:
-        """Declare ``member`` lost for its step time; False (nothing done) when it is no
-        longer live, or the job is not whole: one eviction at a time, so that ranks slowed
-        by a recovery under way are never evicted one after another."""
-        if member.state not in LIVE_STATES or not self.complete \
-                or len(self.active_ranks()) != self.worker_num:
+    def evict_straggler(self, member: Member, found: Straggler, measured_from: int | None,
+                        window: int) -> bool:
+        """Declare ``member`` lost for its step time, and retire its rank too when
+        :func:`retires` says so; False (nothing done) when it is no longer live, or the job
+        is not whole: one eviction at a time, so that ranks slowed by a recovery under way
+        are never evicted one after another."""
+        active = len(self.active_ranks())
+        if member.state not in LIVE_STATES or not self.complete or active != self.worker_num:
             return False
         self._move(member, MemberState.LOST)
         self._emit("verdict", **member.fields(), verdict=Verdict.STRAGGLER.value,
-                   step_time=round(step_time, 6), median=round(median, 6),
+                   step_time=round(found.step_time, 6), median=round(found.median, 6),
                    **({} if member.via is None else {"node": member.via}))
         self._start_cooldown(member.node_id, member.rank,
-                             f"a straggler: {step_time / median:.1f}x its peers' step time")
+                             f"a straggler: {found.step_time / found.median:.1f}x its peers' step time")
         self._update_completeness()
+        if retires(measured_from, found.since, window, active - 1, self.min_worker_num):
+            assert measured_from is not None
+            self.retire([member.rank], f"rank {member.rank} was evicted as a straggler again "
+                                       f"{found.since - measured_from} steps after its relaunch "
+                                       f"came back, within --straggler_window={window}")
         return True

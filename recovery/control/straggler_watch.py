@@ -5,8 +5,8 @@ Each accepted beat that carries a step-time summary (``step_us``, ``steps``) goe
 first (its warm-up), and the detector starts afresh with each generation (the ranks'
 shares of a step change with it). A straggler it names is written to ``events.jsonl``
 once, stays in ``tftctl status`` until its time falls back, and under
-``--straggler_policy=evict`` is judged lost (recovery/control/eviction.py;
-docs/stragglers.md).
+``--straggler_policy=evict`` is judged lost, or retired when its relaunch is named again
+too soon after it came back (recovery/control/eviction.py; docs/stragglers.md).
 """
 
 from __future__ import annotations
@@ -31,6 +31,9 @@ class StragglerWatch:
         self._events = events
         self._holders: dict[int, tuple[int, int]] = {}
         """Each rank's process (pid, incarnation) as of its last summary."""
+        self._measured_from: dict[int, int | None] = {}
+        """Each evicted rank: the global step from which the process that replaced it was
+        measured (its first step after its warm-up; None until it sent one)."""
         self._generation: int | None = None
 
     def heard(self, beat: dict[str, Any], node: str | None) -> None:
@@ -50,6 +53,8 @@ class StragglerWatch:
             # A new process: its first beat's steps hold its warm-up.
             self._holders[member.rank] = holder
             self.detector.forget(member.rank)
+            if member.rank in self._measured_from and self._measured_from[member.rank] is None:
+                self._measured_from[member.rank] = step + 1
             return
         found = self.detector.heard(member.rank, step, step_us / 1e6, steps)
         if found is None:
@@ -57,9 +62,11 @@ class StragglerWatch:
         self._events.emit("straggler", rank=found.rank, node=node or beat["host"],
                           step_time=round(found.step_time, 6),
                           median=round(found.median, 6), since=found.since)
-        if self.detector.settings.policy == "evict" \
-                and self._membership.evict_straggler(member, found.step_time, found.median):
+        settings = self.detector.settings
+        if settings.policy == "evict" and self._membership.evict_straggler(
+                member, found, self._measured_from.get(member.rank), settings.window):
             self.detector.forget(member.rank)  # gone: its times are no peer's to compare with
+            self._measured_from[member.rank] = None
 
     def to_json(self) -> list[dict[str, Any]]:
         """The ranks named and not yet back under the threshold (``tftctl status``)."""

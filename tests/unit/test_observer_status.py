@@ -7,13 +7,18 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from launcher.config import LaunchConfig
+from launcher.supervisor.job_view import RETIRED_VERDICT
 from launcher.supervisor.observer import Observer, watch_scope
+from launcher.supervisor.state import Worker
 from launcher.supervisor.watch import SNAPSHOT_INTERVAL, STATUS_RATE, SchedulerWatch, Scope, snapshot_interval
 from recovery.control.membership import Membership
+from recovery.control.stragglers import Straggler
 from recovery.timeouts import Timeouts
 from support.fake_clock import FakeClock
-from support.membership import TOKEN, ident
+from support.membership import TOKEN, ident, join_all
 
 RANKS = 8
 
@@ -141,3 +146,33 @@ def test_a_small_job_asks_every_round_whatever_its_beats_say() -> None:
     finally:
         watch.close()
     assert len(control.asked) >= 4
+
+
+
+class _Process:
+    """What the observer reads of a worker's child: its pid."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+
+def _running(rank: int, pid: int) -> Worker:
+    worker = Worker(rank=rank, local_rank=rank % 4)
+    worker.launched(_Process(pid))  # type: ignore[arg-type]
+    return worker
+
+
+@pytest.mark.parametrize(("min_worker_num", "verdict"), [(6, RETIRED_VERDICT), (8, "heartbeat")])
+def test_a_rank_the_scheduler_retired_as_it_judged_it_gets_the_retired_verdict(
+        tmp_path: Path, min_worker_num: int, verdict: str) -> None:
+    """Node 1's rank 5, evicted as a straggler again at its relaunch's first measured step:
+    retired at once while 6 ranks may train without it, else only judged lost; the
+    verdict counts for the process the scheduler judged only."""
+    timeouts = Timeouts(rejoin_cooldown=1.0, cluster_time_out=600.0, heartbeat_timeout=5.0)
+    membership = Membership(RANKS, TOKEN, timeouts, FakeClock(), min_worker_num)
+    join_all(membership, {str(rank): 100 + rank for rank in range(RANKS)})
+    assert membership.evict_straggler(membership.members["5"], Straggler(5, 0.3, 0.1, 40), 40, 20)
+    observer = observed(config(tmp_path, 1), Control(membership))
+    workers = [_running(rank, 100 + rank) for rank in range(4, 8)]
+    assert observer.verdicts(workers) == {5: verdict}
+    assert observer.verdicts([_running(5, 999)]) == {}

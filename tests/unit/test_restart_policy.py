@@ -57,7 +57,7 @@ from launcher.supervisor.actions import (
     WaitUntil,
 )
 from launcher.supervisor.failures import ExitInfo
-from launcher.supervisor.job_view import Ending, JobView, RankView
+from launcher.supervisor.job_view import RETIRED_VERDICT, Ending, JobView, RankView
 from launcher.supervisor.policy import PEERS_SETTLE, RESTART_GRACE, STATUS_WAIT, decide
 from launcher.supervisor.state import Failure, Worker, WorkerState
 from recovery.exit_codes import UNFIXABLE
@@ -771,3 +771,23 @@ def test_a_node_counts_the_other_nodes_ranks_that_do_not_train() -> None:
     assert decide(view, REJOIN_TIMEOUT) == [WaitUntil(NODE_TIME_OUT)]
     assert decide(replace(view, others_training=2), REJOIN_TIMEOUT)[0] == Retire(
         2, f"rank 2 (exited with code 1) was not back within --rejoin_timeout={REJOIN_TIMEOUT:g}s")
+
+
+def test_a_rank_the_scheduler_retired_is_stopped_and_never_relaunched() -> None:
+    """The scheduler retired rank 1 as it judged it (a straggler evicted again soon after
+    its relaunch): it is stopped with a ``Retire`` (no ``Hang``), and once retired it is not
+    relaunched, and the job ends well without it; a plain verdict is still a ``Hang``."""
+    def view(rank_1: RankView, verdicts: dict[int, str]) -> JobView:
+        return JobView((RankView(0, WorkerState.RUNNING), rank_1, RankView(2, WorkerState.RUNNING)),
+                       max_restarts=3, verdicts=verdicts, min_worker_num=2)
+
+    running = RankView(1, WorkerState.RUNNING, registered=True)
+    retire, *_rest = decide(view(running, {1: RETIRED_VERDICT}), 1.0)
+    assert retire == Retire(1, "the scheduler retired rank 1 as it judged it lost")
+    assert not any(isinstance(a, Hang) for a in decide(view(running, {1: RETIRED_VERDICT}), 1.0))
+    assert Hang(1, "heartbeat") in decide(view(running, {1: "heartbeat"}), 1.0)
+    stopped = RankView(1, WorkerState.STOPPED, retired=True)
+    assert decide(view(stopped, {}), 2.0) == [WaitUntil(float("inf"))]
+    failed = RankView(1, WorkerState.FAILED, failure=_failed(1), registered=True, retired=True)
+    assert not any(isinstance(a, (ScheduleRelaunch, RestartAll))
+                   for a in decide(view(failed, {}), 2.0))
