@@ -1,5 +1,5 @@
 """Fixtures of the unit tests: a unit test starts no process (tests/integration holds those),
-and torch's own TCPStore server, on a free port."""
+torch's own TCPStore server, on a free port, and a gloo group of one rank in this process."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
+import torch.distributed as dist
 from torch.distributed import TCPStore
 
 from support.process_starts import process_starts
@@ -26,3 +27,14 @@ def store() -> Iterator[TCPStore]:
                       timeout=timedelta(seconds=10))
     yield server
     del server
+
+
+@pytest.fixture
+def alone() -> Iterator[None]:
+    """A gloo group of one rank in this process, the default group while the test runs."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=timedelta(seconds=30))
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

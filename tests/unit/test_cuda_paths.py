@@ -5,12 +5,9 @@ flags beside CUDA gradients (bench/gpu_check.py runs the rest on a GPU)."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
-from datetime import timedelta
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from launcher.procs.fork_server_main import CUDA_INITIALISED, refuse_initialised_cuda
 from recovery.train.grad_sync import all_reduce_gradients
@@ -47,17 +44,6 @@ def test_the_fork_server_refuses_to_serve_once_cuda_is_initialised(monkeypatch: 
     assert torch.cuda.is_initialized()
     with pytest.raises(SystemExit, match=CUDA_INITIALISED):
         refuse_initialised_cuda()
-
-
-@pytest.fixture
-def alone() -> Iterator[None]:
-    """A gloo group of one rank in this process."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
-                            timeout=timedelta(seconds=30))
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.gpu

@@ -4,28 +4,15 @@ and a failed reduction that voids the step without breaking ``backward()``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from datetime import timedelta
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from recovery.train import ddp_exchange
 from recovery.train.collective_wait import PeerFailure
 from recovery.train.ddp_exchange import GradientExchange
-
-
-@pytest.fixture
-def alone() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
-                            timeout=timedelta(seconds=30))
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _model() -> torch.nn.Module:
