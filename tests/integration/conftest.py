@@ -1,5 +1,5 @@
-"""Fixtures of the integration tests: the fault-free runs of the main job and of the
-degraded job, each made once per pytest run."""
+"""Fixtures of the integration tests: the fault-free runs of the main job (on one node and
+on two) and of the degraded job, each made once per pytest run."""
 
 from __future__ import annotations
 
@@ -65,14 +65,21 @@ def shared_file(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
     return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def two_nodes_fault_free(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
-    """Every rank's final digest in a fault-free 2-node x 2-rank run of the main job."""
-    tmp_path = tmp_path_factory.mktemp("two_nodes")
-    finish_ok(start_nodes(tmp_path, free_tcp_port(), TRAIN, *JOB, env=TFT_OFF))
-    # The nodes agreed through node 0's store, which anyone on the port reads: the shared
-    # secret went through no key of it, and into no file of either node.
-    token = JOB_TOKEN["TFT_JOB_TOKEN"].encode()
-    holding = [path for path in tmp_path.rglob("*") if path.is_file() and token in path.read_bytes()]
-    assert holding == []
-    return job_digests(tmp_path)
+    """Every rank's final digest in a fault-free 2-node x 2-rank run of the main job. Made
+    once per pytest run, as :func:`mnist_reference`."""
+    shared = shared_file(tmp_path_factory, "two_nodes_fault_free.json")
+    with FileLock(f"{shared}.lock"):
+        if shared.exists():
+            return {int(rank): digest for rank, digest in json.loads(shared.read_text()).items()}
+        tmp_path = tmp_path_factory.mktemp("two_nodes")
+        finish_ok(start_nodes(tmp_path, free_tcp_port(), TRAIN, *JOB, env=TFT_OFF))
+        # The nodes agreed through node 0's store, which anyone on the port reads: the shared
+        # secret went through no key of it, and into no file of either node.
+        token = JOB_TOKEN["TFT_JOB_TOKEN"].encode()
+        holding = [path for path in tmp_path.rglob("*") if path.is_file() and token in path.read_bytes()]
+        assert holding == []
+        digests = job_digests(tmp_path)
+        shared.write_text(json.dumps(digests))
+        return digests

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 from recovery import env as names
@@ -31,23 +29,11 @@ from support import (
     wait_for,
     wait_for_event,
 )
+from support.attacker import attacker
 from support.mnist import EVENT, START, assert_recovered, final_digests, mnist_job, wait_job
 from support.multinode import finish_ok, log_dir, nodes_running
 
-NO_TOKEN = {k: v for k, v in os.environ.items() if k != "TFT_JOB_TOKEN"}
 SHARED_TOKEN = {**TFT_OFF, "TFT_JOB_TOKEN": "f0e1d2c3b4a5968778695a4b3c2d1e0f"}
-
-
-@contextmanager
-def attacker(mode: str, host: str, port: int, seconds: float, *more: str
-             ) -> Iterator[subprocess.Popen[str]]:
-    """tests/bin/attacker.py on the job's port, without the token; stopped on the way out."""
-    proc = spawn([sys.executable, str(BIN / "attacker.py"), mode, host, str(port),
-                  str(seconds), *more], env=NO_TOKEN)
-    try:
-        yield proc
-    finally:
-        terminate(proc, timeout=5)
 
 
 def test_planted_keys_and_announced_values_leave_a_recovering_job_unharmed(

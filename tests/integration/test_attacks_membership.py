@@ -11,9 +11,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_attacks import attacker
 
 from support import BIN, events, free_tcp_port, spawn, terminate, wait_for, wait_for_event
+from support.attacker import attacker
 from support.mnist import EVENT, START
 from support.multinode import JOB_TOKEN, NODE_ADDRS, finish_ok, kill_node, log_dir, node_cmd
 

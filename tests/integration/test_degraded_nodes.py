@@ -15,13 +15,16 @@ holds the same parameter hash, and each epoch trains a permutation of the data s
 
 The job is held at tests/bin/paced.py's pace (0.2 s a step) until the test saw it whole
 again, so that it outlasts the scenario however loaded the host is; then it runs to its
-end at full speed.
+end at full speed. The two jobs run side by side: most of each is waiting (its pace, a
+beat, a timeout).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -52,41 +55,71 @@ def scheduler_status(tmp_path: Path) -> dict[str, object]:
     return json.loads(done.stdout)
 
 
-def lose_node_1(tmp_path: Path, rejoin_timeout: int, retired: bool) -> Path:
-    """The job, node 1 killed at step 20 and started again once node 0's ranks train
-    alone (``retired``: once they also retired node 1's ranks); its folder."""
-    release = tmp_path / "release"
-    script = (BIN / "paced.py", str(release), str(TRAIN), *JOB)
-    options = (*OPTIONS, f"--rejoin_timeout={rejoin_timeout}")
-    port = free_tcp_port()
-    with nodes_running(tmp_path, port, *script, options=options) as procs:
-        node_0 = log_dir(tmp_path, 0)
-        kill_node(tmp_path, procs, 1, KILL_STEP)
+class LostNode1:
+    """One of the module's jobs: node 1 killed at step 20, then started again once node 0's
+    ranks train alone (``retired``: once they also retired node 1's ranks)."""
+
+    def __init__(self, tmp_path: Path, rejoin_timeout: int, retired: bool) -> None:
+        self.tmp_path, self.retired = tmp_path, retired
+        self.release = tmp_path / "release"
+        self.script = (BIN / "paced.py", str(self.release), str(TRAIN), *JOB)
+        self.options = (*OPTIONS, f"--rejoin_timeout={rejoin_timeout}")
+        self.port = free_tcp_port()
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def start(self, stack: ExitStack) -> None:
+        self.procs = stack.enter_context(nodes_running(self.tmp_path, self.port, *self.script,
+                                                       options=self.options))
+
+    def kill_node_1(self) -> None:
+        kill_node(self.tmp_path, self.procs, 1, KILL_STEP)
+
+    def start_node_1_again(self) -> None:
+        node_0 = log_dir(self.tmp_path, 0)
         wait_for_event(node_0, EVENT, "node 0's ranks alone", event="membership",
                        why="shrink", active=[0, 1])
-        if retired:
+        if self.retired:
             wait_for_event(node_0, EVENT, "node 1's ranks retired", event="membership",
                            retired=[2, 3])
-            status = scheduler_status(tmp_path)
+            status = scheduler_status(self.tmp_path)
             assert (status["missing"], status["retired"]) == ([], [2, 3]), status
-        procs[1] = spawn(node_cmd(tmp_path, 1, port, *script, options=options),
-                         env={**os.environ, **JOB_TOKEN})
-        wait_for_event(node_0, START, "node 1's ranks back", event="membership", why="grow")
-        release.touch()
-        finish_ok(procs)
-    return tmp_path
+        self.procs[1] = spawn(node_cmd(self.tmp_path, 1, self.port, *self.script, options=self.options),
+                              env={**os.environ, **JOB_TOKEN})
+
+    def release_once_whole(self) -> None:
+        wait_for_event(log_dir(self.tmp_path, 0), START, "node 1's ranks back", event="membership",
+                       why="grow")
+        self.release.touch()
 
 
 @pytest.fixture(scope="module")
-def node_back_in_time(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Node 1 started again well within ``--rejoin_timeout=60``: never retired."""
-    return lose_node_1(tmp_path_factory.mktemp("node_back"), 60, retired=False)
+def lost_nodes(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The module's two jobs, run side by side (each mostly waits on its pace and its
+    events), each in its folder: node 1 started again well within
+    ``--rejoin_timeout=60`` (never retired), and after its ranks were retired."""
+    back = LostNode1(tmp_path_factory.mktemp("node_back"), 60, retired=False)
+    lost = LostNode1(tmp_path_factory.mktemp("node_lost"), REJOIN_TIMEOUT, retired=True)
+    with ExitStack() as stack:
+        for job in (back, lost):
+            job.start(stack)
+        for job in (back, lost):
+            job.kill_node_1()
+        for job in (back, lost):
+            job.start_node_1_again()
+        for job in (back, lost):
+            job.release_once_whole()
+        finish_ok([*back.procs, *lost.procs])
+    return back.tmp_path, lost.tmp_path
 
 
 @pytest.fixture(scope="module")
-def node_lost_and_back(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Node 1 started again after its ranks were retired."""
-    return lose_node_1(tmp_path_factory.mktemp("node_lost"), REJOIN_TIMEOUT, retired=True)
+def node_back_in_time(lost_nodes: tuple[Path, Path]) -> Path:
+    return lost_nodes[0]
+
+
+@pytest.fixture(scope="module")
+def node_lost_and_back(lost_nodes: tuple[Path, Path]) -> Path:
+    return lost_nodes[1]
 
 
 def changes(tmp_path: Path) -> list[tuple[object, ...]]:

@@ -13,6 +13,8 @@ import re
 import signal
 from pathlib import Path
 
+import pytest
+
 from support import BIN, TFT_OFF, events, free_tcp_port, run, spawn, spawned_pids, terminate, wait_for, wait_for_event
 from support.mnist import EVENT, JOB, JOB_END, START, TRAIN, final_digests, worker_launches
 from support.multinode import (
@@ -25,7 +27,6 @@ from support.multinode import (
     log_dir,
     node_cmd,
     nodes_running,
-    start_nodes,
 )
 
 
@@ -80,26 +81,33 @@ def test_a_rank_killed_on_node_1_is_relaunched_alone_and_takes_a_replica(
     assert job_digests(tmp_path) == two_nodes_fault_free
 
 
-def test_a_plain_script_killed_on_node_1_restarts_on_both_nodes_and_resumes(
-        tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def plain_job_killed_on_node_1(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A plain script (it never registers with the scheduler) on two nodes with
+    ``--node_time_out=2``, rank 2 killed on node 1 past step 10; its folder."""
+    tmp_path = tmp_path_factory.mktemp("plain_killed")
     # The script's own checkpoint is the user's business: a folder both nodes see here.
     ckpt = tmp_path / "plain_ckpt"
     ckpt.mkdir()
     with nodes_running(tmp_path, free_tcp_port(), BIN / "plain_resumable.py", "60",
-                       str(ckpt)) as procs:
+                       str(ckpt), options=("--node_time_out=2",)) as procs:
         worker_2 = log_dir(tmp_path, 1) / "worker_2.log"
         wait_for(lambda: worker_2.exists() and "step=10\n" in worker_2.read_text(), START,
                  "rank 2 past step 10")
         os.kill(spawned_pids(log_dir(tmp_path, 1))[2], signal.SIGKILL)
         finish_ok(procs)
+    return tmp_path
+
+
+def test_a_plain_script_killed_on_node_1_restarts_on_both_nodes_and_resumes(
+        plain_job_killed_on_node_1: Path) -> None:
+    tmp_path = plain_job_killed_on_node_1
     for node in (0, 1):
         restarts = [e for e in events(log_dir(tmp_path, node), "restart") if e["what"] == "workers"]
         assert [e["restart_count"] for e in restarts] == [1], restarts
         for rank in (2 * node, 2 * node + 1):
             text = (log_dir(tmp_path, node) / f"worker_{rank}.log").read_text()
             assert "resumed from step=" in text and "done value=" in text, text[-2000:]
-
-
 
 
 def test_node_1_killed_and_started_again_rejoins_and_node_0_never_restarts(
@@ -140,15 +148,12 @@ def test_node_0_killed_and_started_again_resumes_its_scheduler_and_node_1_never_
     assert job_digests(tmp_path) == two_nodes_fault_free
 
 
-def test_a_plain_script_on_two_nodes_outlives_node_time_out(tmp_path: Path) -> None:
+def test_a_plain_script_on_two_nodes_outlives_node_time_out(plain_job_killed_on_node_1: Path) -> None:
     """Its ranks never register with the scheduler: node 0 knows node 1 is there by its
-    tftrun's beats, not by the ranks (it used to end the job after --node_time_out)."""
-    ckpt = tmp_path / "plain_ckpt"
-    ckpt.mkdir()
-    finish_ok(start_nodes(tmp_path, free_tcp_port(), BIN / "plain_resumable.py", "60",
-                          str(ckpt), options=("--node_time_out=2",)))
+    tftrun's beats, not by the ranks (it used to end the job after --node_time_out),
+    its group restart included."""
     for node in (0, 1):
-        assert [e["reason"] for e in events(log_dir(tmp_path, node), "job_end")] == [
+        assert [e["reason"] for e in events(log_dir(plain_job_killed_on_node_1, node), "job_end")] == [
             "all workers succeeded"]
 
 

@@ -1,5 +1,6 @@
 """Beats per node under tftrun (issue 28): the workers beat to their node's supervisor, the
-supervisor beats once for the node, and a hung rank is still found and replaced."""
+supervisor beats once for the node, and a hung rank is still found and replaced (at once:
+``--rejoin_cooldown=0``, where the default would hold its relaunch 30 s)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def test_a_job_under_tftrun_beats_per_node_and_a_stopped_rank_is_judged_and_repl
     tftrun = spawn(tftrun_cmd("--worker_num=2", f"--log_dir={log_dir}",
                               f"--master_port={free_port}",
                               f"--recovery_path={tmp_path / 'recovery'}",
-                              f"--heartbeat_timeout={HEARTBEAT_TIMEOUT:g}",
+                              f"--heartbeat_timeout={HEARTBEAT_TIMEOUT:g}", "--rejoin_cooldown=0",
                               str(SCRIPT), "--steps", "0", "--rejoin"))
     try:
         wait_for_event(log_dir, 60, "generation 0", event="generation", generation=0)
