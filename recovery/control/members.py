@@ -150,9 +150,9 @@ class Member:
     """The least (scheduler's wall clock - a request's signed stamp) seen from this
     process: its clock's offset from the scheduler's, plus the quickest delivery."""
     ready: bool = True
-    """Whether it may be put in a generation: a rank relaunched into a job that trains
-    without it registers unready, and says it is ready once its training loop can take
-    a live rank's state (docs/elastic.md), so the others train on until then."""
+    """Whether it may be put in a generation: a relaunched rank registers unready, and
+    says it is ready once its training loop can take a live rank's state
+    (docs/elastic.md), so the others train on (or wait) until then."""
     via: str | None = None
     """The node whose supervisor beats for it (``node_beat``); None: it beats itself."""
 

@@ -69,8 +69,8 @@ class RankBeat:
     registering: bool = False
     """A registration waits for the next beat."""
     ready: bool | None = None
-    """What it last said of its readiness to join a generation (None: nothing; a rank
-    relaunched into a degraded job registers unready, docs/elastic.md)."""
+    """What it last said of its readiness to join a generation (None: nothing; a
+    relaunched rank registers unready, docs/elastic.md)."""
     urgent: bool = False
     """Something the scheduler must hear at once waits for the next beat: a
     registration, or a change of readiness (the job is whole again only then)."""

@@ -474,9 +474,8 @@ class ElasticTrainer:
         raise SystemExit(status)
 
     def _join_and_resync(self) -> None:
-        """A newcomer's first resync; a relaunched rank of a job that trained on without it
-        joins only now that its model and data are built, so the others wait only for the
-        state transfer (docs/elastic.md)."""
+        """A newcomer's first resync; a relaunched rank joins only now that its model and
+        data are built, so the others wait only for the state transfer (docs/elastic.md)."""
         if self.ctx.join_pending:
             self.ctx.complete_join(self._stops.should_abort)
         self._resync(newcomer=True)
