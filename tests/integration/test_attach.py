@@ -1,13 +1,15 @@
 """pytorch/examples' DDP tutorial under ``recovery.attach`` (tests/bin/ddp_tutorial_attached.py),
 run for real on 2 ranks: a ``kill -9`` of rank 1 relaunches rank 1 alone; rank 0 keeps its
 process and its DDP, trains on through the cooldown, and the relaunched rank takes its
-state from rank 0. Nothing is redone and nothing is lost."""
+state from rank 0. A SIGTERM to the job leaves last words to resume from. Nothing is
+redone and nothing is lost."""
 
 from __future__ import annotations
 
 import os
 import re
 import signal
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,19 +38,22 @@ class Finished:
     hashes: dict[int, str]
 
 
-def _run(home: Path, *options: str, kill: bool) -> Finished:
+def _start(home: Path, logs: Path, *options: str) -> subprocess.Popen[str]:
     """The tutorial, 2 ranks, in its own working folder (it writes its snapshot there)."""
-    home.mkdir()
-    logs = home / "logs"
+    home.mkdir(exist_ok=True)
     env = {**os.environ, "STEP_SECONDS": "0.03"}
-    proc = spawn(tftrun_cmd("--nproc_per_node=2", f"--log_dir={logs}",
+    return spawn(tftrun_cmd("--nproc_per_node=2", f"--log_dir={logs}",
                             f"--recovery_path={home / 'recovery'}", *options, SCRIPT,
                             str(EPOCHS), "1", degraded=True), cwd=home, env=env)
+
+
+def _wait_for_step(proc: subprocess.Popen[str], logs: Path) -> None:
+    wait_for(lambda: proc.poll() is None and any(
+        e["step"] >= KILL_AT for e in events(logs, "step")), 120, f"step {KILL_AT}")
+
+
+def _finish(proc: subprocess.Popen[str], logs: Path) -> Finished:
     try:
-        if kill:
-            wait_for(lambda: any(e["step"] >= KILL_AT for e in events(logs, "step")), 120,
-                     f"step {KILL_AT}")
-            os.kill(spawned_pids(logs)[1], signal.SIGKILL)
         proc.communicate(timeout=180)
     finally:
         terminate(proc)
@@ -57,6 +62,19 @@ def _run(home: Path, *options: str, kill: bool) -> Finished:
               for rank in (0, 1)}
     return Finished(logs, {rank: float(found[-1][0]) for rank, found in finals.items()},
                     {rank: found[-1][1] for rank, found in finals.items()})
+
+
+def _run(home: Path, *options: str, kill: bool) -> Finished:
+    logs = home / "logs"
+    proc = _start(home, logs, *options)
+    if kill:
+        try:
+            _wait_for_step(proc, logs)
+            os.kill(spawned_pids(logs)[1], signal.SIGKILL)
+        except BaseException:
+            terminate(proc)
+            raise
+    return _finish(proc, logs)
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +122,25 @@ def test_with_min_worker_num_at_the_jobs_size_the_run_ends_bitwise_equal_to_a_fa
     assert sorted(rank for rank, _pid in _worker_spawns(run.logs)) == [0, 1, 1]
     assert [e["source"] for e in events(run.logs, "rollback")] == ["replica"]
     assert run.hashes == fault_free.hashes
+
+
+def test_a_stopped_job_resumes_from_its_last_words_and_ends_bitwise_equal(
+        tmp_path: Path, fault_free: Finished) -> None:
+    """SIGTERM to tftrun (a preemption): each rank finishes its step, one saves the last
+    words (every rank's state of the last completed step) and all exit 143; the job run
+    again with ``--is_recover=1`` rolls back to them and ends as the fault-free run."""
+    home, logs = tmp_path / "stopped", tmp_path / "stopped" / "logs"
+    proc = _start(home, logs)
+    try:
+        _wait_for_step(proc, logs)
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    finally:
+        terminate(proc)
+    assert proc.returncode == 128 + signal.SIGTERM
+    [saved] = events(logs, "last_words_saved")
+    assert saved["step"] >= KILL_AT
+    resumed = _finish(_start(home, home / "resumed", "--is_recover=1"), home / "resumed")
+    [rollback] = events(home / "resumed", "rollback")
+    assert (rollback["source"], rollback["step"]) == ("last_words", saved["step"])
+    assert resumed.hashes == fault_free.hashes
