@@ -54,7 +54,10 @@ _RETIRED_GROUP_WAIT = 5.0
 FormGroup = Callable[[Any, int, int], bool]
 """Forms a generation's group once its members have met: (the generation's store, this
 rank's place in the group, the group's size) -> formed; False when a member died meanwhile."""
-_joined: list[ClusterContext] = []
+_joined: ClusterContext | None = None
+"""What :func:`init` returned in this process (:func:`joined`)."""
+
+
 @dataclass
 class _Session:
     """A worker's live connection to the scheduler."""
@@ -430,13 +433,14 @@ def init(backend: str | None = None, timeout: timedelta | None = None) -> Cluste
         ctx = _init_without_scheduler(worker_env, backend, timeout)
     else:
         ctx = _join(worker_env, backend, timeout)
-    _joined[:] = [ctx]
+    global _joined
+    _joined = ctx
     return ctx
 
 
 def joined() -> ClusterContext | None:
     """What :func:`init` returned in this process, if it was called."""
-    return _joined[0] if _joined else None
+    return _joined
 
 
 def _backend(asked: str | None) -> str:
@@ -457,8 +461,7 @@ def _init_without_scheduler(worker_env: WorkerEnv, backend: str,
     if worker_env.world_size > 1:
         dist.init_process_group(backend, timeout=timeout)  # torchrun's env://
     else:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
-                                timeout=timeout)
+        _group_of_one(backend, timeout)
     return ClusterContext(dist.get_rank(), dist.get_world_size(), 0, worker_env.node_id,
                           worker_env.incarnation, backend)
 
@@ -514,7 +517,7 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None,
     gc.freeze()
     if defer:
         ctx._join_pending = True
-        _wait_alone(backend)
+        _group_of_one(backend)  # until the join: the script's set-up (its DDP) runs alone
         logger.info("[worker %s/%d] registered as rank %d; joins once its training loop is "
                     "ready (ElasticTrainer and recovery.attach say so; a loop of the script's "
                     "own calls complete_join())", identity.node_id, identity.incarnation, rank)
@@ -530,12 +533,13 @@ def _defers_join(worker_env: WorkerEnv) -> bool:
     return worker_env.incarnation > 0 or worker_env.restart_count > 0
 
 
-def _wait_alone(backend: str) -> None:
-    """A single-rank default group until the join: the script's own set-up (its
-    ``DistributedDataParallel``) runs alone, as the rank's state comes from the others."""
+def _group_of_one(backend: str, timeout: timedelta | None = None) -> None:
+    """A default group of this process alone: a job of one rank, or a relaunched rank
+    until its join (its state comes from the others)."""
     import torch.distributed as dist
 
-    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=timeout)
 
 
 def _beat_link(link: SchedulerLink, token: str) -> SchedulerLink | LocalLink:

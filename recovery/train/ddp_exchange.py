@@ -189,15 +189,17 @@ def _layout(parameters: Any, slots: dict[int, tuple[int, int, int]]) -> list[_Bu
     at most :data:`BUCKET_BYTES` each (a larger parameter gets one of its own)."""
     buckets: list[_Bucket] = []
     runs: list[list[torch.Tensor]] = []
+    run_bytes = 0
     for param in reversed([p for p in parameters if p.requires_grad]):
+        size = param.numel() * param.element_size()
         run = runs[-1] if runs else None
-        fits = (run is not None and run[0].dtype == param.dtype and run[0].device == param.device
-                and sum(p.numel() for p in run) * run[0].element_size()
-                + param.numel() * param.element_size() <= BUCKET_BYTES)
-        if fits:
+        if (run is not None and run[0].dtype == param.dtype and run[0].device == param.device
+                and run_bytes + size <= BUCKET_BYTES):
             run.append(param)
+            run_bytes += size
         else:
             runs.append([param])
+            run_bytes = size
     for index, run in enumerate(runs):
         offset = 0
         for param in run:
