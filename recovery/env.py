@@ -114,8 +114,8 @@ TFT_PROGRESS_TIMEOUT = "TFT_PROGRESS_TIMEOUT"
 TFT_STRAGGLER_FACTOR = "TFT_STRAGGLER_FACTOR"
 TFT_STRAGGLER_WINDOW = "TFT_STRAGGLER_WINDOW"
 TFT_STRAGGLER_POLICY = "TFT_STRAGGLER_POLICY"
-"""For the scheduler: ``--straggler_factor``, ``--straggler_window`` and
-``--straggler_policy`` (docs/stragglers.md)."""
+"""``--straggler_factor``, ``--straggler_window`` (the scheduler's and each rank's) and
+``--straggler_policy`` (the scheduler's; docs/stragglers.md)."""
 TFT_LINEAGE = "TFT_LINEAGE"
 """The job's lineage id (recovery/ckpt/lineage.py): the checkpoints this job may restore."""
 TFT_STORE_FD = "TFT_STORE_FD"

@@ -73,7 +73,8 @@ class RankBeat:
     relaunched rank registers unready, docs/elastic.md)."""
     urgent: bool = False
     """Something the scheduler must hear at once waits for the next beat: a
-    registration, or a change of readiness (the job is whole again only then)."""
+    registration, a change of readiness (the job is whole again only then), a step-time
+    summary its rank sent as urgent (recovery/control/stragglers.py)."""
     answer: dict[str, Any] | None = None
     """The scheduler's latest answer about it (None: none yet)."""
     injections: list[Any] = field(default_factory=list)
@@ -114,7 +115,7 @@ class NodeBeats:
     def heard(self, key: int, op: str, message: dict[str, Any], now: float) -> bool:
         """Rank ``key`` reported: a registration (``op`` ``register``) or a heartbeat.
         Returns whether the node's beat is due at once (a registration, a change of
-        readiness)."""
+        readiness, an urgent step-time summary)."""
         identity = {name: message.get(name) for name in _IDENTITY}
         rank = self.ranks.get(key)
         if rank is None or rank.fields != identity:
@@ -129,7 +130,10 @@ class NodeBeats:
             rank.step, rank.phase = message.get("step"), message.get("phase")
             step_us, steps = message.get("step_us"), message.get("steps")
             if type(step_us) is int and type(steps) is int:
-                rank.step_times = merge_summaries(rank.step_times, (step_us, steps))
+                if message.get("urgent") is True:  # alone, and at once
+                    rank.step_times, rank.urgent = (step_us, steps), True
+                else:
+                    rank.step_times = merge_summaries(rank.step_times, (step_us, steps))
         return rank.urgent
 
     def forget(self, key: int) -> None:

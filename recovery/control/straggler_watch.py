@@ -52,7 +52,7 @@ class StragglerWatch:
         if self._holders.get(member.rank) != holder:
             # A new process: its first beat's steps hold its warm-up.
             self._holders[member.rank] = holder
-            self.detector.forget(member.rank)
+            self.detector.warming_up(member.rank, step_us / 1e6)
             if member.rank in self._measured_from and self._measured_from[member.rank] is None:
                 self._measured_from[member.rank] = step + 1
             return

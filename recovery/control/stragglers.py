@@ -2,7 +2,8 @@
 
 Every rank measures its compute time per step (the time outside the collectives) and
 sends, with its heartbeat, the median over the steps since its last beat and their count
-(:class:`StepTimes`). The scheduler hands each summary to a :class:`StragglerDetector`,
+(:class:`StepTimes`); its first ``window`` steps, and a drop of its own pace by
+``factor`` for ``window`` steps, it sends at once. The scheduler hands each summary to a :class:`StragglerDetector`,
 which compares it with the median of the other ranks' latest summaries: a rank whose time
 stays at least ``factor`` times that median for ``window`` steps in a row is named, once,
 until its time falls back (docs/stragglers.md).
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import statistics
 import threading
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -104,6 +106,13 @@ class StragglerDetector:
         straggler = self.named[rank] = Straggler(rank, step_time, median, run.since)
         return straggler
 
+    def warming_up(self, rank: int, step_time: float) -> None:
+        """Rank ``rank``'s new process sent its first summary, which holds its warm-up:
+        never a straggler's, yet its median (little moved by a few slow first steps) is
+        its peers' reference from now on, rather than a beat later."""
+        self.forget(rank)
+        self.latest[rank] = step_time
+
     def reset(self) -> None:
         """A new generation: each rank's share of the step may have changed, so no time
         before it is compared with one after."""
@@ -130,21 +139,50 @@ def merge_summaries(first: tuple[int, int] | None, second: tuple[int, int]) -> t
 
 class StepTimes:
     """A rank's compute times since its last beat (thread-safe: the training loop adds,
-    the heartbeat thread takes)."""
+    the heartbeat thread takes), and whether the scheduler should hear of them at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: StragglerSettings | None = None) -> None:
+        self._settings = settings or StragglerSettings()
         self._times: list[float] = []
+        self._pace: deque[float] = deque(maxlen=self._settings.window)
+        """The rank's own pace: its last ``window`` steps that were not slow."""
+        self._slow = 0
+        """Steps in a row at least ``factor`` times the median of :attr:`_pace`."""
+        self._urgent = False
         self._lock = threading.Lock()
 
-    def add(self, seconds: float) -> None:
+    def add(self, seconds: float) -> bool:
+        """Add one step's time; True when the summary should go out now rather than with
+        the next beat, seconds later: at the rank's first ``window`` steps (its peers'
+        reference from then on), and when ``window`` steps in a row take at least
+        ``factor`` times its own pace. The summary then holds those slow steps alone, so
+        that the faster ones before them do not hide the slow-down."""
+        window = self._settings.window
         with self._lock:
             self._times.append(seconds)
+            pace = self._pace
+            if len(pace) < window:
+                pace.append(seconds)
+                self._urgent = self._urgent or len(pace) == window
+                return len(pace) == window
+            if seconds < self._settings.factor * sorted(pace)[window // 2]:
+                pace.append(seconds)
+                self._slow = 0
+                return False
+            self._slow += 1
+            if self._slow < window:
+                return False
+            del self._times[:-window]
+            pace.extend(self._times)  # the new pace
+            self._slow, self._urgent = 0, True
+            return True
 
-    def take(self) -> tuple[int, int] | None:
-        """The median (microseconds) and count of the times since the last take; ``None``
-        when there were none."""
+    def take(self) -> tuple[int, int, bool] | None:
+        """The median (microseconds) and count of the times since the last take, and
+        whether :meth:`add` asked for them to go out at once; ``None`` when there were none."""
         with self._lock:
             times, self._times = self._times, []
+            urgent, self._urgent = self._urgent, False
         if not times:
             return None
-        return round(statistics.median(times) * 1e6), len(times)
+        return round(statistics.median(times) * 1e6), len(times), urgent

@@ -35,6 +35,7 @@ from recovery.control.inject import Injection
 from recovery.control.members import Identity
 from recovery.control.rpc import Op, SchedulerLink, SchedulerUnavailable, generation_prefix
 from recovery.control.signing import MissingToken, checked_token
+from recovery.control.stragglers import StragglerSettings
 from recovery.env import WorkerEnv
 from recovery.runtime import folders, group
 from recovery.runtime.abort import Aborted, ShouldAbort, never
@@ -118,7 +119,7 @@ class ClusterContext:
         """Tell the scheduler (summed up with the next heartbeat) that a step computed
         for ``seconds`` outside its collectives (recovery/control/stragglers.py)."""
         if self._session is not None:
-            self._session.heartbeat.step_times.add(seconds)
+            self._session.heartbeat.report_step_time(seconds)
 
     def report_phase(self, phase: str) -> None:
         """Tell the scheduler (with the next heartbeat) what the loop is doing, e.g.
@@ -502,7 +503,8 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None,
     heartbeat = Heartbeat(beats, identity, timeouts.beat_interval, generation,
                           news_every=timeouts.heartbeat_interval,
                           look_every=news_look_interval(worker_env.world_size,
-                                                        timeouts.heartbeat_interval))
+                                                        timeouts.heartbeat_interval),
+                          stragglers=StragglerSettings.from_env(os.environ))
     heartbeat.accepted(accepted)
     heartbeat.ready = False if defer else None
     heartbeat.start()

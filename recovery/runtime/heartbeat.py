@@ -38,7 +38,7 @@ from recovery.control.beat_channel import LocalLink
 from recovery.control.inject import Inbox, Injection
 from recovery.control.members import Identity
 from recovery.control.rpc import Op, SchedulerLink, SchedulerUnavailable
-from recovery.control.stragglers import StepTimes
+from recovery.control.stragglers import StepTimes, StragglerSettings
 
 __all__ = ["Heartbeat", "EXIT_EVICTED", "news_look_interval", "JITTER"]
 
@@ -90,7 +90,8 @@ class Heartbeat:
 
     def __init__(self, link: SchedulerLink | LocalLink, identity: Identity, interval: float,
                  generation: int, on_evicted: Callable[[str], None] = _exit_evicted,
-                 news_every: float | None = None, look_every: float | None = None) -> None:
+                 news_every: float | None = None, look_every: float | None = None,
+                 stragglers: StragglerSettings | None = None) -> None:
         self.global_step: int | None = None
         """The latest step reported (``report_step``); each beat sends it as ``step``."""
         self.phase: str | None = None
@@ -98,8 +99,10 @@ class Heartbeat:
         """Sent with each beat: False while a deferred join waits for the training loop
         (recovery/runtime/cluster.py ``complete_join``), then True; None: not said."""
         self.inbox = Inbox()
-        self.step_times = StepTimes()
+        self.step_times = StepTimes(stragglers)
         """Compute times of the steps since the last beat; each beat sends their summary."""
+        self._beat_due = False
+        """A beat is due at once (:meth:`report_step_time`)."""
         self.generation = generation
         self.fault_at: float | None = None
         """When the scheduler heard of the newest fault (unix time; None: none yet), as of
@@ -144,6 +147,12 @@ class Heartbeat:
             self._looked_at = now
             self._wake.set()
 
+    def report_step_time(self, seconds: float) -> None:
+        """One step's compute time; a summary that is urgent is beaten at once."""
+        if self.step_times.add(seconds):
+            self._beat_due = True
+            self._wake.set()
+
     def beat(self) -> bool:
         """Send one heartbeat now; False when the scheduler cannot be reached.
 
@@ -151,10 +160,12 @@ class Heartbeat:
         or, while one is being formed with it, that one.
         """
         try:
-            step_us, steps = self.step_times.take() or (None, None)
+            self._beat_due = False
+            step_us, steps, urgent = self.step_times.take() or (None, None, False)
             reply = self._link.call(Op.HEARTBEAT, **self._fields, step=self._sendable_step(),
                                     phase=None if self.phase is None else str(self.phase),
-                                    ready=self.ready, step_us=step_us, steps=steps)
+                                    ready=self.ready, step_us=step_us, steps=steps,
+                                    **({"urgent": True} if urgent else {}))
         except SchedulerUnavailable as err:
             if not self._lost:
                 logger.warning("%s lost the scheduler (%s); training goes on, reconnecting",
@@ -224,7 +235,8 @@ class Heartbeat:
                 news = None if self._news_every is None else self._link.news()
                 if news is None:
                     self._news_seen = None  # lost: beat once the (new) counter is read
-                if time.monotonic() < next_beat and news in (None, self._news_seen):
+                if time.monotonic() < next_beat and news in (None, self._news_seen) \
+                        and not self._beat_due:
                     continue  # no beat due, no news
                 sent = self.beat()
             except Exception as err:  # noqa: BLE001 - the thread must outlive any beat

@@ -63,6 +63,20 @@ def test_a_rank_that_becomes_ready_is_beaten_for_at_once_and_the_scheduler_hears
     assert beats.next_due() > 2.0
 
 
+def test_an_urgent_step_time_summary_is_beaten_at_once_and_alone() -> None:
+    """A rank's urgent summary (recovery/control/stragglers.py StepTimes: a slow-down)
+    replaces the faster steps it sent since the node's last beat, which would outweigh it
+    in a merged median, and goes out at once."""
+    beats = registered(1)
+    assert beats.heard(0, "heartbeat", report(0, step=50, step_us=1000, steps=50), 1.0) is False
+    assert beats.heard(0, "heartbeat", report(0, step=70, step_us=3000, steps=20, urgent=True),
+                       1.5) is True
+    assert beats.next_due() == -math.inf
+    [sent] = beats.beats(1.5)
+    assert (sent[0][1]["step_us"], sent[0][1]["steps"]) == (3000, 20)
+    assert beats.heard(0, "heartbeat", report(0, step=80, step_us=3000, steps=10), 2.0) is False
+
+
 def test_registrations_go_out_at_once_and_once_and_each_rank_gets_its_own_answer() -> None:
     beats = NodeBeats(TIMEOUT, INTERVAL)
     beats.heard(7, "register", report(0), 0.0)

@@ -105,11 +105,57 @@ def test_step_times_are_summed_up_once_per_beat() -> None:
     assert times.take() is None
     for seconds in (0.003, 0.001, 0.002):
         times.add(seconds)
-    assert times.take() == (2000, 3)
+    assert times.take() == (2000, 3, False)
+    assert [times.add(0.002) for _ in range(17)] == [False] * 16 + [True]
+    assert times.take() == (2000, 17, True)
     assert times.take() is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(pace=st.floats(1e-4, 10.0), steady=st.lists(st.floats(0.8, 1.19), min_size=20, max_size=60),
+       slow=st.lists(st.floats(1.8, 50.0), min_size=20, max_size=20), beats=st.sets(st.integers(0, 80)))
+def test_a_rank_whose_own_pace_drops_says_so_at_once_with_the_slow_steps_alone(
+        pace: float, steady: list[float], slow: list[float], beats: set[int]) -> None:
+    """The defaults (1.5x for 20 steps) against the rank's own last 20 steps, whenever its
+    beats take the summaries: its 20th step, and the 20th slow step in a row asks for a beat now, and the
+    summary then holds the slow steps only (a median with the faster ones before them
+    would hide the slow-down from the scheduler, which compares with the peers, until a
+    later beat: 6 to 12 s with the defaults)."""
+    times = StepTimes()
+    for step, share in enumerate(steady):
+        assert times.add(pace * share) is (step == 19)  # its first pace goes out at once
+        if step in beats:
+            times.take()
+    assert [times.add(pace * share) for share in slow] == [False] * 19 + [True]
+    median, count, sudden = times.take()
+    assert (count, sudden) == (20, True)
+    assert median >= round(1.5 * 1.19 * pace * 1e6)
+    assert times.add(pace * slow[-1]) is False  # the slow pace is its own now
+
+
+def test_a_step_back_at_the_pace_starts_the_count_again() -> None:
+    times = StepTimes(StragglerSettings(factor=2.0, window=3))
+    assert [times.add(1.0) for _ in range(3)] == [False, False, True]
+    assert times.take() == (1_000_000, 3, True)
+    assert [times.add(t) for t in (2.0, 2.0, 1.9, 2.0, 2.0, 2.5)] == [
+        False, False, False, False, False, True]
+    assert times.take() == (2_000_000, 3, True)
 
 
 def test_a_supervisor_merges_two_beats_of_a_rank_into_one_summary() -> None:
     assert merge_summaries(None, (5, 2)) == (5, 2)
     assert merge_summaries((5, 2), (9, 3)) == (9, 5)
     assert merge_summaries((5, 4), (9, 3)) == (5, 7)
+
+
+def test_a_first_summary_is_its_peers_reference_and_never_named() -> None:
+    """A process's first summary holds its warm-up: not named, however slow, yet its
+    peers are compared with it at once (with 6 s beats, a beat sooner)."""
+    detector = StragglerDetector(StragglerSettings())
+    detector.warming_up(0, 0.010)
+    detector.warming_up(1, 0.011)
+    detector.warming_up(2, 0.500)
+    assert detector.named == {}
+    named = detector.heard(2, 120, 0.030, 20)
+    assert named is not None and (named.rank, named.since) == (2, 101)
+    assert named.median == pytest.approx(0.0105)
