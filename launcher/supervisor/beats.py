@@ -87,6 +87,7 @@ class BeatServer:
         self._closed.set()
         self._wake.set()
         self._listener.close()
+        self._link.close()  # a beat waiting for a connection gives up
         for thread in self._threads:
             if thread.is_alive():
                 thread.join(_JOIN)
@@ -95,7 +96,6 @@ class BeatServer:
             for conn in self._connections.values():
                 conn.close()
             self._connections.clear()
-        self._link.close()
         shutil.rmtree(self._folder, ignore_errors=True)
 
     # ----------------------------------------------------------------- local side
@@ -197,7 +197,8 @@ class BeatServer:
         # The link starts connecting when the first worker connects here, and that
         # worker's registration is due 50 ms later: a call before the connection is made
         # would fail at once and the registration wait for the next beat, seconds on.
-        self._link.wait_connected(_REPLY_TIMEOUT)
+        if not self._link.wait_connected(_REPLY_TIMEOUT) and self._closed.is_set():
+            return
         with self._lock:
             batches = self._beats.beats(time.monotonic())
         for sent in batches:

@@ -101,6 +101,8 @@ far smaller): its connection is dropped before the value is read."""
 NEWS = "tft/news"
 """The news counter (see the module docstring)."""
 _RECONNECT_PAUSE = 0.1
+_CLOSED_POLL = 0.05
+"""Seconds between two looks at whether a link waiting to connect was closed."""
 MAX_NEWS_BYTES = 65_536
 """The news counter is a few digits; a stranger's value up to this is read and ignored
 (a longer one costs the connection)."""
@@ -435,7 +437,16 @@ class SchedulerLink:
         return f"{self.host}:{self.port}"
 
     def wait_connected(self, timeout: float) -> bool:
-        return self._connected.wait(timeout)
+        """Whether connected, waiting up to ``timeout`` seconds for it; False soon after
+        :meth:`close` (a thread waiting here must not hold up its owner's exit)."""
+        deadline = time.monotonic() + timeout
+        while not self._closed.is_set():
+            left = deadline - time.monotonic()
+            if self._connected.wait(max(0.0, min(left, _CLOSED_POLL))):
+                return True
+            if left <= _CLOSED_POLL:
+                return False
+        return False
 
     def close(self) -> None:
         self._closed.set()

@@ -3,7 +3,7 @@
 Every rank measures its compute time per step (the time outside the collectives) and
 sends, with its heartbeat, the median over the steps since its last beat and their count
 (:class:`StepTimes`); its first ``window`` steps, and a drop of its own pace by
-``factor`` for ``window`` steps, it sends at once. The scheduler hands each summary to a :class:`StragglerDetector`,
+``factor`` over ``window`` steps, it sends at once. The scheduler hands each summary to a :class:`StragglerDetector`,
 which compares it with the median of the other ranks' latest summaries: a rank whose time
 stays at least ``factor`` times that median for ``window`` steps in a row is named, once,
 until its time falls back (docs/stragglers.md).
@@ -144,37 +144,36 @@ class StepTimes:
     def __init__(self, settings: StragglerSettings | None = None) -> None:
         self._settings = settings or StragglerSettings()
         self._times: list[float] = []
-        self._pace: deque[float] = deque(maxlen=self._settings.window)
-        """The rank's own pace: its last ``window`` steps that were not slow."""
-        self._slow = 0
-        """Steps in a row at least ``factor`` times the median of :attr:`_pace`."""
+        self._recent: deque[float] = deque(maxlen=self._settings.window)
+        self._before: deque[float] = deque(maxlen=self._settings.window)
+        """The ``window`` steps before :attr:`_recent`: the rank's own pace."""
+        self._paced = False
         self._urgent = False
         self._lock = threading.Lock()
 
     def add(self, seconds: float) -> bool:
         """Add one step's time; True when the summary should go out now rather than with
         the next beat, seconds later: at the rank's first ``window`` steps (its peers'
-        reference from then on), and when ``window`` steps in a row take at least
-        ``factor`` times its own pace. The summary then holds those slow steps alone, so
-        that the faster ones before them do not hide the slow-down."""
-        window = self._settings.window
+        reference from then on), and when the median of its last ``window`` steps is
+        ``factor`` times that of the ``window`` before them (a sudden slow-down). The
+        summary then holds those last steps alone, so that the faster ones before them
+        do not hide the slow-down."""
+        window, recent, before = self._settings.window, self._recent, self._before
         with self._lock:
             self._times.append(seconds)
-            pace = self._pace
-            if len(pace) < window:
-                pace.append(seconds)
-                self._urgent = self._urgent or len(pace) == window
-                return len(pace) == window
-            if seconds < self._settings.factor * sorted(pace)[window // 2]:
-                pace.append(seconds)
-                self._slow = 0
+            if len(recent) == window:
+                before.append(recent[0])
+            recent.append(seconds)
+            if len(recent) < window:
                 return False
-            self._slow += 1
-            if self._slow < window:
+            if self._paced and (len(before) < window or statistics.median(recent)
+                                < self._settings.factor * statistics.median(before)):
                 return False
-            del self._times[:-window]
-            pace.extend(self._times)  # the new pace
-            self._slow, self._urgent = 0, True
+            if self._paced:
+                self._times = list(recent)
+                before.extend(recent)  # the new pace
+                recent.clear()
+            self._paced = self._urgent = True
             return True
 
     def take(self) -> tuple[int, int, bool] | None:

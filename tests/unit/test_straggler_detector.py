@@ -112,33 +112,36 @@ def test_step_times_are_summed_up_once_per_beat() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(pace=st.floats(1e-4, 10.0), steady=st.lists(st.floats(0.8, 1.19), min_size=20, max_size=60),
-       slow=st.lists(st.floats(1.8, 50.0), min_size=20, max_size=20), beats=st.sets(st.integers(0, 80)))
-def test_a_rank_whose_own_pace_drops_says_so_at_once_with_the_slow_steps_alone(
+@given(pace=st.floats(1e-4, 10.0), steady=st.lists(st.floats(0.8, 1.19), min_size=40, max_size=80),
+       slow=st.lists(st.floats(1.8, 50.0), min_size=11, max_size=11), beats=st.sets(st.integers(0, 90)))
+def test_a_rank_whose_own_pace_drops_says_so_at_once_with_its_last_window(
         pace: float, steady: list[float], slow: list[float], beats: set[int]) -> None:
-    """The defaults (1.5x for 20 steps) against the rank's own last 20 steps, whenever its
-    beats take the summaries: its 20th step, and the 20th slow step in a row asks for a beat now, and the
-    summary then holds the slow steps only (a median with the faster ones before them
-    would hide the slow-down from the scheduler, which compares with the peers, until a
-    later beat: 6 to 12 s with the defaults)."""
+    """The defaults (1.5x, a window of 20), whenever its beats take the summaries: the
+    rank's 20th step goes out at once, and so does the slow step that turns the median of
+    its last 20 steps 1.5x that of the 20 before, with those 20 steps alone (a median with
+    the faster ones before them would hide the slow-down from the scheduler, which
+    compares with the peers, until a later beat: 6 to 12 s with the defaults)."""
     times = StepTimes()
     for step, share in enumerate(steady):
         assert times.add(pace * share) is (step == 19)  # its first pace goes out at once
         if step in beats:
             times.take()
-    assert [times.add(pace * share) for share in slow] == [False] * 19 + [True]
-    median, count, sudden = times.take()
-    assert (count, sudden) == (20, True)
-    assert median >= round(1.5 * 1.19 * pace * 1e6)
+    found = [times.add(pace * share) for share in slow[:10]]
+    if not found[-1]:  # the median of 20 is their middle two's mean: the 10th slow step or the 11th
+        found.append(times.add(pace * slow[10]))
+    assert found == [False] * (len(found) - 1) + [True]
+    median, count, urgent = times.take()
+    assert (count, urgent) == (20, True)
+    assert median >= round(1.5 * min(steady) * pace * 1e6) - 1
     assert times.add(pace * slow[-1]) is False  # the slow pace is its own now
 
 
-def test_a_step_back_at_the_pace_starts_the_count_again() -> None:
+def test_a_noisy_slow_down_is_found_by_the_medians_and_a_noisy_pace_is_not() -> None:
+    """Under load a slowed rank's steps are not all slow: medians, not a run in a row."""
     times = StepTimes(StragglerSettings(factor=2.0, window=3))
-    assert [times.add(1.0) for _ in range(3)] == [False, False, True]
-    assert times.take() == (1_000_000, 3, True)
-    assert [times.add(t) for t in (2.0, 2.0, 1.9, 2.0, 2.0, 2.5)] == [
-        False, False, False, False, False, True]
+    assert [times.add(t) for t in (1.0, 3.0, 1.0, 1.0, 0.2, 1.0)] == [False, False, True] + [False] * 3
+    assert times.take() == (1_000_000, 6, True)
+    assert [times.add(t) for t in (2.0, 0.5, 2.5)] == [False, False, True]
     assert times.take() == (2_000_000, 3, True)
 
 
