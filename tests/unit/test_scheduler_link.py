@@ -60,3 +60,16 @@ def test_a_closed_link_on_an_unserved_port_stops_trying_within_a_reply_timeout()
         wait_for(lambda: not set(link_threads()) - before, 5,
                  "the closed link's connecting thread to end")
     assert not link.wait_connected(0)
+
+
+def test_a_thread_waiting_for_a_connection_returns_soon_after_the_link_is_closed() -> None:
+    """tftrun's beat thread waits here for the scheduler it beats to; after the job's end
+    (the scheduler stopped) it held tftrun's exit for the whole wait, 3 s of every job."""
+    with unserved_port() as sock:
+        link = SchedulerLink("127.0.0.1", sock.getsockname()[1], "token", reply_timeout=0.5)
+        returned: list[bool] = []
+        waiter = threading.Thread(target=lambda: returned.append(link.wait_connected(30.0)))
+        waiter.start()
+        link.close()
+        waiter.join(2.0)
+        assert not waiter.is_alive() and returned == [False]
