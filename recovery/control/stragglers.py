@@ -2,8 +2,8 @@
 
 Every rank measures its compute time per step (the time outside the collectives) and
 sends, with its heartbeat, the median over the steps since its last beat and their count
-(:class:`StepTimes`); its first ``window`` steps, and a drop of its own pace by
-``factor`` over ``window`` steps, it sends at once. The scheduler hands each summary to a :class:`StragglerDetector`,
+(:class:`StepTimes`); past its warm-up, its first ``window`` steps, and a drop of its
+own pace by ``factor`` over ``window`` steps, it sends at once. The scheduler hands each summary to a :class:`StragglerDetector`,
 which compares it with the median of the other ranks' latest summaries: a rank whose time
 stays at least ``factor`` times that median for ``window`` steps in a row is named, once,
 until its time falls back (docs/stragglers.md).
@@ -147,19 +147,24 @@ class StepTimes:
         self._recent: deque[float] = deque(maxlen=self._settings.window)
         self._before: deque[float] = deque(maxlen=self._settings.window)
         """The ``window`` steps before :attr:`_recent`: the rank's own pace."""
+        self._seen = 0
         self._paced = False
         self._urgent = False
         self._lock = threading.Lock()
 
     def add(self, seconds: float) -> bool:
         """Add one step's time; True when the summary should go out now rather than with
-        the next beat, seconds later: at the rank's first ``window`` steps (its peers'
-        reference from then on), and when the median of its last ``window`` steps is
-        ``factor`` times that of the ``window`` before them (a sudden slow-down). The
+        the next beat, seconds later. The process's first ``window`` steps are its
+        warm-up, never sent; the next ``window`` go out at once (its pace, its peers'
+        reference from then on); and so does a sudden slow-down, when the median of its
+        last ``window`` steps is ``factor`` times that of the ``window`` before them. The
         summary then holds those last steps alone, so that the faster ones before them
         do not hide the slow-down."""
         window, recent, before = self._settings.window, self._recent, self._before
         with self._lock:
+            self._seen += 1
+            if self._seen <= window:
+                return False
             self._times.append(seconds)
             if len(recent) == window:
                 before.append(recent[0])

@@ -38,6 +38,7 @@ import torch.distributed as dist
 from recovery.runtime import group
 from recovery.runtime.abort import Aborted
 from recovery.train.collective_wait import PeerFailure
+from recovery.train.compute_clock import ComputeClock
 
 __all__ = ["BUCKET_BYTES", "GradientExchange"]
 
@@ -77,17 +78,23 @@ class GradientExchange:
             :class:`recovery.runtime.abort.Aborted`.
         on_first_bucket: called when a step's first bucket is ready (the rank reached
             its collective: progress, for the scheduler's hang verdict).
+        clock: the step's compute time (the straggler detector's): its collective starts
+            when the last gradient is in, and ends when the last bucket is reduced.
     """
 
     def __init__(self, ddp: torch.nn.parallel.DistributedDataParallel,
-                 wait: Callable[[Any], None], on_first_bucket: Callable[[], None]) -> None:
+                 wait: Callable[[Any], None], on_first_bucket: Callable[[], None],
+                 clock: ComputeClock | None = None) -> None:
         self._ddp = ddp
         self._wait = wait
         self._on_first_bucket = on_first_bucket
+        self._clock = clock or ComputeClock()
         self._slots: dict[int, tuple[int, int, int]] = {}  # id(param) -> bucket, offset, numel
         self._buckets = _layout(ddp.module.parameters(), self._slots)
         self._pending: list[_Pending] = []
         self._next = 0  # the fixed bucket to reduce next
+        self._missing = sum(bucket.params for bucket in self._buckets)
+        """The step's gradients not yet handed to the hook."""
         self._weight, self._divisor = 1, 0
         self._started = False
         self.failure: BaseException | None = None
@@ -110,6 +117,7 @@ class GradientExchange:
                 bucket.ready, bucket.reduced = 0, False
             self._pending.clear()
             self._next = 0
+            self._missing = sum(bucket.params for bucket in self._buckets)
             self._weight, self._divisor = weight, divisor
             self._started = False
             self.failure = None
@@ -121,7 +129,10 @@ class GradientExchange:
         if not self._started:
             self._started = True
             self._on_first_bucket()
+        if len(gradients) == self._missing:  # the last: from here on the rank waits for its peers
+            self._clock.collective_started()
         with self._changed:
+            self._missing -= len(gradients)
             for (index, offset, numel), grad in zip(pending.slots, gradients):
                 target = self._buckets[index]
                 piece = target.flat[offset:offset + numel]
@@ -164,6 +175,8 @@ class GradientExchange:
     def _answer_reduced(self) -> None:
         """Answer every DDP bucket whose fixed buckets are all reduced (left unreduced
         after a failure: the step is void anyway)."""
+        if self._next == len(self._buckets):
+            self._clock.collective_ended()  # before the last answer lets backward() return
         waiting = []
         for pending in self._pending:
             if not all(self._buckets[index].reduced for index in pending.buckets):

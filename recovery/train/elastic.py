@@ -143,7 +143,8 @@ class ElasticTrainer:
                  log_params_hash: bool = False,
                  replay_membership: str | os.PathLike[str] | None = None) -> None:
         self.ctx = ctx
-        self.exchange = (GradientExchange(model, self._wait, self._reached_collective)
+        self._clock = ComputeClock()  # each step's compute time, for the straggler detector
+        self.exchange = (GradientExchange(model, self._wait, self._reached_collective, self._clock)
                          if isinstance(model, DistributedDataParallel) else None)
         self.model = model.module if self.exchange is not None else model
         self.optimizer = optimizer
@@ -169,7 +170,6 @@ class ElasticTrainer:
         self._recovery_path = worker_env.recovery_path
         self._events = EventLog(worker_env.log_dir, worker_env.node_rank)
         self._step_events = StepEvents(self._events, ctx.rank, ctx.world_size)
-        self._clock = ComputeClock()  # each step's compute time, for the straggler detector
         self._injections = InjectedFaults(ctx, self.phase, self._events, self._clock)
         self._resume = resume or worker_env.is_recover or worker_env.restart_count > 0
         self._allow_world_size_change = allow_world_size_change
@@ -595,7 +595,6 @@ class ElasticTrainer:
         fault = self._machine.fault
         if fault is not None and fault.ranks:
             return fault.at
-        heard = self.ctx.fault_at
-        if heard is not None:
-            return heard
+        if self.ctx.fault_at is not None:
+            return self.ctx.fault_at
         return fault.at if fault is not None else time.time()

@@ -67,6 +67,13 @@ def killed_job(tmp_path_factory: pytest.TempPathFactory) -> KilledJob:
     return KilledJob(log_dir, output, killed)
 
 
+def expected_phases(log_dir: Path) -> set[str]:
+    """The recovery's phases, and ``straggling`` where the scheduler named a straggler: on
+    two shared cores under load a rank can be 1.5x slower than its peer for 20 steps."""
+    return {"cooldown", "re-forming", "resynchronising"} | (
+        {"straggling"} if events(log_dir, "straggler") else set())
+
+
 # ---------------------------------------------------------------------------- the trace
 def test_the_trace_follows_the_trace_event_format(killed_job: KilledJob, tmp_path: Path) -> None:
     target = tmp_path / "trace.json"
@@ -93,8 +100,9 @@ def test_the_trace_follows_the_trace_event_format(killed_job: KilledJob, tmp_pat
     assert (instant["pid"], instant["tid"], instant["args"]["cause"]) == (0, 1, "SIGKILL")
     assert abs(instant["ts"] - (fault["ts"] - start) * 1e6) <= 1
 
-    phases = {e["name"].split(" generation")[0] for e in entries if e.get("cat") == "recovery phase"}
-    assert phases == {"cooldown", "re-forming", "resynchronising"}
+    phases = {e["name"].split(" generation")[0] for e in entries
+              if e.get("cat") in ("recovery phase", "straggler")}
+    assert phases == expected_phases(killed_job.log_dir)
     [recovery] = [e for e in entries if e.get("cat") == "recovery"]
     assert recovery["args"]["source"] == "checkpoint" and recovery["args"]["steps_redone"] > 0
 
@@ -124,7 +132,7 @@ def test_the_html_draws_a_lane_per_rank_and_the_kill_where_it_happened(
     lane = lanes[1]
     assert float(lane["data-y"]) <= float(failed["y"]) < float(lane["data-y"]) + float(lane["data-height"])
 
-    assert {p["data-phase"] for p in svg.of("phase")} == {"cooldown", "re-forming", "resynchronising"}
+    assert {p["data-phase"] for p in svg.of("phase")} == expected_phases(killed_job.log_dir)
     assert [g["data-generation"] for g in svg.of("generation")] == ["0", "1"]
     [recovery] = svg.of("recovery")
     assert recovery["data-source"] == "checkpoint"

@@ -31,10 +31,11 @@ def start(tmp_path: Path, port: int, *options: str,
 
 
 def slow_down_rank_2(log_dir: Path) -> None:
-    """Rank 2 3x slower once the scheduler heard every rank past step 20: past its first
-    summary, which holds its warm-up."""
+    """Rank 2 3x slower once the scheduler heard every rank at step 40: past its 20
+    steps of warm-up and the 20 of its first summary, its own pace and its peers'
+    reference (docs/stragglers.md)."""
     wait_for_event(log_dir, START, "generation 0", event="generation", generation=0)
-    wait_for(lambda: every_rank_past(log_dir, 20), START, "every rank at step 20")
+    wait_for(lambda: every_rank_past(log_dir, 40), START, "every rank at step 40")
     assert ctl.main(["inject", "--log_dir", str(log_dir), "--rank", "2", "--fault", "slow",
                      "--factor", "3"]) == 0
 

@@ -4,6 +4,7 @@ and a failed reduction that voids the step without breaking ``backward()``."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from recovery.train import ddp_exchange
 from recovery.train.collective_wait import PeerFailure
+from recovery.train.compute_clock import ComputeClock
 from recovery.train.ddp_exchange import GradientExchange
 
 
@@ -73,3 +75,23 @@ def test_the_fixed_buckets_hold_the_parameters_last_first_by_dtype_and_size(
     assert [(b.flat.numel(), b.flat.dtype, b.params) for b in buckets] == [
         (1, torch.float64, 1), (8, torch.float64, 1), (3, torch.float64, 1),
         (8, torch.float32, 2)]
+
+
+def test_a_steps_compute_time_leaves_out_its_wait_for_the_reductions(alone: None) -> None:
+    """The straggler detector's measure under DDP: a rank that waits 0.3 s for its peers'
+    buckets (here: its wait sleeps first) computed for far less; before, the whole step
+    counted, so a slow rank's peers looked as slow as it."""
+    clock = ComputeClock()
+
+    def slow_peers(work: Any) -> None:
+        time.sleep(0.1)
+        work.wait()
+
+    ddp = DistributedDataParallel(_model())
+    exchange = GradientExchange(ddp, slow_peers, lambda: None, clock)
+    clock.start()
+    exchange.begin()
+    started = time.monotonic()
+    ddp(torch.randn(4, 6)).square().mean().backward()
+    took, computed = time.monotonic() - started, clock.finished()
+    assert took >= 0.1 and computed < 0.05, (took, computed)

@@ -100,8 +100,9 @@ def test_settings_travel_through_the_environment() -> None:
     assert StragglerSettings.from_env({}) == StragglerSettings()
 
 
-def test_step_times_are_summed_up_once_per_beat() -> None:
+def test_step_times_are_summed_up_once_per_beat_past_the_warm_up() -> None:
     times = StepTimes()
+    assert [times.add(9.0) for _ in range(20)] == [False] * 20  # the warm-up: never sent
     assert times.take() is None
     for seconds in (0.003, 0.001, 0.002):
         times.add(seconds)
@@ -112,18 +113,18 @@ def test_step_times_are_summed_up_once_per_beat() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(pace=st.floats(1e-4, 10.0), steady=st.lists(st.floats(0.8, 1.19), min_size=40, max_size=80),
-       slow=st.lists(st.floats(1.8, 50.0), min_size=11, max_size=11), beats=st.sets(st.integers(0, 90)))
+@given(pace=st.floats(1e-4, 10.0), steady=st.lists(st.floats(0.8, 1.19), min_size=60, max_size=100),
+       slow=st.lists(st.floats(1.8, 50.0), min_size=11, max_size=11), beats=st.sets(st.integers(0, 110)))
 def test_a_rank_whose_own_pace_drops_says_so_at_once_with_its_last_window(
         pace: float, steady: list[float], slow: list[float], beats: set[int]) -> None:
-    """The defaults (1.5x, a window of 20), whenever its beats take the summaries: the
-    rank's 20th step goes out at once, and so does the slow step that turns the median of
+    """The defaults (1.5x, a window of 20), whenever its beats take the summaries: past
+    the rank's 20 steps of warm-up, its 40th step goes out at once, and so does the slow step that turns the median of
     its last 20 steps 1.5x that of the 20 before, with those 20 steps alone (a median with
     the faster ones before them would hide the slow-down from the scheduler, which
     compares with the peers, until a later beat: 6 to 12 s with the defaults)."""
     times = StepTimes()
     for step, share in enumerate(steady):
-        assert times.add(pace * share) is (step == 19)  # its first pace goes out at once
+        assert times.add(pace * share) is (step == 39)  # its first pace goes out at once
         if step in beats:
             times.take()
     found = [times.add(pace * share) for share in slow[:10]]
@@ -139,6 +140,7 @@ def test_a_rank_whose_own_pace_drops_says_so_at_once_with_its_last_window(
 def test_a_noisy_slow_down_is_found_by_the_medians_and_a_noisy_pace_is_not() -> None:
     """Under load a slowed rank's steps are not all slow: medians, not a run in a row."""
     times = StepTimes(StragglerSettings(factor=2.0, window=3))
+    assert [times.add(t) for t in (5.0, 5.0, 5.0)] == [False] * 3  # its warm-up
     assert [times.add(t) for t in (1.0, 3.0, 1.0, 1.0, 0.2, 1.0)] == [False, False, True] + [False] * 3
     assert times.take() == (1_000_000, 6, True)
     assert [times.add(t) for t in (2.0, 0.5, 2.5)] == [False, False, True]
