@@ -3,10 +3,11 @@
 Every rank measures its compute time per step (the time outside the collectives) and
 sends, with its heartbeat, the median over the steps since its last beat and their count
 (:class:`StepTimes`); past its warm-up, its first ``window`` steps, and a drop of its
-own pace by ``factor`` over ``window`` steps, it sends at once. The scheduler hands each summary to a :class:`StragglerDetector`,
-which compares it with the median of the other ranks' latest summaries: a rank whose time
-stays at least ``factor`` times that median for ``window`` steps in a row is named, once,
-until its time falls back (docs/stragglers.md).
+own pace by ``factor`` over ``window`` steps, it sends at once. The scheduler hands each
+summary to a :class:`StragglerDetector`, which compares it with the median of the other
+ranks' latest summaries: a rank whose time stays at least ``factor`` times that median
+for ``window`` steps in a row is named, once, until its time falls back
+(docs/stragglers.md).
 """
 
 from __future__ import annotations
