@@ -2,7 +2,7 @@
 trials of training through a fault (docs/elastic.md), apart from tests/integration/
 test_chaos.py so that the two files run side by side.
 
-The degraded job (tests/support/degraded.py: 500 steps of 3 ranks, paced while degraded, a ``committed`` line
+The degraded job (tests/support/degraded.py: 375 steps of 3 ranks, paced while degraded, a ``committed`` line
 with the parameters' hash after every step) under ``--min_worker_num`` below 3, one trial
 per ``--batch_policy`` (``constant``, ``shrink``), one ``kill -9``ing one rank and the other
 two at once (which does which is drawn), at a drawn step, against drawn ranks, with a drawn

@@ -55,7 +55,7 @@ pytestmark = pytest.mark.timeout(300)
 GATED = str(REPO / "tests" / "bin" / "gated.py")
 KILL_STEP, KILLED = 40, 1
 DEFAULTS_EPOCHS = 2
-"""The defaults' test trains 2 of the job's 4 epochs: the survivors' training alone is
+"""The defaults' test trains 2 of the job's 3 epochs: the survivors' training alone is
 what it checks, not the heal (test_survivors_train_through_a_kill_and_the_relaunched_rank_heals)."""
 
 

@@ -40,7 +40,7 @@ from support.multinode import JOB_TOKEN, kill_node, log_dir, node_cmd, nodes_run
 
 pytestmark = pytest.mark.timeout(300)
 
-WORKERS, BATCH, SAMPLES, EPOCHS = 4, 32, 12800, 4
+WORKERS, BATCH, SAMPLES, EPOCHS = 4, 32, 12800, 3
 JOB = ("--epochs", str(EPOCHS), "--save_steps", "100000", "--synthetic_size", str(SAMPLES),
        "--batch_size", str(BATCH), "--log_every", "10", "--log_params_hash")
 KILL_STEP = 20

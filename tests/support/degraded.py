@@ -1,7 +1,7 @@
 """Test helpers for training through a fault (docs/elastic.md): the degraded job under
 tftrun, and the invariants a run of it must keep whatever its membership did.
 
-The job is the MNIST template for 4 epochs of 12 000 samples on 3 ranks (500 steps of 96
+The job is the MNIST template for 3 epochs of 12 000 samples on 3 ranks (375 steps of 96
 samples at full membership), logging after every committed step a ``committed ...`` line
 (``--log_params_hash``), and held 0.2 s after each step it trains degraded
 (tests/bin/paced.py ``--while_degraded``): a killed rank heals long before the end
@@ -37,7 +37,7 @@ from train import MEAN, STD, build_model  # noqa: E402
 
 TRAIN = str(REPO / "templates" / "mnist" / "train.py")
 PACED = (str(REPO / "tests" / "bin" / "paced.py"), "--while_degraded")
-WORKERS, BATCH, SAMPLES, EPOCHS = 3, 32, 12000, 4
+WORKERS, BATCH, SAMPLES, EPOCHS = 3, 32, 12000, 3
 STEPS_PER_EPOCH = SAMPLES // WORKERS // BATCH
 STEPS = EPOCHS * STEPS_PER_EPOCH
 """The job's steps at full membership (and under ``constant``, whatever the membership)."""
