@@ -124,6 +124,9 @@ TFT_BEAT_SOCKET = "TFT_BEAT_SOCKET"
 """Set by tftrun for its workers: the Unix socket of the node's supervisor, which takes
 their heartbeats and sends one beat for the node (recovery/control/node_beats.py). Not
 set (a script started by hand): each rank beats to the scheduler itself."""
+TFT_PRELOAD = "TFT_PRELOAD"
+"""Set for the fork server only: the frameworks the script imports at its top level,
+which it imports before forking (launcher/procs/preload.py)."""
 TFT_ENVIRON_ROOM = "TFT_ENVIRON_ROOM"
 """Set for the fork server only: blanks that make its environment's memory large enough
 for each forked process to show its own there (``/proc/<pid>/environ``;

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import importlib
 import json
 import os
 import runpy
@@ -68,9 +69,29 @@ def warm_up() -> None:
         # The library that only the scripts using recovery import.
         import recovery.ckpt.checkpoint  # noqa: F401
         import recovery.train.elastic  # noqa: F401
+        from recovery.env import TFT_PRELOAD
     except ImportError:
         pass
+    else:
+        preload(os.environ.get(TFT_PRELOAD, ""))
     gc.freeze()
+
+
+def preload(specs: str) -> None:
+    """Import the frameworks the script imports (``TFT_PRELOAD``, made by
+    launcher/procs/preload.py: ``module[:name,...]`` joined by ``;``); one that fails is
+    left to the worker, which meets the same error itself."""
+    for spec in filter(None, specs.split(";")):
+        module, _, names = spec.partition(":")
+        try:
+            imported = importlib.import_module(module)
+            for name in filter(None, names.split(",")):
+                if name != "*":
+                    getattr(imported, name)
+        except Exception as err:  # noqa: BLE001 - any import error is the worker's to meet
+            print(f"tftrun fork server: preloading {spec} failed: {err!r}", flush=True)
+        else:
+            print(f"tftrun fork server: preloaded {spec}", flush=True)
 
 
 def refuse_initialised_cuda() -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from launcher.config import LaunchConfig
 from launcher.procs.fork_server_main import FORK_SERVER
+from launcher.procs.preload import framework_imports
 from recovery import env as names
 from recovery.python_path import PYTHONPATH, own_pythonpath
 from recovery.safe_files import UnsafeFolder, own_subfolder
@@ -204,6 +205,8 @@ def fork_server_spec(config: LaunchConfig, sock_fd: int, supervisor_pid: int) ->
     its own whole environment (the user's ``PYTHONPATH`` included, which :func:`own_env`
     cleans for the server)."""
     env = {**own_env(worker_spec(config, 0, 0, 0, 0).env), names.TFT_ENVIRON_ROOM: " " * ENVIRON_ROOM}
+    if config.entry == "script":
+        env[names.TFT_PRELOAD] = framework_imports(config.script)
     argv = (*OWN_PYTHON, str(FORK_SERVER_PROGRAM), FORK_SERVER, str(sock_fd),
             str(supervisor_pid), " " * TITLE_ROOM)
     return ProcessSpec(Role.FORK_SERVER, None, argv, env, config.log_dir / "fork_server.log")

@@ -86,13 +86,14 @@ def _params_rel(out: Path, reference: Path, rank: int) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def _faults_against_a_clean_run(tmp_path: Path, script: str, saved: str) -> None:
+def _faults_against_a_clean_run(tmp_path: Path, script: str, saved: str, preloaded: str) -> None:
     """Three runs side by side: a fault-free one; one whose rank 1 is killed (``kill -9``)
     once it passed step 15 (after the job's own checkpoint ``saved`` of step 10), so rank 0
     learns of the death from its collective or tftrun's SIGTERM, whichever comes first; and
     one whose rank 0 is sent SIGTERM there (a preemption), which it must act on at a step
     boundary. Each faulty run must resume at the step of the fault, end 0, and end where
-    the fault-free run ends."""
+    the fault-free run ends. Each fork server imported the framework (``preloaded``, the
+    start of its import's spec) before it forked the workers."""
     clean, clean_out, clean_logs = _job(tmp_path, "clean", script)
     faults = {"kill": (signal.SIGKILL, 1), "term": (signal.SIGTERM, 0)}
     jobs = {name: _job(tmp_path, name, script) for name in faults}
@@ -111,6 +112,8 @@ def _faults_against_a_clean_run(tmp_path: Path, script: str, saved: str) -> None
     finally:
         ended = [_end(proc, 300) for proc in (*(job[0] for job in jobs.values()), clean)]
     assert [status for status, _ in ended] == [0, 0, 0], ended
+    for _, _, logs in (*jobs.values(), (clean, clean_out, clean_logs)):
+        assert f"preloaded {preloaded}" in (logs / "fork_server.log").read_text()
 
     (reference,) = _launches(clean_logs, 0)
     assert reference.loss is not None
@@ -135,10 +138,10 @@ def _faults_against_a_clean_run(tmp_path: Path, script: str, saved: str) -> None
 
 def test_lightning_resumes_at_the_step_of_the_death(tmp_path: Path) -> None:
     pytest.importorskip("lightning")
-    _faults_against_a_clean_run(tmp_path, "lightning_tiny.py", "last.ckpt")
+    _faults_against_a_clean_run(tmp_path, "lightning_tiny.py", "last.ckpt", "lightning")
 
 
 def test_hugging_face_trainer_resumes_at_the_step_of_the_death(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    _faults_against_a_clean_run(tmp_path, "hf_tiny.py", f"checkpoint-{SAVE_EVERY}")
+    _faults_against_a_clean_run(tmp_path, "hf_tiny.py", f"checkpoint-{SAVE_EVERY}", "transformers:")

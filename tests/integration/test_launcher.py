@@ -163,7 +163,8 @@ def test_tftrun_imports_no_torch_to_talk_to_the_scheduler_through_a_relaunch(
                             str(BIN / "sched_train.py"), "--rejoin"))
     try:
         wait_for_event(log_dir, 60, "generation 0", event="generation", generation=0)
-        os.kill(spawned_pids(log_dir)[1], signal.SIGKILL)
+        # A forked rank may register before tftrun has written its spawn event.
+        os.kill(wait_for(lambda: spawned_pids(log_dir).get(1), 10, "rank 1's spawn event"), signal.SIGKILL)
         wait_for_event(log_dir, 60, "generation 1, with the relaunched rank",
                        event="generation", generation=1)
         assert "libtorch" not in Path(f"/proc/{proc.pid}/maps").read_text()
