@@ -117,7 +117,8 @@ class ClusterContext:
 
     def report_step_time(self, seconds: float) -> None:
         """Tell the scheduler (summed up with the next heartbeat) that a step computed
-        for ``seconds`` outside its collectives (recovery/control/stragglers.py)."""
+        for ``seconds`` outside its collectives, per micro-batch of this rank's share (the
+        ranks of a degraded step compute different shares; recovery/control/stragglers.py)."""
         if self._session is not None:
             self._session.heartbeat.report_step_time(seconds)
 

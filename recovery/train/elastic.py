@@ -333,7 +333,7 @@ class ElasticTrainer:
                         self.ctx.generation, len(self.ctx.active), step.cursor, share,
                         params_sha256(self.model))
         self.ctx.report_step(step.global_step)
-        self.ctx.report_step_time(self._clock.finished())
+        self.ctx.report_step_time(self._clock.finished() / max(step.micro_batches, 1))
         self._update_total()
         self._step_events.batch = step.divisor * step.micro_batch_size or None  # its samples
         self._step_events.completed(step.global_step, self.ctx.generation)
