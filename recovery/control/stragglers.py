@@ -2,7 +2,7 @@
 
 Every rank measures its compute time per step (the time outside the collectives) and
 sends, with its heartbeat, the median over the steps since its last beat and their count
-(:class:`StepTimes`); past its warm-up, its first ``window`` steps, and a drop of its
+(:class:`StepTimes`); past its warm-up, its first ``window`` steps, and a change of its
 own pace by ``factor`` over ``window`` steps, it sends at once. The scheduler hands each
 summary to a :class:`StragglerDetector`, which compares it with the median of the other
 ranks' latest summaries: a rank whose time stays at least ``factor`` times that median
@@ -157,10 +157,11 @@ class StepTimes:
         """Add one step's time; True when the summary should go out now rather than with
         the next beat, seconds later. The process's first ``window`` steps are its
         warm-up, never sent; the next ``window`` go out at once (its pace, its peers'
-        reference from then on); and so does a sudden slow-down, when the median of its
-        last ``window`` steps is ``factor`` times that of the ``window`` before them. The
-        summary then holds those last steps alone, so that the faster ones before them
-        do not hide the slow-down."""
+        reference from then on); and so does a sudden change of pace, when the median of
+        its last ``window`` steps is ``factor`` times that of the ``window`` before them,
+        or that one ``factor`` times it (a pace taken in a slow warm-up, or under a burst
+        of load, is then no stale reference for its peers). The summary then holds those
+        last steps alone, so that the steps before them do not hide the change."""
         window, recent, before = self._settings.window, self._recent, self._before
         with self._lock:
             self._seen += 1
@@ -172,8 +173,9 @@ class StepTimes:
             recent.append(seconds)
             if len(recent) < window:
                 return False
-            if self._paced and (len(before) < window or statistics.median(recent)
-                                < self._settings.factor * statistics.median(before)):
+            if self._paced and (len(before) < window
+                                or not _changed(statistics.median(recent), statistics.median(before),
+                                                self._settings.factor)):
                 return False
             if self._paced:
                 self._times = list(recent)
@@ -191,3 +193,8 @@ class StepTimes:
         if not times:
             return None
         return round(statistics.median(times) * 1e6), len(times), urgent
+
+
+def _changed(recent: float, before: float, factor: float) -> bool:
+    """Whether a pace moved by ``factor`` or more, either way."""
+    return recent >= factor * before or before >= factor * recent

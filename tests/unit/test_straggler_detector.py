@@ -137,6 +137,18 @@ def test_a_rank_whose_own_pace_drops_says_so_at_once_with_its_last_window(
     assert times.add(pace * slow[-1]) is False  # the slow pace is its own now
 
 
+def test_a_pace_that_turns_faster_is_sent_at_once_too() -> None:
+    """A first summary taken in a slow start is the peers' reference: a rank that then
+    runs 1.5x faster says so at once, or a peer's slow-down would be compared with it
+    (in CI a straggler was named 6 s late, at the peers' next beats)."""
+    times = StepTimes(StragglerSettings(factor=2.0, window=3))
+    assert [times.add(t) for t in (9.0, 9.0, 9.0, 3.0, 3.0, 3.0)] == [False] * 5 + [True]
+    assert times.take() == (3_000_000, 3, True)
+    assert [times.add(t) for t in (1.6, 1.6, 1.6)] == [False] * 3  # under 2x faster
+    assert [times.add(t) for t in (0.5, 0.5)] == [False, True]
+    assert times.take() == (500_000, 3, True)
+
+
 def test_a_noisy_slow_down_is_found_by_the_medians_and_a_noisy_pace_is_not() -> None:
     """Under load a slowed rank's steps are not all slow: medians, not a run in a row."""
     times = StepTimes(StragglerSettings(factor=2.0, window=3))
