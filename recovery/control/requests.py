@@ -234,7 +234,7 @@ _BEAT: dict[str, Field] = {**_IDENTITY, "step": Int(optional=True),
                            "urgent": Flag(optional=True)}
 """``step_us`` and ``steps``: the median compute time (microseconds) of the steps since
 the rank's last beat, and their count; ``urgent``: sent at once (the rank's first steps, or a
-slow-down of its own pace) (recovery/control/stragglers.py)."""
+change of its own pace) (recovery/control/stragglers.py)."""
 NODE_BEAT_RANKS = 64
 """At most this many ranks in one ``node_beat`` (a node with more sends several)."""
 _NODE_RANK_BEAT: dict[str, Int | Text | Flag | Choice] = {

@@ -1,8 +1,8 @@
 """The scheduler's end of straggler detection: beats in, ``straggler`` events out.
 
 Each accepted beat that carries a step-time summary (``step_us``, ``steps``) goes to the
-:class:`~recovery.control.stragglers.StragglerDetector` under its rank, but a process's
-first (its warm-up), and the detector starts afresh with each generation (the ranks'
+:class:`~recovery.control.stragglers.StragglerDetector` under its rank (a process's first
+is its peers' reference only, never named), and the detector starts afresh with each generation (the ranks'
 shares of a step change with it). A straggler it names is written to ``events.jsonl``
 once, stays in ``tftctl status`` until its time falls back, and under
 ``--straggler_policy=evict`` is judged lost, or retired when its relaunch is named again
@@ -50,7 +50,7 @@ class StragglerWatch:
             self.detector.reset()
         holder = (member.pid, member.incarnation)
         if self._holders.get(member.rank) != holder:
-            # A new process: its first beat's steps hold its warm-up.
+            # A new process: its first summary is its peers' reference, never a straggler's.
             self._holders[member.rank] = holder
             self.detector.warming_up(member.rank, step_us / 1e6)
             if member.rank in self._measured_from and self._measured_from[member.rank] is None:

@@ -173,15 +173,16 @@ class StepTimes:
             recent.append(seconds)
             if len(recent) < window:
                 return False
-            if self._paced and (len(before) < window
-                                or not _changed(statistics.median(recent), statistics.median(before),
-                                                self._settings.factor)):
+            if not self._paced:  # its first pace
+                self._paced = self._urgent = True
+                return True
+            if len(before) < window or not _changed(statistics.median(recent),
+                                                    statistics.median(before), self._settings.factor):
                 return False
-            if self._paced:
-                self._times = list(recent)
-                before.extend(recent)  # the new pace
-                recent.clear()
-            self._paced = self._urgent = True
+            self._times = list(recent)
+            before.extend(recent)  # the new pace
+            recent.clear()
+            self._urgent = True
             return True
 
     def take(self) -> tuple[int, int, bool] | None:

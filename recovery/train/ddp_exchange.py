@@ -93,7 +93,8 @@ class GradientExchange:
         self._buckets = _layout(ddp.module.parameters(), self._slots)
         self._pending: list[_Pending] = []
         self._next = 0  # the fixed bucket to reduce next
-        self._missing = sum(bucket.params for bucket in self._buckets)
+        self._gradients = sum(bucket.params for bucket in self._buckets)
+        self._missing = self._gradients
         """The step's gradients not yet handed to the hook."""
         self._weight, self._divisor = 1, 0
         self._started = False
@@ -117,7 +118,7 @@ class GradientExchange:
                 bucket.ready, bucket.reduced = 0, False
             self._pending.clear()
             self._next = 0
-            self._missing = sum(bucket.params for bucket in self._buckets)
+            self._missing = self._gradients
             self._weight, self._divisor = weight, divisor
             self._started = False
             self.failure = None
