@@ -10,8 +10,10 @@ torchrun's behaviour). The clients:
   (torchrun restarts at once too), its updates clocked by bench/ddp_clock.py, rank 1
   killed after ``--ddp_kill_after`` updates (mid-epoch);
 * ``lightning`` and ``hf``: the 2-rank jobs of tests/integration/test_frameworks.py (a
-  checkpoint of their own every 10 steps), under tftrun with the last-words callback,
-  rank 1 killed once it reported step ``--kill_after`` (between two checkpoints).
+  checkpoint of their own every 10 steps), rank 1 killed once it reported step
+  ``--kill_after`` (between two checkpoints); under tftrun Lightning with
+  ``recovery.lightning.RestartableDDP`` and ``--rejoin_cooldown=0``, Hugging Face with the
+  last-words callback.
 
 Each step takes about 50 ms (``STEP_SECONDS`` for the DDP tutorial). Per client it reports:
 
@@ -62,22 +64,28 @@ DDP_STEPS_PER_EPOCH = 2048 // WORKERS // 32
 STEP_SECONDS = "0.05"
 
 
+IMMEDIATE_RELAUNCH = ("--rejoin_cooldown=0",)
+"""For the clients whose survivors keep their processes: tftrun relaunches the dead rank at
+once, as torchrun restarts the group (with the 30 s default cooldown the DDP survivor trains
+the job to its end alone, and Lightning's survivor waits for its peer)."""
+
+
 @dataclass(frozen=True)
 class Client:
-    """A framework job: its script, and the file its own checkpoint of step 10 leaves."""
+    """A framework job: its script, the file its own checkpoint of step 10 leaves, the
+    script's flag for tftrun's way, and tftrun's options."""
 
     script: str
     first_checkpoint: str
+    way: str = "--last-words"
+    options: tuple[str, ...] = ()
 
     def command(self, system: str, out: Path, timing: Path, args: argparse.Namespace) -> list[str]:
         job = [str(JOBS / self.script), str(out), str(args.steps), f"--timing={timing}"]
-        return [*job, "--last-words"] if system == "tftrun" else job
+        return [*job, self.way] if system == "tftrun" else job
 
     def kill_after(self, args: argparse.Namespace) -> int:
         return args.kill_after
-
-    def tftrun_options(self) -> tuple[str, ...]:
-        return ()
 
     def steps_redone(self, faulty: Run, figures: dict[str, Any], args: argparse.Namespace) -> int:
         return figures["steps_redone"]
@@ -99,19 +107,15 @@ class DdpClient(Client):
     def kill_after(self, args: argparse.Namespace) -> int:
         return args.ddp_kill_after
 
-    def tftrun_options(self) -> tuple[str, ...]:
-        """tftrun relaunches the dead rank at once, as torchrun restarts the group: with the
-        30 s default cooldown rank 0 trains the job to its end alone before rank 1 is back."""
-        return ("--rejoin_cooldown=0",)
-
     def steps_redone(self, faulty: Run, figures: dict[str, Any], args: argparse.Namespace) -> int:
         """The updates rank 0 applied, in all its processes, beyond the job's steps."""
         return len(faulty.steps[0]) - args.ddp_epochs * DDP_STEPS_PER_EPOCH
 
 
 CLIENTS: dict[str, Client] = {
-    "ddp": DdpClient("ddp_tutorial.py", "snapshot.pt", attached="ddp_tutorial_attached.py"),
-    "lightning": Client("lightning_tiny.py", "last.ckpt"),
+    "ddp": DdpClient("ddp_tutorial.py", "snapshot.pt", options=IMMEDIATE_RELAUNCH,
+                     attached="ddp_tutorial_attached.py"),
+    "lightning": Client("lightning_tiny.py", "last.ckpt", "--restartable", IMMEDIATE_RELAUNCH),
     "hf": Client("hf_tiny.py", "checkpoint-10"),
 }
 
@@ -135,7 +139,7 @@ def run(client: Client, system: str, args: argparse.Namespace, kill: bool) -> Ru
                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
         if system == "tftrun":
             cmd = tftrun_cmd(WORKERS, logs, *job, extra=(f"--recovery_path={Path(tmp) / 'recovery'}",
-                                                         *client.tftrun_options()))
+                                                         *client.options))
         else:
             cmd = torchrun_cmd(WORKERS, logs, *job, extra=("--standalone", "--max_restarts=1"))
             env.update(TORCHRUN_ENV)

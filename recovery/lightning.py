@@ -1,5 +1,14 @@
-"""Last words for PyTorch Lightning: on a peer's death, a survivor writes Lightning's own
-``last.ckpt`` of the last completed step, so that the group restart redoes no step.
+"""tftrun's recovery for PyTorch Lightning, in one of two lines.
+
+``strategy=RestartableDDP()`` in place of ``strategy="ddp"``: when a peer dies, the
+survivors keep their processes; each writes Lightning's own checkpoint of the last
+completed step (its last words) and calls ``fit`` again, in the same process, once tftrun
+has relaunched the dead rank, which resumes from that checkpoint with them::
+
+    trainer = L.Trainer(strategy=RestartableDDP(), ...)
+
+``callbacks=[..., LastWordsCheckpoint()]`` with ``strategy="ddp"``: the last words alone,
+so that tftrun's group restart (every process started again) redoes no step::
 
     trainer = L.Trainer(strategy="ddp", callbacks=[ModelCheckpoint(dirpath="ckpt", save_last=True),
                                                    LastWordsCheckpoint()])
@@ -12,7 +21,10 @@ run: the peer is dead (``Trainer.save_checkpoint`` would wait for it at its barr
 
 from __future__ import annotations
 
+import inspect
 import logging
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +32,17 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, SingleDeviceStrategy
+from lightning.pytorch.strategies.launchers.launcher import _Launcher
+from lightning.pytorch.trainer import call
+from lightning.pytorch.trainer.states import TrainerFn, TrainerStatus
 
+from recovery import env as names
 from recovery.ckpt.durable import write_atomic
+from recovery.env import WorkerEnv
 from recovery.peer_loss import StopRequest, first_line, is_peer_loss
+from recovery.runtime.restartable import Restarts
 
-__all__ = ["LastWordsCheckpoint"]
+__all__ = ["LastWordsCheckpoint", "RestartableDDP"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,15 +89,13 @@ class LastWordsCheckpoint(Callback):
             self.save(trainer, first_line(exception))
         self._stop.default_action()
 
-    def save(self, trainer: pl.Trainer, why: str = "SIGTERM") -> Path | None:
-        """Write the trainer's state as Lightning's checkpoint; ``None`` before the first step.
+    def save(self, trainer: pl.Trainer, why: str = "SIGTERM") -> Path:
+        """Write the trainer's state as Lightning's checkpoint.
 
         A death inside a step's backward leaves the optimizer step untaken: the state is
         that of ``trainer.global_step`` completed steps, and Lightning resumes there.
         """
-        if trainer.global_step == 0:
-            return None
-        path = self._last_path(trainer)
+        path = self.last_path(trainer)
         checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, lambda file: torch.save(checkpoint, file))
@@ -92,7 +108,8 @@ class LastWordsCheckpoint(Callback):
             self.save(trainer)
             self._stop.default_action()
 
-    def _last_path(self, trainer: pl.Trainer) -> Path:
+    def last_path(self, trainer: pl.Trainer) -> Path:
+        """Where the last words go."""
         if self.dirpath is not None:
             return self.dirpath / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
         saver = _saving_last(trainer)
@@ -105,3 +122,100 @@ class LastWordsCheckpoint(Callback):
 def _saving_last(trainer: pl.Trainer) -> ModelCheckpoint | None:
     """The job's checkpoint callback that keeps a ``last.ckpt`` (where its resume looks)."""
     return next((c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint) and c.save_last), None)
+
+
+class RestartableDDP(DDPStrategy):
+    """Lightning's DDP, whose ``fit`` is called again in the surviving processes when a
+    peer dies (docs/frameworks.md).
+
+    Under tftrun each rank registers with tftrun's scheduler, so tftrun relaunches a dead
+    rank alone; every call of ``fit`` runs in one whole generation, with a process group
+    of its own. Elsewhere (plain torchrun, a single process) it is Lightning's DDP.
+    """
+
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()
+        self._launcher = _RestartingLauncher(self._launcher)
+
+
+class _RestartingLauncher(_Launcher):
+    """Wraps Lightning's launcher: under tftrun, ``fit`` is called once per whole generation."""
+
+    def __init__(self, inner: _Launcher | None) -> None:
+        self._inner = inner
+
+    @property
+    def is_interactive_compatible(self) -> bool:
+        return False
+
+    def kill(self, signum: Any) -> None:
+        if self._inner is not None:
+            self._inner.kill(signum)
+
+    def launch(self, function: Callable[..., Any], *args: Any, trainer: pl.Trainer, **kwargs: Any) -> Any:
+        if names.MS_SCHED_PORT not in os.environ or trainer.state.fn is not TrainerFn.FITTING:
+            if self._inner is not None:
+                return self._inner.launch(function, *args, trainer=trainer, **kwargs)
+            return function(*args, **kwargs)
+        return _FitCalls(trainer, function, inspect.signature(function).bind(*args, **kwargs)).run()
+
+
+class _FitCalls:
+    """One rank's calls of ``fit``: the first as the script asked, each later one from the
+    last words of the call before."""
+
+    def __init__(self, trainer: pl.Trainer, fit: Callable[..., Any], arguments: inspect.BoundArguments) -> None:
+        self._trainer = trainer
+        self._fit = fit
+        self._arguments = arguments
+        self._words = _last_words_of(trainer)
+        self._worker_env = WorkerEnv.from_env()
+        self._calls = 0
+
+    def run(self) -> Any:
+        path = self._words.last_path(self._trainer)
+        worker_env = self._worker_env
+        recovering = worker_env.incarnation > 0 or worker_env.restart_count > 0 or worker_env.is_recover
+        if not recovering:
+            # An earlier job's, in a folder this job reuses: no rank writes before all have joined.
+            path.unlink(missing_ok=True)
+        restarts = Restarts("fit", worker_env)
+        return restarts.run(lambda: self._call(path, recovering), self._after_fault)
+
+    def _call(self, path: Path, recovering: bool) -> Any:
+        self._calls += 1
+        arguments = self._arguments.arguments
+        if self._calls > 1 or recovering:
+            arguments["ckpt_path"] = _newer(path, arguments.get("ckpt_path"))
+        if self._calls > 1:
+            trainer = self._trainer
+            trainer.state.fn, trainer.state.status = TrainerFn.FITTING, TrainerStatus.RUNNING
+            trainer.training, trainer.should_stop = True, False
+        return self._fit(*self._arguments.args, **self._arguments.kwargs)
+
+    def _after_fault(self, error: BaseException) -> None:
+        """What Lightning does with a failed ``fit`` (the last words among it), short of raising."""
+        call._interrupt(self._trainer, error)
+        self._trainer._teardown()
+        self._trainer.state.stage = None
+
+
+def _last_words_of(trainer: pl.Trainer) -> LastWordsCheckpoint:
+    """The trainer's :class:`LastWordsCheckpoint`, or one added that writes in tftrun's
+    recovery folder."""
+    for callback in trainer.callbacks:
+        if isinstance(callback, LastWordsCheckpoint):
+            return callback
+    words = LastWordsCheckpoint(Path(WorkerEnv.from_env().recovery_path) / "lightning")
+    trainer.callbacks.append(words)
+    return words
+
+
+def _newer(last_words: Path, ckpt_path: Any) -> Any:
+    """The checkpoint to resume from: the last words, unless the script's own is newer."""
+    if not last_words.exists():
+        return ckpt_path
+    if isinstance(ckpt_path, str | os.PathLike) and Path(ckpt_path).is_file() \
+            and Path(ckpt_path).stat().st_mtime > last_words.stat().st_mtime:
+        return ckpt_path
+    return str(last_words)

@@ -42,7 +42,7 @@ from recovery.events import EventLog
 from recovery.runtime import cluster
 from recovery.timeouts import Timeouts
 
-__all__ = ["restartable"]
+__all__ = ["restartable", "Restarts"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,13 +71,13 @@ def restartable(fn: Callable[P, R]) -> Callable[P, R]:
             sys.exit(scheduler.main())
         if names.MS_SCHED_PORT not in os.environ:
             return fn(*args, **kwargs)
-        restarts = _Restarts(fn.__name__, worker_env)
+        restarts = Restarts(fn.__name__, worker_env)
         return restarts.run(functools.partial(fn, *args, **kwargs))
 
     return call
 
 
-class _Restarts:
+class Restarts:
     """One rank's calls of the function, one per whole generation."""
 
     def __init__(self, name: str, worker_env: WorkerEnv) -> None:
@@ -90,7 +90,10 @@ class _Restarts:
         self._server: Any = None
         self._done = threading.Event()
 
-    def run(self, fn: Callable[[], R]) -> R:
+    def run(self, fn: Callable[[], R],
+            on_fault: Callable[[BaseException], None] = lambda err: None) -> R:
+        """Call ``fn`` in each whole generation until a call returns; ``on_fault`` sees the
+        exception of a call that a peer's fault ended, before it is dropped."""
         after: int | None = None
         while True:
             self._ctx.enter_whole(self._form, after)
@@ -112,6 +115,7 @@ class _Restarts:
                 logger.warning("[rank %d] a peer failed in generation %d (%s): calling %s "
                                "again once its replacement has joined", self._ctx.rank,
                                self._ctx.generation, _first_line(err), self._name)
+                on_fault(err)
             finally:
                 self._done.set()
                 if watch is not None:

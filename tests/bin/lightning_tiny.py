@@ -1,9 +1,10 @@
 """A tiny PyTorch Lightning job as a user writes it for torchrun: Trainer(strategy="ddp"),
 a checkpoint every few steps, and a restart that resumes from the last one.
 
-Usage: lightning_tiny.py CKPT_DIR MAX_STEPS [--last-words] [--timing=DIR]
-``--last-words`` adds recovery.lightning.LastWordsCheckpoint to the trainer's callbacks,
-the one change the new way asks of a script. Prints ``start step=<k>`` when fitting
+Usage: lightning_tiny.py CKPT_DIR MAX_STEPS [--last-words | --restartable] [--timing=DIR]
+``--last-words`` adds recovery.lightning.LastWordsCheckpoint to the trainer's callbacks;
+``--restartable`` takes recovery.lightning.RestartableDDP() for ``strategy="ddp"``: each
+the one change its way asks of a script. Prints ``start step=<k>`` when fitting
 begins (k > 0: resumed), ``step=<n>`` after each step, and ``done step=<n> loss=<x>`` at
 the end (the trained model's loss on the whole data set), and saves its parameters, flat,
 to ``CKPT_DIR/final_params_<rank>.pt``.
@@ -61,8 +62,13 @@ def main() -> None:
         from recovery.lightning import LastWordsCheckpoint
 
         callbacks.append(LastWordsCheckpoint())
+    strategy = "ddp"
+    if "--restartable" in sys.argv[3:]:
+        from recovery.lightning import RestartableDDP
+
+        strategy = RestartableDDP()
     trainer = L.Trainer(
-        strategy="ddp", accelerator="cpu", devices=int(os.environ["LOCAL_WORLD_SIZE"]),
+        strategy=strategy, accelerator="cpu", devices=int(os.environ["LOCAL_WORLD_SIZE"]),
         num_nodes=int(os.environ["GROUP_WORLD_SIZE"]), max_steps=max_steps, logger=False,
         enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)
     last = os.path.join(ckpt_dir, "last.ckpt")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from support import BIN, log_has, spawn, spawned_pids, tftrun_cmd, wait_for
+from support import BIN, events, log_has, spawn, spawned_pids, tftrun_cmd, wait_for
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -56,12 +56,13 @@ def _launches(logs: Path, rank: int) -> list[Launch]:
     return launches
 
 
-def _job(tmp_path: Path, name: str, script: str) -> tuple[subprocess.Popen[str], Path, Path]:
+def _job(tmp_path: Path, name: str, script: str, way: str = "--last-words",
+         *options: str) -> tuple[subprocess.Popen[str], Path, Path]:
     home = tmp_path / name
     out, logs = home / "out", home / "logs"
     proc = spawn(tftrun_cmd("--nproc_per_node=2", "--master_port=0", f"--log_dir={logs}",
-                            f"--recovery_path={home / 'recovery'}",  # two jobs run side by side
-                            str(BIN / script), str(out), str(STEPS), "--last-words"), cwd=tmp_path)
+                            f"--recovery_path={home / 'recovery'}",  # the jobs run side by side
+                            *options, str(BIN / script), str(out), str(STEPS), way), cwd=tmp_path)
     return proc, out, logs
 
 
@@ -86,17 +87,23 @@ def _params_rel(out: Path, reference: Path, rank: int) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def _faults_against_a_clean_run(tmp_path: Path, script: str, saved: str, preloaded: str) -> None:
-    """Three runs side by side: a fault-free one; one whose rank 1 is killed (``kill -9``)
+def _faults_against_a_clean_run(tmp_path: Path, script: str, saved: str, preloaded: str,
+                                restartable: bool = False) -> None:
+    """Runs side by side: a fault-free one; one whose rank 1 is killed (``kill -9``)
     once it passed step 15 (after the job's own checkpoint ``saved`` of step 10), so rank 0
     learns of the death from its collective or tftrun's SIGTERM, whichever comes first; and
     one whose rank 0 is sent SIGTERM there (a preemption), which it must act on at a step
     boundary. Each faulty run must resume at the step of the fault, end 0, and end where
     the fault-free run ends. Each fork server imported the framework (``preloaded``, the
-    start of its import's spec) before it forked the workers."""
+    start of its import's spec) before it forked the workers. With ``restartable``, a
+    fourth: the script's in-process restart, rank 1 killed there too
+    (:func:`_check_in_process_restart`)."""
     clean, clean_out, clean_logs = _job(tmp_path, "clean", script)
     faults = {"kill": (signal.SIGKILL, 1), "term": (signal.SIGTERM, 0)}
     jobs = {name: _job(tmp_path, name, script) for name in faults}
+    if restartable:
+        faults["in_process"] = (signal.SIGKILL, 1)
+        jobs["in_process"] = _job(tmp_path, "in_process", script, "--restartable", "--rejoin_cooldown=0")
     pending = dict(faults)
 
     def inject_when_due() -> bool:
@@ -111,12 +118,16 @@ def _faults_against_a_clean_run(tmp_path: Path, script: str, saved: str, preload
         wait_for(inject_when_due, 300, f"{saved} written and the rank to stop past step {KILL_AFTER}")
     finally:
         ended = [_end(proc, 300) for proc in (*(job[0] for job in jobs.values()), clean)]
-    assert [status for status, _ in ended] == [0, 0, 0], ended
+    assert [status for status, _ in ended] == [0] * len(ended), ended
     for _, _, logs in (*jobs.values(), (clean, clean_out, clean_logs)):
         assert f"preloaded {preloaded}" in (logs / "fork_server.log").read_text()
 
     (reference,) = _launches(clean_logs, 0)
     assert reference.loss is not None
+    if restartable:
+        _, out, logs = jobs.pop("in_process")
+        _check_in_process_restart(out, logs, clean_out, reference)
+        del faults["in_process"]
     for name, (_, signalled) in faults.items():
         _, out, logs = jobs[name]
         first = [_launches(logs, rank)[0] for rank in (0, 1)]
@@ -136,9 +147,28 @@ def _faults_against_a_clean_run(tmp_path: Path, script: str, saved: str, preload
             assert _params_rel(out, clean_out, rank) <= TOLERANCE, name
 
 
+def _check_in_process_restart(out: Path, logs: Path, clean_out: Path, reference: Launch) -> None:
+    """Rank 1 killed past step 15: rank 0 kept its process and called ``fit`` again, at the
+    step of its last words; rank 1 was relaunched alone and resumed there with it; both end
+    where the fault-free run ends."""
+    survivor, = _launches(logs, 0)
+    first, relaunched = _launches(logs, 1)
+    starts = [int(s) for s in re.findall(r"^start step=(\d+)", survivor.text, re.MULTILINE)]
+    assert len(starts) == 2 and starts[0] == 0, survivor.text[-2000:]
+    resumed = starts[1]
+    assert max(first.steps) <= resumed < 2 * SAVE_EVERY and KILL_AFTER <= resumed, (first.steps, resumed)
+    assert f"last words at step {resumed} written" in survivor.text
+    assert relaunched.start == resumed
+    assert [e["rank"] for e in events(logs, "spawn") if e["role"] == "worker"].count(0) == 1
+    for rank, final in ((0, survivor), (1, relaunched)):
+        assert final.steps[-1] == STEPS and final.loss is not None
+        assert _rel(final.loss, reference.loss) <= TOLERANCE, (rank, final.loss, reference.loss)
+        assert _params_rel(out, clean_out, rank) <= TOLERANCE, rank
+
+
 def test_lightning_resumes_at_the_step_of_the_death(tmp_path: Path) -> None:
     pytest.importorskip("lightning")
-    _faults_against_a_clean_run(tmp_path, "lightning_tiny.py", "last.ckpt", "lightning")
+    _faults_against_a_clean_run(tmp_path, "lightning_tiny.py", "last.ckpt", "lightning", restartable=True)
 
 
 def test_hugging_face_trainer_resumes_at_the_step_of_the_death(tmp_path: Path) -> None:
