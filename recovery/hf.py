@@ -1,8 +1,12 @@
 """Last words for the Hugging Face Trainer: on a peer's death, a survivor writes the
 Trainer's own ``checkpoint-<step>`` folder of the last completed step, so that
-``trainer.train(resume_from_checkpoint=...)`` after the group restart redoes no step.
+``trainer.train(resume_from_checkpoint=...)`` after the restart redoes no step.
 
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[LastWordsCallback()])
+
+Under tftrun's group restart every process starts again; with the script's entry point
+decorated ``@recovery.restartable``, the survivors keep their processes and call it again
+(docs/frameworks.md), and the callback writes before the call ends.
 
 Every survivor writes (it does not know which peer died, and every DDP replica holds the
 same state) into a temporary folder of its own, renamed over the final name, so a reader
@@ -36,6 +40,7 @@ from transformers.utils import SAFE_WEIGHTS_NAME
 from recovery.ckpt.durable import fsync_dir
 from recovery.ckpt.layout import temp_path
 from recovery.peer_loss import StopRequest, first_line, is_peer_loss
+from recovery.runtime.restartable import on_next_fault
 
 __all__ = ["LastWordsCallback", "write_dir_atomic"]
 
@@ -76,11 +81,14 @@ class LastWordsCallback(TrainerCallback):
         self._training = _Training(args, state, kwargs["model"], kwargs.get("optimizer"),
                                    kwargs.get("lr_scheduler"), kwargs.get("processing_class"))
         self._stop.install()
-        if self._previous_hook is None:
+        if not on_next_fault(self._on_peer_fault) and self._previous_hook is None:
             self._previous_hook, sys.excepthook = sys.excepthook, self._on_uncaught
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
+        self._end()
+
+    def _end(self) -> None:
         self._stop.restore()
         if self._previous_hook is not None:
             sys.excepthook, self._previous_hook = self._previous_hook, None
@@ -115,6 +123,14 @@ class LastWordsCallback(TrainerCallback):
         if self._stop.requested:
             self.save()
             self._stop.default_action()
+
+    def _on_peer_fault(self, error: BaseException) -> None:
+        """A peer's fault ended this restartable call: last words, and the training is over."""
+        try:
+            if is_peer_loss(error):
+                self.save(first_line(error))
+        finally:
+            self._end()
 
     def _on_uncaught(self, kind: type[BaseException], error: BaseException,
                      traceback: TracebackType | None) -> None:

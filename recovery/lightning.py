@@ -40,7 +40,7 @@ from recovery import env as names
 from recovery.ckpt.durable import write_atomic
 from recovery.env import WorkerEnv
 from recovery.peer_loss import StopRequest, first_line, is_peer_loss
-from recovery.runtime.restartable import Restarts
+from recovery.runtime.restartable import Restarts, on_next_fault
 
 __all__ = ["LastWordsCheckpoint", "RestartableDDP"]
 
@@ -179,11 +179,11 @@ class _FitCalls:
         if not recovering:
             # An earlier job's, in a folder this job reuses: no rank writes before all have joined.
             path.unlink(missing_ok=True)
-        restarts = Restarts("fit", worker_env)
-        return restarts.run(lambda: self._call(path, recovering), self._after_fault)
+        return Restarts("fit", worker_env).run(lambda: self._call(path, recovering))
 
     def _call(self, path: Path, recovering: bool) -> Any:
         self._calls += 1
+        on_next_fault(self._after_fault)
         arguments = self._arguments.arguments
         if self._calls > 1 or recovering:
             arguments["ckpt_path"] = _newer(path, arguments.get("ckpt_path"))

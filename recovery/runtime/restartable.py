@@ -16,6 +16,9 @@ relaunches only a dead rank, and runs the function in one whole generation after
   is caught; any other exception ends the process as it would without the decorator.
   The exception and its traceback, which hold the function's frames (its DDP, its
   buffers), are dropped, then the group: peers still blocked on this process go free.
+* **The survivors' last words first.** Every member of a generation has arrived (a
+  survivor once it handled the fault of the call before: its last words written) before
+  any calls the function, so a relaunched rank resumes from what the survivors wrote.
 * **Only whole generations**: a degraded one (the survivors of a death, while the dead
   rank's cooldown runs) is waited out, as the function knows nothing of a smaller world.
 * **Released from a rendezvous that cannot complete.** While the function runs, the rank
@@ -42,7 +45,7 @@ from recovery.events import EventLog
 from recovery.runtime import cluster
 from recovery.timeouts import Timeouts
 
-__all__ = ["restartable", "Restarts"]
+__all__ = ["restartable", "Restarts", "on_next_fault"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,9 +53,24 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 _ADDRESS_KEY = "tft/restartable/store"
+_ARRIVED_KEY = "tft/restartable/arrived"
 _POLL = 0.02
 _WATCH_POLL = 0.1
 _STORE_TIMEOUT = timedelta(seconds=60)
+
+
+_fault_listeners: list[Callable[[BaseException], None]] | None = None
+"""Those of the current call; None outside a restartable call."""
+
+
+def on_next_fault(listener: Callable[[BaseException], None]) -> bool:
+    """Have ``listener`` called with the exception of the current call if a peer's fault
+    ends it, before the exception is dropped (a framework callback's last words); False
+    outside a restartable call, where no call follows."""
+    if _fault_listeners is None:
+        return False
+    _fault_listeners.append(listener)
+    return True
 
 
 def restartable(fn: Callable[P, R]) -> Callable[P, R]:
@@ -90,10 +108,8 @@ class Restarts:
         self._server: Any = None
         self._done = threading.Event()
 
-    def run(self, fn: Callable[[], R],
-            on_fault: Callable[[BaseException], None] = lambda err: None) -> R:
-        """Call ``fn`` in each whole generation until a call returns; ``on_fault`` sees the
-        exception of a call that a peer's fault ended, before it is dropped."""
+    def run(self, fn: Callable[[], R]) -> R:
+        """Call ``fn`` in each whole generation until a call returns."""
         after: int | None = None
         while True:
             self._ctx.enter_whole(self._form, after)
@@ -106,6 +122,8 @@ class Restarts:
                               generation=self._ctx.generation, call=self._calls,
                               function=self._name)
             fault_seen = self._ctx.fault_at
+            listeners: list[Callable[[BaseException], None]] = []
+            _listen(listeners)
             watch = self._watch(fault_seen) if self._server is not None else None
             try:
                 return fn()
@@ -115,8 +133,10 @@ class Restarts:
                 logger.warning("[rank %d] a peer failed in generation %d (%s): calling %s "
                                "again once its replacement has joined", self._ctx.rank,
                                self._ctx.generation, _first_line(err), self._name)
-                on_fault(err)
+                for listener in listeners:
+                    listener(err)
             finally:
+                _listen(None)
                 self._done.set()
                 if watch is not None:
                     watch.join()
@@ -142,10 +162,24 @@ class Restarts:
             if time.monotonic() > deadline:
                 return False  # the generation's rank 0 died after the members met
             time.sleep(_POLL)
+        if not self._all_arrived(store, size):
+            return False
         host, _, port = store.get(_ADDRESS_KEY).decode().rpartition(":")
         os.environ.update({names.RANK: str(group_rank), names.WORLD_SIZE: str(size),
                            names.MASTER_ADDR: host, names.MASTER_PORT: port,
                            names.TORCHELASTIC_USE_AGENT_STORE: "True"})
+        return True
+
+    def _all_arrived(self, store: Any, size: int) -> bool:
+        """Wait for the generation's other members; False once a newer generation formed
+        (a member died meanwhile) or after ``cluster_time_out``."""
+        formed = self._ctx.latest_generation
+        deadline = time.monotonic() + self._timeouts.cluster_time_out
+        store.add(_ARRIVED_KEY, 1)
+        while store.add(_ARRIVED_KEY, 0) < size:
+            if time.monotonic() > deadline or self._ctx.latest_generation > formed:
+                return False
+            time.sleep(_POLL)
         return True
 
     def _faulted(self, fault_seen: float | None) -> bool:
@@ -175,6 +209,11 @@ class Restarts:
         thread = threading.Thread(target=watch, name="tft-restartable-watch", daemon=True)
         thread.start()
         return thread
+
+
+def _listen(listeners: list[Callable[[BaseException], None]] | None) -> None:
+    global _fault_listeners
+    _fault_listeners = listeners
 
 
 def _forget_group_names() -> None:

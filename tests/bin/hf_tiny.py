@@ -2,9 +2,10 @@
 config (no download), synthetic data, a checkpoint every few steps, and a restart that
 resumes from the newest one (``resume_from_checkpoint``).
 
-Usage: hf_tiny.py OUTPUT_DIR MAX_STEPS [--last-words] [--timing=DIR]
+Usage: hf_tiny.py OUTPUT_DIR MAX_STEPS [--last-words | --restartable] [--timing=DIR]
 ``--last-words`` adds recovery.hf.LastWordsCallback to the trainer's callbacks, the one
-change the new way asks of a script. Prints ``start step=<k>`` when training begins
+change the group restart's way asks of a script; ``--restartable`` also decorates the
+entry point ``@recovery.restartable`` (the survivors keep their processes). Prints ``start step=<k>`` when training begins
 (k > 0: resumed), ``step=<n>`` after each step, and ``done step=<n> loss=<x>`` at the end
 (the trained model's loss on a fixed batch), and saves its parameters, flat, to
 ``OUTPUT_DIR/final_params_<rank>.pt``.
@@ -49,7 +50,7 @@ def main() -> None:
         save_strategy="steps", save_steps=10, save_total_limit=2, report_to=[],
         use_cpu=True, ddp_backend="gloo", logging_strategy="no", disable_tqdm=True)
     callbacks = [Report()]
-    if "--last-words" in sys.argv[3:]:
+    if {"--last-words", "--restartable"} & set(sys.argv[3:]):
         from recovery.hf import LastWordsCallback
 
         callbacks.append(LastWordsCallback())
@@ -70,4 +71,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    if "--restartable" in sys.argv[3:]:
+        import recovery
+
+        main = recovery.restartable(main)
     main()

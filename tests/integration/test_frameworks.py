@@ -148,8 +148,8 @@ def _faults_against_a_clean_run(tmp_path: Path, script: str, saved: str, preload
 
 
 def _check_in_process_restart(out: Path, logs: Path, clean_out: Path, reference: Launch) -> None:
-    """Rank 1 killed past step 15: rank 0 kept its process and called ``fit`` again, at the
-    step of its last words; rank 1 was relaunched alone and resumed there with it; both end
+    """Rank 1 killed past step 15: rank 0 kept its process and called the training again
+    (Lightning's ``fit``, the script's decorated ``main``), at the step of its last words; rank 1 was relaunched alone and resumed there with it; both end
     where the fault-free run ends."""
     survivor, = _launches(logs, 0)
     first, relaunched = _launches(logs, 1)
@@ -174,4 +174,5 @@ def test_lightning_resumes_at_the_step_of_the_death(tmp_path: Path) -> None:
 def test_hugging_face_trainer_resumes_at_the_step_of_the_death(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    _faults_against_a_clean_run(tmp_path, "hf_tiny.py", f"checkpoint-{SAVE_EVERY}", "transformers:")
+    _faults_against_a_clean_run(tmp_path, "hf_tiny.py", f"checkpoint-{SAVE_EVERY}", "transformers:",
+                                restartable=True)
