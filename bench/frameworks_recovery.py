@@ -11,9 +11,9 @@ torchrun's behaviour). The clients:
   killed after ``--ddp_kill_after`` updates (mid-epoch);
 * ``lightning`` and ``hf``: the 2-rank jobs of tests/integration/test_frameworks.py (a
   checkpoint of their own every 10 steps), rank 1 killed once it reported step
-  ``--kill_after`` (between two checkpoints); under tftrun with ``--rejoin_cooldown=0``,
-  Lightning with ``recovery.lightning.RestartableDDP``, Hugging Face with the last-words
-  callback and its entry point ``@recovery.restartable``.
+  ``--kill_after`` (between two checkpoints); under tftrun (its defaults), Lightning with
+  ``recovery.lightning.RestartableDDP``, Hugging Face with the last-words callback and its
+  entry point ``@recovery.restartable``.
 
 Each step takes about 50 ms (``STEP_SECONDS`` for the DDP tutorial). Per client it reports:
 
@@ -64,12 +64,6 @@ DDP_STEPS_PER_EPOCH = 2048 // WORKERS // 32
 STEP_SECONDS = "0.05"
 
 
-IMMEDIATE_RELAUNCH = ("--rejoin_cooldown=0",)
-"""For the clients whose survivors keep their processes: tftrun relaunches the dead rank at
-once, as torchrun restarts the group (with the 30 s default cooldown the DDP survivor trains
-the job to its end alone, and the other survivors wait for their peer)."""
-
-
 @dataclass(frozen=True)
 class Client:
     """A framework job: its script, the file its own checkpoint of step 10 leaves, the
@@ -113,10 +107,12 @@ class DdpClient(Client):
 
 
 CLIENTS: dict[str, Client] = {
-    "ddp": DdpClient("ddp_tutorial.py", "snapshot.pt", options=IMMEDIATE_RELAUNCH,
+    # tftrun relaunches the dead rank at once, as torchrun restarts the group: with the 30 s
+    # default cooldown the DDP survivor trains the job to its end alone.
+    "ddp": DdpClient("ddp_tutorial.py", "snapshot.pt", options=("--rejoin_cooldown=0",),
                      attached="ddp_tutorial_attached.py"),
-    "lightning": Client("lightning_tiny.py", "last.ckpt", "--restartable", IMMEDIATE_RELAUNCH),
-    "hf": Client("hf_tiny.py", "checkpoint-10", "--restartable", IMMEDIATE_RELAUNCH),
+    "lightning": Client("lightning_tiny.py", "last.ckpt", "--restartable"),
+    "hf": Client("hf_tiny.py", "checkpoint-10", "--restartable"),
 }
 
 

@@ -66,6 +66,9 @@ class Observer:
         self._node_watch = NodeWatch()
         self.registered: set[str] = set()
         """Node ids seen registered with the scheduler: capable of per-rank recovery."""
+        self._whole: set[int] = set()
+        """Ranks whose process called a ``@recovery.restartable`` function: they train in
+        whole generations only, so their peers wait for them, and no cooldown delays them."""
         self.snapshot: Snapshot | None = None
         self.lost: dict[int, float] = {}
         """Node 0, degraded training: the lost ranks of other nodes, and since when (see
@@ -87,6 +90,7 @@ class Observer:
                 self._note_step(int(rank), pid, int(step))
             elif name == WORKER_CALL_EVENT and event.get("pid") == pids.get(rank):
                 self._note_step(int(rank), int(event["pid"]), 0)
+                self._whole.add(int(rank))
         self.snapshot = self._watch.snapshot
         if self.snapshot is not None:
             for member in self.snapshot.members:
@@ -144,13 +148,13 @@ class Observer:
         return None
 
     def cooldown_until(self, worker: Worker) -> float:
-        """When the scheduler lets ``worker``'s node id register again: counted from its
-        failure (the supervisor reports it at once), or later when a snapshot taken after
-        the report says so."""
+        """When the scheduler lets ``worker``'s node id register again: ``rejoin_cooldown``
+        after its failure (the supervisor reports it at once; at once for a rank that trains
+        in whole generations only), or later when a snapshot taken after the report says so."""
         failure = worker.failure
         if failure is None:
             return 0.0
-        until = failure.at + self._config.rejoin_cooldown
+        until = failure.at + (0.0 if worker.rank in self._whole else self._config.rejoin_cooldown)
         if self.snapshot is not None and self.snapshot.taken_at >= failure.at:
             for member in self.snapshot.members:
                 if member.node_id == str(worker.rank):

@@ -63,8 +63,9 @@ class RequestHandlers:
         """A registration (signed: it holds the job token); the reply hands the new
         member the injections already queued for its rank, as a beat's does: beats are
         seconds apart, and a fast rank could pass the step before its first one."""
-        answer = self.membership.register(Identity.from_json(request.fields),
-                                          self.config.token, request.fields["ready"] is not False)
+        fields = request.fields
+        answer = self.membership.register(Identity.from_json(fields), self.config.token,
+                                          fields["ready"] is not False, whole=fields["whole"] is True)
         return self._handing_out_injections(answer)
 
     def _on_heartbeat(self, request: Request) -> dict[str, Any]:
@@ -104,7 +105,7 @@ class RequestHandlers:
                                 entry["host"] or "", entry["rank"])
             if entry["op"] == _REGISTER:
                 answer = membership.register(identity, token, entry["ready"] is not False,
-                                             via=node)
+                                             via=node, whole=entry["whole"] is True)
             else:
                 answer = membership.heartbeat(identity, token, entry["step"], entry["phase"],
                                               sent=sent, ready=entry["ready"], via=node,

@@ -155,6 +155,8 @@ class Member:
     (docs/elastic.md), so the others train on (or wait) until then."""
     via: str | None = None
     """The node whose supervisor beats for it (``node_beat``); None: it beats itself."""
+    whole: bool = False
+    """It trains in whole generations only (``@recovery.restartable``): no cooldown."""
 
     def is_process(self, pid: int, incarnation: int, host: str | None = None) -> bool:
         return (self.pid == pid and self.incarnation == incarnation

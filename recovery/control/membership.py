@@ -113,15 +113,17 @@ class Membership(LivenessRules, StatusViews, StragglerEviction):
 
     # ----------------------------------------------------------------- requests
     def register(self, identity: Identity, token: str, ready: bool = True,
-                 via: str | None = None) -> Accepted | Refused:
+                 via: str | None = None, whole: bool = False) -> Accepted | Refused:
         """A process asks to join (through its node's supervisor, ``via``, if not itself).
         See docs/scheduler.md for the rules, in this order.
 
         ``ready=False``: it is not put in a generation until a heartbeat says it is ready.
+        ``whole``: it trains in whole generations only, so its death starts no cooldown.
         """
         answer = self._register(identity, token, "register", ready, via)
         if isinstance(answer, Accepted):
-            self.members[answer.node_id].via = via
+            member = self.members[answer.node_id]
+            member.via, member.whole = via, whole
         return answer
 
     def retire(self, ranks: list[int], reason: str) -> list[int]:
@@ -525,9 +527,14 @@ class Membership(LivenessRules, StatusViews, StragglerEviction):
         return now - (delay - member.least_delay)
 
     def _start_cooldown(self, node_id: str, rank: int | None, reason: str) -> None:
-        """A fault: the node may not register again for ``rejoin_cooldown`` seconds."""
+        """A fault: the node may not register again for ``rejoin_cooldown`` seconds, unless
+        its process trained in whole generations only (its peers wait for its return)."""
         now = self.clock.time()
         self.fault_at = now
+        member = self.members.get(node_id)
+        if member is not None and member.whole:
+            self.facts_version += 1
+            return
         until = max(self.cooldowns.get(node_id, 0.0), now + self.timeouts.rejoin_cooldown)
         self.cooldowns[node_id] = until
         self.facts_version += 1  # a node's rows show it

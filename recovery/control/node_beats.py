@@ -68,6 +68,8 @@ class RankBeat:
     phase: str | None = None
     registering: bool = False
     """A registration waits for the next beat."""
+    whole: bool = False
+    """It registered to train in whole generations only."""
     ready: bool | None = None
     """What it last said of its readiness to join a generation (None: nothing; a
     relaunched rank registers unready, docs/elastic.md)."""
@@ -126,6 +128,7 @@ class NodeBeats:
             rank.ready, rank.urgent = ready, True
         if op == "register":
             rank.registering = rank.urgent = True
+            rank.whole = message.get("whole") is True
         else:
             rank.step, rank.phase = message.get("step"), message.get("phase")
             step_us, steps = message.get("step_us"), message.get("steps")
@@ -180,7 +183,8 @@ class NodeBeats:
             entry = {"op": "register" if rank.registering else "heartbeat", **rank.fields,
                      "step": rank.step, "phase": rank.phase,
                      "age": max(0, round((now - rank.heard_at) * 1000)),
-                     **({} if rank.ready is None else {"ready": rank.ready})}
+                     **({} if rank.ready is None else {"ready": rank.ready}),
+                     **({"whole": True} if rank.registering and rank.whole else {})}
             if rank.step_times is not None:
                 entry["step_us"], entry["steps"] = rank.step_times
                 rank.step_times = None

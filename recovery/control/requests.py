@@ -239,9 +239,10 @@ NODE_BEAT_RANKS = 64
 """At most this many ranks in one ``node_beat`` (a node with more sends several)."""
 _NODE_RANK_BEAT: dict[str, Int | Text | Flag | Choice] = {
     **_BEAT, "op": Choice((Op.REGISTER.value, Op.HEARTBEAT.value)),
-    "age": Int(low=0, high=86_400_000)}
+    "age": Int(low=0, high=86_400_000), "whole": Flag(optional=True)}
 """One rank in a ``node_beat``: what its own register or heartbeat would carry, and how
-long ago (ms) its supervisor last heard from it."""
+long ago (ms) its supervisor last heard from it. ``whole`` (a registration): the process
+trains in whole generations only (``@recovery.restartable``), so no cooldown keeps it out."""
 RETIRE_RANKS = 4096
 """At most this many ranks in one ``retire`` (a supervisor retires a node's ranks at once)."""
 _ENDED: dict[str, Field] = {
@@ -252,7 +253,7 @@ SCHEMAS: dict[Op, dict[str, Field]] = {
     Op.TICK: {},
     Op.STATUS: {"first_rank": Int(low=0, optional=True), "nproc": Int(low=1, optional=True),
                 "missing": Flag(optional=True)},
-    Op.REGISTER: {**_IDENTITY, "ready": Flag(optional=True)},
+    Op.REGISTER: {**_IDENTITY, "ready": Flag(optional=True), "whole": Flag(optional=True)},
     Op.HEARTBEAT: _BEAT,
     Op.NODE_BEAT: {"node": Text(), "ranks": Records(_NODE_RANK_BEAT, NODE_BEAT_RANKS)},
     Op.LEAVE: _ENDED,

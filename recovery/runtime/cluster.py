@@ -498,7 +498,7 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None,
     beats = _beat_link(link, token)
     claim = _identity(worker_env)
     defer = form_group and _defers_join(worker_env)
-    accepted = register(beats, claim, deadline, ready=not defer)
+    accepted = register(beats, claim, deadline, ready=not defer, whole=not form_group)
     rank, generation = int(accepted["rank"]), int(accepted["generation"])
     identity = Identity(accepted["node_id"], claim.pid, claim.incarnation, claim.host, rank)
     heartbeat = Heartbeat(beats, identity, timeouts.beat_interval, generation,

@@ -33,7 +33,7 @@ class RegistrationRefused(ClusterError, SystemExit):
 
 
 def register(link: SchedulerLink | LocalLink, identity: Identity, deadline: float,
-             ready: bool = True) -> dict[str, Any]:
+             ready: bool = True, whole: bool = False) -> dict[str, Any]:
     """Register, retrying while the scheduler is unreachable or refuses for a while.
 
     The scheduler's refusal of a request signed with another token is unsigned, as it
@@ -49,7 +49,7 @@ def register(link: SchedulerLink | LocalLink, identity: Identity, deadline: floa
         try:
             reply = link.call(Op.REGISTER, node_id=identity.node_id, pid=identity.pid,
                               incarnation=identity.incarnation, host=identity.host,
-                              rank=identity.rank, ready=ready)
+                              rank=identity.rank, ready=ready, **({"whole": True} if whole else {}))
         except UnverifiedReply as err:
             token_refusals = token_refusals + 1 if err.claimed == "token" else 0
             if token_refusals >= _TOKEN_REFUSALS:

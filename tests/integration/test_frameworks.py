@@ -88,22 +88,22 @@ def _params_rel(out: Path, reference: Path, rank: int) -> float:
 
 
 def _faults_against_a_clean_run(tmp_path: Path, script: str, saved: str, preloaded: str,
-                                restartable: bool = False) -> None:
+                                restart_killing: int | None = None) -> None:
     """Runs side by side: a fault-free one; one whose rank 1 is killed (``kill -9``)
     once it passed step 15 (after the job's own checkpoint ``saved`` of step 10), so rank 0
     learns of the death from its collective or tftrun's SIGTERM, whichever comes first; and
     one whose rank 0 is sent SIGTERM there (a preemption), which it must act on at a step
     boundary. Each faulty run must resume at the step of the fault, end 0, and end where
     the fault-free run ends. Each fork server imported the framework (``preloaded``, the
-    start of its import's spec) before it forked the workers. With ``restartable``, a
-    fourth: the script's in-process restart, rank 1 killed there too
+    start of its import's spec) before it forked the workers. With ``restart_killing``, a
+    fourth: the script's in-process restart, that rank killed there
     (:func:`_check_in_process_restart`)."""
     clean, clean_out, clean_logs = _job(tmp_path, "clean", script)
     faults = {"kill": (signal.SIGKILL, 1), "term": (signal.SIGTERM, 0)}
     jobs = {name: _job(tmp_path, name, script) for name in faults}
-    if restartable:
-        faults["in_process"] = (signal.SIGKILL, 1)
-        jobs["in_process"] = _job(tmp_path, "in_process", script, "--restartable", "--rejoin_cooldown=0")
+    if restart_killing is not None:
+        faults["in_process"] = (signal.SIGKILL, restart_killing)
+        jobs["in_process"] = _job(tmp_path, "in_process", script, "--restartable")
     pending = dict(faults)
 
     def inject_when_due() -> bool:
@@ -124,9 +124,9 @@ def _faults_against_a_clean_run(tmp_path: Path, script: str, saved: str, preload
 
     (reference,) = _launches(clean_logs, 0)
     assert reference.loss is not None
-    if restartable:
+    if restart_killing is not None:
         _, out, logs = jobs.pop("in_process")
-        _check_in_process_restart(out, logs, clean_out, reference)
+        _check_in_process_restart(out, logs, clean_out, reference, restart_killing)
         del faults["in_process"]
     for name, (_, signalled) in faults.items():
         _, out, logs = jobs[name]
@@ -147,20 +147,23 @@ def _faults_against_a_clean_run(tmp_path: Path, script: str, saved: str, preload
             assert _params_rel(out, clean_out, rank) <= TOLERANCE, name
 
 
-def _check_in_process_restart(out: Path, logs: Path, clean_out: Path, reference: Launch) -> None:
-    """Rank 1 killed past step 15: rank 0 kept its process and called the training again
-    (Lightning's ``fit``, the script's decorated ``main``), at the step of its last words; rank 1 was relaunched alone and resumed there with it; both end
-    where the fault-free run ends."""
-    survivor, = _launches(logs, 0)
-    first, relaunched = _launches(logs, 1)
+def _check_in_process_restart(out: Path, logs: Path, clean_out: Path, reference: Launch, killed: int) -> None:
+    """``killed`` was killed past step 15: the other rank kept its process and called the
+    training again (Lightning's ``fit``, the script's decorated ``main``) at the step of its
+    last words; ``killed`` was relaunched alone and resumed there with it (rank 0 hosts the
+    next generation's store: it must not read before the survivor wrote); both end where
+    the fault-free run ends."""
+    survivor, = _launches(logs, 1 - killed)
+    first, relaunched = _launches(logs, killed)
     starts = [int(s) for s in re.findall(r"^start step=(\d+)", survivor.text, re.MULTILINE)]
     assert len(starts) == 2 and starts[0] == 0, survivor.text[-2000:]
     resumed = starts[1]
     assert max(first.steps) <= resumed < 2 * SAVE_EVERY and KILL_AFTER <= resumed, (first.steps, resumed)
     assert f"last words at step {resumed} written" in survivor.text
     assert relaunched.start == resumed
-    assert [e["rank"] for e in events(logs, "spawn") if e["role"] == "worker"].count(0) == 1
-    for rank, final in ((0, survivor), (1, relaunched)):
+    spawns = [e["rank"] for e in events(logs, "spawn") if e["role"] == "worker"]
+    assert (spawns.count(1 - killed), spawns.count(killed)) == (1, 2), spawns
+    for rank, final in ((1 - killed, survivor), (killed, relaunched)):
         assert final.steps[-1] == STEPS and final.loss is not None
         assert _rel(final.loss, reference.loss) <= TOLERANCE, (rank, final.loss, reference.loss)
         assert _params_rel(out, clean_out, rank) <= TOLERANCE, rank
@@ -168,11 +171,11 @@ def _check_in_process_restart(out: Path, logs: Path, clean_out: Path, reference:
 
 def test_lightning_resumes_at_the_step_of_the_death(tmp_path: Path) -> None:
     pytest.importorskip("lightning")
-    _faults_against_a_clean_run(tmp_path, "lightning_tiny.py", "last.ckpt", "lightning", restartable=True)
+    _faults_against_a_clean_run(tmp_path, "lightning_tiny.py", "last.ckpt", "lightning", restart_killing=1)
 
 
 def test_hugging_face_trainer_resumes_at_the_step_of_the_death(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
     _faults_against_a_clean_run(tmp_path, "hf_tiny.py", f"checkpoint-{SAVE_EVERY}", "transformers:",
-                                restartable=True)
+                                restart_killing=0)

@@ -248,3 +248,26 @@ def test_a_short_answer_is_the_full_answer_with_the_replys_fault_time() -> None:
                          "fault_at": 1234.5})
     assert beats.answer(1) == accepted(1, generation=4, fault_at=1234.5)
     assert beats.ranks[0].judged and not beats.ranks[1].judged
+
+
+def test_a_rank_registered_as_training_in_whole_generations_dies_without_a_cooldown(
+        tmp_path: Path) -> None:
+    """A ``@recovery.restartable`` process registers ``whole``: its peers wait for its
+    return, so its death starts no cooldown (the others' deaths do), through its node's
+    beat and the scheduler's request handling."""
+    node = NodeBeats(TIMEOUT, INTERVAL)
+    node.heard(0, "register", report(0, whole=True), 0.0)
+    node.heard(1, "register", report(1), 0.0)
+    [sent] = node.beats(0.0)
+    assert [entry.get("whole") for _key, entry in sent] == [True, None]
+    sched = scheduler(tmp_path)
+    reply = ask(sched, "node_beat", node="h/0", ranks=[entry for _key, entry in sent])
+    assert [answer["ok"] for answer in reply["ranks"]] == [True, True]
+    for rank in (0, 1):
+        sched.membership.report_exit(str(rank), 100 + rank, 1, abnormal=True, reason="SIGKILL",
+                                     by="supervisor")
+    assert sched.membership.cooldown_left("0") == 0.0
+    assert sched.membership.cooldown_left("1") > sched.config.timeouts.rejoin_cooldown - 5
+    assert sched.membership.fault_at is not None
+    again = ask(sched, "register", **report(0, incarnation=2), ready=True)
+    assert again["ok"], again

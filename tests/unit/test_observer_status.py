@@ -176,3 +176,32 @@ def test_a_rank_the_scheduler_retired_as_it_judged_it_gets_the_retired_verdict(
     workers = [_running(rank, 100 + rank) for rank in range(4, 8)]
     assert observer.verdicts(workers) == {5: verdict}
     assert observer.verdicts([_running(5, 999)]) == {}
+
+
+def test_a_rank_that_called_a_restartable_function_is_relaunched_without_a_cooldown(
+        tmp_path: Path) -> None:
+    """Its peers wait for it (``@recovery.restartable`` trains in whole generations only):
+    the relaunch is due at its failure; another rank's after ``--rejoin_cooldown``."""
+    import json
+    import os
+    from types import SimpleNamespace
+
+    from launcher.procs.process import Child
+    from launcher.supervisor.state import Failure
+
+    cfg = LaunchConfig(script=tmp_path / "train.py", worker_num=2)
+    events = tmp_path / "events.jsonl"
+    pid = os.getpid()
+    events.write_text(json.dumps({"ts": 1.0, "event": "function_call", "rank": 0, "pid": pid,
+                                  "call": 1}) + "\n")
+    watch = SchedulerWatch(Control(Membership(2, TOKEN, Timeouts(), FakeClock())), None,
+                           lambda: None, watch_scope(cfg))  # type: ignore[arg-type]
+    observer = Observer(cfg, watch, events)
+    workers = [Worker(rank=rank, local_rank=rank) for rank in (0, 1)]
+    for worker in workers:
+        worker.child = Child(SimpleNamespace(pid=pid), 0.0)  # type: ignore[arg-type]
+    observer.read(100.0, [workers[0]])
+    for worker in workers:
+        worker.failure = Failure(worker.rank, pid, 0, 100.0, -9, "killed", "SIGKILL", 137)
+    assert observer.cooldown_until(workers[0]) == 100.0
+    assert observer.cooldown_until(workers[1]) == 100.0 + cfg.rejoin_cooldown > 100.0
