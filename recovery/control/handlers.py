@@ -83,12 +83,18 @@ class RequestHandlers:
         request's order, as its own register or heartbeat would have had it; an accepted
         plain heartbeat's in short, as its generation alone (its node id and rank are the
         request's, its fault time the reply's ``fault_at``): nearly every rank's, and each
-        a dict less to build and encode."""
+        a dict less to build and encode.
+
+        A generation that an entry forms (a registration, a readiness) reaches the ranks
+        answered before it in the same reply: they are answered again, instead of hearing
+        of it at their node's next beat, up to a beat interval later.
+        """
         node, ranks = request.fields["node"], request.fields["ranks"]
         membership, token, stamp = self.membership, self.config.token, self._stamp
         membership.heard_from_node(node, len(ranks))
         self.node_beats += 1
-        answers = []
+        answers: list[Any] = []
+        generation = membership.generation
         hand_out = self._handing_out_injections if self.injections.pending else None
         for entry in ranks:  # the hot path: what does not change is looked up once
             if entry["steps"] is not None:
@@ -111,8 +117,22 @@ class RequestHandlers:
                                               sent=sent, ready=entry["ready"], via=node,
                                               silent=age)
             answers.append(answer.to_json() if hand_out is None else hand_out(answer))
+            if membership.generation != generation:
+                generation = membership.generation
+                self._answer_again(node, ranks, answers)
         return {"ok": True, "ranks": answers, "fault_at": membership.fault_at,
                 "facts": membership.facts_version}
+
+    def _answer_again(self, node: str, ranks: list[dict[str, Any]], answers: list[Any]) -> None:
+        """The plain heartbeats answered so far, answered again in the generation just formed."""
+        stamp = self._stamp
+        for index, answer in enumerate(answers):
+            if type(answer) is int:
+                entry = ranks[index]
+                sent = None if stamp is None else stamp - entry["age"] / 1000
+                plain = self.membership.plain_heartbeat(entry, sent, node)
+                if plain is not None:
+                    answers[index] = plain.generation if plain.rank == entry["rank"] else plain.to_json()
 
     def _handing_out_injections(self, answer: Accepted | Refused) -> dict[str, Any]:
         """``answer`` as a reply, with the injections queued for an accepted rank."""

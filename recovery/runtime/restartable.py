@@ -16,9 +16,9 @@ relaunches only a dead rank, and runs the function in one whole generation after
   is caught; any other exception ends the process as it would without the decorator.
   The exception and its traceback, which hold the function's frames (its DDP, its
   buffers), are dropped, then the group: peers still blocked on this process go free.
-* **The survivors' last words first.** Every member of a generation has arrived (a
-  survivor once it handled the fault of the call before: its last words written) before
-  any calls the function, so a relaunched rank resumes from what the survivors wrote.
+* **The survivors' last words first.** The members of a generation meet before any
+  calls the function, and a survivor comes only once it handled the fault of the call
+  before (its last words written): a relaunched rank resumes from what they wrote.
 * **Only whole generations**: a degraded one (the survivors of a death, while the dead
   rank's cooldown runs) is waited out, as the function knows nothing of a smaller world.
 * **Released from a rendezvous that cannot complete.** While the function runs, the rank
@@ -53,7 +53,6 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 _ADDRESS_KEY = "tft/restartable/store"
-_ARRIVED_KEY = "tft/restartable/arrived"
 _POLL = 0.02
 _WATCH_POLL = 0.1
 _STORE_TIMEOUT = timedelta(seconds=60)
@@ -162,24 +161,10 @@ class Restarts:
             if time.monotonic() > deadline:
                 return False  # the generation's rank 0 died after the members met
             time.sleep(_POLL)
-        if not self._all_arrived(store, size):
-            return False
         host, _, port = store.get(_ADDRESS_KEY).decode().rpartition(":")
         os.environ.update({names.RANK: str(group_rank), names.WORLD_SIZE: str(size),
                            names.MASTER_ADDR: host, names.MASTER_PORT: port,
                            names.TORCHELASTIC_USE_AGENT_STORE: "True"})
-        return True
-
-    def _all_arrived(self, store: Any, size: int) -> bool:
-        """Wait for the generation's other members; False once a newer generation formed
-        (a member died meanwhile) or after ``cluster_time_out``."""
-        formed = self._ctx.latest_generation
-        deadline = time.monotonic() + self._timeouts.cluster_time_out
-        store.add(_ARRIVED_KEY, 1)
-        while store.add(_ARRIVED_KEY, 0) < size:
-            if time.monotonic() > deadline or self._ctx.latest_generation > formed:
-                return False
-            time.sleep(_POLL)
         return True
 
     def _faulted(self, fault_seen: float | None) -> bool:

@@ -271,3 +271,21 @@ def test_a_rank_registered_as_training_in_whole_generations_dies_without_a_coold
     assert sched.membership.fault_at is not None
     again = ask(sched, "register", **report(0, incarnation=2), ready=True)
     assert again["ok"], again
+
+
+def test_a_generation_formed_by_a_registration_reaches_the_ranks_answered_before_it(
+        tmp_path: Path) -> None:
+    """Rank 1, relaunched, registers in the same node beat as rank 0's plain heartbeat,
+    which comes first: rank 0's answer names the generation the registration formed, so
+    rank 0 does not wait for its node's next beat (a second of an in-process restart)."""
+    sched = scheduler(tmp_path)
+    first = [{"op": "register", **report(r), "step": None, "phase": None, "age": 0, "whole": True}
+             for r in range(2)]
+    ask(sched, "node_beat", node="h/0", ranks=first)
+    sched.membership.report_exit("1", 101, 1, abnormal=True, reason="SIGKILL", by="supervisor")
+    before = sched.membership.generation
+    beat = [{**first[0], "op": "heartbeat", "step": 5, "whole": None},
+            {**first[1], "pid": 201, "incarnation": 2}]
+    reply = ask(sched, "node_beat", node="h/0", ranks=beat)
+    assert reply["ranks"][1]["ok"] and reply["ranks"][1]["generation"] > before
+    assert reply["ranks"][0] == reply["ranks"][1]["generation"] == sched.membership.generation
