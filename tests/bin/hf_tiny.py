@@ -5,10 +5,10 @@ resumes from the newest one (``resume_from_checkpoint``).
 Usage: hf_tiny.py OUTPUT_DIR MAX_STEPS [--last-words | --restartable] [--timing=DIR]
 ``--last-words`` adds recovery.hf.LastWordsCallback to the trainer's callbacks, the one
 change the group restart's way asks of a script; ``--restartable`` also decorates the
-entry point ``@recovery.restartable`` (the survivors keep their processes). Prints ``start step=<k>`` when training begins
-(k > 0: resumed), ``step=<n>`` after each step, and ``done step=<n> loss=<x>`` at the end
-(the trained model's loss on a fixed batch), and saves its parameters, flat, to
-``OUTPUT_DIR/final_params_<rank>.pt``.
+entry point ``@recovery.restartable`` (the survivors keep their processes). Prints
+``start step=<k>`` when training begins (k > 0: resumed), ``step=<n>`` after each step,
+and ``done step=<n> loss=<x>`` at the end (the trained model's loss on a fixed batch),
+and saves its parameters, flat, to ``OUTPUT_DIR/final_params_<rank>.pt``.
 """
 
 import os

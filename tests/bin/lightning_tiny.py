@@ -2,9 +2,10 @@
 a checkpoint every few steps, and a restart that resumes from the last one.
 
 Usage: lightning_tiny.py CKPT_DIR MAX_STEPS [--last-words | --restartable] [--timing=DIR]
-``--last-words`` adds recovery.lightning.LastWordsCheckpoint to the trainer's callbacks;
-``--restartable`` takes recovery.lightning.RestartableDDP() for ``strategy="ddp"``: each
-the one change its way asks of a script. Prints ``start step=<k>`` when fitting
+``--last-words`` adds recovery.lightning.LastWordsCheckpoint to the trainer's callbacks
+(the group restart's way); ``--restartable`` takes recovery.lightning.RestartableDDP() for
+``strategy="ddp"`` (the survivors keep their processes): each the one change its way asks
+of a script. Prints ``start step=<k>`` when fitting
 begins (k > 0: resumed), ``step=<n>`` after each step, and ``done step=<n> loss=<x>`` at
 the end (the trained model's loss on the whole data set), and saves its parameters, flat,
 to ``CKPT_DIR/final_params_<rank>.pt``.
