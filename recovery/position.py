@@ -36,18 +36,14 @@ class TrainPosition:
         return iter((self.epoch, self.step_in_epoch, self.global_step))
 
     def as_dict(self) -> dict[str, int]:
-        """``{"epoch", "step", "global_step"}``: how a checkpoint file records it.
-
-        The file's key for the step within the epoch is ``step``, as it always was (files
-        already written must stay readable): only here and in :meth:`from_dict` is it
-        mapped to :attr:`step_in_epoch`.
-        """
-        return {"epoch": self.epoch, "step": self.step_in_epoch, "global_step": self.global_step}
+        """``{"epoch", "step_in_epoch", "global_step"}``: how a checkpoint file records it."""
+        return {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch,
+                "global_step": self.global_step}
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> TrainPosition:
         """The position :meth:`as_dict` wrote (other keys are ignored)."""
-        return cls(values["epoch"], values["step"], values["global_step"])
+        return cls(values["epoch"], step_in_epoch_of(values), values["global_step"])
 
     def __lt__(self, other: TrainPosition) -> bool:
         return tuple(self) < tuple(other) if isinstance(other, TrainPosition) else NotImplemented
@@ -60,3 +56,9 @@ class TrainPosition:
 
     def __ge__(self, other: TrainPosition) -> bool:
         return tuple(self) >= tuple(other) if isinstance(other, TrainPosition) else NotImplemented
+
+
+def step_in_epoch_of(values: Mapping[str, Any]) -> int:
+    """The step within the epoch a file records: ``step_in_epoch``, or ``step`` in the
+    files of tftrun before 2026-11-27 (read for one release)."""
+    return values["step_in_epoch"] if "step_in_epoch" in values else values["step"]

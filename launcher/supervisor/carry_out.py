@@ -96,9 +96,10 @@ class CarryingOut:
             self._control.connect()
 
     def _meet_round(self) -> bool:
-        """An elastic job: take this launch's generation from the round (its nodes, so
-        this node's ranks and the world size); False when the job ends instead, or a
-        signal came in."""
+        """An elastic job: take this launch's round (its nodes, so this node's ranks and the
+        world size); False when the job ends instead, or a signal came in. Its ``membership``
+        event says ``restart_count``, and ``generation`` too (its older spelling, for one
+        release): a round is a group restart, not one of the scheduler's generations."""
         assert self._rounds is not None and self._presence is not None
         met = self._rounds.meet(self.restart_count, self._round)
         if isinstance(met, TooFew):
@@ -110,16 +111,17 @@ class CarryingOut:
         if not isinstance(met, Round):
             return False
         nproc, node = self.config.nproc, self.config.assigned_rank
-        self.children.restart_count = met.generation
+        self.children.restart_count = met.restart_count
         self.children.seat = Seat(met.first_rank(node, nproc), met.world(nproc),
                                   met.nodes.index(node), len(met.nodes))
         before = None if self._round is None else self._round.nodes
         if self.config.hosts_scheduler and (before is None or set(before) != set(met.nodes)):
             self._emit("membership", active=met.active(nproc), world=met.world(nproc),
-                       generation=met.generation, why=membership_why(before, met.nodes).value,
+                       restart_count=met.restart_count, generation=met.restart_count,
+                       why=membership_why(before, met.nodes).value,
                        nodes=list(met.nodes))
         self._round = met
-        self._presence.next_round = met.generation + 1
+        self._presence.next_round = met.restart_count + 1
         return True
 
     def _rounds_closed(self) -> None:

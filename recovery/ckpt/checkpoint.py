@@ -458,7 +458,7 @@ class CheckpointSaver:
         data = None
         if self.sampler is not None:
             data = {**self.sampler.state_dict(), "epoch": position.epoch,
-                    "step": position.step_in_epoch}
+                    "step_in_epoch": position.step_in_epoch}
         return {
             "format": FORMAT,
             "version": FORMAT_VERSION,

@@ -44,7 +44,7 @@ from filelock import FileLock
 
 from recovery.ckpt import layout
 from recovery.ckpt.durable import XXH3, file_digest, write_atomic
-from recovery.position import TrainPosition
+from recovery.position import TrainPosition, step_in_epoch_of
 
 __all__ = [
     "CheckpointError",
@@ -122,21 +122,15 @@ class CheckpointEntry:
         return TrainPosition(self.epoch, self.step_in_epoch, self.global_step)
 
     def to_json(self) -> dict[str, Any]:
-        """The manifest's record of the entry.
-
-        The step within the epoch is recorded under ``step``, as manifests always were
-        (those already written must stay readable): only here and in :meth:`from_json` is
-        it mapped to :attr:`step_in_epoch`.
-        """
-        return {("step" if field.name == "step_in_epoch" else field.name): getattr(self, field.name)
-                for field in fields(self)}
+        """The manifest's record of the entry."""
+        return {field.name: getattr(self, field.name) for field in fields(self)}
 
     @classmethod
     def from_json(cls, record: Mapping[str, Any]) -> CheckpointEntry:
-        """The entry :meth:`to_json` recorded, or an older tftrun's (its ``sha256`` is dropped)."""
-        values = {("step_in_epoch" if key == "step" else key): value
-                  for key, value in record.items() if key != "sha256"}
-        return cls(**{"xxh3_128": None, **values})
+        """The entry :meth:`to_json` recorded, or an older tftrun's (its ``sha256`` is
+        dropped, its ``step`` is the step within the epoch)."""
+        values = {key: value for key, value in record.items() if key not in ("sha256", "step")}
+        return cls(**{"xxh3_128": None, **values, "step_in_epoch": step_in_epoch_of(record)})
 
 
 @dataclass(frozen=True)

@@ -160,7 +160,7 @@ def restore_checkpoint(
                         append_info=state["append_info"])
     if sampler is not None:
         sampler.load_state_dict({**(state["data"] or {}), "epoch": point.epoch,
-                                 "step": point.step_in_epoch})
+                                 "step_in_epoch": point.step_in_epoch})
     return point
 
 

@@ -54,9 +54,10 @@ class NodeRange:
 
 @dataclass(frozen=True)
 class Round:
-    """One generation's nodes (node ranks, ascending) and where each node's ranks start."""
+    """One round's nodes (node ranks, ascending) and where each node's ranks start; each
+    round is a group restart, its workers' ``TORCHELASTIC_RESTART_COUNT``."""
 
-    generation: int
+    restart_count: int
     nodes: tuple[int, ...]
 
     def __post_init__(self) -> None:

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
+from recovery.position import step_in_epoch_of
+
 __all__ = ["ResumableDistributedSampler"]
 
 logger = logging.getLogger(__name__)
@@ -124,17 +126,17 @@ class ResumableDistributedSampler(Sampler[int]):
         """What a checkpoint records of the data order: ``seed``, ``batch_size`` and the
         epoch's ``cursor``.
 
-        The rest of the data position is the checkpoint's own (its epoch and step in the
-        epoch): a checkpoint adds it as ``epoch`` and ``step``, the keys its files have
-        always had (:class:`recovery.ckpt.checkpoint.CheckpointSaver`). The cursor differs
-        from ``step * num_replicas`` only after steps trained with ranks missing under
-        the ``shrink`` batch policy.
+        The rest of the data position is the checkpoint's own: a checkpoint adds it as
+        ``epoch`` and ``step_in_epoch`` (:class:`recovery.ckpt.checkpoint.CheckpointSaver`).
+        The cursor differs from ``step_in_epoch * num_replicas`` only after steps trained
+        with ranks missing under the ``shrink`` batch policy.
         """
         return {"seed": self.seed, "batch_size": self.batch_size, "cursor": self.cursor,
                 "cursor_step": self._cursor_step, "num_replicas": self.num_replicas}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Continue after step ``state_dict["step"]`` of epoch ``state_dict["epoch"]``.
+        """Continue after step ``state_dict["step_in_epoch"]`` (``step`` in older files) of
+        epoch ``state_dict["epoch"]``.
 
         A ``seed`` or ``batch_size`` other than this sampler's (when recorded) is allowed,
         with one warning: the data order will not continue exactly.
@@ -152,12 +154,13 @@ class ResumableDistributedSampler(Sampler[int]):
         # checkpoint's was not moved by the loop (which then iterated by steps): the step
         # alone places the sampler then. Otherwise the cursor does: under ``shrink`` an
         # epoch may have had more steps than ``steps_per_epoch``.
+        step_in_epoch = step_in_epoch_of(state_dict)
         if state_dict.get("num_replicas") == self.num_replicas \
-                and state_dict.get("cursor_step") == state_dict["step"]:
-            self.set_cursor(state_dict["step"], state_dict["cursor"])
+                and state_dict.get("cursor_step") == step_in_epoch:
+            self.set_cursor(step_in_epoch, state_dict["cursor"])
             self.init_step = self.cursor // self.num_replicas
         else:
-            self.set_init_step(state_dict["step"])
+            self.set_init_step(step_in_epoch)
 
     def epoch_indices(self) -> torch.Tensor:
         """This rank's indices of the whole current epoch, skipped steps included."""

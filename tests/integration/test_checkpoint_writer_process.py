@@ -57,7 +57,7 @@ def test_resume_restores_model_optimizer_scheduler_rng_and_data_position(tmp_pat
     # The cursor was never moved by this loop (it iterates by steps): recorded at step 0,
     # it is ignored on load, where the step places the sampler.
     assert state["data"] == {"seed": 7, "batch_size": 4, "cursor": 0, "cursor_step": 0,
-                             "num_replicas": 1, "epoch": 2, "step": 3}
+                             "num_replicas": 1, "epoch": 2, "step_in_epoch": 3}
 
 
 def test_async_save_writes_the_state_of_the_moment_it_was_called(tmp_path: Path) -> None:

@@ -97,7 +97,7 @@ def assert_same_final_state(straight_dir: Path, resumed_dir: Path) -> None:
             assert torch.equal(a["model"][key], b["model"][key]), key
         for index, state in a["optimizer"]["state"].items():
             assert torch.equal(state["momentum_buffer"], b["optimizer"]["state"][index]["momentum_buffer"])
-        assert a["position"] == b["position"] == {"epoch": 2, "step": 36, "global_step": 100}
+        assert a["position"] == b["position"] == {"epoch": 2, "step_in_epoch": 36, "global_step": 100}
 
 
 def test_resumed_run_ends_bitwise_equal_to_the_straight_run(runs: dict) -> None:

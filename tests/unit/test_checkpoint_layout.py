@@ -34,11 +34,11 @@ def test_positions_order_as_their_epoch_step_global_step(a: TrainPosition, b: Tr
     assert sorted([a, b]) == sorted([b, a])
 
 
-def test_a_position_unpacks_and_records_as_epoch_step_global_step() -> None:
+def test_a_position_unpacks_and_records_as_epoch_step_in_epoch_global_step() -> None:
     position = TrainPosition(2, 7, 57)
     assert tuple(position) == (2, 7, 57)
     assert TrainPosition.from_dict(position.as_dict()) == position
-    assert position.as_dict() == {"epoch": 2, "step": 7, "global_step": 57}
+    assert position.as_dict() == {"epoch": 2, "step_in_epoch": 7, "global_step": 57}
     assert TrainPosition() == TrainPosition(1, 0, 0)
 
 

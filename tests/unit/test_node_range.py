@@ -104,7 +104,7 @@ class ElasticNodes(RuleBasedStateMachine):
         self.beating = set(range(span.high))
         self.silent_since: dict[int, float] = {}
         self.waiting: set[int] = set()
-        self.generation = 0
+        self.restart_count = 0
         self.nodes = tuple(range(span.high))
         self.restarts = 0
         self.changes = 0
@@ -168,7 +168,7 @@ class ElasticNodes(RuleBasedStateMachine):
         """The restart's round: every beating node of the job joins; it closes at once
         (MAX, or all the live ones joined), or below MIN waits out its time-out."""
         self.restarts += 1
-        self.generation += 1
+        self.restart_count += 1
         joined = frozenset(self.beating | {0})
         reached = self.now if len(joined) >= self.span.low else None
         opened = self.now
@@ -190,7 +190,7 @@ class ElasticNodes(RuleBasedStateMachine):
             return
         assert self.span.low <= len(self.nodes) <= self.span.high
         assert 0 in self.nodes
-        shape = Round(self.generation, self.nodes)
+        shape = Round(self.restart_count, self.nodes)
         assert shape.active(NPROC) == list(range(len(self.nodes) * NPROC))
 
     @invariant()

@@ -156,14 +156,14 @@ def test_the_cursor_travels_with_the_samplers_state_at_the_step_it_was_recorded_
     trained.set_epoch(2)
     trained.set_cursor(4, 10)  # four steps, some of them shrunk to fewer micro-batches
     resumed = ResumableDistributedSampler(60, 2, num_replicas=3, rank=1, seed=4)
-    resumed.load_state_dict({**trained.state_dict(), "epoch": 2, "step": 4})
+    resumed.load_state_dict({**trained.state_dict(), "epoch": 2, "step_in_epoch": 4})
     assert (resumed.epoch, resumed.cursor) == (2, 10)
     # Under shrink an epoch may have more steps than at full membership: the cursor places it.
     resumed.load_state_dict({**trained.state_dict(), "cursor_step": 12, "cursor": 29,
-                             "epoch": 2, "step": 12})
+                             "epoch": 2, "step_in_epoch": 12})
     assert (resumed.cursor, resumed.init_step) == (29, 9) and resumed.steps_per_epoch == 10
     # A state whose cursor was not recorded at the checkpoint's step: the step places it.
-    resumed.load_state_dict({**trained.state_dict(), "epoch": 2, "step": 3})
+    resumed.load_state_dict({**trained.state_dict(), "epoch": 2, "step_in_epoch": 3})
     assert resumed.cursor == 9
 
 

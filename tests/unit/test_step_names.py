@@ -1,8 +1,6 @@
-"""Code says ``step_in_epoch`` and ``global_step``; what is on disk still says ``step``.
-
-Checkpoint files, manifests and the scheduler's persisted state are read by later runs
-and by users' tools, so their keys stay as they were written. Each is renamed at one
-(de)serialization boundary; these round trips keep both sides of it.
+"""``step`` is the global step wherever it stands alone (events, the wire, the scheduler's
+state); the step within an epoch is ``step_in_epoch``, in code and in checkpoint files and
+manifests, whose older ``step`` (tftrun before 2026-11-27) is read as such for one release.
 """
 
 from __future__ import annotations
@@ -22,15 +20,17 @@ counts = st.integers(min_value=0, max_value=10**9)
 
 
 @given(counts, counts, counts)
-def test_a_checkpoints_position_is_recorded_under_epoch_step_global_step(
+def test_a_checkpoints_position_is_recorded_under_epoch_step_in_epoch_global_step(
         epoch: int, step_in_epoch: int, global_step: int) -> None:
     position = TrainPosition(epoch, step_in_epoch, global_step)
     recorded = position.as_dict()
-    assert recorded == {"epoch": epoch, "step": step_in_epoch, "global_step": global_step}
+    assert recorded == {"epoch": epoch, "step_in_epoch": step_in_epoch, "global_step": global_step}
     assert TrainPosition.from_dict(recorded) == position
+    older = {"epoch": epoch, "step": step_in_epoch, "global_step": global_step}
+    assert TrainPosition.from_dict(older) == position
 
 
-def test_a_manifest_records_step_and_reads_the_manifests_already_written(
+def test_a_manifest_records_step_in_epoch_and_reads_the_manifests_already_written(
         tmp_path: Path) -> None:
     older = {"name": "net-2_7.ckpt", "epoch": 2, "step": 7, "global_step": 57, "rank": 0,
              "world_size": 2, "size": 10, "sha256": None, "time": 1.0, "seq": 3,
@@ -43,9 +43,10 @@ def test_a_manifest_records_step_and_reads_the_manifests_already_written(
 
     manifest.add(CheckpointEntry("net-2_8.ckpt", 2, 8, 58, 0, 2, 10, "1" * 32, 2.0))
     written = json.loads((tmp_path / "manifest.json").read_text())["entries"]
-    assert [(e["name"], e["step"]) for e in written] == [("net-2_7.ckpt", 7), ("net-2_8.ckpt", 8)]
-    assert written[0] == {key: value for key, value in older.items() if key != "sha256"}
-    assert all("step_in_epoch" not in e for e in written)
+    assert [(e["name"], e["step_in_epoch"]) for e in written] == [("net-2_7.ckpt", 7), ("net-2_8.ckpt", 8)]
+    renamed = {("step_in_epoch" if key == "step" else key): value for key, value in older.items()}
+    assert written[0] == {key: value for key, value in renamed.items() if key != "sha256"}
+    assert all("step" not in e for e in written)
 
 
 def test_the_schedulers_state_records_a_members_and_a_grants_step() -> None:
