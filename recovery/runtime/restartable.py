@@ -19,8 +19,9 @@ relaunches only a dead rank, and runs the function in one whole generation after
 * **The survivors' last words first.** The members of a generation meet before any
   calls the function, and a survivor comes only once it handled the fault of the call
   before (its last words written): a relaunched rank resumes from what they wrote.
-* **Only whole generations**: a degraded one (the survivors of a death, while the dead
-  rank's cooldown runs) is waited out, as the function knows nothing of a smaller world.
+* **Only whole generations**: a degraded one (the survivors of a death, until the dead
+  rank is back) is waited out, as the function knows nothing of a smaller world; the rank
+  registers ``whole``, so its own death starts no cooldown (recovery/control/membership.py).
 * **Released from a rendezvous that cannot complete.** While the function runs, the rank
   hosting the store closes it as soon as the scheduler reports a fault: a rank waiting in
   ``init_process_group`` for a member that died then raises at once instead of at the
