@@ -531,13 +531,11 @@ class Membership(LivenessRules, StatusViews, StragglerEviction):
         its process trained in whole generations only (its peers wait for its return)."""
         now = self.clock.time()
         self.fault_at = now
-        member = self.members.get(node_id)
-        if member is not None and member.whole:
-            self.facts_version += 1
+        self.facts_version += 1  # a node's rows show it
+        if (member := self.members.get(node_id)) is not None and member.whole:
             return
         until = max(self.cooldowns.get(node_id, 0.0), now + self.timeouts.rejoin_cooldown)
         self.cooldowns[node_id] = until
-        self.facts_version += 1  # a node's rows show it
         self._emit("cooldown", node_id=node_id, rank=rank, until=until,
                    seconds=round(until - now, 3), reason=reason)
 
