@@ -27,6 +27,7 @@ to the hook starts its reduction while the backward pass goes on. What the hook 
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from recovery.runtime import group
 from recovery.runtime.abort import Aborted
@@ -100,6 +102,9 @@ class GradientExchange:
         self._started = False
         self.failure: BaseException | None = None
         """What made this step's reduction fail (a ``PeerFailure`` or ``Aborted``), if it did."""
+        self._buffers = list(ddp.modules_buffers) if ddp.broadcast_buffers else []
+        """The buffers DDP's forward would broadcast: :meth:`begin` does it, fault-aware."""
+        ddp.broadcast_buffers = False
         self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._reduce_forever, name="tft-ddp-exchange",
                                         daemon=True)
@@ -109,7 +114,9 @@ class GradientExchange:
 
     def begin(self, weight: int = 1, divisor: int = 0) -> None:
         """Start a step: this rank's gradient counts ``weight`` times and the sum is
-        divided by ``divisor`` (0: the group's size)."""
+        divided by ``divisor`` (0: the group's size); the buffers are broadcast from the
+        group's first rank, and a lost peer voids the step (:attr:`failure`) where DDP's
+        forward would have raised in the script."""
         with self._changed:
             for bucket in self._buckets:
                 if self.failure is not None:
@@ -122,6 +129,18 @@ class GradientExchange:
             self._weight, self._divisor = weight, divisor
             self._started = False
             self.failure = None
+        self._sync_buffers()
+
+    def _sync_buffers(self) -> None:
+        by_kind: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+        for buffer in self._buffers:
+            by_kind.setdefault((buffer.dtype, buffer.device), []).append(buffer)
+        for buffers in by_kind.values():
+            flat = _flatten_dense_tensors(buffers)
+            if not self._completed(functools.partial(dist.broadcast, flat, src=0, async_op=True)):
+                return
+            for buffer, synced in zip(buffers, _unflatten_dense_tensors(flat, buffers)):
+                buffer.copy_(synced)
 
     def _hook(self, bucket: dist.GradBucket) -> torch.futures.Future:
         gradients = bucket.gradients()
@@ -162,16 +181,20 @@ class GradientExchange:
                 self._answer_reduced()
 
     def _reduce(self, bucket: _Bucket) -> None:
+        if self._completed(lambda: dist.all_reduce(bucket.flat, async_op=True)):
+            bucket.flat.div_(self._divisor or dist.get_world_size())
+
+    def _completed(self, start: Callable[[], Any]) -> bool:
+        """Start a collective and wait for it; False, with :attr:`failure` set, if it failed."""
         try:
-            work = dist.all_reduce(bucket.flat, async_op=True)
-            self._wait(work)
+            self._wait(start())
         except (PeerFailure, Aborted) as err:
             self.failure = err
-            return
-        except RuntimeError as err:  # the group broke before the reduction started
+            return False
+        except RuntimeError as err:  # the group broke before the collective started
             self.failure = PeerFailure(str(err).splitlines()[0] if str(err) else type(err).__name__)
-            return
-        bucket.flat.div_(self._divisor or dist.get_world_size())
+            return False
+        return True
 
     def _answer_reduced(self) -> None:
         """Answer every DDP bucket whose fixed buckets are all reduced (left unreduced

@@ -26,8 +26,7 @@ its last completed step. docs/recovery.md walks through each case:
 * **A rank's device fails** (:class:`recovery.faults.DeviceError`): flagged in the step's
   all-reduce, the step is voided everywhere and the rank takes a healthy replica's state
   over the same group (UCE).
-* **A replay** (:mod:`recovery.train.replay`): each membership change of an earlier run
-  happens at the same step, so the run ends bitwise equal to it.
+* **A replay** (:mod:`recovery.train.replay`): an earlier run's membership changes, at its steps.
 * **The job is stopped** (SIGTERM): each rank finishes its step (or gives up on a stuck
   one after :data:`recovery.train.stop_signals.STOP_PATIENCE`), one consistent rank saves
   the last words, and all exit.
@@ -281,9 +280,10 @@ class ElasticTrainer:
         if (leave := self._leaves_generation(step.global_step)) is not None:
             self._pause(leave)
         else:
-            if self.exchange is not None:
+            if self.exchange is not None:  # its buffers' broadcast may fail already
                 self.exchange.begin(max(step.micro_batches, 1), step.divisor)
-            yield step
+            if self.exchange is None or self.exchange.failure is None:
+                yield step
             if self.exchange is not None and self.exchange.failure is not None:
                 self._collective_failed(self.exchange.failure)
         if self._machine.state is TrainerState.TRAINING:

@@ -4,6 +4,7 @@ What differs from the original, and why: gloo instead of nccl and no device plac
 (CPU); the dataset inlined (datautils.py), it and the model seeded, so that runs compare; the mean
 squared error instead of a cross entropy over the model's single output (whose gradient
 is always zero); ``STEP_SECONDS`` of sleep after each batch (the real work of a step);
+``TUTORIAL_BATCHNORM=1``, a BatchNorm layer in front of the model (one with buffers);
 the snapshot in the working directory; and a last line with the final loss and the
 parameters' hash. tests/bin/ddp_tutorial_attached.py is this script under
 ``recovery.attach``: the diff in docs/quickstart-own-script.md.
@@ -98,6 +99,8 @@ def load_train_objs():
     torch.manual_seed(0)
     train_set = MyTrainDataset(2048)  # load your dataset
     model = torch.nn.Linear(20, 1)  # load your model
+    if os.environ.get("TUTORIAL_BATCHNORM"):  # a model with buffers, for a test
+        model = torch.nn.Sequential(torch.nn.BatchNorm1d(20), model)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     return train_set, model, optimizer
 

@@ -38,10 +38,12 @@ class Finished:
     hashes: dict[int, str]
 
 
-def _start(home: Path, logs: Path, *options: str) -> subprocess.Popen[str]:
-    """The tutorial, 2 ranks, in its own working folder (it writes its snapshot there)."""
+def _start(home: Path, logs: Path, *options: str, model: dict[str, str] | None = None
+           ) -> subprocess.Popen[str]:
+    """The tutorial, 2 ranks, in its own working folder (it writes its snapshot there);
+    ``model``: the variables that choose another model."""
     home.mkdir(exist_ok=True)
-    env = {**os.environ, "STEP_SECONDS": "0.02"}
+    env = {**os.environ, "STEP_SECONDS": "0.02", **(model or {})}
     return spawn(tftrun_cmd("--nproc_per_node=2", f"--log_dir={logs}",
                             f"--recovery_path={home / 'recovery'}", *options, SCRIPT,
                             str(EPOCHS), "1", degraded=True), cwd=home, env=env)
@@ -64,9 +66,9 @@ def _finish(proc: subprocess.Popen[str], logs: Path) -> Finished:
                     {rank: found[-1][1] for rank, found in finals.items()})
 
 
-def _run(home: Path, *options: str, kill: bool) -> Finished:
+def _run(home: Path, *options: str, kill: bool, model: dict[str, str] | None = None) -> Finished:
     logs = home / "logs"
-    proc = _start(home, logs, *options)
+    proc = _start(home, logs, *options, model=model)
     if kill:
         try:
             _wait_for_step(proc, logs)
@@ -110,6 +112,22 @@ def test_a_killed_rank_is_relaunched_alone_while_the_survivor_trains_on(
     assert [e["step"] for e in events(run.logs, "train_end")] == [EPOCHS * STEPS_PER_EPOCH] * 2
     assert run.hashes[0] == run.hashes[1]
     assert abs(run.losses[0] - fault_free.losses[0]) <= 1e-4 * abs(fault_free.losses[0])
+
+
+def test_a_model_with_buffers_keeps_its_survivor_when_the_peer_dies_between_two_steps(
+        tmp_path: Path) -> None:
+    """A BatchNorm layer in front: DDP's forward broadcasts its buffers, a collective
+    outside the comm hook. The kill lands mostly in the survivor's sleep after its step,
+    so its next collective is that broadcast: it is made fault-aware at the step's start
+    (recovery/train/ddp_exchange.py), the step is voided, and the survivor keeps its
+    process instead of dying in the script's forward. Both ranks end with equal
+    parameters."""
+    run = _run(tmp_path / "killed", COOLDOWN, kill=True, model={"TUTORIAL_BATCHNORM": "1"})
+    assert sorted(rank for rank, _pid in _worker_spawns(run.logs)) == [0, 1, 1]
+    assert [e["why"] for e in events(run.logs, "membership")] == ["start", "shrink", "grow"]
+    ends = events(run.logs, "train_end")
+    assert [e["step"] for e in ends] == [EPOCHS * STEPS_PER_EPOCH] * 2
+    assert ends[0]["params_sha256"] == ends[1]["params_sha256"]
 
 
 def test_with_min_worker_num_at_the_jobs_size_the_run_ends_bitwise_equal_to_a_fault_free_one(

@@ -95,3 +95,26 @@ def test_a_steps_compute_time_leaves_out_its_wait_for_the_reductions(alone: None
     ddp(torch.randn(4, 6)).square().mean().backward()
     took, computed = time.monotonic() - started, clock.finished()
     assert took >= 0.1 and computed < 0.05, (took, computed)
+
+
+def test_the_buffers_are_broadcast_at_the_steps_start_and_a_lost_peer_voids_it(alone: None) -> None:
+    """DDP's forward would broadcast a BatchNorm's buffers, a collective outside the comm
+    hook that raises in the script when a peer is gone; the exchange broadcasts them when
+    the step begins instead, waiting as for its reductions."""
+    waited: list[Any] = []
+    peer_lost = False
+
+    def wait(work: Any) -> None:
+        work.wait()
+        waited.append(work)
+        if peer_lost:
+            raise PeerFailure("Connection closed by peer")
+
+    ddp = DistributedDataParallel(torch.nn.Sequential(torch.nn.BatchNorm1d(6), torch.nn.Linear(6, 2)))
+    exchange = GradientExchange(ddp, wait, lambda: None)
+    assert not ddp.broadcast_buffers  # DDP's forward no longer does it
+    exchange.begin()
+    assert len(waited) == 2 and exchange.failure is None  # float buffers; num_batches_tracked
+    peer_lost = True
+    exchange.begin()
+    assert len(waited) == 3 and isinstance(exchange.failure, PeerFailure)
