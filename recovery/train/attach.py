@@ -30,6 +30,7 @@ from recovery.ckpt.checkpoint import CheckpointConfig, CheckpointSaver
 from recovery.env import WorkerEnv
 from recovery.runtime import cluster
 from recovery.train.elastic import ElasticTrainer, Step
+from recovery.train.planned_loader import PlannedLoader
 from recovery.train.sampler import ResumableDistributedSampler
 
 __all__ = ["attach", "Job"]
@@ -95,6 +96,7 @@ class Job:
         self.step: Step | None = None
         """The step whose batch :meth:`batches` yielded last (its ``global_step``, ``epoch``)."""
         self._served = 0
+        self._loader = PlannedLoader(data, trainer) if data.num_workers > 0 else None
 
     def epochs(self, stop: int) -> Iterator[int]:
         """The epochs still to train, numbered from 0 as ``range(stop)`` numbers them:
@@ -110,13 +112,17 @@ class Job:
 
     def batches(self) -> Iterator[Any]:
         """This rank's batches of the current epoch, collated by the loader's
-        ``collate_fn``. In a degraded step a batch holds several ranks' worth of samples
-        (docs/elastic.md): compute the loss as the mean over it, as usual."""
+        ``collate_fn`` (in its ``num_workers`` processes, if any). In a degraded step a
+        batch holds several ranks' worth of samples (docs/elastic.md): compute the loss as
+        the mean over it, as usual."""
         if self._steps is None:
             raise RuntimeError("job.batches() runs inside a job.epochs() loop")
         epoch = self.step.epoch if self.step is not None else None
         dataset, collate = self._data.dataset, self._data.collate_fn
         while self.step is not None and self.step.epoch == epoch:
             self._served += 1
-            yield collate([dataset[int(index)] for index in self.step.indices])
+            if self._loader is not None:
+                yield self._loader.batch(self.step)
+            else:
+                yield collate([dataset[int(index)] for index in self.step.indices])
             self.step = next(self._steps, None)

@@ -5,6 +5,7 @@ What differs from the original, and why: gloo instead of nccl and no device plac
 squared error instead of a cross entropy over the model's single output (whose gradient
 is always zero); ``STEP_SECONDS`` of sleep after each batch (the real work of a step);
 ``TUTORIAL_BATCHNORM=1``, a BatchNorm layer in front of the model (one with buffers);
+``TUTORIAL_WORKERS=N``, the loader's ``num_workers``;
 the snapshot in the working directory; and a last line with the final loss and the
 parameters' hash. tests/bin/ddp_tutorial_attached.py is this script under
 ``recovery.attach``: the diff in docs/quickstart-own-script.md.
@@ -113,6 +114,7 @@ def prepare_dataloader(dataset: Dataset, batch_size: int):
         dataset,
         batch_size=batch_size,
         pin_memory=False,
+        num_workers=int(os.environ.get("TUTORIAL_WORKERS", "0")),  # for a test
         shuffle=False,
         sampler=DistributedSampler(dataset)
     )

@@ -130,13 +130,17 @@ def test_a_model_with_buffers_keeps_its_survivor_when_the_peer_dies_between_two_
     assert ends[0]["params_sha256"] == ends[1]["params_sha256"]
 
 
+@pytest.mark.parametrize("loader_workers", ["0", "2"])
 def test_with_min_worker_num_at_the_jobs_size_the_run_ends_bitwise_equal_to_a_fault_free_one(
-        tmp_path: Path, fault_free: Finished) -> None:
+        tmp_path: Path, fault_free: Finished, loader_workers: str) -> None:
     """``--min_worker_num=2``: rank 0 waits in place for rank 1 instead of training on;
     the step the death voided is redone, DDP's buckets are reduced in the same fixed
     layout before and after, and the final parameters equal the fault-free run's bit for
-    bit."""
-    run = _run(tmp_path / "killed", COOLDOWN, "--min_worker_num=2", kill=True)
+    bit. With the loader's ``num_workers=2`` the batches are loaded ahead in its worker
+    processes (recovery/train/planned_loader.py), and the re-form's new plan starts a new
+    loader: the same batches, bit for bit, as the fault-free run's in-process ones."""
+    run = _run(tmp_path / "killed", COOLDOWN, "--min_worker_num=2", kill=True,
+               model={"TUTORIAL_WORKERS": loader_workers})
     assert sorted(rank for rank, _pid in _worker_spawns(run.logs)) == [0, 1, 1]
     assert [e["source"] for e in events(run.logs, "rollback")] == ["replica"]
     assert run.hashes == fault_free.hashes
