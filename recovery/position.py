@@ -59,6 +59,6 @@ class TrainPosition:
 
 
 def step_in_epoch_of(values: Mapping[str, Any]) -> int:
-    """The step within the epoch a file records: ``step_in_epoch``, or ``step`` in the
-    files of tftrun before 2026-11-27 (read for one release)."""
+    """The step within the epoch a file records: ``step_in_epoch``, or ``step`` in an
+    older tftrun's files (read for one release, CHANGELOG.md)."""
     return values["step_in_epoch"] if "step_in_epoch" in values else values["step"]

@@ -1,6 +1,6 @@
 """``step`` is the global step wherever it stands alone (events, the wire, the scheduler's
 state); the step within an epoch is ``step_in_epoch``, in code and in checkpoint files and
-manifests, whose older ``step`` (tftrun before 2026-11-27) is read as such for one release.
+manifests, whose older ``step`` (an earlier tftrun's) is read as such for one release.
 """
 
 from __future__ import annotations
