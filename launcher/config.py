@@ -62,9 +62,8 @@ class RestartPolicy(StrEnum):
 DEFAULT_PROGRESS_INTERVAL = 10.0
 """Off a terminal, seconds between two progress lines."""
 DEFAULT_MIN_WORKER_NUM = 1
-"""``--min_worker_num`` when not given: degraded training is on by default, for scripts
-whose ranks register (the others restart all, docs/recovery.md); see
-:attr:`LaunchConfig.fewest_workers`."""
+"""``--min_worker_num`` when not given: degraded training is on by default, for scripts whose ranks register
+(docs/recovery.md)."""
 DEFAULT_SIGNALS: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
                                     signal.SIGUSR1, signal.SIGUSR2)
 """The signals that stop the job in order (``--signals_to_handle``): torchrun's four and
@@ -107,9 +106,8 @@ class LaunchConfig:
     max_restarts: int = 3
     rejoin_cooldown: float = DEFAULT_REJOIN_COOLDOWN
     rejoin_timeout: float | None = None
-    """Seconds a dead rank may take to register again before it is retired, with
-    ``min_worker_num`` below ``worker_num`` (docs/elastic.md); None: :attr:`retire_after`'s
-    default."""
+    """Seconds a dead rank may take to register again before it is retired, with ``min_worker_num`` below
+    ``worker_num``; None: :attr:`retire_after`'s default."""
     monitor_interval: float = 0.1
     heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
     progress_timeout: float = DEFAULT_PROGRESS_TIMEOUT
@@ -133,8 +131,8 @@ class LaunchConfig:
     """The key of the control plane's signatures: the same on every node of a job, so a
     multi-node job takes it from TFT_JOB_TOKEN; a new random one otherwise."""
     epoch: str = field(default_factory=lambda: secrets.token_hex(16))
-    """This launch's epoch (``TFT_JOB_EPOCH``): a new random one, except on a node that
-    joins node 0's launch or a node 0 that returns to it (launcher/nodes/job.py)."""
+    """This launch's epoch (``TFT_JOB_EPOCH``): random, except where a node joins or returns to node 0's
+    launch (launcher/nodes/job.py)."""
     lineage: str = ""
     """The job's lineage id (recovery/ckpt/lineage.py), set once the recovery path is opened."""
     entry: str = "script"
@@ -147,8 +145,7 @@ class LaunchConfig:
     """Signals to tftrun that stop the job in order: passed on to the workers, then the
     grace period, then SIGKILL; tftrun exits 128+N (launcher/supervisor/signals.py)."""
     console_ranks: frozenset[int] | None = None
-    """With ``join``: the local ranks whose output is shown (None: all; torchrun's
-    ``--redirects``, ``--tee`` and ``--local_ranks_filter``, msrun's ``--tail_worker_log``)."""
+    """With ``join``: the local ranks whose output is shown (None: all)."""
     worker_log_name: str = DEFAULT_WORKER_LOG_NAME
     """msrun's ``--worker_log_name``: the stem of each worker's log (:meth:`worker_log`)."""
     bind_core: bool = False
@@ -163,10 +160,8 @@ class LaunchConfig:
 
     @property
     def fewest_workers(self) -> int:
-        """``--min_worker_num``; by default :data:`DEFAULT_MIN_WORKER_NUM` (degraded
-        training on: the survivors of a death train on while any rank lives), except under
-        an elastic node range (``--nnodes=MIN:MAX``), whose rounds decide the job's size:
-        there ``worker_num``. ``worker_num`` itself means a dead rank pauses the others
+        """``--min_worker_num``; by default :data:`DEFAULT_MIN_WORKER_NUM`, but ``worker_num`` under an elastic
+        node range, whose rounds decide the job's size. ``worker_num`` means a dead rank pauses the others
         until it is back (the bitwise guarantee, docs/elastic.md)."""
         if self.min_worker_num is not None:
             return self.min_worker_num
@@ -176,15 +171,13 @@ class LaunchConfig:
 
     @property
     def trains_degraded(self) -> bool:
-        """Whether the survivors of a death train on without the dead ranks (for scripts
-        whose ranks register): :attr:`fewest_workers` below the job's size."""
+        """Whether the survivors of a death train on without the dead ranks (for scripts whose ranks register)."""
         return self.fewest_workers < self.worker_num
 
     @property
     def retire_after(self) -> float:
-        """``--rejoin_timeout``; by default the cooldown plus torchrun's last call (30 s):
-        a relaunched rank gets its cooldown, then as long as torchrun's rendezvous waits
-        for a late node once enough are there."""
+        """``--rejoin_timeout``; by default the cooldown plus torchrun's last call: as long as torchrun's
+        rendezvous waits for a late node once enough are there."""
         if self.rejoin_timeout is not None:
             return self.rejoin_timeout
         return self.rejoin_cooldown + DEFAULT_LAST_CALL
@@ -393,8 +386,8 @@ class LaunchConfig:
 
 
 def check_own_folder(directory: Path, option: str) -> Path:
-    """``directory`` resolved, unless it is not the user's own, writable by nobody else,
-    on a way nobody else can change (recovery/safe_files.py): ConfigError, one line."""
+    """``directory`` resolved; ConfigError unless it is the user's own, on a path nobody else can change
+    (recovery/safe_files.py)."""
     try:
         return resolved_folder(directory)
     except UnsafeFolder as err:
@@ -402,8 +395,8 @@ def check_own_folder(directory: Path, option: str) -> Path:
 
 
 def with_own_folders(config: LaunchConfig) -> LaunchConfig:
-    """``config`` with its log dir and recovery path made, checked and resolved once: the
-    paths every process of the node is given from then on."""
+    """``config`` with its log dir and recovery path made, checked and resolved once, for every process of the
+    node."""
     try:
         config.recovery_path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -418,20 +411,16 @@ AUTO_NODE_RANK = -1
 
 
 def with_node_rank(config: LaunchConfig, node_rank: int) -> LaunchConfig:
-    """``config`` of the node whose rank, left out on the command line, turned out to be
-    ``node_rank`` (launcher/nodes/ranks.py decides it), checked as a given one is."""
+    """``config`` with the node rank assigned by node 0 (launcher/nodes/ranks.py), checked as a given one is."""
     placed = replace(config, node_rank=node_rank)
     placed.check_node_rank()
     return placed
 
 
 def bind_listener(host: str, port: int) -> socket.socket:
-    """Bind and listen on ``host:port`` (0 picks a free port); ConfigError if taken.
-
-    The supervisor binds the scheduler's port itself and hands the socket down, so that
-    "port in use" is found before anything starts and a relaunched scheduler gets the
-    very same port back at once.
-    """
+    """Bind and listen on ``host:port`` (0 picks a free port); ConfigError if taken. The supervisor binds it
+    and hands the socket down, so "port in use" shows before anything starts and a relaunched scheduler
+    keeps the port."""
     try:
         return listen_on(host, port)
     except OSError as err:

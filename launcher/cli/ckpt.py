@@ -1,10 +1,7 @@
 """``tftctl ckpt``: list, verify and show checkpoints.
 
-``ls`` and ``verify`` take one rank's directory or any folder above such directories (a
-``checkpoints/`` folder, a whole recovery path); both check every file fully: manifest,
-size, checksum and ``weights_only`` loading. ``ls`` lists the checkpoints a job would
-consider: those of the lineage recorded in the recovery path the folder belongs to
-(``--all``: every lineage's, earlier jobs' moved to ``previous/<n>/`` included).
+``ls`` and ``verify`` take a rank's directory or any folder above it and check every file fully; ``ls`` lists
+only the lineage a job would consider (``--all``: every lineage's, earlier jobs' included).
 """
 
 from __future__ import annotations
@@ -37,8 +34,8 @@ _File = Annotated[Path, typer.Argument(help="A checkpoint file (<prefix>-<epoch>
 
 _All = Annotated[bool, typer.Option("--all", help="List the checkpoints of every lineage, not only the current one.")]
 _LINEAGE_LEVELS = 3
-"""How far above a folder its recovery path may be: rank_<r> -> checkpoints -> recovery path,
-or rank_<r> -> last-words step directory (which records its lineage too)."""
+"""How far above a folder its lineage may be recorded: in the recovery path (rank_<r> -> checkpoints -> it)
+or a last-words step directory."""
 
 
 def _verified(root: Path, lineage: str | None = None) -> list[tuple[Candidate, str | None]]:

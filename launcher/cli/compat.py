@@ -1,8 +1,5 @@
-"""torchrun's and msrun's option values, read with their meaning (docs/from-torchrun.md).
-
-Pure functions from an option's text to what tftrun does with it; each bad value is a
-ConfigError (one line, exit status 2), naming what to use instead.
-"""
+"""torchrun's and msrun's option values, read with their meaning (docs/from-torchrun.md): pure functions;
+each bad value is a ConfigError naming what to use instead."""
 
 from __future__ import annotations
 
@@ -123,9 +120,8 @@ def parse_std(text: str, option: str, nproc: int) -> dict[int, int]:
 
 def console_ranks(redirects: str | None, tee: str | None, ranks_filter: str | None,
                   nproc: int) -> frozenset[int]:
-    """The local ranks whose output torchrun would show on its console: a stream shows
-    unless redirected (``--tee`` shows it anyway), and only for ``--local_ranks_filter``'s
-    ranks. tftrun shows a rank's whole log when torchrun would show any of its streams."""
+    """The local ranks whose output torchrun would show on its console; tftrun shows a rank's whole log when
+    torchrun would show any of its streams."""
     redirected = parse_std(redirects or "0", "--redirects", nproc)
     teed = parse_std(tee or "0", "--tee", nproc)
     allowed = set(range(nproc))
@@ -170,9 +166,8 @@ _PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
 
 
 def strip_python(target: Path, args: list[str]) -> Entry:
-    """msrun's ``msrun ... python train.py``: a leading ``python`` (or ``python3``, this
-    interpreter, ``pytest``) is msrun's, not a script; what follows is the script (or
-    ``-m module``), run with this interpreter."""
+    """msrun's ``msrun ... python train.py``: a leading ``python`` (or ``pytest``) is not the script; what
+    follows is, run with this interpreter."""
     name = str(target)
     if name == "pytest":
         return Entry("pytest", tuple(args), "module")

@@ -51,8 +51,7 @@ PET_REFUSED = frozenset({"duplicate_stdout_filters", "duplicate_stderr_filters",
 
 
 def _spellings(name: str, short: str | None = None) -> tuple[str, ...]:
-    """How click knows an option: ``--name_with_underscores`` (and its short form); the
-    dashed spelling is read as it (:func:`msrun_spellings`)."""
+    """How click knows an option: ``--name_with_underscores`` (and its short form)."""
     return (*(() if short is None else (short,)), f"--{name}")
 
 
@@ -116,10 +115,8 @@ VALUED = frozenset({"join", "is_recover", "fork_server", "bind_core"})
 
 
 class FlagCommand(TyperCommand):
-    """A command whose options also take their dashed spelling (``--worker-num``) and whose
-    boolean flags take msrun's, rewritten before parsing: ``--join=True``, ``--join=1`` and
-    ``--join True`` are ``--join``; ``--join=False`` leaves it off (``--no_fork_server`` for
-    one that is on by default)."""
+    """A command whose options also take their dashed spelling (``--worker-num``) and whose boolean flags
+    take msrun's ``--join=True``/``--join True``, rewritten before click parses them."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         return super().parse_args(ctx, msrun_spellings(self.params, args))

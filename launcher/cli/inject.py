@@ -1,14 +1,8 @@
-"""``tftctl inject``: rehearse a failure of one rank of a running job.
+"""``tftctl inject``: rehearse a failure of one rank of a running job (docs/fault-injection.md).
 
-``kill`` and ``term`` without ``--at_step`` are plain signals to the rank's process, sent
-from here at once (as a user's ``kill`` would be). Everything else goes through the
-scheduler (``Op.INJECT``), which hands it to the rank's process with its next heartbeat;
-the training loop carries it out (recovery/control/inject.py, docs/fault-injection.md).
-
-The request is signed with the job token, which is written nowhere (docs/security.md):
-it is read from the environment of the scheduler process, once that proved to be the
-user's own job's (launcher/cli/trusted.py): whoever may read it may signal the job's
-processes anyway.
+``kill`` and ``term`` without ``--at_step`` are signals sent from here at once; every other fault goes through
+the scheduler, which hands it to the rank with its next heartbeat, signed with the job token read from the
+trusted scheduler's environment (launcher/cli/trusted.py).
 """
 
 from __future__ import annotations
@@ -50,11 +44,8 @@ def _holder(status: dict[str, Any], rank: int) -> int | None:
 
 
 def _signal_target(status: dict[str, Any], rank: int) -> int | None:
-    """The pid of the process holding ``rank``, if it is this job's and on this host.
-
-    A pid the scheduler reports may be another host's, or reused: only a process whose
-    environment names this job's run id is signalled.
-    """
+    """The pid of the process holding ``rank``, if its environment names this job's run id: a pid the
+    scheduler reports may be another host's, or reused."""
     pid = _holder(status, rank)
     seen = None if pid is None else _process_env(pid)
     return pid if seen is not None and seen.run_id == status["run_id"] else None

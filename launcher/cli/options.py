@@ -113,10 +113,9 @@ def _refuse_unsupported(p: SimpleNamespace) -> None:
 
 
 def _rendezvous(p: SimpleNamespace) -> tuple[str | None, int | None, str | None, float, float]:
-    """Node 0's address and port (None: not given), the node count, ``--cluster_time_out``
-    and an elastic range's last call (``--rdzv_conf last_call_timeout``), from msrun's
-    options, torchrun's ``--rdzv_*`` or ``--standalone`` (which overrides the address, the
-    port and ``--rdzv_endpoint``, as torchrun's does; ``--rdzv_conf`` still counts)."""
+    """Node 0's address and port (None: not given), the node count, ``--cluster_time_out`` and an elastic
+    range's last call, from msrun's options, torchrun's ``--rdzv_*`` or ``--standalone`` (which overrides
+    address, port and ``--rdzv_endpoint``, as torchrun's does)."""
     honoured, ignored = parse_rdzv_conf(p.rdzv_conf or "")
     master_addr, master_port, nnodes = p.master_addr, p.master_port, p.nnodes
     if p.standalone:
@@ -139,9 +138,9 @@ def _rendezvous(p: SimpleNamespace) -> tuple[str | None, int | None, str | None,
 
 def _sizes(p: SimpleNamespace, node_count: int | None,
            torchrun_style: bool) -> tuple[int, int | None]:
-    """``--worker_num`` and this node's worker count: torchrun's ``nnodes x nproc_per_node``
-    by default, 1 x 1 when neither is given (msrun command lines give ``--worker_num``; one
-    without a torchrun option runs all of it here unless ``--local_worker_num`` says)."""
+    """``--worker_num`` and this node's worker count: torchrun's ``nnodes x nproc_per_node`` by default; an
+    msrun command line without a torchrun option runs all of ``--worker_num`` here unless
+    ``--local_worker_num`` says otherwise."""
     nproc = resolve_nproc(p.nproc_per_node) if p.nproc_per_node is not None else None
     local = p.local_worker_num if p.local_worker_num is not None else nproc
     worker_num = p.worker_num
@@ -153,9 +152,7 @@ def _sizes(p: SimpleNamespace, node_count: int | None,
 
 
 def _console(p: SimpleNamespace, nproc: int) -> frozenset[int] | None:
-    """The local ranks ``--join`` shows, when an option narrows them (torchrun's
-    ``--redirects``, ``--tee``, ``--local_ranks_filter``; msrun's ``--tail_worker_log``);
-    None when none does."""
+    """The local ranks ``--join`` shows when an option narrows them; None when none does."""
     shown = None
     if p.redirects is not None or p.tee is not None or p.local_ranks_filter:
         shown = console_ranks(p.redirects, p.tee, p.local_ranks_filter, nproc)

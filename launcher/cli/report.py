@@ -1,9 +1,5 @@
-"""``tftctl report --log_dir DIR [--log_dir DIR2 ...] [-o FILE] [--format html|trace]``.
-
-Reads the events of a job (one log dir per node, or an archived run's
-``DIR/previous/<n>``) and writes its timeline: a self-contained HTML page, or a Chrome
-trace-event JSON for Perfetto. A job still running is drawn up to now.
-"""
+"""``tftctl report --log_dir DIR [--log_dir DIR2 ...] [-o FILE] [--format html|trace]``: a job's timeline as
+a self-contained HTML page or a Chrome trace-event JSON, drawn up to now for a job still running."""
 
 from __future__ import annotations
 

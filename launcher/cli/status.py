@@ -1,11 +1,6 @@
-"""``tftctl status --log_dir DIR``: the membership table of the job running there.
-
-The scheduler writes where it serves to ``DIR/scheduler.json`` (recovery/control/files.py);
-this asks it for its table over the store, once the file and its scheduler proved to be the
-user's own job's (launcher/cli/trusted.py), with requests signed with that job's token. A dead
-scheduler pid, a missing or untrusted file or no answer all mean the same thing to the
-user: no job is running in DIR. Below the table, the
-newest fault and how it was recovered, from ``DIR/events.jsonl``.
+"""``tftctl status --log_dir DIR``: the membership table of the job running there, asked of the scheduler
+that ``DIR/scheduler.json`` names once it proved trusted (launcher/cli/trusted.py), and the newest fault.
+A dead, untrusted or silent scheduler all mean the same to the user: no job is running in DIR.
 """
 
 from __future__ import annotations
@@ -38,9 +33,8 @@ class NoJobError(TftrunError):
 
 @contextmanager
 def connect(log_dir: Path, timeout: float = ANSWER_TIMEOUT) -> Iterator[SchedulerLink]:
-    """A link to the scheduler of ``log_dir``, its requests signed with its job's token;
-    NoJobError when none of the user's own runs there or answers (also when a request
-    fails)."""
+    """A link to the scheduler of ``log_dir``, its requests signed with its job's token; NoJobError when none
+    of the user's own answers there, or a request fails."""
     try:
         trusted = trusted_endpoint(log_dir)
     except UntrustedEndpoint as err:
@@ -108,9 +102,8 @@ _FAULT_EVENTS = ("fault", "rollback", "recovered")
 
 
 def last_fault_events(log_dir: Path) -> list[dict[str, Any]]:
-    """The newest ``fault`` event and the ``rollback``/``recovered`` events after it, in
-    file order: read from the end of ``events.jsonl`` back to that fault, not the job's
-    whole history."""
+    """The newest ``fault`` event and the ``rollback``/``recovered`` events after it, in file order, read
+    backwards from the end of ``events.jsonl``, not the job's whole history."""
     found = []
     for event in newest_events(log_dir, _FAULT_EVENTS):
         found.append(event)

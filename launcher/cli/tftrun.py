@@ -350,11 +350,8 @@ def _hold_lock(held: ExitStack, directory: Path, busy: str) -> None:
 
 
 def _open_lineage(config: LaunchConfig) -> str:
-    """The job's lineage; a fresh launch first moves an earlier job's state aside.
-
-    Only node 0 decides; another node joins node 0's lineage (``config.lineage``), in its
-    own recovery path. See docs/checkpoints.md#lineage.
-    """
+    """The job's lineage; a fresh launch first moves an earlier job's state aside. Only node 0 decides;
+    other nodes join its lineage (docs/checkpoints.md#lineage)."""
     try:
         opened = (open_lineage(config.recovery_path, resume=config.is_recover)
                   if config.hosts_scheduler else join_lineage(config.recovery_path, config.lineage))

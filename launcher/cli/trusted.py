@@ -1,18 +1,8 @@
 """Which scheduler ``tftctl`` talks to, and the token it signs its requests with.
 
-``DIR/scheduler.json`` says where the job's scheduler serves (recovery/control/files.py).
-A log dir may be shared and writable by others, who could write a file pointing to a
-listener of theirs. ``tftctl`` never sends the token (requests are signed with it), and it
-talks only to a scheduler that **belongs to the job**:
-
-* the file is owned by the user running ``tftctl`` and writable by nobody else;
-* the pid it names is alive and runs as that user;
-* that process is the job's scheduler: its environment names the scheduler role
-  (``MS_ROLE=MS_SCHED``) and the file's run id (``TFT_RUN_ID``);
-* it listens on the file's port.
-
-The token and the launch's epoch are then read from that process's environment (the same
-user may read it).
+A log dir may be shared, so ``DIR/scheduler.json`` could point to someone else's listener: it is trusted only
+if the file is the user's own, and the pid it names is the user's, is the scheduler of the file's run id and
+listens on its port. The token and epoch are then read from that process's environment; the token is never sent.
 """
 
 from __future__ import annotations
@@ -43,11 +33,8 @@ class TrustedEndpoint:
 
 
 def trusted_endpoint(log_dir: Path) -> TrustedEndpoint:
-    """The scheduler serving the job of ``log_dir``, checked as the module says.
-
-    Raises:
-        UntrustedEndpoint: none, or one that does not belong to the job.
-    """
+    """The scheduler serving the job of ``log_dir``, checked as the module says; UntrustedEndpoint if none
+    belongs to the job."""
     path = Path(log_dir) / ENDPOINT_FILE
     try:
         info = path.stat()

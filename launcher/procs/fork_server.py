@@ -1,17 +1,8 @@
-"""The node's fork server: workers, and node 0's scheduler, forked from one warm
-interpreter, not started cold.
+"""The supervisor's end of the node's fork server: workers, and node 0's scheduler, forked from one
+interpreter that imported torch once (launcher/procs/fork_server_main.py, docs/cli.md#the-fork-server).
 
-A worker's cold start is mostly ``import torch``, which costs far more than a fork. The fork server
-(launcher/procs/fork_server_main.py) pays it once per node, at the job's
-start, at the workers' priority and with a worker's environment; each worker, at the
-start and at every relaunch, is then a ``fork`` of it that runs its script as
-``__main__`` in a fresh session, as a spawned one would (docs/cli.md#the-fork-server).
-
-The supervisor talks to it over a socket pair (``SOCK_SEQPACKET``: one JSON message
-each way per worker). The worker it forks is re-parented to the supervisor (a child
-subreaper), which reaps it like any child (:class:`~launcher.procs.process.Adopted`).
-When the server is gone, or not warm in time, :meth:`ForkServer.fork` answers None and
-the caller starts the worker cold, as without it.
+One JSON message each way per worker over a ``SOCK_SEQPACKET`` pair; forked workers are re-parented to the
+supervisor (a child subreaper), which reaps them. When the server is gone, workers start cold.
 """
 
 from __future__ import annotations
@@ -40,8 +31,7 @@ REPLY_TIMEOUT = 10.0
 
 
 class ForkServer:
-    """The supervisor's end of the fork server. ``start(fd)`` starts the server process
-    on its end ``fd`` of a fresh socket pair."""
+    """The supervisor's end of the fork server; ``start(fd)`` starts the server on its end of a socket pair."""
 
     def __init__(self, start: Callable[[int], Child]) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -59,13 +49,9 @@ class ForkServer:
 
     def fork(self, spec: ProcessSpec, message: dict[str, Any], header: str,
              fds: dict[str, int] | None = None) -> Child | None:
-        """Fork ``spec``'s process, to run ``message`` (the script or module, its
-        arguments and command line; spec's environment and log are added); None when the
-        server cannot (call :meth:`ready` first). ``fds``: open files the process gets,
-        each named to it by the environment variable that is its key.
-
-        Raises OSError when the server could not fork (no memory, no pids): a failed
-        launch, as a failed spawn is.
+        """Fork ``spec``'s process to run ``message`` (script or module, arguments); None when the server
+        cannot, and the caller starts it cold. ``fds``: open files passed on, each named to the process by
+        the environment variable that is its key. OSError when the fork failed, as a failed spawn would.
         """
         if not self.ready():
             return None
@@ -89,8 +75,8 @@ class ForkServer:
         return self.child
 
     def ready(self) -> bool:
-        """Whether the server is warm, waiting for it the first time (a worker started
-        cold meanwhile would pay the same import on the same cores)."""
+        """Whether the server is warm; the first call waits for it, since a worker started cold meanwhile
+        would pay the same import on the same cores."""
         if self._warm:
             return self._sock is not None
         reply = self._receive(WARM_TIMEOUT)
@@ -114,8 +100,7 @@ class ForkServer:
         return reply
 
     def _receive(self, timeout: float) -> dict[str, Any] | None:
-        """The server's next message; None at EOF (it ended), after ``timeout``, or when
-        the socket is closed."""
+        """The server's next message; None at EOF, after ``timeout``, or once the socket is closed."""
         if self._sock is None:
             return None
         self._sock.settimeout(timeout)

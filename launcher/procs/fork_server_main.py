@@ -1,19 +1,7 @@
-"""The node's fork server, run as ``python -u -P fork_server_main.py --fork-server
-SOCKET_FD SUPERVISOR_PID ROOM`` (launcher/procs/fork_server.py is the supervisor's end).
-
-It pays a worker's cold start once (``import torch``, the first optimizer step, which
-imports ``torch._dynamo``, and the ``recovery`` library where it can be imported), then
-forks every worker of the node from its warm interpreter, one per message on the socket
-(:func:`serve`). The forked process becomes the worker the message describes
-(:func:`become`): its output goes to the rank's log, ``os.environ`` is replaced by the
-rank's, and the script runs as ``__main__``, so its exit status is the script's
-(``sys.exit(n)`` gives n, an uncaught exception a traceback and 1).
-
-Started by path, not with ``-m``, with ``-P`` and the absolute entries of ``PYTHONPATH``
-only (a ``recovery/`` planted in the working folder is never imported here), and
-importing nothing but the standard library, torch and recovery: the script finds
-``sys.modules`` and ``sys.path`` as a fresh ``python -u script.py`` would, the user's whole
-``PYTHONPATH`` included, apart from those being imported already.
+"""The node's fork server, run as ``python -u -P fork_server_main.py --fork-server SOCKET_FD SUPERVISOR_PID ROOM``
+(launcher/procs/fork_server.py is the supervisor's end): it pays ``import torch`` once, then forks each worker,
+which runs its script as ``__main__``. Started by path with ``-P`` and importing only the standard library, torch
+and recovery, so a ``recovery/`` in the working folder is never imported and the script sees a fresh ``sys.path``.
 """
 
 from __future__ import annotations
@@ -43,22 +31,15 @@ CUDA_INITIALISED = "CUDA was initialised while warming up, so a worker forked fr
 MAX_MESSAGE = 1 << 20
 """The largest request the fork server reads (a worker's environment is a few KiB)."""
 MAX_FDS = 4
-"""The most open files a request passes to the process it forks (the scheduler's one:
-the store's listening socket, named by the environment variable ``fd_env`` gives)."""
+"""The most open files a request passes to the process it forks (the scheduler's store socket)."""
 ADOPTION_WAIT = 5.0
 """Seconds a forked worker waits to be re-parented to the supervisor before it gives up."""
 _PR_SET_PDEATHSIG = 1
 
 
 def warm_up() -> None:
-    """Import what every worker imports, and build and step an optimizer once; then
-    freeze what that made.
-
-    Frozen, the objects of torch's import sit in the collector's permanent generation, so
-    a forked worker's collections never walk them nor write to the pages it shares with
-    the server, which the kernel would then copy. What the script makes is collected as
-    in any process.
-    """
+    """Import what every worker imports, step an optimizer once, then ``gc.freeze()`` the result, so that a
+    forked worker's collections never write to (and so copy) the pages it shares with the server."""
     import torch
     import torch.distributed  # noqa: F401
 
@@ -78,9 +59,8 @@ def warm_up() -> None:
 
 
 def preload(specs: str) -> None:
-    """Import the frameworks the script imports (``TFT_PRELOAD``, made by
-    launcher/procs/preload.py: ``module[:name,...]`` joined by ``;``); one that fails is
-    left to the worker, which meets the same error itself."""
+    """Import ``TFT_PRELOAD``'s modules (``module[:name,...]`` joined by ``;``, launcher/procs/preload.py); one
+    that fails is left to the worker, which meets the same error itself."""
     for spec in filter(None, specs.split(";")):
         module, _, names = spec.partition(":")
         try:
@@ -95,8 +75,7 @@ def preload(specs: str) -> None:
 
 
 def refuse_initialised_cuda() -> None:
-    """End the fork server (workers then start as fresh processes) if its warm-up
-    initialised CUDA: a process forked from one that did cannot use CUDA itself."""
+    """End the server if its warm-up initialised CUDA: a process forked from one that did cannot use CUDA."""
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         raise SystemExit(f"tftrun fork server pid={os.getpid()}: {CUDA_INITIALISED}; not serving")
@@ -109,9 +88,8 @@ def cuda_driver_loaded() -> bool:
 
 
 def become(message: dict[str, Any], interpreter: list[str]) -> None:
-    """Turn this process into the worker that ``message`` describes and run its script;
-    ``interpreter``: this Python's own ``sys.path`` entries
-    (recovery/python_path.py, ``interpreter_sys_path``)."""
+    """Turn this process into the worker ``message`` describes and run its script; ``interpreter``: this
+    Python's own ``sys.path`` entries."""
     from recovery.python_path import PYTHONPATH, worker_sys_path
     from recovery.safe_files import open_append
 
@@ -144,8 +122,7 @@ def become(message: dict[str, Any], interpreter: list[str]) -> None:
 
 
 def _script_frames(trace: TracebackType | None) -> TracebackType | None:
-    """``trace`` without its first frames, this program's and runpy's: the traceback a
-    script run by ``python`` shows."""
+    """``trace`` without this program's and runpy's frames: the traceback ``python script.py`` shows."""
     ours = {__file__, getattr(runpy, "__file__", None), "<frozen runpy>"}
     while trace is not None and trace.tb_frame.f_code.co_filename in ours:
         trace = trace.tb_next
@@ -153,16 +130,12 @@ def _script_frames(trace: TracebackType | None) -> TracebackType | None:
 
 
 def serve(sock: socket.socket, supervisor: int) -> dict[str, Any] | None:
-    """The fork server: say it is warm, then fork a worker for each request until EOF.
+    """Say the server is warm, then fork a worker for each request until EOF; None in the server at EOF, the
+    worker's message in each forked worker.
 
-    Returns None in the server (EOF: the supervisor closed the socket, or is gone); in
-    each forked worker it returns that worker's message, to :func:`become`.
-
-    A worker is forked twice over (server → a short-lived middle process → the worker),
-    so that it is orphaned at once and re-parented to the supervisor, a child subreaper
-    (launcher/procs/process.py): the supervisor reaps it and reads its exit status as it
-    does for a process it started itself. The worker leads a session of its own before
-    its pid is answered, so that a signal to its process group reaches it from the first.
+    A worker is forked twice over, so that it is orphaned at once and re-parented to the supervisor (a child
+    subreaper), which reaps it as its own child. It leads its own session before its pid is answered, so a
+    signal to its process group reaches it from the first.
     """
     sock.send(json.dumps({READY: os.getpid()}).encode())
     while True:
@@ -212,17 +185,15 @@ def _fork_worker(sock: socket.socket, supervisor: int) -> int | None:
 
 
 def _fork() -> int:
-    """``os.fork``, without the warning Python 3.12 and later give for a process with
-    threads: torch's import leaves one native thread, which holds no lock the worker
-    needs (torch's DataLoader forks its workers from such processes too)."""
+    """``os.fork`` without Python's warning about forking with threads: torch's import leaves one native
+    thread, which holds no lock the worker needs."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         return os.fork()
 
 
 def _wait_for_adoption(supervisor: int) -> None:
-    """In a forked worker: once the middle process is gone and the kernel has given this
-    process to the supervisor, die with the supervisor as a spawned worker does
+    """In a forked worker: once re-parented to the supervisor, die with it as a spawned worker does
     (``PR_SET_PDEATHSIG``)."""
     deadline = time.monotonic() + ADOPTION_WAIT
     while os.getppid() != supervisor:
@@ -235,12 +206,9 @@ def _wait_for_adoption(supervisor: int) -> None:
 
 
 def restamp_environ(env: dict[str, str]) -> None:
-    """Make this process's ``/proc/<pid>/environ`` (psutil's ``environ()``, ``ps e``,
-    tftctl's check that a scheduler is the job's) read ``env``, which ``os.environ`` now
-    holds, as a spawned process's would: it is written over the memory that held this
-    process's first environment, NUL-padded. Call it once ``os.environ`` was replaced:
-    no variable of the C library points into that memory any more. What does not fit
-    (the fork server leaves ``TFT_ENVIRON_ROOM`` of room) is left out of that view only."""
+    """Make ``/proc/<pid>/environ`` read ``env``, as a spawned process's would (tftctl checks a scheduler by
+    it), by writing over the first environment's memory. Call it only once ``os.environ`` was replaced, so no
+    C variable points there; what does not fit the room is left out of that view only."""
     start, end = _proc_range(47)  # env_start, env_end (proc(5))
     block, room = bytearray(), end - start - 1
     for name, value in env.items():
@@ -259,11 +227,9 @@ def _proc_range(index: int) -> tuple[int, int]:
 
 
 def retitle(title: str) -> None:
-    """Make this process's command line (``ps``, ``pgrep -f``, psutil) read ``title``, as
-    a spawned worker's would: it is written over the memory that held the server's own
-    arguments (``ROOM`` bytes of padding made it long enough; a longer title is cut).
-    The last byte is left non-zero, which tells the kernel to read the title up to its
-    NUL, as for ``setproctitle``; its arguments are separated by spaces."""
+    """Make this process's command line (``ps``, ``pgrep -f``) read ``title``, written over the server's own
+    arguments (``ROOM`` bytes long; a longer title is cut). The last byte stays non-zero, which tells the
+    kernel to read the title up to its NUL."""
     start, end = _proc_range(45)  # arg_start, arg_end (proc(5))
     room = end - start
     data = title.encode()[:room - 2] + b"\0"
@@ -281,8 +247,7 @@ def main() -> None:
 
 
 def fork_server(sock_fd: int, supervisor: int, started: float, interpreter: list[str]) -> None:
-    """Warm up at the workers' priority (they wait for it), then serve; in a forked
-    worker, become it."""
+    """Warm up, then serve; in a forked worker, become it."""
     from recovery.quick_exit import exit_now
 
     warm_up()
@@ -300,9 +265,7 @@ def fork_server(sock_fd: int, supervisor: int, started: float, interpreter: list
 
 
 def _reseed_numpy() -> None:
-    """numpy's global generator, if the server imported it, was seeded once in the server:
-    each worker draws its own seed, as a fresh process would (Python's ``random`` is
-    reseeded at fork by Python itself; torch's default seed is fixed in every process)."""
+    """Give each worker its own numpy global seed, as a fresh process has; the server's was drawn once."""
     numpy_random = sys.modules.get("numpy.random")
     if numpy_random is not None:
         numpy_random.seed()

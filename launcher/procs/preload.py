@@ -1,11 +1,7 @@
-"""The frameworks a script imports, which the fork server imports before it forks.
+"""The training frameworks a script imports at its top level, which the fork server imports before it forks.
 
-A worker's cold start is mostly imports: torch, which the fork server always imports, and
-the training framework (Lightning, Hugging Face Transformers, Accelerate), which costs as
-much again. The fork server imports those the script imports at its top level, so that
-every worker, and every relaunch, finds them imported already (docs/cli.md, *The fork
-server*). Only :data:`FRAMEWORKS`: a module of the user's own may start threads or do
-work at import that a fork must not inherit.
+Only :data:`FRAMEWORKS`: a module of the user's own may start threads or do work at import that a fork must
+not inherit.
 """
 
 from __future__ import annotations
@@ -19,11 +15,9 @@ FRAMEWORKS = ("lightning", "pytorch_lightning", "transformers", "accelerate")
 
 
 def framework_imports(script: Path) -> str:
-    """The :data:`FRAMEWORKS` imports of ``script``'s top level, as the fork server's
-    ``TFT_PRELOAD``: ``module[:name,name]`` joined by ``;`` (``from transformers import
-    Trainer`` is ``transformers:Trainer``: the package loads its parts on first use).
-    Empty when the script cannot be read or parsed, and without a framework that the
-    script's folder holds a module of (the worker imports that one)."""
+    """``script``'s top-level :data:`FRAMEWORKS` imports as ``TFT_PRELOAD``: ``module[:name,name]`` joined by
+    ``;``, names kept since those packages load their parts on first use. Empty when the script cannot be
+    parsed; a framework shadowed by a module in the script's folder is left out."""
     try:
         tree = ast.parse(script.read_text(encoding="utf-8"), str(script))
     except (OSError, SyntaxError, UnicodeDecodeError, ValueError):

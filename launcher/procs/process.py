@@ -1,17 +1,8 @@
 """The only module that starts, signals and reaps child processes.
 
-Every child is started in a session of its own (so a signal to its process group reaches
-whatever it started) and with ``PR_SET_PDEATHSIG=SIGKILL``, so that a ``kill -9`` of the
-supervisor takes its children with it instead of leaving them running as orphans (which
-is what msrun and torchrun do). What the children start in turn is handled so that no
-process outlives its place in the job (docs/cli.md#no-stray-processes):
-
-* tftrun is a child subreaper (:func:`become_subreaper`): what a dead child orphans is
-  given to tftrun, not to init;
-* when a child is seen ended, every process left in its session is killed at once, before
-  it can be relaunched, and :func:`sweep` reaps them;
-* the :class:`Watchdog`, a process of its own, kills every child's session once tftrun is
-  gone, ``kill -9`` included.
+Each child leads its own session and dies with tftrun (``PR_SET_PDEATHSIG``); tftrun is a child subreaper, an
+ended child's session is killed at once, and the :class:`Watchdog` kills what is left after a ``kill -9``, so
+no process outlives its place in the job (docs/cli.md#no-stray-processes).
 """
 
 from __future__ import annotations
@@ -49,17 +40,15 @@ _ended_sessions: list[Session] = []
 
 
 def become_subreaper() -> None:
-    """Make this process a child subreaper (``PR_SET_CHILD_SUBREAPER``): a process that
-    its descendants orphan is re-parented to it rather than to init, so that it stays
-    within reach to be killed and reaped."""
+    """Make this process a child subreaper, so that what its descendants orphan stays within reach to be
+    killed and reaped."""
     if _prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(err)}")
 
 
 def sweep() -> None:
-    """Kill what ended children left in their sessions, reap those of it that this
-    process adopted (as a subreaper), and forget each session once it is empty."""
+    """Kill and reap what ended children left in their sessions; forget each session once it is empty."""
     if not _ended_sessions:
         return
     found = kill_members(_ended_sessions)
@@ -75,9 +64,8 @@ def sweep() -> None:
 
 
 def _await_dead(session: Session, timeout: float) -> None:
-    """Wait until every member of ``session`` (killed) is dead, for at most ``timeout``
-    seconds: a warm relaunch starts within milliseconds, and its predecessor's processes
-    must be gone by then, not only signalled (:func:`sweep` then reaps them)."""
+    """Wait up to ``timeout`` seconds until the killed members of ``session`` are dead: a warm relaunch
+    starts at once, and its predecessor's processes must be gone by then, not only signalled."""
     deadline = time.monotonic() + timeout
     while any(m.state != "Z" for m in members([session])) and time.monotonic() < deadline:
         time.sleep(0.002)
@@ -93,10 +81,8 @@ class Reapable(Protocol):
 
 
 class Adopted:
-    """A process that another one forked and the kernel re-parented to this one, a child
-    subreaper (the fork server's workers, launcher/procs/fork_server.py): reaped with
-    ``waitpid`` as ``Popen`` reaps its own; ``returncode`` as ``Popen`` gives it (−N for
-    a death by signal N)."""
+    """A process re-parented to this subreaper (a fork server's worker), reaped with ``waitpid``;
+    ``returncode`` as ``Popen`` gives it (-N for a death by signal N)."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -133,11 +119,8 @@ class Child:
         return self.process.pid
 
     def poll(self) -> int | None:
-        """Reap the process if it has ended; its returncode, or None while it runs.
-
-        When it is first seen ended, every process it left in its session is killed at
-        once: none outlives it into its relaunch.
-        """
+        """Reap the process if it has ended; its returncode, or None while it runs. Once ended, what it left
+        in its session is killed at once, so none outlives it into its relaunch."""
         if self.process.returncode is not None:
             return self.process.returncode
         returncode = self.process.poll()
@@ -175,11 +158,9 @@ def open_log(log_path: Path, header: str) -> BinaryIO:
 
 def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: Path, header: str,
           pass_fds: Iterable[int] = ()) -> Child:
-    """Start ``argv`` with stdout and stderr appended to ``log_path``.
+    """Start ``argv`` with stdout and stderr appended to ``log_path``, after the line ``header``.
 
-    ``header`` is written to the log first, so that the incarnations of one rank are
-    told apart in its log. Must be called from the main thread: the parent-death
-    signal fires when the *thread* that forked the child ends.
+    Call it from the main thread: the parent-death signal fires when the *thread* that forked the child ends.
     """
     parent_pid = os.getpid()
     with open_log(log_path, header) as log:
@@ -192,11 +173,8 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: Path, header: s
 
 
 class Stopping:
-    """Children being stopped the one way, without blocking: ``sig`` to each group now,
-    SIGKILL to what is left once ``grace_period`` has passed.
-
-    The caller calls :meth:`poll` until it returns True (every child reaped).
-    """
+    """Children being stopped without blocking: ``sig`` to each group now, SIGKILL to what is left after
+    ``grace_period``; call :meth:`poll` until it returns True."""
 
     def __init__(self, children: Iterable[Child], sig: int, grace_period: float) -> None:
         self.children = [c for c in children if c.poll() is None]
@@ -221,8 +199,7 @@ def stop_all(children: Iterable[Child], sig: int, grace_period: float) -> None:
 
 
 class Watchdog:
-    """launcher/procs/watchdog.py, started: told each child's session, it kills them all once
-    this process is gone, however it went (the pipe's EOF tells it)."""
+    """The started launcher/procs/watchdog.py: it kills each session it was told of once this process is gone."""
 
     def __init__(self) -> None:
         read_fd, self._write_fd = os.pipe()

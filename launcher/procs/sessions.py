@@ -1,11 +1,7 @@
 """The processes of a session, read from ``/proc``: what a child leaves behind when it ends.
 
-Every child tftrun starts leads a session of its own (``setsid``), and whatever it starts
-stays in that session unless it calls ``setsid`` itself: a DataLoader's worker processes,
-a ``sleep``, a shell pipeline in a process group of its own. Killing a session's members
-reaches all of them, where a signal to the leader's process group misses the last kind.
-
-Standard library only: the watchdog (launcher/procs/watchdog.py) imports it.
+Each child tftrun starts leads its own session; killing the session's members also reaches what moved to
+another process group, which a signal to the leader's group misses. Standard library only: the watchdog imports it.
 """
 
 from __future__ import annotations
@@ -58,19 +54,16 @@ _NEVER = 2**63
 
 @dataclass(frozen=True)
 class Session:
-    """The session that a child leads: its id (the leader's pid) and the leader's start.
-
-    A process counts as a member only if it started no sooner than the leader, so that a
-    session id reused after the whole session ended never reaches a stranger.
-    """
+    """The session a child leads: its id (the leader's pid) and the leader's start time. Only processes
+    started no sooner than the leader are members, so a reused session id never reaches a stranger."""
 
     sid: int
     since: int
 
     @classmethod
     def led_by(cls, pid: int) -> Session:
-        """The session of a child started with ``setsid`` and not reaped yet (one that
-        matches no process if ``/proc`` does not show the child)."""
+        """The session of a child started with ``setsid``, not reaped yet; one that matches no process if
+        ``/proc`` does not show the child."""
         stat = proc_stat(pid)
         return cls(pid, stat.starttime if stat is not None else _NEVER)
 
@@ -96,16 +89,9 @@ def kill_members(sessions: Iterable[Session]) -> list[ProcStat]:
 
 
 class JobProcesses:
-    """What the watchdog (launcher/procs/watchdog.py) knows to be the job's: each process
-    by its identity, (pid, start time), never by a pid or a session id alone.
-
-    A session is followed while it holds processes, and the kernel never gives its id to
-    another session meanwhile; once a look finds it empty it is forgotten, so that a
-    session id reused after a pid wrap, months into a long job, never reaches a stranger.
-    Each look records the identities of the followed sessions' members. (Between two
-    looks, a second apart, a followed session could empty and its id be reused only if
-    the whole pid space wrapped within that second.)
-    """
+    """What the watchdog knows to be the job's: each process by (pid, start time), never by a pid or
+    session id alone. A session is forgotten once a look finds it empty, so that its id, reused after a pid
+    wrap, never reaches a stranger."""
 
     def __init__(self) -> None:
         self._sessions: dict[int, int] = {}  # sid -> its leader's start time
@@ -122,14 +108,9 @@ class JobProcesses:
         return list(self._sessions)
 
     def look(self, processes: list[ProcStat]) -> list[ProcStat]:
-        """Record the job's processes among ``processes`` (all of them, one pass over
-        ``/proc``), forget the sessions left empty; the job's processes found.
-
-        A process is the job's when its identity is known, when it is in a followed
-        session and started no sooner than the session's leader (started since the last
-        look, perhaps orphaned already), or when its parent (by identity, in the same
-        pass) is the job's (a process that left its session with ``setsid``).
-        """
+        """Record and return the job's processes among ``processes`` (one pass over ``/proc``); forget the
+        sessions left empty. A child of a job's process is the job's too, which catches one that left its
+        session with ``setsid``."""
         by_pid = {p.pid: p for p in processes}
         job: dict[int, ProcStat] = {
             p.pid: p for p in processes

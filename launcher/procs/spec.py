@@ -50,10 +50,8 @@ class ProcessSpec:
 
 @dataclass(frozen=True)
 class Seat:
-    """Where this node's workers sit in one generation: their first global rank, the
-    world size, the node's place among the generation's nodes and their count. Fixed
-    (``--node_rank × nproc`` of ``--worker_num``) but for an elastic node range
-    (``--nnodes=MIN:MAX``, recovery/control/node_range.py)."""
+    """Where this node's workers sit in one generation: first global rank, world size, the node's place
+    and the node count. Fixed, except under an elastic node range (``--nnodes=MIN:MAX``)."""
 
     first_rank: int
     world_size: int
@@ -67,17 +65,13 @@ class Seat:
 
 
 OWN_PYTHON = (sys.executable, "-u", "-P")
-"""How tftrun starts its own processes (the scheduler, the watchdog, the fork server):
-``-P`` keeps the working folder off ``sys.path``, where ``python -m`` would put it
-first, and :func:`own_env` the empty and relative entries of ``PYTHONPATH``, which stand
-for it too, so that a ``recovery/`` or ``launcher/`` folder there is never run instead
-(docs/security.md). Not ``-I``: it would drop ``PYTHONPATH`` and the user's
-site-packages, where tftrun or torch may be installed."""
+"""How tftrun starts its own processes: ``-P`` and :func:`own_env` keep the working folder off
+``sys.path``, so a ``recovery/`` there is never run instead (docs/security.md). Not ``-I``: it would drop
+``PYTHONPATH`` and the user's site-packages, where tftrun or torch may be installed."""
 
 
 def own_env(env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` for one of tftrun's own processes: ``PYTHONPATH``'s absolute entries only
-    (recovery/python_path.py)."""
+    """``env`` for one of tftrun's own processes: ``PYTHONPATH``'s absolute entries only."""
     kept = own_pythonpath(env.get(PYTHONPATH, ""))
     return {**{name: value for name, value in env.items() if name != PYTHONPATH},
             **({PYTHONPATH: kept} if kept else {})}
@@ -119,9 +113,8 @@ def worker_spec(config: LaunchConfig, local_rank: int, incarnation: int, restart
                 rendezvous_port: int, base_env: Mapping[str, str] | None = None,
                 rendezvous_host: str | None = None, seat: Seat | None = None,
                 beat_socket: str | None = None) -> ProcessSpec:
-    """The spec of this node's worker ``local_rank`` for one launch of it. Its log and
-    error file are named by its slot, ``--node_rank × nproc + local_rank``, whatever
-    ``RANK`` a generation of an elastic job gives it.
+    """The spec of this node's worker ``local_rank`` for one launch. Its log and error file are named by
+    its slot, ``--node_rank × nproc + local_rank``, whatever ``RANK`` an elastic generation gives it.
 
     Args:
         incarnation: increases with every launch of this rank within the job.
@@ -181,29 +174,23 @@ def scheduler_spec(config: LaunchConfig, listen_fd: int,
 
 
 TITLE_ROOM = 4096
-"""Bytes of padding in the fork server's command line: the room a forked worker has to
-show its own (launcher/procs/fork_server_main.py, ``retitle``)."""
+"""Bytes of padding in the fork server's command line: the room a forked worker has to show its own."""
 ENVIRON_ROOM = 100_000
-"""Bytes of padding in the fork server's environment (``TFT_ENVIRON_ROOM``): the room a
-forked process has to show its own environment (launcher/procs/fork_server_main.py,
-``restamp_environ``); under Linux's 128 KiB limit on one variable."""
+"""Bytes of padding in the fork server's environment: the room a forked process has to show its own;
+under Linux's 128 KiB limit on one variable."""
 
 
 def forks_workers(config: LaunchConfig, env: Mapping[str, str] | None = None) -> bool:
-    """Whether this node's workers are forked from a fork server: ``--fork_server`` on,
-    a Python script or module (not ``--no_python``), run by tftrun's own Python (a
-    ``PYTHON_EXEC`` naming another one gets what it names)."""
+    """Whether this node's workers are forked from a fork server: ``--fork_server`` on, a Python script or
+    module, and no ``PYTHON_EXEC`` naming another Python."""
     python = (os.environ if env is None else env).get(names.PYTHON_EXEC)
     return (config.fork_server and config.entry in ("script", "module")
             and python in (None, "", sys.executable))
 
 
 def fork_server_spec(config: LaunchConfig, sock_fd: int, supervisor_pid: int) -> ProcessSpec:
-    """The fork server (launcher/procs/fork_server_main.py), serving on the inherited
-    socket ``sock_fd``. It gets a worker's environment, so that what torch reads at import
-    time (e.g. ``OMP_NUM_THREADS``) is what a worker would read; each forked worker gets
-    its own whole environment (the user's ``PYTHONPATH`` included, which :func:`own_env`
-    cleans for the server)."""
+    """The fork server, serving on the inherited socket ``sock_fd``. It gets a worker's environment, so what
+    torch reads at import (e.g. ``OMP_NUM_THREADS``) is what a worker would read."""
     env = {**own_env(worker_spec(config, 0, 0, 0, 0).env), names.TFT_ENVIRON_ROOM: " " * ENVIRON_ROOM}
     if config.entry == "script":
         env[names.TFT_PRELOAD] = framework_imports(config.script)
@@ -218,9 +205,7 @@ def script_argv(config: LaunchConfig) -> tuple[str, ...]:
 
 
 def worker_argv(config: LaunchConfig, env: Mapping[str, str]) -> tuple[str, ...]:
-    """The worker's command line, as torchrun builds it: ``python -u script ...``, ``python
-    -u -m module ...`` (``-m``), or the executable itself (``--no_python``); the Python is
-    ``PYTHON_EXEC`` when set."""
+    """The worker's command line, as torchrun builds it; the Python is ``PYTHON_EXEC`` when set."""
     if config.entry == "exec":
         return script_argv(config)
     python = env.get(names.PYTHON_EXEC) or sys.executable
@@ -239,9 +224,8 @@ def error_file(config: LaunchConfig, rank: int) -> Path:
 
 
 def prepare_error_file(config: LaunchConfig, rank: int) -> None:
-    """Before a launch of ``rank``: its error file's folder exists, made and checked as the
-    log dir is (``@record`` does not make it, and writes without ``O_NOFOLLOW``), and an
-    earlier launch's file is gone (its error is not this launch's).
+    """Before a launch of ``rank``: make and check its error file's folder (``@record`` writes without
+    ``O_NOFOLLOW``) and remove an earlier launch's file.
 
     Raises:
         OSError: the folder is not the user's own (a link in its place, say).

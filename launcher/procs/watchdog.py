@@ -1,19 +1,8 @@
-"""tftrun's watchdog: once tftrun is gone, however it went, nothing it started is left.
+"""tftrun's watchdog: once tftrun is gone, however it went (``kill -9`` included), it kills every process
+tftrun started, workers' own children too, which ``PR_SET_PDEATHSIG`` does not reach.
 
-A worker's direct process dies with tftrun (``PR_SET_PDEATHSIG``), but its own children
-(a DataLoader's processes, any subprocess) do not: the kernel gives them to init. So
-tftrun starts this process first, in a session of its own and without a parent-death
-signal, and tells it, one line ``SID SINCE`` per child, the session each child leads.
-While tftrun lives, it looks at ``/proc`` every :data:`LOOK_EVERY` seconds and records
-the job's processes by identity, (pid, start time), forgetting each session once it is
-empty (launcher/procs/sessions.py, ``JobProcesses``). EOF comes when tftrun exits,
-``kill -9`` included, since only tftrun holds the pipe's write end. Then it kills the
-job's processes, and only them, again until none is left (a process may fork while it is
-being killed), for at most :data:`SWEEP_FOR` seconds, and exits. A pid or a session id
-reused by another program, after the pid counter wrapped in a long job, is never killed:
-its start time is not the one recorded.
-
-Run as ``python -m launcher.procs.watchdog FD``; it imports nothing but the standard library.
+tftrun writes it one line ``SID SINCE`` per session it starts; EOF on that pipe means tftrun is gone.
+Processes are known by (pid, start time), so a reused pid is never killed. Standard library only.
 """
 
 from __future__ import annotations
@@ -34,8 +23,7 @@ LOOK_EVERY = 1.0
 
 
 def follow(fd: int, job: JobProcesses, look_every: float = LOOK_EVERY) -> None:
-    """Read the sessions tftrun reports until it is gone (EOF), looking at the job's
-    processes every ``look_every`` seconds meanwhile."""
+    """Read the sessions tftrun reports until EOF, recording the job's processes every ``look_every`` seconds."""
     pending = b""
     next_look = time.monotonic()
     while True:
@@ -54,7 +42,7 @@ def follow(fd: int, job: JobProcesses, look_every: float = LOOK_EVERY) -> None:
 
 
 def sweep(job: JobProcesses) -> None:
-    """Kill every living process of the job until none is left, or SWEEP_FOR passed."""
+    """Kill the job's processes until none is left (one may fork while being killed), for at most SWEEP_FOR s."""
     deadline = time.monotonic() + SWEEP_FOR
     while time.monotonic() < deadline:
         living = [p for p in job.look(every_process()) if p.state != "Z"]

@@ -1,11 +1,7 @@
 """Which events a report may draw: each field it reads of the type it draws it as.
 
-An ``events.jsonl`` is written by the job's processes, but a log dir may be shared or
-archived and its report opened by others, so the report trusts none of its values: an
-event whose time, number or text field has another type (a ``pid`` that is markup, a
-``ts`` of ``NaN``) is left out whole, and counted; one that lacks a field its drawing
-needs draws nothing. What is drawn is still escaped wherever it is written (svg.py,
-page.py).
+A log dir may be shared and its report opened by others, so no value is trusted: an event with a field of
+another type (a ``pid`` that is markup, a ``ts`` of ``NaN``) is left out whole; what is drawn is escaped too.
 """
 
 from __future__ import annotations
@@ -56,14 +52,12 @@ def _field_ok(name: str, value: object) -> bool:
 
 
 def well_typed(event: Any) -> bool:
-    """Whether every field the report reads of ``event`` (a parsed line of ``events.jsonl``)
-    is of its type, ``ts`` included; one that is not is counted as left out."""
+    """Whether every field the report reads of ``event`` (a parsed line of ``events.jsonl``) has its type."""
     if not isinstance(event, dict) or not _real(event.get("ts")):
         return False
     return all(_field_ok(name, value) for name, value in event.items())
 
 
 def drawable(event: dict[str, Any]) -> bool:
-    """Whether a well-typed ``event`` holds every field its drawing needs (a supervisor's
-    ``membership`` event of a retired rank has no generation: it draws nothing)."""
+    """Whether a well-typed ``event`` holds every field its drawing needs."""
     return all(event.get(name) is not None for name in _REQUIRED.get(str(event.get("event")), ()))

@@ -1,5 +1,4 @@
-"""What a report shows of a job: the types of its timeline (built by timeline.py, drawn
-by svg.py, page.py and trace.py). Times are unix seconds."""
+"""The types of a job's timeline, built by timeline.py and drawn by the renderers. Times are unix seconds."""
 
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ class IncarnationEnding(StrEnum):
 
 
 class SpanPhase(StrEnum):
-    """What a rank does between a fault and training again, or how it trains (a span of
-    the timeline): ``straggling`` from its ``straggler`` event to the end of its process."""
+    """What a rank does in a span of the timeline: between a fault and training again, or straggling."""
 
     COOLDOWN = "cooldown"
     REFORMING = "re-forming"
@@ -80,8 +78,7 @@ class GenerationMark:
 
 @dataclass(frozen=True)
 class DegradedSpan:
-    """A stretch the job trained with ranks missing (``--min_worker_num``, docs/elastic.md):
-    from the ``membership`` event that shrank it to the next that changed it."""
+    """A stretch the job trained with ranks missing (``--min_worker_num``, docs/elastic.md)."""
 
     start: float
     end: float

@@ -1,8 +1,5 @@
-"""The self-contained HTML report: the drawings of svg.py and the summary tables.
-
-One file: inline CSS and SVG, no script, no link to anything outside it, so it can be
-mailed, attached to a bug or opened on a machine without network.
-"""
+"""The self-contained HTML report: svg.py's drawings and the summary tables. Inline CSS and SVG, no script
+and no outside link, so the one file can be mailed or opened without network."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Reading the events of one job from its nodes' log dirs (or from archived runs).
+"""Reading the events of one job from its nodes' log dirs (an archived ``LOG_DIR/previous/<n>`` is one too).
 
-Each node's tftrun writes its own ``events.jsonl``; the scheduler's events are in node 0's.
-An event without ``node_rank`` belongs to the node whose dir it was read from (its
-``job_start`` says which; 0 if none). An archived run, ``LOG_DIR/previous/<n>``, is a log
-dir like any other.
+An event without ``node_rank`` belongs to the node whose dir it was read from (its ``job_start`` says which).
 """
 
 from __future__ import annotations
@@ -41,8 +38,8 @@ def _read_node(log_dir: Path) -> list[dict[str, Any]]:
 
 
 def read_job(log_dirs: Sequence[Path]) -> list[dict[str, Any]]:
-    """Every event of the job whose nodes logged to ``log_dirs``, each with its
-    ``node_rank``; a ConfigError (usage, exit 2) for a dir without events."""
+    """Every event of the job whose nodes logged to ``log_dirs``, each with its ``node_rank``; ConfigError for
+    a dir without events."""
     return [event for log_dir in log_dirs for event in _read_node(log_dir)]
 
 

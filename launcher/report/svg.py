@@ -1,9 +1,7 @@
-"""Inline SVG drawings of a :class:`~launcher.report.timeline.Timeline`: the lanes, and the
-steps over time. Plain strings, no script: tooltips are SVG ``<title>`` elements.
+"""Inline SVG drawings of a :class:`~launcher.report.timeline.Timeline`: the lanes, and the steps over time.
 
-Elements carry classes and ``data-`` attributes (``lane``, ``incarnation``, ``phase``,
-``fault``, ``generation``, ``recovery``; ``data-rank``, ``data-node``, ``data-ts``) so
-that tests and users' tools can find them.
+No script (tooltips are SVG ``<title>`` elements); elements carry classes and ``data-`` attributes that tests
+and users' tools find them by.
 """
 
 from __future__ import annotations
@@ -38,8 +36,7 @@ RANK_COLOURS = ("#1e88e5", "#43a047", "#fb8c00", "#8e24aa", "#00acc1", "#6d4c41"
 
 
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
-"""Characters XML 1.0 does not allow (control characters, lone surrogates): an SVG that
-held one would not parse, and a lone surrogate cannot even be written as UTF-8."""
+"""Characters XML 1.0 does not allow: an SVG holding one would not parse."""
 
 
 def escape_text(value: object) -> str:
@@ -63,8 +60,7 @@ class _Scale:
         return LEFT + (min(max(ts, self.start), self.end) - self.start) / span * (WIDTH - LEFT - RIGHT)
 
     def ticks(self) -> Iterator[tuple[float, str]]:
-        """About ten round ticks, as (unix seconds, time since the start: ``30s``, ``5m``,
-        ``2h``)."""
+        """About ten round ticks, as (unix seconds, label such as ``30s``, ``5m``, ``2h``)."""
         span = max(self.end - self.start, 1e-6)
         raw = span / 10
         if raw < 1:

@@ -1,23 +1,8 @@
-"""A job's timeline, built from its events: what ``tftctl report`` draws.
+"""A job's timeline (unix seconds), built from every node's events: what ``tftctl report`` draws.
 
-Pure: events in (merged from every node's ``events.jsonl``, each carrying ``node_rank``),
-a :class:`~launcher.report.model.Timeline` out, in unix seconds. No files, no clock: the
-caller says where the timeline ends (``now`` for a job still running). The renderers (svg.py, page.py,
-trace.py) only draw what is here, so they agree with each other.
-
-How a fault becomes a recovery: the first ``fault`` opens an episode (faults that follow
-before it closes join it); the ``recovered`` event closes it, and the ``rollback`` next to
-it says where training went on. The steps redone are the highest step the job reported
-before the rollback minus the step rolled back to. While an episode is open, the time
-from its first fault to the next ``generation`` event is *re-forming*, and from there to
-the rollback *resynchronising*; both are drawn on every incarnation alive then.
-
-A ``straggler`` event opens a *straggling* span on its rank, to the end of the process
-it named.
-
-A ``membership`` event with fewer ranks than the job's first one opens a *degraded* span
-(the survivors train on without the missing ranks); the next ``membership`` event closes
-it.
+Pure, no files and no clock, so the renderers (svg.py, page.py, trace.py) agree. A recovery episode runs from
+the first ``fault`` to ``recovered``: *re-forming* until the next ``generation``, then *resynchronising* until
+the ``rollback``. A ``membership`` with fewer ranks than the first opens a *degraded* span, closed by the next.
 """
 
 from __future__ import annotations
@@ -294,12 +279,9 @@ class _Builder:
 
 
 def build_timeline(events: Iterable[dict[str, Any]], now: float | None = None) -> Timeline:
-    """The timeline of ``events`` (any order; each may carry ``node_rank``, default 0).
-
-    ``now``: the job is still running, and the timeline ends now (processes without an
-    exit are running); None: it ends at the last event. An event with a field of another
-    type than the report draws it as is left out, and counted (launcher/report/fields.py).
-    """
+    """The timeline of ``events`` (any order; ``node_rank`` defaults to 0). ``now``: the job is still
+    running and the timeline ends now; None: it ends at the last event. Ill-typed events are left out and
+    counted."""
     given = list(events)
     typed = [event for event in given if well_typed(event)]
     ordered = sorted(filter(drawable, typed), key=lambda e: e["ts"])

@@ -1,12 +1,7 @@
 """The timeline as Chrome trace-event JSON, which Perfetto and ``chrome://tracing`` open.
 
-One process per node, one thread per rank. Each incarnation is a complete event (``X``,
-``ts`` and ``dur`` in microseconds since the job's start); the recovery phases of a rank
-are complete events nested in its incarnations (a cooldown lies between two of them);
-each fault is an instant event (``i``) on its rank's thread, each generation a global
-instant. Each recovery, labelled with its source and seconds, is a complete event on a
-``recoveries`` thread of node 0, and so is each stretch the job trained degraded (ranks
-missing, docs/elastic.md). The job's unix start time is in ``otherData``.
+One process per node, one thread per rank, times in microseconds since the job's start (its unix start time
+is in ``otherData``); recoveries and degraded stretches go on a ``recoveries`` thread of node 0.
 """
 
 from __future__ import annotations

@@ -16,13 +16,8 @@ _RUN_FILES = ("worker_*.log", "scheduler.log", EVENTS_FILE, "errors")
 
 
 def archive_previous_run(log_dir: Path, worker_logs: str = "worker_*.log") -> Path | None:
-    """Move the files of an earlier run in ``log_dir`` to ``log_dir/previous/<n>/``.
-
-    A second run into the same log dir must never destroy the first run's logs, and the
-    new run's worker logs (``worker_logs``, besides ``worker_<rank>.log``) and
-    ``events.jsonl`` must hold only the new run.
-    Returns the archive folder, or None when there was nothing to keep.
-    """
+    """Move an earlier run's files in ``log_dir`` to ``log_dir/previous/<n>/``, so a new run neither destroys
+    them nor mixes with them; the archive folder, or None when there was nothing to keep."""
     patterns = dict.fromkeys((worker_logs, *_RUN_FILES))
     found = list(dict.fromkeys(p for pattern in patterns for p in sorted(log_dir.glob(pattern))))
     if not found:
@@ -59,9 +54,8 @@ class LogFollower(threading.Thread):
         self._stop_event = threading.Event()
 
     def follow(self, path: Path, label: str, after: str | None = None) -> None:
-        """Start streaming ``path``, each line prefixed by ``label``: from just after its
-        last line that begins with ``after`` (a launch's header: a process forked warm
-        may have written its first lines, or all of them, before it is followed), or
+        """Stream ``path``, each line prefixed by ``label``, from just after its last line beginning with
+        ``after`` (a launch's header: a forked process may have written lines before it is followed), else
         from its current end."""
         offset = _after_last(path, after.encode()) if after else None
         if offset is None:

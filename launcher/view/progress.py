@@ -1,10 +1,6 @@
-"""How far training is, for the live view: each rank's step and speed, the ETA, and what a
-recovery is doing, read from the node's ``events.jsonl`` as it grows.
-
-The workers' ``step`` events (recovery/train/step_events.py) say each rank's step and the
-total; the ``fault``, ``generation``, ``rollback`` and ``recovered`` events say when a
-generation is being re-formed and resynchronised. Nothing here asks any process: a node
-without the scheduler learns that a generation formed from its workers' next ``step``.
+"""How far training is, for the live view: each rank's step and speed, the ETA, and what a recovery is doing,
+read from the node's ``events.jsonl`` as it grows. Nothing here asks any process: a node without the scheduler
+learns that a generation formed from its workers' next ``step``.
 """
 
 from __future__ import annotations
@@ -22,18 +18,15 @@ __all__ = ["EventTail", "RankProgress", "Progress", "progress_bar", "format_eta"
 
 
 READ_AT_MOST = 256 * 1024
-"""Bytes one :meth:`EventTail.read` reads at most: a pass of the supervisor's loop costs
-the same whether the file grew by a line or by hundreds of megabytes since the last one
-(the events of a steady job add about a kilobyte a second)."""
+"""Bytes one :meth:`EventTail.read` reads at most, so a pass of the supervisor's loop costs the same however
+much the file grew."""
 
 
 class EventTail:
-    """The events appended to an ``events.jsonl`` since the last call; only whole lines.
+    """The whole lines appended to an ``events.jsonl`` since the last call, at most ``max_bytes`` a call.
 
-    Each call reads at most ``max_bytes``. Behind by more, a tail that ``catches_up``
-    reads on from where it was at the next call (no event is lost); one that does not
-    (the live view, which shows the present) jumps to the newest ``max_bytes`` and leaves
-    the events before them unread.
+    Behind by more, a tail that ``catches_up`` reads on at the next call; one that does not (the live view,
+    which shows the present) skips to the newest ``max_bytes``.
     """
 
     def __init__(self, path: Path, catches_up: bool = True,
@@ -150,9 +143,7 @@ class Progress:
 
     @property
     def degraded(self) -> str | None:
-        """``degraded: W of N ranks, S samples/s`` while the job trains with ranks missing
-        (docs/elastic.md; the samples/s once a speed and a step's batch are known); None
-        otherwise."""
+        """``degraded: W of N ranks, S samples/s`` while the job trains with ranks missing; None otherwise."""
         if self.world is None or self.worker_num is None or self.world >= self.worker_num:
             return None
         note = f"degraded: {self.world} of {self.worker_num} ranks"
@@ -220,9 +211,8 @@ STEP_REPORTS = ("step", "train_end")
 
 @dataclass(frozen=True)
 class RunSpan:
-    """The run, for the end summary: when this node's job started (its ``job_start``, wall
-    clock), the newest step reported, the steps the loop runs in all, and the steps per
-    second from the first report to the newest."""
+    """The run, for the end summary: this node's ``job_start`` (wall clock), the newest and total steps, and
+    steps per second from the first report to the newest."""
 
     started: float | None
     final: int | None = None
@@ -231,8 +221,8 @@ class RunSpan:
 
 
 def run_span(path: Path) -> RunSpan:
-    """The :class:`RunSpan` of the ``events.jsonl`` at ``path``, read from its head and its
-    tail only, so that the summary of a long job costs what a short one's does."""
+    """The :class:`RunSpan` of the ``events.jsonl`` at ``path``, read from its head and tail only, so a long
+    job's summary costs what a short one's does."""
     head, tail = EventTail(path).read(), EventTail(path, catches_up=False).read()
     started = next((float(e["ts"]) for e in head if e.get("event") == "job_start"), None)
     reports = [e for e in (*head, *tail) if e.get("event") in STEP_REPORTS and "step" in e]

@@ -1,10 +1,7 @@
 """The only module that draws: the live table, plain status lines, and the final summary.
 
-On a terminal, a rich live table (rank, pid, state, restarts, step, steps/s, last log
-line) under a progress bar with an ETA and what a recovery is doing; off a terminal (CI,
-pipes), one timestamped line per lifecycle event, and every ``--progress_interval``
-seconds one line with the same figures. The figures come from the node's events.jsonl
-(launcher/view/progress.py).
+On a terminal, a rich live table under a progress bar; off a terminal (CI, pipes), one timestamped line per
+lifecycle event and a progress line every ``--progress_interval`` seconds.
 """
 
 from __future__ import annotations
@@ -102,11 +99,8 @@ def _rank_text(progress: Progress, row: Row) -> str:
 
 
 def progress_line(progress: Progress, rows: list[Row]) -> str | None:
-    """The plain view's progress line; None when nothing is known yet.
-
-    ``progress [####....] 40/100 40% 12.5 steps/s ETA 0:05; re-forming generation 1;
-    rank 0 step 40 12.4/s, rank 1 cooldown 3s, ...`` (ranks summarised beyond 8).
-    """
+    """The plain view's progress line, e.g. ``progress [####....] 40/100 40% 12.5 steps/s ETA 0:05; rank 0 step
+    40 12.4/s, ...``; None when nothing is known yet."""
     waiting = [r for r in rows if r.state.startswith("cooldown")]
     if progress.global_step is None and progress.recovering is None and not waiting:
         return None
@@ -215,9 +209,8 @@ class LiveView:
 
 def make_view(events_path: Path | None = None, progress_interval: float = 0.0,
               title: str = "tftrun") -> View:
-    """The live table on a terminal, else plain lines (progress every ``progress_interval``
-    seconds); both follow ``events_path`` for the workers' progress. ``title`` heads the
-    table (with several nodes, it says which node this is)."""
+    """The live table on a terminal, else plain lines; both follow ``events_path`` for the workers' progress.
+    ``title`` heads the table."""
     console = Console()
     if console.is_terminal:
         return LiveView(console, events_path, title)
@@ -247,9 +240,8 @@ def run_line(span: RunSpan, now: float, logs: str) -> str:
 
 def print_summary(rows: list[SummaryRow], failing: str | None, failing_log: list[str],
                   root_cause: str | None, figures: str = "") -> None:
-    """The table printed when the job ends, the run's ``figures`` (:func:`run_line`), and the
-    failing rank's root cause: the error and traceback its ``@record`` left (``root_cause``:
-    the first line, then the traceback), else its log's last lines."""
+    """Print the end-of-job table, the run's ``figures``, and the failing rank's root cause: what its
+    ``@record`` left (``root_cause``), else its log's last lines."""
     console = Console(width=None if sys.stdout.isatty() else 120)
     table = Table(title="tftrun summary")
     for column in ("rank", "pid", "end", "restarts"):
