@@ -6,8 +6,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-# The names the old module recovery.control held (recovery/moved.py), loaded on first use
-# (PEP 562): the launcher imports the client without the scheduler's modules.
+# The client's names, loaded on first use (PEP 562): the launcher imports the client without the
+# scheduler's modules.
 _CLIENT = ("SchedulerControl", "ExitReport")
 
 

@@ -1,16 +1,8 @@
 """A worker's end of its node's beat socket: registers and heartbeats go to the supervisor.
 
-Under tftrun (``TFT_BEAT_SOCKET`` set) a worker's registration and heartbeats go to its
-node's supervisor over a Unix ``SOCK_SEQPACKET`` socket (one message per request, and the
-supervisor sees the connection close the moment the process ends), not through the
-scheduler's store: no store round trip, no name lookup. The supervisor batches them into
-one ``node_beat`` per node (recovery/control/node_beats.py). :class:`LocalLink` answers
-what :class:`recovery.runtime.heartbeat.Heartbeat` and the registration ask of a
-:class:`recovery.control.rpc.SchedulerLink`: ``call`` for ``register`` and ``heartbeat``
-(a heartbeat is answered at once with the scheduler's latest answer for this rank), and
-``news``, the supervisor's news counter, read locally.
-
-Every other request (leave, last words, status) still goes to the scheduler itself.
+Under tftrun (``TFT_BEAT_SOCKET`` set) they go over a Unix ``SOCK_SEQPACKET`` socket, so the supervisor
+sees the connection close the moment the process ends, and it batches them into one ``node_beat`` per
+node. Every other request still goes to the scheduler.
 """
 
 from __future__ import annotations
@@ -29,10 +21,9 @@ _LOCAL_OPS = frozenset({Op.REGISTER, Op.HEARTBEAT})
 
 
 class LocalLink:
-    """The connection to the node's supervisor at ``path``; ``reply_timeout`` bounds
-    each wait for an answer (a registration's goes to the scheduler and back). Each
-    request carries the proof that this worker holds ``token``: a worker started with
-    another job's token is refused for good, as the scheduler would refuse it."""
+    """The connection to the node's supervisor at ``path``, for what a
+    :class:`recovery.control.rpc.SchedulerLink` does for registrations and heartbeats. Each request
+    proves ``token``, so a worker started with another job's token is refused for good."""
 
     def __init__(self, path: str, reply_timeout: float, token: str) -> None:
         self.path = path

@@ -1,15 +1,9 @@
 """The supervisor's handle on the scheduler: report exits and retirements, read the status.
 
-The scheduler is the single source of truth about membership (docs/scheduler.md); the
-supervisor tells it which worker processes ended and asks it what to do next. No method
-blocks longer than about ``timeout`` seconds, and each returns a safe value while the
-scheduler is down, or when a reply does not verify (forged: recovery/control/rpc.py) or is
-malformed or being relaunched: exit reports (and retirements) are queued and delivered, in order,
-as soon as it is back (a report that got no answer is sent again under its request id, so
-the scheduler counts it once); a status read meanwhile is ``None``.
-
-The connection is made in the background, from construction or, with ``connect=False``,
-from :meth:`SchedulerControl.connect`; it needs no torch (recovery/control/tcpstore_client.py).
+No method blocks longer than about ``timeout`` seconds. While the scheduler is down, or a reply is
+forged or malformed, reports are queued and resent in order under their request ids (so the scheduler
+counts each once) and a status read is ``None``. Connecting happens in the background and needs no
+torch.
 """
 
 from __future__ import annotations
@@ -92,9 +86,8 @@ class SchedulerControl:
         return self._call(Op.STATUS)
 
     def node_status(self, first_rank: int, nproc: int, missing: bool) -> dict[str, Any] | None:
-        """A node's status: the rows of its ranks ``first_rank`` to ``first_rank + nproc -
-        1`` and the job's facts (with ``missing``, the missing ranks), or ``None`` when
-        down (docs/protocol.md#status)."""
+        """The rows of ranks ``first_rank`` to ``first_rank + nproc - 1`` and the job's facts (with
+        ``missing``, the missing ranks); ``None`` when down."""
         return self._call(Op.STATUS, first_rank=first_rank, nproc=nproc, missing=missing)
 
     def close(self) -> None:
@@ -120,8 +113,7 @@ class SchedulerControl:
         return reply
 
     def _flush(self) -> bool:
-        """Deliver the queued exit reports and retirements, oldest first; True when none is
-        left."""
+        """Deliver the queued reports, oldest first; True when none is left."""
         with self._lock:
             while self._pending:
                 rid, report = self._pending[0]

@@ -1,11 +1,8 @@
 """``--straggler_policy=evict``: the membership's verdict on a confirmed straggler.
 
-The straggler is judged as a silent rank is: ``lost``, with a ``verdict`` event
-(``verdict: straggler``) and its cooldown. Its node's supervisor kills it and relaunches
-it after the cooldown; the survivors go on degraded meanwhile. A rank evicted again
-before its relaunch ran ``--straggler_window`` steps at its peers' pace is slow for a
-reason a relaunch does not fix (its host): it is retired instead, while the job keeps
-``--min_worker_num`` ranks without it (:func:`retires`; docs/stragglers.md).
+A straggler is judged as a silent rank is (``lost``, then relaunched after its cooldown). One evicted
+again soon after its relaunch is slow for a reason a relaunch does not fix, so it is retired instead
+(:func:`retires`; docs/stragglers.md).
 """
 
 from __future__ import annotations
@@ -20,17 +17,16 @@ def retires(measured_from: int | None, since: int, window: int, ranks_left: int,
             min_worker_num: int) -> bool:
     """Whether a straggler evicted now is retired rather than relaunched.
 
-    ``measured_from``: the global step from which the process that replaced the rank's
-    last evicted one was measured (None: never evicted); ``since``: the step from which
-    its time stayed above the threshold; ``ranks_left``: the ranks that train without it.
+    ``measured_from``: the step from which the rank's relaunched process was measured (None: never
+    evicted); ``since``: the step from which its time stayed above the threshold; ``ranks_left``: the
+    ranks that train without it.
     """
     return (measured_from is not None and since - measured_from < window
             and ranks_left >= min_worker_num)
 
 
 class StragglerEviction:
-    """Evicts stragglers; the membership's state and its moves (``_move``, ``_emit``,
-    ``_start_cooldown``, ``_update_completeness``, ``retire``) are the host class's."""
+    """Evicts stragglers; the membership's state and its moves are the host class's."""
 
     members: dict[str, Member]
     worker_num: int
@@ -38,10 +34,9 @@ class StragglerEviction:
 
     def evict_straggler(self, member: Member, found: Straggler, measured_from: int | None,
                         window: int) -> bool:
-        """Declare ``member`` lost for its step time, and retire its rank too when
-        :func:`retires` says so; False (nothing done) when it is no longer live, or the job
-        is not whole: one eviction at a time, so that ranks slowed by a recovery under way
-        are never evicted one after another."""
+        """Declare ``member`` lost for its step time, retiring its rank when :func:`retires` says so.
+        False (nothing done) unless it is live and the job whole: one eviction at a time, so ranks
+        slowed by a recovery under way are not evicted one after another."""
         active = len(self.active_ranks())
         if member.state not in LIVE_STATES or not self.complete or active != self.worker_num:
             return False

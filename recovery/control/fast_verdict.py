@@ -1,6 +1,6 @@
-"""The scheduler's side of a reported peer failure: it keeps the reports, reads the beats
-of the nodes they point at from its own store while any is open, and judges a node found
-silent at once (the rule: recovery/control/peer_reports.py)."""
+"""The scheduler's side of a reported peer failure: it keeps the reports, reads the beats of the nodes
+they point at from its own store, and judges a node found silent at once (the rule:
+recovery/control/peer_reports.py)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ _TIMEOUT = 1.0
 
 
 class FastVerdicts:
-    """Args: key: the job's key, which the nodes sign their beats with; membership: the
-    scheduler's, which the verdicts go to."""
+    """Judges reported peers; ``key`` is the job's key the nodes sign their beats with, and the verdicts
+    go to ``membership``."""
 
     def __init__(self, key: bytes, membership: LivenessRules) -> None:
         self._key = key
@@ -44,8 +44,8 @@ class FastVerdicts:
         return {"ok": True}
 
     def check(self, host: str, port: int, now: float) -> None:
-        """While a report is open: read the beats of the nodes it points at, and judge
-        those that stood still too long."""
+        """While a report is open: read the beats of the nodes it points at, and judge those that stood
+        still too long."""
         if now < self._due:
             return
         if not self._reports.open(now):
@@ -65,8 +65,8 @@ class FastVerdicts:
         return self._due
 
     def _beats(self, nodes: set[str], host: str, port: int) -> dict[str, int | None]:
-        """Each node's beat count as read now; a node whose beat is not set (or not the
-        job's) is left out, so never judged."""
+        """Each node's beat count as read now; a node whose beat is unset or not the job's is left out,
+        so never judged."""
         counts: dict[str, int | None] = {}
         try:
             self._client = self._client or TCPStoreClient(host, port, _TIMEOUT)

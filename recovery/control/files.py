@@ -1,12 +1,8 @@
 """The scheduler's two files: its state under the recovery path, its endpoint in the log dir.
 
-* ``<recovery_path>/scheduler/state.json``: the membership (members, ranks, cooldowns,
-  generation), so that a relaunched scheduler carries on where the killed one stopped.
-  Written atomically (temporary file, fsync, rename) under a file lock, in a folder only
-  its owner may enter (it holds a digest of the job token).
-* ``<log_dir>/scheduler.json``: where the running scheduler serves (host, port, pid, run
-  id), so that ``tftctl status --log_dir DIR`` can find it. It holds no token: log dirs
-  are often readable by others (docs/scheduler.md, threat model).
+``state.json`` lets a relaunched scheduler carry on; it is written atomically under a file lock, in a
+folder only its owner may enter (it holds a digest of the job token). ``scheduler.json`` tells ``tftctl
+status`` where to connect and holds no token: log dirs are often readable by others.
 """
 
 from __future__ import annotations
@@ -32,8 +28,7 @@ ENDPOINT_FILE = "scheduler.json"
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    # No indent: an indented dump runs json's pure-Python encoder, too slow for a large
-    # job's state, which is saved once a second while its steps move.
+    # No indent: an indented dump runs json's pure-Python encoder, too slow for a large job's state.
     payload = json.dumps(data, sort_keys=True).encode()
     write_atomic(path, lambda file: file.write(payload))
 
@@ -68,8 +63,8 @@ class StateFile:
         self.save_text(json.dumps(data, sort_keys=True))
 
     def save_text(self, text: str) -> None:
-        """Save the state already written as JSON (the scheduler compares it with the
-        last one saved first: one encoding, not two)."""
+        """Save state already encoded as JSON (the scheduler compares it with the last one saved first:
+        one encoding, not two)."""
         if not self._private:
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             self.path.parent.chmod(0o700)
@@ -79,8 +74,8 @@ class StateFile:
             write_atomic(self.path, lambda file: file.write(payload))
 
     def touch(self) -> None:
-        """Set the file's modification time to now, its content unchanged (nothing when
-        it is missing): the state is alive, and what changed need not be saved."""
+        """Set the file's modification time to now, content unchanged (nothing when missing):
+        the state is alive, though nothing changed to save."""
         try:
             os.utime(self.path)
         except FileNotFoundError:

@@ -1,21 +1,8 @@
 """How long a batch of requests waits after its first one for others to join it.
 
-The scheduler handles the requests waiting in its queue as one batch (one run of the
-rules, one save, one write of events). Where beats come one at a time, each batch is
-one beat, and the loop pays for waking (a store round trip to wait for the request,
-one to count those waiting, a cache gone cold) once per beat: in a large job most of a
-``node_beat``'s cost (docs/scale.md). Waiting a little after the first request gathers
-the ones that come meanwhile into the same batch.
-
-The wait is only worth it where requests come often: it is :data:`GATHER` where at
-least one more request is expected within it (the mean gap between requests, estimated
-over recent batches, is shorter), nothing otherwise, so a quiet job's requests (a few a
-second) are answered at once; nor while the queue is not drained (a backlog
-fills batches without it). A request never waits for others longer than :data:`GATHER`.
-
-A job of fewer than :data:`GATHER_FROM_RANKS` ranks never gathers: its beats come 47 ms
-apart or more at the defaults, so only its bursts would (the registrations of a
-generation, the requests of a recovery), and those are on the path of its recovery time.
+Each batch of requests costs the scheduler one wake-up, one run of the rules and one save; where
+requests come often, a short wait gathers more of them into one batch. A quiet job (or one under
+:data:`GATHER_FROM_RANKS` ranks, whose bursts are on its recovery path) is answered at once.
 """
 
 from __future__ import annotations
@@ -23,11 +10,10 @@ from __future__ import annotations
 __all__ = ["Gathering", "GATHER", "GATHER_FROM_RANKS", "for_ranks"]
 
 GATHER = 0.025
-"""Seconds a batch's first request waits for others at the most: a small part of the
-beat round trip's targets (p99 under 100 ms at 8192 ranks)."""
+"""Seconds a batch's first request waits for others at the most; small against the beat round trip's
+latency target."""
 GATHER_FROM_RANKS = 1024
-"""The smallest job whose scheduler gathers: 1024 ranks beat about 21 times a second (a
-beat per node of 8 every 6 s), where the waking starts to cost."""
+"""The smallest job whose scheduler gathers, where the wake-ups start to cost."""
 _WEIGHT = 0.2
 """The weight of the latest batch in the estimate of the gap between requests."""
 
@@ -49,12 +35,10 @@ class Gathering:
 
     def wait(self, now: float, drained: bool = True) -> float:
         """A batch's first request came at ``now`` (monotonic): how long to wait for more.
-        Nothing while requests are left waiting (``drained`` false: the previous batch
-        was full): the batch fills without it, and a wait would only slow the loop that
-        is catching up (seen at 65 536 ranks: behind for minutes, every node judged).
 
-        The requests that came since the previous batch's first one are the rest of that
-        batch and this one's first: their mean gap is the latest estimate."""
+        Nothing while requests are left waiting (``drained`` false): the batch fills without it, and a
+        wait would only slow a loop that is catching up. The requests since the previous batch's first
+        one give the latest gap estimate."""
         if self._last is not None:
             started, requests = self._last
             latest = (now - started) / requests

@@ -22,9 +22,8 @@ _REGISTER = Op.REGISTER.value
 
 
 class RequestHandlers:
-    """The part of :class:`recovery.control.scheduler.Scheduler` that answers each op once
-    its request was verified and parsed; the attributes are the scheduler's, set in its
-    ``__init__``."""
+    """The part of :class:`recovery.control.scheduler.Scheduler` that answers each op once its request
+    was verified and parsed; the attributes are the scheduler's."""
 
     config: SchedulerConfig
     membership: Membership
@@ -41,9 +40,8 @@ class RequestHandlers:
     _changed: bool
 
     def _on_status(self, request: Request) -> dict[str, Any]:
-        """The whole table (``tftctl status``), or with ``nproc`` one node's status: its
-        ranks' rows from ``first_rank`` (0 when left out) and the job's facts
-        (docs/protocol.md)."""
+        """The whole table (``tftctl status``), or with ``nproc`` one node's status: its ranks' rows
+        from ``first_rank`` (0 when left out) and the job's facts."""
         cfg = self.config
         scope = request.fields
         if scope["nproc"] is not None:
@@ -60,9 +58,8 @@ class RequestHandlers:
                          "node_beats": self.node_beats}}
 
     def _on_register(self, request: Request) -> dict[str, Any]:
-        """A registration (signed: it holds the job token); the reply hands the new
-        member the injections already queued for its rank, as a beat's does: beats are
-        seconds apart, and a fast rank could pass the step before its first one."""
+        """A registration; the reply hands the new member the injections already queued for its rank,
+        since a fast rank could pass the step before its first beat."""
         fields = request.fields
         answer = self.membership.register(Identity.from_json(fields), self.config.token,
                                           fields["ready"] is not False, whole=fields["whole"] is True)
@@ -78,16 +75,12 @@ class RequestHandlers:
         return self._handing_out_injections(answer)
 
     def _on_node_beat(self, request: Request) -> dict[str, Any]:
-        """One node's beat: its supervisor registers and beats for its ranks at once
-        (recovery/control/node_beats.py). The reply holds each rank's answer, in the
-        request's order, as its own register or heartbeat would have had it; an accepted
-        plain heartbeat's in short, as its generation alone (its node id and rank are the
-        request's, its fault time the reply's ``fault_at``): nearly every rank's, and each
-        a dict less to build and encode.
+        """One node's beat: its supervisor registers and beats for its ranks at once.
 
-        A generation that an entry forms (a registration, a readiness) reaches the ranks
-        answered before it in the same reply: they are answered again, instead of hearing
-        of it at their node's next beat, up to a beat interval later.
+        The reply holds each rank's answer in the request's order, as its own request would have had it;
+        an accepted plain heartbeat's is only its generation (nearly every rank's: a dict less to build
+        and encode). A generation formed by an entry reaches the ranks answered before it in the same
+        reply, rather than at their node's next beat.
         """
         node, ranks = request.fields["node"], request.fields["ranks"]
         membership, token, stamp = self.membership, self.config.token, self._stamp

@@ -1,12 +1,8 @@
 """Fault injection: what ``tftctl inject`` asks for, and how a worker carries it out.
 
-An :class:`Injection` travels from ``tftctl inject`` to the scheduler (``Op.INJECT``),
-waits in the scheduler's persisted queue for its rank, rides on the next heartbeat reply
-to the process holding that rank (then it is gone from the queue: at most once), and
-lands in that worker's :class:`Inbox`. The training loop asks
-``ClusterContext.pending_injection(step)`` once per step and calls :func:`deliver` on
-what it gets. ``kill`` and ``term`` without a step do not come this way: ``tftctl``
-signals the process directly (docs/fault-injection.md).
+An :class:`Injection` waits in the scheduler's persisted queue for its rank, rides on the next heartbeat
+reply to that rank (at most once) and lands in the worker's :class:`Inbox`. ``kill`` and ``term``
+without a step skip this: ``tftctl`` signals the process directly (docs/fault-injection.md).
 """
 
 from __future__ import annotations
@@ -105,8 +101,7 @@ def check(rank: int, fault: str, at_step: int | None, worker_num: int,
 class Inbox:
     """The injections a worker received and has not carried out yet (thread-safe).
 
-    The heartbeat thread adds; the training loop takes, once per step, so taking costs a
-    length check when the inbox is empty and a lock otherwise.
+    The training loop takes once per step, so taking from an empty inbox costs only a length check.
     """
 
     def __init__(self) -> None:
@@ -129,11 +124,8 @@ class Inbox:
 
 
 class InjectionQueue:
-    """The scheduler's injections not yet handed to their rank, oldest first (persisted).
-
-    An injection waits for whichever process holds its rank: a rank being relaunched
-    gets it on its new process's first heartbeat.
-    """
+    """The scheduler's injections not yet handed to their rank, oldest first (persisted); a rank being
+    relaunched gets them on its new process's first heartbeat."""
 
     def __init__(self) -> None:
         self.pending: list[Injection] = []
@@ -160,12 +152,9 @@ class InjectionQueue:
 def deliver(injection: Injection) -> None:
     """Carry the fault out in this (worker) process, now.
 
-    ``kill`` does not return; ``term`` returns once the signal is sent (the process's
-    SIGTERM handler, or the default action, decides); ``hang`` never returns while the
-    process (and its heartbeat thread) stays alive; ``uce`` raises
-    :class:`~recovery.faults.DeviceError`; ``exception`` raises :class:`InjectedError`;
-    ``slow`` is ``ElasticTrainer``'s to carry out (recovery/train/compute_clock.py): here
-    it is only logged.
+    ``kill`` does not return; ``term`` returns once the signal is sent; ``hang`` never returns while the
+    process stays alive; ``uce`` and ``exception`` raise; ``slow`` is only logged (``ElasticTrainer``
+    carries it out).
     """
     where = f"(injection {injection.id}) {injection.when}"
     if injection.fault == "kill":

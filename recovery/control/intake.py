@@ -47,15 +47,12 @@ class RequestIntake:
     _handlers: dict[Op, Callable[[Request], dict[str, Any] | None]]
 
     def _handle(self, raw: bytes) -> tuple[str | None, str | None]:
-        """Decide on one request: its id (to reply under, ``None``: no reply) and the
-        reply's wire text. The job's own clients remove the replies they get (and those
-        they gave up on); an answer no client of the job reads (to a request signed with
-        another key, or stamped too long ago) is listed to be removed later.
+        """Decide on one request: the id to reply under (``None``: no reply) and the reply's wire text.
 
-        The signature is verified before anything else is read: a request that does not
-        verify is answered, unsigned, ``token`` (it is the only answer a process holding
-        another job's token can read); a replayed one is not answered. A retry of a
-        request carried out already gets the same reply, and nothing is done again.
+        The signature is verified before anything else is read: a request that does not verify is
+        answered, unsigned, ``token`` (the only answer a process with another job's token can read); a
+        replay is not answered. A retry of a request carried out already gets the same reply, and
+        nothing is done again.
         """
         self._report_refusals()
         if raw == TICK:

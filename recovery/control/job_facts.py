@@ -1,10 +1,6 @@
-"""The job-wide facts a node's supervisor reads in its status (``status`` with a scope,
-docs/protocol.md): what the other nodes' ranks are doing, in counts, and which ranks are
-at fault, so that a node's snapshot is O(its ranks + faults), not the whole table.
-
-Found in one pass over the members, O(members), and kept by the membership until a
-member's state, a member or the retired ranks change; each node's question then costs
-O(its own ranks)."""
+"""The job-wide facts a node's supervisor reads in its status: what the other nodes' ranks are doing, in
+counts, and which ranks are at fault, so that a node's snapshot is O(its ranks + faults), not the whole
+table. The membership keeps them until a member or its state changes."""
 
 from __future__ import annotations
 
@@ -30,8 +26,8 @@ class JobFacts:
     @classmethod
     def of(cls, worker_num: int, live: Iterable[int],
            finished: Iterable[tuple[int, int | None]], retired: set[int]) -> JobFacts:
-        """The facts of a job of ``worker_num`` ranks whose live processes hold the ranks
-        ``live``, whose finished ones ``(rank, step)`` the ranks of ``finished``."""
+        """The facts of a job of ``worker_num`` ranks, from the ranks of its live processes and the
+        ``(rank, step)`` of its finished ones."""
         finished = list(finished)
         ended = {rank for rank, _step in finished}
         held = set(live) | ended
@@ -41,9 +37,8 @@ class JobFacts:
                                 reverse=True)))
 
     def others(self, own: range) -> dict[str, Any]:
-        """The ranks outside ``own``: how many train (a live or finished process, not
-        retired), how many finished or were retired, and the highest step a finished
-        one reported (null: none)."""
+        """The ranks outside ``own``: how many train, how many finished or were retired, and the highest
+        step a finished one reported (null: none)."""
         step = next((s for s, rank in self.finished_steps if rank not in own), None)
         return {"training": len(self.training) - sum(r in self.training for r in own),
                 "finished": len(self.done) - sum(r in self.done for r in own),

@@ -1,16 +1,9 @@
 """How node 0's scheduler shows the other nodes which job, and which launch of it, it serves.
 
-``tft/job`` (recovery/control/nodes.py) is signed with the token alone, so that a node
-that knows nothing yet can check it: a value recorded from another job that shares the
-token, or from an earlier launch of this one, verifies as well. So a joining node, once
-``tft/job`` is there, asks the scheduler a question of its own: a request of op ``job``
-with a fresh nonce, signed with :func:`ask_key` (the token's, as it knows no other). The
-reply, signed with the same key, answers that nonce and no other, and holds the job's
-identity with this launch's epoch and the address of the store the scheduler serves. A
-reply recorded earlier answers another nonce; the scheduler of another job, reached by
-relaying the request into its store, signs its own address, which is not the one the
-joining node asked at (:func:`recovery.control.signing.unseal` checks the first, the
-joining node the second).
+``tft/job`` is signed with the token alone, so a value from another job sharing the token, or from an
+earlier launch, verifies as well. A joining node therefore asks the scheduler with a fresh nonce, signed
+with :func:`ask_key`; the reply answers that nonce only and names the store address the scheduler
+serves, which the joining node checks against the one it asked at.
 """
 
 from __future__ import annotations

@@ -45,12 +45,9 @@ class LivenessRules:
         self._check_progress(now)
 
     def _quiet_node(self, node: str | None, now: float) -> bool:
-        """Whether ``node``'s supervisor (which beats for a rank) has not beaten for
-        :data:`_QUIET_BEATS` intervals either. Then a rank of it past the heartbeat timeout
-        is left to the node's own judgement, due within about a beat (a rank's last beat
-        is older than its node's by its age): the node is likely gone, and all its ranks
-        are judged at once, one degraded generation, not one per rank. Should the node beat
-        again, its beat judges the rank."""
+        """Whether ``node``'s supervisor has not beaten for :data:`_QUIET_BEATS` intervals either. Then
+        its ranks are left to the node's own verdict, due within about a beat, so a lost node's ranks
+        are judged at once: one degraded generation, not one per rank."""
         seen = None if node is None else self.nodes.get(node)
         return (seen is not None and not seen.judged
                 and now - seen.heard_at > _QUIET_BEATS * self.timeouts.beat_interval)
@@ -62,9 +59,8 @@ class LivenessRules:
                            if node in self.nodes and not self.nodes[node].judged}, reported_by)
 
     def _judge_nodes(self, silent_nodes: dict[str, float], reported_by: int | None = None) -> None:
-        """Silence per node: a node whose supervisor has not beaten for the heartbeat
-        timeout is ``node_silent``, and each of its live ranks gets its verdict (the
-        supervisor, or its host, is gone; nobody vouches for them)."""
+        """A node whose supervisor has not beaten for the heartbeat timeout is ``node_silent``, and each
+        of its live ranks is lost: nobody vouches for them."""
         if not silent_nodes:
             return
         ranks: dict[str, list[Member]] = {node: [] for node in silent_nodes}
@@ -89,13 +85,10 @@ class LivenessRules:
     def _check_progress(self, now: float) -> None:
         """The progress rule, within the current generation (docs/scheduler.md).
 
-        Only steps reported since the generation formed count: a step of an earlier
-        generation (before a rollback) is no evidence of anything, and a member that has
-        reported none yet is behind only a member that has, never "at step -1". A member
-        is hung once it has been behind for ``progress_timeout``. That clock starts when
-        another member's higher step is seen, so never before the generation formed, nor
-        before the member started; and a member the others only seem to be ahead of
-        because its own heartbeat is up to one interval old is never judged on it.
+        Only steps reported since the generation formed count, and a member that reported none is behind
+        only one that has. A member is hung once behind for ``progress_timeout``, counted from when
+        another's higher step is seen; one that only seems behind because its heartbeat is up to an
+        interval old is not judged.
         """
         if not self._generation_whole_and_heard(now):
             return
@@ -120,13 +113,9 @@ class LivenessRules:
                            behind_s=round(behind, 3))
 
     def _generation_whole_and_heard(self, now: float) -> bool:
-        """Whether progress may be judged: every process of the formed generation is still
-        a member (alive or finished) and none has been silent for more than
-        ``_QUIET_BEATS`` heartbeat intervals. Otherwise a member is gone, judged, or
-        perhaps stopped: the others lag because of it (a stopped rank can leave one peer a
-        step behind another in the collective it was in), the heartbeat rule judges it,
-        and the others wait for the next generation, whose forming restarts their clocks.
-        """
+        """Whether progress may be judged: every process of the formed generation is still a member and
+        none has been silent for over ``_QUIET_BEATS`` intervals. Otherwise the others may lag because
+        of it; the heartbeat rule judges it, and the next generation restarts their clocks."""
         quiet = _QUIET_BEATS * self.timeouts.beat_interval
         for node_id, incarnation in self._formed:
             member = self.members.get(node_id)
@@ -139,15 +128,10 @@ class LivenessRules:
         return True
 
     def next_due(self, after: float) -> float | None:
-        """The first deadline later than ``after`` (monotonic: when :meth:`check` last
-        ran) at which :meth:`check` may decide something that no request brings about
-        (a heartbeat or progress verdict, the cluster timeout), or ``None``. Between
-        ``after`` and it, :meth:`check` finds nothing new to do, so the scheduler may sleep
-        until then or the next request. A deadline already passed is not due again: its
-        rule either fired, or waits for what only a request changes (a member heard
-        again, the generation whole again). One that falls exactly at ``after`` has not
-        passed: the rules compare strictly (silent *more than* the timeout), so it fires
-        on the next check."""
+        """The first deadline at or after ``after`` (monotonic: when :meth:`check` last ran) at which
+        :meth:`check` may decide something no request brings about, or ``None``; the scheduler may sleep
+        until then. An earlier deadline fired already or waits on a request; one exactly at ``after``
+        has not fired, as the rules compare strictly."""
         due = [seen.heard_at + self.timeouts.heartbeat_timeout
                for seen in self.nodes.values() if not seen.judged]
         for member in self._live():

@@ -150,9 +150,8 @@ class Member:
     """The least (scheduler's wall clock - a request's signed stamp) seen from this
     process: its clock's offset from the scheduler's, plus the quickest delivery."""
     ready: bool = True
-    """Whether it may be put in a generation: a relaunched rank registers unready, and
-    says it is ready once its training loop can take a live rank's state
-    (docs/elastic.md), so the others train on (or wait) until then."""
+    """Whether it may be put in a generation: a relaunched rank registers unready until its training
+    loop can take a live rank's state, and the others train on meanwhile."""
     via: str | None = None
     """The node whose supervisor beats for it (``node_beat``); None: it beats itself."""
     whole: bool = False
@@ -172,9 +171,8 @@ class Member:
                 "incarnation": self.incarnation}
 
     def to_json(self) -> dict[str, Any]:
-        """The persisted member; its step is recorded as ``step``, as the scheduler's state
-        (and ``tftctl status``) always had it: only here and in :meth:`from_json` is it
-        mapped to :attr:`global_step`."""
+        """The persisted member; its step is stored as ``step``, the name the state files and ``tftctl
+        status`` use."""
         return {**self.fields(), "host": self.host, "state": self.state.value,
                 "step": self.global_step, "phase": self.phase,
                 "generation_step": self.generation_step, "ready": self.ready}
@@ -204,8 +202,7 @@ class NodeSeen:
 class Accepted:
     """The process holds ``node_id`` with ``rank``; it joins ``generation``.
 
-    ``fault_at`` is when the scheduler heard of the newest fault (:attr:`Membership.fault_at`):
-    what a rank's recovery is timed from, without reading any history.
+    ``fault_at``: when the scheduler heard of the newest fault, which a rank's recovery is timed from.
     """
 
     node_id: str

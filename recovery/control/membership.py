@@ -1,13 +1,8 @@
 """The scheduler's membership rules, free of I/O: who may join, with which rank, and when.
 
-Everything here is a pure function of the requests it is given and of an injected
-clock, so that the rules are tested exactly and fast (tests/unit/test_membership.py).
-The scheduler process (recovery/control/scheduler.py) feeds it requests from the store, emits
-the events it collects and persists :meth:`Membership.to_json`.
-
-Two clocks: cooldowns are wall-clock times (unix seconds), because they are persisted
-and must survive a scheduler restart and appear in events; heartbeat and progress ages
-are measured on the monotonic clock and restart from zero when the scheduler does.
+Everything here is a function of the requests and of an injected clock, so the rules are tested exactly.
+Cooldowns are wall-clock times (unix seconds) because they are persisted across scheduler restarts;
+heartbeat and progress ages are monotonic and restart from zero with the scheduler.
 """
 
 from __future__ import annotations
@@ -61,11 +56,9 @@ class Membership(LivenessRules, StatusViews, StragglerEviction):
         token: the job token every request must present.
         timeouts: cooldown, heartbeat and progress timeouts.
         clock: the clocks (injected by tests).
-        min_worker_num: the fewest workers a generation may have (default
-            ``worker_num``). Below ``worker_num``, a member of the formed generation that
-            dies (or is declared lost) does not stop the others: a *degraded* generation of
-            the live members forms at once, if they are at least ``min_worker_num``
-            (docs/elastic.md). The first generation always waits for all.
+        min_worker_num: the fewest workers a generation may have (default ``worker_num``). Below
+            ``worker_num``, a member's death forms a *degraded* generation of the live members at once
+            instead of stopping them (docs/elastic.md). The first generation always waits for all.
     """
 
     def __init__(self, worker_num: int, token: str, timeouts: Timeouts,
@@ -89,17 +82,14 @@ class Membership(LivenessRules, StatusViews, StragglerEviction):
         self.retired: set[int] = set()
         """Ranks retired for good (:meth:`retire`): not awaited until they register again."""
         self._facts: JobFacts | None = None
-        """The job-wide facts a node's status holds, O(members) to find: kept until a
-        member's state, a member or the retired ranks change (:meth:`_changed`)."""
+        """The job-wide facts a node's status holds, kept until :meth:`_changed` as they are O(members)
+        to find."""
         self.facts_version = secrets.randbits(52)
-        """Moves whenever what a node's status holds may change but for steps (a
-        member's state, a member, the retired ranks, a cooldown): every ``node_beat``'s
-        reply carries it, and a large job's supervisor asks for its status only when it
-        moved (launcher/supervisor/watch.py). It starts at random, so that a relaunched
-        scheduler's count never matches what a supervisor saw of the one before."""
+        """Moves whenever what a node's status holds may change but for steps; every ``node_beat`` reply
+        carries it, so a supervisor asks for its status only when it moved. It starts at random, so a
+        relaunched scheduler's count never matches the one before."""
         self.fault_at: float | None = None
-        """When the newest fault was heard of (unix time): an abnormal exit reported, or a
-        member declared lost. Workers get it with every reply (:class:`Accepted`)."""
+        """When the newest fault was heard of (unix time); workers get it with every reply."""
         self._formed: frozenset[tuple[str, int]] = frozenset()
         self._incomplete_since: float | None = None  # monotonic
         self._all_finished: tuple[int | None, bool] = (None, False)
@@ -127,11 +117,9 @@ class Membership(LivenessRules, StatusViews, StragglerEviction):
         return answer
 
     def retire(self, ranks: list[int], reason: str) -> list[int]:
-        """A supervisor retired ``ranks`` for good (docs/elastic.md): they are no longer
-        awaited (not missing, and the job is whole without them), until a process of one
-        registers again. A rank held by a live process is back already and stays, and
-        nothing is retired before the first generation formed; the ranks retired now are
-        returned and recorded in a ``membership`` event."""
+        """A supervisor retired ``ranks`` for good: they are not awaited until a process of one
+        registers again. A rank held by a live process stays, and nothing is retired before the first
+        generation formed; returns the ranks retired now."""
         if self.generation == NO_GENERATION:
             return []  # the first generation waits for every rank
         held = {m.rank for m in self._live()}
@@ -194,20 +182,13 @@ class Membership(LivenessRules, StatusViews, StragglerEviction):
                   silent: float = 0.0) -> Accepted | Refused:
         """A registered process is alive and at ``global_step``, doing ``phase`` (if it says).
 
-        ``ready=True`` from a member registered unready: it may now be put in a generation.
+        ``ready=True``: a member registered unready may now be put in a generation. ``sent``: the beat's
+        signed stamp, so a beat that waited in a flooded queue does not make its sender look fresher
+        (nor staler) than it is. ``via``: the node whose supervisor sent the beat; ``silent``: seconds
+        since that supervisor last heard from the process (past the heartbeat timeout: lost at once).
 
-        ``sent``: the beat's signed stamp (the sender's wall clock). The member was alive
-        then, not when the scheduler got round to its beat: a beat that waited in a
-        flooded queue does not make its sender look fresher (nor staler) than it is.
-
-        ``via``: the node whose supervisor sent the beat for it (``node_beat``), and
-        ``silent``: seconds since the supervisor last heard from the process. The
-        supervisor judges its ranks: one silent past the heartbeat timeout is declared
-        lost at once.
-
-        A process the scheduler does not know (its state was lost) is admitted again
-        under the registration rules: that is how workers re-attach after a scheduler
-        restart without a persisted state.
+        A process the scheduler does not know is admitted under the registration rules: that is how
+        workers re-attach after a scheduler restart without a persisted state.
         """
         if not self.token_ok(token):
             return self._refuse(identity, RefuseReason.TOKEN,
@@ -243,12 +224,10 @@ class Membership(LivenessRules, StatusViews, StragglerEviction):
 
     def plain_heartbeat(self, beat: dict[str, Any], sent: float | None,
                         via: str) -> Accepted | None:
-        """A rank's heartbeat in a node's beat (``via``), decided at once where it is the
-        plain case, as :meth:`heartbeat` would decide it: an alive member of this very
-        process, its supervisor heard from it within the heartbeat timeout, and it says
-        nothing of its readiness that is new. ``None``: anything else, for
-        :meth:`heartbeat`. ``beat`` holds a checked ``node_beat`` rank's fields
-        (recovery/control/requests.py): thousands come a second, nearly all plain."""
+        """A rank's heartbeat in node ``via``'s beat, decided at once in the plain case as
+        :meth:`heartbeat` would: an alive member of this very process, heard within the heartbeat
+        timeout, saying nothing new of its readiness. ``None``: anything else, for :meth:`heartbeat`.
+        Thousands come a second, nearly all plain."""
         member = self.members.get(beat["node_id"] or "")
         if (member is None or member.state is not _ALIVE
                 or member.pid != beat["pid"] or member.incarnation != beat["incarnation"]
@@ -488,10 +467,8 @@ class Membership(LivenessRules, StatusViews, StragglerEviction):
         return self._accepted(member)
 
     def _returns(self, member: Member, via: str | None) -> None:
-        """``member`` registered (through node ``via``'s supervisor, if not itself): if it
-        was retired, it is awaited again, and so are the other retired ranks of its node
-        (a lost node returns with all its ranks: they grow the generation together, not
-        one at a time)."""
+        """``member`` registered: if it was retired, it is awaited again, and so are the other retired
+        ranks of its node ``via``, so a returning node's ranks grow the generation together."""
         if via is not None and member.rank in self.retired:
             self.retired -= {m.rank for m in self.members.values() if m.via == via}
         self.retired.discard(member.rank)
@@ -513,10 +490,8 @@ class Membership(LivenessRules, StatusViews, StragglerEviction):
     def _heard_at(self, member: Member, sent: float | None) -> float:
         """When (monotonic) ``member`` sent a request stamped ``sent`` by its own clock.
 
-        Clocks of two hosts differ, so the stamp is read against the member's least
-        delay so far (see :class:`Member`): what its request waited beyond that is how
-        long ago it was sent. A first request that waited long sets a large least delay
-        and makes the member look fresher, never staler, than it is.
+        Host clocks differ, so the stamp is read against the member's least delay so far: a first
+        request that waited long only makes the member look fresher, never staler, than it is.
         """
         now = self.clock.monotonic()
         if sent is None:

@@ -57,11 +57,9 @@ class StatusViews:
                 "nodes": nodes, "retired": sorted(self.retired)}
 
     def node_status(self, first_rank: int, nproc: int, missing: bool) -> dict[str, Any]:
-        """What a node's supervisor needs (``tftctl status`` has the whole table): the rows
-        of its ranks ``first_rank`` to ``first_rank + nproc - 1``, and of the others only
-        counts and the ranks at fault; with ``missing``, the ranks missing (a list as long
-        as the faults). O(own ranks + faults) while the job's facts hold (they are found
-        again, O(members), after a change of any member's state)."""
+        """What a node's supervisor needs: the rows of its ranks ``first_rank`` to ``first_rank + nproc
+        - 1``, and of the others only counts and the ranks at fault (with ``missing``, the missing
+        ranks). O(own ranks + faults) while the job's facts hold."""
         now = self.clock.monotonic()
         facts = self._job_facts()
         own = range(first_rank, first_rank + nproc)

@@ -1,21 +1,10 @@
 """Wake up on the scheduler's news instead of reading its counter every second.
 
-The scheduler adds one to the counter :data:`~recovery.control.rpc.NEWS` whenever it has
-news, and sets the key :func:`~recovery.control.rpc.news_key` of the new count
-(recovery/control/scheduler.py). A :class:`NewsWatch` holds a store connection of its own
-blocked in a ``WAIT`` on the key of the next count: the store answers it the moment the
-key is set, and nodes waiting cost the store nothing until then, where every node reading
-the counter every second costs it an operation per node and second (docs/scale.md). The
-watch reads the counter only when it (re)connects, after each wake-up and every
-``rearm`` seconds (a wait it cancels, so that a key removed by a stranger holds no news
-back for longer); while the counter holds a stranger's value that is no number, it has
-no key to wait for and reads the counter every ``spacing``.
-
-The counter and its keys are hints: whoever sets them causes a beat, whose signed reply
-is the news. The watch calls back at once for up to :data:`BURST` pieces of news in a row
-(a death's shrink and its relaunched rank's grow come a moment apart), then at most once
-per ``spacing`` seconds: keys set in a flood cost a node no more beats than reading the
-counter every ``spacing`` would.
+The scheduler bumps :data:`~recovery.control.rpc.NEWS` and sets the key of the new count; a
+:class:`NewsWatch` blocks in a store ``WAIT`` on the next count's key, which costs the store nothing
+until it is set (docs/scale.md). The counter and keys are only hints (whoever sets them causes a beat,
+whose signed reply is the news), so calls are limited to :data:`BURST` at once, then one per
+``spacing``.
 """
 
 from __future__ import annotations
@@ -46,7 +35,8 @@ class NewsWatch:
         port: its port.
         on_news: called in the watch's thread; it must not block.
         spacing: seconds between two calls at the least.
-        rearm: seconds a wait lasts before the counter is read again.
+        rearm: seconds a wait lasts before the counter is read again, so a key removed by a stranger
+            holds no news back for longer.
     """
 
     def __init__(self, host: str, port: int, on_news: Callable[[], object],

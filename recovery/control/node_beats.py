@@ -1,21 +1,9 @@
 """Beats per node: what a node's supervisor keeps of its ranks' heartbeats, free of I/O.
 
-Under tftrun a worker does not beat to the scheduler itself: it reports to its node's
-supervisor over a Unix socket (``TFT_BEAT_SOCKET``; the server is
-launcher/supervisor/beats.py, the worker's end recovery/control/beat_channel.py), and the
-supervisor sends one signed ``node_beat`` per node per interval with every rank's step,
-phase and age (docs/protocol.md). The scheduler answers each rank as its own register or
-heartbeat would have been answered; the supervisor keeps each rank's latest answer and
-hands it to the rank at its next local beat (:meth:`NodeBeats.answer`), injections once.
-
-Silence is judged in two places: the scheduler judges the node (no ``node_beat`` for the
-heartbeat timeout: every rank of it is lost), the supervisor each rank. A rank it has
-not heard from for the heartbeat timeout goes out in a beat at once, with its age, and
-the scheduler declares it lost (:meth:`NodeBeats.next_due`); a rank whose process ended
-the supervisor sees at once (its connection closes) and stops vouching for it.
-
-Everything here is a pure function of the reports, the replies and an injected time
-(tests/unit/test_node_beats.py).
+Workers report to their node's supervisor over a Unix socket, and it sends one signed ``node_beat`` per
+node per interval with every rank's step, phase and age (docs/protocol.md), keeping the scheduler's
+latest answer for each rank until the rank's next local beat. The scheduler judges the node's silence,
+the supervisor each rank's: a rank silent past the heartbeat timeout goes out at once, to be judged.
 """
 
 from __future__ import annotations
@@ -34,8 +22,7 @@ __all__ = ["NodeBeats", "RankBeat", "encode", "decode", "MAX_LOCAL_BYTES", "BEAT
 MAX_LOCAL_BYTES = 65_536
 """The largest message on the local socket (a reply with injections is far smaller)."""
 BEAT_BYTES = 12_000
-"""A ``node_beat``'s ranks take at most about this many bytes: well under a request's
-16 KiB (recovery/control/requests.py), whatever the phases' lengths."""
+"""A ``node_beat``'s ranks take at most about this many bytes, well under a request's 16 KiB."""
 _PAST_TIMEOUT = 0.001
 """A rank's own deadline fires this far past its heartbeat timeout (the scheduler
 compares strictly)."""
@@ -71,12 +58,10 @@ class RankBeat:
     whole: bool = False
     """It registered to train in whole generations only."""
     ready: bool | None = None
-    """What it last said of its readiness to join a generation (None: nothing; a
-    relaunched rank registers unready, docs/elastic.md)."""
+    """What it last said of its readiness (None: nothing; a relaunched rank registers unready)."""
     urgent: bool = False
-    """Something the scheduler must hear at once waits for the next beat: a
-    registration, a change of readiness (the job is whole again only then), a step-time
-    summary its rank sent as urgent (recovery/control/stragglers.py)."""
+    """Something the scheduler must hear at once waits for the next beat: a registration, a change of
+    readiness, or a step-time summary its rank sent as urgent."""
     answer: dict[str, Any] | None = None
     """The scheduler's latest answer about it (None: none yet)."""
     injections: list[Any] = field(default_factory=list)
@@ -93,9 +78,8 @@ class NodeBeats:
     Args:
         heartbeat_timeout: a rank silent for longer is sent at once, to be judged.
         interval: seconds between two beats of the node when nothing else is due.
-        jitter: each spacing is up to this share of ``interval`` shorter, so that nodes
-            that beat together after a new generation drift apart (as a rank's beats do,
-            recovery/runtime/heartbeat.py).
+        jitter: each spacing is up to this share of ``interval`` shorter, so that nodes that beat
+            together after a new generation drift apart.
     """
 
     def __init__(self, heartbeat_timeout: float, interval: float, jitter: float = 0.0) -> None:
@@ -110,8 +94,8 @@ class NodeBeats:
         self.beaten_at = -math.inf
         """When (monotonic) the last beat went out."""
         self.facts: int | None = None
-        """The scheduler's count of changes its latest reply said (``facts``, None: none
-        said): a large job's supervisor asks for its status only when it moves."""
+        """The ``facts`` count of the scheduler's latest reply (None: none said); a large job's
+        supervisor asks for its status only when it moves."""
 
     # ----------------------------------------------------------------- local reports
     def heard(self, key: int, op: str, message: dict[str, Any], now: float) -> bool:

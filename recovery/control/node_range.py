@@ -1,22 +1,9 @@
 """torchrun's elastic node range (``--nnodes=MIN:MAX``) for plain scripts: the pure rules.
 
-Every group restart of an elastic job is a *round*: each node's tftrun joins it, node 0
-closes it, and the nodes it closed with are the next generation's, every one of their
-workers restarted with the new ``WORLD_SIZE`` and contiguous ranks (node ``i`` of the
-round, counted in node rank order, runs ranks ``i × nproc …``). What decides when a round
-closes, and at what size, is here, free of I/O and clocks (tests/unit/test_node_range.py);
-launcher/nodes/rounds.py carries it out through node 0's cluster store, and
-launcher/supervisor/policy.py decides when a membership change restarts the group.
-
-A round closes (:func:`close_round`):
-
-* at once when ``MAX`` nodes joined, or when ``MIN`` joined and every node node 0 waits
-  for (:attr:`RoundWait.expected`) joined;
-* else once ``MIN`` joined and ``last_call`` seconds passed since (torchrun's
-  ``last_call_timeout``), unless a node is disputed (:attr:`RoundWait.disputed`): then
-  only once it joined, or ``time_out`` seconds passed since the round's opening;
-* below ``MIN`` it waits up to ``time_out`` seconds from the round's opening, then the
-  job ends (:class:`TooFew`).
+Every group restart of an elastic job is a *round*: each node's tftrun joins it, node 0 closes it, and
+the nodes it closed with form the next generation, with contiguous ranks in node rank order.
+:func:`close_round` decides when a round closes and at what size; launcher/nodes/rounds.py carries it
+out.
 """
 
 from __future__ import annotations
@@ -32,8 +19,8 @@ DEFAULT_LAST_CALL = 30.0
 """Seconds a round with ``MIN`` nodes waits for more (torchrun's ``last_call_timeout``
 default; ``--rdzv_conf last_call_timeout=S`` sets it)."""
 NODE_SILENT = 3.0
-"""Seconds without a beat from a node's tftrun (it beats every half second) after which a
-closing round no longer waits for it."""
+"""Seconds without a beat from a node's tftrun (it beats every half second) after which a closing round
+no longer waits for it."""
 
 
 @dataclass(frozen=True)
@@ -82,14 +69,13 @@ class RoundWait:
 
     Args:
         joined: the nodes that joined it.
-        expected: the nodes worth waiting for: every node of the job for the first round;
-            later, the previous generation's nodes and the nodes that asked to join, less
-            those silent for :data:`NODE_SILENT` (a lost node is not waited for).
+        expected: the nodes worth waiting for: every node of the job for the first round; later, the
+            previous generation's nodes and those that asked to join, less those silent for
+            :data:`NODE_SILENT`.
         opened_at: when node 0 opened it (monotonic).
         reached_at: when ``MIN`` nodes had first joined (None: not yet).
-        disputed: nodes whose join or beat key held a value that is not the job's (a
-            stranger's: the node may be trying to join); waited for like ``expected``,
-            up to ``time_out``.
+        disputed: nodes whose join or beat key held a stranger's value (the node may be trying to
+            join); waited for like ``expected``, up to ``time_out``.
     """
 
     joined: frozenset[int]
@@ -127,9 +113,8 @@ def close_round(wait: RoundWait, span: NodeRange, now: float, last_call: float,
                 time_out: float) -> Close | Wait | TooFew:
     """Close the round now (with which nodes), wait (until when), or end the job.
 
-    ``time_out``: how long a round may stay below ``MIN`` (``--cluster_time_out`` for the
-    first round, ``--node_time_out`` later). Never more than ``MAX`` nodes: the lowest
-    node ranks are taken (node ranks are below ``MAX`` anyway).
+    ``time_out``: how long a round may stay below ``MIN`` (``--cluster_time_out`` for the first round,
+    ``--node_time_out`` later). Never more than ``MAX`` nodes: the lowest node ranks are taken.
     """
     joined = tuple(sorted(wait.joined))[:span.high]
     if len(joined) < span.low:

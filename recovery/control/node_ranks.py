@@ -1,19 +1,9 @@
 """Node ranks handed out by node 0's scheduler in order of arrival, free of I/O.
 
-A node started without ``--node_rank`` (and not placed by Slurm or Kubernetes) asks node
-0's scheduler for its rank (``Op.NODE_RANK``, signed like every request) with its node id:
-a name that survives a restart of its tftrun (``--node_id``, by default its host name and
-node address). Node 0, the node whose own address is ``--master_addr``, never asks: rank
-0 is its own. The rule (docs/multi-node.md#automatic-node-ranks):
-
-* a node id seen before gets the rank it had: a node that comes back is the same node;
-* a new node id gets the next rank, 1, 2, ... in the order the requests arrive (the
-  scheduler handles them one at a time);
-* the job has ``worker_num / nproc`` nodes: a node beyond that is refused, and told why.
-
-Ranks are never taken back, so a node that is gone keeps its place for its return. The
-scheduler persists the table before it answers, so a relaunched scheduler (node 0 come
-back to its job) hands out the same ranks.
+A node started without ``--node_rank`` asks node 0's scheduler for its rank with its node id, a name
+that survives a restart of its tftrun (docs/multi-node.md#automatic-node-ranks). Ranks are never taken
+back, so a node that is gone keeps its place; the scheduler persists the table before it answers, so a
+relaunched scheduler hands out the same ranks.
 """
 
 from __future__ import annotations

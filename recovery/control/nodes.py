@@ -1,44 +1,21 @@
 """What the nodes of one job share through the scheduler's store on node 0.
 
-Nodes share no file system, only the network. Everything one node's tftrun must learn
-from another goes through these keys of the cluster store (the scheduler's, on node 0):
+Nodes share no file system, only the network, so everything one node's tftrun must learn from another
+goes through these keys (the full table: docs/security.md):
 
-* ``tft/job``: the job's identity (run id, lineage, worker count, node count, and the
-  epoch this launch drew), set by the scheduler when it starts. A node other than node 0
-  waits for it before it starts anything: it is also the sign that node 0's scheduler is
-  up. Its value carries a MAC keyed with the job token over the whole identity: the
-  proof that node 0 holds the token, without the token. A node given another token
-  cannot verify it and stops. As the token alone signs it, a value recorded from another
-  job or an earlier launch verifies too: the joining node then asks node 0's scheduler
-  which job it serves now (recovery/control/job_proof.py) and takes that answer.
-* ``tft/rendezvous/<n>``: ``host:port`` of the fresh ``env://`` store of group restart
-  ``n``, hosted by node 0's supervisor (launcher/nodes/rendezvous.py). Every node's workers of
-  restart ``n`` meet there.
-* ``tft/restart_all``: the highest group restart any node has started. A node that
-  restarts its workers raises it; the others see it and restart theirs.
-* ``tft/end``: why the job ended, set by the node that ended it for a reason that ends
-  every node (a failure no restart fixes, a node that did not come back).
-* ``tft/over``: node 0's job ended, with its exit status and why (JSON ``{"status",
-  "reason"}``), set by node 0 before it stops its scheduler; ``tft/node/<K>/left``: node
-  ``K`` ends (it saw ``tft/over``, or ended for a reason of its own). Node 0 keeps its
-  store up until every live node left, or a bounded wait passed
-  (launcher/nodes/job_end.py).
-* ``tft/node/<K>/beat``: a count node ``K``'s tftrun raises every half second (and the
-  group restart it waits to join, if any): node 0 tells a live node from a lost one by it,
-  whether or not its workers use ``recovery``; only a rise is life
-  (launcher/nodes/presence.py).
-* ``tft/round/<n>/join/<K>``: node ``K`` joined group restart ``n`` of an elastic job
-  (``--nnodes=MIN:MAX``); ``tft/round/<n>``: the nodes node 0 closed that round with,
-  e.g. ``0,2`` (recovery/control/node_range.py).
+* ``tft/job``: the job's identity, set by the scheduler when it starts. Signed with the token alone,
+  so a joining node then asks the scheduler which job it serves (recovery/control/job_proof.py).
+* ``tft/rendezvous/<n>``: ``host:port`` of group restart ``n``'s ``env://`` store.
+* ``tft/restart_all``: the highest group restart any node started; the others follow it.
+* ``tft/end``: why the job ended on every node; ``tft/over``: node 0's job ended
+  (``{"status", "reason"}``); ``tft/node/<K>/left``: node ``K`` ends.
+* ``tft/node/<K>/beat``: a count node ``K``'s tftrun raises every half second; only a rise is life.
+* ``tft/round/<n>/join/<K>`` and ``tft/round/<n>``: the joins and the nodes of an elastic job's round.
 
-The store has no authentication (docs/security.md): whoever reaches the port can read and
-write these keys. So none of them holds a secret, and every value is signed
-(:func:`recovery.control.signing.sign_value`): ``tft/job`` with the token, the others with
-the key of the job's launch (:func:`recovery.control.signing.job_key`: token, run id and
-epoch), each MAC over the key's name and its value; the names they are kept under are
-keyed with it too (:func:`stored_at`), so an earlier launch's are other names. A value
-that does not verify, is longer than :data:`MAX_VALUE_BYTES` or does not parse is read
-as unset, and reported: a stranger can hide a key, never steer a node.
+The store has no authentication, so no key holds a secret and every value is signed (``tft/job`` with
+the token, the others with the launch's key) under a name only the job can compute (:func:`stored_at`).
+A value that does not verify, is too long or does not parse reads as unset: a stranger can hide a key,
+never steer a node.
 """
 
 from __future__ import annotations
@@ -151,10 +128,9 @@ def parse_address(text: str) -> tuple[str, int]:
 
 
 def stored_at(key: bytes, name: str) -> str:
-    """The store key under which the value of ``name`` signed with ``key`` is kept:
-    ``<name>/<a MAC of the name>``, which only the job's processes can compute. A stranger
-    who overwrites the plain names hides nothing from them; one who lists the store's keys
-    and overwrites these too can deny service, never steer (docs/security.md)."""
+    """The store key under which ``name`` signed with ``key`` is kept: ``<name>/<a MAC of the name>``,
+    which only the job's processes can compute, so a stranger who overwrites the plain names hides
+    nothing (docs/security.md)."""
     return f"{name}/{keyed_name(key, name)}"
 
 
@@ -178,9 +154,8 @@ def read_signed(client: TCPStoreClient, key: bytes, name: str) -> str | None:
 def raise_counter(client: TCPStoreClient, key: bytes, name: str, value: int) -> int:
     """Raise the signed integer under ``name`` to at least ``value``, atomically; the result.
 
-    Several nodes may raise it at once (each restarting after the same failure): the
-    store's compare-and-set makes them agree, and a value is never lowered. A value that
-    is not the job's (a stranger's) counts as unset, and is replaced.
+    Several nodes may raise it at once: the store's compare-and-set makes them agree, and a value is
+    never lowered. A stranger's value counts as unset and is replaced.
     """
     where = stored_at(key, name)
     while True:

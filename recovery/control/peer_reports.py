@@ -1,12 +1,9 @@
 """The fast verdict on a lost node, free of I/O (docs/scheduler.md, *A peer's failure reported*).
 
-A survivor whose collective fails on a peer reports it; the report alone proves nothing (a
-faulty survivor must not evict its peers), so the scheduler looks at what it already
-has: the beat that the peer's node's tftrun raises every :data:`NODE_BEAT_EVERY` seconds
-in the store (recovery/control/nodes.py ``beat_key``). A node the report points at whose
-beat has not moved for :data:`QUIET` is gone with its ranks, and is judged at once; a
-node that beats is never judged on a report, and a rank that merely hangs is left to the
-heartbeat and progress timeouts.
+A survivor's report that a collective failed on a peer proves nothing alone (a faulty survivor must not
+evict its peers), so the scheduler checks the beat the peer's node's tftrun raises in the store: a
+reported node whose beat has not moved for :data:`QUIET` is gone with its ranks and judged at once. A
+rank that merely hangs is left to the heartbeat and progress timeouts.
 """
 
 from __future__ import annotations

@@ -24,9 +24,8 @@ PERSIST_EVERY = 1.0
 """Seconds between two deferred saves at the least, and between two updates of the state
 file's time while only heartbeats come (:meth:`Persistence._keep_fresh`)."""
 SAVES_SHARE = 0.02
-"""The share of a core that the deferred saves (registrations, attachments, refusals) may
-take: a large job's save is long, and they are then spaced to cost at most this.
-Decisions are still saved before their replies."""
+"""The share of a core the deferred saves may take: a large job's save is long, so they are spaced to
+cost at most this. Decisions are still saved before their replies."""
 
 
 def spaced(least: float, cost: float, share: float) -> float:
@@ -80,9 +79,8 @@ class Persistence:
         return True
 
     def _keep_node_ranks(self, data: dict[str, Any]) -> None:
-        """The node ranks of this job's ended scheduler: the job resumed (``--is_recover=1``
-        serves the same run id) keeps them, as each node's recovery path holds the
-        checkpoints of its own ranks."""
+        """The node ranks of this job's ended scheduler, kept for the job resumed under the same run id:
+        each node's recovery path holds the checkpoints of its own ranks."""
         try:
             self.node_ranks = NodeRanks.parse(data.get("node_ranks", {}))
         except (TypeError, ValueError, AttributeError) as err:
@@ -97,11 +95,9 @@ class Persistence:
                 "node_ranks": self.node_ranks.to_json()}
 
     def _save(self, finished: bool, now: bool = True) -> None:
-        """Persist the state when it changed: at once after a decision, else (the
-        decisions the scheduler saves later) at most every PERSIST_EVERY seconds, or
-        longer where a save would take more than :data:`SAVES_SHARE` of a core (the
-        snapshot, O(members), is not even built in between). With it go the steps
-        and phases heard since the last save (see :meth:`_keep_fresh`)."""
+        """Persist the state when it changed: at once after a decision, else at most every
+        :data:`PERSIST_EVERY` seconds, or longer where saves would take more than :data:`SAVES_SHARE` of
+        a core (the snapshot is not even built in between)."""
         started = time.monotonic()
         if not now and started - self._saved_at < self._persist_every:
             self._unsaved = True
@@ -115,14 +111,10 @@ class Persistence:
         self._persist_every = spaced(PERSIST_EVERY, self._saved_at - started, SAVES_SHARE)
 
     def _keep_fresh(self) -> None:
-        """Nothing was decided: heartbeats moved steps, phases, clocks and readiness only,
-        which every next beat repeats, so a relaunched scheduler learns them again from
-        its first beats (the nodes beat at once when it is back: their news watches see a
-        new counter). The state file is not written for them (its encoding is
-        O(members)), only its time brought up to date,
-        at most every :data:`PERSIST_EVERY` s: other nodes take a state file written
-        lately for a job still alive (launcher/nodes/link.py). The first batch saves
-        the state (or it was taken over) before any touch: the file is this job's."""
+        """Nothing was decided: heartbeats moved only what every next beat repeats, which a relaunched
+        scheduler learns again, so the state file (O(members) to encode) is not written. Only its time
+        is brought up to date, at most every :data:`PERSIST_EVERY` s: other nodes take a state file
+        written lately for a job still alive, and the first batch saves the state before any touch."""
         now = time.monotonic()
         if now - max(self._saved_at, self._touched_at) >= PERSIST_EVERY:
             self._touched_at = now

@@ -1,11 +1,8 @@
-"""What the scheduler process asks of the host: room for its connections, and to be the
-one the OOM killer takes.
+"""What the scheduler process asks of the host: room for its connections, and to be the one the OOM
+killer takes.
 
-The scheduler hosts the job's store, which a stranger who reaches its port can fill with
-keys until the host runs out of memory. The kernel's OOM killer would then pick the
-process that scores highest, most likely a training rank, whose death costs the job a
-recovery; the scheduler instead is relaunched (tftrun does it, and the workers re-attach),
-and its death frees what filled the store.
+A stranger who reaches the store's port can fill it until the host runs out of memory; better the
+scheduler is killed than a training rank, since it is relaunched and its death frees the store.
 """
 
 from __future__ import annotations
@@ -24,10 +21,8 @@ _OOM_SCORE_ADJ_FILE = Path("/proc/self/oom_score_adj")
 
 
 def raise_open_files_limit() -> None:
-    """Raise this process's soft limit on open files to its hard limit: the store holds two
-    connections per node under tftrun (its beats, and its news watch) and one per rank
-    beating itself, and a soft limit of 1 024 (a common default) would refuse the
-    connections of a job past 500 nodes (docs/scale.md)."""
+    """Raise this process's soft limit on open files to its hard limit: the store holds about two
+    connections per node, and a common soft limit of 1024 would refuse a job past 500 nodes."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == hard:
         return

@@ -1,17 +1,9 @@
 """What the scheduler remembers of its answers: for retries, and to clear the store of them.
 
-A client that gets no answer in time asks again under the same request id (recovery/control/rpc.py).
-The scheduler may have carried the first attempt out meanwhile, so :class:`KeptReplies`
-keeps the answer to every request that changed something, by id, and answers the retry
-with it instead of doing the request twice. It is persisted with the scheduler's state: a
-request carried out just before a ``kill -9`` is answered by the relaunched scheduler.
-
-A reply set in the store stays there until someone deletes it. Its client does, after
-reading it, or, for a request it gave up waiting for, once it has connected again
-(recovery/control/rpc.py): the scheduler spends no round trip on the replies of the job's
-own clients. The answers no client of the job reads (to a request signed with another
-key, or stamped too long ago) it removes itself: :class:`SentReplies` lists those and
-says which are old enough (:data:`REPLY_KEEP`) to be removed.
+A client that gets no answer in time retries under the same request id, so :class:`KeptReplies` keeps
+the answer to every request that changed something and answers the retry with it; it is persisted, so a
+request carried out just before a ``kill -9`` is answered by the relaunched scheduler. Clients delete
+their own replies from the store; :class:`SentReplies` lists those no client of the job reads.
 """
 
 from __future__ import annotations

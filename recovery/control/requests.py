@@ -1,16 +1,10 @@
 """What a signed request's body may hold: every request the scheduler accepts is checked here.
 
-A request reaches this module only once its signature verified (recovery/control/signing.py:
-its op, id and nonce are in its header). Its body is still checked as untrusted bytes, as
-a bug of a client, or a script of the user's, may send anything: at most
-:data:`MAX_REQUEST_BYTES`, UTF-8, JSON nested at most :data:`MAX_DEPTH` deep (a text with no
-more brackets than that passes at once; any other is measured on its parsed value, and
-one nested past Python's recursion limit is refused as it is parsed), one object, no NaN
-or infinity,
-and for its op, every field of the right type: integers (a JSON number with an integral
-value) within 64 bits and their field's range, strings of bounded length, booleans.
-Fields an op does not have are ignored. What fails is a :class:`BadRequest`, answered
-``bad_request`` under the request's id before anything is decided.
+A request reaches this module only once its signature verified, but its body is still untrusted (a
+client's bug or a user's script may send anything): at most :data:`MAX_REQUEST_BYTES` of UTF-8 JSON, one
+object nested at most :data:`MAX_DEPTH` deep, every field of its op of the right type and range. Other
+fields are ignored; a failure is a :class:`BadRequest`, answered ``bad_request`` before anything is
+decided.
 """
 
 from __future__ import annotations
@@ -141,10 +135,9 @@ class Records:
     def check(self, name: str, value: Any, surrogates: bool = True) -> list[dict[str, Any]]:
         """The items of ``value``, each with exactly the schema's fields.
 
-        ``surrogates=False``: the request's text has no ``\\u`` escape, so that no string
-        in it can hold a lone surrogate; each item is then first given the quick test
-        (:meth:`_quickly`, much cheaper for the many items of a node's beat), and only an item
-        that fails it gets the full check, for its error.
+        ``surrogates=False``: the request's text has no ``\\u`` escape, so no string in it can hold a
+        lone surrogate, and each item first gets the much cheaper quick test (:meth:`_quickly`); only
+        one that fails it gets the full check, for its error.
         """
         if not isinstance(value, list) or not 1 <= len(value) <= self.most \
                 or not all(isinstance(item, dict) for item in value):
@@ -169,10 +162,9 @@ class Records:
         return all(item.keys() <= names for item in value)
 
     def _quickly(self, item: dict[str, Any]) -> dict[str, Any] | None:
-        """The item's fields when each is plainly of its kind, as its check would take it
-        (of its exact type and in its bounds, or a null where one may be); ``None``:
-        the full check is to decide. Inline, with no call per field: this is most of
-        the cost of reading a node's beat."""
+        """The item's fields when each is plainly of its kind (its exact type and in bounds, or null
+        where allowed); ``None``: the full check is to decide. Inline, with no call per field: this is
+        most of the cost of reading a node's beat."""
         get = item.get
         fields = {}
         for field, exact, optional, low, high, choices in self._quick:
@@ -305,10 +297,8 @@ def parse_request(sealed: Sealed) -> Request:
         raise deep from None
     except ValueError as err:  # JSONDecodeError, an integer of too many digits
         raise BadRequest(f"{op.value}: not JSON: {err}") from None
-    # Too deep is the answer whenever it is so, before any other: measured first where
-    # anything else is wrong, and, where every field is of its kind, only if the body
-    # holds more than its op's fields (then no deeper than they are: a node's beat,
-    # never walked).
+    # Too deep is reported before any other error; a body of only its op's fields (a node's
+    # beat) nests no deeper than they do and is never walked.
     if not isinstance(data, dict):
         raise deep if not shallow and _deeper_than(MAX_DEPTH, data) else \
             BadRequest(f"{op.value}: not a JSON object")

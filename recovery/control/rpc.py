@@ -1,42 +1,11 @@
 """Requests to the scheduler over its c10d ``TCPStore``, and a client that survives its death.
 
-The wire protocol is the store's own operations, so that no second port or server is
-needed (docs/scheduler.md):
-
-* a client pushes a request on the queue :data:`REQUESTS`: its op, its ``rid``, a new
-  nonce and its fields as a JSON body, signed with the job token
-  (recovery/control/signing.py); the token itself is never sent;
-* the scheduler pops requests one at a time, verifies each before it reads its body,
-  handles it and sets the reply, signed and carrying the request's nonce, under
-  :func:`reply_key` of the request's ``rid``;
-* the client waits for that key, reads it, deletes it and verifies it; the reply of a
-  request it gave up waiting for, it deletes once a later request of its own is
-  answered (the queue is first in, first out: the earlier reply is set by then), so that
-  the scheduler never spends a round trip on a clean-up. A reply that does
-  not verify (forged by anyone who reaches the store, or the scheduler's unsigned refusal
-  of a wrong token) is counted in :attr:`SchedulerLink.unverified` and never acted on:
-  :meth:`SchedulerLink.call` raises :class:`UnverifiedReply`, a :class:`NoReply`.
-
-Heartbeats are spaced to what the timeouts need (recovery/timeouts.py), often several
-seconds apart; what a worker must hear sooner comes as a beat's reply too, but the beat
-is sent early: the scheduler adds one to the counter :data:`NEWS` whenever it has news
-(a generation formed, a fault injected, a verdict), and each worker reads that counter
-about once a second (:meth:`SchedulerLink.news`), a store operation that costs the
-scheduler's Python nothing. The counter is a hint, not a message: whoever bumps it only
-causes a beat, whose signed reply is the news.
-
-A request whose reply does not come in time may still be carried out (it waits in the
-queue, or the scheduler is busy with it). Asking again under the same ``rid`` is safe:
-the scheduler keeps its replies to requests that changed something and answers a retry
-with the reply it gave, without carrying the request out twice; it removes the replies
-nobody read from the store (recovery/control/replies.py). :meth:`SchedulerLink.call_until` asks
-this way until it has the answer.
-
-The link speaks the store's protocol itself (recovery/control/tcpstore_client.py), so a
-process that talks to the scheduler imports no torch for it. A connection that breaks or
-times out is dropped and a new one is made in a background thread, after a plain socket
-probe; a port that is listening but not served (tftrun keeps the scheduler's socket open
-across its relaunch) costs an attempt one reply timeout, never more.
+The wire protocol is the store's own operations, so no second port or server is needed
+(docs/protocol.md): a client pushes a signed request on :data:`REQUESTS` and the scheduler sets its
+signed reply, carrying the request's nonce, under :func:`reply_key`. Asking again under the same ``rid``
+is safe: a retry gets the reply the first attempt got. Workers beat early when the :data:`NEWS` counter
+moves, a hint only: the news is the beat's signed reply. The link needs no torch and reconnects in the
+background.
 """
 
 from __future__ import annotations
@@ -271,16 +240,14 @@ class SchedulerLink:
     Args:
         host: the scheduler's address.
         port: its store port.
-        token: the job token; with ``run_id`` and ``epoch``, it makes the job's key
-            (:func:`recovery.control.signing.job_key`), which every request is signed
-            with and every reply verified with (neither is ever sent).
+        token: the job token; with ``run_id`` and ``epoch`` it makes the job's key, which signs every
+            request and verifies every reply (neither is ever sent).
         reply_timeout: how long a request waits for its reply, in seconds.
         on_connect: called (in the connecting thread) after every (re)connection.
         connect: start connecting now; False: at :meth:`start`.
-        run_id: the job's run id (a scheduler started without one has the default).
+        run_id: the job's run id.
         epoch: the launch's epoch (one started without tftrun has none).
-        key: sign with this key instead of the job's (a joining node, which does not
-            know the job yet: recovery/control/job_proof.py).
+        key: sign with this key instead of the job's (a joining node, which does not know the job yet).
     """
 
     def __init__(self, host: str, port: int, token: str, reply_timeout: float,

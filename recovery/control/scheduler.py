@@ -1,28 +1,11 @@
 """The scheduler process: the cluster's single source of truth about membership.
 
-Started by tftrun as ``python -m recovery.control.scheduler``, or by a training script's
-``recovery.init()`` under ``MS_ROLE=MS_SCHED`` (msrun's dynamic-cluster style). It hosts
-the cluster's c10d ``TCPStore`` at MS_SCHED_HOST:MS_SCHED_PORT; when tftrun starts it, the
-listening socket is inherited (``TFT_STORE_FD``), so that a relaunched scheduler serves on
-the same port at once and no other process can take the port in between.
-
-One thread handles requests (recovery/control/rpc.py) one at a time and applies the rules of
-recovery/control/membership.py; a ticker wakes it when something is due without a request
-(a heartbeat or progress deadline, the cluster timeout, a deferred save, a reply to clean
-up, a stop), and only then: an idle scheduler sleeps (docs/scale.md). The rules run at most
-every :data:`CHECK_EVERY` seconds however many requests come, so that thousands of
-heartbeats a second each cost O(1), not a scan of the members. A request is taken in by
-recovery/control/intake.py (its signature verified before anything else reads it, a
-malformed one answered ``bad_request``, a retry answered as the first attempt was) and
-answered by its op's handler (recovery/control/handlers.py). After each batch it writes
-the decided events to ``events.jsonl``, publishes a newly formed generation, and persists
-its state (recovery/control/persistence.py), so that a ``kill -9`` loses nothing the
-workers were told.
-
-It ends on SIGTERM/SIGINT (tftrun's job end), and, when nothing supervises it (started by
-hand), by itself: exit 0 once every worker finished, exit 1 when the cluster stays short
-of workers for ``cluster_time_out``. Only such an orderly end marks the persisted state
-finished; after a failure of its own, a relaunch takes the state over.
+Started by tftrun as ``python -m recovery.control.scheduler``, or by ``recovery.init()`` under
+``MS_ROLE=MS_SCHED``. It hosts the cluster's c10d ``TCPStore``; under tftrun the listening socket is
+inherited (``TFT_STORE_FD``), so a relaunched scheduler serves on the same port and nobody takes it in
+between. One thread handles requests in batches and a ticker wakes it only when something is due, so an
+idle scheduler sleeps. Decisions are persisted before the replies, so a ``kill -9`` loses nothing the
+workers were told; only an orderly end marks the state finished.
 """
 
 from __future__ import annotations
@@ -80,10 +63,9 @@ logger = logging.getLogger(__name__)
 CHECK_EVERY = 0.1
 """The periodic rules run at most this often, and this soon after any request."""
 RULES_SHARE = 0.01
-"""The share of a core that the periodic rules may take: with thousands of members a run
-(O(members)) takes milliseconds, and runs are then spaced to cost at most this. Deadlines (a heartbeat timeout, a
-progress timeout) still wake them on time; a member falling behind is seen up to one
-spacing late, and its progress verdict with it."""
+"""The share of a core the periodic rules may take: with many members a run is long, and runs are then
+spaced to cost at most this. Deadlines still wake them on time; a member falling behind is seen up to
+one spacing late."""
 BATCH = 256
 """At most this many waiting requests are handled before their decisions are persisted
 and they are answered."""
@@ -102,10 +84,8 @@ _NEWS_EVENTS = frozenset({"generation", "verdict", "inject"})
 """Decisions the workers are to hear before their next (spaced) beat: the news counter
 moves, and they beat at once (recovery/control/rpc.py)."""
 _SAVED_LATER = frozenset({"register", "attach", "refuse"})
-"""Decisions saved with the next spaced save, not before their replies: a process admitted
-that a relaunched scheduler does not know re-attaches with its next beat, under the same
-rank, and a refusal changes nothing; a large job's save is long, and a generation's
-registrations would otherwise each wait for one."""
+"""Decisions saved with the next spaced save, not before their replies: a process a relaunched scheduler
+does not know re-attaches with its next beat, and a refusal changes nothing."""
 
 
 def host_store(host: str, port: int, listen_fd: int | None) -> Any:
@@ -277,10 +257,9 @@ class Scheduler(RequestIntake, RequestHandlers, Persistence):
                 pass
 
     def _tick(self, host: str, port: int) -> None:
-        """Wake the loop when something is due that no request brings (see
-        :meth:`_next_wakeup`), and never else: a tick is a request the loop pops. Between
-        two, every :data:`JOB_KEY_EVERY` seconds, put the job's identity back in
-        :data:`JOB_KEY` if anyone overwrote it (that wakes no loop)."""
+        """Wake the loop when something is due that no request brings (:meth:`_next_wakeup`), and never
+        else: a tick is a request the loop pops. Every :data:`JOB_KEY_EVERY` seconds, put the job's
+        identity back in :data:`JOB_KEY` if anyone overwrote it."""
         from torch.distributed import DistError
 
         client = open_client(host, port, _TICKER_TIMEOUT)
@@ -419,12 +398,10 @@ class Scheduler(RequestIntake, RequestHandlers, Persistence):
             self._check_end()
 
     def _bump_news(self) -> None:
-        """Add one to :data:`NEWS` and set the key of the new count, which the
-        supervisors wait for (recovery/control/news_watch.py), through a client of its
-        own: anyone may set the counter to something that is not a number, and the store
-        then drops the connection that adds to it. Such a value is removed, and the count
-        starts again. The keys of past counts stay (a few bytes each, one per news): one
-        removed could be the one a supervisor is about to wait for."""
+        """Add one to :data:`NEWS` and set the key of the new count, through a client of its own: anyone
+        may set the counter to a non-number, and the store then drops the connection that adds to it
+        (such a value is removed and the count starts again). Past counts' keys stay: a supervisor may
+        be about to wait for one."""
         for _attempt in range(2):
             try:
                 self._news = self._news or TCPStoreClient(self.config.host, self._port,
@@ -447,10 +424,8 @@ class Scheduler(RequestIntake, RequestHandlers, Persistence):
                     cleaner.close()
 
     def _judge_behind(self, now: float) -> bool:
-        """Whether the queue has not been drained for :data:`BEHIND_AFTER` s (a flood, or
-        more requests than it handles): then no verdict is given, and it says so, in a
-        ``scheduler_behind`` event at most every 10 s, and ``scheduler_caught_up`` once
-        it has."""
+        """Whether the queue has not been drained for :data:`BEHIND_AFTER` s: then no verdict is given,
+        and a ``scheduler_behind`` event says so (``scheduler_caught_up`` once it has)."""
         behind = 0.0 if self._undrained_since is None else now - self._undrained_since
         if behind <= BEHIND_AFTER:
             if self._behind is not None:

@@ -1,24 +1,9 @@
 """Signed requests and replies: the job token is the HMAC key and never crosses the wire.
 
-Every message on the control plane (docs/scheduler.md, wire format) is one text::
-
-    tft1 <mac> <op> <rid> <nonce> <ts>\\n<body>
-
-* ``op``: the request's op; ``rid``: its request id (1 to 64 letters, digits, ``_``, ``-``);
-* ``nonce``: 32 hex digits, new for every attempt of a request; a reply carries its
-  request's, so that it answers that attempt and no other;
-* ``ts``: the sender's wall clock in milliseconds (requests older than the scheduler's
-  replay window are refused, :class:`ReplayGuard`);
-* ``body``: the JSON object of the message's fields;
-* ``mac``: 64 hex digits, HMAC-SHA256 keyed with the job token over
-  ``<kind> <op> <rid> <nonce> <ts>\\n<body>``, where ``kind`` is ``request`` or ``reply``
-  (a reply can never pass for a request, nor the other way round).
-
-:func:`unseal` checks the header's form and the MAC before anything reads the body, so a
-request without the token's signature is refused unparsed. A header of the right form
-with ``-`` in place of the MAC is the scheduler's unsigned refusal of a request it could
-not verify: the one answer a client holding a wrong token can read (it is never trusted:
-see recovery/control/rpc.py).
+Every control-plane message is ``tft1 <mac> <op> <rid> <nonce> <ts>\\n<body>`` (docs/protocol.md); the
+MAC covers the message's kind too, so a reply never passes for a request. :func:`unseal` checks the
+header's form and the MAC before anything reads the body. ``-`` in place of the MAC marks the
+scheduler's unsigned refusal: the one answer a client holding a wrong token can read (never trusted).
 """
 
 from __future__ import annotations
@@ -186,11 +171,9 @@ def checked_token(token: str, insecure_no_token: bool) -> str:
 
 
 MIN_TOKEN_BITS = 128
-"""A token set by the user must be random text of at least this much: 32 hex digits, or 22
-base64url (or base64) characters, padding not counted; unless TFT_INSECURE_WEAK_TOKEN=1. The
-MACs on the wire let whoever sees them test guesses of the token offline, and a rule on the
-token's form, unlike a count of its characters, refuses a password such as
-``hunter2!hunter2!``."""
+"""A user-set token must be random text of at least this much: 32 hex digits or 22 base64url characters,
+unless TFT_INSECURE_WEAK_TOKEN=1. The MACs on the wire let whoever sees them test guesses offline, and a
+rule on the token's form refuses a password that a length rule would pass."""
 _HEX_TOKEN = re.compile(r"[0-9a-fA-F]+")
 _BASE64_TOKEN = re.compile(r"[A-Za-z0-9_+/-]+={0,2}")
 
@@ -221,11 +204,9 @@ def checked_strength(token: str, allow_weak: bool) -> str:
 
 
 def job_key(token: str, run_id: str, epoch: str) -> bytes:
-    """The one key that signs everything of one launch of job ``run_id``: HMAC-SHA256
-    keyed with the token over ``tft job key <run_id>`` and the launch's ``epoch`` (drawn
-    at random by each launch, recovery/control/nodes.py). Two jobs that share a token, or
-    two launches of one job, sign with different keys, so neither accepts a message
-    captured from the other."""
+    """The one key that signs everything of one launch of job ``run_id``: HMAC-SHA256 keyed with the
+    token over the run id and the launch's random ``epoch``, so two jobs sharing a token, or two
+    launches of one job, never accept each other's messages."""
     return hmac.new(token.encode(), f"tft job key {run_id}\n{epoch}".encode(),
                     hashlib.sha256).digest()
 
@@ -235,9 +216,8 @@ def _value_mac(key: bytes, name: str, value: str) -> str:
 
 
 def sign_value(key: bytes, name: str, value: str) -> str:
-    """What to store under ``name``: ``<mac> <value>``, the MAC keyed with ``key`` over
-    the key's name and the value (a value signed for one key never passes for another's;
-    the job is in ``key``, see :func:`job_key`)."""
+    """What to store under ``name``: ``<mac> <value>``, the MAC keyed with ``key`` over the name and the
+    value, so a value signed for one key never passes for another's."""
     return f"{_value_mac(key, name, value)} {value}"
 
 

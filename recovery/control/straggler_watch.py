@@ -1,12 +1,8 @@
 """The scheduler's end of straggler detection: beats in, ``straggler`` events out.
 
-Each accepted beat that carries a step-time summary (``step_us``, ``steps``) goes to the
-:class:`~recovery.control.stragglers.StragglerDetector` under its rank (a process's first
-is its peers' reference only, never named), and the detector starts afresh with each generation (the ranks'
-shares of a step change with it). A straggler it names is written to ``events.jsonl``
-once, stays in ``tftctl status`` until its time falls back, and under
-``--straggler_policy=evict`` is judged lost, or retired when its relaunch is named again
-too soon after it came back (recovery/control/eviction.py; docs/stragglers.md).
+Each beat's step-time summary goes to a :class:`~recovery.control.stragglers.StragglerDetector`, which
+starts afresh with each generation (the ranks' shares of a step change with it). Under
+``--straggler_policy=evict`` a straggler is judged lost, or retired (recovery/control/eviction.py).
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Stragglers: which rank's compute time per step stays above its peers', free of I/O.
 
-Every rank measures its compute time per step (the time outside the collectives) and
-sends, with its heartbeat, the median over the steps since its last beat and their count
-(:class:`StepTimes`); past its warm-up, its first ``window`` steps, and a change of its
-own pace by ``factor`` over ``window`` steps, it sends at once. The scheduler hands each
-summary to a :class:`StragglerDetector`, which compares it with the median of the other
-ranks' latest summaries: a rank whose time stays at least ``factor`` times that median
-for ``window`` steps in a row is named, once, until its time falls back
-(docs/stragglers.md).
+Each rank sends with its heartbeat the median compute time of its steps since its last beat
+(:class:`StepTimes`). A :class:`StragglerDetector` names a rank whose time stays at least ``factor``
+times its peers' median for ``window`` steps in a row, once, until it falls back (docs/stragglers.md).
 """
 
 from __future__ import annotations
@@ -109,8 +104,7 @@ class StragglerDetector:
 
     def warming_up(self, rank: int, step_time: float) -> None:
         """Rank ``rank``'s new process sent its first summary, which holds its warm-up:
-        never a straggler's, yet its median (little moved by a few slow first steps) is
-        its peers' reference from now on, rather than a beat later."""
+        never a straggler's, but its median is its peers' reference from now on rather than a beat later."""
         self.forget(rank)
         self.latest[rank] = step_time
 
@@ -154,14 +148,13 @@ class StepTimes:
         self._lock = threading.Lock()
 
     def add(self, seconds: float) -> bool:
-        """Add one step's time; True when the summary should go out now rather than with
-        the next beat, seconds later. The process's first ``window`` steps are its
-        warm-up, never sent; the next ``window`` go out at once (its pace, its peers'
-        reference from then on); and so does a sudden change of pace, when the median of
-        its last ``window`` steps is ``factor`` times that of the ``window`` before them,
-        or that one ``factor`` times it (a pace taken in a slow warm-up, or under a burst
-        of load, is then no stale reference for its peers). The summary then holds those
-        last steps alone, so that the steps before them do not hide the change."""
+        """Add one step's time; True when the summary should go out now rather than with the next beat.
+
+        The first ``window`` steps are warm-up, never sent; the next ``window`` go out at once (the
+        peers' reference). So does a change of pace by ``factor`` either way against the ``window``
+        steps before, so a pace taken in a slow warm-up or under a burst of load is no stale reference;
+        the summary then holds the last steps alone, so older ones do not hide the change.
+        """
         window, recent, before = self._settings.window, self._recent, self._before
         with self._lock:
             self._seen += 1

@@ -1,21 +1,9 @@
 """A client of torch's c10d ``TCPStore`` in plain Python, for the processes that need no torch.
 
-The supervisor and ``tftctl`` talk to the scheduler through its store (recovery/control/rpc.py)
-and do nothing else with torch: importing it only for a store client would cost each of
-them a worker's import time and memory, taken from the workers as they train. This
-client speaks the store's wire protocol (torch 2.13, both the libuv and the classic server;
-``torch/csrc/distributed/c10d/TCPStoreBackend.hpp``) with a socket of its own:
-
-* a connection opens with ``VALIDATE`` and the store's magic number; a ``PING`` whose
-  nonce comes back proves that a server, not just a listening socket, is there;
-* a request is one byte of query type, then its arguments: a string or a byte value is its
-  length as an unsigned 64-bit integer and its bytes; integers are 64-bit; all in the
-  machine's byte order, as torch sends them (little-endian on every platform torch ships).
-
-Unlike torch's client it never blocks past its timeout (torch's constructor waits on a
-port that is listening but not served, ignoring its timeout) and it logs nothing. Any
-error or timeout leaves the connection unusable: the caller makes a new one. The
-processes that train keep torch's client where the process group needs a torch ``Store``.
+The supervisor and ``tftctl`` only talk to the scheduler's store; importing torch for that would cost
+each a worker's import time and memory. This client speaks the store's wire protocol (torch 2.13,
+``torch/csrc/distributed/c10d/TCPStoreBackend.hpp``) and, unlike torch's client, never blocks past its
+timeout. Any error or timeout leaves the connection unusable: the caller makes a new one.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """At most one report per interval of something anyone may cause at any rate.
 
-Anyone who reaches the scheduler's port can send it requests it refuses. Each refusal
-reported (a log line, an event) would let a stranger fill the log volume, so refusals are
-counted and reported at most once per :data:`REPORT_EVERY` seconds per kind, with how
-many there were since the last report.
+Anyone who reaches the scheduler's port can send requests it refuses, and reporting each would let a
+stranger fill the log volume, so refusals are counted and reported at most once per :data:`REPORT_EVERY`
+seconds per kind.
 """
 
 from __future__ import annotations
