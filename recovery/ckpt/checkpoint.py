@@ -1,20 +1,8 @@
 """Periodic checkpoints in the spirit of MindSpore's ``CheckpointConfig``/``ModelCheckpoint``.
 
-A :class:`CheckpointSaver` writes ``<prefix>-<epoch>_<step>.ckpt`` files into one rank's
-directory (see :mod:`recovery.ckpt.layout`), durably (:mod:`recovery.ckpt.durable`) and
-recorded in the directory's manifest (:mod:`recovery.ckpt.manifest`), keeping at most
-``keep_checkpoint_max`` of its job's files of that prefix, those of the rank's earlier
-incarnations (``<prefix>_<n>``) included (:class:`~recovery.ckpt.manifest.KeepRule`). It is
-driven from a plain loop (:meth:`~CheckpointSaver.step_end`, :meth:`~CheckpointSaver.epoch_end`,
-:meth:`~CheckpointSaver.train_end`) or as a callback (the ``on_train_*`` methods).
-
-With ``async_save`` the training thread only copies the tensors into a shared-memory
-buffer (:mod:`recovery.ckpt.staging`); a writer process of the saver's own, forked when
-the saver is made (:mod:`recovery.ckpt.writer_process`), serialises, hashes, writes and
-fsyncs, off the training process's GIL. A failed write is raised in the training thread
-by the next call into the saver. At interpreter exit an in-flight write is finished (the
-writer's pipe is closed and the process waited for); a process killed mid-write leaves
-only a temporary file.
+A :class:`CheckpointSaver` writes one rank's checkpoints durably, lists them in the directory's manifest
+and keeps the newest ``keep_checkpoint_max``. With ``async_save`` a forked writer process writes them,
+off the training process's GIL; a failed write is raised by the next call into the saver.
 """
 
 from __future__ import annotations
@@ -96,20 +84,13 @@ class CheckpointConfig:
 
     Args:
         save_checkpoint_steps: save when the global step is a multiple of this (0: never).
-        save_checkpoint_epochs: save at the end of an epoch whose number is a multiple of
-            this (0: never).
-        keep_checkpoint_max: how many of the job's checkpoints of the prefix to keep (the
-            rank's earlier incarnations' included), and how many last-words saves; the
-            oldest is deleted only once a newer one is durable.
-        append_info: a list of ``"epoch_num"``, ``"step_num"`` (the global step) and at most
-            one dict of user values (str keys; int, float, bool, str or tensor values),
-            stored in every checkpoint under ``append_info``.
+        save_checkpoint_epochs: save at the end of an epoch whose number is a multiple of this (0: never).
+        keep_checkpoint_max: how many of the job's checkpoints of the prefix to keep (the rank's earlier
+            incarnations' included), and how many last-words saves; the oldest is deleted only once a
+            newer one is durable.
+        append_info: a list of ``"epoch_num"``, ``"step_num"`` (the global step) and at most one dict of
+            user values (str keys; int, float, bool, str or tensor values).
         async_save: write checkpoints from a background writer process.
-
-    Raises:
-        ValueError: a negative interval, both intervals 0, ``keep_checkpoint_max < 1``, or
-            an unknown ``append_info`` entry.
-        TypeError: an ``append_info`` key or value of a type a checkpoint cannot hold.
     """
 
     save_checkpoint_steps: int = 1
@@ -143,8 +124,8 @@ class CheckpointConfig:
 
 
 class _NotPlain(Exception):
-    """A value a checkpoint cannot hold; ``path`` grows, key by key, as it is raised up
-    the tree, so that the walk builds no path strings while everything is plain."""
+    """A value a checkpoint cannot hold; ``path`` grows key by key as it is raised, so that the
+    walk builds no path strings while everything is plain."""
 
     def __init__(self, value: Any) -> None:
         super().__init__(value)
@@ -159,10 +140,8 @@ def _same(tensor: torch.Tensor) -> Any:
 def _plain(obj: Any, tensor: Callable[[torch.Tensor], Any] = _same) -> Any:
     """``obj`` as a fresh tree of containers, each tensor replaced by ``tensor(it)``.
 
-    Raises:
-        CheckpointError: ``obj`` holds something other than tensors and plain data.
-            Checked when saving, so that no checkpoint is written that ``weights_only``
-            loading would refuse later, when it is needed.
+    Raises CheckpointError for anything but tensors and plain data: checked when saving, so that no
+    checkpoint is written that ``weights_only`` loading would refuse later, when it is needed.
     """
     try:
         return _plain_tree(obj, tensor)
@@ -209,28 +188,11 @@ def write_checkpoint(
     directory: Path, name: str, state: dict[str, Any], position: TrainPosition, manifest: Manifest,
     keep: Keep | None = None, kind: CheckpointKind = CheckpointKind.PERIODIC,
 ) -> list[str]:
-    """Write ``state`` as ``directory/name`` durably and list it in the directory's manifest.
+    """Write ``state`` as ``directory/name`` durably and list it in the directory's manifest; return the names dropped.
 
-    Four ``fsync`` calls: the file, the directory (its name), the manifest, the directory
-    (the manifest's name); the manifest lists the file only once both of the file's are
-    done. The files dropped are unlinked after the manifest forgets them, with no
-    ``fsync`` of their own: should a power cut undo an unlink, the file is back unlisted,
-    never loaded, as a process killed just before the unlink leaves it; the next save's
-    ``fsync`` of the directory makes the unlink durable.
-
-    Args:
-        directory: the rank's checkpoint directory.
-        name: the file name (``layout.checkpoint_name``).
-        state: what the file holds (:meth:`CheckpointSaver.state`); its ``lineage`` is
-            recorded in the manifest too.
-        position: the step it holds.
-        manifest: the directory's manifest.
-        keep: given every entry (the new one included), the names to drop; they leave the
-            manifest in the same update that lists the new, durable file, then are deleted.
-        kind: why it is written.
-
-    Returns:
-        The names dropped.
+    The manifest lists the file only once it is durable. ``keep`` picks the names to drop, which leave the
+    manifest in the same update and are then unlinked without an fsync of their own: an undone unlink
+    leaves a file unlisted, never loaded.
     """
     spare = layout.spare_path(directory)
     digest = write_atomic(directory / name, lambda file: torch.save(state, file), reuse=spare)
@@ -249,12 +211,9 @@ def write_checkpoint(
 
 
 class _StagedWriter:
-    """In the writer process: write one staged checkpoint as :func:`write_checkpoint` does,
-    into the saver's directory under its keep rule (fixed for the saver's life, so they
-    reach the process with the fork rather than in every request). One manifest object,
-    made in the writer process (its file lock must not cross the fork), serves every
-    write, so that the manifest is parsed only when another process changed it; one
-    rebuilder, so that the tensors on the buffer are made once."""
+    """In the writer process: write one staged checkpoint as :func:`write_checkpoint` does.
+
+    The manifest object is made in the writer process, since its file lock must not cross the fork."""
 
     def __init__(self, directory: Path, keep: KeepRule) -> None:
         self.directory = directory
@@ -274,25 +233,15 @@ class CheckpointSaver:
     """Saves checkpoints of a model (and optimizer, scheduler, RNGs, data position).
 
     Args:
-        model: the model whose ``state_dict`` is saved.
-        optimizer: its optimizer, if any.
-        lr_scheduler: its LR scheduler, if any.
         config: when and how to save; ``CheckpointConfig()`` if ``None``.
-        prefix: the file-name prefix; a later run with the same prefix in the same
-            directory writes ``<prefix>_<n>-...`` instead (MindSpore's rule).
-        directory: this rank's checkpoint directory; by default
-            ``<recovery path>/checkpoints/rank_<rank>`` (``MS_RECOVERY_PATH``).
-        sampler: the sampler whose state (a ``ResumableDistributedSampler``'s seed and
-            batch size) is recorded with the data position, and which :meth:`resume`
-            puts back at that position; any :class:`~recovery.stateful.Stateful`.
-        rng: the random generators to record and restore, any
-            :class:`~recovery.stateful.Stateful`; by default
-            :class:`~recovery.rng.GlobalRngState` (python's, numpy's and torch's
-            global generators).
-        lineage: the job's lineage, stamped into every checkpoint; by default the one
-            tftrun passed (``TFT_LINEAGE``), else the recovery path's
-            (:func:`recovery.ckpt.lineage.job_lineage`). :meth:`resume` considers only its
-            checkpoints.
+        prefix: the file-name prefix; a later run with the same prefix in the same directory writes
+            ``<prefix>_<n>-...`` instead (MindSpore's rule).
+        directory: this rank's checkpoint directory; by default ``<recovery path>/checkpoints/rank_<rank>``.
+        sampler: any :class:`~recovery.stateful.Stateful` whose state is recorded with the data position,
+            and which :meth:`resume` puts back at that position.
+        rng: the random generators to record and restore; by default :class:`~recovery.rng.GlobalRngState`.
+        lineage: the job's lineage, stamped into every checkpoint; by default this job's
+            (:func:`recovery.ckpt.lineage.job_lineage`). :meth:`resume` considers only its checkpoints.
     """
 
     def __init__(
@@ -334,16 +283,9 @@ class CheckpointSaver:
     def step_end(self, epoch: int, step_in_epoch: int, global_step: int) -> Path | None:
         """Call after each step; saves every ``save_checkpoint_steps`` global steps.
 
-        Args:
-            epoch: the epoch (from 1).
-            step_in_epoch: the step just done within that epoch (from 1).
-            global_step: the steps done in all.
-
-        Returns:
-            The checkpoint's path if one was saved (with ``async_save``, being written).
-
-        Raises:
-            CheckpointError: this save failed, or an earlier background write did.
+        ``epoch`` and ``step_in_epoch`` count from 1. Returns the checkpoint's path if one was saved
+        (with ``async_save``, being written); raises CheckpointError if this save or an earlier
+        background write failed.
         """
         self._raise_writer_error()
         every = self.config.save_checkpoint_steps
@@ -363,10 +305,9 @@ class CheckpointSaver:
         return None
 
     def train_end(self, epoch: int, step_in_epoch: int, global_step: int) -> Path | None:
-        """Call when training ends normally: saves the last step if not saved yet, then waits.
+        """Call when training ends normally: saves the last step if not saved yet, then waits for the write.
 
-        Arguments, return value and errors as for :meth:`step_end`; the write is finished
-        when it returns.
+        Arguments, return value and errors as for :meth:`step_end`.
         """
         saved = (None if global_step == self._last_saved
                  else self.save(TrainPosition(epoch, step_in_epoch, global_step)))
@@ -374,12 +315,9 @@ class CheckpointSaver:
         return saved
 
     def save(self, position: TrainPosition) -> Path:
-        """Save a checkpoint of the current state, the result of ``position``, now.
+        """Save a checkpoint of the current state, the result of ``position``, now; return its path.
 
-        Errors as for :meth:`step_end`.
-
-        Returns:
-            The checkpoint's path (with ``async_save``, the write may still be going on).
+        With ``async_save`` the write may still be going on. Errors as for :meth:`step_end`.
         """
         name = layout.checkpoint_name(self.prefix, position)
         if self._writer is None or self._stage is None:
@@ -399,11 +337,7 @@ class CheckpointSaver:
         return self.directory / name
 
     def wait(self) -> None:
-        """Wait until the in-flight background write (if any) is durable.
-
-        Raises:
-            CheckpointError: it failed.
-        """
+        """Wait until the in-flight background write (if any) is durable; raise CheckpointError if it failed."""
         if self._writer is not None:
             self._writer.wait()
 

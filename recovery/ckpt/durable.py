@@ -1,9 +1,7 @@
 """Durable writes: a file appears under its final name complete, or not at all.
 
-The sequence is the classic one: write a temporary file in the same directory, ``fsync``
-it, ``rename`` it over the final name (atomic on POSIX), then ``fsync`` the directory so
-that the rename itself survives a power cut. A process killed at any point leaves at
-most a temporary file behind, never a torn file under the final name.
+A temporary file is fsynced and renamed over the final name, then the directory is fsynced so the
+rename survives a power cut; a killed writer leaves at most a temporary file behind.
 """
 
 from __future__ import annotations
@@ -32,9 +30,8 @@ _CHUNK = 1 << 20
 
 
 XXH3 = "xxh3_128"
-"""The checksum of every checkpoint file: XXH3-128 catches a torn, truncated or bit-flipped
-file as surely as a cryptographic hash at a small part of its CPU, and it need not resist
-an attacker, since a file that verifies is still loaded with ``weights_only=True``."""
+"""The checksum of every checkpoint file: cheap, and it need not resist an attacker, since a file
+that verifies is still loaded with ``weights_only=True``."""
 
 
 @dataclass(frozen=True)
@@ -75,30 +72,18 @@ def fsync_dir(directory: str | os.PathLike[str]) -> None:
 
 
 def _open_temp(temp: Path, reused: bool) -> BinaryIO:
-    """``temp`` open for writing, never through a symbolic link: created exclusively, or,
-    when it is a reused file just renamed to it, opened as it is (not truncated: that
-    would free the reused pages; the writer cuts it after the write)."""
+    """``temp`` open for writing, never through a symbolic link; a reused file is not truncated,
+    which would free its pages (the writer cuts it after the write)."""
     flags = os.O_WRONLY | NOFOLLOW | (0 if reused else os.O_CREAT | os.O_EXCL)
     return os.fdopen(os.open(temp, flags, 0o644), "wb")
 
 
 def write_atomic(path: str | os.PathLike[str], write: Callable[[BinaryIO], object],
                  reuse: str | os.PathLike[str] | None = None) -> FileDigest:
-    """Write a file durably and atomically; return the digest of what was written.
+    """Write ``path`` durably and atomically through ``write(file)``; return the digest of what it wrote.
 
-    Args:
-        path: the final name.
-        write: called with a binary file object open on the temporary file; it only
-            needs ``write`` (and ``flush``).
-        reuse: a file of this process's to write over, if it exists (it becomes the
-            temporary file): its pages are overwritten rather than allocated anew, and
-            no file is freed, which spares the kernel much of its work for a file of megabytes.
-
-    Returns:
-        The size and checksum (:data:`XXH3`) of the bytes ``write`` wrote.
-
-    Raises:
-        OSError: the file could not be written; no temporary file is left behind.
+    ``reuse`` is a file of this process's to write over if it exists, so that its pages are
+    overwritten rather than allocated anew. On failure no temporary file is left behind.
     """
     path = Path(path)
     temp = temp_path(path)
@@ -123,14 +108,9 @@ def write_atomic(path: str | os.PathLike[str], write: Callable[[BinaryIO], objec
 
 
 def create_atomic(path: str | os.PathLike[str], data: bytes) -> bool:
-    """Create ``path`` holding ``data``, durably and atomically, unless it exists already.
+    """Create ``path`` holding ``data``, durably and atomically, unless it exists; return whether this call did.
 
-    Several processes (or threads) may race to create the same file: exactly one wins, and every
-    reader sees either no file or the winner's complete content (the file is written
-    under a temporary name, then hard-linked, which never replaces an existing name).
-
-    Returns:
-        Whether this call created the file.
+    Of racing creators exactly one wins: a hard link never replaces an existing name.
     """
     path = Path(path)
     temp = temp_path(path, tag=str(threading.get_ident()))

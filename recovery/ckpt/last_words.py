@@ -1,22 +1,8 @@
-"""The last-words checkpoint (TTP): a healthy replica saves every rank's state of step n.
+"""The last-words checkpoint (TTP): a healthy replica saves every rank's state of its last step.
 
-In data parallelism every rank holds the same parameters and optimizer state, so when one
-rank dies, any consistent survivor (not mid-update, see :mod:`recovery.train.phase`) can write
-the state of its last completed step n for *every* rank, the dead one included. Ranks
-differ only in what is derived from the rank and the position (the data shard, which the
-sampler computes from the checkpoint's epoch and step), so the files differ only in their
-``rank`` field.
-
-The files follow the seeds' layout (:func:`recovery.ckpt.layout.ttp_checkpoint_path`), each in
-a rank directory with its own manifest, so they verify and load like periodic ones; their
-manifest entries say they are last words. The step directory records the job's lineage
-(:mod:`recovery.ckpt.lineage`), as every file in it does. The whole step directory is written
-under a hidden temporary name and renamed when complete: a saver killed half-way leaves
-nothing that looks like a checkpoint.
-
-Each save then prunes the job's older step directories by the saver's keep rule: the
-newest ``keep_checkpoint_max`` stay. A pruned directory is renamed to a hidden name
-first, so it vanishes whole, and then deleted.
+In data parallelism every rank holds the same state, so any consistent survivor (not mid-update) can
+write the files of every rank, the dead one included; they differ only in their ``rank`` field.
+The step directory is written under a hidden temporary name and renamed when complete.
 """
 
 from __future__ import annotations
@@ -47,18 +33,10 @@ def _lineage_of(step_dir: Path) -> str | None:
 
 def save_last_words(saver: CheckpointSaver, recovery_path: str | os.PathLike[str],
                     position: TrainPosition, world_size: int) -> Path:
-    """Write the current state, as of ``position``, as every rank's last-words checkpoint.
+    """Write the current state, which must be that of ``position``, as every rank's last-words checkpoint.
 
-    Args:
-        saver: this rank's saver (what a checkpoint holds).
-        recovery_path: the job's recovery path.
-        position: the last step this rank completed; the state must be that step's.
-        world_size: how many ranks to write files for.
-
-    Returns:
-        The step directory. If a complete one of this job's lineage exists already for
-        that step (an earlier fault at the same step), it is kept as it is; another
-        lineage's is moved to ``previous/<n>/`` first.
+    Returns the step directory. One of this job's lineage that exists already for the step is kept
+    as it is; another lineage's is moved to ``previous/<n>/`` first.
     """
     final = layout.ttp_step_dir(recovery_path, position)
     if final.is_dir():

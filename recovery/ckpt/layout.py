@@ -1,31 +1,8 @@
 """The on-disk layout of checkpoints: the one module that spells their paths and names.
 
-Periodic checkpoints (one directory per rank under the recovery path)::
-
-    <recovery_path>/checkpoints/rank_<r>/
-        <prefix>-<epoch>_<step>.ckpt        epoch from 1; step = steps done in that epoch
-        <prefix>_<n>-<epoch>_<step>.ckpt    the n-th later run with the same prefix
-        manifest.json                       size + checksum of every complete checkpoint
-        manifest.json.lock                  serialises manifest updates
-        .<name>.<random>.<pid>.tmp          a file being written (never a checkpoint)
-
-Last-words checkpoints (TTP) use the same file-name pattern with the prefix
-``ttp_rank_<r>``, one directory per saved step::
-
-    <recovery_path>/ttp_checkpoints/tft_saved_checkpoints-step_<n>/rank_<r>/ttp_rank_<r>-<epoch>_<step>.ckpt
-
-Each step directory holds a ``lineage`` file: the id of the job that saved it.
-
-The recovery path itself records the job's lineage (:mod:`recovery.ckpt.lineage`), and keeps the
-checkpoints of earlier jobs that a fresh launch moved aside::
-
-    <recovery_path>/lineage                 the lineage id of the job the path belongs to
-    <recovery_path>/scheduler/              the scheduler's state (recovery.control.files)
-    <recovery_path>/previous/<n>/           an earlier job's checkpoints, state and lineage
-
-Names are made from a :class:`~recovery.position.TrainPosition` here and nowhere else.
-A file name is a checkpoint name only if :func:`parse_checkpoint_name` accepts it; temporary
-names never end in ``.ckpt``, so a half-written file can never be mistaken for one.
+Periodic checkpoints live in ``<recovery_path>/checkpoints/rank_<r>/``, last-words ones in
+``<recovery_path>/ttp_checkpoints/tft_saved_checkpoints-step_<n>/rank_<r>/`` (see docs/checkpoints.md).
+Temporary names never end in ``.ckpt``, so a half-written file can never be mistaken for a checkpoint.
 """
 
 from __future__ import annotations
@@ -96,22 +73,15 @@ class CheckpointName:
 
 
 def check_prefix(prefix: str) -> str:
-    """Return ``prefix`` if checkpoint names can start with it.
-
-    Raises:
-        ValueError: it is empty, holds a path separator or starts with ``.``.
-    """
+    """Return ``prefix`` if checkpoint names can start with it; raise ValueError otherwise."""
     if not prefix or os.sep in prefix or prefix.startswith("."):
         raise ValueError(f"checkpoint prefix {prefix!r} must be a non-empty file name not starting with '.'")
     return prefix
 
 
 def checkpoint_name(prefix: str, position: TrainPosition) -> str:
-    """Return ``<prefix>-<epoch>_<step>.ckpt`` for a checkpoint at ``position``.
-
-    Raises:
-        ValueError: a bad prefix (:func:`check_prefix`), or a negative epoch or step.
-    """
+    """Return ``<prefix>-<epoch>_<step>.ckpt`` for a checkpoint at ``position``; ValueError for a bad
+    prefix or a negative epoch or step."""
     check_prefix(prefix)
     if position.epoch < 0 or position.step_in_epoch < 0:
         raise ValueError(f"epoch and step must be >= 0, got epoch={position.epoch} "
@@ -130,16 +100,8 @@ def parse_checkpoint_name(name: str) -> CheckpointName | None:
 def run_prefix(prefix: str, existing_names: Iterable[str]) -> str:
     """The prefix a new run writes with, so that it never overwrites an earlier run.
 
-    MindSpore's rule: when checkpoints named ``<prefix>-...`` or ``<prefix>_<k>-...``
-    already exist, the new run writes ``<prefix>_<n>-...`` with ``n`` one more than the
-    largest ``k`` (a bare ``<prefix>`` counts as 0); otherwise it writes ``<prefix>-...``.
-
-    Args:
-        prefix: the prefix the user asked for.
-        existing_names: file names already in the directory (others are ignored).
-
-    Returns:
-        ``prefix`` or ``f"{prefix}_{n}"``.
+    MindSpore's rule: when ``existing_names`` hold checkpoints of ``<prefix>`` or ``<prefix>_<k>``,
+    ``<prefix>_<n>`` with ``n`` one more than the largest ``k`` (a bare ``<prefix>`` counts as 0).
     """
     highest = -1
     for name in existing_names:
@@ -177,11 +139,8 @@ def manifest_lock_path(directory: str | os.PathLike[str]) -> Path:
 
 
 def temp_path(final: str | os.PathLike[str], tag: str = "") -> Path:
-    """Where ``final`` is written before its atomic rename (hidden, a random part, owner
-    pid, ``.tmp``): a new name at every call.
-
-    ``tag`` tells apart the temporary files of several writers in one process.
-    """
+    """Where ``final`` is written before its atomic rename: a new hidden name at every call, holding
+    the owner's pid; ``tag`` tells apart several writers in one process."""
     final = Path(final)
     tagged = f"{final.name}.{tag}" if tag else final.name
     # A random part, as mkstemp's: nobody can plant a link at the name ahead of the writer.
@@ -189,10 +148,8 @@ def temp_path(final: str | os.PathLike[str], tag: str = "") -> Path:
 
 
 def spare_path(directory: str | os.PathLike[str]) -> Path:
-    """Where this process keeps a pruned checkpoint file for its next save to overwrite
-    (a temporary file: removed like one when its owner died). One name per process, not
-    a new one per call as :func:`temp_path`'s: the next save must find it. It is only
-    ever renamed, then opened with ``O_NOFOLLOW``: a link planted there is never followed."""
+    """Where this process keeps a pruned checkpoint file for its next save to overwrite: one name per
+    process, so that the next save finds it. It is only renamed, then opened with ``O_NOFOLLOW``."""
     return Path(directory) / f".spare.{os.getpid()}{_TEMP_SUFFIX}"
 
 
@@ -218,11 +175,8 @@ def ttp_step_dir(recovery_path: str | os.PathLike[str], position: TrainPosition)
 
 
 def ttp_temp_dir(recovery_path: str | os.PathLike[str], position: TrainPosition) -> Path:
-    """Where a step's last-words checkpoints are written before the directory is renamed.
-
-    A hidden name with the writer's pid, never matched by :func:`ttp_rank_dirs`: a save
-    cut short leaves no directory that looks like a checkpoint.
-    """
+    """Where a step's last-words checkpoints are written before the directory is renamed: a hidden
+    name, so that a save cut short leaves no directory that looks like a checkpoint."""
     final = ttp_step_dir(recovery_path, position)
     return final.with_name(f".{final.name}.{os.getpid()}{_TEMP_SUFFIX}")
 
@@ -246,8 +200,7 @@ def ttp_step_dirs(recovery_path: str | os.PathLike[str]) -> dict[int, Path]:
 
 
 def removal_path(path: str | os.PathLike[str]) -> Path:
-    """Where a directory is renamed to before it is deleted, so that it vanishes at once
-    under its own name (a hidden temporary name, see :func:`temp_path`)."""
+    """Where a directory is renamed to before it is deleted, so that it vanishes at once under its own name."""
     return temp_path(path, tag="removed")
 
 

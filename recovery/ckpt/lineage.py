@@ -1,20 +1,7 @@
-"""Job lineage: which checkpoints belong to this job.
+"""Job lineage: which checkpoints belong to this job, so that a restore never picks another job's.
 
-The first launch of a job mints a lineage id (random, not a secret) and records it in
-``<recovery_path>/lineage``. Every checkpoint, manifest entry and last-words directory the
-job writes carries it, and whatever picks a checkpoint to restore (a rollback, a resume,
-``tftctl ckpt ls``) considers only the current lineage's. A relaunched rank and
-``--is_recover=1`` keep the lineage. A fresh launch whose recovery path holds an earlier
-job's state moves that state to ``<recovery_path>/previous/<n>/`` (never deletes it) and
-records a new lineage. Checkpoints written before lineages existed carry none: they are
-another lineage's.
-
-tftrun hands the id to its workers in ``TFT_LINEAGE``; so does templates/run.sh, which
-opens the lineage as tftrun does (``python -m recovery.ckpt.lineage new|resume PATH``). A
-process started without it (torchrun-style, by hand, templates/recover.sh) adopts the
-lineage its recovery path records, and records a new one if there is none: started by
-hand, the recovery path is the job.
-
+The id is recorded in ``<recovery_path>/lineage`` and carried by every checkpoint the job writes; a fresh
+launch moves an earlier job's state to ``previous/<n>/``. See docs/checkpoints.md.
 This module imports no torch: the launcher uses it before anything starts.
 """
 
@@ -78,14 +65,8 @@ def _checked(lineage: str, where: str) -> str:
 
 
 def read_lineage(directory: str | os.PathLike[str]) -> str | None:
-    """The lineage recorded in ``directory`` (a recovery path, a last-words step directory).
-
-    Returns:
-        The id, or ``None`` when none is recorded.
-
-    Raises:
-        LineageError: the file holds something else.
-    """
+    """The lineage recorded in ``directory`` (a recovery path, a last-words step directory);
+    ``None`` when none is recorded, LineageError when the file holds something else."""
     path = layout.lineage_file(directory)
     try:
         return _checked(path.read_text().strip(), str(path))
@@ -96,8 +77,7 @@ def read_lineage(directory: str | os.PathLike[str]) -> str | None:
 def record_lineage(directory: str | os.PathLike[str], lineage: str, *, replace: bool = False) -> str:
     """Record ``lineage`` in ``directory`` durably; return the lineage recorded there.
 
-    Without ``replace``, a lineage already recorded (by a process that raced this one)
-    is kept and returned.
+    Without ``replace``, a lineage already recorded (by a racing process) is kept and returned.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -113,14 +93,14 @@ def record_lineage(directory: str | os.PathLike[str], lineage: str, *, replace: 
 def adopt_lineage(recovery_path: str | os.PathLike[str]) -> str:
     """The lineage ``recovery_path`` records; a new one, recorded there, if it records none.
 
-    Processes started together by hand race here safely: they all adopt the first one
-    recorded.
+    Processes started together by hand race here safely: they all adopt the first one recorded.
     """
     return read_lineage(recovery_path) or record_lineage(recovery_path, new_lineage_id())
 
 
 def job_lineage(env: WorkerEnv | None = None) -> str:
-    """This process's lineage: ``TFT_LINEAGE``, else its recovery path's (see the module doc)."""
+    """This process's lineage: ``TFT_LINEAGE``, else the one its recovery path records (started by
+    hand, the recovery path is the job)."""
     env = WorkerEnv.from_env() if env is None else env
     if env.lineage:
         return _checked(env.lineage, TFT_LINEAGE)
@@ -153,16 +133,11 @@ def set_aside(recovery_path: str | os.PathLike[str], paths: Iterable[Path]) -> P
 def open_lineage(recovery_path: str | os.PathLike[str], *, resume: bool) -> LaunchLineage:
     """The lineage a launch of a job runs in; the caller must be the only launcher of the path.
 
-    Args:
-        recovery_path: the job's recovery path (created if missing).
-        resume: the launch resumes a job (``--is_recover=1``): its recorded lineage is
-            kept. Otherwise the launch starts a new job: if the path holds checkpoints,
-            they are moved to ``previous/<n>/`` with the rest of the earlier job's state,
-            and a new lineage is recorded.
+    With ``resume`` (``--is_recover=1``) the recorded lineage is kept; otherwise an earlier job's
+    checkpoints are moved to ``previous/<n>/`` and a new lineage is recorded.
 
     Raises:
-        LineageError: ``resume`` was asked, and the path holds checkpoints but records no
-            lineage (they predate lineages, or the file was removed): none can be resumed.
+        LineageError: ``resume`` was asked, and the path holds checkpoints but records no lineage.
     """
     recovery_path = Path(recovery_path)
     if resume:
@@ -183,8 +158,8 @@ def open_lineage(recovery_path: str | os.PathLike[str], *, resume: bool) -> Laun
 def join_lineage(recovery_path: str | os.PathLike[str], lineage: str) -> LaunchLineage:
     """A node other than node 0 joins the job of lineage ``lineage`` (node 0's).
 
-    Its recovery path keeps its state when it records that lineage (the node returns to
-    its job); otherwise an earlier job's state there is moved to ``previous/<n>/`` first.
+    Its recovery path keeps its state when it records that lineage; otherwise that state is
+    moved to ``previous/<n>/`` first.
     """
     recovery_path = Path(recovery_path)
     if read_lineage(recovery_path) == _checked(lineage, "node 0's lineage"):

@@ -1,31 +1,8 @@
 """The checkpoint manifest: which files are complete, and which one is the newest valid.
 
-Each checkpoint directory has a ``manifest.json`` listing every checkpoint written to it
-completely, with its size and XXH3-128 checksum. A file is *valid* only if all of these hold:
-
-1. it is in the manifest (a file the manifest does not list was never finished);
-2. its size is the recorded size (catches truncation);
-3. its checksum is the recorded one (catches bit flips);
-4. it loads with ``torch.load(weights_only=True)`` (no arbitrary unpickling).
-
-Each entry also records the job's lineage (:mod:`recovery.ckpt.lineage`) and the kind of
-checkpoint (periodic or last words). Whatever chooses a checkpoint to restore asks for one
-lineage's candidates: entries of any other lineage, and entries written before lineages
-existed (they have none), are left out.
-
-Check 3 reads the whole file, so its result is remembered for the life of the process,
-keyed by the file's path, size, modification time and inode: a rollback hashes each
-candidate at most once, and a later rollback hashes only the files written or changed
-since. (A bit flip on disk that leaves the file's times alone is caught by the next
-process that verifies the file; ``tftctl ckpt verify`` is one.)
-
-"Newest" is the highest ``(epoch, step)``, never a file time. An invalid candidate newer
-than the chosen one is reported with one warning line naming the file and the reason.
-The manifest is rewritten atomically under a file lock, so concurrent writers and a
-writer killed mid-update never leave it torn. It is read once per update, under that lock,
-and parsed only when its bytes differ from what this object last read or wrote; it is
-written one entry a line, by the C JSON encoder (``indent`` would take the much slower
-pure-Python one).
+Each checkpoint directory's ``manifest.json`` lists every completely written checkpoint. A file is *valid*
+only if (1) the manifest lists it, (2) its size and (3) its checksum are the recorded ones, and (4) it
+loads with ``torch.load(weights_only=True)``. "Newest" is the highest ``(epoch, step)``, never a file time.
 """
 
 from __future__ import annotations
@@ -93,11 +70,9 @@ class CheckpointKind(str, Enum):
 class CheckpointEntry:
     """One complete checkpoint as the manifest records it.
 
-    ``seq`` orders entries by the time they were recorded; it only breaks a tie between
-    two files of the same ``(epoch, step_in_epoch)`` (two runs with different prefixes).
-    ``lineage`` is the id of the job that wrote it; ``None`` in a manifest written before
-    lineages existed. ``xxh3_128`` is the file's checksum; ``None`` in an entry that holds
-    only the ``sha256`` of an older tftrun, which cannot be verified.
+    ``seq`` orders entries by the time they were recorded, to break a tie between two files of the same
+    position (two prefixes). ``lineage`` is ``None`` in an entry of no lineage (never restored), ``xxh3_128``
+    in one holding only an older tftrun's ``sha256`` (it cannot be verified).
     """
 
     name: str
@@ -153,14 +128,11 @@ class Candidate:
 
 @dataclass(frozen=True)
 class KeepRule:
-    """Which periodic checkpoints a saver drops: all but the newest ``keep_max`` of its
-    family (the prefix it was asked for and every ``<prefix>_<n>`` of a relaunch, see
-    :func:`recovery.ckpt.layout.run_prefix`) of its job's ``lineage``.
+    """Which periodic checkpoints a saver drops: all but the newest ``keep_max`` of its ``lineage``
+    and prefix family (``<prefix>`` and every relaunch's ``<prefix>_<n>``).
 
-    Another job's checkpoints, those written before lineages existed and those of
-    another prefix are never dropped. The checkpoints of an earlier incarnation of the
-    rank are: the job resumes from the newest, and the rest would pile up with every
-    relaunch.
+    Those of an earlier incarnation of the rank are dropped too, since they would pile up with every
+    relaunch; other lineages' and prefixes' never are.
     """
 
     prefix: str
@@ -184,11 +156,8 @@ Keep = Callable[[Iterable[CheckpointEntry]], list[str]]
 
 
 class Manifest:
-    """The manifest of one checkpoint directory.
-
-    Args:
-        directory: the checkpoint directory (one rank's).
-    """
+    """The manifest of one checkpoint directory (one rank's), rewritten atomically under a file lock
+    so that concurrent writers and a killed writer never leave it torn."""
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
@@ -216,17 +185,11 @@ class Manifest:
         return dict(entries)
 
     def add(self, entry: CheckpointEntry, keep: Keep | None = None) -> list[str]:
-        """Record a checkpoint that is already durable on disk, and forget what ``keep``
-        drops.
+        """Record a checkpoint already durable on disk and forget what ``keep`` drops, in one atomic
+        rewrite; return the names forgotten, oldest first.
 
-        Both happen in one atomic rewrite, so a crash never leaves the old files dropped
-        without the new one listed. Forget files before deleting them: an unlisted file
-        left by a crash is never loaded, while a listed file that is gone is reported.
-        ``keep`` is asked under the manifest's lock, with the entries just read and the
-        new one (its ``seq`` set), so that it sees every other writer's update.
-
-        Returns:
-            The names forgotten, as ``keep`` gave them (oldest first).
+        Forget files before deleting them: an unlisted file left by a crash is never loaded. ``keep``
+        is asked under the lock, so that it sees every other writer's update.
         """
         with self._lock:
             entries = self.entries()
@@ -247,10 +210,7 @@ class Manifest:
 def candidates(directory: str | os.PathLike[str], lineage: str | None = None) -> list[Candidate]:
     """Every checkpoint the manifest lists or the directory holds, newest first.
 
-    Args:
-        directory: one checkpoint directory.
-        lineage: list only this lineage's entries; files the manifest does not list stay
-            (they are invalid whatever their lineage). ``None``: every lineage's.
+    With ``lineage``, only that lineage's entries; unlisted files stay (invalid whatever their lineage).
     """
     directory = Path(directory)
     entries = Manifest(directory).entries()
@@ -267,11 +227,8 @@ def candidates(directory: str | os.PathLike[str], lineage: str | None = None) ->
 
 
 def find_checkpoint_dirs(root: str | os.PathLike[str]) -> list[Path]:
-    """Every directory at or below ``root`` that holds a manifest or a checkpoint file.
-
-    ``root`` may be one rank's directory, a ``checkpoints/`` folder of rank directories,
-    a whole recovery path (periodic and last-words checkpoints alike), or any tree of them.
-    """
+    """Every directory at or below ``root`` (a rank's directory, a recovery path, any tree of them)
+    that holds a manifest or a checkpoint file."""
     found = []
     for directory, _, names in os.walk(root):
         if any(name == layout.MANIFEST_NAME or layout.parse_checkpoint_name(name) for name in names):
@@ -281,8 +238,8 @@ def find_checkpoint_dirs(root: str | os.PathLike[str]) -> list[Path]:
 
 _FileVersion = tuple[int, int, int]
 _verified: dict[str, tuple[_FileVersion, str]] = {}
-"""By path: the (size, mtime_ns, inode) of the file this process last hashed there, and its
-checksum."""
+"""By path: the (size, mtime_ns, inode) of the file this process last hashed there, and its checksum,
+so that a rollback hashes only files written or changed since."""
 _VERIFIED_MAX = 1024
 
 
@@ -336,11 +293,8 @@ def _checked(candidate: Candidate) -> Any:
 
 
 def load_verified(path: str | os.PathLike[str]) -> Any:
-    """Load one checkpoint file after checking it against its directory's manifest.
-
-    Raises:
-        InvalidCheckpointError: the file fails any of the four checks.
-    """
+    """Load one checkpoint file after checking it against its directory's manifest; InvalidCheckpointError
+    if it fails any of the four checks."""
     path = Path(path)
     parsed = layout.parse_checkpoint_name(path.name)
     entry = Manifest(path.parent).entries().get(path.name)
@@ -354,14 +308,8 @@ def load_verified(path: str | os.PathLike[str]) -> Any:
 
 def newest_valid(directory: str | os.PathLike[str],
                  lineage: str | None = None) -> tuple[Candidate, Any] | None:
-    """The newest valid checkpoint of a directory, loaded; ``None`` if there is none.
-
-    Every newer candidate that fails a check is skipped with one warning line. With
-    ``lineage``, only that lineage's checkpoints are candidates (:func:`candidates`).
-
-    Returns:
-        ``(candidate, state)`` where ``state`` is what the file holds.
-    """
+    """The newest valid checkpoint of a directory (of ``lineage`` if given) as ``(candidate, state)``;
+    ``None`` if there is none. Every newer candidate that fails a check is skipped with one warning."""
     for candidate in candidates(directory, lineage):
         try:
             return candidate, _checked(candidate)
@@ -372,12 +320,8 @@ def newest_valid(directory: str | os.PathLike[str],
 
 def verify_dir(directory: str | os.PathLike[str],
                lineage: str | None = None) -> list[tuple[Candidate, str | None]]:
-    """Check every candidate of a directory (of ``lineage`` if given) fully, load included,
-    newest first.
-
-    Returns:
-        ``(candidate, reason)`` pairs; ``reason`` is ``None`` for a valid checkpoint.
-    """
+    """Check every candidate of a directory (of ``lineage`` if given) fully, load included, newest
+    first; ``reason`` is ``None`` for a valid checkpoint."""
     results = []
     for candidate in candidates(directory, lineage):
         try:

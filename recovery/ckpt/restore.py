@@ -1,19 +1,6 @@
 """Reading checkpoints back: verified loading and a one-call resume into the user's objects.
 
-A checkpoint (written by :class:`recovery.ckpt.checkpoint.CheckpointSaver`) is a dict of plain
-data and tensors::
-
-    format, version            "tftrun-checkpoint", 1
-    model, optimizer, lr_scheduler   state dicts (the last two may be None)
-    rng                        the RNG stateful's state (python, numpy, torch, CUDA
-                               generators: recovery.rng.GlobalRngState), or None
-    position                   epoch (from 1), step (done in that epoch: the code's
-                               step_in_epoch), global_step
-    data                       the sampler's state (seed, batch size) and the position's
-                               epoch and step (in that epoch), or None
-    append_info                the config's epoch_num / step_num and user values
-    rank, world_size           who wrote it, in a job of which size
-    lineage                    the id of the job that wrote it (recovery/ckpt/lineage.py)
+A checkpoint is a dict of plain data and tensors; its keys are listed in docs/checkpoints.md.
 """
 
 from __future__ import annotations
@@ -57,11 +44,10 @@ class WorldSizeMismatchError(CheckpointError):
 
 @dataclass(frozen=True)
 class ResumePoint(TrainPosition):
-    """Where to continue after :func:`resume`: the position the checkpoint holds.
+    """Where to continue after :func:`resume`: epoch ``epoch`` after its first ``step_in_epoch`` steps.
 
-    Continue with epoch ``epoch`` after its first ``step_in_epoch`` steps (an epoch whose steps are
-    all done simply yields nothing more). ``path`` is the file restored from; ``None``
-    when nothing was restored (or the caller of :func:`restore_checkpoint` gave none).
+    ``path`` is the file restored from; ``None`` when nothing was restored (or the caller of
+    :func:`restore_checkpoint` gave none).
     """
 
     path: Path | None = None
@@ -69,9 +55,8 @@ class ResumePoint(TrainPosition):
 
 
 def job_rank_and_world_size() -> tuple[int, int]:
-    """This process's rank and the job's size: the env contract's under a scheduler
-    (whose process group may be a degraded one, of fewer ranks: docs/elastic.md), else
-    the process group's, else the env contract's."""
+    """This process's rank and the job's size: the env contract's under a scheduler (whose process
+    group may be a degraded one: docs/elastic.md), else the process group's, else the env contract's."""
     if names.MS_SCHED_PORT not in os.environ and dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     env = WorkerEnv.from_env()
@@ -117,31 +102,14 @@ def restore_checkpoint(
     path: Path | None = None,
     allow_world_size_change: bool = False,
 ) -> ResumePoint:
-    """Put a loaded checkpoint into the user's objects and return where to continue.
+    """Put a loaded checkpoint (from :func:`load_checkpoint`) into the user's objects; return where to continue.
 
-    Restores the model, optimizer and LR scheduler (when given), the RNG states, and the
-    sampler's position (epoch and steps to skip).
-
-    Args:
-        state: what :func:`load_checkpoint` returned.
-        model: the model to load the parameters into (strictly: same keys and shapes).
-        optimizer: the optimizer, if its state is to be restored.
-        lr_scheduler: the LR scheduler, if its state is to be restored.
-        sampler: the sampler to put at the checkpoint's data position: it loads the
-            checkpoint's ``data`` with the position's ``epoch`` and step in the epoch
-            (:class:`recovery.train.sampler.ResumableDistributedSampler`).
-        rng: the RNG stateful to load the checkpoint's ``rng`` into; by default the
-            global generators (:class:`recovery.rng.GlobalRngState`).
-        path: the file it came from, for messages.
-        allow_world_size_change: resume even if the checkpoint's job had another world size.
-
-    Returns:
-        The checkpoint's position, its path and its ``append_info``.
+    The model loads strictly; ``sampler`` is put at the checkpoint's data position; ``rng`` defaults to
+    the global generators (:class:`recovery.rng.GlobalRngState`); ``path`` is for messages.
 
     Raises:
-        WorldSizeMismatchError: the world sizes differ and that was not allowed.
-        CheckpointError: an optimizer, scheduler or RNG stateful was given but the
-            checkpoint has no state for it.
+        WorldSizeMismatchError: the world sizes differ and ``allow_world_size_change`` is not set.
+        CheckpointError: an optimizer, scheduler or RNG stateful was given but the checkpoint has no state for it.
     """
     where = path or Path("the checkpoint")
     state = _checked_format(state, where)
@@ -175,29 +143,11 @@ def resume(
     allow_world_size_change: bool = False,
     lineage: str | None = None,
 ) -> ResumePoint:
-    """Restore the newest valid checkpoint of ``directory`` into the user's objects.
+    """Restore the newest valid checkpoint of ``directory`` (this rank's) into the user's objects.
 
-    Only the checkpoints of one job's lineage are considered: another job's, or one
-    written before lineages existed, is never resumed. Invalid checkpoints newer than
-    the one chosen are skipped, each with one warning line. With no valid checkpoint
-    nothing is touched and the start of training is returned.
-
-    Args:
-        directory: this rank's checkpoint directory.
-        model: see :func:`restore_checkpoint`.
-        optimizer: see :func:`restore_checkpoint`.
-        lr_scheduler: see :func:`restore_checkpoint`.
-        sampler: see :func:`restore_checkpoint`.
-        rng: see :func:`restore_checkpoint`.
-        allow_world_size_change: see :func:`restore_checkpoint`.
-        lineage: the lineage to resume; by default this job's
-            (:func:`recovery.ckpt.lineage.job_lineage`).
-
-    Returns:
-        Where to continue; ``ResumePoint()`` (epoch 1, step 0) when nothing was restored.
-
-    Raises:
-        WorldSizeMismatchError: see :func:`restore_checkpoint`.
+    Only checkpoints of ``lineage`` (by default this job's) are considered, so another job's is never
+    resumed. With no valid checkpoint nothing is touched and ``ResumePoint()`` (epoch 1, step 0) is
+    returned. Other arguments and errors as :func:`restore_checkpoint`.
     """
     lineage = lineage or job_lineage()
     found = newest_valid(directory, lineage)

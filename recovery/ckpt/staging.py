@@ -1,13 +1,8 @@
-"""Staging a checkpoint's tensors in shared memory, for another process to write.
+"""Staging a checkpoint's tensors in shared memory, for the writer process to write.
 
-The training process splits a checkpoint's state into a *skeleton* (the same nesting of
-dicts, lists and plain values, each tensor replaced by a :class:`Slot`) and its tensors,
-which it copies into one shared-memory buffer (a ``memfd``). The buffer is kept and
-reused while the tensors keep their shapes and dtypes, so a save costs the training
-process one ``memcpy`` of the state and a small pickle; the layout is compared by the
-tensors' dtypes and shapes alone, the specs rebuilt only when it changed. The writer process
-(:mod:`recovery.ckpt.writer_process`) maps the same buffer through ``/proc/<pid>/fd`` and
-rebuilds the state with a :class:`Rebuilder`.
+The state is split into a *skeleton* (each tensor replaced by a :class:`Slot`) and its tensors, copied
+into one ``memfd`` buffer reused while the layout stays, so a save costs one ``memcpy`` and a small pickle.
+The writer process maps the buffer through ``/proc/<pid>/fd`` and rebuilds the state with a :class:`Rebuilder`.
 """
 
 from __future__ import annotations
@@ -52,8 +47,8 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class SharedBuffer:
-    """How the writer finds the buffer: the owner's pid, its fd, and a generation that
-    changes whenever the buffer is replaced (an fd number may be reused)."""
+    """How the writer finds the buffer; ``generation`` changes whenever the buffer is replaced,
+    since an fd number may be reused."""
 
     pid: int
     fd: int
@@ -105,8 +100,8 @@ def _specs(tensors: list[torch.Tensor]) -> tuple[list[TensorSpec], int]:
 
 
 def _views(buffer: Any, specs: list[TensorSpec]) -> list[torch.Tensor]:
-    """One tensor per spec on its bytes of ``buffer``, each with a storage of its own
-    (so that ``torch.save`` writes each one's bytes, as it would the original's)."""
+    """One tensor per spec on its bytes of ``buffer``, each with a storage of its own so that
+    ``torch.save`` writes only that tensor's bytes."""
     return [
         torch.frombuffer(buffer, dtype=s.dtype, count=s.nbytes // s.dtype.itemsize, offset=s.offset).view(s.shape)
         if s.nbytes else torch.empty(s.shape, dtype=s.dtype)
@@ -115,12 +110,8 @@ def _views(buffer: Any, specs: list[TensorSpec]) -> list[torch.Tensor]:
 
 
 def _copy(view: torch.Tensor, tensor: torch.Tensor) -> None:
-    """``view.copy_(tensor)``, as one plain ``memcpy`` on this thread where it can be.
-
-    ``copy_`` splits a large copy among torch's threads; where training uses every core,
-    one of them is often descheduled (by the writer process, by another job) and the whole
-    copy waits for it, which one ``memcpy`` on this thread never does.
-    """
+    """``view.copy_(tensor)``, as one ``memcpy`` on this thread where it can be: ``copy_`` splits
+    a large copy among torch's threads, and waits for any of them that is descheduled."""
     plain = tensor.is_contiguous() and not (tensor.is_conj() or tensor.is_neg())  # no lazy conjugate
     if view.nbytes and tensor.device.type == "cpu" and tensor.dtype == view.dtype and plain:
         ctypes.memmove(view.data_ptr(), tensor.data_ptr(), view.nbytes)
@@ -130,16 +121,15 @@ def _copy(view: torch.Tensor, tensor: torch.Tensor) -> None:
 
 @dataclass(frozen=True)
 class _Staged:
-    """What a slot of the buffer holds: the bytes of ``tensor`` at version ``version``.
-
-    The tensor is kept, so that its memory cannot be another tensor's by the next save."""
+    """What a slot of the buffer holds: the bytes of ``tensor`` at ``version``; the tensor is kept
+    so that its memory cannot be another tensor's by the next save."""
 
     tensor: torch.Tensor
     version: int
 
     def holds(self, tensor: torch.Tensor) -> bool:
-        """Whether the slot holds ``tensor``'s bytes already: the same memory, and no
-        in-place change since (autograd's version counter, shared by its views)."""
+        """Whether the slot holds ``tensor``'s bytes already: the same memory, and no in-place
+        change since (autograd's version counter, shared by its views)."""
         staged = self.tensor
         return (tensor.data_ptr() == staged.data_ptr() and tensor.stride() == staged.stride()
                 and tensor.device == staged.device and _version(tensor) == self.version)
@@ -154,12 +144,8 @@ def _version(tensor: torch.Tensor) -> int | None:
 
 
 class SharedStage:
-    """One shared-memory buffer, reused from save to save while the layout stays.
-
-    A tensor unchanged since the last save (the same memory, its version counter the
-    same: no in-place operation on it or on a view of it) is not copied again: its
-    bytes are in the buffer already (frozen layers, buffers, the step counts).
-    """
+    """One shared-memory buffer, reused from save to save while the layout stays; a tensor
+    unchanged since the last save (same memory and version counter) is not copied again."""
 
     def __init__(self) -> None:
         self._fd: int | None = None
@@ -173,11 +159,8 @@ class SharedStage:
         """Tensors the last :meth:`stage` copied (the others were in the buffer already)."""
 
     def stage(self, tensors: list[torch.Tensor]) -> tuple[SharedBuffer, list[TensorSpec]]:
-        """Copy ``tensors`` into the buffer (a new one if their layout changed), all but
-        those it holds already.
-
-        The caller must know that no reader uses the buffer any more.
-        """
+        """Copy ``tensors`` into the buffer (a new one if their layout changed), all but those it
+        holds already; the caller must know that no reader uses the buffer any more."""
         layout = [(tensor.dtype, tensor.shape) for tensor in tensors]
         if self._buffer is None or layout != self._layout:
             self._allocate(*_specs(tensors))
@@ -214,10 +197,8 @@ class SharedStage:
 
 
 class Rebuilder:
-    """Rebuilds the state from a mapping of the staged buffer (:meth:`__call__`), keeping
-    the tensors it made on the buffer for the next call on the same mapping and layout:
-    making them anew costs time for every tensor of every save, and a writer's buffer and
-    layout change rarely."""
+    """Rebuilds the state from a mapping of the staged buffer, keeping the tensors it made on it
+    for the next call on the same mapping and layout, which change rarely."""
 
     def __init__(self) -> None:
         self._buffer: Any = None

@@ -1,25 +1,8 @@
 """The background checkpoint writer: a process of its own, one per saver.
 
-A writer *thread* holds the GIL while ``torch.save`` pickles, hashes and writes, and that
-slows the training loop it shares the interpreter with. So the training process only
-stages the state in shared memory (:mod:`recovery.ckpt.staging`) and sends a small
-message over a pipe; this process rebuilds the state and writes it exactly as a
-synchronous save would (the saver's ``write``: durable, hashed, listed in the manifest,
-the oldest pruned), then answers ``done`` or the error.
-
-It is forked from the training process when the saver is made, so it is ready at once,
-torch already imported (no second import competing with training for the CPU). Right
-after the fork it keeps only its pipe (every other inherited fd, the process group's
-sockets among them, is closed, so that no peer's connection outlives the training
-process), restores the default signal handlers (the training process's own, such as a
-last-words handler, must not run here), ignores ``SIGINT`` (a Ctrl-C lets the write in
-flight finish), uses one torch thread (as a ``DataLoader`` worker does after a fork) and
-runs at the training process's own CPU priority: at a lower one (``nice`` 10, before) it
-got no CPU while training kept every core busy, and the next save then waited for the
-whole write. It never outlives the training process: it gets ``SIGKILL``
-when the thread that made the saver ends (``PR_SET_PDEATHSIG``), which leaves at most a
-temporary file that the next saver removes, and it exits when its pipe closes. It leaves
-with ``os._exit``: nothing of the training process's (atexit handlers, finalizers) runs.
+A writer *thread* would hold the GIL while ``torch.save`` pickles and writes, slowing training; so the
+training process only stages the state in shared memory and sends a small message, and this forked
+process writes it as a synchronous save would. See docs/checkpoints.md.
 """
 
 from __future__ import annotations
@@ -53,8 +36,8 @@ _prctl = ctypes.CDLL(None, use_errno=True).prctl
 
 @dataclass(frozen=True)
 class WriteRequest:
-    """One checkpoint to write: where the tensors are, the rest of the state, its file
-    name and the step it holds (the directory is the writer's own)."""
+    """One checkpoint to write: where the tensors are, the rest of the state, its file name and step
+    (the directory is the writer's own)."""
 
     buffer: SharedBuffer
     specs: list[TensorSpec]
@@ -68,16 +51,11 @@ Write = Callable[["WriteRequest", mmap.mmap], object]
 
 
 class WriterProcess:
-    """The training process's end: at most one write in flight.
+    """The training process's end: at most one write in flight, so the staging buffer is never
+    overwritten while being read.
 
-    A new write first waits for the previous one, so the staging buffer is never
-    overwritten while being read. When the object is collected, or the interpreter
-    exits, the pipe is closed and the process reaped: an in-flight write finishes first.
-
-    Args:
-        write: what the process calls with each request. It is imported before the
-            fork: the child imports nothing, since another thread of the training
-            process may have held the import lock when it forked.
+    ``write`` must be imported before the fork: the child imports nothing, since another thread may
+    have held the import lock when it forked.
     """
 
     def __init__(self, write: Write) -> None:
@@ -116,11 +94,7 @@ class WriterProcess:
             self.wait()
 
     def wait(self) -> None:
-        """Wait for the in-flight write.
-
-        Raises:
-            CheckpointError: it failed, or the writer process died.
-        """
+        """Wait for the in-flight write; raise CheckpointError if it failed or the writer process died."""
         what, self._pending = self._pending, None
         if what is None:
             return
@@ -165,8 +139,8 @@ def _become_writer(parent: int, keep_fd: int) -> None:
     os.closerange(3, keep_fd)
     os.closerange(keep_fd + 1, os.sysconf("SC_OPEN_MAX"))
     torch.set_num_threads(1)
-    # The zip's CRC32 is a quarter of a save's CPU, and the manifest's checksum already
-    # guards every byte; torch.load does not check it. Only this process saves this way.
+    # The zip's CRC32 is costly, the manifest's checksum already guards every byte, and
+    # torch.load does not check it. Only this process saves this way.
     torch.serialization.set_crc32_options(False)
 
 

@@ -1,19 +1,7 @@
-"""``recovery.attach``: tftrun's recovery under a DDP script's own loop.
+"""``recovery.attach``: tftrun's recovery under a DDP script's own loop (docs/quickstart-own-script.md).
 
-A torchrun script keeps its model, its ``DistributedDataParallel``, its optimizer, its
-``DataLoader`` and its loop; three lines change (docs/quickstart-own-script.md)::
-
-    recovery.init(backend="nccl")                      # instead of init_process_group
-    job = recovery.attach(ddp_model, optimizer, train_loader)
-    for epoch in job.epochs(max_epochs):               # instead of range(...)
-        for source, targets in job.batches():          # instead of the loader
-            ...                                        # the script's step, unchanged
-
-Underneath is :class:`recovery.train.elastic.ElasticTrainer`, the DDP model's buckets
-reduced by its comm hook (recovery/train/ddp_exchange.py): survivors keep their processes
-and their state, a relaunched rank takes a survivor's, the steps of a death's cooldown
-train degraded with the same global batch, and every sample of an epoch is trained once,
-in the order the loader's sampler shuffles with (its ``shuffle`` and ``seed``).
+The script keeps its model, optimizer, ``DataLoader`` and loop, iterating ``job.epochs()`` and
+``job.batches()`` instead; underneath is :class:`recovery.train.elastic.ElasticTrainer`.
 """
 
 from __future__ import annotations
@@ -49,16 +37,11 @@ def attach(model: DistributedDataParallel, optimizer: torch.optim.Optimizer, dat
 
     Args:
         model: the script's ``DistributedDataParallel``.
-        optimizer: its optimizer.
-        data: its ``DataLoader``: the dataset, ``batch_size`` (per rank and step),
-            ``collate_fn`` and the sampler's ``shuffle`` and ``seed`` are taken from it.
+        data: its ``DataLoader``: the dataset, ``batch_size`` (per rank and step), ``collate_fn`` and
+            the sampler's ``shuffle`` and ``seed`` are taken from it.
         lr_scheduler: the LR scheduler, if any (saved and restored with the rest).
         checkpoint_every: global steps between two periodic checkpoints of each rank.
         log_params_hash: log each committed step's parameter hash (for tests).
-
-    Raises:
-        TypeError: ``model`` is not a ``DistributedDataParallel``, or ``data`` has no
-            ``batch_size``.
     """
     if not isinstance(model, DistributedDataParallel):
         raise TypeError(f"recovery.attach wants the DistributedDataParallel model, got "
@@ -111,10 +94,10 @@ class Job:
                                    "in it: iterate job.batches() in each epoch")
 
     def batches(self) -> Iterator[Any]:
-        """This rank's batches of the current epoch, collated by the loader's
-        ``collate_fn`` (in its ``num_workers`` processes, if any). In a degraded step a
-        batch holds several ranks' worth of samples (docs/elastic.md): compute the loss as
-        the mean over it, as usual."""
+        """This rank's batches of the current epoch, collated by the loader's ``collate_fn``.
+
+        In a degraded step a batch holds several ranks' worth of samples (docs/elastic.md): compute the
+        loss as the mean over it, as usual."""
         if self._steps is None:
             raise RuntimeError("job.batches() runs inside a job.epochs() loop")
         epoch = self.step.epoch if self.step is not None else None

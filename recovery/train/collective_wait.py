@@ -13,9 +13,8 @@ from recovery.runtime.cluster import ClusterContext
 __all__ = ["POLL", "PeerFailure", "wait_collective"]
 
 POLL = timedelta(milliseconds=50)
-"""How long one wait on a collective lasts before the generation is checked again (and
-news asked for: a survivor blocked on a dead rank it is no neighbour of learns of the
-new generation only from the scheduler, within about two polls)."""
+"""How long one wait on a collective lasts before the generation is checked again and news asked
+for: a survivor blocked on a dead rank it is no neighbour of learns of it only from the scheduler."""
 
 
 class PeerFailure(RuntimeError):
@@ -28,16 +27,14 @@ def _is_timeout(err: RuntimeError) -> bool:
 
 def wait_collective(work: Any, ctx: ClusterContext, should_abort: ShouldAbort = never,
                     held: Callable[[], bool] = never) -> None:
-    """Wait for an async collective, polling, so that a new generation interrupts it
-    (unless ``held()``: a replay takes the new generation's ranks in at a later step).
+    """Wait for an async collective, polling, so that a new generation interrupts it (unless
+    ``held()``: a replay takes the new generation's ranks in at a later step).
 
-    A timed-out ``wait`` does not cancel the operation; waiting again completes it if the
-    peers arrive. Any other error means a peer's connection broke.
+    A timed-out ``wait`` does not cancel the operation, so waiting again completes it.
 
     Raises:
         PeerFailure: a peer is gone, or the scheduler formed a newer generation.
-        Aborted: ``should_abort()`` said so between two polls (the collective is left in
-            flight: the caller must leave the group).
+        Aborted: ``should_abort()`` said so; the collective is left in flight, so the caller must leave the group.
     """
     while True:
         try:

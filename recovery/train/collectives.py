@@ -1,13 +1,8 @@
 """The few collectives recovery runs outside the gradient all-reduce, as waitable ones.
 
-torch's object collectives (``all_gather_object``, ``broadcast_object_list``) block until
-they complete, so a member that freezes in the middle of a resynchronisation holds the
-others for the whole group timeout, deaf to a newer generation and to a stop signal. They
-also unpickle what a peer sends, which runs whatever code that peer chose. These run the
-same exchanges as asynchronous tensor collectives and hand each one to a :data:`Wait`
-(the trainer's polls the generation and ``should_abort()``, like the gradient
-all-reduce's), and nothing received is unpickled: integers travel as integer tensors,
-state as ``torch.save`` bytes read back with ``torch.load(weights_only=True)``.
+torch's object collectives block until they complete (a frozen member holds the others for the whole group
+timeout) and unpickle what a peer sends. These are asynchronous tensor collectives handed to a :data:`Wait`,
+and nothing received is unpickled: state travels as ``torch.save`` bytes loaded with ``weights_only=True``.
 """
 
 from __future__ import annotations
@@ -28,9 +23,8 @@ Wait = Callable[[Any], None]
 
 
 MAX_ROWS = 4096
-"""The most rows a peer may announce to :func:`all_gather_rows` unless the caller expects
-fewer: at most 96 KiB per rank for rows of three integers, never an allocation a false
-count chooses."""
+"""The most rows a peer may announce to :func:`all_gather_rows` unless the caller expects fewer,
+so that a false count never chooses an allocation."""
 
 
 class RefusedPayload(Exception):
@@ -47,9 +41,8 @@ def all_gather_rows(rows: list[tuple[int, ...]], width: int, wait: Wait = blocki
                     most: int = MAX_ROWS) -> list[list[tuple[int, ...]]]:
     """Every rank's list of integer tuples of ``width`` items, in rank order.
 
-    Each rank sends at most ``most`` rows; a peer that announces more (or fewer than none)
-    raises :class:`RefusedPayload` before anything is allocated for its rows, on every rank
-    alike (they all see the same counts).
+    A peer that announces more than ``most`` rows raises :class:`RefusedPayload` on every rank alike,
+    before anything is allocated for its rows.
     """
     if len(rows) > most:
         raise ValueError(f"{len(rows)} rows to gather, more than the {most} a rank may send")
@@ -72,11 +65,11 @@ def all_gather_rows(rows: list[tuple[int, ...]], width: int, wait: Wait = blocki
 
 
 def broadcast_bytes(data: bytes | None, source: int, most: int, wait: Wait = blocking) -> bytes:
-    """Send ``data`` from rank ``source`` to every rank, as its length then a uint8 tensor.
+    """Send ``data`` (read only on the source) from rank ``source`` to every rank, as its length then a
+    uint8 tensor.
 
-    ``data`` is only read on the source (pass ``None`` elsewhere). Every other rank accepts
-    at most ``most`` bytes (and never more than this host has available): a larger
-    announced length raises :class:`RefusedPayload` before anything is allocated.
+    A receiver refuses an announced length over ``most`` or over this host's available memory with
+    :class:`RefusedPayload`, before anything is allocated.
     """
     if dist.get_rank() == source:
         assert data is not None
@@ -99,15 +92,11 @@ def broadcast_bytes(data: bytes | None, source: int, most: int, wait: Wait = blo
 
 
 def broadcast_plain(value: Any, source: int, most: int, wait: Wait = blocking) -> Any:
-    """Send ``value`` (tensors and plain data, as a checkpoint holds) from rank ``source``
-    to every rank; returns it everywhere.
+    """Send ``value`` (tensors and plain data, read only on the source) from rank ``source`` to every
+    rank; return it everywhere, the source getting back the very object it passed.
 
-    ``value`` is only read on the source (pass ``None`` elsewhere); the source gets back
-    the very object it passed. The others accept at most ``most`` bytes of it
-    (:func:`broadcast_bytes`). The others load what arrives with
-    ``torch.load(weights_only=True)``: a payload that needs any other object rebuilt
-    (a pickle whose ``__reduce__`` would run code) raises :class:`RefusedPayload`
-    unloaded.
+    Receivers accept at most ``most`` bytes and load them with ``weights_only=True``: a payload that
+    needs any other object rebuilt raises :class:`RefusedPayload` unloaded.
     """
     data = None
     if dist.get_rank() == source:

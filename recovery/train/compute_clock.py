@@ -1,8 +1,6 @@
 """A rank's compute time per step: the step's time less its wait in the collective.
 
-The trainer marks a step's start, its collective's start and end, and the step's end;
-nothing is synchronised for it (two ``time.monotonic()`` reads per mark). An injected
-``slow`` fault (``tftctl inject --fault slow``) makes the compute before the collective
+Nothing is synchronised for it. An injected ``slow`` fault makes the compute before the collective
 ``slowdown`` times as long, by sleeping in proportion to it (docs/fault-injection.md).
 """
 

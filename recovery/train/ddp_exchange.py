@@ -1,28 +1,10 @@
 """The user's ``DistributedDataParallel``, its gradients reduced through the current
 generation's group by a comm hook, in a layout that never changes.
 
-DDP stays what the user built: its buckets fill during ``backward()`` and each one handed
-to the hook starts its reduction while the backward pass goes on. What the hook changes:
-
-* **The group.** Every bucket is reduced on the default group of the generation the rank
-  is in now, which recovery re-forms when a rank dies or heals; the trainer points DDP's
-  own group at each new one too (:meth:`GradientExchange.follow_group`), for DDP's
-  buffer broadcast and bucket sync.
-* **A fault never breaks the backward pass.** The reductions are waited for by one thread
-  per model, fault-aware (:func:`recovery.train.collective_wait.wait_collective`); when a
-  peer is lost the remaining buckets are handed back unreduced, ``backward()`` returns,
-  and the trainer voids the step (:attr:`GradientExchange.failure`).
-* **One layout.** DDP reorders its buckets after its first iteration, and a relaunched
-  rank's DDP starts again in the initial order; a ring all-reduce sums an element in an
-  order that depends on where it lies in the buffer. The hook copies each gradient into
-  fixed buckets, the parameters in reverse order (roughly the order backward makes their
-  gradients) cut at :data:`BUCKET_BYTES`, and reduces those, one after another in the
-  same order on every rank: the sums are the same before and after any re-form, and a
-  relaunched rank's buckets match the survivors'. The cost is one copy of each gradient
-  in and out.
-* **Degraded steps.** Each rank's gradient is weighted by the micro-batches it computed
-  and the sum divided by the step's micro-batches (recovery/train/shares.py), set per
-  step with :meth:`GradientExchange.begin`.
+DDP reorders its buckets after its first iteration, and a relaunched rank's DDP starts in the initial
+order; so the hook copies each gradient into fixed buckets, reduced in the same order on every rank, and
+the sums match before and after any re-form. The reductions are waited for fault-aware, so a lost peer
+never breaks ``backward()``: the remaining buckets are handed back unreduced and the trainer voids the step.
 """
 
 from __future__ import annotations
@@ -73,15 +55,12 @@ class GradientExchange:
     """The comm hook of one DDP model and the thread that waits for its reductions.
 
     Args:
-        ddp: the user's ``DistributedDataParallel`` (its hook is registered here, so
-            before its first backward pass).
-        wait: how a reduction is waited for; raises
-            :class:`recovery.train.collective_wait.PeerFailure` or
-            :class:`recovery.runtime.abort.Aborted`.
-        on_first_bucket: called when a step's first bucket is ready (the rank reached
-            its collective: progress, for the scheduler's hang verdict).
-        clock: the step's compute time (the straggler detector's): its collective starts
-            when the last gradient is in, and ends when the last bucket is reduced.
+        ddp: the user's ``DistributedDataParallel``; make this before its first backward pass.
+        wait: how a reduction is waited for; raises ``PeerFailure`` or ``Aborted``.
+        on_first_bucket: called when a step's first bucket is ready (the rank reached its
+            collective: progress, for the scheduler's hang verdict).
+        clock: the step's compute time: its collective starts when the last gradient is in, and
+            ends when the last bucket is reduced.
     """
 
     def __init__(self, ddp: torch.nn.parallel.DistributedDataParallel,
@@ -113,10 +92,9 @@ class GradientExchange:
         ddp.register_comm_hook(self, lambda exchange, bucket: exchange._hook(bucket))
 
     def begin(self, weight: int = 1, divisor: int = 0) -> None:
-        """Start a step: this rank's gradient counts ``weight`` times and the sum is
-        divided by ``divisor`` (0: the group's size); the buffers are broadcast from the
-        group's first rank, and a lost peer voids the step (:attr:`failure`) where DDP's
-        forward would have raised in the script."""
+        """Start a step: this rank's gradient counts ``weight`` times and the sum is divided by
+        ``divisor`` (0: the group's size). The buffers are broadcast here, so that a lost peer
+        voids the step (:attr:`failure`) where DDP's forward would have raised in the script."""
         with self._changed:
             for bucket in self._buckets:
                 if self.failure is not None:
@@ -213,9 +191,8 @@ class GradientExchange:
         self._pending = waiting
 
     def follow_group(self) -> None:
-        """Point DDP at the current default group, the one its buckets are reduced on. The
-        group it held is let go of in the background: a gloo group's destructor waits for
-        a collective still in flight on it."""
+        """Point DDP at the current default group; the group it held is let go of in the
+        background, since a gloo group's destructor waits for a collective still in flight on it."""
         held = [self._ddp.process_group]
         self._ddp._update_process_group(dist.group.WORLD)
         group.release(held)

@@ -1,38 +1,8 @@
 """Per-rank recovery inside a plain training loop: pause, re-form, restore, go on.
 
-A user writes an ordinary loop around :meth:`ElasticTrainer.steps`::
-
-    trainer = ElasticTrainer(ctx, model, optimizer, saver=saver, sampler=sampler)
-    for step in trainer.steps(epochs=2):
-        optimizer.zero_grad()
-        loss_fn(model(x[step.indices]), y[step.indices]).backward()
-        trainer.all_reduce_gradients()   # not with a DDP model: it reduces in backward()
-        optimizer.step()
-
-The trainer wraps the optimizer (:func:`recovery.train.phase.wrap_optimizer`), so it knows
-whether this rank's state is that of a completed step, and can void a step whose
-gradient exchange failed: ``optimizer.step()`` then does nothing and every rank stays at
-its last completed step. docs/recovery.md walks through each case:
-
-* **A peer dies.** The gradient exchange fails and the trainer remembers it instead of
-  raising. Before the next step a consistent survivor the scheduler picks saves the
-  last-words checkpoint (:mod:`recovery.ckpt.last_words`); then the survivors join the
-  generation the scheduler forms next (with the relaunched rank, or degraded without
-  it), where the newest consistent replica sends its state to the others
-  (:mod:`recovery.train.replica`), or every rank restores the newest checkpoint all hold.
-* **Degraded steps** (docs/elastic.md): each step is planned for the live ranks from the
-  epoch's cursor (:mod:`recovery.train.shares`), which moves only when a step commits,
-  so every sample of an epoch is trained once.
-* **A rank's device fails** (:class:`recovery.faults.DeviceError`): flagged in the step's
-  all-reduce, the step is voided everywhere and the rank takes a healthy replica's state
-  over the same group (UCE).
-* **A replay** (:mod:`recovery.train.replay`): an earlier run's membership changes, at its steps.
-* **The job is stopped** (SIGTERM): each rank finishes its step (or gives up on a stuck
-  one after :data:`recovery.train.stop_signals.STOP_PATIENCE`), one consistent rank saves
-  the last words, and all exit.
-
-The trainer is always in one :class:`recovery.train.state.TrainerState` and moves only
-along :data:`recovery.train.state.TRANSITIONS`; docs/recovery.md draws them.
+The user loops over :meth:`ElasticTrainer.steps`. The trainer wraps the optimizer, so that it can void a step
+whose gradient exchange failed and keep every rank at its last completed step. docs/recovery.md walks
+through each fault and draws the trainer's states.
 """
 
 from __future__ import annotations
@@ -86,11 +56,10 @@ class Step(TrainPosition):
     """One training step to run, and the position once it is done (``global_step`` counts
     from 1 over the whole run); ``indices`` are this rank's samples of it.
 
-    In a degraded generation (docs/elastic.md) ``indices`` hold all the micro-batches this
-    rank computes for the step (``micro_batches`` of them, each ``micro_batch_size``
-    samples, in that order): compute the loss as the mean over them, as always, or
-    accumulate over ``indices.split(micro_batch_size)`` with each loss divided by
-    ``micro_batches``. ``cursor`` is the epoch's cursor once the step commits.
+    In a degraded generation ``indices`` hold all the micro-batches this rank computes for the step:
+    compute the loss as the mean over them, as always, or accumulate over
+    ``indices.split(micro_batch_size)`` with each loss divided by ``micro_batches`` (docs/elastic.md).
+    ``cursor`` is the epoch's cursor once the step commits.
     """
 
     indices: torch.Tensor = field(kw_only=True)
@@ -112,26 +81,20 @@ class ElasticTrainer:
 
     Args:
         ctx: what :func:`recovery.init` returned.
-        model: the model: a plain module, whose gradients :meth:`all_reduce_gradients`
-            averages, or the user's ``DistributedDataParallel``, whose buckets are then
-            reduced during ``backward()`` through the current generation's group
-            (recovery/train/ddp_exchange.py); checkpoints hold its ``module``.
+        model: a plain module, whose gradients :meth:`all_reduce_gradients` averages, or the user's
+            ``DistributedDataParallel``, whose buckets are reduced during ``backward()``; checkpoints hold
+            its ``module``.
         optimizer: its optimizer (wrapped to report its phase).
         saver: the checkpoint saver of this rank (it decides when to save).
         sampler: the resumable sampler that orders this rank's data.
-        lr_scheduler: the LR scheduler, if any (restored with the rest).
-        resume: start from the newest state every rank can reach (also when
-            ``TFT_IS_RECOVER=1``, in a relaunched rank, or after a restart of all).
+        resume: start from the newest state every rank can reach (also when ``TFT_IS_RECOVER=1``, in a
+            relaunched rank, or after a restart of all).
         allow_world_size_change: resume from checkpoints of another world size.
-        modes: the lose-nothing modes; by default from ``MS_ENABLE_TFT``
-            (:mod:`recovery.train.modes`).
-        batch_policy: ``constant`` (default) or ``shrink`` (recovery/train/shares.py);
-            by default from ``TFT_BATCH_POLICY``.
-        log_params_hash: log every committed step's ``committed epoch=E step=S ...
-            params_sha256=H`` line (for tests: it hashes the model every step).
-        replay_membership: an earlier run's ``events.jsonl`` (or log dir) whose membership
-            changes this run makes again at the same steps (recovery/train/replay.py); by
-            default from ``TFT_REPLAY_MEMBERSHIP``.
+        modes: the lose-nothing modes; by default from ``MS_ENABLE_TFT``.
+        batch_policy: ``constant`` or ``shrink``; by default from ``TFT_BATCH_POLICY``, else ``constant``.
+        log_params_hash: log every committed step's parameter hash (for tests: it hashes the model every step).
+        replay_membership: an earlier run's ``events.jsonl`` (or log dir) whose membership changes this run
+            makes again at the same steps; by default from ``TFT_REPLAY_MEMBERSHIP``.
     """
 
     def __init__(self, ctx: ClusterContext, model: torch.nn.Module,
@@ -228,9 +191,8 @@ class ElasticTrainer:
             self._machine.fail(TrainerState.STOPPING, f"the job is being stopped: {err}")
 
     def _update_total(self) -> None:
-        """The step events' ``total``: the global step the loop ends at if the current
-        membership holds (counted from the cursor: under ``shrink`` a degraded epoch has
-        more steps, recovery/train/shares.py)."""
+        """The step events' ``total``: the global step the loop ends at if the current membership
+        holds (counted from the cursor: under ``shrink`` a degraded epoch has more steps)."""
         position, sampler = self.position, self.sampler
         placed = (sampler.epoch == position.epoch
                   and sampler.cursor_step == position.step_in_epoch)
@@ -290,9 +252,8 @@ class ElasticTrainer:
             self._complete(step)
 
     def _leaves_generation(self, global_step: int) -> str | None:
-        """Why step ``global_step`` cannot start in this generation (the scheduler formed
-        a newer one), or ``None``. In a replay, the record decides when (and this rank
-        dies here if the record lost it after the last committed step)."""
+        """Why step ``global_step`` cannot start in this generation (the scheduler formed a newer
+        one), or ``None``; in a replay the record decides, and this rank may die here."""
         if self.ctx.degraded:  # the dead ranks' return, soon: its steps are not all-reduced
             self.ctx.look_for_news()  # with them, so no blocked collective asks for news
         newer = self.ctx.latest_generation != self.ctx.generation
@@ -345,16 +306,10 @@ class ElasticTrainer:
     def all_reduce_gradients(self) -> None:
         """Average the gradients over the group in one fixed flat layout.
 
-        In a degraded generation the average is over the step's micro-batches, not the
-        group's ranks: each rank's gradient (the mean over its ``step.indices``) counts
-        once per micro-batch it computed (docs/elastic.md).
-
-        On a peer failure this returns without raising: the step is void (the optimizer
-        update that follows does nothing), and the loop recovers before the next step. A
-        recoverable device error of this rank (or an injected ``uce``) is flagged to every
-        rank in the same all-reduce; the step is then void everywhere and the loop repairs
-        the faulty ranks in place. A stop signal noted while the all-reduce is stuck
-        voids the step too, and the loop stops (last words, exit).
+        In a degraded generation the average is over the step's micro-batches, not the group's ranks
+        (docs/elastic.md). On a peer failure, a device error flagged by any rank, or a stop signal
+        while stuck, this returns without raising: the step is void (the optimizer update that
+        follows does nothing) and the loop recovers before the next step.
         """
         if self.exchange is not None:
             raise RuntimeError("the DistributedDataParallel model's gradients are reduced "
@@ -459,11 +414,8 @@ class ElasticTrainer:
         self._exit(why)
 
     def _exit(self, why: str) -> None:
-        """End this process on the stop signal (status 128 + signal).
-
-        The group is left first: the step's collective may still be in flight on a stuck
-        peer, and leaving never waits for it, so the exit is not held up either.
-        """
+        """End this process on the stop signal (status 128 + signal); the group is left first, which
+        never waits for a collective still in flight on a stuck peer."""
         self._machine.transition(TrainerState.STOPPED)
         self.ctx.leave_group()
         request = self._stops.request
@@ -584,13 +536,11 @@ class ElasticTrainer:
             self._events.emit(event, **fields)
 
     def _fault_time(self) -> float:
-        """When the fault recovered from happened, from what this process holds: a recovery
-        never reads a file that grows with the job's age (events.jsonl).
+        """When the fault recovered from happened, from what this process holds: a recovery never
+        reads events.jsonl, which grows with the job's age.
 
-        A device error repaired in place: when this rank saw it (in the step's all-reduce).
-        Any other: when the scheduler heard of the newest fault (the abnormal exit, the
-        silent rank), which a relaunched rank learns when it registers; without one, when
-        this rank saw the fault, else now.
+        Except for a device error repaired in place, the scheduler's time of the newest fault is
+        preferred, which a relaunched rank learns when it registers.
         """
         fault = self._machine.fault
         if fault is not None and fault.ranks:

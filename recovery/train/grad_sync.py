@@ -1,11 +1,8 @@
 """Gradient averaging with a reduction layout that never changes, for bitwise resumption.
 
-``DistributedDataParallel`` reorders its gradient buckets after its first iteration (by
-the order in which gradients became ready). A DDP built anew after a restart reduces its
-first steps in the *initial* order, so float sums differ in the last bits and a resumed
-run drifts away from the uninterrupted one. :func:`all_reduce_gradients` instead sums all
-gradients through one flat buffer laid out in the parameters' order, which is the same in
-every process, before and after any restart.
+DDP reorders its gradient buckets after its first iteration, so a DDP built anew after a restart sums in
+another order and drifts in the last bits; here all gradients are summed through one flat buffer in the
+parameters' order, the same in every process.
 """
 
 from __future__ import annotations
@@ -29,29 +26,20 @@ def all_reduce_gradients(
 ) -> None:
     """Replace each gradient by its average over the ranks of ``group``.
 
-    Call it after ``backward()`` and before ``optimizer.step()``, in place of DDP. The
-    gradients are copied, in the given order, into one flat buffer per dtype, summed with
-    one ``all_reduce`` each, divided by the world size and copied back. Parameters without
-    a gradient are left out: every rank must have gradients for the same parameters (true
-    when all ranks run the same model on the same kind of batch).
-
-    Without an initialised process group, or with a world size of 1, it does nothing.
+    Call it after ``backward()`` and before ``optimizer.step()``, in place of DDP. Parameters without a
+    gradient are left out, so every rank must have gradients for the same parameters. Without an
+    initialised process group it does nothing.
 
     Args:
         parameters: the parameters, in a fixed order (``model.parameters()`` is one).
-        group: the process group; the default group if ``None``.
-        wait: if given, each ``all_reduce`` is started asynchronously and ``wait(work)``
-            waits for it (a fault-aware wait may raise; the gradients are then left
-            untouched).
-        flags: a small tensor summed over the ranks in the same collective (appended to
-            the first buffer, so it costs no extra round trip, on the gradients' device);
-            replaced by the sum. The trainer uses it to say which ranks' devices failed
-            in this step.
-        weight: what this rank's gradients are multiplied by before the sum: the
-            micro-batches it computed, when a degraded step gave it more than one (its
-            gradient is the mean over all its samples; recovery/train/shares.py).
-        divisor: what the sum is divided by: the micro-batches of the step, never the
-            ranks of a degraded group (default: the world size, as at full membership).
+        wait: if given, each ``all_reduce`` is started asynchronously and ``wait(work)`` waits for it;
+            if it raises, the gradients are left untouched.
+        flags: a small tensor summed over the ranks in the same collective, at no extra round trip, and
+            replaced by the sum (the trainer flags failed devices with it).
+        weight: what this rank's gradients are multiplied by before the sum: the micro-batches it
+            computed in a degraded step.
+        divisor: what the sum is divided by: the step's micro-batches, never the ranks of a degraded
+            group (default: the world size).
     """
     if not (dist.is_available() and dist.is_initialized()):
         return

@@ -1,17 +1,8 @@
-"""Which lose-nothing recovery modes a job uses: msrun's ``MS_ENABLE_TFT`` syntax.
+"""Which lose-nothing recovery modes a job uses: msrun's ``MS_ENABLE_TFT`` syntax, ``{TTP:1,UCE:1,ARF:1}``.
 
-``MS_ENABLE_TFT='{TTP:1,UCE:1,ARF:1}'`` (or ``tftrun --enable_tft=...``) switches on:
-
-* ``TTP`` — the last-words checkpoint a healthy survivor saves when a rank dies or the job
-  is stopped;
-* ``UCE`` — in-place recovery of a rank whose step raised a recoverable device error;
-* ``ARF`` — a relaunched rank receives its state from a healthy replica instead of every
-  rank rolling back.
-
-As with msrun, a mode not named in the value is off. Unlike msrun, an *unset*
-``MS_ENABLE_TFT`` means all three on: losing nothing is the default. msrun's modes that
-need Ascend hardware (TSP, RSC, HCCE, TRE) are accepted and ignored. Without any of them a
-dead rank still costs only a rollback to the newest common checkpoint.
+TTP: a survivor saves last-words checkpoints; UCE: in-place recovery from a recoverable device error;
+ARF: a relaunched rank takes a healthy replica's state. As with msrun a mode not named is off, but an unset
+``MS_ENABLE_TFT`` means all three on; msrun's Ascend-only modes are accepted and ignored.
 """
 
 from __future__ import annotations
@@ -45,8 +36,7 @@ ALL_ON = TftModes(ttp=True, uce=True, arf=True)
 def parse_enable_tft(text: str | None) -> TftModes:
     """Read an ``MS_ENABLE_TFT`` value; ``None`` or an empty string gives :data:`ALL_ON`.
 
-    Raises:
-        ValueError: the value is not ``{KEY:0|1,...}`` with known keys.
+    Raises ValueError when the value is not ``{KEY:0|1,...}`` with known keys.
     """
     if text is None or not text.strip():
         return ALL_ON

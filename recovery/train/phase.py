@@ -1,22 +1,8 @@
 """Where a rank is within its step: the OptTFTWrapper analogue (``recovery.wrap_optimizer``).
 
-A replica is *consistent* when it is not in the middle of ``optimizer.step()``: its
-parameters and optimizer state are then those of one completed step, and may be saved
-(last words) or copied to another rank (replica recovery). The wrapper marks the phases:
-
-* ``computing`` — from the start of a step until ``optimizer.step()`` begins;
-* ``updating`` — inside ``optimizer.step()``;
-* ``done`` — after it, until the next step starts.
-
-Marking a phase sets two attributes and calls a listener that only stores a value (the
-scheduler hears of it with the next heartbeat), so the step pays nothing measurable.
-
-The wrapper also lets the trainer void a step: when the step's gradient exchange failed
-(a peer died, or a rank's device failed), ``optimizer.step()`` does nothing, so that every
-rank stays at the state of its last completed step. Whether the step is void is the
-trainer's to answer (:attr:`StepPhase.void_when`, from its state): the wrapper only asks.
-A recoverable device error raised by the update itself is caught and recorded: the rank's
-state is then half-updated (inconsistent) until it is repaired from a replica.
+A replica is *consistent* when it is not inside ``optimizer.step()``: its state is then that of one
+completed step, and may be saved or copied to another rank. The wrapper also voids a step when the trainer
+says so (:attr:`StepPhase.void_when`), so that every rank stays at its last completed step.
 """
 
 from __future__ import annotations

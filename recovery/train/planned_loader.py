@@ -1,11 +1,8 @@
-"""The batches of the steps ``ElasticTrainer`` plans, loaded by the script's ``DataLoader``
-workers ahead of the training process (``recovery.attach`` with ``num_workers > 0``).
+"""The batches of the steps ``ElasticTrainer`` plans, loaded ahead by the script's ``DataLoader``
+workers (``recovery.attach`` with ``num_workers > 0``).
 
-The trainer plans a step when it is reached, from the epoch's cursor and the live ranks
-(recovery/train/shares.py). While the membership holds, the steps after it are known
-already: the loader is given them, so its workers prefetch as they would for the script's
-own sampler. A step whose samples differ from the batch next in line (a re-form changed
-the plan) starts a new loader from that step.
+While the membership holds the steps ahead are known, so the workers prefetch them; a step whose samples
+differ from the batch next in line (a re-form changed the plan) starts a new loader.
 """
 
 from __future__ import annotations

@@ -1,25 +1,8 @@
-"""Replaying a run's membership changes, so that a degraded run is reproducible.
+"""Replaying a run's membership changes, recorded in its ``events.jsonl``, so that a degraded run is reproducible.
 
-A run whose membership changed (docs/elastic.md) cannot end bitwise equal to a fault-free
-one: its degraded steps sum the gradients of fewer ranks, in another order. It can be
-replayed: with the same seed, a second run that has the same membership as the first,
-step for step (every step's group of the same W ranks, in the same order, with the same
-shares), computes the same floating-point sums, since gloo's all-reduce over the same
-ranks is bitwise reproducible, and ends bitwise equal to the first run.
-
-The record is the first run's ``events.jsonl``: each generation's ``membership`` event
-(``generation``, ``active``, ``world``, ``why``, ``lost``, ``joined``), and the step it
-took effect at, which the scheduler cannot know when it forms the generation: the last
-step committed before its first step, which its first member's ``rollback`` event writes
-once every member holds that state (``generation``, ``step``).
-
-The replay (``TFT_REPLAY_MEMBERSHIP``, ``ElasticTrainer(replay_membership=...)``) makes each
-change happen at the same step: a rank the record lost after step ``S`` dies by SIGKILL
-before step ``S + 1`` (its peers void that step, as for any death, and train on from
-``S``); the members of a generation that the record grew at step ``S`` leave their group
-after committing ``S``, and wait there for the returning ranks (not sooner, even when the
-scheduler formed the new generation earlier). The scheduler, the supervisor and the
-groups do the rest as in any run.
+With the same seed and the same membership step for step, a second run computes the same sums, since
+gloo's all-reduce over the same ranks is bitwise reproducible. A rank the record lost after step ``S`` dies
+by SIGKILL before step ``S + 1``; a generation the record grew at ``S`` is joined once ``S`` is committed.
 """
 
 from __future__ import annotations
@@ -51,16 +34,14 @@ class MembershipChange:
     lost: tuple[int, ...]
     joined: tuple[int, ...]
     step: int | None
-    """The last global step committed before the generation's first step; ``None`` when
-    it never trained (it was superseded before its members had agreed on a state)."""
+    """The last global step committed before the generation's first step; ``None`` when it never trained."""
 
 
 def recorded_changes(events: Iterable[dict[str, Any]]) -> list[MembershipChange]:
     """Each generation's ``membership`` event, with the step of its first ``rollback``.
 
-    A ``membership`` event of a generation already seen (a retirement: no new generation
-    forms) is left out. The first generation's step is 0 unless a rollback says otherwise
-    (a resumed job).
+    A later ``membership`` event of the same generation (a retirement) is left out. The first
+    generation's step is 0 unless a rollback says otherwise (a resumed job).
     """
     memberships: dict[int, dict[str, Any]] = {}
     steps: dict[int, int] = {}
@@ -106,9 +87,8 @@ class MembershipReplay:
     def load(cls, path: str | os.PathLike[str]) -> MembershipReplay:
         """The record in ``path`` (an ``events.jsonl``, or the log dir holding it).
 
-        Raises:
-            ReplayError: it holds no ``membership`` event, or a change the replay cannot
-                make, or a retirement (not replayed: the retired rank would come back).
+        Raises ReplayError for no ``membership`` event, a change the replay cannot make, or a
+        retirement (the retired rank would come back).
         """
         events = list(read_events(path))
         retired = [e for e in events if e.get("event") == "membership" and e.get("retired")]

@@ -1,12 +1,8 @@
 """State from a healthy replica over the live process group (ARF and in-place recovery).
 
-After a group forms (or while a healthy one pauses), every rank says whether its state is
-that of a completed step and which; the *source* is the consistent rank at the newest step
-(the lowest such rank on a tie). The source broadcasts what a checkpoint would hold
-(model, optimizer, LR scheduler, RNG states, position), and every rank that is behind or
-damaged loads it: no file is read. The others take part in the broadcast and keep their
-own state. Broadcasting from a fixed rank would be wrong: when rank 0 is the newcomer it
-would reset everyone (docs/architecture.md).
+The *source* is the consistent rank at the newest step (the lowest on a tie); it broadcasts what a
+checkpoint would hold, and every rank behind or damaged loads it, reading no file. A fixed source rank
+would be wrong: a newcomer rank 0 would reset everyone.
 """
 
 from __future__ import annotations
@@ -71,10 +67,9 @@ def _storage_bytes(value: Any) -> int:
 
 
 def state_limit(own: Mapping[str, Any]) -> int:
-    """The most bytes of a replica's state this rank accepts: twice its ``own`` state (as
-    :meth:`CheckpointSaver.state` gives it), whose optimizer counts at least two copies of
-    the model (Adam's moments) so that a newcomer, whose optimizer holds nothing yet,
-    accepts a trained peer's."""
+    """The most bytes of a replica's state this rank accepts: twice its ``own`` state, the optimizer
+    counted as at least two copies of the model (Adam's moments), so that a newcomer, whose optimizer
+    holds nothing yet, accepts a trained peer's."""
     model, optimizer = _storage_bytes(own.get("model")), _storage_bytes(own.get("optimizer"))
     return 2 * (_storage_bytes(own) + max(0, 2 * model - optimizer)) + STATE_SLACK
 
@@ -89,11 +84,9 @@ def own_state(saver: CheckpointSaver, position: TrainPosition,
 
 def broadcast_state(state: dict[str, Any] | None, source: int, most: int,
                     wait: Wait = blocking) -> dict[str, Any]:
-    """Send ``state`` from ``source`` to every rank; returns it on every rank.
+    """Send ``state`` (read only on the source) from ``source`` to every rank; return it on every rank.
 
-    ``state`` is only read on the source (pass ``None`` elsewhere). It travels as
-    ``torch.save`` bytes and is loaded with ``weights_only=True``: a peer's payload that
-    would need arbitrary unpickling, or that announces more than ``most`` bytes, raises
+    A payload that would need arbitrary unpickling, or announces more than ``most`` bytes, raises
     :class:`~recovery.train.collectives.RefusedPayload` instead of running or allocating.
     """
     return broadcast_plain(state, source, most, wait)

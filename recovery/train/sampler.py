@@ -24,25 +24,18 @@ logger = logging.getLogger(__name__)
 class ResumableDistributedSampler(Sampler[int]):
     """Yields this rank's sample indices of an epoch, skipping the steps already done.
 
-    Each epoch is a permutation of ``range(dataset_size)`` drawn from a generator seeded
-    with ``seed + epoch`` (as torch's ``DistributedSampler``); rank ``r`` takes every
-    ``num_replicas``-th index from ``r``. Every rank gets the same number of whole batches
-    (the remainder is dropped), so all ranks run the same number of steps per epoch.
+    Each epoch is a permutation drawn from a generator seeded with ``seed + epoch`` (as torch's
+    ``DistributedSampler``); rank ``r`` takes every ``num_replicas``-th index from ``r``, and the
+    remainder is dropped so that all ranks run the same number of steps per epoch.
 
-    Use it like ``DistributedSampler``: call :meth:`set_epoch` before each epoch. After a
-    resume, :meth:`set_init_step` makes the current epoch start after the steps already
-    done; moving to another epoch starts that one from its first step.
+    Use it like ``DistributedSampler``: call :meth:`set_epoch` before each epoch; after a resume,
+    :meth:`set_init_step` makes the current epoch start after the steps already done.
 
     Args:
-        dataset_size: number of samples in the dataset.
-        batch_size: samples per step on this rank (a step skips this many indices).
+        batch_size: samples per step on this rank.
         num_replicas: number of ranks; defaults to the process group's size, or 1.
         rank: this rank; defaults to the process group's rank, or 0.
-        seed: the seed of every epoch's permutation.
         shuffle: ``False`` keeps the dataset order (then ``seed`` plays no part).
-
-    Raises:
-        ValueError: a rank outside ``[0, num_replicas)``, or too few samples for one step.
     """
 
     def __init__(
@@ -99,47 +92,33 @@ class ResumableDistributedSampler(Sampler[int]):
         self.epoch = epoch
 
     def set_init_step(self, step_in_epoch: int) -> None:
-        """Skip the first ``step_in_epoch`` steps of the current epoch (they were done before
-        a restart).
-
-        Raises:
-            ValueError: ``step_in_epoch`` is negative or beyond the epoch's end.
-        """
+        """Skip the first ``step_in_epoch`` steps of the current epoch (they were done before a restart)."""
         if not 0 <= step_in_epoch <= self.steps_per_epoch:
             raise ValueError(f"init step {step_in_epoch} is not in [0, {self.steps_per_epoch}]")
         self.init_step = step_in_epoch
         self.cursor, self._cursor_step = step_in_epoch * self.num_replicas, step_in_epoch
 
     def set_cursor(self, step_in_epoch: int, cursor: int) -> None:
-        """Record that after step ``step_in_epoch`` of the epoch ``cursor`` micro-batches
-        are trained (a committed step moves it; under ``shrink`` a step may train fewer
-        than ``num_replicas``).
-
-        Raises:
-            ValueError: ``cursor`` is negative or beyond the epoch's end.
-        """
+        """Record that after step ``step_in_epoch`` of the epoch ``cursor`` micro-batches are trained
+        (under ``shrink`` a step may train fewer than ``num_replicas``)."""
         if not 0 <= cursor <= self.epoch_micro_batches:
             raise ValueError(f"cursor {cursor} is not in [0, {self.epoch_micro_batches}]")
         self.cursor, self._cursor_step = cursor, step_in_epoch
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint records of the data order: ``seed``, ``batch_size`` and the
-        epoch's ``cursor``.
+        """What a checkpoint records of the data order; the checkpoint adds ``epoch`` and
+        ``step_in_epoch`` itself.
 
-        The rest of the data position is the checkpoint's own: a checkpoint adds it as
-        ``epoch`` and ``step_in_epoch`` (:class:`recovery.ckpt.checkpoint.CheckpointSaver`).
-        The cursor differs from ``step_in_epoch * num_replicas`` only after steps trained
-        with ranks missing under the ``shrink`` batch policy.
+        The cursor differs from ``step_in_epoch * num_replicas`` only after degraded steps under ``shrink``.
         """
         return {"seed": self.seed, "batch_size": self.batch_size, "cursor": self.cursor,
                 "cursor_step": self._cursor_step, "num_replicas": self.num_replicas}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Continue after step ``state_dict["step_in_epoch"]`` (``step`` in older files) of
-        epoch ``state_dict["epoch"]``.
+        """Continue after step ``state_dict["step_in_epoch"]`` of epoch ``state_dict["epoch"]``.
 
-        A ``seed`` or ``batch_size`` other than this sampler's (when recorded) is allowed,
-        with one warning: the data order will not continue exactly.
+        A recorded ``seed`` or ``batch_size`` other than this sampler's is allowed, with one warning:
+        the data order will not continue exactly.
         """
         seed = state_dict.get("seed", self.seed)
         batch_size = state_dict.get("batch_size", self.batch_size)
@@ -149,11 +128,10 @@ class ResumableDistributedSampler(Sampler[int]):
                 "the data order will not continue exactly", seed, batch_size, self.seed, self.batch_size,
             )
         self.set_epoch(state_dict["epoch"])
-        # Files written before the cursor existed lack it; a cursor of another job size
-        # counts other micro-batches, and one recorded at another step than the
-        # checkpoint's was not moved by the loop (which then iterated by steps): the step
-        # alone places the sampler then. Otherwise the cursor does: under ``shrink`` an
-        # epoch may have had more steps than ``steps_per_epoch``.
+        # The step alone places the sampler when the cursor is missing, counts another job
+        # size's micro-batches, or was recorded at another step than the checkpoint's (the
+        # loop did not move it). Otherwise the cursor does: under ``shrink`` an epoch may
+        # have had more steps than ``steps_per_epoch``.
         step_in_epoch = step_in_epoch_of(state_dict)
         if state_dict.get("num_replicas") == self.num_replicas \
                 and state_dict.get("cursor_step") == step_in_epoch:

@@ -1,27 +1,9 @@
-"""Who computes which samples of a step, for any set of live ranks: the pure core of
-degraded training (docs/elastic.md).
+"""Who computes which samples of a step, for any set of live ranks: the pure core of degraded training
+(docs/elastic.md).
 
-An epoch's trained samples are cut into *micro-batches* of ``batch_size`` samples,
-numbered from 0 in the order the epoch trains them (the sampler says which samples each
-holds: :meth:`recovery.train.sampler.ResumableDistributedSampler.micro_batch`). The
-*cursor* counts the micro-batches of the epoch that committed steps have trained; it
-advances only when a step commits, so a step that a death voided is planned again, at
-the new membership, from the same cursor.
-
-A step at full membership trains ``worker_num`` micro-batches, rank ``r`` the ``r``-th of
-them. With only some ranks live, :class:`BatchPolicy` decides:
-
-* ``constant`` (the default): the step still trains the same ``worker_num`` micro-batches;
-  each live rank keeps its own and the lost ranks' ones are dealt to the live ranks in
-  turn. A rank's gradient is the mean over its samples; weighted by its micro-batch count
-  and summed, divided by ``worker_num`` it is the summed per-sample gradient over the
-  global sample count: the update of the full job, only summed in another order.
-* ``shrink``: the step trains one micro-batch per live rank (torchft's behaviour): fewer
-  samples a step, more steps an epoch. At an epoch's end fewer micro-batches than live
-  ranks are left untrained (as a drop-last sampler leaves them).
-
-Nothing here does I/O or imports torch (tests/unit/test_shares.py draws kill schedules
-with Hypothesis).
+An epoch's samples are cut into numbered *micro-batches* of ``batch_size``; the *cursor* counts those that
+committed steps have trained and advances only on commit, so a voided step is planned again from the same
+cursor. Nothing here does I/O or imports torch.
 """
 
 from __future__ import annotations
@@ -37,20 +19,19 @@ class BatchPolicy(enum.StrEnum):
     """How many samples a step trains when ranks are missing."""
 
     CONSTANT = "constant"
-    """Always ``worker_num`` micro-batches: the live ranks compute the lost ones too."""
+    """Always ``worker_num`` micro-batches: the live ranks compute the lost ones too, so the update is
+    the full job's, only summed in another order."""
     SHRINK = "shrink"
-    """One micro-batch per live rank: the global batch shrinks with the membership."""
+    """One micro-batch per live rank (torchft's behaviour): the global batch shrinks with the membership."""
 
 
 @dataclass(frozen=True)
 class StepPlan:
-    """One step's work: which micro-batches each live rank computes.
+    """One step's work: ``shares`` maps each live rank to the micro-batches it computes, ascending,
+    from ``cursor`` on.
 
-    Attributes:
-        cursor: the epoch's cursor before the step (micro-batches already trained).
-        shares: live rank -> the micro-batches it computes, in ascending order.
-        divisor: what the summed, share-weighted gradient is divided by: the micro-batches
-            the step trains (never the number of live ranks).
+    The summed, share-weighted gradient is divided by :attr:`divisor`, the micro-batches the step
+    trains (never the number of live ranks).
     """
 
     cursor: int
@@ -79,15 +60,8 @@ def plan_step(cursor: int, epoch_micro_batches: int, worker_num: int,
               active: Sequence[int], policy: BatchPolicy = BatchPolicy.CONSTANT) -> StepPlan | None:
     """The next step of an epoch from ``cursor`` on, or ``None`` when the epoch is done.
 
-    Args:
-        cursor: micro-batches of the epoch committed steps have trained.
-        epoch_micro_batches: micro-batches in the epoch (a multiple of ``worker_num``).
-        worker_num: the ranks of the full job.
-        active: the live ranks (each in ``[0, worker_num)``), at least one.
-        policy: what a step trains with ranks missing.
-
-    Raises:
-        ValueError: no live rank, a rank outside the job, or a cursor past the epoch.
+    ``epoch_micro_batches`` is a multiple of ``worker_num`` (the ranks of the full job); ``active`` holds
+    at least one live rank.
     """
     live = sorted(set(active))
     if not live:
@@ -115,8 +89,6 @@ def plan_step(cursor: int, epoch_micro_batches: int, worker_num: int,
 
 def steps_left(cursor: int, epoch_micro_batches: int, worker_num: int, live: int,
                policy: BatchPolicy = BatchPolicy.CONSTANT) -> int:
-    """The steps :func:`plan_step` still plans in an epoch from ``cursor`` on while
-    ``live`` ranks stay live: ``worker_num`` micro-batches a step under ``constant``,
-    ``live`` under ``shrink`` (so more steps while ranks are missing)."""
+    """The steps :func:`plan_step` still plans in an epoch from ``cursor`` on while ``live`` ranks stay live."""
     per_step = live if policy is BatchPolicy.SHRINK else worker_num
     return (epoch_micro_batches - cursor) // per_step

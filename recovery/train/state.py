@@ -1,14 +1,8 @@
 """The states of :class:`recovery.train.elastic.ElasticTrainer` and their legal moves.
 
-The trainer is always in exactly one :class:`TrainerState`; every change goes through
-:meth:`TrainerMachine.transition`, which checks it against :data:`TRANSITIONS` (drawn in
-docs/recovery.md and docs/architecture.md; tests/unit/test_state_machines.py keeps the
-drawings equal to the table). A step's
-optimizer update happens only while the trainer is :attr:`TrainerState.TRAINING`: any
-move away from it during a step voids the step.
-
-What made the trainer leave training (a peer's failure, the ranks whose device failed) is
-the :class:`Fault` the machine holds until training resumes.
+Every change goes through :meth:`TrainerMachine.transition`, checked against :data:`TRANSITIONS` (drawn in
+docs/recovery.md). A step's optimizer update happens only while the trainer is TRAINING: any move away
+from it during a step voids the step.
 """
 
 from __future__ import annotations
@@ -70,13 +64,8 @@ del S
 
 @dataclass(frozen=True)
 class Fault:
-    """Why the trainer left training.
-
-    Attributes:
-        cause: one line for the log.
-        at: when this rank saw it (``time.time()``).
-        ranks: the ranks whose device failed (only when repairing in place).
-    """
+    """Why the trainer left training: ``cause`` is one line for the log, ``at`` when this rank saw it
+    (``time.time()``), ``ranks`` those whose device failed (only when repairing in place)."""
 
     cause: str
     at: float
@@ -92,11 +81,8 @@ class TrainerMachine:
         self._rank = rank
 
     def transition(self, to: TrainerState, fault: Fault | None = None) -> None:
-        """Go to ``to``; a ``fault`` is kept until training resumes.
-
-        Raises:
-            recovery.transitions.IllegalTransition: ``to`` is not in ``TRANSITIONS[state]``.
-        """
+        """Go to ``to``; a ``fault`` is kept until training resumes. An illegal move raises
+        :class:`recovery.transitions.IllegalTransition`."""
         check_transition(TRANSITIONS, f"rank {self._rank}", self.state, to)
         logger.debug("[rank %d] %s -> %s", self._rank, self.state.name, to.name)
         self.state = to

@@ -1,11 +1,8 @@
 """The ``step`` events: where each rank's training is, for the live view and ``tftctl report``.
 
-A step event is one line in ``events.jsonl`` under a file lock, so they are rate-limited:
-each rank writes one at most every :func:`step_event_interval` seconds, which keeps the
-whole job near :data:`JOB_STEP_EVENTS_PER_SECOND` lines a second whatever its size (a
-line per rank and second would grow the file with every rank added). A rank that sees a
-fault writes its step at once, whatever the limit: it is the step the job reached before
-it rolls back, which is what the steps redone are counted from.
+Each is a line in ``events.jsonl`` under a file lock, so they are rate-limited to keep the whole job near
+:data:`JOB_STEP_EVENTS_PER_SECOND` lines a second whatever its size. A rank that sees a fault writes its
+step at once: the steps redone are counted from it.
 """
 
 from __future__ import annotations
@@ -33,12 +30,9 @@ def step_event_interval(world_size: int) -> float:
 
 
 class StepEvents:
-    """Writes this rank's ``step`` events: ``rank``, ``step`` (global, completed), ``total``
-    (the steps the loop runs in all; None when unknown), ``batch`` (the samples the last
-    committed step trained, job-wide; None before one), ``generation`` and ``why``:
-    ``interval`` while training, ``paused`` when a fault stopped this rank, ``restored``
-    when a rollback or a replica put it at that step (a speed is measured only between
-    events of steady training)."""
+    """Writes this rank's ``step`` events: ``step`` is the global step completed, ``total`` the steps
+    the loop runs in all, ``batch`` the samples the last committed step trained job-wide (None when
+    unknown). A speed is measured only between events of steady training."""
 
     def __init__(self, events: EventLog, rank: int, world_size: int,
                  clock: Callable[[], float] = time.monotonic) -> None:

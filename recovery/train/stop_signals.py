@@ -45,8 +45,7 @@ class StopSignals:
     @contextlib.contextmanager
     def noted(self) -> Iterator[None]:
         """While inside, a stop signal is noted instead of acted on: SIGTERM, and each of
-        :data:`STOP_SIGNALS` the script left to its default (tftrun passes on the signal it
-        was stopped by, e.g. Slurm's SIGUSR1); only the main thread can set handlers."""
+        :data:`STOP_SIGNALS` the script left to its default; only the main thread can set handlers."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
