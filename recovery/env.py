@@ -1,12 +1,7 @@
 """The env contract between the launcher and a worker: the one module that spells env names.
 
-Three families of variables reach every process tftrun starts (see docs/env.md):
-
-* torchrun's, so that ``init_process_group("gloo")`` with ``env://`` works unchanged;
-* msrun's ``MS_*``, so that msrun dynamic-cluster scripts and launch scripts work;
-* tftrun's own ``TFT_*``.
-
-No other module writes an env var name as a string literal: it imports the constant.
+torchrun's, msrun's ``MS_*`` and tftrun's own ``TFT_*`` variables (docs/env.md). No other
+module writes an env var name as a string literal: it imports the constant.
 """
 
 from __future__ import annotations
@@ -88,10 +83,8 @@ TFT_JOB_TOKEN = "TFT_JOB_TOKEN"
 TFT_INSECURE_NO_TOKEN = "TFT_INSECURE_NO_TOKEN"
 """Set to 1 to run with an empty job token: no authentication at all (docs/security.md)."""
 TFT_JOB_EPOCH = "TFT_JOB_EPOCH"
-"""The launch's epoch: drawn at random by each launch of a job (node 0's tftrun; the
-other nodes take it from node 0's scheduler), it makes the job's signing key with the
-token and the run id, so that nothing signed in an earlier launch verifies in this one
-(recovery/control/signing.py ``job_key``)."""
+"""The launch's random epoch, part of the job's signing key, so that nothing signed in an
+earlier launch verifies in this one (recovery/control/signing.py ``job_key``)."""
 TFT_NODE_NUM = "TFT_NODE_NUM"
 """The job's node count (``--nnodes``), when given; the scheduler signs it into ``tft/job``."""
 TFT_INSECURE_WEAK_TOKEN = "TFT_INSECURE_WEAK_TOKEN"
@@ -101,14 +94,12 @@ TFT_TOKEN_FILE = "TFT_TOKEN_FILE"
 TFT_CLUSTER_TIME_OUT = "TFT_CLUSTER_TIME_OUT"
 TFT_REJOIN_COOLDOWN = "TFT_REJOIN_COOLDOWN"
 TFT_MIN_WORKER_NUM = "TFT_MIN_WORKER_NUM"
-"""``--min_worker_num``: the fewest workers the job trains on while ranks are missing
-(docs/elastic.md); unset: ``worker_num`` (no degraded training)."""
+"""``--min_worker_num`` (docs/elastic.md); unset: ``worker_num`` (no degraded training)."""
 TFT_BATCH_POLICY = "TFT_BATCH_POLICY"
 """What a degraded step trains: ``constant`` (default) or ``shrink`` (docs/elastic.md)."""
 TFT_REPLAY_MEMBERSHIP = "TFT_REPLAY_MEMBERSHIP"
-"""An ``events.jsonl`` (or the log dir holding it) of an earlier run of the same job: its
-membership changes are made again at the same steps (recovery/train/replay.py,
-docs/elastic.md); read by ``ElasticTrainer``, never set by tftrun."""
+"""An earlier run's ``events.jsonl`` (or its log dir) whose membership changes are made again
+at the same steps (recovery/train/replay.py); read by ``ElasticTrainer``, never set by tftrun."""
 TFT_HEARTBEAT_TIMEOUT = "TFT_HEARTBEAT_TIMEOUT"
 TFT_PROGRESS_TIMEOUT = "TFT_PROGRESS_TIMEOUT"
 TFT_STRAGGLER_FACTOR = "TFT_STRAGGLER_FACTOR"
@@ -121,16 +112,14 @@ TFT_LINEAGE = "TFT_LINEAGE"
 TFT_STORE_FD = "TFT_STORE_FD"
 """Set for the scheduler only: an inherited listening socket to host the store on."""
 TFT_BEAT_SOCKET = "TFT_BEAT_SOCKET"
-"""Set by tftrun for its workers: the Unix socket of the node's supervisor, which takes
-their heartbeats and sends one beat for the node (recovery/control/node_beats.py). Not
-set (a script started by hand): each rank beats to the scheduler itself."""
+"""The Unix socket of the node's supervisor, which beats once for the node's workers
+(recovery/control/node_beats.py); unset: each rank beats to the scheduler itself."""
 TFT_PRELOAD = "TFT_PRELOAD"
-"""Set for the fork server only: the frameworks the script imports at its top level,
-which it imports before forking (launcher/procs/preload.py)."""
+"""Set for the fork server only: the frameworks it imports before forking
+(launcher/procs/preload.py)."""
 TFT_ENVIRON_ROOM = "TFT_ENVIRON_ROOM"
-"""Set for the fork server only: blanks that make its environment's memory large enough
-for each forked process to show its own there (``/proc/<pid>/environ``;
-launcher/procs/fork_server_main.py)."""
+"""Set for the fork server only: blanks that leave room for each forked process to show its
+own environment in ``/proc/<pid>/environ`` (launcher/procs/fork_server_main.py)."""
 
 # Read, never set: what a cluster manager tells tftrun itself about its node
 # (launcher/nodes/cluster_env.py; docs/multi-node.md#slurm-and-kubernetes).
@@ -171,9 +160,8 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
 class WorkerEnv:
     """What a process started by tftrun (or by hand, msrun-style) learns from its env.
 
-    Fields fall back in the order a user of either launcher would expect: torchrun's
-    names first, msrun's next, then a single-process default, so that the same script
-    runs under tftrun, under torchrun, under msrun-style launch scripts and alone.
+    Fields fall back to torchrun's names, then msrun's, then a single-process default, so
+    that the same script runs under tftrun, torchrun, msrun-style scripts and alone.
     """
 
     role: str
@@ -197,7 +185,7 @@ class WorkerEnv:
     recovery_path: str
     enable_tft: str
     lineage: str
-    """The launcher's lineage id; empty when started without tftrun (see recovery/ckpt/lineage.py)."""
+    """The launcher's lineage id (recovery/ckpt/lineage.py); empty when started without tftrun."""
     min_worker_num: int
     """The fewest workers a generation may have (``world_size`` unless set)."""
     batch_policy: str

@@ -1,15 +1,8 @@
-"""``log_dir/events.jsonl``: one JSON object per lifecycle event, appended by any process.
+"""``log_dir/events.jsonl``: one JSON object per lifecycle event, appended by any process
+(schema: docs/events.md).
 
-The supervisor, the scheduler and the workers all append to the same file. Each event is
-one ``O_APPEND`` ``write()`` of one line under a file lock, so lines from different
-processes never interleave and a reader never sees half an object (a torn last line from
-a writer killed mid-write is skipped by :func:`read_events`). The schema is in
-docs/events.md.
-
-The record is best-effort, and never worth the job: the lock is waited for at most
-:data:`LOCK_TIMEOUT` (a writer stopped while holding it must not stall the supervisor),
-after which the line is written without it, and a write that fails (ENOSPC, EIO on the
-log volume) costs a warning, not the process.
+Each event is one ``O_APPEND`` write under a file lock, so lines never interleave. The record
+is best-effort: a held lock or a failed write costs a warning, never the job.
 """
 
 from __future__ import annotations
@@ -35,15 +28,14 @@ EVENTS_FILE = "events.jsonl"
 LOCK_TIMEOUT = 2.0
 """Seconds an event waits for the file lock before it is written without it."""
 LOCK_POLL = 0.001
-"""Seconds between two tries of a held lock: another writer holds it for one short write,
-so it is nearly always free again at the next try, and a longer sleep would hold up the
-rank, and through the gradient all-reduce every rank."""
+"""Seconds between two tries of a held lock: it is held for one short write, and a longer
+sleep would hold up the rank, and through the all-reduce every rank."""
 
 
 class EventLog:
     """Appends events to ``<log_dir>/events.jsonl``; a ``None`` log_dir makes it a no-op.
 
-    With ``node_rank``, every event carries it (``node_rank``): the node that wrote it.
+    With ``node_rank``, every event carries it.
     """
 
     def __init__(self, log_dir: str | os.PathLike[str] | None,
@@ -56,15 +48,15 @@ class EventLog:
         """Why the last write failed, warned about once until a write succeeds."""
 
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
-        """Append one event and return it. ``ts`` (unix seconds) and ``event`` come first,
-        ``node_rank`` last, so that a line starts with what happened."""
+        """Append one event and return it. ``ts`` (unix seconds) and ``event`` come first, so
+        that a line starts with what happened."""
         record: dict[str, Any] = {"ts": time.time(), "event": event, **fields, **self._node}
         self._write([record])
         return record
 
     def emit_all(self, events: list[tuple[str, dict[str, Any]]]) -> None:
-        """Append ``(event, fields)`` pairs as :meth:`emit` does, under one hold of the
-        lock and in one write: a scheduler's batch of a thousand registrations."""
+        """Append ``(event, fields)`` pairs as :meth:`emit` does, in one write under one
+        hold of the lock."""
         now = time.time()
         self._write([{"ts": now, "event": event, **fields, **self._node}
                      for event, fields in events])
@@ -101,9 +93,9 @@ class EventLog:
 
 
 def _open_events(path: Path) -> BinaryIO | None:
-    """The events file ``path``, or the one in the log dir ``path``, open for reading;
-    ``None`` when there is none yet. The file is tried first, not the path's type: a log
-    dir can be made between the two (a test polling a node's folder before tftrun made it)."""
+    """The events file ``path``, or the one in the log dir ``path``, open for reading; ``None``
+    when there is none yet. Opening is tried rather than the path's type checked, which may
+    change in between."""
     for candidate in (path, path / EVENTS_FILE):
         try:
             return open(candidate, "rb")
@@ -135,9 +127,8 @@ BACKWARDS_CHUNK = 1 << 20
 def newest_events(path: str | os.PathLike[str], names: Collection[str],
                   chunk: int = BACKWARDS_CHUNK) -> Iterator[dict[str, Any]]:
     """Yield the events named ``names`` of an ``events.jsonl`` (or of a log dir), newest
-    first, reading the file backwards: a caller that stops at the first it needs reads
-    only the end of a file that grows with the job's age. Only the lines that hold one
-    of the names are parsed (most are the workers' ``step`` events)."""
+    first, reading the file backwards: a caller that stops early reads only the end of a
+    file that grows with the job's age."""
     needles = [json.dumps(name).encode() for name in names]
     file = _open_events(Path(path))
     if file is None:

@@ -1,12 +1,8 @@
 """Errors a rank can recover from in place, and how to tell them from the ones it cannot.
 
-A :class:`DeviceError` raised inside a training step (by the user, by a test, by
-``tftctl inject --fault uce``) is *recoverable*: the rank does not die; the trainer pauses
-every rank at the step boundary and copies a healthy replica's state into the faulty one
-(docs/recovery.md, "In-place recovery"). On CUDA, torch reports uncorrectable memory
-errors as a ``RuntimeError`` (``torch.AcceleratorError`` in recent versions) whose text
-names the CUDA error; :func:`is_recoverable_device_error` maps those by name.
-Any other exception is a bug in the step and still ends the rank.
+A :class:`DeviceError` in a training step is healed by copying a healthy replica's state
+(docs/recovery.md, "In-place recovery"); torch reports CUDA's uncorrectable errors only as
+a ``RuntimeError`` whose text names them, so they are matched by text.
 """
 
 from __future__ import annotations

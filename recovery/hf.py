@@ -1,17 +1,10 @@
 """Last words for the Hugging Face Trainer: on a peer's death, a survivor writes the
-Trainer's own ``checkpoint-<step>`` folder of the last completed step, so that
-``trainer.train(resume_from_checkpoint=...)`` after the restart redoes no step.
+Trainer's own ``checkpoint-<step>`` folder of the last completed step (docs/frameworks.md).
 
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[LastWordsCallback()])
 
-Under tftrun's group restart every process starts again; with the script's entry point
-decorated ``@recovery.restartable``, the survivors keep their processes and call it again
-(docs/frameworks.md), and the callback writes before the call ends.
-
-Every survivor writes (it does not know which peer died, and every DDP replica holds the
-same state) into a temporary folder of its own, renamed over the final name, so a reader
-sees one complete folder. Nothing in it runs a collective: the Trainer's own save lets
-only process 0 write the model, and the dead peer may be process 0.
+Every survivor writes, since none knows which peer died, and runs no collective: the
+Trainer's own save writes on process 0 only, which may be the dead one.
 """
 
 from __future__ import annotations
@@ -58,14 +51,13 @@ class _Training:
     lr_scheduler: Any
     processing_class: Any
     rng_states: dict[str, Any] | None = None
-    """The RNG states at the end of the last completed step (where the Trainer saves its
-    own): a step that a death cut short has drawn from them already (dropout)."""
+    """The RNG states at the end of the last completed step: a step cut short by a death
+    has drawn from them already."""
 
 
 class LastWordsCallback(TrainerCallback):
     """Writes ``<output_dir>/checkpoint-<global_step>`` when a collective fails on a dead
-    peer (the error leaves ``trainer.train()``) or tftrun stops the group (SIGTERM, acted
-    on at the next step boundary)."""
+    peer or tftrun stops the group (SIGTERM, acted on at the next step boundary)."""
 
     def __init__(self) -> None:
         self._stop = StopRequest()
@@ -108,8 +100,8 @@ class LastWordsCallback(TrainerCallback):
         """Write the training's state as the Trainer's checkpoint; ``None`` before the first
         step or outside training.
 
-        A death inside a step's backward leaves the optimizer step untaken: the state is
-        that of ``state.global_step`` completed steps, and the Trainer resumes there.
+        A death inside a step's backward leaves the optimizer step untaken, so the state is
+        that of ``state.global_step`` completed steps.
         """
         training = self._training
         if training is None or training.rng_states is None:
@@ -178,8 +170,7 @@ def _rng_states(args: TrainingArguments) -> dict[str, Any]:
 
 def _write_rng_states(training: _Training, folder: Path) -> None:
     """This process's RNG states as every process's file: the Trainer seeds every process
-    alike (``set_seed(args.seed)``), so the replicas draw the same streams, and a dead
-    process's own states are gone with it."""
+    alike, and a dead process's own states are gone with it."""
     world = training.args.world_size
     names = [f"rng_state_{i}.pth" for i in range(world)] if world > 1 else ["rng_state.pth"]
     for name in names:
@@ -190,8 +181,7 @@ def write_dir_atomic(path: Path, write: Callable[[Path], object]) -> None:
     """Fill a fresh temporary folder beside ``path`` with ``write``, make its files durable,
     then rename it to ``path``: a reader sees the old folder, none, or the whole new one.
 
-    An existing ``path`` (the Trainer's own save, or another survivor's last words) is
-    renamed aside, then removed; a writer that puts its folder in between wins the race.
+    An existing ``path`` is renamed aside, then removed.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = temp_path(path)

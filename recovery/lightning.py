@@ -1,22 +1,8 @@
-"""tftrun's recovery for PyTorch Lightning, in one of two lines.
+"""tftrun's recovery for PyTorch Lightning (docs/frameworks.md).
 
-``strategy=RestartableDDP()`` in place of ``strategy="ddp"``: when a peer dies, the
-survivors keep their processes; each writes Lightning's own checkpoint of the last
-completed step (its last words) and calls ``fit`` again, in the same process, once tftrun
-has relaunched the dead rank, which resumes from that checkpoint with them::
-
-    trainer = L.Trainer(strategy=RestartableDDP(), ...)
-
-``callbacks=[..., LastWordsCheckpoint()]`` with ``strategy="ddp"``: the last words alone,
-so that tftrun's group restart (every process started again) redoes no step::
-
-    trainer = L.Trainer(strategy="ddp", callbacks=[ModelCheckpoint(dirpath="ckpt", save_last=True),
-                                                   LastWordsCheckpoint()])
-
-Every survivor writes (a survivor does not know which peer died, and every DDP replica
-holds the same state), each through its own temporary file renamed over the final name,
-so a reader sees one complete checkpoint, never a torn one. No collective or barrier is
-run: the peer is dead (``Trainer.save_checkpoint`` would wait for it at its barrier).
+``strategy=RestartableDDP()``: survivors write their last words and call ``fit`` again in
+the same process. ``callbacks=[..., LastWordsCheckpoint()]`` with ``strategy="ddp"``: the
+last words alone, for a group restart. No collective is run, since the peer is dead.
 """
 
 from __future__ import annotations
@@ -48,9 +34,9 @@ logger = logging.getLogger(__name__)
 
 
 class LastWordsCheckpoint(Callback):
-    """Writes ``last.ckpt`` where the job's ``ModelCheckpoint(save_last=True)`` keeps it
-    (or ``dirpath/last.ckpt``) when a collective fails on a dead peer or tftrun stops the
-    group (SIGTERM, acted on at the next step boundary)."""
+    """Writes ``last.ckpt`` where the job's ``ModelCheckpoint(save_last=True)`` keeps it (or
+    ``dirpath/last.ckpt``) when a collective fails on a dead peer or tftrun stops the group
+    (SIGTERM, acted on at the next step boundary)."""
 
     def __init__(self, dirpath: str | Path | None = None) -> None:
         self.dirpath = None if dirpath is None else Path(dirpath)
@@ -92,8 +78,8 @@ class LastWordsCheckpoint(Callback):
     def save(self, trainer: pl.Trainer, why: str = "SIGTERM") -> Path:
         """Write the trainer's state as Lightning's checkpoint.
 
-        A death inside a step's backward leaves the optimizer step untaken: the state is
-        that of ``trainer.global_step`` completed steps, and Lightning resumes there.
+        A death inside a step's backward leaves the optimizer step untaken, so the state is
+        that of ``trainer.global_step`` completed steps.
         """
         path = self.last_path(trainer)
         checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
@@ -128,9 +114,7 @@ class RestartableDDP(DDPStrategy):
     """Lightning's DDP, whose ``fit`` is called again in the surviving processes when a
     peer dies (docs/frameworks.md).
 
-    Under tftrun each rank registers with tftrun's scheduler, so tftrun relaunches a dead
-    rank alone; every call of ``fit`` runs in one whole generation, with a process group
-    of its own. Elsewhere (plain torchrun, a single process) it is Lightning's DDP.
+    Outside tftrun (plain torchrun, a single process) it is Lightning's DDP.
     """
 
     def _configure_launcher(self) -> None:
@@ -161,8 +145,7 @@ class _RestartingLauncher(_Launcher):
 
 
 class _FitCalls:
-    """One rank's calls of ``fit``: the first as the script asked, each later one from the
-    last words of the call before."""
+    """One rank's calls of ``fit``: each after the first resumes from the last words."""
 
     def __init__(self, trainer: pl.Trainer, fit: Callable[..., Any], arguments: inspect.BoundArguments) -> None:
         self._trainer = trainer
@@ -201,8 +184,8 @@ class _FitCalls:
 
 
 def _last_words_of(trainer: pl.Trainer) -> LastWordsCheckpoint:
-    """The trainer's :class:`LastWordsCheckpoint`, or one added that writes in tftrun's
-    recovery folder."""
+    """The trainer's :class:`LastWordsCheckpoint`, or one added that writes in the recovery
+    folder."""
     for callback in trainer.callbacks:
         if isinstance(callback, LastWordsCheckpoint):
             return callback

@@ -1,10 +1,6 @@
-"""How a framework callback learns that its process group lost a peer.
-
-Two signs reach a survivor of a ``kill -9``: the collective it is in (or next enters)
-raises, and tftrun sends SIGTERM to stop it for the group restart. The signal only sets a
-flag (:class:`StopRequest`); the callback acts at its next hook, where the state is that
-of a completed optimizer step (a handler that acted at once could land inside the
-optimizer's update), then the process ends as SIGTERM's default action would.
+"""How a framework callback learns that its process group lost a peer: a collective
+raises, or tftrun sends SIGTERM. The signal only sets a flag, acted on at the next hook, so
+that the state saved is that of a completed optimizer step.
 """
 
 from __future__ import annotations
@@ -26,8 +22,8 @@ _PEER_LOSS_MARKERS = (
 
 
 def is_peer_loss(error: BaseException) -> bool:
-    """Whether ``error`` (or what caused it) is a collective failing on a dead peer, or a
-    distributed timeout (the peer never came)."""
+    """Whether ``error`` (or its cause) is a collective failing on a dead peer, or a
+    distributed timeout."""
     import torch.distributed as dist  # the launcher imports this package without torch
 
     seen: BaseException | None = error
@@ -47,8 +43,8 @@ def first_line(error: BaseException) -> str:
 class StopRequest:
     """SIGTERM, turned into a flag that training polls at its step boundaries.
 
-    It replaces the handler in place (Lightning's would run a collective inside the signal
-    handler, on a group whose peer is dead) until :meth:`restore`.
+    It replaces the handler until :meth:`restore`: Lightning's would run a collective
+    inside the handler, on a group whose peer is dead.
     """
 
     def __init__(self) -> None:
@@ -70,8 +66,8 @@ class StopRequest:
             self._installed = False
 
     def default_action(self) -> None:
-        """Give SIGTERM its default action (the last words are written); if one came, the
-        process ends of it now."""
+        """Give SIGTERM its default action once the last words are written; if one came,
+        the process ends of it now."""
         if self._installed:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             self._installed = False

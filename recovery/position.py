@@ -1,8 +1,7 @@
 """The training position: the one value that says how far training has come.
 
-It travels unchanged from the trainer's loop (:class:`recovery.train.elastic.Step` extends it)
-through the checkpoint saver, the manifest and the last words to the file name, which
-only :mod:`recovery.ckpt.layout` makes from it. This module imports nothing of the project.
+Only :mod:`recovery.ckpt.layout` makes file names from it. This module imports nothing of
+the project.
 """
 
 from __future__ import annotations
@@ -19,13 +18,9 @@ class TrainPosition:
     """Where training is: ``step_in_epoch`` steps of epoch ``epoch`` are done, ``global_step``
     in all.
 
-    Epochs count from 1 and steps within an epoch from 1, as in MindSpore's checkpoint
-    names; ``TrainPosition()`` is the start of training.
-
-    A position unpacks as ``(epoch, step_in_epoch, global_step)`` (so
-    ``saver.step_end(*position)`` works) and orders by that triple; extensions
-    (:class:`recovery.ckpt.restore.ResumePoint`, :class:`recovery.train.elastic.Step`) unpack
-    and order as the position they extend.
+    Epochs and steps count from 1, as in MindSpore's checkpoint names. A position unpacks
+    and orders as ``(epoch, step_in_epoch, global_step)``, so ``saver.step_end(*position)``
+    works; extensions unpack and order as the position they extend.
     """
 
     epoch: int = 1
@@ -59,6 +54,6 @@ class TrainPosition:
 
 
 def step_in_epoch_of(values: Mapping[str, Any]) -> int:
-    """The step within the epoch a file records: ``step_in_epoch``, or ``step`` in an
-    older tftrun's files (read for one release, CHANGELOG.md)."""
+    """The step within the epoch a file records: ``step_in_epoch``, or ``step`` in an older
+    tftrun's files (CHANGELOG.md)."""
     return values["step_in_epoch"] if "step_in_epoch" in values else values["step"]

@@ -1,14 +1,9 @@
 """``PYTHONPATH`` for tftrun's own processes, and the ``sys.path`` a worker gets.
 
-An empty or relative entry of ``PYTHONPATH`` (``PYTHONPATH=:/x``, which ``$PYTHONPATH:/x``
-makes when it was unset) is taken against the working folder, and Python makes it absolute
-before any code runs; ``-P`` does not drop it. A ``recovery/`` planted in the working folder
-would then be imported by tftrun's own processes. So they are started with ``-P`` and the
-absolute entries of ``PYTHONPATH`` only (:func:`own_pythonpath`), while a worker forked
-from one of them gets the ``sys.path`` a fresh ``python script.py`` would have
-(:func:`worker_sys_path`), as under torchrun.
-
-Standard library only: the fork server (launcher/procs/fork_server_main.py) imports it.
+An empty or relative ``PYTHONPATH`` entry names the working folder even under ``-P``, so a
+planted ``recovery/`` there would be imported by tftrun's own processes: they get only the
+absolute entries, while a forked worker gets the ``sys.path`` a fresh ``python script.py``
+would have. Standard library only: the fork server imports it.
 """
 
 from __future__ import annotations
@@ -33,15 +28,13 @@ def _entries(value: str) -> list[str]:
 
 def interpreter_sys_path(sys_path: Sequence[str], pythonpath: str) -> list[str]:
     """``sys_path`` of a Python started with ``-P`` and ``PYTHONPATH=pythonpath``, without
-    what ``pythonpath`` put there: the interpreter's own entries (its standard library,
-    its site-packages)."""
+    what ``pythonpath`` put there: the interpreter's own entries."""
     given = set(_entries(pythonpath))
     return [entry for entry in sys_path if entry not in given]
 
 
 def worker_sys_path(first: str, pythonpath: str, interpreter: Sequence[str]) -> list[str]:
     """The ``sys.path`` of a fresh ``python`` whose first entry is ``first`` (the script's
-    folder, or for ``-m`` the working folder), started with ``PYTHONPATH=pythonpath`` in
-    the working folder; ``interpreter``: :func:`interpreter_sys_path`'s entries. Each
-    entry once, at its first place, as Python's ``site`` leaves them."""
+    folder, or for ``-m`` the working folder), started with ``PYTHONPATH=pythonpath``;
+    ``interpreter``: :func:`interpreter_sys_path`'s entries."""
     return list(dict.fromkeys([first, *_entries(pythonpath), *interpreter]))

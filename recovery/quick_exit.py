@@ -1,20 +1,11 @@
 """Ending a process that imported torch without the interpreter's final collections, or
 without its teardown at all.
 
-At exit the interpreter runs full garbage collections over every object left, and a process
-that imported torch holds hundreds of thousands: unless they are frozen first, that walk is
-most of the gap between a job's last step and its end, paid once by each worker, the
-scheduler and tftrun.
-
-Freezing moves every object into the collector's permanent generation: reference counting
-still frees what it frees, every atexit handler still runs, files are still flushed and
-closed; only garbage held in reference cycles is left for the operating system to reclaim.
-
-A process forked from the warm fork server pays for the rest of the teardown too: every
-object it releases dirties a page it still shares with the server, which the kernel then
-copies; ``os._exit`` skips all of it. tftrun's own processes, whose every durable write is done when they
-return, end with :func:`exit_now`; a user's script keeps the interpreter's ending, which
-flushes the files it left open.
+The final collections walk every object torch left, which is slow; freezing them first
+skips that and leaves only cyclic garbage to the OS. A process forked from the fork server
+also pays for its teardown in copied shared pages: tftrun's own processes, whose durable
+writes are done, skip it with :func:`exit_now`; a user's script keeps the normal ending,
+which flushes the files it left open.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Capture and restore the random number generators a training step may draw from.
 
 The states are kept as tensors and plain Python values only, so that a checkpoint holding
-them loads with ``torch.load(weights_only=True)``: python's ``random`` state tuple becomes
-a list plus an int64 tensor, numpy's legacy global state an int64 tensor plus numbers.
+them loads with ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
@@ -41,8 +40,8 @@ def capture_rng_state() -> dict[str, Any]:
 def restore_rng_state(state: dict[str, Any]) -> None:
     """Put back what :func:`capture_rng_state` returned.
 
-    CUDA states are restored only when this process sees CUDA; a checkpoint written on
-    a GPU machine still resumes on a CPU-only one, with the CPU generators exact.
+    CUDA states are restored only when this process sees CUDA, so a GPU checkpoint still
+    resumes on a CPU-only machine.
     """
     py = state["python"]
     random.setstate((py["version"], tuple(int(x) for x in py["state"].tolist()), py["gauss"]))
@@ -57,9 +56,7 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 class GlobalRngState:
     """The process's global generators as a stateful object that a checkpoint saves.
 
-    Hand one to :class:`recovery.ckpt.checkpoint.CheckpointSaver` (``rng=GlobalRngState()``) so
-    that every checkpoint holds the RNG states and a resume puts them back;
-    :class:`recovery.train.elastic.ElasticTrainer` gives its saver one if it has none.
+    Hand one to :class:`recovery.ckpt.checkpoint.CheckpointSaver` (``rng=GlobalRngState()``).
     """
 
     def state_dict(self) -> dict[str, Any]:

@@ -1,18 +1,8 @@
 """Folders and files that another user cannot turn against the job's.
 
-tftrun writes into folders a user names (``--log_dir``, ``--recovery_path``), which may
-lie in a shared place. Another user who owns such a folder, or may write into it, could
-plant ``worker_0.log -> ~/.bashrc`` there and have the job overwrite the user's file. So:
-
-* a folder the job writes into must be the user's own and writable by nobody else, and
-  so must be the folders on the way to it, or root's (:func:`resolved_folder`); tftrun
-  refuses any other, one line, exit 2, and uses the resolved path from then on;
-* its files are opened with ``O_NOFOLLOW`` (:func:`open_append`): a symbolic link planted
-  in place of a log is refused, never followed;
-* temporary files get unpredictable names and are created exclusively
-  (recovery/ckpt/durable.py).
-
-Standard library only: the fork server (launcher/procs/fork_server_main.py) imports it.
+Another user who may write into ``--log_dir`` or ``--recovery_path`` could plant
+``worker_0.log -> ~/.bashrc`` there, so such folders must be the user's own and files are
+opened with ``O_NOFOLLOW``. Standard library only: the fork server imports it.
 """
 
 from __future__ import annotations
@@ -32,15 +22,11 @@ class UnsafeFolder(ValueError):
 
 
 def resolved_folder(path: Path) -> Path:
-    """The existing folder ``path`` resolved, once checked component by component: the
-    path to use from then on, so that a symbolic link on the way that is changed later
-    is never followed again.
+    """The existing folder ``path`` resolved, once checked component by component: the path
+    to use from then on, so that a symbolic link on the way changed later is never followed.
 
-    Refused (:class:`UnsafeFolder`): a folder owned by another user (root's excepted when
-    running as root), one that others may write into (group- or world-writable), and
-    one inside a folder where another user could replace it: a folder on the way owned
-    by another user than root, or writable by others without the sticky bit (``/tmp``'s
-    mode 1777 is fine).
+    Raises :class:`UnsafeFolder` for a folder that another user owns or may write into, or
+    that lies in a folder where another user could replace it (sticky ``/tmp`` is fine).
     """
     try:
         real = Path(os.path.realpath(path, strict=True))
@@ -71,8 +57,8 @@ def folder_problem(path: Path) -> str | None:
 
 
 def own_subfolder(path: Path) -> Path:
-    """The folder ``path`` inside a checked folder, made if missing (its parent not), and
-    refused as :func:`resolved_folder` refuses one, a symbolic link in its place included."""
+    """The folder ``path`` inside a checked folder, made if missing, and refused as
+    :func:`resolved_folder` refuses one (a symbolic link in its place included)."""
     try:
         path.mkdir(mode=0o755, exist_ok=True)
         info = os.lstat(path)

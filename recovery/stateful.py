@@ -1,9 +1,6 @@
-"""What a checkpoint sees of the objects it saves besides the model: two methods.
-
-The checkpoint layer knows nothing of samplers or random generators; the trainer (or the
-user) hands it any object with ``state_dict()``/``load_state_dict()``, as torch's own
-``torch.distributed.checkpoint.stateful.Stateful``. This module imports nothing of the
-project.
+"""What a checkpoint sees of the objects it saves besides the model: two methods, as
+torch's own ``torch.distributed.checkpoint.stateful.Stateful``. This module imports nothing
+of the project.
 """
 
 from __future__ import annotations

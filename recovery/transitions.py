@@ -1,11 +1,7 @@
-"""The one idiom of the project's three state machines.
-
-The supervisor's :class:`launcher.supervisor.state.WorkerState`, the scheduler's
-:class:`recovery.control.members.MemberState` and the trainer's
-:class:`recovery.train.state.TrainerState` are each a ``StrEnum`` with a table
-``TRANSITIONS`` (state → the states it may move to) and a ``transition(to)`` method that
-checks the move here first. docs/architecture.md draws the three tables; a unit test keeps
-the drawings equal to them. This module imports nothing of the project.
+"""The one idiom of the project's three state machines: a ``StrEnum`` with a table
+``TRANSITIONS`` (state → the states it may move to) whose ``transition(to)`` checks the move
+here. docs/architecture.md draws the tables, kept equal by a unit test. This module imports
+nothing of the project.
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
 """This node's place in the job, read from Slurm or Kubernetes when the flags leave it out.
 
-A flag given on the command line always wins. For a flag left out:
-
-* **Slurm**, inside an ``srun`` step (``SLURM_STEP_ID`` set) with one task per node:
-  ``--node_rank`` is ``SLURM_PROCID``, ``--nnodes`` is ``SLURM_NTASKS``, and
-  ``--master_addr`` is the first host of ``SLURM_STEP_NODELIST`` (else of
-  ``SLURM_JOB_NODELIST``): the node where task 0 runs. Outside a step (the batch script
-  itself) nothing is read, so a tftrun started there is a one-node job.
-* **Kubernetes**, in an indexed Job's pod (``JOB_COMPLETION_INDEX`` set): ``--node_rank``
-  is the index and ``--master_addr`` is ``MASTER_ADDR`` when the pod spec sets it.
-  Kubernetes does not tell a pod the Job's completion count: ``--nnodes`` stays a flag.
-
+A flag given on the command line always wins. Slurm is read only inside an ``srun`` step,
+so a tftrun started in the batch script itself is a one-node job.
 See docs/multi-node.md#slurm-and-kubernetes.
 """
 
@@ -50,8 +41,8 @@ class Placement:
     """None: neither ``--nnodes`` nor the cluster manager says (``--worker_num`` decides)."""
     master_addr: str
     note: str
-    """Which values were taken from the environment, e.g. ``from Slurm: node_rank=1 ...``;
-    empty when none was."""
+    """Which values came from the environment, e.g. ``from Slurm: node_rank=1 ...``; empty
+    when none did."""
 
 
 # ---------------------------------------------------------------- Slurm hostlists
@@ -90,15 +81,15 @@ class _Pattern:
 def expand_hostlist(hostlist: str) -> Iterator[str]:
     """The hosts of a Slurm hostlist (``node[01-03,07],gpu-a[1-2]``), in Slurm's order.
 
-    The whole list is checked first (ValueError for a malformed one); the hosts are then
-    made lazily, so taking the first host of a huge allocation costs nothing.
+    The whole list is checked first (ValueError); hosts are made lazily, so taking the first
+    of a huge allocation is cheap.
     """
     patterns = [_parse_pattern(expr, hostlist) for expr in _split_top_level(hostlist) if expr]
     return (host for pattern in patterns for host in pattern.hosts())
 
 
 def _split_top_level(hostlist: str) -> list[str]:
-    """Split at the commas outside brackets; empty items are dropped (as Slurm does)."""
+    """Split at the commas outside brackets."""
     parts, depth, start = [], 0, 0
     for at, char in enumerate(hostlist):
         if char == "[":
@@ -205,8 +196,8 @@ def fill_from_cluster(node_rank: int | None, nnodes: int | None,
                       master_addr: str | None) -> tuple[int | None, int | None, str]:
     """tftrun's flags with the left-out ones filled from this process's environment.
 
-    Says on stderr which values came from the environment, so that a job started by a
-    cluster manager shows in each node's output where that node thinks it is.
+    Says on stderr which values came from the environment, so each node's output shows where
+    it thinks it is.
     """
     placement = resolve_place(NodePlace(node_rank, nnodes, master_addr), os.environ)
     if placement.note:

@@ -1,14 +1,8 @@
 """Which job, and which launch of it, this node serves.
 
-Node 0 decides. Each launch draws a new epoch (``LaunchConfig.epoch``), which makes the
-job's key with the token and the run id, so that nothing signed in an earlier launch of
-the job verifies in this one; a node 0 that returns to a job the other nodes still wait
-for keeps that launch's epoch instead, as their workers, which run on, sign with it. Every
-other node takes the job from node 0's scheduler: ``tft/job`` says that the scheduler is
-up and holds the same token, and the scheduler's answer to a question of the node's own
-(recovery/control/job_proof.py) says which job and launch it serves, at the address the
-node asked. A ``tft/job`` that is not that job (replayed from another job that shares the
-token, or from an earlier launch) is refused, and said so on stderr.
+Node 0 decides; each launch draws a new epoch so that nothing signed in an earlier launch
+verifies in this one. Other nodes trust the scheduler's signed answer
+(recovery/control/job_proof.py) over ``tft/job``, which may be replayed.
 """
 
 from __future__ import annotations
@@ -29,9 +23,8 @@ __all__ = ["join_job", "return_to_job", "keep_job", "proven_job", "served_at"]
 
 
 def join_job(config: LaunchConfig) -> LaunchConfig:
-    """A node other than node 0 waits for node 0's scheduler and takes its job: one run
-    id, one lineage and one epoch for every node (the token, every node is given); and
-    its node rank, when left out."""
+    """A node other than node 0 waits for node 0's scheduler and takes its job's run id,
+    lineage and epoch, and its node rank when left out."""
     posted = NodeLink(config.master_addr, config.master_port,
                       config.job_token).wait_for_job(config.cluster_time_out)
     job = proven_job(config, posted)
@@ -45,9 +38,8 @@ def join_job(config: LaunchConfig) -> LaunchConfig:
 
 
 def proven_job(config: LaunchConfig, posted: JobIdentity) -> JobIdentity:
-    """The job node 0's scheduler answers for at ``--master_addr``, asked until
-    ``--cluster_time_out``; ``posted``, the ``tft/job`` this node found, is refused (on
-    stderr) when it is another."""
+    """The job node 0's scheduler answers for at ``--master_addr``; ``posted`` (the
+    ``tft/job`` this node found) is refused on stderr when it is another."""
     where = f"{config.master_addr}:{config.master_port}"
     deadline = time.monotonic() + config.cluster_time_out
     while True:
@@ -83,8 +75,8 @@ def served_at(proof: JobProof, host: str, port: int) -> bool:
 
 
 def return_to_job(config: LaunchConfig) -> LaunchConfig:
-    """Node 0 of many, started with its usual command: it returns to the job the other
-    nodes still wait for (as with ``--is_recover=1``), else it starts a new one."""
+    """Node 0 of many, started with its usual command, returns to the job the other nodes
+    still wait for (as with ``--is_recover=1``)."""
     job = job_still_waited_for(config.recovery_path, config.node_time_out, time.time())
     if job is None:
         return config
@@ -95,10 +87,9 @@ def return_to_job(config: LaunchConfig) -> LaunchConfig:
 
 
 def keep_job(config: LaunchConfig) -> LaunchConfig:
-    """Node 0 of many: a resumed launch (``--is_recover=1``) serves the job it kept, so that
-    its scheduler reloads the job's state; with that launch's epoch only while the other
-    nodes still wait for it (their workers, which kept running, sign with it). Any launch
-    keeps the job it serves."""
+    """Node 0 of many: a resumed launch (``--is_recover=1``) serves the job it kept, with
+    that launch's epoch only while the other nodes still wait (their workers sign with
+    it). Any launch saves the job it serves."""
     kept = saved_job(config.recovery_path) if config.is_recover else None
     if kept is not None and kept.lineage == config.lineage and kept.worker_num == config.worker_num:
         config = replace(config, run_id=kept.run_id)

@@ -1,11 +1,8 @@
 """The job's end reaches every node (docs/multi-node.md, *The job's end*).
 
-Node 0 says in its store that the job ended (``tft/over``: its exit status and why) as
-soon as it ends, and stops its scheduler, which hosts the store, only once every other
-node that still beats has left (``tft/node/<K>/left``), or :data:`END_WAIT` passed. Every
-other node reads it with the rest of node 0's news and ends too: with status 0 and one
-line (:func:`done_line`) after a job that ended well, else as when another node ended the
-job. A node says it leaves whenever it ends, so node 0 waits for none that ended first.
+Node 0 writes ``tft/over`` (exit status and why) and keeps its store up until every other
+beating node has left (``tft/node/<K>/left``) or :data:`END_WAIT` passed, since the store
+dies with its scheduler and the others must still read the end.
 """
 
 from __future__ import annotations
@@ -25,8 +22,8 @@ __all__ = ["JobEnd", "Over", "parse_over", "done_line", "heard", "waiting_for", 
 END_WAIT = 10.0
 """The most seconds node 0 keeps its store up for the other nodes once its job ended."""
 DONE_GRACE = 5.0
-"""Seconds another node's running workers have to end by themselves once node 0's job
-ended well (they may be finishing the same job) before the node stops them."""
+"""Seconds another node's workers get to end by themselves after node 0's job ended well
+(they may be finishing the same job) before they are stopped."""
 STILL = 2.0
 """A node whose beat has not moved for this long is gone: node 0 does not wait for it."""
 ENDED_ON_NODE_0 = "the job ended on node 0"
@@ -59,8 +56,8 @@ def done_line(node_rank: int | None, over: Over) -> str:
 
 
 def heard(over: Over | None, node_rank: int | None) -> tuple[str, str]:
-    """What node 0's word on the job's end means for another node: (its line when the job
-    ended well, why it ends with the job otherwise); empty while node 0 said nothing."""
+    """(line when the job ended well, why this node ends otherwise); both empty while node 0
+    said nothing."""
     if over is None:
         return "", ""
     if over.status == 0:
@@ -79,7 +76,6 @@ class JobEnd:
 
     Args:
         link: node 0's cluster store (a link of the loop's own).
-        node_rank: this node's rank.
         nnodes: the job's node count (``MAX`` of an elastic range).
     """
 
@@ -94,8 +90,7 @@ class JobEnd:
         self._left: frozenset[int] = frozenset()
 
     def ending(self, status: int, reason: str) -> None:
-        """This node's job ends: node 0 tells the others; another node says so when it
-        ends because node 0's job did."""
+        """This node's job ends: node 0 tells the others; another node says why on stderr."""
         if self._node_rank == 0:
             self._link.over(Over(status, reason).value())
             self._since = self._clock()
@@ -104,14 +99,13 @@ class JobEnd:
             print(f"tftrun: {reason}", file=sys.stderr, flush=True)
 
     def leave(self) -> None:
-        """Another node is done with node 0's scheduler (its workers' exits told): node 0
-        waits for it no more."""
+        """Another node is done with node 0's scheduler: node 0 waits for it no more."""
         if self._node_rank != 0:
             self._link.leave(self._node_rank)
 
     def may_close(self) -> bool:
-        """Whether node 0 may stop its store: every other node left or is gone, or it has
-        waited :data:`END_WAIT`. Always, on another node."""
+        """Whether node 0 may stop its store: every other node left or is gone, or
+        :data:`END_WAIT` passed. Always True on another node."""
         if self._since is None or self._beats is None:
             return True
         now = self._clock()

@@ -1,13 +1,10 @@
-"""One node's view of the others: the job identity, each restart's rendezvous, the
-restart-all count and the job's end, through the cluster store on node 0
-(recovery/control/nodes.py lists the keys).
+"""One node's view of the others through the cluster store on node 0: the job identity,
+each restart's rendezvous, the restart-all count and the job's end (keys:
+recovery/control/nodes.py).
 
-Every call is bounded: while node 0's scheduler is down, a read answers ``None`` after
-about :data:`TIMEOUT` seconds and the caller carries on with what it knew. A value that
-is not the job's (unsigned, too long, malformed: anyone may write these keys) reads as
-unset too, and is reported through ``report`` (at most one report per key every 10 s);
-through ``alert`` for the keys that say who is a member (the nodes' beats and joins), and
-for what a caller found wrong with those (:meth:`NodeLink.alert`).
+Every call is bounded: while node 0's scheduler is down a read answers ``None`` and the
+caller carries on with what it knew. Anyone may write these keys, so a value that is not
+the job's reads as unset too and is reported (``report``, or ``alert`` for membership keys).
 """
 
 from __future__ import annotations
@@ -62,8 +59,7 @@ TIMEOUT = 2.0
 _POLL = 0.1
 WRONG_TOKEN_AFTER = 5.0
 """Seconds ``tft/job`` may fail its check in a row before a joining node takes its own
-token for wrong: node 0's scheduler puts back a value a stranger overwrote within about
-a second (recovery/control/scheduler.py)."""
+token for wrong: node 0's scheduler soon puts back a value a stranger overwrote."""
 Report = Callable[[str, str, int], None]
 """``report(key, why, count)``: ``count`` values of ``key`` were refused, the latest for ``why``."""
 T = TypeVar("T")
@@ -84,7 +80,7 @@ class Beat:
 @dataclass(frozen=True)
 class NodeKeys(Generic[T]):
     """One key of each of some nodes, as read: the values that verified, and the nodes
-    whose key held one that did not (each alerted)."""
+    whose key held one that did not."""
 
     found: Mapping[int, T]
     refused: frozenset[int] = frozenset()
@@ -105,9 +101,8 @@ def local_address_towards(host: str, port: int) -> str:
 
 
 def save_job(recovery_path: Path, job: JobIdentity) -> None:
-    """Node 0 keeps its job's identity in its own recovery path (readable by its owner
-    only), so that a returning node 0 (``--is_recover=1``) serves
-    the same job and its scheduler takes its persisted state back."""
+    """Keep node 0's job identity in its recovery path (mode 0600), so that a returning
+    node 0 (``--is_recover=1``) serves the same job."""
     path = recovery_path / SCHEDULER_DIR / JOB_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, lambda file: file.write(job.to_json().encode()))
@@ -124,14 +119,12 @@ def saved_job(recovery_path: Path) -> JobIdentity | None:
 
 def job_still_waited_for(recovery_path: Path, node_time_out: float,
                          now: float) -> JobIdentity | None:
-    """The job node 0 served, when a node 0 started again with its usual command (no
-    ``--is_recover``) is to return to it rather than start a new one; else ``None``.
+    """The job a node 0 started again (no ``--is_recover``) should return to; ``None``: start
+    a new one.
 
-    It returns when the other nodes still wait for it: its scheduler's persisted state is of
-    that job, was not closed by an orderly end (``finished``), and was written less than
-    ``--node_time_out`` ago. A live job's scheduler writes it, or brings its time up to
-    date, about every second while requests come, and the other nodes end the job once
-    node 0 has been gone that long; so an older crashed job is never resumed by accident.
+    The other nodes still wait when the scheduler's state is of that job, not ``finished``,
+    and written less than ``--node_time_out`` ago: they end the job once node 0 has been
+    gone that long, so an older crashed job is never resumed by accident.
     """
     job = saved_job(recovery_path)
     state_file = StateFile(recovery_path)
@@ -151,10 +144,9 @@ class NodeLink:
 
     Args:
         token: the job token (``tft/job`` is signed with it).
-        run_id: the job's run id (the other keys are signed with the job's key); empty
-            before the job is known (:meth:`wait_for_job` needs none).
-        epoch: the launch's epoch, the job key's third part.
-        report: told about refused values (see the module docstring).
+        run_id: the job's run id, with ``epoch`` part of the key the other keys are signed
+            with; empty before the job is known (:meth:`wait_for_job` needs none).
+        report: told about refused values.
         alert: told about refused beats and joins, and what :meth:`alert` says (``report``
             if None).
     """
@@ -174,9 +166,8 @@ class NodeLink:
     def wait_for_job(self, timeout: float,
                      wrong_token_after: float = WRONG_TOKEN_AFTER) -> JobIdentity:
         """Wait up to ``timeout`` s for node 0's scheduler to publish the job; ConfigError
-        (one line) when it does not, or when it is there under :data:`JOB_KEY` but has
-        not verified with this node's token for ``wrong_token_after`` s (node 0 was
-        given another one: this node cannot even compute where node 0 keeps it)."""
+        when it does not, or when :data:`JOB_KEY` has not verified with this node's token
+        for ``wrong_token_after`` s (node 0 was given another token)."""
         deadline = time.monotonic() + timeout
         bad_since: float | None = None
         while True:
@@ -257,8 +248,8 @@ class NodeLink:
                                 _count)
 
     def alert(self, key: str, why: str) -> None:
-        """Something is wrong with ``key`` that its value alone does not show (a join
-        hidden, a beat replayed): told like a refused beat or join."""
+        """Report something wrong with ``key`` that its value alone does not show (a join
+        hidden, a beat replayed), like a refused beat or join."""
         self._refused(key, why, alert=True)
 
     def close_round(self, restart_count: int, nodes: tuple[int, ...]) -> None:
@@ -391,9 +382,8 @@ def _beat(text: str) -> Beat:
 class NodeWatch:
     """Since when the same absence of another node has lasted, without a break.
 
-    Node 0 watches the ranks of the other nodes (missing from the scheduler's membership);
-    another node watches node 0 (its scheduler's store unreachable). Each pass says what
-    it saw; the policy ends the job once :attr:`since` is ``--node_time_out`` ago.
+    Node 0 watches the other nodes' ranks; another node watches node 0's store. The policy
+    ends the job once :attr:`since` is ``--node_time_out`` ago.
     """
 
     def __init__(self) -> None:

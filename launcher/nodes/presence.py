@@ -1,21 +1,9 @@
 """Which nodes' tftrun are alive: every node beats in node 0's cluster store, node 0 reads.
 
-A node's workers may never talk to the scheduler (a plain torchrun script), so a node is
-known alive by its tftrun, not by its ranks: a thread of each node's supervisor raises
-``tft/node/<K>/beat`` every :data:`BEAT_INTERVAL`; on node 0 the same thread reads the
-counts of the nodes asked about (:meth:`BeatTracker.want`: those with ranks the scheduler
-lacks; every node of an elastic job) and dates each rise on its own monotonic clock
-(the nodes' clocks are never compared). One read per node asked about and beat: a job
-whose ranks register (the large ones) costs node 0 no reads. For an elastic job
-(``--nnodes=MIN:MAX``) it also reads which nodes asked to join the next group restart.
-The loop reads what the thread keeps; nothing here waits for the loop.
-
-Anyone may write the store, and read it: only a count above the last one seen is life,
-so a stranger who replays a node's recorded beats keeps no dead node alive. A count starts
-at the node's clock in milliseconds, so a node's tftrun started again goes on above its
-old count. A node waiting to join a group restart of an elastic job names it in its beat,
-after its join key: a stranger who hides the join key (it is listed by the store) still
-leaves node 0 the beat.
+A node is known alive by its tftrun, not its ranks, since a plain torchrun script never
+talks to the scheduler. Only a count above the last one seen is life, so replayed beats keep
+no dead node alive; a count starts at the wall clock in ms, so a restarted tftrun goes on
+above its old one. Node 0 dates each rise on its own monotonic clock.
 """
 
 from __future__ import annotations
@@ -46,14 +34,14 @@ class BeatTracker:
         self._changed: dict[int, float] = dict.fromkeys(nodes, started)
         self._refused: frozenset[int] = frozenset()
         self.wanted: set[int] = set()
-        """The nodes whose beats are read (added to, never taken from)."""
+        """The nodes whose beats are read (only ever grows)."""
 
     def want(self, nodes: set[int] | range) -> None:
         """Read the beats of ``nodes`` from now on."""
         self.wanted |= set(nodes)
 
     def seen(self, beats: NodeKeys[Beat], now: float) -> list[tuple[int, int, int]]:
-        """Take the beats read at ``now``; (node, count, the last count) of each count
+        """Take the beats read at ``now``; returns (node, count, last count) for each count
         below the last one seen: a replay."""
         replayed = []
         for node, beat in beats.found.items():
@@ -74,7 +62,7 @@ class BeatTracker:
         return node in self._latest
 
     def disputed(self) -> frozenset[int]:
-        """The nodes whose beat key held, when last read, a value that is not the job's."""
+        """The nodes whose beat key last held a value that is not the job's."""
         return self._refused
 
     def joining(self, restart_count: int, now: float) -> frozenset[int]:
@@ -90,9 +78,7 @@ class NodePresence:
 
     Args:
         link: a link of its own to node 0's cluster store.
-        node_rank: this node's rank.
-        nnodes: the job's node count (``MAX`` of an elastic range): node 0 reads the beats
-            of nodes ``1 … nnodes − 1``.
+        nnodes: the job's node count (``MAX`` of an elastic range).
         elastic: node 0 also reads who joined :attr:`next_round`.
         wake: called when node 0 saw a node join the next round.
     """
@@ -116,13 +102,13 @@ class NodePresence:
         self._joins: tuple[int, frozenset[int]] = (0, frozenset())
         """(a group restart, the nodes read as joined to it)."""
         self.joining: int | None = None
-        """The group restart this node waits to join (set by launcher/nodes/rounds.py),
-        named in its beats."""
+        """The group restart this node waits to join (set by launcher/nodes/rounds.py), named
+        in its beats so that a hidden join key still leaves node 0 the beat."""
 
     @property
     def waiting(self) -> frozenset[int]:
-        """Nodes that joined :attr:`next_round` (node 0 of an elastic job); none while
-        the latest read was of an earlier round."""
+        """Nodes that joined :attr:`next_round` (node 0 of an elastic job); empty while the
+        latest read was of an earlier round."""
         restart, nodes = self._joins
         return nodes if restart == self.next_round else frozenset()
 

@@ -1,17 +1,8 @@
 """Automatic node ranks: which node this is when ``--node_rank`` is left out.
 
-As torchrun's c10d rendezvous and msrun (``--node_rank=-1``) do, with nothing given (no
-flag, no Slurm or Kubernetes value):
-
-* the node whose own address is ``--master_addr`` is node 0: it hosts the scheduler, as
-  torchrun's c10d endpoint hosts the store. Its own address is ``--node_addr``, by default
-  the address of the interface that reaches ``--master_addr`` (which is ``--master_addr``
-  itself on the host that has it);
-* every other node asks node 0's scheduler, over its signed control plane, for the next
-  rank in order of arrival, with a node id that survives a restart of its tftrun, so that
-  a node that comes back gets the rank it had (recovery/control/node_ranks.py).
-
-See docs/multi-node.md#automatic-node-ranks.
+The node whose own address is ``--master_addr`` is node 0; every other node asks node 0's
+scheduler for a rank, with a node id that survives a restart of its tftrun so that a
+returning node gets its old rank. See docs/multi-node.md#automatic-node-ranks.
 """
 
 from __future__ import annotations
@@ -44,15 +35,14 @@ def owns_address(master_addr: str, node_addr: str) -> bool:
 
 
 def default_node_id(node_addr: str) -> str:
-    """A node's id when ``--node_id`` is left out: its host name and node address, which
-    its tftrun, started again on the same machine, has again."""
+    """A node's id when ``--node_id`` is left out: host name and node address, the same when
+    its tftrun starts again on the same machine."""
     return f"{socket.gethostname()}/{node_addr}"
 
 
 def place_node(config: LaunchConfig) -> LaunchConfig:
-    """``config`` with the node rank 0 when it is left out and this node is node 0 (a job
-    of one node, or this node's address is ``--master_addr``); left out otherwise, for
-    :func:`take_node_rank` to ask node 0. ``config.node_addr`` must be known."""
+    """``config`` with node rank 0 when it is left out and this node is node 0; otherwise
+    unchanged, for :func:`take_node_rank`. ``config.node_addr`` must be known."""
     if config.node_rank is not None:
         return config
     if not config.multi_node or owns_address(config.master_addr, config.local_addr):
@@ -61,9 +51,8 @@ def place_node(config: LaunchConfig) -> LaunchConfig:
 
 
 def take_node_rank(config: LaunchConfig) -> LaunchConfig:
-    """``config`` with the rank node 0's scheduler gives this node (a node other than 0
-    whose rank was left out), waiting for it up to ``--cluster_time_out``; ConfigError (one
-    line) when it refuses or does not answer."""
+    """``config`` with the rank node 0's scheduler gives this node, waiting up to
+    ``--cluster_time_out``; ConfigError when it refuses or does not answer."""
     if config.node_rank is not None:
         return config
     node_id = config.node_id or default_node_id(config.local_addr)

@@ -1,15 +1,10 @@
 """A fresh c10d store for every restart of a plain ``env://`` script.
 
-torch's ``env://`` rendezvous with ``TORCHELASTIC_USE_AGENT_STORE=True`` puts no
-per-attempt prefix on its keys: restarted gloo workers that meet in a reused store read
-the previous attempt's addresses and fail in ``connectFullMesh`` (docs/architecture.md; this is
-how torchrun 2.13's restarts fail on this machine). So every restart gets a brand-new
-store on a brand-new port, and the previous one is closed.
-
-The port is bound (and listening) before the workers start, without importing torch;
-the store's server is put on that socket afterwards by a background thread (importing
-torch takes seconds, and the supervisor's loop must not stop watching meanwhile). A
-client that connects in between waits in the listen backlog and is served then.
+``env://`` puts no per-attempt prefix on its keys, so restarted gloo workers meeting in a
+reused store would read the previous attempt's addresses (docs/architecture.md). The port
+is bound before the workers start and the server put on it by a background thread, since
+importing torch is slow and the supervisor's loop must keep watching; an early client waits
+in the listen backlog.
 """
 
 from __future__ import annotations
@@ -41,8 +36,8 @@ class RendezvousStore:
         return self._sock.getsockname()[1]
 
     def serve(self, served: Callable[[], None] | None = None) -> None:
-        """Start the store server on the bound socket, from a background thread, which
-        then calls ``served`` (node 0 tells the other nodes where the store is)."""
+        """Start the store server on the bound socket from a background thread, which then
+        calls ``served``."""
         if self._sock is None or self._server_thread is not None:
             return
         self._server_thread = threading.Thread(target=self._host_store,

@@ -1,17 +1,9 @@
-"""The rounds of an elastic job (``--nnodes=MIN:MAX``), carried out through node 0's
-cluster store: every node joins the group restart it is about to start, node 0 closes it
-by the rules of recovery/control/node_range.py, and each node learns the nodes it closed
-with, so its ranks.
+"""The rounds of an elastic job (``--nnodes=MIN:MAX``) through node 0's cluster store:
+every node joins the group restart it is about to start, node 0 closes it by the rules of
+recovery/control/node_range.py, and each node learns the nodes it closed with.
 
-Each wait is bounded and polls ``interrupted`` (a signal to tftrun), as the rest of a
-launch's waits for node 0 do (launcher/supervisor/meeting.py).
-
-Node 0 counts a node as joined once it read its join key, or a fresh beat of it that names
-the round (launcher/nodes/presence.py), and keeps it joined: a stranger who deletes the
-key afterwards, or before node 0 reads it, excludes no node. A node whose join or beat
-key held a value that is not the job's is waited for up to the round's timeout. A
-joining node reads its own join key back before it writes it again, and alerts when it
-is gone.
+Node 0 keeps a node joined once it read its join key or a beat naming the round, so a
+stranger who deletes the key excludes no node.
 """
 
 from __future__ import annotations
@@ -51,9 +43,9 @@ class RoundMeeting:
 
     def meet(self, restart_count: int,
              previous: Round | None) -> Round | TooFew | JobDone | None:
-        """The round of group restart ``restart_count`` (or of a later one, for a node
-        that arrives while a round runs without it); TooFew: the job ends; JobDone: it
-        ended well before this node joined; None: a signal came in."""
+        """The round of group restart ``restart_count`` (or a later one, for a node that
+        arrives while a round runs without it); TooFew: the job ends; JobDone: it ended well
+        before this node joined; None: a signal came in."""
         if self._config.assigned_rank == 0:
             return self._close(restart_count, previous)
         try:
@@ -104,8 +96,7 @@ class RoundMeeting:
 
     def _await(self, restart_count: int) -> Round | TooFew | JobDone | None:
         """Another node: join, and wait for node 0 to close the round; a round closed
-        without this node is followed by a join of the next one (node 0 then restarts
-        the group for it)."""
+        without this node is followed by a join of the next one."""
         config, link = self._config, self._link
         node = config.assigned_rank
         waited = max(config.cluster_time_out, config.node_time_out) + config.last_call
@@ -135,8 +126,7 @@ class RoundMeeting:
             time.sleep(_POLL)
 
     def _check_own_join(self, restart_count: int) -> None:
-        """This node's join key, written a poll ago, is still there: an alert when a
-        stranger hid it (one that does not verify is alerted as it is read)."""
+        """Alert when this node's join key, written a poll ago, is gone (a stranger hid it)."""
         node = self._config.assigned_rank
         mine = self._link.joined(restart_count, [node])
         if not mine.found and not mine.refused and self._link.reachable:

@@ -1,18 +1,9 @@
 """``recovery.init()``: join the cluster (or be its scheduler) and get a process group.
 
-The same ``python train.py`` plays either role, as in msrun's dynamic-cluster mode:
-
-* ``MS_ROLE=MS_SCHED``: ``init()`` runs the scheduler and exits the process when the job
-  ends (recovery/control/scheduler.py);
-* a worker (``MS_ROLE=MS_WORKER`` or unset) with ``MS_SCHED_PORT`` set registers with the
-  scheduler (retrying while it is unreachable or refuses for a cooldown, until
-  ``cluster_time_out``), starts its heartbeat, waits for all ``worker_num`` workers, and
-  initialises the default process group of the generation it joined, under the store
-  prefix ``gen{g}-<MAC>/`` (a fresh key space per generation, docs/architecture.md, that nobody
-  without the token can name ahead: recovery/control/rpc.py ``generation_prefix``);
-* without ``MS_SCHED_PORT`` there is no scheduler to join: under plain torchrun
-  (``WORLD_SIZE`` > 1) the group is initialised from ``env://``; run alone, it is a
-  single-process group (world size 1), so that the script's collectives still work.
+As in msrun's dynamic-cluster mode, ``MS_ROLE=MS_SCHED`` runs the scheduler and a worker
+registers and joins a generation's group, under a fresh store prefix per generation
+(docs/architecture.md). Without ``MS_SCHED_PORT`` it falls back to ``env://`` or, run
+alone, a group of one, so that the script's collectives still work.
 """
 
 from __future__ import annotations
@@ -53,8 +44,8 @@ _LEAVE_WAIT = 2.0
 _REJOIN_POLL = 0.1
 _RETIRED_GROUP_WAIT = 5.0
 FormGroup = Callable[[Any, int, int], bool]
-"""Forms a generation's group once its members have met: (the generation's store, this
-rank's place in the group, the group's size) -> formed; False when a member died meanwhile."""
+"""(the generation's store, this rank's place in the group, the group's size) -> formed;
+False when a member died meanwhile."""
 _joined: ClusterContext | None = None
 """What :func:`init` returned in this process (:func:`joined`)."""
 
@@ -75,14 +66,10 @@ class ClusterContext:
     Attributes:
         rank: this worker's rank (kept across relaunches of its node id).
         world_size: ``worker_num``.
-        generation: the generation whose process group this worker is in (0 for the
-            first one the scheduler formed).
-        node_id: its node id (``MS_NODE_ID``, or the one the scheduler assigned).
+        generation: the generation whose process group this worker is in.
         incarnation: unique per launch of a process.
-        backend: the process group's backend.
-        active: the ranks of :attr:`generation`'s group, ascending: all ``world_size`` of
-            them, or fewer in a degraded generation (docs/elastic.md). This rank's place
-            in the group is :attr:`group_rank`.
+        active: the ranks of :attr:`generation`'s group, ascending; fewer than
+            ``world_size`` in a degraded generation (docs/elastic.md).
     """
 
     def __init__(self, rank: int, world_size: int, generation: int, node_id: str,
@@ -116,9 +103,9 @@ class ClusterContext:
             self._session.heartbeat.global_step = global_step
 
     def report_step_time(self, seconds: float) -> None:
-        """Tell the scheduler (summed up with the next heartbeat) that a step computed
-        for ``seconds`` outside its collectives, per micro-batch of this rank's share (the
-        ranks of a degraded step compute different shares; recovery/control/stragglers.py)."""
+        """Tell the scheduler (with the next heartbeat) that a step computed for ``seconds``
+        outside its collectives, per micro-batch, since the ranks of a degraded step compute
+        different shares (recovery/control/stragglers.py)."""
         if self._session is not None:
             self._session.heartbeat.report_step_time(seconds)
 
@@ -129,26 +116,22 @@ class ClusterContext:
             self._session.heartbeat.phase = phase
 
     def pending_injection(self, global_step: int) -> Injection | None:
-        """The oldest fault injection received for this rank that is due at
-        ``global_step`` (removed: it is handed out once); ``None`` when none is.
+        """The oldest fault injection for this rank due at ``global_step``, handed out once;
+        ``None`` when none is.
 
-        Cheap enough for every step: no request, a list check. Ask before reporting the
-        step, so that a ``hang`` leaves this rank behind the others' step, where the
-        scheduler's progress rule sees it (docs/fault-injection.md).
+        Ask before reporting the step, so that a ``hang`` leaves this rank behind the
+        others' step, where the scheduler's progress rule sees it (docs/fault-injection.md).
         """
         if self._session is None:
             return None
         return self._session.heartbeat.inbox.take_due(global_step)
 
     def claim_last_words(self, global_step: int, consistent: bool, reason: str = "") -> bool:
-        """Ask the scheduler whether this rank saves the last-words checkpoint of the
-        fault that broke generation :attr:`generation` (recovery/control/claims.py).
+        """Ask the scheduler whether this rank saves the last-words checkpoint of the fault
+        that broke generation :attr:`generation` (recovery/control/claims.py).
 
-        True for the first claim with ``consistent=True`` of that generation, False for
-        every other claim, and when there is no scheduler or it does not answer within
-        ``cluster_time_out``. It asks until answered, under one request id: a claim the
-        scheduler grants is learned by this rank, even when the answer comes late.
-        Needs no process group: a survivor calls it with its group broken.
+        True for the generation's first ``consistent`` claim only; False too when the
+        scheduler does not answer within ``cluster_time_out``. Needs no process group.
         """
         session = self._session
         if session is None:
@@ -175,24 +158,21 @@ class ClusterContext:
     @property
     def latest_generation(self) -> int:
         """The newest generation the scheduler has put this worker in, as of the last
-        heartbeat: above :attr:`generation` once a new one is formed (after a peer died
-        and its replacement joined)."""
+        heartbeat: above :attr:`generation` once a new one is formed."""
         if self._session is None:
             return self.generation
         return max(self.generation, self._session.heartbeat.generation)
 
     @property
     def fault_at(self) -> float | None:
-        """When the scheduler heard of the newest fault (unix time), as of its last reply:
-        an abnormal exit or a member declared lost; None when it knows of none (or
-        there is no scheduler)."""
+        """When the scheduler heard of the newest fault (unix time), as of its last reply;
+        None when it knows of none (or there is no scheduler)."""
         return None if self._session is None else self._session.heartbeat.fault_at
 
     def look_for_news(self) -> None:
-        """Ask the scheduler for news sooner than the next heartbeat would (rate-limited:
-        :func:`recovery.runtime.heartbeat.news_look_interval`); :attr:`latest_generation`
-        follows once its answer came. For a wait on a collective that takes long: it
-        may be blocked on a dead peer that only the scheduler knows of."""
+        """Ask the scheduler for news sooner than the next heartbeat (rate-limited), for a
+        collective that takes long: it may be blocked on a dead peer only the scheduler
+        knows of."""
         if self._session is not None:
             self._session.heartbeat.look_for_news()
 
@@ -204,10 +184,8 @@ class ClusterContext:
     def complete_join(self, should_abort: ShouldAbort = never) -> None:
         """Say this worker is ready, and join the generation the scheduler then forms.
 
-        A relaunched rank registers unready, in a single-rank group of its own: the
-        others train on (or wait) while it builds its model and data, and take it in only
-        once its training loop calls this (:class:`recovery.train.elastic.ElasticTrainer`
-        does, before its first step).
+        A relaunched rank registers unready, in a group of its own, so that the others
+        train on while it builds its model and data.
 
         Raises:
             ClusterError: no generation with it formed within ``cluster_time_out``.
@@ -227,12 +205,9 @@ class ClusterContext:
     def rejoin(self, should_abort: ShouldAbort = never) -> None:
         """Leave this generation's process group and join the next one the scheduler forms.
 
-        For a survivor of a peer's death: call it once every reference to the old
-        group's objects is dropped (docs/architecture.md), so that the peers' collectives blocked
-        on this process are released. Leaving does not wait for a collective of this
-        process still in flight (recovery/runtime/group.py). It waits until the scheduler has
-        formed a newer generation with this process in it (the dead peer relaunched
-        after its cooldown), then joins that generation's group.
+        For a survivor of a peer's death: call it once every reference to the old group's
+        objects is dropped (docs/architecture.md), so that peers blocked on this process
+        are released.
 
         Raises:
             ClusterError: no newer generation formed within ``cluster_time_out``, or this
@@ -248,10 +223,9 @@ class ClusterContext:
                          deadline, should_abort)
 
     def leave_group(self) -> None:
-        """Leave this generation's process group at once, even with a collective of this
-        process still in flight (recovery/runtime/group.py); nothing when there is none.
-
-        Call it once every reference to the group's objects is dropped (docs/architecture.md).
+        """Leave this generation's process group at once, even with a collective still in
+        flight; nothing when there is none. Call it once every reference to the group's
+        objects is dropped (docs/architecture.md).
         """
         import torch.distributed as dist
 
@@ -260,10 +234,9 @@ class ClusterContext:
             group.retire()
 
     def finish(self, abnormal: bool = False, reason: str = "finished") -> None:
-        """Stop heartbeating and tell the scheduler this process ends.
+        """Stop heartbeating and tell the scheduler this process ends (called at exit).
 
-        Called at exit by itself; ``abnormal`` when an uncaught exception ends the
-        script, which starts the node's cooldown as any abnormal death does.
+        ``abnormal`` starts the node's cooldown, as any abnormal death does.
         """
         session, self._session = self._session, None
         if session is None:
@@ -273,9 +246,8 @@ class ClusterContext:
                     "incarnation": self.incarnation}
         if session.link.wait_connected(_LEAVE_WAIT):
             try:
-                # Asked again on a new connection if need be: under tftrun the heartbeats
-                # go through the node's supervisor, so this link's connection may have
-                # died unnoticed with a scheduler since relaunched.
+                # Retried on a new connection: heartbeats go through the supervisor, so this
+                # link's connection may have died unnoticed with a relaunched scheduler.
                 session.link.call_until(Op.LEAVE, time.monotonic() + _LEAVE_WAIT, **identity,
                                         abnormal=abnormal, reason=reason)
             except SchedulerUnavailable as err:
@@ -287,8 +259,8 @@ class ClusterContext:
         """Enter the first generation after ``after`` (None: from the one this worker
         registered into) that has every rank in it, and form its group with ``form``.
 
-        For a worker whose own code initialises the process group (recovery/runtime/restartable.py):
-        ``form`` only prepares what that code needs.
+        For a worker whose own code initialises the process group: ``form`` only prepares
+        what that code needs.
 
         Raises:
             ClusterError: none formed within ``cluster_time_out``.
@@ -303,9 +275,8 @@ class ClusterContext:
 
     def _init_group(self, generation: int, deadline: float, should_abort: ShouldAbort = never,
                     form: FormGroup | None = None, whole: bool = False) -> None:
-        """Initialise the default process group of ``generation`` once it is formed, or of
-        the newest one after it when a member dies before the group is up (or, ``whole``,
-        while the generation lacks a rank); ``form`` replaces torch's initialisation."""
+        """Initialise the default process group of ``generation`` once it is formed, or of a
+        newer one when a member dies first (or, ``whole``, while it lacks a rank)."""
         import torch.distributed as dist
         from torch.distributed import DistNetworkError
 
@@ -374,16 +345,14 @@ class ClusterContext:
 
     def _finish_at_exit(self) -> None:
         """Finish, then end the process at once if a thread is still blocked in torch:
-        exiting normally would abort in the C++ runtime (recovery/runtime/group.py)."""
+        exiting normally would abort in the C++ runtime."""
         abnormal = self._failed
         self.finish(abnormal, "uncaught exception" if abnormal else "finished")
         if self.stop_status is not None and not abnormal:
-            # A stopped worker may have left its step's collective in flight on a stuck
-            # peer; torch would free that group during the interpreter's teardown and wait
-            # there for the peer, past the launcher's grace period. Nothing is left to do.
+            # A collective may be in flight on a stuck peer; torch's teardown would wait for
+            # it past the launcher's grace period.
             _exit_now(self.stop_status)
         if group.exit_blocked(_RETIRED_GROUP_WAIT):
-            # Exiting normally would abort in the C++ runtime (recovery/runtime/group.py).
             _exit_abandoning(abnormal, "an old process group is still blocked on a peer")
 
     def _note_uncaught(self, hook: Any) -> Any:
@@ -402,14 +371,14 @@ def _exit_now(status: int) -> NoReturn:
 
 
 def _exit_abandoning(abnormal: bool, why: str) -> NoReturn:
-    """End the process now: ``why`` names a thread still blocked in torch, which makes the
-    C++ runtime abort a normal exit. Status 0, or 1 after an uncaught exception."""
+    """End the process now, since a thread still blocked in torch makes the C++ runtime
+    abort a normal exit. Status 0, or 1 after an uncaught exception."""
     logger.warning("%s; exiting without waiting for it", why)
     _exit_now(1 if abnormal else 0)
 
 
 def init(backend: str | None = None, timeout: timedelta | None = None) -> ClusterContext:
-    """Join the cluster and initialise the default process group; see the module docstring.
+    """Join the cluster and initialise the default process group.
 
     Args:
         backend: ``gloo`` (default) or ``nccl`` (used when CUDA is available).
@@ -420,8 +389,8 @@ def init(backend: str | None = None, timeout: timedelta | None = None) -> Cluste
         return: the process runs the scheduler and exits.
 
     Raises:
-        RegistrationRefused: a :class:`ClusterError`: refused for good (a wrong token, a
-            rank beyond ``worker_num``, ...); uncaught, the process exits 77.
+        RegistrationRefused: a :class:`ClusterError`: refused for good; uncaught, the
+            process exits 77.
         UnsafeFolder: the log dir or recovery path is not the user's own; uncaught, exit 2.
         ClusterError: the cluster did not complete within ``cluster_time_out``.
     """
@@ -514,9 +483,8 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None,
                          _Session(link, heartbeat, timeouts, timeout))
     sys.excepthook = ctx._note_uncaught(sys.excepthook)
     atexit.register(ctx._finish_at_exit)
-    # The objects made so far (torch, the script's imports) leave the cyclic collector's
-    # sight, so that the collection in leave_group, on every survivor's critical path,
-    # scans only what was made since; before any process group, so none is ever frozen.
+    # So that leave_group's collection, on every survivor's critical path, scans only what
+    # was made since; before any process group, so none is ever frozen.
     gc.freeze()
     if defer:
         ctx._join_pending = True
@@ -530,15 +498,14 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None,
 
 
 def _defers_join(worker_env: WorkerEnv) -> bool:
-    """Whether this worker joins no group in ``init()`` but in :meth:`ClusterContext.complete_join`:
-    a relaunched (or restarted) rank, which the others take in once its training loop
-    is ready."""
+    """Whether this worker joins its group only in :meth:`ClusterContext.complete_join`: a
+    relaunched (or restarted) rank."""
     return worker_env.incarnation > 0 or worker_env.restart_count > 0
 
 
 def _group_of_one(backend: str, timeout: timedelta | None = None) -> None:
     """A default group of this process alone: a job of one rank, or a relaunched rank
-    until its join (its state comes from the others)."""
+    until its join."""
     import torch.distributed as dist
 
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
@@ -546,7 +513,7 @@ def _group_of_one(backend: str, timeout: timedelta | None = None) -> None:
 
 
 def _beat_link(link: SchedulerLink, token: str) -> SchedulerLink | LocalLink:
-    """Where registration and heartbeats go: the node's supervisor when tftrun named its
-    socket (``TFT_BEAT_SOCKET``: it beats once for the node), else the scheduler."""
+    """Where registration and heartbeats go: the node's supervisor when ``TFT_BEAT_SOCKET``
+    is set, else the scheduler."""
     path = os.environ.get(names.TFT_BEAT_SOCKET)
     return LocalLink(path, REPLY_TIMEOUT, token) if path else link

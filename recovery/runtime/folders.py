@@ -1,11 +1,8 @@
 """The folders a job writes into, refused as tftrun refuses them when no tftrun checked them.
 
-``templates/run.sh`` and ``recover.sh`` start the scheduler and the workers by hand, and a
-worker may be started by hand: nothing checked the log dir (``TFT_LOG_DIR``) or the
-recovery path (``MS_RECOVERY_PATH``) before they write there. So ``recovery.init()``
-refuses, in one line and with exit status 2, a folder that another user owns or may write
-into (recovery/safe_files.py), before the process writes anything; run.sh runs the same
-check (``python -m recovery.runtime.folders``) before it sends the logs there.
+A process started by hand (or by ``templates/run.sh``) had no tftrun check ``TFT_LOG_DIR``
+or ``MS_RECOVERY_PATH`` (recovery/safe_files.py); run.sh runs the same check with
+``python -m recovery.runtime.folders``.
 """
 
 from __future__ import annotations

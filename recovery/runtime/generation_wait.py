@@ -33,13 +33,8 @@ def wait_for_generation(link: SchedulerLink, generation: int, deadline: float,
     """A store client and the members' ranks, once the scheduler says ``generation`` is
     formed; ``None`` once ``superseded()`` says a newer generation has this worker in it.
 
-    The scheduler makes only the newest generation ready: one formed and superseded in
-    the same batch of requests (the registrations of two relaunched ranks) never is.
-
-    The client is the one the process group rendezvous through; a scheduler that dies
-    meanwhile breaks it, so a new one is made once the port answers again. The ready key
-    is polled (``check``, not a blocking ``wait``: a timed-out wait logs a C++ warning),
-    and ``should_abort()`` is asked between polls.
+    The ready key is polled with ``check``, not a blocking ``wait``, whose timeout logs a
+    C++ warning.
 
     Raises:
         Aborted: ``should_abort()`` said so.

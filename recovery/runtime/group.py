@@ -1,28 +1,10 @@
-"""Forming and retiring one generation's default process group, without ever hanging.
+"""Forming and retiring one generation's default process group, without ever hanging
+(docs/architecture.md).
 
-Two traps of torch 2.13's gloo (docs/architecture.md) shape it:
-
-* **A member that dies during the rendezvous.** ``init_process_group`` waits for every
-  member's address in the store for the whole group timeout (minutes): if a member of
-  the generation dies before it has published it, the others are stuck there while the
-  scheduler already forms the next generation. So the members first *meet* — each sets
-  its arrival key under the generation's prefix and polls until all are there, giving
-  up as soon as the scheduler has formed a newer generation — and only then connect,
-  with the rendezvous bounded by the heartbeat timeout (the time within which a dead or
-  frozen member is declared so); the group's own timeout is set once it is formed.
-* **A collective still in flight when the group is left.** Destroying a gloo group joins
-  its worker threads, so a survivor whose all-reduce is blocked on a peer waits until
-  every peer has freed its own old group, or for the group timeout. Survivors therefore
-  *retire* the old group: it is unregistered at once, and its last reference is dropped
-  by a background thread, where the blocking join does no harm. The process must not
-  exit while such a join is still blocked (the C++ runtime aborts it), so
-  :func:`exit_blocked` tells the exit path to leave without waiting.
-
-An NCCL group is left as torch documents it instead: aborted (``ncclCommAbort`` frees a
-collective blocked on a dead peer at once), with ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` set
-to :data:`NCCL_ERROR_HANDLING` before it forms, so that torch's watchdog leaves the
-errors to this module rather than ending the process (``1``, torchrun's value, tears it
-down, and so does ``3``).
+The members first *meet* in the store, giving up once a newer generation exists, because
+``init_process_group`` would wait the whole group timeout for a member that died. A gloo
+group is *retired* in a background thread, because destroying it joins threads that may be
+blocked on a dead peer; an NCCL group is aborted, as torch documents.
 """
 
 from __future__ import annotations
@@ -44,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 NCCL_ERROR_HANDLING = "0"
 """``TORCH_NCCL_ASYNC_ERROR_HANDLING`` for an NCCL group: no handling by torch's watchdog,
-as torch asks of a process that aborts its groups itself (``_abort_process_group``)."""
+which would end the process, as torch asks of a process that aborts its groups itself."""
 _MEET_POLL = 0.05
 _retiring: list[threading.Thread] = []
 
@@ -82,7 +64,7 @@ def connect(backend: str, store: Any, rank: int, world_size: int,
 
     Returns:
         False when the rendezvous failed within ``rendezvous_timeout`` seconds (a member
-        died between meeting and connecting); the caller moves to a newer generation.
+        died between meeting and connecting).
 
     Raises:
         DistNetworkError: the store's server (the scheduler) went away; the caller
@@ -136,9 +118,8 @@ def retire() -> None:
 
 
 def release(held: list[Any]) -> None:
-    """Clear ``held`` in a background thread: a process group it holds (and nothing else
-    does) is destroyed there, where its destructor may wait for a collective still in
-    flight on it."""
+    """Clear ``held`` in a background thread, where destroying a process group it alone
+    holds may wait for a collective still in flight."""
 
     def drop() -> None:
         held.clear()
@@ -149,7 +130,8 @@ def release(held: list[Any]) -> None:
 
 
 def exit_blocked(wait: float) -> bool:
-    """Whether a retired group is still blocked after waiting up to ``wait`` seconds."""
+    """Whether a retired group is still blocked after waiting up to ``wait`` seconds; the
+    process must then exit without waiting, as the C++ runtime aborts a normal exit."""
     deadline = time.monotonic() + wait
     for thread in _retiring:
         thread.join(max(deadline - time.monotonic(), 0.0))

@@ -1,24 +1,10 @@
 """A worker's heartbeat: a background thread that tells the scheduler it is alive, and where.
 
-Each beat carries the process's identity, its latest step and phase (``report_step`` and
-``report_phase`` only set an attribute, so the training loop pays nothing). Beats are
-spaced to what the timeouts need (``Timeouts.beat_interval``: 6 s at the defaults); in
-between, the thread reads the scheduler's news counter every ``news_every`` seconds and
-beats at once when it moved (recovery/control/rpc.py), so that a new generation or an
-injection reaches the worker as soon as with a beat a second. A reply may
-carry fault injections for this rank (recovery/control/inject.py): they go to :attr:`Heartbeat.inbox`
-for the training loop to take. When the scheduler dies, beats fail;
-the link reconnects by itself and the next beat re-attaches the worker to the relaunched
-scheduler: training goes on meanwhile, since gloo does not use the store after its
-rendezvous (docs/architecture.md).
-
-The thread never dies silently: what it sends is coerced (a step given as a tensor or a
-numpy integer goes out as an ``int``; one that is no integer at all goes out as ``None``,
-with a warning), and whatever else a beat raises is logged and the next beat tried.
-
-A beat that is refused means the scheduler no longer counts this process as the holder
-of its node id (declared dead, or replaced). Such a process must not go on talking to
-the group, and nothing can interrupt a gloo call from another thread, so it exits.
+Beats are spaced to what the timeouts need; in between, the thread reads the scheduler's
+news counter and beats at once when it moved, so news arrives quickly. Training goes on
+while the scheduler is down, as gloo does not use the store after its rendezvous. A refused
+beat means the process no longer holds its node id, and since nothing can interrupt a gloo
+call from another thread, it exits.
 """
 
 from __future__ import annotations
@@ -45,25 +31,23 @@ __all__ = ["Heartbeat", "EXIT_EVICTED", "news_look_interval", "JITTER"]
 logger = logging.getLogger(__name__)
 
 JITTER = 0.2
-"""Each wait for the next beat is up to this share of the interval shorter: thousands of
-ranks that beat together after a new generation drift apart, and never further apart
-than the interval (docs/scale.md)."""
+"""Each wait for the next beat is up to this share of the interval shorter, so that ranks
+that beat together after a new generation drift apart (docs/scale.md)."""
 
 EXIT_EVICTED = 75
 """Exit status of a worker the scheduler fenced off (EX_TEMPFAIL: a relaunch may succeed)."""
 
 BLOCKED_LOOKS_PER_SECOND = 1000.0
-"""About how many reads of the news counter a job's blocked ranks make per second when
-they look for news sooner than their thread would (:meth:`Heartbeat.look_for_news`)."""
+"""About how many reads of the news counter a job's blocked ranks make per second in all
+(:meth:`Heartbeat.look_for_news`)."""
 _SOONEST_LOOK = 0.05
 """Seconds between two looks of one rank at the soonest: the trainer's collective poll."""
 
 
 def news_look_interval(world_size: int, news_every: float) -> float:
-    """Seconds between two reads of the news counter that a rank blocked in a collective
-    asks for: 0.05 s in a small job, spaced so that the job's blocked ranks read it about
-    :data:`BLOCKED_LOOKS_PER_SECOND` times a second in a large one (the store serves
-    them), and never later than the thread reads it anyway (``news_every``)."""
+    """Seconds between two reads of the news counter asked for by a rank blocked in a
+    collective, spaced so that the job's blocked ranks together stay near
+    :data:`BLOCKED_LOOKS_PER_SECOND`."""
     return min(news_every, max(_SOONEST_LOOK, world_size / BLOCKED_LOOKS_PER_SECOND))
 
 
@@ -76,14 +60,12 @@ class Heartbeat:
     """Beats every ``interval`` seconds until stopped, and sooner when there is news.
 
     Args:
-        link: the connection to the scheduler, or to the node's supervisor, which beats
-            for the node (recovery/control/beat_channel.py).
-        identity: this process, as the scheduler admitted it.
+        link: the scheduler, or the node's supervisor, which beats for the node.
         interval: seconds between beats.
         on_evicted: called with the scheduler's message when a beat is refused; the
             default ends the process with :data:`EXIT_EVICTED`.
         news_every: seconds between reads of the scheduler's news counter; ``None`` (or
-            not less than ``interval``): none, every beat comes every ``interval``.
+            not less than ``interval``): none.
         look_every: seconds between two reads asked for by :meth:`look_for_news`, at the
             soonest (:func:`news_look_interval`); ``None``: none is.
     """
@@ -134,13 +116,11 @@ class Heartbeat:
             self._thread.join()
 
     def look_for_news(self) -> None:
-        """Have the thread read the news counter now (and beat if it moved), unless a
-        look was asked for less than ``look_every`` ago.
+        """Have the thread read the news counter now (and beat if it moved), unless a look
+        was asked for less than ``look_every`` ago.
 
-        For the training thread while its collective is blocked: a survivor that is no
-        neighbour of a dead rank learns of the new generation only from the scheduler,
-        and waiting for the thread's own next read (up to ``news_every``, a second)
-        added that much to every recovery. Cheap: it sets an event.
+        For a blocked collective: a survivor that is no neighbour of a dead rank learns of
+        the new generation only from the scheduler. Cheap: it sets an event.
         """
         now = time.monotonic()
         if self._look_every is not None and now - self._looked_at >= self._look_every:
@@ -156,8 +136,7 @@ class Heartbeat:
     def beat(self) -> bool:
         """Send one heartbeat now; False when the scheduler cannot be reached.
 
-        The reply updates :attr:`generation`: the newest generation this process is in,
-        or, while one is being formed with it, that one.
+        The reply updates :attr:`generation`.
         """
         try:
             self._beat_due = False
@@ -185,8 +164,8 @@ class Heartbeat:
         return False
 
     def _sendable_step(self) -> int | None:
-        """:attr:`global_step` as an ``int`` (``None`` with a warning when it is not an
-        integer)."""
+        """:attr:`global_step` as an ``int`` (a tensor or numpy integer included), so the
+        thread never dies of it; ``None`` with a warning when it is not an integer."""
         global_step = self.global_step
         if global_step is None:
             return None
@@ -206,16 +185,15 @@ class Heartbeat:
         return None
 
     def accepted(self, reply: dict[str, Any]) -> None:
-        """Take what a reply accepting this process says: the generation, when the
-        newest fault was heard of, the fault injections for this rank."""
+        """Take the generation, the newest fault's time and the fault injections from a
+        reply accepting this process."""
         self.generation = int(reply["generation"])
         fault_at = reply.get("fault_at")
         self.fault_at = None if fault_at is None else float(fault_at)
         self.receive(reply.get("inject", []))
 
     def receive(self, injections: list[dict[str, object]]) -> None:
-        """Put fault injections the scheduler handed out (with a beat, or with the
-        registration) in the :attr:`inbox`."""
+        """Put fault injections the scheduler handed out in the :attr:`inbox`."""
         received = [Injection.from_json(raw) for raw in injections]
         for injection in received:
             logger.warning("%s received fault injection %s: %s %s", self._prefix, injection.id,
@@ -256,7 +234,6 @@ class Heartbeat:
         return time.monotonic() + self._interval * random.uniform(1 - JITTER, 1)
 
     def _until(self, next_beat: float) -> float:
-        """How long to wait before looking again: until the next beat, or the next read
-        of the news counter if that comes first."""
+        """How long to wait: until the next beat, or the next news read if sooner."""
         left = max(0.0, next_beat - time.monotonic())
         return left if self._news_every is None else min(left, self._news_every)

@@ -1,6 +1,6 @@
 """A survivor tells the scheduler at once that a collective failed on a peer, so that a
-lost node is judged in about a second (recovery/control/peer_reports.py), not after the
-heartbeat timeout. Sent from a thread of its own: the survivor never waits for it."""
+lost node is judged quickly (recovery/control/peer_reports.py), not after the heartbeat
+timeout. Sent from a thread of its own: the survivor never waits for it."""
 
 from __future__ import annotations
 

@@ -24,8 +24,7 @@ worker takes its token for wrong."""
 
 class RegistrationRefused(ClusterError, SystemExit):
     """The scheduler refused this worker for good. Uncaught, it ends the process with
-    status :data:`recovery.exit_codes.REGISTRATION_REFUSED`, which tells tftrun that no
-    restart can fix it (its message is logged before it is raised)."""
+    :data:`recovery.exit_codes.REGISTRATION_REFUSED`, which tells tftrun no restart helps."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -36,9 +35,8 @@ def register(link: SchedulerLink | LocalLink, identity: Identity, deadline: floa
              ready: bool = True, whole: bool = False) -> dict[str, Any]:
     """Register, retrying while the scheduler is unreachable or refuses for a while.
 
-    The scheduler's refusal of a request signed with another token is unsigned, as it
-    cannot be otherwise: it is believed only after :data:`_TOKEN_REFUSALS` attempts in a
-    row got it (a stranger on the store who forges it could as well drop our requests).
+    A refusal for a wrong token cannot be signed, so it is believed only after
+    :data:`_TOKEN_REFUSALS` attempts in a row got it.
     """
     said = ""
     token_refusals = 0
@@ -75,7 +73,7 @@ def register(link: SchedulerLink | LocalLink, identity: Identity, deadline: floa
 
 
 def _say_once(said: str, message: str) -> str:
-    """Log a waiting message when it changes (not at every retry); return it."""
+    """Log a waiting message when it changes; return it."""
     if message != said:
         logger.warning("%s", message)
     return message

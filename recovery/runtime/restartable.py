@@ -1,31 +1,11 @@
 """``@recovery.restartable``: a plain script's entry point, called again in the surviving
 processes when a peer dies (docs/recovery.md, "In-process restart").
 
-The decorated function keeps torch's ``init_process_group("gloo")`` (``env://``) and its
-own checkpoint. The decorator registers the rank with the scheduler, so that tftrun
-relaunches only a dead rank, and runs the function in one whole generation after another:
-
-* **A fresh key space per generation** (docs/env.md): ``env://`` puts no prefix on its
-  keys, so rank 0 of each generation hosts a new c10d store on a free port and publishes
-  its address in the generation's part of the scheduler's store; every rank's
-  ``MASTER_ADDR``/``MASTER_PORT`` then name it, and all of them connect as clients
-  (``TORCHELASTIC_USE_AGENT_STORE``).
-* **A peer's fault ends the call.** The survivors' collectives raise (or, blocked, are
-  released once the others free the group); a ``RuntimeError`` that the scheduler
-  confirms as a fault (a newer generation, or a newer fault) within the heartbeat timeout
-  is caught; any other exception ends the process as it would without the decorator.
-  The exception and its traceback, which hold the function's frames (its DDP, its
-  buffers), are dropped, then the group: peers still blocked on this process go free.
-* **The survivors' last words first.** The members of a generation meet before any
-  calls the function, and a survivor comes only once it handled the fault of the call
-  before (its last words written): a relaunched rank resumes from what they wrote.
-* **Only whole generations**: a degraded one (the survivors of a death, until the dead
-  rank is back) is waited out, as the function knows nothing of a smaller world; the rank
-  registers ``whole``, so its own death starts no cooldown (recovery/control/membership.py).
-* **Released from a rendezvous that cannot complete.** While the function runs, the rank
-  hosting the store closes it as soon as the scheduler reports a fault: a rank waiting in
-  ``init_process_group`` for a member that died then raises at once instead of at the
-  group's timeout.
+The function keeps its own ``env://`` group and checkpoint; it runs once per whole
+generation, since it knows nothing of a smaller world. Rank 0 of each generation hosts a
+fresh c10d store, because ``env://`` puts no prefix on its keys. Only a ``RuntimeError``
+the scheduler confirms as a fault within the heartbeat timeout is caught. The rank registers
+``whole``, so its own death starts no cooldown (recovery/control/membership.py).
 """
 
 from __future__ import annotations
@@ -60,13 +40,12 @@ _STORE_TIMEOUT = timedelta(seconds=60)
 
 
 _fault_listeners: list[Callable[[BaseException], None]] | None = None
-"""Those of the current call; None outside a restartable call."""
+"""The current call's listeners; None outside a restartable call."""
 
 
 def on_next_fault(listener: Callable[[BaseException], None]) -> bool:
-    """Have ``listener`` called with the exception of the current call if a peer's fault
-    ends it, before the exception is dropped (a framework callback's last words); False
-    outside a restartable call, where no call follows."""
+    """Have ``listener`` called with the current call's exception if a peer's fault ends it,
+    before the exception is dropped; False outside a restartable call."""
     if _fault_listeners is None:
         return False
     _fault_listeners.append(listener)
@@ -114,9 +93,8 @@ class Restarts:
         while True:
             self._ctx.enter_whole(self._form, after)
             self._calls += 1
-            # Read by tftrun at once (a heartbeat may take seconds): this process is in a
-            # generation, so a relaunched rank is not stopped as one stranded when its
-            # peers finish first.
+            # Read by tftrun at once, so that a relaunched rank is not stopped as stranded
+            # when its peers finish first.
             self._events.emit("function_call", rank=self._ctx.rank, pid=os.getpid(),
                               incarnation=self._ctx.incarnation,
                               generation=self._ctx.generation, call=self._calls,
@@ -141,15 +119,15 @@ class Restarts:
                 if watch is not None:
                     watch.join()
                 self._done.clear()
-            # Outside the except block: the exception and its traceback, which hold the
-            # function's frames and through them the broken group, are gone.
+            # Outside the except block: the traceback, which holds the broken group through
+            # the function's frames, is gone.
             after = self._ctx.generation
             self._server = None
             self._ctx.leave_group()
             _forget_group_names()
 
     def _form(self, store: Any, group_rank: int, size: int) -> bool:
-        """Set the env that the function's ``env://`` reads, for a store of this generation's own."""
+        """Set the env that the function's ``env://`` reads, for this generation's own store."""
         if group_rank == 0:
             from torch.distributed import TCPStore
 
@@ -174,7 +152,7 @@ class Restarts:
 
     def _peer_failed(self, fault_seen: float | None) -> bool:
         """Whether the scheduler reports a fault since the call began, within the heartbeat
-        timeout (the time within which a dead or frozen rank is declared so)."""
+        timeout (within which a dead or frozen rank is declared so)."""
         deadline = time.monotonic() + self._timeouts.heartbeat_timeout
         while not self._faulted(fault_seen):
             if time.monotonic() > deadline:
@@ -184,7 +162,8 @@ class Restarts:
         return True
 
     def _watch(self, fault_seen: float | None) -> threading.Thread:
-        """Close this generation's store once a fault is reported while the function runs."""
+        """Close this generation's store once a fault is reported while the function runs, so
+        that a rank waiting in ``init_process_group`` for a dead member raises at once."""
 
         def watch() -> None:
             while not self._done.wait(_WATCH_POLL):
@@ -203,8 +182,8 @@ def _listen(listeners: list[Callable[[BaseException], None]] | None) -> None:
 
 
 def _forget_group_names() -> None:
-    """A rendezvous that failed in ``init_process_group`` used up a group name, after which
-    this rank's keys in the next generation would not match the relaunched rank's."""
+    """A failed ``init_process_group`` used up a group name, after which this rank's keys in
+    the next generation would not match the relaunched rank's."""
     from recovery.runtime import torch_compat
 
     torch_compat.reset_group_count()

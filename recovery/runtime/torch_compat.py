@@ -1,10 +1,8 @@
 """The private torch.distributed calls recovery needs, in one place, for one torch version.
 
-Each call here reaches into ``torch.distributed.distributed_c10d`` for something torch has
-no public API for (the traps they get round: docs/architecture.md, recovery/runtime/group.py).
-Private names change between torch releases without notice, so importing this module checks that torch is the
-version these calls were written and tested for, and fails with one clear message
-otherwise, instead of an ``AttributeError`` deep inside a recovery.
+Private names change between releases without notice, so importing this module checks the
+torch version and fails with one clear message rather than an ``AttributeError`` deep inside
+a recovery.
 """
 
 from __future__ import annotations
@@ -46,8 +44,7 @@ check_version(torch.__version__)
 def reset_group_count() -> None:
     """Forget the process groups torch has numbered so far.
 
-    torch names each group it makes by a counter that only ``destroy_process_group``
-    resets; a failed ``init_process_group`` still uses up a name, after which this rank's
+    A failed ``init_process_group`` still uses up a group name, after which this rank's
     rendezvous keys in the next attempt would not match its peers'.
     """
     c10d._world.group_count = 0
@@ -59,6 +56,6 @@ def set_default_group_timeout(timeout: timedelta) -> None:
 
 
 def abort_default_group() -> None:
-    """Abort every process group and forget them (``ncclCommAbort``): what torch documents
-    for leaving an NCCL group whose collective may never complete; NCCL only."""
+    """Abort every process group and forget them (``ncclCommAbort``), as torch documents for
+    leaving an NCCL group whose collective may never complete; NCCL only."""
     c10d._abort_process_group()
