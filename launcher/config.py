@@ -76,9 +76,10 @@ class LaunchConfig:
     script_args: tuple[str, ...] = ()
     worker_num: int = 1
     local_worker_num: int | None = None
-    min_worker_num: int | None = None
-    """The fewest workers the job trains on while ranks are missing (docs/elastic.md);
-    None: :attr:`fewest_workers`' default."""
+    min_worker_num: int = None  # type: ignore[assignment]  # not given: set by __post_init__
+    """The fewest workers the job trains on while ranks are missing (docs/elastic.md). Not given:
+    :data:`DEFAULT_MIN_WORKER_NUM`, but ``worker_num`` under an elastic node range, whose rounds decide the
+    job's size. ``worker_num`` means a dead rank pauses the others until it is back (the bitwise guarantee)."""
     batch_policy: BatchPolicy = BatchPolicy.CONSTANT
     """What a step trains while ranks are missing (the workers' ``TFT_BATCH_POLICY``). A
     string is taken for its value; one that names none is refused by :meth:`validate`."""
@@ -105,9 +106,10 @@ class LaunchConfig:
     """Seconds a lost node may take to come back (launcher/supervisor/loop.py, NodeWatch)."""
     max_restarts: int = 3
     rejoin_cooldown: float = DEFAULT_REJOIN_COOLDOWN
-    rejoin_timeout: float | None = None
+    rejoin_timeout: float = None  # type: ignore[assignment]  # not given: set by __post_init__
     """Seconds a dead rank may take to register again before it is retired, with ``min_worker_num`` below
-    ``worker_num``; None: :attr:`retire_after`'s default."""
+    ``worker_num``. Not given: the cooldown plus torchrun's last call, as long as torchrun's rendezvous waits
+    for a late node once enough are there."""
     monitor_interval: float = 0.1
     heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
     progress_timeout: float = DEFAULT_PROGRESS_TIMEOUT
@@ -153,34 +155,21 @@ class LaunchConfig:
     (launcher/procs/cores.py)."""
 
     def __post_init__(self) -> None:
+        if self.min_worker_num is None:
+            fewest = self.worker_num if self.node_range is not None else min(
+                DEFAULT_MIN_WORKER_NUM, self.worker_num)
+            object.__setattr__(self, "min_worker_num", fewest)
+        if self.rejoin_timeout is None:
+            object.__setattr__(self, "rejoin_timeout", self.rejoin_cooldown + DEFAULT_LAST_CALL)
         if self.restart_policy in RestartPolicy.__members__.values():
             object.__setattr__(self, "restart_policy", RestartPolicy(self.restart_policy))
         if self.batch_policy in BatchPolicy.__members__.values():
             object.__setattr__(self, "batch_policy", BatchPolicy(self.batch_policy))
 
     @property
-    def fewest_workers(self) -> int:
-        """``--min_worker_num``; by default :data:`DEFAULT_MIN_WORKER_NUM`, but ``worker_num`` under an elastic
-        node range, whose rounds decide the job's size. ``worker_num`` means a dead rank pauses the others
-        until it is back (the bitwise guarantee, docs/elastic.md)."""
-        if self.min_worker_num is not None:
-            return self.min_worker_num
-        if self.node_range is not None:
-            return self.worker_num
-        return min(DEFAULT_MIN_WORKER_NUM, self.worker_num)
-
-    @property
     def trains_degraded(self) -> bool:
         """Whether the survivors of a death train on without the dead ranks (for scripts whose ranks register)."""
-        return self.fewest_workers < self.worker_num
-
-    @property
-    def retire_after(self) -> float:
-        """``--rejoin_timeout``; by default the cooldown plus torchrun's last call: as long as torchrun's
-        rendezvous waits for a late node once enough are there."""
-        if self.rejoin_timeout is not None:
-            return self.rejoin_timeout
-        return self.rejoin_cooldown + DEFAULT_LAST_CALL
+        return self.min_worker_num < self.worker_num
 
     @property
     def nproc(self) -> int:
@@ -262,7 +251,7 @@ class LaunchConfig:
         if self.nproc > self.worker_num:
             raise ConfigError(
                 f"--local_worker_num={self.nproc} is more than --worker_num={self.worker_num}")
-        if self.min_worker_num is not None and not 1 <= self.min_worker_num <= self.worker_num:
+        if not 1 <= self.min_worker_num <= self.worker_num:
             raise ConfigError(f"--min_worker_num must be in 1..--worker_num={self.worker_num}, "
                               f"got {self.min_worker_num}")
         if self.node_rank is not None:
@@ -289,7 +278,7 @@ class LaunchConfig:
                             ("--progress_timeout", self.progress_timeout),
                             ("--grace_period", self.grace_period),
                             ("--node_time_out", self.node_time_out),
-                            ("--rejoin_timeout", self.retire_after)):
+                            ("--rejoin_timeout", self.rejoin_timeout)):
             if value <= 0:
                 raise ConfigError(f"{name} must be positive, got {value}")
         if (problem := self.stragglers.problem()) is not None:

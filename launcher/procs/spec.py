@@ -97,7 +97,7 @@ def _common_env(config: LaunchConfig, base: Mapping[str, str]) -> dict[str, str]
         **config.stragglers.to_env(),
         names.MS_TOPO_TIMEOUT: str(config.cluster_time_out),
         names.RANK_SIZE: str(config.worker_num),
-        names.TFT_MIN_WORKER_NUM: str(config.fewest_workers),
+        names.TFT_MIN_WORKER_NUM: str(config.min_worker_num),
         names.TFT_BATCH_POLICY: str(config.batch_policy),
     })
     if config.enable_tft is not None:

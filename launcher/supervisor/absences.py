@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from launcher.supervisor.actions import EXIT_PEER_ENDED, Action, GiveUp, Retire, Stop, WaitUntil
-from launcher.supervisor.job_view import JobView, RankView, crash, degraded, stop_all
+from launcher.supervisor.job_view import JobView, RankView, crash, degraded, short_stop, stop_all
 from launcher.supervisor.state import Failure, WorkerState
 
 __all__ = ["down_since", "absences", "absent_ranks", "absence_deadlines"]
@@ -74,7 +74,8 @@ def absences(view: JobView, now: float) -> list[Action] | None:
         if not due:
             return None
         return [*(Retire(a.rank, f"rank {a.rank} ({a.why}) was not back within "
-                                 f"--rejoin_timeout={view.rejoin_timeout:g}s") for a in due),
+                                 f"--rejoin_timeout={view.rejoin_timeout:g}s", short_stop(view, now))
+                  for a in due),
                 WaitUntil(now)]
     if _none_can_return(view, absent):
         first = min(absent, key=lambda a: a.since)

@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from launcher.supervisor.failures import ExitInfo
 from launcher.supervisor.state import Failure
 
 __all__ = [
     "Action", "Hang", "ScheduleRelaunch", "Relaunch", "RestartAll", "StartAll", "Stop", "GiveUp",
     "StopWorkers", "TeardownCrash", "Kill", "Close", "RelaunchScheduler", "SchedulerSpent",
-    "Retire", "WaitUntil", "EXIT_PEER_ENDED",
+    "Retire", "ReportExit", "WaitUntil", "EXIT_PEER_ENDED",
 ]
 
 EXIT_PEER_ENDED = 1
@@ -53,17 +54,22 @@ class RestartAll:
 
 @dataclass(frozen=True)
 class StartAll:
-    """The group restart is due and every worker is stopped: start them all."""
+    """The group restart is due and every worker is stopped: start them all, the retired
+    ranks ``back`` among them."""
+
+    back: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
 class Stop:
     """End the job (every worker succeeded, tftrun was signalled, another node ended it);
-    ``everywhere``: this node ends it for every node."""
+    ``everywhere``: this node ends it for every node; ``close_rounds``: node 0 of an elastic
+    job tells a node waiting to join that no generation comes."""
 
     status: int
     reason: str
     everywhere: bool = False
+    close_rounds: bool = False
 
 
 @dataclass(frozen=True)
@@ -124,10 +130,19 @@ class SchedulerSpent:
 class Retire:
     """Degraded training: ``rank`` was not back within ``--rejoin_timeout``: it leaves the
     job for good (its relaunch withdrawn, or stopped if it is starting; no other), and
-    the others train on without it (a ``membership`` event with ``retired``)."""
+    the others train on without it (a ``membership`` event with ``retired``). A running
+    rank gets SIGTERM and is SIGKILLed at ``deadline``."""
 
     rank: int
     why: str
+    deadline: float = 0.0
+
+
+@dataclass(frozen=True)
+class ReportExit:
+    """Tell the scheduler's membership of a worker's exit."""
+
+    exit: ExitInfo
 
 
 @dataclass(frozen=True)
@@ -139,4 +154,4 @@ class WaitUntil:
 
 Action = (Hang | ScheduleRelaunch | Relaunch | RestartAll | StartAll | Stop | GiveUp
           | StopWorkers | TeardownCrash | Kill | Close | RelaunchScheduler | SchedulerSpent
-          | Retire | WaitUntil)
+          | Retire | ReportExit | WaitUntil)

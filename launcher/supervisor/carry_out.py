@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import signal
-from collections.abc import Mapping
 
 from launcher.config import LaunchConfig
 from launcher.nodes.job_end import JobEnd
@@ -14,7 +13,6 @@ from launcher.nodes.presence import NodePresence
 from launcher.nodes.rounds import RoundMeeting
 from launcher.procs.spec import Seat
 from launcher.supervisor.actions import (
-    EXIT_PEER_ENDED,
     Action,
     Close,
     GiveUp,
@@ -22,9 +20,9 @@ from launcher.supervisor.actions import (
     Kill,
     Relaunch,
     RelaunchScheduler,
+    ReportExit,
     RestartAll,
     Retire,
-    ScheduleRelaunch,
     SchedulerSpent,
     StartAll,
     Stop,
@@ -33,13 +31,13 @@ from launcher.supervisor.actions import (
 )
 from launcher.supervisor.children import Children
 from launcher.supervisor.closing import Closing
-from launcher.supervisor.job_view import Ending
+from launcher.supervisor.failures import ExitInfo
+from launcher.supervisor.job_state import JobState
 from launcher.supervisor.meeting import MeetingPlace
-from launcher.supervisor.policy import RESTART_GRACE
-from launcher.supervisor.state import Failure, Worker, WorkerState
+from launcher.supervisor.state import Worker, WorkerState
 from launcher.supervisor.watch import SchedulerWatch
 from launcher.view.render import View
-from recovery.control.client import Retirement, SchedulerControl
+from recovery.control.client import ExitReport, Retirement, SchedulerControl
 from recovery.control.node_range import JobDone, Round, TooFew, membership_why
 from recovery.events import EventLog
 
@@ -50,16 +48,16 @@ logger = logging.getLogger(__name__)
 
 class CarryingOut:
     """The part of :class:`launcher.supervisor.loop.Supervisor` that acts: starting the
-    workers (an elastic job's round first) and carrying out each action, the state moves
-    through ``Worker.transition``; the attributes are the supervisor's, set in its
-    ``__init__``."""
+    workers (an elastic job's round first) and carrying out each action. The bookkeeping
+    is :meth:`JobState.apply`'s; here are the processes, the events and the requests. The
+    attributes are the supervisor's, set in its ``__init__``."""
 
     config: LaunchConfig
     view: View
     events: EventLog
     workers: list[Worker]
     children: Children
-    relaunches: int
+    state: JobState
     _nodes: NodeLink | None
     _meeting: MeetingPlace
     _control: SchedulerControl
@@ -67,14 +65,7 @@ class CarryingOut:
     _presence: NodePresence | None
     _rounds: RoundMeeting | None
     _round: Round | None
-    _free_restarts: int
-    _restart_at: float | None
-    _restart_why: str
-    _relaunched_after: dict[int, Failure]
-    _retired: set[int]
-    _retiring: dict[int, float]
-    _retirements: list[tuple[int, str]]
-    _ending: Ending | None
+    _round_outcome: TooFew | JobDone | None
     _closing: Closing | None
     _job_end: JobEnd | None
 
@@ -97,18 +88,13 @@ class CarryingOut:
 
     def _meet_round(self) -> bool:
         """An elastic job: take this launch's round (its nodes, so this node's ranks and the
-        world size); False when the job ends instead, or a signal came in. Its ``membership``
-        event says ``restart_count``, and ``generation`` too (its older spelling, for one
-        release): a round is a group restart, not one of the scheduler's generations."""
+        world size); False when it did not form (the policy ends the job on its outcome),
+        or a signal came in. Its ``membership`` event says ``restart_count``, and
+        ``generation`` too (its older spelling, for one release)."""
         assert self._rounds is not None and self._presence is not None
         met = self._rounds.meet(self.restart_count, self._round)
-        if isinstance(met, TooFew):
-            if self._nodes is not None and self.config.hosts_scheduler:
-                self._nodes.end(met.reason)
-            self._end(Ending(EXIT_PEER_ENDED, met.reason))
-        elif isinstance(met, JobDone):
-            self._end(Ending(0, met.reason))
         if not isinstance(met, Round):
+            self._round_outcome = met
             return False
         nproc, node = self.config.nproc, self.config.assigned_rank
         self.children.restart_count = met.restart_count
@@ -124,66 +110,44 @@ class CarryingOut:
         self._presence.next_round = met.restart_count + 1
         return True
 
-    def _rounds_closed(self) -> None:
-        """Node 0 of an elastic job that ended well: a node waiting to join the next
-        generation learns that none comes (torchrun closes its rendezvous likewise)."""
-        assert self._nodes is not None and self._presence is not None
-        self._nodes.close_round(self._presence.next_round, ())
-
     def _carry_out(self, action: Action, now: float) -> None:
-        """Do what the policy decided; the state moves go through ``Worker.transition``."""
+        """Record ``action`` in the job's state, then do what it takes outside this process."""
+        signals = self._signals_for(action)
+        self.state.apply(action, now, self.workers)
+        for worker, signum in signals:
+            assert worker.child is not None
+            worker.child.signal_group(signum)
         match action:
             case Hang(rank, reason):
                 worker = self._worker(rank)
-                assert worker.child is not None
                 self._emit("hang", rank=rank, pid=worker.pid, incarnation=worker.incarnation,
                            reason=reason)
-                worker.hung = True
-                # SIGKILL: a hung or stopped process may never act on a gentler signal.
-                worker.child.signal_group(signal.SIGKILL)
-            case ScheduleRelaunch(rank, at, why):
-                worker = self._worker(rank)
-                worker.transition(WorkerState.COOLDOWN, deadline=at)
-                worker.relaunch_why = why
             case Relaunch(rank):
-                worker = self._worker(rank)
-                assert worker.failure is not None
-                self._relaunched_after[rank] = worker.failure
-                self.relaunches += 1
-                self._emit("restart", what="rank", why=worker.relaunch_why,
-                           restart_count=self.restart_count + self.relaunches, ranks=[rank])
-                self.children.launch(worker)
-            case Retire(rank, why):
-                self._retire(rank, why, now)
-            case RestartAll(at, why, charged):
-                self._restart_at, self._restart_why = at, why
-                if not charged:
-                    self._free_restarts += 1
-                if self._nodes is not None:
-                    news = self._watch.nodes
-                    self._nodes.restart_all(max(self.restart_count + 1, news.restarts_started))
-            case StopWorkers(signum, deadlines):
-                self._stop_workers(signum, deadlines)
+                self._emit("restart", what="rank", why=self._worker(rank).relaunch_why,
+                           restart_count=self.restart_count + self.state.relaunches, ranks=[rank])
+                self.children.launch(self._worker(rank))
+            case RestartAll() if self._nodes is not None:
+                self._nodes.restart_all(max(self.restart_count + 1,
+                                            self._watch.nodes.restarts_started))
             case StartAll():
                 self._restart_all()
-            case Stop(status, reason, everywhere):
+            case Stop(_, reason, everywhere, close_rounds):
                 if everywhere and self._nodes is not None:
                     self._nodes.end(reason)
-                if status == 0 and self._round is not None and self.config.hosts_scheduler:
-                    self._rounds_closed()
-                self._end(Ending(status, reason))
-            case GiveUp(failure, reason):
+                if close_rounds:
+                    assert self._nodes is not None and self._presence is not None
+                    self._nodes.close_round(self._presence.next_round, ())
+                self._job_ending()
+            case GiveUp(_, reason):
                 if self._nodes is not None:
                     self._nodes.end(f"node {self.config.node_rank}: {reason}")
-                self._end(Ending(failure.exit_status, reason, failure))
+                self._job_ending()
             case TeardownCrash(rank, failure, step, final_step):
                 self._emit("teardown_crash", rank=rank, pid=failure.pid,
                            incarnation=failure.incarnation, cause=failure.cause, step=step,
                            final_step=final_step)
-            case Kill(rank):
-                child = self._worker(rank).child
-                assert child is not None
-                child.signal_group(signal.SIGKILL)
+            case ReportExit(info):
+                self._report_exit(info)
             case RelaunchScheduler(why):
                 self._emit("restart", what="scheduler", why=why,
                            restart_count=self.children.scheduler_launches)
@@ -194,58 +158,47 @@ class CarryingOut:
                 if self._closing is None and (self._job_end is None or self._job_end.may_close()):
                     self._closing = Closing(self.children, self._watch, self.config.grace_period)
 
-    def _retire(self, rank: int, why: str, now: float) -> None:
-        """Take ``rank`` out of the job for good: this node's rank has its relaunch
-        withdrawn (or stopped, if it is starting); the scheduler is told (it awaits the
-        rank no more, and writes the ``membership`` event)."""
-        self._retirements.append((rank, why))
-        worker = next((w for w in self.workers if w.rank == rank), None)
-        if worker is None:  # a lost node's rank
-            self._retiring[rank] = now
-            return
-        self._retired.add(rank)
-        if worker.state is WorkerState.RUNNING and worker.child is not None:
-            worker.transition(WorkerState.STOPPING,
-                              deadline=now + min(self.config.grace_period, RESTART_GRACE))
-            worker.child.signal_group(signal.SIGTERM)
-        elif worker.state in (WorkerState.FAILED, WorkerState.COOLDOWN):
-            worker.transition(WorkerState.STOPPED)
+    def _signals_for(self, action: Action) -> list[tuple[Worker, int]]:
+        """The workers ``action`` signals, as their states stand before it is applied."""
+        match action:
+            case Hang(rank) | Kill(rank):
+                return [(self._worker(rank), signal.SIGKILL)]
+            case Retire(rank):
+                return [(w, signal.SIGTERM) for w in self.workers
+                        if w.rank == rank and w.state is WorkerState.RUNNING]
+            case StopWorkers(signum, deadlines):
+                return [(w, signum) for w in self.workers
+                        if w.state is WorkerState.RUNNING and w.rank in deadlines]
+        return []
+
+    def _report_exit(self, info: ExitInfo) -> None:
+        """Queue the worker's exit for the scheduler's membership (the watch delivers it:
+        the events that date the exit never wait for the scheduler)."""
+        assert info.rank is not None
+        self._watch.report(ExitReport(str(info.rank), info.rank, info.pid, info.incarnation,
+                                      not (info.expected or info.succeeded), info.describe()))
 
     def _tell_retirements(self) -> None:
         """Tell the scheduler the ranks retired in this pass, in one request."""
-        if self._retirements:
-            ranks, whys = zip(*self._retirements, strict=True)
+        if retirements := self.state.take_retirements():
+            ranks, whys = zip(*retirements, strict=True)
             self._watch.report(Retirement(list(ranks), "; ".join(dict.fromkeys(whys))))
-            self._retirements = []
 
     def _worker(self, rank: int) -> Worker:
         return next(w for w in self.workers if w.rank == rank)
 
-    def _stop_workers(self, signum: int, deadlines: Mapping[int, float]) -> None:
-        """Signal each running worker (STOPPING until its deadline, then the policy
-        SIGKILLs it); withdraw every relaunch waiting in COOLDOWN."""
-        for worker in self.workers:
-            if worker.state is WorkerState.RUNNING and worker.child is not None \
-                    and worker.rank in deadlines:
-                worker.transition(WorkerState.STOPPING, deadline=deadlines[worker.rank])
-                worker.child.signal_group(signum)
-            elif worker.state is WorkerState.COOLDOWN:
-                worker.transition(WorkerState.STOPPED)
-
     def _restart_all(self) -> None:
-        self._restart_at = None
-        self._relaunched_after.clear()
-        self._retired.clear()  # a group restart starts every rank: the retired ones too
         # With other nodes, every node's workers of one restart carry its number.
         self.children.restart_count = max(self.restart_count + 1,
                                           self._watch.nodes.restarts_started)
-        self._emit("restart", what="workers", why=self._restart_why,
+        self._emit("restart", what="workers", why=self.state.restart_why,
                    restart_count=self.restart_count, ranks=[w.rank for w in self.workers])
         self._start_workers()
 
-    def _end(self, ending: Ending) -> None:
-        """The job ends: the workers are stopped (StopWorkers); the fork server and the
-        scheduler follow (Close)."""
-        self._ending, self._restart_at = ending, None
+    def _job_ending(self) -> None:
+        """The job ends (the state holds why): the other nodes hear of it; the fork server
+        and the scheduler follow the workers (Close)."""
+        ending = self.state.ending
+        assert ending is not None
         if self._job_end is not None:
             self._job_end.ending(ending.status, ending.reason)

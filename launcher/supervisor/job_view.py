@@ -9,10 +9,18 @@ from dataclasses import dataclass, field
 
 from launcher.config import RestartPolicy
 from launcher.supervisor.actions import StopWorkers
+from launcher.supervisor.failures import ExitInfo
 from launcher.supervisor.state import Failure, WorkerState
-from recovery.control.node_range import NodeRange
+from recovery.control.node_range import JobDone, NodeRange, TooFew
 
-__all__ = ["RankView", "Ending", "JobView", "crash", "stop_all", "degraded", "RETIRED_VERDICT"]
+__all__ = ["RankView", "Ending", "JobView", "crash", "stop_all", "short_stop", "degraded",
+           "RETIRED_VERDICT", "RESTART_GRACE"]
+
+RESTART_GRACE = 2.0
+"""Seconds between SIGTERM and SIGKILL for a worker stopped by a group restart that never
+registered, and for a rank stopped because it was retired or its peers finished: a script
+that catches SIGTERM and keeps running (Lightning does) would otherwise hold the restart
+for the whole ``--grace_period``."""
 
 RETIRED_VERDICT = "retired"
 """The verdict on a rank the scheduler declared lost and retired at once (a straggler
@@ -129,6 +137,13 @@ class JobView:
     """Node 0, degraded training: ranks of other nodes that registered once, have no live
     process, and whose node's tftrun is silent (the node is lost): rank → when their node
     last beat, where their absence is dated from."""
+    exits: tuple[ExitInfo, ...] = ()
+    """This node's workers' exits seen in this pass."""
+    unknown_to_scheduler: frozenset[int] = frozenset()
+    """This node's ranks the scheduler never knew (a plain script's): their ordinary
+    exits are not its business."""
+    round_outcome: TooFew | JobDone | None = None
+    """An elastic job's round ended the job instead of forming a generation."""
 
     @property
     def charged(self) -> int:
@@ -149,6 +164,11 @@ def stop_all(view: JobView, now: float, signum: int = signal.SIGTERM) -> StopWor
     """The job's end: every running rank gets ``signum`` and the whole grace period."""
     return StopWorkers(signum, {r.rank: now + view.grace_period for r in view.ranks
                                 if r.state is WorkerState.RUNNING})
+
+
+def short_stop(view: JobView, now: float) -> float:
+    """The SIGKILL deadline of a rank stopped that has nothing to save."""
+    return now + min(view.grace_period, RESTART_GRACE)
 
 
 def degraded(view: JobView) -> bool:

@@ -33,18 +33,19 @@ from launcher.supervisor.carry_out import CarryingOut
 from launcher.supervisor.children import Children, node_workers
 from launcher.supervisor.closing import Closing, stop_everything_now
 from launcher.supervisor.failures import ExitInfo
+from launcher.supervisor.job_state import JobState
 from launcher.supervisor.job_view import Ending, JobView, RankView
 from launcher.supervisor.meeting import MeetingPlace, point_at_remote_scheduler
 from launcher.supervisor.observer import Observer, watch_scope
-from launcher.supervisor.policy import decide
+from launcher.supervisor.policy import decide, exit_reports
 from launcher.supervisor.signals import Wakeup, handled
-from launcher.supervisor.state import Failure, Worker
+from launcher.supervisor.state import Worker
 from launcher.supervisor.summary import job_start_fields, live_rows, print_job_summary
 from launcher.supervisor.watch import SchedulerWatch, snapshot_interval
 from launcher.view.logs import LogFollower
 from launcher.view.render import View
-from recovery.control.client import ExitReport, SchedulerControl
-from recovery.control.node_range import Round
+from recovery.control.client import SchedulerControl
+from recovery.control.node_range import JobDone, Round, TooFew
 from recovery.events import EventLog
 from recovery.timeouts import Timeouts
 
@@ -66,8 +67,7 @@ class Supervisor(CarryingOut):
         self.view = view
         self.events = events
         self.workers = node_workers(config)
-        self.relaunches = 0
-        """Relaunches of single ranks (per-rank recovery)."""
+        self.state = JobState()
         self._follower = LogFollower(view.output) if config.join else None
         self.children = Children(config, self._emit, self._follower, store_socket)
         self._nodes = self._node_link() if config.multi_node else None
@@ -92,28 +92,13 @@ class Supervisor(CarryingOut):
                         and self._presence is not None else None)
         self._round: Round | None = None
         """An elastic job's current generation: its nodes."""
-        self._free_restarts = 0
-        """Group restarts for a change of an elastic job's nodes: not charged."""
+        self._round_outcome: TooFew | JobDone | None = None
         self._beats: BeatServer | None = None
         """Takes the workers' heartbeats and beats once for the node (while it runs)."""
         self._observer = Observer(config, self._watch, events.path,
                                   None if self._presence is None else self._presence.tracker)
-        self._restart_at: float | None = None
-        self._restart_why = ""
-        self._relaunched_after: dict[int, Failure] = {}
-        """Ranks relaunched alone since the last group restart: the failure each followed."""
-        self._down_since: dict[int, float] = {}
-        """Absent ranks: when each one's absence began (absences.down_since)."""
-        self._retired: set[int] = set()
-        """Ranks retired for good (degraded training) since the last group restart."""
-        self._retiring: dict[int, float] = {}
-        """Other nodes' ranks this node retired (node 0: a lost node's), until a snapshot
-        taken after the scheduler was told shows it: rank → when (monotonic)."""
-        self._retirements: list[tuple[int, str]] = []
-        """Ranks retired in this pass, and why: told the scheduler at once, together."""
         self._scheduler_exit = ""
         self._signal: int | None = None
-        self._ending: Ending | None = None
         self._closing: Closing | None = None
         """The fork server and the scheduler being stopped, once the workers are."""
 
@@ -213,16 +198,19 @@ class Supervisor(CarryingOut):
         return self._signal is not None
 
 
+    def _unknown_to_scheduler(self) -> frozenset[int]:
+        """This node's ranks the scheduler never knew: read from the events file, where it
+        writes every registration before answering it."""
+        if not self._observer.sees_registrations:
+            return frozenset()
+        return frozenset(w.rank for w in self.workers
+                         if str(w.rank) not in self._observer.registered)
+
     def _tell_scheduler(self, info: ExitInfo) -> None:
-        """Queue the worker's exit for the scheduler's membership (the watch delivers it:
-        the events that date the exit never wait for the scheduler)."""
-        assert info.rank is not None
-        abnormal = not (info.expected or info.succeeded)
-        if not abnormal and self._observer.sees_registrations \
-                and str(info.rank) not in self._observer.registered:
-            return  # a plain script's worker: the scheduler never knew it
-        self._watch.report(ExitReport(str(info.rank), info.rank, info.pid, info.incarnation,
-                                      abnormal, info.describe()))
+        """Report an exit the scheduler hears of, outside the loop (an orderly stop after
+        an error)."""
+        for report in exit_reports([info], self._unknown_to_scheduler()):
+            self._report_exit(report.exit)
 
     # ----------------------------------------------------------------- policy
     def _observe(self, now: float) -> JobView:
@@ -230,19 +218,19 @@ class Supervisor(CarryingOut):
         self._signalled()
         self._scheduler_exit = self.children.reap_scheduler()
         self._observer.read(now, self.workers)  # first: as the exits stood before them
-        for info in self.children.reap_workers(self.workers):
-            self._tell_scheduler(info)
+        exits = tuple(self.children.reap_workers(self.workers))
         if self._observer.registered or any(w.failure is not None for w in self.workers):
             # On one node, connected only once something needs it: until a worker
             # registered or failed, no answer of the scheduler matters, and each question
             # would be a request it handles while the workers start.
             self._control.connect()
         sweep()
-        undecided = self._restart_at is None and self._ending is None
+        state = self.state
+        undecided = state.restart_at is None and state.ending is None
         others_finished, others_step = self._observer.others_finished()
         others_training, others_retired = self._observer.others_training()
         snapshot = self._observer.snapshot
-        self._retiring = {rank: at for rank, at in self._retiring.items()
+        state.retiring = {rank: at for rank, at in state.retiring.items()
                           if snapshot is None or snapshot.taken_at <= at}
         news = self._watch.nodes
         peer_restart = (f"another node started group restart {news.restarts_started}"
@@ -251,10 +239,9 @@ class Supervisor(CarryingOut):
         peer_done, over = heard(news.over, config.node_rank)
         return JobView(
             tuple(self._rank_view(w, undecided) for w in self.workers), config.max_restarts,
-            config.restart_policy, self.restart_count - self._free_restarts, self.relaunches,
-            self._restart_at,
-            self._ending, self._signal,
-            verdicts=self._observer.verdicts(self.workers) if self._ending is None else {},
+            config.restart_policy, self.restart_count - state.free_restarts, state.relaunches,
+            state.restart_at, state.ending, self._signal,
+            verdicts=self._observer.verdicts(self.workers) if state.ending is None else {},
             peer_restart=peer_restart, peer_end=news.ended or over, peer_done=peer_done,
             peer_done_at=news.over_at, grace_period=config.grace_period,
             node_rank=config.node_rank, gone=self._observer.gone,
@@ -262,21 +249,24 @@ class Supervisor(CarryingOut):
             other_ranks=config.worker_num - config.nproc, others_finished=others_finished,
             others_step=others_step, scheduler_exit=self._scheduler_exit,
             scheduler_launches=self.children.scheduler_launches,
-            min_worker_num=config.fewest_workers, rejoin_timeout=config.retire_after,
+            min_worker_num=config.min_worker_num, rejoin_timeout=config.rejoin_timeout,
             others_training=others_training,
-            others_retired=others_retired | frozenset(self._retiring),
-            lost_ranks=self._observer.lost, **self._membership_view())
+            others_retired=others_retired | frozenset(state.retiring),
+            lost_ranks=self._observer.lost, exits=exits,
+            unknown_to_scheduler=self._unknown_to_scheduler(),
+            round_outcome=self._round_outcome, **self._membership_view())
 
     def _rank_view(self, worker: Worker, undecided: bool) -> RankView:
         """``worker`` as the policy sees it, with when its absence began (kept here from
         pass to pass) and whether it was retired."""
-        seen = self._observer.rank_view(worker, undecided, self._relaunched_after.get(worker.rank))
-        seen = replace(seen, retired=worker.rank in self._retired)
-        since = down_since(self._down_since.get(worker.rank), seen)
+        state = self.state
+        seen = self._observer.rank_view(worker, undecided, state.relaunched_after.get(worker.rank))
+        seen = replace(seen, retired=worker.rank in state.retired)
+        since = down_since(state.down_since.get(worker.rank), seen)
         if since is None:
-            self._down_since.pop(worker.rank, None)
+            state.down_since.pop(worker.rank, None)
         else:
-            self._down_since[worker.rank] = since
+            state.down_since[worker.rank] = since
         return replace(seen, down_since=since)
 
     def _membership_view(self) -> dict[str, object]:
@@ -298,9 +288,9 @@ class Supervisor(CarryingOut):
         tftrun's log for the bug report; tftrun exits with :data:`EXIT_SUPERVISOR_ERROR`.
         """
         logger.error("internal error; stopping every process in order", exc_info=error)
-        failing = self._ending.failing if self._ending is not None else None
-        self._ending = Ending(EXIT_SUPERVISOR_ERROR,
-                              f"supervisor error: {type(error).__name__}: {error}", failing)
+        failing = self.state.ending.failing if self.state.ending is not None else None
+        self.state.ending = Ending(EXIT_SUPERVISOR_ERROR,
+                                   f"supervisor error: {type(error).__name__}: {error}", failing)
         with suppress(Exception):
             stop_everything_now(self.children, self.workers, self._watch, self._tell_scheduler,
                                 self.config.grace_period)
@@ -308,10 +298,10 @@ class Supervisor(CarryingOut):
 
     def _finish(self) -> int:
         """Emit ``job_end`` and print the summary; tftrun's exit status."""
-        ending = self._ending
+        ending = self.state.ending
         assert ending is not None
         self._emit("job_end", exitcode=ending.status, reason=ending.reason,
-                   restarts=self.restart_count, relaunches=self.relaunches)
+                   restarts=self.restart_count, relaunches=self.state.relaunches)
         self._refresh()
         self.view.close()
         print_job_summary(self.config, self.workers, ending)
@@ -319,5 +309,5 @@ class Supervisor(CarryingOut):
 
     def _refresh(self) -> None:
         if self.view.wants_rows:
-            self.view.show_rows(live_rows(self.config, self.workers, self._restart_at,
+            self.view.show_rows(live_rows(self.config, self.workers, self.state.restart_at,
                                           time.monotonic()))

@@ -1,60 +1,11 @@
 """The restart policy: a pure function from what the supervisor sees to what it does next.
 
-``decide(view, now)`` is called on every pass of the supervisor's loop with a snapshot of
-the job (:class:`JobView`) and returns the :class:`Action` list the loop carries out. It
-reads no clock (``now`` is monotonic), starts nothing and never waits: waiting is an
-action (:class:`WaitUntil`) and every waiting state (a relaunch's cooldown, a group
-restart, a stop's grace period, a lost node) is a state with a deadline in the view.
-Being re-evaluated on every pass is what keeps a rule such as "no rank is relaunched alone
-once another rank finished" true at every moment, not only when a failure is seen.
-
-The rules (docs/recovery.md, *The restart policy*):
-
-* a dead scheduler is relaunched at once while its own budget (``--max_restarts``
-  launches after the first) lasts;
-* the job ends for a signal to tftrun (the workers get the same signal), for another
-  node's end, or for a node gone longer than ``--node_time_out`` (then for every node);
-  when node 0's job ended well, another node's workers have ``DONE_GRACE`` to end by
-  themselves before they are stopped, and the node exits 0;
-* a worker exit in :data:`recovery.exit_codes.UNFIXABLE` ends the job at once;
-* the budget (``--max_restarts``) is charged when a relaunch or a group restart is
-  decided; a relaunch withdrawn into a group restart gives its charge to that restart;
-* per-rank relaunch (``--restart_policy=rank``, or ``auto`` when every dead rank
-  registered with the scheduler); else restart all;
-* a relaunch never starts while another rank finished: once due (and
-  :data:`PEERS_SETTLE` after the last finish) it becomes a group restart;
-* the ending job: once every other rank exited 0, a rank relaunched alone (waiting in
-  COOLDOWN, or running without a generation to join) or about to be is stopped and the
-  job ends: status 0 with a ``teardown_crash`` warning when its crash came after the
-  peers' final step, status 0 too when at least ``--min_worker_num`` (below the job's
-  size) peers finished (they trained on without it, docs/elastic.md), else the crash's
-  status;
-* degraded training (``--min_worker_num`` below the job's size, docs/elastic.md): a rank
-  that is not back (registered again) within ``--rejoin_timeout`` of the death that began
-  its absence is retired while at least ``--min_worker_num`` ranks train: it is not
-  relaunched any more (a relaunch still starting is stopped) and the job ends well
-  without it; a rank whose relaunch would overspend the budget is not relaunched and
-  waits for that, instead of ending the job. Below ``--min_worker_num`` ranks the job
-  waits up to ``--node_time_out`` from the death that left too few, then ends (for every
-  node), or at once when no absent rank can come back (the budget spent). The ranks that
-  train are counted across nodes (the other nodes' by the scheduler's word); node 0 also
-  judges the ranks of a lost node (its tftrun silent), from its last beat, and retires
-  them likewise. A rank the scheduler itself retired as it judged it (a straggler evicted
-  again soon after its relaunch) is stopped and retired at once. A group restart brings
-  every retired rank back. It is on by default for
-  scripts whose ranks register (``--min_worker_num`` 1, launcher/config.py);
-* an elastic node range (``--nnodes=MIN:MAX``, decided on node 0): a node of the
-  generation silent for ``--node_time_out`` restarts the group without it while ``MIN``
-  nodes remain, else ends the job for every node; a node that asked to join while the
-  generation has fewer than ``MAX`` restarts the group with it. Such a restart is not
-  charged to the budget (torchrun's rule for a membership change); one restart for each
-  change, none while a restart is pending. Who the restart runs on is the round's
-  business (recovery/control/node_range.py).
-
-A group restart stops the workers with SIGTERM and a short grace
-(:data:`RESTART_GRACE`) for those that never registered (their own SIGTERM handler, e.g.
-Lightning's, may keep them running); registered ones, which may be saving last words,
-and any stop at the job's end get the whole ``--grace_period``.
+``decide(view, now)`` is called on every pass of the supervisor's loop and returns the
+actions the loop carries out. It reads no clock (``now`` is monotonic), starts nothing and
+never waits: waiting is an action (:class:`WaitUntil`), and every waiting state is a state
+with a deadline in the view. Being re-evaluated on every pass keeps a rule true at every
+moment, not only when a failure is seen. The rules: docs/recovery.md (*The restart
+policy*), docs/elastic.md (degraded training).
 """
 
 from __future__ import annotations
@@ -74,6 +25,7 @@ from launcher.supervisor.actions import (
     Kill,
     Relaunch,
     RelaunchScheduler,
+    ReportExit,
     RestartAll,
     Retire,
     ScheduleRelaunch,
@@ -84,21 +36,17 @@ from launcher.supervisor.actions import (
     TeardownCrash,
     WaitUntil,
 )
-from launcher.supervisor.job_view import RETIRED_VERDICT, JobView, RankView, crash, degraded, stop_all
+from launcher.supervisor.failures import ExitInfo
+from launcher.supervisor.job_view import RETIRED_VERDICT, JobView, RankView, crash, degraded, short_stop, stop_all
 from launcher.supervisor.state import Failure, WorkerState
+from recovery.control.node_range import JobDone, TooFew
 from recovery.exit_codes import UNFIXABLE
 
-__all__ = ["decide", "STATUS_WAIT", "RESTART_GRACE", "PEERS_SETTLE"]
+__all__ = ["decide", "exit_reports", "STATUS_WAIT", "PEERS_SETTLE"]
 
 STATUS_WAIT = 10.0
 """Seconds a failed rank's registration may stay unknown (the scheduler process runs but
 does not answer, e.g. on a loaded host) before it is taken as "not registered"."""
-RESTART_GRACE = 2.0
-"""Seconds between SIGTERM and SIGKILL for a worker stopped by a group restart that never
-registered with the scheduler, and for a rank stopped because its peers finished: what
-such a process does on SIGTERM saves nothing the restart needs, and a script that
-catches SIGTERM and keeps running (Lightning does) would hold the restart for the whole
-``--grace_period``."""
 PEERS_SETTLE = 5.0
 """Seconds after a rank finished during which a rank that died is not yet restarted with
 the group: its other peers, ending too, may still finish (their exits come seconds apart
@@ -108,7 +56,15 @@ _NO_STEP = -1
 
 def decide(view: JobView, now: float) -> list[Action]:
     """What the supervisor does next; see the module docstring for the rules."""
-    return [*_about_the_scheduler(view), *_about_workers(view, now)]
+    return [*_about_the_scheduler(view), *exit_reports(view.exits, view.unknown_to_scheduler),
+            *_about_workers(view, now)]
+
+
+def exit_reports(exits: Sequence[ExitInfo], unknown: frozenset[int]) -> list[ReportExit]:
+    """The exits the scheduler's membership hears of: every fault, and the ordinary ends
+    of the ranks it knows."""
+    return [ReportExit(e) for e in exits
+            if not (e.expected or e.succeeded) or e.rank not in unknown]
 
 
 def _about_the_scheduler(view: JobView) -> list[Action]:
@@ -123,6 +79,10 @@ def _about_the_scheduler(view: JobView) -> list[Action]:
 def _about_workers(view: JobView, now: float) -> list[Action]:
     if view.ending is not None:
         return _wind_down(view, now)
+    if isinstance(view.round_outcome, TooFew):
+        return [Stop(EXIT_PEER_ENDED, view.round_outcome.reason, everywhere=view.node_rank == 0)]
+    if isinstance(view.round_outcome, JobDone):
+        return [Stop(0, view.round_outcome.reason)]
     if view.signal is not None:
         name = signal.Signals(view.signal).name
         return [Stop(128 + view.signal, f"received {name}"),
@@ -135,8 +95,8 @@ def _about_workers(view: JobView, now: float) -> list[Action]:
         return [Stop(EXIT_PEER_ENDED, reason, everywhere=True), stop_all(view, now)]
     if all(r.state is WorkerState.SUCCEEDED for r in view.ranks if not r.retired):
         retired = sorted([r.rank for r in view.ranks if r.retired] + [*view.others_retired])
-        return [Stop(0, "all workers succeeded" + (f"; ranks {retired} were retired"
-                                                     if retired else ""))]
+        return [_ended_well(view, "all workers succeeded" + (f"; ranks {retired} were retired"
+                                                               if retired else ""))]
     if view.peer_done and (now >= view.peer_done_at + DONE_GRACE
                            or not any(r.state is WorkerState.RUNNING for r in view.ranks)):
         return [Stop(0, view.peer_done), stop_all(view, now)]
@@ -153,7 +113,7 @@ def _about_workers(view: JobView, now: float) -> list[Action]:
         return change
     if (absence := absences(view, now)) is not None:
         return absence
-    actions: list[Action] = [_on_verdict(r.rank, view.verdicts[r.rank]) for r in view.ranks
+    actions: list[Action] = [_on_verdict(view, r.rank, now) for r in view.ranks
                              if r.state is WorkerState.RUNNING and not r.hung
                              and r.rank in view.verdicts]
     actions += _overdue(view, now)
@@ -171,7 +131,7 @@ def _about_workers(view: JobView, now: float) -> list[Action]:
                     if r.state is WorkerState.COOLDOWN and r.deadline <= now]
     if (view.restart_at is not None and view.restart_at <= now
             and not any(r.state is WorkerState.STOPPING for r in view.ranks)):
-        actions.append(StartAll())
+        actions.append(StartAll(frozenset(r.rank for r in view.ranks if r.retired)))
     actions.append(WaitUntil(_next_deadline(view, decided, now)))
     return actions
 
@@ -216,9 +176,8 @@ def _overdue(view: JobView, now: float) -> list[Action]:
 def _stop_for_restart(view: JobView, now: float) -> StopWorkers:
     """A group restart: the whole grace period for a registered rank (it may be saving
     last words), :data:`RESTART_GRACE` for the others."""
-    short = min(view.grace_period, RESTART_GRACE)
     return StopWorkers(signal.SIGTERM, {
-        r.rank: now + (view.grace_period if r.registered else short)
+        r.rank: now + view.grace_period if r.registered else short_stop(view, now)
         for r in view.ranks if r.state is WorkerState.RUNNING})
 
 
@@ -232,10 +191,12 @@ def _unfixable(failed: Sequence[RankView]) -> GiveUp | None:
     return None
 
 
-def _on_verdict(rank: int, verdict: str) -> Action:
+def _on_verdict(view: JobView, rank: int, now: float) -> Action:
     """Kill a rank the scheduler judged dead or hung; stop one it retired as well, for good."""
+    verdict = view.verdicts[rank]
     if verdict == RETIRED_VERDICT:
-        return Retire(rank, f"the scheduler retired rank {rank} as it judged it lost")
+        return Retire(rank, f"the scheduler retired rank {rank} as it judged it lost",
+                      short_stop(view, now))
     return Hang(rank, verdict)
 
 
@@ -257,7 +218,7 @@ def _peers_finished(view: JobView, now: float) -> list[Action] | None:
         return None
     steps = [r.step for r in view.ranks if r.state is WorkerState.SUCCEEDED]
     final = max((s for s in [*steps, view.others_step] if s is not None), default=None)
-    stop = StopWorkers(signal.SIGTERM, {r.rank: now + min(view.grace_period, RESTART_GRACE)
+    stop = StopWorkers(signal.SIGTERM, {r.rank: short_stop(view, now)
                                         for r in left if r.state is WorkerState.RUNNING})
     short = [r for r in left
              if final is None or (r.failure_step if r.failure_step is not None else _NO_STEP)
@@ -266,7 +227,7 @@ def _peers_finished(view: JobView, now: float) -> list[Action] | None:
     if short and view.min_worker_num is not None and view.min_worker_num <= peers < size:
         # Degraded training: the peers trained the lost ranks' samples too, to the end.
         what = ", ".join(f"rank {r.rank} ({crash(r).reason})" for r in left)
-        return [Stop(0, f"all workers finished; the survivors trained on without {what}"),
+        return [_ended_well(view, f"all workers finished; the survivors trained on without {what}"),
                 stop]
     if short:  # every one when the peers' final step is not known
         first = short[0]
@@ -278,7 +239,12 @@ def _peers_finished(view: JobView, now: float) -> list[Action] | None:
     crashes = [TeardownCrash(r.rank, crash(r), r.failure_step or 0, final) for r in left]
     what = "; ".join(f"rank {c.rank} {c.failure.reason} in its teardown, after the final "
                      f"step {final}" for c in crashes)
-    return [*crashes, Stop(0, f"all workers finished ({what})"), stop]
+    return [*crashes, _ended_well(view, f"all workers finished ({what})"), stop]
+
+
+def _ended_well(view: JobView, reason: str) -> Stop:
+    """Status 0; node 0 of an elastic job also closes the rounds (no generation comes)."""
+    return Stop(0, reason, close_rounds=bool(view.round_nodes))
 
 
 def _stranded(view: JobView, rank: RankView) -> bool:

@@ -143,14 +143,14 @@ def test_an_unknown_batch_policy_is_one_line_and_exit_2(
 def test_min_worker_num_defaults_to_one_and_reaches_the_workers_and_the_scheduler(
         args: list[str], fewest: str) -> None:
     config = cli.config_from_argv([*args, "train.py"])
-    assert str(config.fewest_workers) == fewest
+    assert str(config.min_worker_num) == fewest
     assert worker_spec(config, 0, 0, 0, 1).env[names.TFT_MIN_WORKER_NUM] == fewest
 
 
 def test_rejoin_timeout_defaults_to_the_cooldown_plus_torchruns_last_call() -> None:
-    assert cli.config_from_argv(["train.py"]).retire_after == 30.0 + 30.0
-    assert cli.config_from_argv(["--rejoin_cooldown=5", "train.py"]).retire_after == 35.0
-    assert cli.config_from_argv(["--rejoin-timeout", "8", "train.py"]).retire_after == 8.0
+    assert cli.config_from_argv(["train.py"]).rejoin_timeout == 30.0 + 30.0
+    assert cli.config_from_argv(["--rejoin_cooldown=5", "train.py"]).rejoin_timeout == 35.0
+    assert cli.config_from_argv(["--rejoin-timeout", "8", "train.py"]).rejoin_timeout == 8.0
 
 
 def test_a_rejoin_timeout_not_positive_is_one_line_and_exit_2(

@@ -20,7 +20,6 @@ relaunched after (but by a group restart); with too few the job ends at ``--node
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import pytest
@@ -46,6 +45,7 @@ from launcher.supervisor.actions import (
     Kill,
     Relaunch,
     RelaunchScheduler,
+    ReportExit,
     RestartAll,
     Retire,
     ScheduleRelaunch,
@@ -57,9 +57,11 @@ from launcher.supervisor.actions import (
     WaitUntil,
 )
 from launcher.supervisor.failures import ExitInfo
-from launcher.supervisor.job_view import RETIRED_VERDICT, Ending, JobView, RankView
-from launcher.supervisor.policy import PEERS_SETTLE, RESTART_GRACE, STATUS_WAIT, decide
+from launcher.supervisor.job_state import JobState
+from launcher.supervisor.job_view import RESTART_GRACE, RETIRED_VERDICT, Ending, JobView, RankView
+from launcher.supervisor.policy import PEERS_SETTLE, STATUS_WAIT, decide
 from launcher.supervisor.state import Failure, Worker, WorkerState
+from recovery.control.node_range import NodeRange
 from recovery.exit_codes import UNFIXABLE
 
 WORKERS = 3
@@ -88,10 +90,9 @@ class PolicyMachine(RuleBasedStateMachine):
         self.workers = [Worker(rank=r, local_rank=r) for r in range(WORKERS)]
         self.max_restarts = 0
         self.policy = "auto"
+        self.state = JobState()
+        """The supervisor's own bookkeeping, moved by the actions as in the supervisor."""
         self.restarts = 0
-        self.relaunches = 0
-        self.restart_at: float | None = None
-        self.ending: Ending | None = None
         self.closed = False
         self.signal: int | None = None
         self.verdicts: dict[int, str] = {}
@@ -111,28 +112,59 @@ class PolicyMachine(RuleBasedStateMachine):
         self.scheduler_launches = 1
         self.steps: dict[int, int] = {}
         """pid → the last step that process reported."""
-        self.relaunched_after: dict[int, Failure] = {}
+        self.exits: list[ExitInfo] = []
+        """The exits of this pass, for the view."""
         self.gone_since: float | None = None
         self.other_ranks = 0
         self.others_finished = False
         self.teardown_crashes: list[TeardownCrash] = []
         self.restart_stops: list[StopWorkers] = []
         self.min_worker_num: int | None = None
-        self.down_since: dict[int, float] = {}
-        """Absent ranks: when each one's absence began (as the supervisor keeps it)."""
-        self.retired: set[int] = set()
         self.holding: set[int] = set()
         """Pids the scheduler holds as their rank's live member (they registered)."""
+        self.lost: dict[int, float] = {}
+        """Node 0: the other node's ranks lost with their node, and since when."""
+        self.node_range: NodeRange | None = None
+        self.round_nodes: tuple[int, ...] = ()
+        self.silent_since: dict[int, float] = {}
+        self.waiting_nodes: set[int] = set()
+
+    @property
+    def restart_at(self) -> float | None:
+        return self.state.restart_at
+
+    @property
+    def ending(self) -> Ending | None:
+        return self.state.ending
+
+    @property
+    def relaunches(self) -> int:
+        return self.state.relaunches
+
+    @property
+    def retired(self) -> set[int]:
+        """Retired ranks: this node's, and the lost ones of the other node."""
+        return self.state.retired | set(self.state.retiring)
+
+    @property
+    def down_since(self) -> dict[int, float]:
+        return self.state.down_since
 
     # ------------------------------------------------------------ the world
     @initialize(max_restarts=st.integers(0, 4), policy=st.sampled_from(list(RestartPolicy)),
                 registered=st.sets(ranks), other_ranks=st.sampled_from([0, 0, 3]),
-                min_worker_num=st.sampled_from([None, None, 1, 2]))
+                min_worker_num=st.sampled_from([None, None, 1, 2]),
+                fewest_nodes=st.sampled_from([None, None, 1, 2]))
     def start(self, max_restarts: int, policy: RestartPolicy, registered: set[int],
-              other_ranks: int, min_worker_num: int | None) -> None:
+              other_ranks: int, min_worker_num: int | None, fewest_nodes: int | None) -> None:
         self.max_restarts, self.policy, self.registered = max_restarts, policy, registered
         self.min_worker_num = min_worker_num
         self.other_ranks, self.others_finished = other_ranks, not other_ranks
+        if fewest_nodes is not None and policy is not RestartPolicy.RANK:
+            # Node 0 of --nnodes=fewest_nodes:3, in a generation with node 1: the size is
+            # the rounds' (no degraded training).
+            self.node_range, self.round_nodes = NodeRange(fewest_nodes, 3), (0, 1)
+            self.other_ranks, self.others_finished, self.min_worker_num = WORKERS, False, None
         for worker in self.workers:
             self._launch(worker)
 
@@ -214,6 +246,32 @@ class PolicyMachine(RuleBasedStateMachine):
     def the_other_nodes_ranks_finish(self) -> None:
         self.others_finished = True
 
+    @precondition(lambda self: not self.closed and self.round_nodes)
+    @rule(node=st.sampled_from([1, 2]), silent=st.booleans())
+    def a_node_of_the_generation_is_heard(self, node: int, silent: bool) -> None:
+        """A node of the generation stops beating (or beats again)."""
+        if node in self.round_nodes and silent:
+            self.silent_since.setdefault(node, self.now)
+        else:
+            self.silent_since.pop(node, None)
+
+    @precondition(lambda self: not self.closed and self.round_nodes)
+    @rule(node=st.sampled_from([1, 2]))
+    def a_node_asks_to_join(self, node: int) -> None:
+        self.waiting_nodes.add(node)
+
+    @precondition(lambda self: not self.closed and self.other_ranks > 0
+                  and self.node_range is None and not self.lost)
+    @rule()
+    def the_other_node_is_lost(self) -> None:
+        """The other node's tftrun went silent with its ranks (node 0 judges them)."""
+        self.lost = {rank: self.now for rank in range(WORKERS, WORKERS + self.other_ranks)}
+
+    @precondition(lambda self: not self.closed and self.lost)
+    @rule()
+    def the_lost_node_comes_back(self) -> None:
+        self.lost = {rank: since for rank, since in self.lost.items() if rank in self.retired}
+
     @rule(seconds=st.sampled_from([0.05, 1.0, 5.0, 11.0, 40.0]))
     def clock_advances(self, seconds: float) -> None:
         self.now += seconds
@@ -231,7 +289,9 @@ class PolicyMachine(RuleBasedStateMachine):
             self.killed.clear()
             view = self._view()
             actions = decide(view, self.now)
+            self._check_exit_reports(view, actions)
             self.verdicts.clear()
+            self.exits.clear()
             self.scheduler_exit = ""
             for action in actions:
                 self._carry_out(action)
@@ -249,6 +309,7 @@ class PolicyMachine(RuleBasedStateMachine):
         self._check_a_stranded_rank_ends_the_job()
         self._check_the_restart_grace()
         self._check_absent_ranks_are_retired_or_the_job_ends()
+        self._check_the_node_range()
 
     def _view(self) -> JobView:
         undecided = self.restart_at is None and self.ending is None
@@ -263,7 +324,13 @@ class PolicyMachine(RuleBasedStateMachine):
             other_ranks=self.other_ranks, others_finished=self.others_finished,
             others_step=5 if self.others_finished and self.other_ranks else None,
             scheduler_exit=self.scheduler_exit, scheduler_launches=self.scheduler_launches,
-            min_worker_num=self.min_worker_num, rejoin_timeout=REJOIN_TIMEOUT)
+            min_worker_num=self.min_worker_num, rejoin_timeout=REJOIN_TIMEOUT,
+            others_training=self.other_ranks - len(self.lost) if self.lost else None,
+            others_retired=frozenset(self.state.retiring), lost_ranks=dict(self.lost),
+            exits=tuple(self.exits),
+            unknown_to_scheduler=frozenset(range(WORKERS)) - self.registered,
+            node_range=self.node_range, round_nodes=self.round_nodes,
+            waiting_nodes=frozenset(self.waiting_nodes), silent_since=dict(self.silent_since))
 
     def _rank_view(self, worker: Worker, undecided: bool) -> RankView:
         registered = True if worker.rank in self.registered else (
@@ -271,7 +338,7 @@ class PolicyMachine(RuleBasedStateMachine):
         cooldown = (self.cooldowns.get(worker.rank, 0.0)
                     if undecided and worker.state is WorkerState.FAILED and registered else 0.0)
         step = None if worker.child is None else self.steps.get(worker.child.pid)
-        relaunched_after = self.relaunched_after.get(worker.rank)
+        relaunched_after = self.state.relaunched_after.get(worker.rank)
         if worker.state is not WorkerState.RUNNING or step is not None:
             relaunched_after = None
         crash = relaunched_after if worker.state is WorkerState.RUNNING else worker.failure
@@ -291,76 +358,61 @@ class PolicyMachine(RuleBasedStateMachine):
         return replace(seen, down_since=since)
 
     def _carry_out(self, action: Action) -> None:
-        """What launcher/supervisor/carry_out.py's ``_carry_out`` does, without the processes."""
+        """Check ``action``, apply it to the supervisor's real :class:`JobState`, then do
+        what launcher/supervisor/carry_out.py does outside it, without the processes."""
         match action:
-            case Hang(rank, _):
-                self.workers[rank].hung = True
-                self.killed.add(rank)
-            case ScheduleRelaunch(rank, at, why):
-                worker = self.workers[rank]
-                worker.transition(WorkerState.COOLDOWN, deadline=at)
-                worker.relaunch_why = why
             case Relaunch(rank):
                 assert rank not in self.retired, f"retired rank {rank} relaunched"
                 self._check_relaunch_alone(rank)
-                assert self.workers[rank].failure is not None
-                self.relaunched_after[rank] = self.workers[rank].failure
-                self.relaunches += 1
-                self._launch(self.workers[rank])
-            case RestartAll(at, _):
-                self.restart_at = at
+            case Retire(rank, _, deadline):
+                self._check_retirement(rank)
+                assert deadline <= self.now + RESTART_GRACE
             case StopWorkers(_, deadlines):
-                self._stop_workers(deadlines)
-                if self.restart_at is not None and self.ending is None:
-                    self.restart_stops.append(action)
-            case TeardownCrash():
-                self.teardown_crashes.append(action)
+                assert all(at <= self.now + GRACE for at in deadlines.values())
             case RelaunchScheduler():
                 assert self.scheduler_launches <= self.max_restarts
-                self.scheduler_alive = True
-                self.scheduler_launches += 1
             case SchedulerSpent():
                 assert self.scheduler_launches > self.max_restarts
-            case Retire(rank):
-                self._check_retirement(rank)
-                self.retired.add(rank)
-                worker = self.workers[rank]
-                if worker.state is WorkerState.RUNNING:
-                    worker.transition(WorkerState.STOPPING, deadline=self.now + RESTART_GRACE)
-                elif worker.state in (WorkerState.FAILED, WorkerState.COOLDOWN):
-                    worker.transition(WorkerState.STOPPED)
-            case StartAll():
-                self.restart_at = None
-                self.relaunched_after.clear()
-                self.retired.clear()
-                followed = self.peer_restarts > self.restarts
-                self.restarts = max(self.restarts + 1, self.peer_restarts)  # as the supervisor
-                self.followed += followed
-                for worker in self.workers:
-                    self._launch(worker)
-            case Stop(status, reason):
-                self._end(Ending(status, reason))
-            case GiveUp(failure, reason):
-                self._end(Ending(failure.exit_status, reason, failure))
-            case Kill(rank):
-                self.killed.add(rank)
+            case StartAll(back):
+                assert back == self.state.retired, "a group restart leaves ranks retired"
             case Close():
                 assert not any(w.state in (WorkerState.RUNNING, WorkerState.STOPPING)
                                for w in self.workers)
+        self.state.apply(action, self.now, self.workers)
+        match action:
+            case Hang(rank) | Kill(rank):
+                self.killed.add(rank)
+            case Relaunch(rank):
+                self._launch(self.workers[rank])
+            case StopWorkers() if self.restart_at is not None and self.ending is None:
+                self.restart_stops.append(action)
+            case TeardownCrash():
+                self.teardown_crashes.append(action)
+            case RelaunchScheduler():
+                self.scheduler_alive = True
+                self.scheduler_launches += 1
+            case StartAll():
+                followed = self.peer_restarts > self.restarts
+                self.restarts = max(self.restarts + 1, self.peer_restarts)  # as the supervisor
+                self.followed += followed
+                self._next_round()
+                for worker in self.workers:
+                    self._launch(worker)
+            case Close():
                 self.closed = True
-            case WaitUntil():
-                pass
 
-    def _end(self, ending: Ending) -> None:
-        self.ending, self.restart_at = ending, None
-
-    def _stop_workers(self, deadlines: Mapping[int, float]) -> None:
-        for worker in self.workers:
-            if worker.state is WorkerState.RUNNING and worker.rank in deadlines:
-                assert deadlines[worker.rank] <= self.now + GRACE
-                worker.transition(WorkerState.STOPPING, deadline=deadlines[worker.rank])
-            elif worker.state is WorkerState.COOLDOWN:
-                worker.transition(WorkerState.STOPPED)
+    def _next_round(self) -> None:
+        """An elastic job's next generation: the nodes that still beat, and those that
+        asked to join, up to MAX."""
+        if self.node_range is None:
+            return
+        beating = [n for n in self.round_nodes if n not in self.silent_since]
+        joining = sorted(self.waiting_nodes - set(beating))
+        self.round_nodes = (*beating, *joining)[:self.node_range.high]
+        self.other_ranks = WORKERS * (len(self.round_nodes) - 1)
+        self.others_finished = not self.other_ranks
+        self.silent_since.clear()
+        self.waiting_nodes.clear()
 
     def _launch(self, worker: Worker) -> None:
         worker.incarnation += 1
@@ -374,16 +426,20 @@ class PolicyMachine(RuleBasedStateMachine):
     def _exit(self, worker: Worker, code: int) -> None:
         if worker.state in (WorkerState.RUNNING, WorkerState.STOPPING):
             assert worker.child is not None
-            worker.ended(ExitInfo("worker", worker.rank, worker.child.pid, worker.incarnation,
-                                  code, self.now, expected=worker.state is WorkerState.STOPPING))
+            info = ExitInfo("worker", worker.rank, worker.child.pid, worker.incarnation,
+                            code, self.now, expected=worker.state is WorkerState.STOPPING)
+            worker.ended(info)
+            self.exits.append(info)
 
     # ------------------------------------------------------------ the invariants
     def _charged(self) -> int:
         """What this node charged to the budget; a restart another node started is
         charged there (the relaunches of single ranks are each node's own)."""
-        pending = (1 if self.restart_at is not None
+        following = self.peer_restarts > self.restarts  # charged where it was started
+        pending = ((not following) if self.restart_at is not None
                    else sum(w.state is WorkerState.COOLDOWN for w in self.workers))
-        return self.restarts - self.followed + self.relaunches + pending
+        return (self.restarts - self.followed - self.state.free_restarts + self.relaunches
+                + pending)
 
     def _check_budget(self) -> None:
         assert self._charged() <= self.max_restarts, "the restart budget was exceeded"
@@ -474,7 +530,7 @@ class PolicyMachine(RuleBasedStateMachine):
                 if w.state is not WorkerState.SUCCEEDED and w.rank not in self.retired]
         peers = len(self.workers) - len(left) - len(self.retired) + self.other_ranks
         stranded = [w for w in left if w.state is WorkerState.COOLDOWN or (
-            w.state is WorkerState.RUNNING and w.rank in self.relaunched_after
+            w.state is WorkerState.RUNNING and w.rank in self.state.relaunched_after
             and w.child is not None and w.child.pid not in self.steps)]
         assert not (left and peers and self.others_finished and len(stranded) == len(left)), (
             f"ranks {[w.rank for w in left]} wait for peers that all finished")
@@ -490,38 +546,67 @@ class PolicyMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ degraded training
     def _degraded(self) -> bool:
-        return (self.min_worker_num is not None
+        return (self.min_worker_num is not None and bool(self.registered)
                 and self.min_worker_num < WORKERS + self.other_ranks)
 
+    def _absent(self) -> dict[int, float]:
+        """The absent ranks not retired, this node's and the lost node's: since when."""
+        return {rank: since for rank, since in {**self.down_since, **self.lost}.items()
+                if rank not in self.retired}
+
     def _training(self) -> int:
-        """The job's ranks less the absent and the retired (other nodes' ranks train)."""
+        """The job's ranks less the absent, the retired and the lost."""
         absent = set(self.down_since) - self.retired
-        return WORKERS + self.other_ranks - len(self.retired) - len(absent)
+        return (WORKERS - len(self.state.retired) - len(absent)
+                + self.other_ranks - len(self.lost))
 
     def _check_retirement(self, rank: int) -> None:
-        """Only with degraded training, only an absent rank, only once it was absent for
-        --rejoin_timeout, and only while enough ranks train on."""
+        """Only with degraded training, only an absent rank (this node's, or the lost
+        node's), only once it was absent for --rejoin_timeout, and only while enough ranks
+        train on."""
         assert self._degraded() and self.min_worker_num is not None
-        assert rank in self.down_since and rank not in self.retired
-        worker = self.workers[rank]
-        assert worker.child is None or worker.state is not WorkerState.RUNNING \
-            or worker.child.pid not in self.holding, f"rank {rank} registered again, retired"
-        assert self.now >= self.down_since[rank] + REJOIN_TIMEOUT
+        assert rank in self._absent(), f"rank {rank} retired, not absent"
+        if rank < WORKERS:
+            worker = self.workers[rank]
+            assert worker.child is None or worker.state is not WorkerState.RUNNING \
+                or worker.child.pid not in self.holding, f"rank {rank} registered again, retired"
+        assert self.now >= self._absent()[rank] + REJOIN_TIMEOUT
         assert self._training() >= self.min_worker_num
 
     def _check_absent_ranks_are_retired_or_the_job_ends(self) -> None:
-        """No rank stays absent past --rejoin_timeout while enough train; with too few
-        for --node_time_out since every absence began, the job ends."""
+        """No rank stays absent past --rejoin_timeout while enough train, a lost node's
+        included; with too few for --node_time_out since every absence began, the job
+        ends."""
         if not self._degraded() or self.ending is not None or self.restart_at is not None:
             return
         assert self.min_worker_num is not None
-        overdue = [r for r, since in self.down_since.items()
-                   if self.now >= since + REJOIN_TIMEOUT and r not in self.retired]
+        absent = self._absent()
+        overdue = [r for r, since in absent.items() if self.now >= since + REJOIN_TIMEOUT]
         if self._training() >= self.min_worker_num:
             assert not overdue, f"ranks {overdue} absent past --rejoin_timeout, not retired"
-        elif self.down_since:
-            assert self.now < max(self.down_since.values()) + NODE_TIME_OUT, (
+        elif absent:
+            assert self.now < max(absent.values()) + NODE_TIME_OUT, (
                 "too few ranks train for --node_time_out, and the job goes on")
+
+    def _check_exit_reports(self, view: JobView, actions: list[Action]) -> None:
+        """The scheduler hears of every fault, and of no ordinary end of a rank it never
+        knew."""
+        reported = [a.exit for a in actions if isinstance(a, ReportExit)]
+        for info in view.exits:
+            abnormal = not (info.expected or info.succeeded)
+            assert (info in reported) == (abnormal or info.rank in self.registered), info
+
+    def _check_the_node_range(self) -> None:
+        """Node 0 of an elastic range: a node of the generation silent for --node_time_out,
+        or a node asking to join while the generation is below MAX, restarts the group (or
+        ends the job below MIN) at once."""
+        if self.node_range is None or self.ending is not None or self.restart_at is not None:
+            return
+        silent = [n for n, since in self.silent_since.items() if self.now >= since + NODE_TIME_OUT]
+        assert not silent, f"nodes {silent} silent for --node_time_out, nothing decided"
+        joining = self.waiting_nodes - set(self.round_nodes)
+        assert not joining or len(self.round_nodes) >= self.node_range.high, (
+            f"nodes {sorted(joining)} wait to join a generation below MAX")
 
 
 SETTINGS = settings(max_examples=80, stateful_step_count=30, deadline=None,
@@ -558,6 +643,22 @@ class DegradedPolicyMachine(PolicyMachine):
 
 def test_degraded_training_under_random_events() -> None:
     run_state_machine_as_test(DegradedPolicyMachine, settings=SETTINGS)
+
+
+class ElasticPolicyMachine(PolicyMachine):
+    """The same world on node 0 of an elastic range (``--nnodes=MIN:3``): nodes of the
+    generation fall silent or beat again, nodes ask to join, and the group restarts."""
+
+    @initialize(max_restarts=st.integers(0, 3), fewest_nodes=st.sampled_from([1, 2]),
+                registered=st.sets(ranks))
+    def start(self, max_restarts: int, fewest_nodes: int, registered: set[int]) -> None:
+        super().start(max_restarts, RestartPolicy.AUTO, registered, WORKERS, None, fewest_nodes)
+
+    tftrun_is_signalled = another_node_ends_the_job = scheduler_dies = None  # type: ignore[assignment]
+
+
+def test_an_elastic_node_range_under_random_events() -> None:
+    run_state_machine_as_test(ElasticPolicyMachine, settings=SETTINGS)
 
 
 @pytest.mark.parametrize("code", sorted(UNFIXABLE))
@@ -668,7 +769,7 @@ def test_with_degraded_training_a_rank_the_budget_cannot_relaunch_is_retired_in_
     assert decide(view(2, dead), 1.0) == [WaitUntil(60.0)]
     [retire, _wait] = decide(view(2, dead), 60.0)
     assert retire == Retire(1, "rank 1 (exited with code 1) was not back within "
-                               "--rejoin_timeout=60s")
+                               "--rejoin_timeout=60s", 60.0 + RESTART_GRACE)
     retired = RankView(1, WorkerState.STOPPED, retired=True)
     assert decide(view(2, retired), 61.0) == [WaitUntil(float("inf"))]
     done = JobView((RankView(0, WorkerState.SUCCEEDED), retired,
@@ -770,7 +871,8 @@ def test_a_node_counts_the_other_nodes_ranks_that_do_not_train() -> None:
                    node_time_out=NODE_TIME_OUT, others_training=1)
     assert decide(view, REJOIN_TIMEOUT) == [WaitUntil(NODE_TIME_OUT)]
     assert decide(replace(view, others_training=2), REJOIN_TIMEOUT)[0] == Retire(
-        2, f"rank 2 (exited with code 1) was not back within --rejoin_timeout={REJOIN_TIMEOUT:g}s")
+        2, f"rank 2 (exited with code 1) was not back within --rejoin_timeout={REJOIN_TIMEOUT:g}s",
+        REJOIN_TIMEOUT + RESTART_GRACE)
 
 
 def test_a_rank_the_scheduler_retired_is_stopped_and_never_relaunched() -> None:
@@ -783,7 +885,7 @@ def test_a_rank_the_scheduler_retired_is_stopped_and_never_relaunched() -> None:
 
     running = RankView(1, WorkerState.RUNNING, registered=True)
     retire, *_rest = decide(view(running, {1: RETIRED_VERDICT}), 1.0)
-    assert retire == Retire(1, "the scheduler retired rank 1 as it judged it lost")
+    assert retire == Retire(1, "the scheduler retired rank 1 as it judged it lost", 1.0 + RESTART_GRACE)
     assert not any(isinstance(a, Hang) for a in decide(view(running, {1: RETIRED_VERDICT}), 1.0))
     assert Hang(1, "heartbeat") in decide(view(running, {1: "heartbeat"}), 1.0)
     stopped = RankView(1, WorkerState.STOPPED, retired=True)
