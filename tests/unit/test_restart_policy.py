@@ -61,7 +61,7 @@ from launcher.supervisor.job_state import JobState
 from launcher.supervisor.job_view import RESTART_GRACE, RETIRED_VERDICT, Ending, JobView, RankView
 from launcher.supervisor.policy import PEERS_SETTLE, STATUS_WAIT, decide
 from launcher.supervisor.state import Failure, Worker, WorkerState
-from recovery.control.node_range import NodeRange
+from recovery.control.node_range import JobDone, NodeRange, TooFew
 from recovery.exit_codes import UNFIXABLE
 
 WORKERS = 3
@@ -893,3 +893,34 @@ def test_a_rank_the_scheduler_retired_is_stopped_and_never_relaunched() -> None:
     failed = RankView(1, WorkerState.FAILED, failure=_failed(1), registered=True, retired=True)
     assert not any(isinstance(a, (ScheduleRelaunch, RestartAll))
                    for a in decide(view(failed, {}), 2.0))
+
+
+@pytest.mark.parametrize("node_rank", [0, 1])
+def test_a_round_that_did_not_form_ends_the_job_through_decide(node_rank: int) -> None:
+    """An elastic job's round with too few nodes ends the job (node 0 ends it for every
+    node); a round a node could not join because the job ended well ends it with 0."""
+    pending = (RankView(0, WorkerState.PENDING), RankView(1, WorkerState.PENDING))
+    too_few = TooFew("node 0: group restart 2: 1 of the job's nodes (at least 2 needed)")
+    assert decide(JobView(pending, max_restarts=3, node_rank=node_rank, round_outcome=too_few),
+                  1.0) == [Stop(EXIT_PEER_ENDED, too_few.reason, everywhere=node_rank == 0)]
+    done = JobDone(f"node {node_rank}: the job ended before group restart 2")
+    assert decide(JobView(pending, max_restarts=3, node_rank=node_rank, round_outcome=done),
+                  1.0) == [Stop(0, done.reason)]
+
+
+@pytest.mark.parametrize("round_nodes", [(), (0, 1)])
+def test_node_0_of_an_elastic_job_that_ended_well_closes_its_rounds(round_nodes: tuple[int, ...]) -> None:
+    done = (RankView(0, WorkerState.SUCCEEDED), RankView(1, WorkerState.SUCCEEDED))
+    [stop] = decide(JobView(done, max_restarts=3, round_nodes=round_nodes), 1.0)
+    assert stop == Stop(0, "all workers succeeded", close_rounds=bool(round_nodes))
+
+
+def test_a_group_restart_brings_back_every_retired_rank_and_the_state_forgets_them() -> None:
+    """Rank 1 was retired; once the group restart is due and nothing runs, ``StartAll``
+    names it, and :class:`JobState` holds no rank retired after applying it."""
+    ranks = (RankView(0, WorkerState.STOPPED), RankView(1, WorkerState.STOPPED, retired=True))
+    actions = decide(JobView(ranks, max_restarts=3, restart_at=1.0, restarts=0), 1.0)
+    assert StartAll(frozenset({1})) in actions
+    state = JobState(restart_at=1.0, retired={1})
+    state.apply(StartAll(frozenset({1})), 1.0, [Worker(0, 0), Worker(1, 1)])
+    assert state.retired == set() and state.restart_at is None
