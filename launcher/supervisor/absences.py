@@ -14,11 +14,9 @@ __all__ = ["down_since", "absences", "absent_ranks", "absence_deadlines"]
 
 
 def down_since(before: float | None, rank: RankView) -> float | None:
-    """When ``rank``'s absence began, given when it had begun as of the last pass
-    (``before``; None: it was not absent): the failure that began it, kept while the rank
-    stays absent (FAILED, waiting in COOLDOWN, or relaunched alone and neither registered
-    nor training yet), None once it is back (registered again, or training) or stopped (a
-    group restart, the job's end, retired)."""
+    """When ``rank``'s absence began (``before``: as of the last pass, None: not absent):
+    the time of the failure that began it, kept while it stays absent; None once it is back
+    or stopped."""
     if rank.retired:
         return None
     if rank.state in (WorkerState.FAILED, WorkerState.COOLDOWN) or (
@@ -41,8 +39,7 @@ class _Absence:
 
 
 def _training(view: JobView, absent: Sequence[_Absence]) -> int:
-    """The ranks that train while ``absent`` are away: this node's, less the absent and the
-    retired ones, and the other nodes' that train."""
+    """How many ranks train while ``absent`` are away, on this node and the others."""
     own = len(view.ranks) - sum(r.retired for r in view.ranks) - sum(
         a.failure is not None for a in absent)
     others = (view.other_ranks - len(view.others_retired) if view.others_training is None
@@ -62,8 +59,7 @@ def absent_ranks(view: JobView) -> list[_Absence]:
 def absences(view: JobView, now: float) -> list[Action] | None:
     """Degraded training: retire the ranks absent for ``--rejoin_timeout`` while at least
     ``--min_worker_num`` train; with fewer, end the job once that lasted
-    ``--node_time_out``, or at once when none of them can come back (see the module
-    docstring)."""
+    ``--node_time_out``, or at once when none of them can come back."""
     absent = absent_ranks(view)
     if not absent or view.restart_at is not None or not degraded(view):
         return None
@@ -102,10 +98,9 @@ def absences(view: JobView, now: float) -> list[Action] | None:
 
 
 def _none_can_return(view: JobView, absent: Sequence[_Absence]) -> bool:
-    """Whether no absent rank can come back: each is this node's, none waits out its
-    cooldown or is starting again, and the budget cannot relaunch the failed ones
-    (:func:`launcher.supervisor.policy.decide` relaunches all of them or none); a lost node's ranks may come
-    back with it. Waiting ``--node_time_out`` would then only delay the end."""
+    """Whether no absent rank can come back: all are this node's FAILED ranks and the budget
+    cannot relaunch them all (the policy relaunches all or none); waiting
+    ``--node_time_out`` would then only delay the end."""
     states = {r.rank: r.state for r in view.ranks}
     return (all(a.failure is not None and states[a.rank] is WorkerState.FAILED for a in absent)
             and view.charged + len(absent) > view.max_restarts)
@@ -121,8 +116,7 @@ def absence_deadlines(view: JobView, absent: Sequence[_Absence]) -> list[float]:
 
 
 def _too_few_since(view: JobView, absent: Sequence[_Absence]) -> float:
-    """When the job fell below ``--min_worker_num`` training ranks: the absence that the
-    job could no longer take."""
+    """When the job fell below ``--min_worker_num`` training ranks."""
     assert view.min_worker_num is not None
     deaths = sorted(a.since for a in absent)
     spare = _training(view, absent) + len(absent) - view.min_worker_num

@@ -44,8 +44,8 @@ class Relaunch:
 
 @dataclass(frozen=True)
 class RestartAll:
-    """Restart the whole group at ``at`` (charged now, unless not ``charged``: a change of
-    an elastic job's nodes); a :class:`StopWorkers` comes with it."""
+    """Restart the whole group at ``at``; charged now unless not ``charged`` (an elastic
+    job's change of nodes). A :class:`StopWorkers` comes with it."""
 
     at: float
     why: str
@@ -62,9 +62,8 @@ class StartAll:
 
 @dataclass(frozen=True)
 class Stop:
-    """End the job (every worker succeeded, tftrun was signalled, another node ended it);
-    ``everywhere``: this node ends it for every node; ``close_rounds``: node 0 of an elastic
-    job tells a node waiting to join that no generation comes."""
+    """End the job without a failure to blame. ``everywhere``: this node ends it for every
+    node; ``close_rounds``: node 0 of an elastic job tells waiting nodes no generation comes."""
 
     status: int
     reason: str
@@ -128,10 +127,8 @@ class SchedulerSpent:
 
 @dataclass(frozen=True)
 class Retire:
-    """Degraded training: ``rank`` was not back within ``--rejoin_timeout``: it leaves the
-    job for good (its relaunch withdrawn, or stopped if it is starting; no other), and
-    the others train on without it (a ``membership`` event with ``retired``). A running
-    rank gets SIGTERM and is SIGKILLed at ``deadline``."""
+    """Degraded training: ``rank`` leaves the job for good and the others train on without
+    it; a running one gets SIGTERM and is SIGKILLed at ``deadline``."""
 
     rank: int
     why: str

@@ -1,15 +1,9 @@
 """The node's beat server: its workers' heartbeats in, one ``node_beat`` per node out.
 
-Workers under tftrun connect to a Unix ``SOCK_SEQPACKET`` socket in a folder only this
-user may enter, named to them in ``TFT_BEAT_SOCKET`` (recovery/control/beat_channel.py).
-One thread serves the connections: it records each report and answers a heartbeat at
-once from the scheduler's latest answer (recovery/control/node_beats.py); a
-registration waits for the next beat. Another sends the node's beats: every beat
-interval; at once for a registration, a rank now ready, or a rank silent past the
-heartbeat timeout; and at once when the scheduler has news: a store connection of the
-node's waits for its next news key (recovery/control/news_watch.py), so that news wakes
-the node the moment it is set and the store serves no reads of the counter meanwhile.
-The supervisor's loop never waits on any of them.
+Workers connect to a Unix socket in a folder only this user may enter, named in
+``TFT_BEAT_SOCKET``. One thread answers them from the scheduler's latest reply; another
+beats on time, for urgent reports, and on the scheduler's news (a store connection waits
+for its news key, so the store serves no polling). The supervisor's loop never waits on them.
 """
 
 from __future__ import annotations
@@ -194,9 +188,8 @@ class BeatServer:
                 self._send_beats()
 
     def _send_beats(self) -> None:
-        # The link starts connecting when the first worker connects here, and that
-        # worker's registration is due 50 ms later: a call before the connection is made
-        # would fail at once and the registration wait for the next beat, seconds on.
+        # The link starts connecting only when the first worker connects: a call before
+        # it is made would fail, and the registration wait for the next beat.
         if not self._link.wait_connected(_REPLY_TIMEOUT) and self._closed.is_set():
             return
         with self._lock:

@@ -47,10 +47,9 @@ logger = logging.getLogger(__name__)
 
 
 class CarryingOut:
-    """The part of :class:`launcher.supervisor.loop.Supervisor` that acts: starting the
-    workers (an elastic job's round first) and carrying out each action. The bookkeeping
-    is :meth:`JobState.apply`'s; here are the processes, the events and the requests. The
-    attributes are the supervisor's, set in its ``__init__``."""
+    """The part of :class:`launcher.supervisor.loop.Supervisor` that acts on processes,
+    events and requests; the bookkeeping is :meth:`JobState.apply`'s. The attributes are
+    set in the supervisor's ``__init__``."""
 
     config: LaunchConfig
     view: View
@@ -88,9 +87,8 @@ class CarryingOut:
 
     def _meet_round(self) -> bool:
         """An elastic job: take this launch's round (its nodes, so this node's ranks and the
-        world size); False when it did not form (the policy ends the job on its outcome),
-        or a signal came in. Its ``membership`` event says ``restart_count``, and
-        ``generation`` too (its older spelling, for one release)."""
+        world size); False when it did not form or a signal came in. The ``membership``
+        event carries ``generation`` too: the older name of ``restart_count``."""
         assert self._rounds is not None and self._presence is not None
         met = self._rounds.meet(self.restart_count, self._round)
         if not isinstance(met, Round):
@@ -172,8 +170,8 @@ class CarryingOut:
         return []
 
     def _report_exit(self, info: ExitInfo) -> None:
-        """Queue the worker's exit for the scheduler's membership (the watch delivers it:
-        the events that date the exit never wait for the scheduler)."""
+        """Queue the worker's exit for the scheduler (the watch thread delivers it, so the
+        loop never waits for the scheduler)."""
         assert info.rank is not None
         self._watch.report(ExitReport(str(info.rank), info.rank, info.pid, info.incarnation,
                                       not (info.expected or info.succeeded), info.describe()))

@@ -42,11 +42,8 @@ _ALIVE = (WorkerState.RUNNING, WorkerState.STOPPING)
 def node_workers(config: LaunchConfig) -> list[Worker]:
     """This node's workers, before their first launch.
 
-    The incarnation of each one's first launch is 0 on one node. With many nodes, a
-    node's tftrun may be started again while the job runs (a lost node returns). Its
-    workers' incarnations must differ from its predecessor's, which the scheduler still
-    holds (a generation is a set of (node id, incarnation)), so they count from the launch
-    time in milliseconds, as a worker started by hand does.
+    With many nodes, incarnations count from the launch time in milliseconds: a node's
+    tftrun started again must not reuse the incarnations the scheduler still holds.
     """
     first = time.time_ns() // 1_000_000 if config.multi_node else 0
     return [Worker(rank=config.first_rank + i, local_rank=i, incarnation=first - 1)
@@ -141,10 +138,8 @@ class Children:
     def launch(self, worker: Worker) -> None:
         """Start ``worker``'s next incarnation: forked by the fork server, if there is one.
 
-        A launch whose process cannot be started (an OSError: no memory, no pids, a log
-        that cannot be opened, an error folder that is not the user's own) is a failed
-        launch: the worker is FAILED, and the policy
-        decides about it like any failure, with the budget it charges.
+        A process that cannot be started (an OSError) leaves the worker FAILED, for the
+        policy to decide about like any failure.
         """
         worker.incarnation += 1
         host, port = self.rendezvous

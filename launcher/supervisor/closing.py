@@ -1,10 +1,8 @@
 """The last of a job on this node: the fork server and the scheduler stopped in order.
 
-Once no worker runs (the policy's ``Close``), the exit reports are given a moment to
-reach the scheduler, then the fork server and the scheduler get SIGTERM, the grace period,
-SIGKILL, without blocking the loop. The error path (:func:`stop_everything_now`) stops
-everything the blocking way: the workers and the fork server first, then the scheduler, which
-the workers' last words need.
+Once no worker runs, they are stopped without blocking the loop; the error path
+(:func:`stop_everything_now`) blocks, and stops the scheduler last because the workers'
+last words need it.
 """
 
 from __future__ import annotations

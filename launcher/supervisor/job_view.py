@@ -52,8 +52,8 @@ class RankView:
     finished_at: float | None = None
     """SUCCEEDED: when its process exited 0."""
     down_since: float | None = None
-    """When its absence began: the death after which it has not registered again (see
-    :func:`down_since`); None while it is not absent."""
+    """When its absence began (:func:`~launcher.supervisor.absences.down_since`); None while
+    it is not absent."""
     retired: bool = False
     """Retired for good (:class:`Retire`): no longer one of the job's ranks."""
     holds_rank: bool = False

@@ -1,14 +1,8 @@
 """The per-node supervisor: start the scheduler and the workers, watch them, restart, stop.
 
-One loop, woken by SIGCHLD (so a death is seen at once, not at the next poll), by news
-from the scheduler, or every ``monitor_interval``: observe (a queued signal, exits, what
-the observer holds: launcher/supervisor/observer.py), ask the restart policy
-(launcher/supervisor/policy.py) what to do, carry out its actions
-(launcher/supervisor/carry_out.py), redraw the view. The loop decides nothing itself,
-never waits for the scheduler (one thread does every round trip:
-launcher/supervisor/watch.py) and never blocks on a stop: stopping is a state with a
-deadline. Signal handlers only queue the signal number. An unexpected exception still
-ends in the orderly stop (:meth:`Supervisor._stop_on_error`).
+One loop, woken by SIGCHLD, the scheduler's news or every ``monitor_interval``, observes,
+asks the restart policy what to do and carries it out. It never waits for the scheduler
+and never blocks on a stop (stopping is a state with a deadline), so a death is handled at once.
 """
 
 from __future__ import annotations
@@ -220,9 +214,8 @@ class Supervisor(CarryingOut):
         self._observer.read(now, self.workers)  # first: as the exits stood before them
         exits = tuple(self.children.reap_workers(self.workers))
         if self._observer.registered or any(w.failure is not None for w in self.workers):
-            # On one node, connected only once something needs it: until a worker
-            # registered or failed, no answer of the scheduler matters, and each question
-            # would be a request it handles while the workers start.
+            # Only once a worker registered or failed: before, no answer matters and each
+            # question would load the scheduler while the workers start.
             self._control.connect()
         sweep()
         state = self.state
@@ -280,13 +273,8 @@ class Supervisor(CarryingOut):
                                  if node != self.config.assigned_rank}}
 
     def _stop_on_error(self, error: Exception) -> int:
-        """The loop raised: stop every process in order anyway, then end the job.
-
-        SIGTERM, grace period, SIGKILL, as on any stop, so that the workers get their
-        chance to save last words: the workers and the fork server first, then the scheduler
-        (which the workers' last words need). ``job_end`` says why. The traceback goes to
-        tftrun's log for the bug report; tftrun exits with :data:`EXIT_SUPERVISOR_ERROR`.
-        """
+        """The loop raised: stop every process in order anyway, so the workers can save
+        their last words, then end the job with :data:`EXIT_SUPERVISOR_ERROR`."""
         logger.error("internal error; stopping every process in order", exc_info=error)
         failing = self.state.ending.failing if self.state.ending is not None else None
         self.state.ending = Ending(EXIT_SUPERVISOR_ERROR,

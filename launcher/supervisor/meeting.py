@@ -36,13 +36,8 @@ class MeetingPlace:
         self._store = RendezvousStore(config.local_addr)
 
     def _at_scheduler(self, restart_count: int) -> bool:
-        """Whether this launch's workers meet at the scheduler's store.
-
-        The first launch of a job on one node does: that store is new, so it holds no
-        earlier attempt's keys (rendezvous.py), and this process imports no torch to
-        host one while the workers import theirs (docs/benchmarks.md, launch). A group
-        restart meets at a fresh store of its own, as other nodes' workers always do.
-        """
+        """Whether this launch's workers meet at the scheduler's store: only the first launch
+        on one node, as that store is new and this process need not import torch to host one."""
         return self._hosts_scheduler and self._nodes is None and restart_count == 0
 
     def choose(self, restart_count: int) -> tuple[str, int]:
@@ -62,9 +57,8 @@ class MeetingPlace:
         return where
 
     def serve(self, restart_count: int, where: tuple[str, int]) -> None:
-        """Serve the store chosen, once the workers were started: importing torch here
-        overlaps with the workers doing the same. Node 0 with other nodes then tells
-        them where it is (from the store's thread, through a link of its own)."""
+        """Serve the store chosen, once the workers were started (importing torch here then
+        overlaps with theirs); node 0 with other nodes then tells them where it is."""
         if not self._config.hosts_scheduler or self._at_scheduler(restart_count):
             return
         announce: Callable[[], None] | None = None

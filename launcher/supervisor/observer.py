@@ -1,14 +1,7 @@
 """What the supervisor knows about the world outside its own children, for the policy.
 
-It reads, never waits: the latest snapshot the scheduler watch took
-(launcher/supervisor/watch.py), what the other nodes said, and this node's events file:
-the workers' ``step`` and ``train_end`` events and, on the scheduler's node, every
-registration and every leave (with the step the process had reached), written before the
-scheduler answers them. From these it answers the
-questions the :class:`~launcher.supervisor.job_view.JobView` asks: which node ids
-registered, which own processes the scheduler declares dead or hung, when a rank's
-cooldown ends, which step each process reached, and what of the other nodes is missing,
-trains, or was retired.
+It reads and never waits: the scheduler watch's latest snapshot, what the other nodes said,
+and this node's events file, where the scheduler writes each registration before answering it.
 """
 
 from __future__ import annotations
@@ -162,11 +155,8 @@ class Observer:
         return until
 
     def verdicts(self, workers: list[Worker]) -> dict[int, str]:
-        """The ranks the scheduler declares dead or hung, about this node's running
-        processes only: a verdict counts only for the pid the scheduler holds for the rank
-        (not for a process of an earlier tftrun of this node, gone, whose rank this one
-        runs again in a process that has not registered yet). A rank the scheduler
-        retired as it judged it gets :data:`RETIRED_VERDICT`."""
+        """The ranks the scheduler declares dead or hung: rank → verdict, only where it holds
+        the pid running now (not one of an earlier tftrun of this node)."""
         snapshot = self.snapshot
         if snapshot is None:
             return {}
@@ -184,10 +174,8 @@ class Observer:
         return self._node_watch.since
 
     def _gone(self, now: float) -> str:
-        """What of the other nodes is missing just now ('' when nothing is): on node 0,
-        the ranks the scheduler lacks of nodes whose tftrun stopped beating (a plain
-        script's ranks never register: its node's beat says it is there). Nothing for
-        an elastic job: the policy's membership rules judge its nodes."""
+        """What of the other nodes is missing just now ('' when nothing is); on node 0, only
+        ranks of nodes whose tftrun stopped beating, since a plain script's ranks never register."""
         config = self._config
         if not config.multi_node:
             return ""
@@ -204,9 +192,8 @@ class Observer:
         return f"the ranks {missing} of another node" if missing else ""
 
     def _lost(self, now: float) -> dict[int, float]:
-        """Node 0 of a degraded job: the other nodes' ranks that registered once, have no
-        live process now and whose node's tftrun is silent, each with when its node last
-        beat. Never those of an elastic node range (its rounds judge nodes)."""
+        """Node 0 of a degraded job: the lost ranks of other nodes, each with when its node
+        last beat (see :attr:`~launcher.supervisor.job_view.JobView.lost_ranks`)."""
         snapshot, beats, config = self.snapshot, self._beats, self._config
         if snapshot is None or beats is None or not config.trains_degraded \
                 or config.node_range is not None:

@@ -55,7 +55,7 @@ _NO_STEP = -1
 
 
 def decide(view: JobView, now: float) -> list[Action]:
-    """What the supervisor does next; see the module docstring for the rules."""
+    """What the supervisor does next (the rules: docs/recovery.md)."""
     return [*_about_the_scheduler(view), *exit_reports(view.exits, view.unknown_to_scheduler),
             *_about_workers(view, now)]
 
@@ -138,7 +138,7 @@ def _about_workers(view: JobView, now: float) -> list[Action]:
 
 def _membership_change(view: JobView, now: float) -> list[Action] | None:
     """Node 0 of an elastic job: restart the group for a node lost or one that asked to
-    join, or end the job below ``MIN`` (see the module docstring)."""
+    join, or end the job below ``MIN`` (docs/multi-node.md)."""
     span = view.node_range
     if span is None or not view.round_nodes or view.restart_at is not None:
         return None

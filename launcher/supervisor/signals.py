@@ -1,10 +1,8 @@
 """tftrun's signals: the ones that stop the job are queued, SIGCHLD and they wake the loop.
 
-A handler only queues the signal's number (the loop acts on it: the job stops in order,
-the workers get the same signal, tftrun exits 128+N). Every signal, SIGCHLD included,
-also writes to a pipe the loop sleeps on, so that a death or a signal is handled at
-once, not at the next ``--monitor_interval``; so does :meth:`Wakeup.wake` (the thread
-that talks to the scheduler, when it has news).
+A handler only queues the signal's number for the loop to act on. Every signal also writes
+to a pipe the loop sleeps on, so a death or a signal is handled at once, not at the next
+``--monitor_interval``.
 """
 
 from __future__ import annotations

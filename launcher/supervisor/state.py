@@ -19,13 +19,9 @@ __all__ = ["WorkerState", "Worker", "Failure", "TRANSITIONS", "SPAWN_FAILED"]
 class WorkerState(StrEnum):
     """Where a worker is, as the supervisor sees it.
 
-    ``PENDING`` → ``RUNNING`` → ``SUCCEEDED`` (exit 0) | ``FAILED`` (any other end, or a
-    launch that could not be started). Two states wait for a deadline
-    (:attr:`Worker.deadline`): ``COOLDOWN``, a relaunch decided and charged to the
-    budget, waiting out the rank's re-registration cooldown; and ``STOPPING``, signalled
-    by the supervisor, SIGKILLed at the deadline. ``STOPPED``: stopped on purpose, or a
-    relaunch withdrawn because the whole group restarts or the job ends, or a rank retired
-    for good (degraded training, launcher/supervisor/policy.py ``Retire``).
+    ``COOLDOWN`` (a relaunch charged, waiting out the re-registration cooldown) and
+    ``STOPPING`` (signalled, SIGKILLed then) wait for :attr:`Worker.deadline`. ``STOPPED``:
+    stopped on purpose, its relaunch withdrawn, or retired for good.
     """
 
     PENDING = "pending"

@@ -1,22 +1,9 @@
 """The supervisor's one thread that talks to the scheduler and to the other nodes.
 
-Every round trip leaves the loop: the loop queues the exit reports (and the ranks it
-retired) and reads the latest
-snapshot, and never waits for an answer, so a stalled scheduler (each request may wait
-its 1 s reply timeout) delays no exit handling. The thread delivers the queued reports,
-then takes one status snapshot (its node's: its own ranks' rows and the job's facts,
-O(own ranks + faults), never the whole table) and, with other nodes, reads the cluster store; every
-:func:`snapshot_interval` (:data:`SNAPSHOT_INTERVAL` but in large jobs), or at once when
-the loop pokes it (an exit to report) or the scheduler has news (:meth:`SchedulerWatch.poke`). After
-each round it wakes the loop.
-
-In a large job (spaced snapshots) the node's beats say whether a snapshot would show
-anything new: each ``node_beat``'s reply carries the scheduler's count of changes
-(``facts``: recovery/control/membership.py's ``facts_version``), and a spaced round asks
-for the status only when that count moved since the last snapshot
-(:meth:`SchedulerWatch.facts_heard`); a round for reports or news always asks. A steady
-job's supervisors then ask nothing; the steps the snapshot would bring, the node's
-events file brings (launcher/supervisor/observer.py).
+The loop queues exit reports and reads the latest snapshot without waiting, so a stalled
+scheduler delays no exit handling. In a large job a round with nothing to report asks for the
+status only when the beats said the scheduler's count of changes moved, so a steady job's
+supervisors ask nothing.
 """
 
 from __future__ import annotations
@@ -41,12 +28,8 @@ SNAPSHOT_INTERVAL = 0.5
 """Seconds between two status snapshots (the scheduler's verdicts come with them), in a
 job of up to :data:`STATUS_RATE` / 2 nodes."""
 STATUS_RATE = 256
-"""Status requests a second that the job's supervisors send at most between them, on
-their own: in a larger job each node's snapshots are spaced to :func:`snapshot_interval`.
-Each costs the scheduler's one loop about as much as a node's beat, so that a thousand
-nodes asking twice a second would take most of it. What must come sooner comes
-anyway: an exit to report takes a snapshot at once, and so does the scheduler's news (a
-verdict, a generation: :meth:`SchedulerWatch.poke`)."""
+"""Status requests a second the job's supervisors send at most between them, unprompted:
+each costs the scheduler's one loop about as much as a beat. Exits and news still ask at once."""
 _JOIN = 5.0
 """Seconds :meth:`SchedulerWatch.close` waits for a round trip in flight."""
 
@@ -202,12 +185,9 @@ class SchedulerWatch:
         self._poked.set()
 
     def facts_heard(self, facts: int) -> None:
-        """A reply to the node's beat said the scheduler's count of changes is ``facts``
-        (from the beat server's thread): in a large job, the next spaced round asks only
-        if it differs from the last snapshot's. It does not ask at once: as a job forms
-        (or many ranks end) every beat brings a new count, and thousands of nodes asking
-        after each beat would crowd the registrations out; what must come at once comes
-        as news."""
+        """A beat's reply said the scheduler's count of changes is ``facts`` (beat server's
+        thread). It is only noted, not asked about at once: as a job forms every beat
+        brings a new count, and many nodes asking would crowd the registrations out."""
         self._facts_heard = facts
 
     def delivered(self, timeout: float) -> bool:
