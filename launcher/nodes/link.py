@@ -387,13 +387,13 @@ class NodeWatch:
     """
 
     def __init__(self) -> None:
-        self.gone = ""
+        self.missing = ""
         self.since: float | None = None
 
-    def seen(self, gone: str, now: float) -> None:
-        """``gone``: what is missing now (empty: nothing)."""
-        if not gone:
+    def seen(self, missing: str, now: float) -> None:
+        """``missing``: what is missing now (empty: nothing)."""
+        if not missing:
             self.since = None
         elif self.since is None:
             self.since = now
-        self.gone = gone
+        self.missing = missing

@@ -10,10 +10,10 @@ from launcher.supervisor.actions import EXIT_PEER_ENDED, Action, GiveUp, Retire,
 from launcher.supervisor.job_view import JobView, RankView, crash, degraded, short_stop, stop_all
 from launcher.supervisor.state import Failure, WorkerState
 
-__all__ = ["down_since", "absences", "absent_ranks", "absence_deadlines"]
+__all__ = ["absent_since", "absences", "absent_ranks", "absence_deadlines"]
 
 
-def down_since(before: float | None, rank: RankView) -> float | None:
+def absent_since(before: float | None, rank: RankView) -> float | None:
     """When ``rank``'s absence began (``before``: as of the last pass, None: not absent):
     the time of the failure that began it, kept while it stays absent; None once it is back
     or stopped."""
@@ -49,8 +49,8 @@ def _training(view: JobView, absent: Sequence[_Absence]) -> int:
 
 def absent_ranks(view: JobView) -> list[_Absence]:
     """This node's absent ranks, and the lost ranks of other nodes that node 0 judges."""
-    own = [_Absence(r.rank, r.down_since, crash(r).reason, crash(r)) for r in view.ranks
-           if r.down_since is not None and not r.retired]
+    own = [_Absence(r.rank, r.absent_since, crash(r).reason, crash(r)) for r in view.ranks
+           if r.absent_since is not None and not r.retired]
     lost = [_Absence(rank, since, "its node's tftrun went silent", None)
             for rank, since in sorted(view.lost_ranks.items()) if rank not in view.others_retired]
     return own + lost

@@ -40,8 +40,8 @@ class JobState:
     restart_why: str = ""
     relaunched_after: dict[int, Failure] = field(default_factory=dict)
     """Ranks relaunched alone since the last group restart: the failure each followed."""
-    down_since: dict[int, float] = field(default_factory=dict)
-    """Absent ranks: when each one's absence began (absences.down_since)."""
+    absent_since: dict[int, float] = field(default_factory=dict)
+    """Absent ranks: when each one's absence began (absences.absent_since)."""
     retired: set[int] = field(default_factory=set)
     """This node's ranks retired for good since the last group restart."""
     retiring: dict[int, float] = field(default_factory=dict)

@@ -51,8 +51,8 @@ class RankView:
     step yet (it waits for a generation to join)."""
     finished_at: float | None = None
     """SUCCEEDED: when its process exited 0."""
-    down_since: float | None = None
-    """When its absence began (:func:`~launcher.supervisor.absences.down_since`); None while
+    absent_since: float | None = None
+    """When its absence began (:func:`~launcher.supervisor.absences.absent_since`); None while
     it is not absent."""
     retired: bool = False
     """Retired for good (:class:`Retire`): no longer one of the job's ranks."""
@@ -99,10 +99,10 @@ class JobView:
     """When (monotonic) this node learned it."""
     grace_period: float = 10.0
     node_rank: int = 0
-    gone: str = ""
+    missing: str = ""
     """What of the other nodes is missing just now (empty: nothing)."""
-    gone_since: float | None = None
-    """Since when ``gone`` has been missing without a break."""
+    missing_since: float | None = None
+    """Since when ``missing`` has been missing without a break."""
     node_time_out: float = 600.0
     other_ranks: int = 0
     """Ranks on the other nodes (0 on one node)."""

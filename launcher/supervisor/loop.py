@@ -20,7 +20,7 @@ from launcher.nodes.link import NodeLink
 from launcher.nodes.presence import NodePresence
 from launcher.nodes.rounds import RoundMeeting
 from launcher.procs.process import Watchdog, become_subreaper, sweep
-from launcher.supervisor.absences import down_since
+from launcher.supervisor.absences import absent_since
 from launcher.supervisor.actions import WaitUntil
 from launcher.supervisor.beats import BeatServer, node_name
 from launcher.supervisor.carry_out import CarryingOut
@@ -237,8 +237,8 @@ class Supervisor(CarryingOut):
             verdicts=self._observer.verdicts(self.workers) if state.ending is None else {},
             peer_restart=peer_restart, peer_end=news.ended or over, peer_done=peer_done,
             peer_done_at=news.over_at, grace_period=config.grace_period,
-            node_rank=config.node_rank, gone=self._observer.gone,
-            gone_since=self._observer.gone_since, node_time_out=config.node_time_out,
+            node_rank=config.node_rank, missing=self._observer.missing,
+            missing_since=self._observer.missing_since, node_time_out=config.node_time_out,
             other_ranks=config.worker_num - config.nproc, others_finished=others_finished,
             others_step=others_step, scheduler_exit=self._scheduler_exit,
             scheduler_launches=self.children.scheduler_launches,
@@ -255,12 +255,12 @@ class Supervisor(CarryingOut):
         state = self.state
         seen = self._observer.rank_view(worker, undecided, state.relaunched_after.get(worker.rank))
         seen = replace(seen, retired=worker.rank in state.retired)
-        since = down_since(state.down_since.get(worker.rank), seen)
+        since = absent_since(state.absent_since.get(worker.rank), seen)
         if since is None:
-            state.down_since.pop(worker.rank, None)
+            state.absent_since.pop(worker.rank, None)
         else:
-            state.down_since[worker.rank] = since
-        return replace(seen, down_since=since)
+            state.absent_since[worker.rank] = since
+        return replace(seen, absent_since=since)
 
     def _membership_view(self) -> dict[str, object]:
         """Node 0 of an elastic job: its generation's nodes, who asks to join, who beats."""

@@ -91,7 +91,7 @@ class Observer:
                 if member.global_step is not None:
                     self._note_step(member.rank, member.pid, member.global_step)
         self.lost = self._lost(now)
-        self._node_watch.seen(self._gone(now), now)
+        self._node_watch.seen(self._missing(now), now)
 
     def _note_step(self, rank: int, pid: int, step: int) -> None:
         self._steps[rank, pid] = max(step, self._steps.get((rank, pid), step))
@@ -166,14 +166,14 @@ class Observer:
 
     # ----------------------------------------------------------------- the other nodes
     @property
-    def gone(self) -> str:
-        return self._node_watch.gone
+    def missing(self) -> str:
+        return self._node_watch.missing
 
     @property
-    def gone_since(self) -> float | None:
+    def missing_since(self) -> float | None:
         return self._node_watch.since
 
-    def _gone(self, now: float) -> str:
+    def _missing(self, now: float) -> str:
         """What of the other nodes is missing just now ('' when nothing is); on node 0, only
         ranks of nodes whose tftrun stopped beating, since a plain script's ranks never register."""
         config = self._config

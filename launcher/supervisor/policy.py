@@ -89,8 +89,8 @@ def _about_workers(view: JobView, now: float) -> list[Action]:
                 stop_all(view, now, view.signal)]
     if view.peer_end:
         return [Stop(EXIT_PEER_ENDED, view.peer_end), stop_all(view, now)]
-    if view.gone_since is not None and now - view.gone_since >= view.node_time_out:
-        reason = (f"node {view.node_rank}: {view.gone} did not come back within "
+    if view.missing_since is not None and now - view.missing_since >= view.node_time_out:
+        reason = (f"node {view.node_rank}: {view.missing} did not come back within "
                   f"--node_time_out={view.node_time_out:g}s")
         return [Stop(EXIT_PEER_ENDED, reason, everywhere=True), stop_all(view, now)]
     if all(r.state is WorkerState.SUCCEEDED for r in view.ranks if not r.retired):
@@ -334,8 +334,8 @@ def _next_deadline(view: JobView, decided: Sequence[Action], now: float) -> floa
     due += [a.at for a in decided if isinstance(a, ScheduleRelaunch)]
     if view.restart_at is not None:
         due.append(view.restart_at)
-    if view.gone_since is not None:
-        due.append(view.gone_since + view.node_time_out)
+    if view.missing_since is not None:
+        due.append(view.missing_since + view.node_time_out)
     due += [at for node in view.round_nodes if node in view.silent_since
             and (at := view.silent_since[node] + view.node_time_out) > now]
     if _finished(view) and _relaunch_times(view) and _settled(view) > now:

@@ -191,19 +191,19 @@ def test_a_node_is_declared_lost_only_after_an_unbroken_absence_of_the_bound(
     """Each pass: the clock moves on, and the node is seen gone or back (NodeWatch dates
     the absence, the policy decides). The job ends exactly when the node has been gone,
     with no return in between, for ``bound`` s."""
-    watch, now, gone_since = NodeWatch(), 0.0, None
+    watch, now, missing_since = NodeWatch(), 0.0, None
     ranks = (RankView(0, WorkerState.RUNNING),)
     for step, gone in passes:
         now += step
         if not gone:
-            gone_since = None
-        elif gone_since is None:
-            gone_since = now
+            missing_since = None
+        elif missing_since is None:
+            missing_since = now
         watch.seen("node 1" if gone else "", now)
-        actions = decide(JobView(ranks, 0, gone=watch.gone, gone_since=watch.since,
+        actions = decide(JobView(ranks, 0, missing=watch.missing, missing_since=watch.since,
                                  node_time_out=bound, node_rank=0), now)
         ends = [a for a in actions if isinstance(a, Stop)]
-        expected = gone_since is not None and now - gone_since >= bound
+        expected = missing_since is not None and now - missing_since >= bound
         assert bool(ends) == expected
         assert not ends or ends[0] == Stop(
             1, f"node 0: node 1 did not come back within --node_time_out={bound:g}s",

@@ -35,7 +35,7 @@ from hypothesis.stateful import (
 )
 
 from launcher.config import DEFAULT_SIGNALS, RestartPolicy
-from launcher.supervisor.absences import down_since
+from launcher.supervisor.absences import absent_since
 from launcher.supervisor.actions import (
     EXIT_PEER_ENDED,
     Action,
@@ -114,7 +114,7 @@ class PolicyMachine(RuleBasedStateMachine):
         """pid → the last step that process reported."""
         self.exits: list[ExitInfo] = []
         """The exits of this pass, for the view."""
-        self.gone_since: float | None = None
+        self.missing_since: float | None = None
         self.other_ranks = 0
         self.others_finished = False
         self.teardown_crashes: list[TeardownCrash] = []
@@ -147,8 +147,8 @@ class PolicyMachine(RuleBasedStateMachine):
         return self.state.retired | set(self.state.retiring)
 
     @property
-    def down_since(self) -> dict[int, float]:
-        return self.state.down_since
+    def absent_since(self) -> dict[int, float]:
+        return self.state.absent_since
 
     # ------------------------------------------------------------ the world
     @initialize(max_restarts=st.integers(0, 4), policy=st.sampled_from(list(RestartPolicy)),
@@ -236,10 +236,10 @@ class PolicyMachine(RuleBasedStateMachine):
         self.scheduler_alive, self.scheduler_exit = False, "exited with code 1"
 
     @precondition(lambda self: not self.closed and self.other_ranks > 0)
-    @rule(gone=st.booleans())
-    def another_node_is_seen(self, gone: bool) -> None:
+    @rule(missing=st.booleans())
+    def another_node_is_seen(self, missing: bool) -> None:
         """Another node is missing (or back); the observer dates the unbroken absence."""
-        self.gone_since = (self.gone_since or self.now) if gone else None
+        self.missing_since = (self.missing_since or self.now) if missing else None
 
     @precondition(lambda self: not self.closed and self.other_ranks > 0)
     @rule()
@@ -319,8 +319,8 @@ class PolicyMachine(RuleBasedStateMachine):
             self.signal, dict(self.verdicts),
             f"another node started group restart {self.peer_restarts}"
             if self.peer_restarts > self.restarts else "", self.peer_end,
-            grace_period=GRACE, gone="node 1" if self.gone_since is not None else "",
-            gone_since=self.gone_since, node_time_out=NODE_TIME_OUT,
+            grace_period=GRACE, missing="node 1" if self.missing_since is not None else "",
+            missing_since=self.missing_since, node_time_out=NODE_TIME_OUT,
             other_ranks=self.other_ranks, others_finished=self.others_finished,
             others_step=5 if self.others_finished and self.other_ranks else None,
             scheduler_exit=self.scheduler_exit, scheduler_launches=self.scheduler_launches,
@@ -350,12 +350,12 @@ class PolicyMachine(RuleBasedStateMachine):
                         relaunched_after, finished_at, retired=worker.rank in self.retired,
                         holds_rank=worker.state is WorkerState.RUNNING and worker.child is not None
                         and worker.child.pid in self.holding)
-        since = down_since(self.down_since.get(worker.rank), seen)
+        since = absent_since(self.absent_since.get(worker.rank), seen)
         if since is None:
-            self.down_since.pop(worker.rank, None)
+            self.absent_since.pop(worker.rank, None)
         else:
-            self.down_since[worker.rank] = since
-        return replace(seen, down_since=since)
+            self.absent_since[worker.rank] = since
+        return replace(seen, absent_since=since)
 
     def _carry_out(self, action: Action) -> None:
         """Check ``action``, apply it to the supervisor's real :class:`JobState`, then do
@@ -479,7 +479,7 @@ class PolicyMachine(RuleBasedStateMachine):
                   and self.now < w.failure.at + STATUS_WAIT]
         # Degraded training: a rank the budget cannot relaunch stays absent until it is
         # retired or the job ends (_check_absent_ranks_are_retired_or_the_job_ends).
-        waiting = [w for w in dead if self._degraded() and w.rank in self.down_since]
+        waiting = [w for w in dead if self._degraded() and w.rank in self.absent_since]
         assert not dead or asking or waiting, (
             f"ranks {[w.rank for w in dead]} are dead, nothing decided")
         settle = max((w.last_exit.at + PEERS_SETTLE for w in self.workers
@@ -515,7 +515,7 @@ class PolicyMachine(RuleBasedStateMachine):
         assert self.scheduler_launches <= self.max_restarts + 1
 
     def _check_a_lost_node_ends_the_job(self) -> None:
-        if self.gone_since is not None and self.now - self.gone_since >= NODE_TIME_OUT:
+        if self.missing_since is not None and self.now - self.missing_since >= NODE_TIME_OUT:
             assert self.ending is not None
 
     def _check_a_stranded_rank_ends_the_job(self) -> None:
@@ -551,12 +551,12 @@ class PolicyMachine(RuleBasedStateMachine):
 
     def _absent(self) -> dict[int, float]:
         """The absent ranks not retired, this node's and the lost node's: since when."""
-        return {rank: since for rank, since in {**self.down_since, **self.lost}.items()
+        return {rank: since for rank, since in {**self.absent_since, **self.lost}.items()
                 if rank not in self.retired}
 
     def _training(self) -> int:
         """The job's ranks less the absent, the retired and the lost."""
-        absent = set(self.down_since) - self.retired
+        absent = set(self.absent_since) - self.retired
         return (WORKERS - len(self.state.retired) - len(absent)
                 + self.other_ranks - len(self.lost))
 
@@ -765,7 +765,7 @@ def test_with_degraded_training_a_rank_the_budget_cannot_relaunch_is_retired_in_
                        max_restarts=0, min_worker_num=min_worker_num,
                        rejoin_timeout=60.0, node_time_out=600.0)
 
-    dead = RankView(1, WorkerState.FAILED, failure=_failed(1), registered=True, down_since=0.0)
+    dead = RankView(1, WorkerState.FAILED, failure=_failed(1), registered=True, absent_since=0.0)
     assert decide(view(2, dead), 1.0) == [WaitUntil(60.0)]
     [retire, _wait] = decide(view(2, dead), 60.0)
     assert retire == Retire(1, "rank 1 (exited with code 1) was not back within "
@@ -782,7 +782,7 @@ def test_with_degraded_training_a_rank_the_budget_cannot_relaunch_is_retired_in_
     # Two dead, one trains: fewer than 2, none retired. Rank 2's relaunch waits out its
     # cooldown: the job waits --node_time_out from the death that left too few.
     cooling = RankView(2, WorkerState.COOLDOWN, deadline=650.0, failure=_failed(2, 5.0),
-                       registered=True, down_since=5.0, relaunch_why="rank 2 exited with code 1")
+                       registered=True, absent_since=5.0, relaunch_why="rank 2 exited with code 1")
     two_dead = JobView((RankView(0, WorkerState.RUNNING), dead, cooling),
                        max_restarts=1, min_worker_num=2, rejoin_timeout=60.0,
                        node_time_out=600.0)
@@ -793,7 +793,7 @@ def test_with_degraded_training_a_rank_the_budget_cannot_relaunch_is_retired_in_
         "within --node_time_out=600s")
     # Both failed and the budget spent: neither can come back, the job ends at once.
     spent_both = replace(two_dead, ranks=(RankView(0, WorkerState.RUNNING), dead, RankView(
-        2, WorkerState.FAILED, failure=_failed(2, 5.0), registered=True, down_since=5.0)),
+        2, WorkerState.FAILED, failure=_failed(2, 5.0), registered=True, absent_since=5.0)),
         max_restarts=0)
     [give_up, _stop] = decide(spent_both, 6.0)
     assert isinstance(give_up, GiveUp) and give_up.failure == dead.failure
@@ -864,7 +864,7 @@ def test_a_node_counts_the_other_nodes_ranks_that_do_not_train() -> None:
     Two ranks train, fewer than 3: rank 2 is not retired (it was, when every other
     node's rank counted as training), and the job ends at ``--node_time_out``."""
     absent = RankView(2, WorkerState.COOLDOWN, deadline=10 * NODE_TIME_OUT, failure=_failed(2),
-                      registered=True, down_since=0.0, relaunch_why="rank 2 exited with code 1")
+                      registered=True, absent_since=0.0, relaunch_why="rank 2 exited with code 1")
     view = JobView((absent, RankView(3, WorkerState.RUNNING, registered=True)),
                    max_restarts=1, other_ranks=2, others_finished=False,
                    node_rank=1, min_worker_num=3, rejoin_timeout=REJOIN_TIMEOUT,
