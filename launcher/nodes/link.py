@@ -195,8 +195,7 @@ class NodeLink:
     def _job_at(self, where: str) -> JobIdentity | None:
         """The job's identity stored under ``where``; ``None``: unset. Raises BadValue,
         ValueTooLarge."""
-        stored = self._with_client(lambda client: client.get(where, MAX_VALUE_BYTES)
-                                   if client.check([where]) else None)
+        stored = self._with_client(lambda client: client.peek(where, MAX_VALUE_BYTES))
         return None if stored is None else parse_job(self._token, stored)
 
     def publish_rendezvous(self, restart_count: int, host: str, port: int) -> None:

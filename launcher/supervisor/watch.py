@@ -220,11 +220,7 @@ class SchedulerWatch:
         with self._lock:
             reports, self._reports = self._reports, []
         for report in reports:
-            if isinstance(report, Retirement):
-                self._control.retire(report)
-            else:
-                self._control.report_exit(report.node_id, report.rank, report.pid,
-                                          report.incarnation, report.abnormal, report.reason)
+            self._control.report(report)
         with self._lock:
             if not self._reports:
                 self._delivered.set()

@@ -66,20 +66,18 @@ class SchedulerControl:
         """Start connecting in the background (a ``connect=False`` handle); idempotent."""
         self._link.start()
 
-    def report_exit(self, node_id: str, rank: int, pid: int, incarnation: int,
-                    abnormal: bool, reason: str) -> None:
-        """A worker process ended; ``abnormal=True`` starts the cooldown for ``node_id``."""
+    def report(self, report: ExitReport | Retirement) -> None:
+        """A worker process ended (an abnormal exit starts the cooldown for its node id), or ranks were
+        retired for good (the scheduler awaits them no more until they register again, and records a
+        ``membership`` event)."""
         with self._lock:
-            self._pending.append((new_request_id(),
-                                  ExitReport(node_id, rank, pid, incarnation, abnormal, reason)))
+            self._pending.append((new_request_id(), report))
         self._flush()
 
-    def retire(self, retirement: Retirement) -> None:
-        """Ranks were retired for good: the scheduler awaits them no more (until they
-        register again), and records a ``membership`` event."""
-        with self._lock:
-            self._pending.append((new_request_id(), retirement))
-        self._flush()
+    def report_exit(self, node_id: str, rank: int, pid: int, incarnation: int,
+                    abnormal: bool, reason: str) -> None:
+        """:meth:`report` of an :class:`ExitReport` (docs/protocol.md)."""
+        self.report(ExitReport(node_id, rank, pid, incarnation, abnormal, reason))
 
     def status(self) -> dict[str, Any] | None:
         """The membership table (as ``tftctl status`` shows it), or ``None`` when down."""

@@ -61,9 +61,9 @@ class RequestIntake:
         try:
             sealed = unseal(self._key, Kind.REQUEST, raw)
         except BadSignature as err:
-            if (answer := self._notice.answer(raw)) is not None:  # a joining node's question
-                return answer
             header = err.header
+            if (answer := self._notice.answer(raw, header)) is not None:  # a joining node's question
+                return answer
             self._refused("signature", None if header is None else header.op, str(err))
             if header is None or self._behind is not None:  # a flood is not answered
                 return None, None

@@ -17,7 +17,7 @@ from typing import Any
 
 from recovery.control.nodes import MAX_VALUE_BYTES, BadValue, JobIdentity, job_names, job_value
 from recovery.control.rpc import Op, SchedulerLink
-from recovery.control.signing import BadSignature, Kind, ReplayGuard, seal, unseal
+from recovery.control.signing import BadSignature, Kind, ReplayGuard, Sealed, seal, unseal
 from recovery.control.tcpstore_client import TCPStoreClient
 from recovery.control.throttle import Throttle
 
@@ -70,8 +70,7 @@ class JobNotice:
             StoreError: the store could not be read (a value too long drops the connection).
         """
         for name in self._names:
-            held = client.get(name, MAX_VALUE_BYTES) if client.check([name]) else b""
-            if held != self._value:
+            if client.peek(name, MAX_VALUE_BYTES) != self._value:
                 client.set(name, self._value)
                 if (count := self._overwritten.note()) is not None:
                     logger.warning("%s was overwritten %d time(s) by someone else; put back",
@@ -81,11 +80,13 @@ class JobNotice:
         """What a question is answered (a reply's body)."""
         return {"ok": True, "job": json.loads(self._job.to_json()), "address": self._address}
 
-    def answer(self, raw: bytes) -> tuple[str | None, str | None] | None:
+    def answer(self, raw: bytes, header: Sealed | None) -> tuple[str | None, str | None] | None:
         """The reply to ``raw`` when it is a joining node's question signed with the token
         (the request id to reply under and the reply, both ``None`` for a question asked
-        already); ``None`` for anything else, which the scheduler handles as usual."""
-        if _op_of(raw) != Op.JOB.value:
+        already); ``None`` for anything else, which the scheduler handles as usual. ``header`` is
+        ``raw``'s as the check with the job's key found it (:class:`BadSignature`): its op says
+        whether ``raw`` may be a question, without parsing it again."""
+        if header is None or header.op != Op.JOB.value:
             return None
         try:
             asked = unseal(self._key, Kind.REQUEST, raw)
@@ -95,12 +96,6 @@ class JobNotice:
             return None, None
         return asked.rid, seal(self._key, Kind.REPLY, asked.op, asked.rid, asked.nonce,
                                json.dumps(self.proof()))
-
-
-def _op_of(raw: bytes) -> str | None:
-    """The op a signed message's header names (``tft1 <mac> <op> ...``), unchecked."""
-    parts = bytes(raw[:128]).split(b" ", 3)
-    return parts[2].decode(errors="replace") if len(parts) == 4 else None
 
 
 def ask_job(host: str, port: int, token: str, reply_timeout: float, deadline: float) -> JobProof:

@@ -6,14 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from recovery.control.members import IN_GENERATION, Member, MemberState, NodeSeen, Verdict
+from recovery.control.members import ALIVE, FINISHED, IN_GENERATION, Member, MemberState, NodeSeen, Verdict
 from recovery.timeouts import Timeouts
 
 __all__ = ["LivenessRules"]
 
-_ALIVE, _FINISHED = MemberState.ALIVE, MemberState.FINISHED
-"""For the loops over every member: a module constant is read faster than an enum's member
-through its class."""
 _QUIET_BEATS = 2
 """Heartbeat intervals of silence after which a member may have stopped: no progress
 verdict is passed until the heartbeat rule has judged it or it is heard again."""
@@ -95,7 +92,7 @@ class LivenessRules:
         members = [m for m in self._live() if (m.node_id, m.incarnation) in self._formed]
         highest = _two_highest(m.generation_step for m in members)
         for member in members:
-            if member.state is not _ALIVE:
+            if member.state is not ALIVE:
                 continue
             ahead = _highest_of_others(highest, member.generation_step)
             if ahead is None or (member.generation_step is not None
@@ -121,7 +118,7 @@ class LivenessRules:
             member = self.members.get(node_id)
             if member is None or member.incarnation != incarnation:
                 return False
-            if member.state is _FINISHED:
+            if member.state is FINISHED:
                 continue
             if member.state not in IN_GENERATION or now - member.heartbeat_at > quiet:
                 return False
@@ -136,7 +133,7 @@ class LivenessRules:
                for seen in self.nodes.values() if not seen.judged]
         for member in self._live():
             due.append(member.heartbeat_at + self.timeouts.heartbeat_timeout)
-            if member.behind_since is not None and member.state is _ALIVE:
+            if member.behind_since is not None and member.state is ALIVE:
                 due.append(member.behind_since + self.timeouts.progress_timeout)
         if self._incomplete_since is not None:
             due.append(self._incomplete_since + self.timeouts.cluster_time_out)

@@ -10,13 +10,16 @@ from __future__ import annotations
 import hmac
 import logging
 import secrets
+import time
 from typing import Any
 
 from recovery.control.eviction import StragglerEviction
 from recovery.control.job_facts import JobFacts
 from recovery.control.liveness import LivenessRules
 from recovery.control.members import (
+    ALIVE,
     ENDINGS,
+    FINISHED,
     LIVE_STATES,
     TRANSITIONS,
     Accepted,
@@ -27,7 +30,6 @@ from recovery.control.members import (
     NodeSeen,
     Refused,
     RefuseReason,
-    SystemClock,
     token_digest,
 )
 from recovery.control.membership_status import StatusViews
@@ -41,11 +43,6 @@ logger = logging.getLogger(__name__)
 STATE_VERSION = 1
 NO_GENERATION = -1
 """The generation before the first is formed; the first formed is 0."""
-
-
-_ALIVE, _FINISHED = MemberState.ALIVE, MemberState.FINISHED
-"""For the loops over every member: a module constant is read faster than an enum's member
-through its class."""
 
 
 class Membership(LivenessRules, StatusViews, StragglerEviction):
@@ -72,7 +69,7 @@ class Membership(LivenessRules, StatusViews, StragglerEviction):
         self.min_worker_num = min_worker_num
         self.token = token
         self.timeouts = timeouts
-        self.clock: Clock = SystemClock() if clock is None else clock
+        self.clock: Clock = time if clock is None else clock
         self.generation = NO_GENERATION
         self.members: dict[str, Member] = {}
         self.nodes: dict[str, NodeSeen] = {}
@@ -229,7 +226,7 @@ class Membership(LivenessRules, StatusViews, StragglerEviction):
         timeout, saying nothing new of its readiness. ``None``: anything else, for :meth:`heartbeat`.
         Thousands come a second, nearly all plain."""
         member = self.members.get(beat["node_id"] or "")
-        if (member is None or member.state is not _ALIVE
+        if (member is None or member.state is not ALIVE
                 or member.pid != beat["pid"] or member.incarnation != beat["incarnation"]
                 or member.host != (beat["host"] or "")
                 or beat["age"] > self.timeouts.heartbeat_timeout * 1000
@@ -376,7 +373,7 @@ class Membership(LivenessRules, StatusViews, StragglerEviction):
         return [m for m in self.members.values() if m.state in LIVE_STATES]
 
     def _finished(self) -> list[Member]:
-        return [m for m in self.members.values() if m.state is _FINISHED]
+        return [m for m in self.members.values() if m.state is FINISHED]
 
     def _emit(self, event: str, **fields: Any) -> None:
         self._events.append((event, fields))

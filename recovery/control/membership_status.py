@@ -39,9 +39,8 @@ class StatusViews:
         return self.clock.monotonic() - self._incomplete_since
 
     def missing_ranks(self) -> list[int]:
-        """Ranks with no live process and no finished one, less the retired ones."""
-        held = {m.rank for m in self._live()} | {m.rank for m in self._finished()} | self.retired
-        return [r for r in range(self.worker_num) if r not in held]
+        """Ranks with no live process and no finished one, less the retired ones (the job's facts')."""
+        return self._job_facts().missing
 
     def status(self) -> dict[str, Any]:
         """The membership table, as ``tftctl status`` prints it."""

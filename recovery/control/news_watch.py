@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from recovery.control.rpc import MAX_NEWS_BYTES, NEWS, adopt_client, news_key
+from recovery.control.rpc import adopt_client, news_key, read_news
 from recovery.control.tcpstore_client import StoreError, TCPStoreClient
 
 __all__ = ["BURST", "NewsWatch"]
@@ -92,7 +92,7 @@ class NewsWatch:
         """Wait for each next count on ``client`` until it breaks (StoreError)."""
         calls, since = float(BURST), time.monotonic()  # a bucket of calls, one more a spacing
         while not self._closed.is_set():
-            count = _count(client)
+            count = read_news(client)
             if count != seen:
                 now = time.monotonic()
                 calls, since = min(float(BURST), calls + (now - since) / self._spacing), now
@@ -108,13 +108,3 @@ class NewsWatch:
             else:
                 client.wait([news_key(count + 1)], self._rearm)
         return seen
-
-
-def _count(client: TCPStoreClient) -> int | None:
-    """The counter's value (0 while unset); ``None`` when it is not a number."""
-    if not client.check([NEWS]):
-        return 0
-    try:
-        return int(client.get(NEWS, MAX_NEWS_BYTES))
-    except ValueError:
-        return None

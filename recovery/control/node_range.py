@@ -34,10 +34,6 @@ class NodeRange:
         if not 1 <= self.low <= self.high:
             raise ValueError(f"not a node range: {self.low}:{self.high}")
 
-    @property
-    def elastic(self) -> bool:
-        return self.low < self.high
-
 
 @dataclass(frozen=True)
 class Round:

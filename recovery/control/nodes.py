@@ -141,10 +141,9 @@ def read_signed(client: TCPStoreClient, key: bytes, name: str) -> str | None:
         BadValue: it is set to anything else (the client's connection is then left as
             it was, or dropped when the value was too long to read).
     """
-    where = stored_at(key, name)
-    if not client.check([where]):
+    stored = client.peek(stored_at(key, name), MAX_VALUE_BYTES)
+    if stored is None:
         return None
-    stored = bytes(client.get(where, MAX_VALUE_BYTES))
     try:
         return open_value(key, name, stored)
     except BadSignature as err:
@@ -159,7 +158,7 @@ def raise_counter(client: TCPStoreClient, key: bytes, name: str, value: int) -> 
     """
     where = stored_at(key, name)
     while True:
-        current = bytes(client.get(where, MAX_VALUE_BYTES)) if client.check([where]) else b""
+        current = client.peek(where, MAX_VALUE_BYTES) or b""
         try:
             have = int(open_value(key, name, current)) if current else -1
         except (BadSignature, ValueError):

@@ -83,9 +83,7 @@ class BeatClock:
 class PeerReports:
     """The open reports, and the nodes they condemn."""
 
-    def __init__(self, quiet: float = QUIET, watch_for: float = WATCH_FOR) -> None:
-        self.quiet = quiet
-        self.watch_for = watch_for
+    def __init__(self) -> None:
         self._reports: list[PeerReport] = []
 
     def add(self, report: PeerReport) -> None:
@@ -98,7 +96,7 @@ class PeerReports:
 
     def open(self, now: float) -> bool:
         """Whether a report is still watched for (older ones are dropped)."""
-        self._reports = [r for r in self._reports if now - r.at <= self.watch_for]
+        self._reports = [r for r in self._reports if now - r.at <= WATCH_FOR]
         return bool(self._reports)
 
     def suspects(self, nodes: Iterable[str], now: float) -> set[str]:
@@ -107,7 +105,7 @@ class PeerReports:
         nodes = set(nodes)
         found: set[str] = set()
         for report in self._reports:
-            if now - report.at > self.watch_for:
+            if now - report.at > WATCH_FOR:
                 continue
             others = nodes - {report.node}
             named = {node for node in others if node_host(node) == report.peer}
@@ -116,11 +114,11 @@ class PeerReports:
 
     def confirmed(self, nodes: Iterable[str], still_since: Mapping[str, float], now: float
                   ) -> dict[str, float]:
-        """The suspects whose beat has stood still for more than :attr:`quiet`, with how
+        """The suspects whose beat has stood still for more than :data:`QUIET`, with how
         long: the nodes to judge now. A node with no beat read is never one."""
         found = {}
         for node in self.suspects(nodes, now):
             since = still_since.get(node)
-            if since is not None and now - since > self.quiet:
+            if since is not None and now - since > QUIET:
                 found[node] = now - since
         return found

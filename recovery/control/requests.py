@@ -183,17 +183,15 @@ class Records:
 
 @dataclass(frozen=True)
 class Ints:
-    """A list of 1 to ``most`` integers, each in [``low``, ``high``]."""
+    """A list of 1 to ``most`` integers, none negative."""
 
     most: int
-    low: int = 0
-    high: int = _INT64
 
     def check(self, name: str, value: Any) -> list[int]:
         if not isinstance(value, list) or not 1 <= len(value) <= self.most:
             raise BadRequest(f"{name} must be a list of 1 to {self.most} integers, "
                              f"not {_show(value)}")
-        item = Int(self.low, self.high)
+        item = Int(low=0)
         return [item.check(f"{name}[{index}]", v) for index, v in enumerate(value)]
 
 

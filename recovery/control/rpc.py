@@ -44,6 +44,7 @@ __all__ = [
     "NEWS",
     "MAX_NEWS_BYTES",
     "news_key",
+    "read_news",
     "reply_key",
     "ready_key",
     "ready_at",
@@ -100,6 +101,24 @@ def news_key(count: int) -> str:
     """Set by the scheduler when :data:`NEWS` reaches ``count``: a supervisor waits for
     the key of the next count instead of reading the counter (recovery/control/news_watch.py)."""
     return f"{NEWS}/{count}"
+
+
+def read_news(client: TCPStoreClient) -> int | None:
+    """The :data:`NEWS` counter (0 while unset); ``None`` when it is not a number.
+
+    Peeked, never waited for. Not add(0): anyone may set it to something that is not a number, and the
+    store then drops a connection that adds to it, requests in flight included.
+
+    Raises:
+        StoreError: the store could not be read.
+    """
+    news = client.peek(NEWS, MAX_NEWS_BYTES)
+    if news is None:
+        return 0
+    try:
+        return int(news)
+    except ValueError:
+        return None
 
 
 def reply_key(rid: str) -> str:
@@ -338,26 +357,17 @@ class SchedulerLink:
         return (sealed.op, sealed.rid) == (op.value, rid) and sealed.nonce != nonce
 
     def news(self) -> int | None:
-        """The scheduler's news counter (see the module docstring); ``None`` when it
-        cannot be read now (not connected, or the connection broke)."""
+        """The scheduler's news counter (:func:`read_news`); ``None`` also when it cannot be
+        read now (not connected, or the connection broke)."""
         with self._lock:
             client = self._client
             if client is None:
                 return None
             try:
-                # check, then get: never waits for it. Not add(0): anyone may set it to
-                # something that is not a number, and the store then drops a connection
-                # that adds to it, requests in flight included.
-                if not client.check([NEWS]):
-                    return 0
-                news = client.get(NEWS, MAX_NEWS_BYTES)
+                return read_news(client)
             except StoreError:
                 self._drop()
                 return None
-        try:
-            return int(news)
-        except ValueError:
-            return None
 
     def _verified(self, op: Op, rid: str, nonce: str, raw: bytes) -> dict[str, Any]:
         """The reply in ``raw`` when it is the scheduler's answer to this very attempt."""

@@ -409,19 +409,15 @@ class Scheduler(RequestIntake, RequestHandlers, Persistence):
                 count = self._news.add(NEWS, 1)
                 self._news.set(news_key(count), str(count))
                 return
-            except StoreError as err:
+            except StoreError as err:  # the connection is closed: a new one resets the counter
                 logger.warning("%s could not be raised (%s): reset", NEWS, err)
                 self._news = None
                 try:
-                    cleaner = TCPStoreClient(self.config.host, self._port, _TICKER_TIMEOUT)
+                    self._news = TCPStoreClient(self.config.host, self._port, _TICKER_TIMEOUT)
+                    self._news.delete_key(NEWS)
                 except StoreError:
+                    self._news = None
                     return
-                try:
-                    cleaner.delete_key(NEWS)
-                except StoreError:
-                    return
-                finally:
-                    cleaner.close()
 
     def _judge_behind(self, now: float) -> bool:
         """Whether the queue has not been drained for :data:`BEHIND_AFTER` s: then no verdict is given,

@@ -55,9 +55,7 @@ class StragglerWatch:
         found = self.detector.heard(member.rank, step, step_us / 1e6, steps)
         if found is None:
             return
-        self._events.emit("straggler", rank=found.rank, node=node or beat["host"],
-                          step_time=round(found.step_time, 6),
-                          median=round(found.median, 6), since=found.since)
+        self._events.emit("straggler", **_straggler_json(found), node=node or beat["host"])
         settings = self.detector.settings
         if settings.policy == "evict" and self._membership.evict_straggler(
                 member, found, self._measured_from.get(member.rank), settings.window):

@@ -129,6 +129,11 @@ class TCPStoreClient:
         self._send(bytes([Query.GET]) + encoded_key(key))
         return self._read_value(limit)
 
+    def peek(self, key: str, limit: int) -> bytes | None:
+        """The value of ``key``, or ``None`` while it is unset: check, then get, never waiting
+        (see :meth:`get` for ``limit``)."""
+        return self.get(key, limit) if self.check([key]) else None
+
     def add(self, key: str, amount: int) -> int:
         """Add ``amount`` to the integer under ``key`` (0 if unset); the new value."""
         self._send(bytes([Query.ADD]) + encoded_key(key) + struct.pack("<q", amount))

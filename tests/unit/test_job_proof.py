@@ -50,6 +50,13 @@ def question(token: str, op: str = "job") -> bytes:
     return seal(ask_key(token), Kind.REQUEST, op, "r1", new_nonce(), "{}").encode()
 
 
+def answered(notice: JobNotice, raw: bytes) -> tuple[str | None, str | None] | None:
+    """``notice``'s answer to ``raw`` as the scheduler asks for it: once the job's key refused it."""
+    with pytest.raises(BadSignature) as refused:
+        unseal(job_key(TOKEN, JOB.run_id, JOB.epoch), Kind.REQUEST, raw)
+    return notice.answer(raw, refused.value.header)
+
+
 def test_a_question_is_answered_once_with_the_job_its_launch_and_where_it_is_served() -> None:
     notice = JobNotice(TOKEN, JOB, ReplayGuard())
     store = HashStore()
@@ -57,14 +64,15 @@ def test_a_question_is_answered_once_with_the_job_its_launch_and_where_it_is_ser
     for name in job_names(TOKEN):
         assert parse_job(TOKEN, store.get(name)) == JOB  # the epoch in tft/job too
     asked = question(TOKEN)
-    rid, reply = notice.answer(asked)
+    rid, reply = answered(notice, asked)
     assert rid == "r1" and reply is not None
     sealed = unseal(ask_key(TOKEN), Kind.REPLY, reply)
     assert sealed.nonce == unseal(ask_key(TOKEN), Kind.REQUEST, asked).nonce
     assert parse_proof(json.loads(sealed.body)) == JobProof(JOB, "10.0.0.1:8118")
-    assert notice.answer(asked) == (None, None)  # the same question again: no answer
-    assert notice.answer(question("another-secret")) is None  # the usual refusal then
-    assert notice.answer(question(TOKEN, op="status")) is None
+    assert answered(notice, asked) == (None, None)  # the same question again: no answer
+    assert answered(notice, question("another-secret")) is None  # the usual refusal then
+    assert answered(notice, question(TOKEN, op="status")) is None
+    assert notice.answer(b"not a message", None) is None
 
 
 @pytest.mark.parametrize(("address", "served"), [
