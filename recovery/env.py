@@ -42,11 +42,6 @@ PYTHON_EXEC = "PYTHON_EXEC"
 # Read, never set: torchrun's defaults for its options, as Kubeflow's PyTorchJob passes them
 # (``PET_<OPTION>``, e.g. PET_NNODES for --nnodes; launcher/cli/tftrun.py).
 PET_PREFIX = "PET_"
-PET_NNODES = "PET_NNODES"
-PET_NPROC_PER_NODE = "PET_NPROC_PER_NODE"
-PET_NODE_RANK = "PET_NODE_RANK"
-PET_MASTER_ADDR = "PET_MASTER_ADDR"
-PET_MASTER_PORT = "PET_MASTER_PORT"
 
 
 def pet(option: str) -> str:

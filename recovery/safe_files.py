@@ -11,8 +11,7 @@ import os
 import stat
 from pathlib import Path
 
-__all__ = ["folder_problem", "resolved_folder", "own_subfolder", "UnsafeFolder", "open_append",
-           "NOFOLLOW"]
+__all__ = ["resolved_folder", "own_subfolder", "UnsafeFolder", "open_append", "NOFOLLOW"]
 
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
@@ -44,16 +43,6 @@ def resolved_folder(path: Path) -> Path:
         else:
             _check_on_the_way(folder, info)
     return real
-
-
-def folder_problem(path: Path) -> str | None:
-    """Why the job must not write into the existing folder ``path``
-    (:func:`resolved_folder`), or ``None``."""
-    try:
-        resolved_folder(path)
-    except UnsafeFolder as err:
-        return str(err)
-    return None
 
 
 def own_subfolder(path: Path) -> Path:

@@ -22,7 +22,7 @@ import torch
 from recovery.ckpt import layout, staging
 from recovery.ckpt.durable import remove_stale_temps, write_atomic
 from recovery.ckpt.lineage import job_lineage
-from recovery.ckpt.manifest import CheckpointEntry, CheckpointError, CheckpointKind, Keep, KeepRule, Manifest
+from recovery.ckpt.manifest import CheckpointEntry, CheckpointError, CheckpointKind, KeepRule, Manifest
 from recovery.ckpt.restore import FORMAT, FORMAT_VERSION, ResumePoint, job_rank_and_world_size, resume
 from recovery.ckpt.writer_process import WriteRequest, WriterProcess
 from recovery.env import WorkerEnv
@@ -186,7 +186,7 @@ def _plain_tree(obj: Any, tensor: Callable[[torch.Tensor], Any]) -> Any:
 
 def write_checkpoint(
     directory: Path, name: str, state: dict[str, Any], position: TrainPosition, manifest: Manifest,
-    keep: Keep | None = None, kind: CheckpointKind = CheckpointKind.PERIODIC,
+    keep: KeepRule | None = None, kind: CheckpointKind = CheckpointKind.PERIODIC,
 ) -> list[str]:
     """Write ``state`` as ``directory/name`` durably and list it in the directory's manifest; return the names dropped.
 
@@ -287,7 +287,8 @@ class CheckpointSaver:
         (with ``async_save``, being written); raises CheckpointError if this save or an earlier
         background write failed.
         """
-        self._raise_writer_error()
+        if self._writer is not None:
+            self._writer.raise_if_failed()
         every = self.config.save_checkpoint_steps
         if every and global_step % every == 0:
             return self.save(TrainPosition(epoch, step_in_epoch, global_step))
@@ -298,7 +299,8 @@ class CheckpointSaver:
 
         Arguments, return value and errors as for :meth:`step_end`.
         """
-        self._raise_writer_error()
+        if self._writer is not None:
+            self._writer.raise_if_failed()
         every = self.config.save_checkpoint_epochs
         if every and epoch % every == 0 and global_step != self._last_saved:
             return self.save(TrainPosition(epoch, step_in_epoch, global_step))
@@ -322,9 +324,11 @@ class CheckpointSaver:
         name = layout.checkpoint_name(self.prefix, position)
         if self._writer is None or self._stage is None:
             try:
-                self._write(self.state(position), name, position)
+                stale = write_checkpoint(self.directory, name, self.state(position), position, self.manifest,
+                                         keep=self.keep_rule)
             except OSError as err:
                 raise CheckpointError(f"writing checkpoint {self.directory / name} failed: {err}") from err
+            logger.debug("saved checkpoint %s (dropped %s)", self.directory / name, stale or "none")
         else:
             # One walk of the state both checks it and takes its tensors out.
             slots = staging.TensorSlots()
@@ -376,10 +380,6 @@ class CheckpointSaver:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _raise_writer_error(self) -> None:
-        if self._writer is not None:
-            self._writer.raise_if_failed()
-
     def state(self, position: TrainPosition) -> dict[str, Any]:
         """Everything a checkpoint of ``position`` holds, as the file would hold it.
 
@@ -407,7 +407,3 @@ class CheckpointSaver:
             "world_size": self.world_size,
             "lineage": self.lineage,
         }
-
-    def _write(self, state: dict[str, Any], name: str, position: TrainPosition) -> None:
-        stale = write_checkpoint(self.directory, name, state, position, self.manifest, keep=self.keep_rule)
-        logger.debug("saved checkpoint %s (dropped %s)", self.directory / name, stale or "none")

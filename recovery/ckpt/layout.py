@@ -182,12 +182,8 @@ def ttp_temp_dir(recovery_path: str | os.PathLike[str], position: TrainPosition)
 
 
 def ttp_rank_dirs(recovery_path: str | os.PathLike[str], rank: int) -> list[Path]:
-    """``rank``'s directories of every complete last-words save, any order."""
-    root = Path(recovery_path) / TTP_DIR
-    if not root.is_dir():
-        return []
-    return [root / name / f"rank_{rank}" for name in os.listdir(root)
-            if name.startswith(_TTP_STEP_PREFIX) and (root / name / f"rank_{rank}").is_dir()]
+    """``rank``'s directories of every complete last-words save (:func:`ttp_step_dirs`), any order."""
+    return [step / f"rank_{rank}" for step in ttp_step_dirs(recovery_path).values() if (step / f"rank_{rank}").is_dir()]
 
 
 def ttp_step_dirs(recovery_path: str | os.PathLike[str]) -> dict[int, Path]:

@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import pickle
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from enum import Enum
 from pathlib import Path
@@ -151,10 +151,6 @@ class KeepRule:
         return [entry.name for entry in family[: max(0, len(family) - self.keep_max)]]
 
 
-Keep = Callable[[Iterable[CheckpointEntry]], list[str]]
-"""Given every entry, the names to drop (a :class:`KeepRule`)."""
-
-
 class Manifest:
     """The manifest of one checkpoint directory (one rank's), rewritten atomically under a file lock
     so that concurrent writers and a killed writer never leave it torn."""
@@ -184,7 +180,7 @@ class Manifest:
         self._known = (data, entries)
         return dict(entries)
 
-    def add(self, entry: CheckpointEntry, keep: Keep | None = None) -> list[str]:
+    def add(self, entry: CheckpointEntry, keep: KeepRule | None = None) -> list[str]:
         """Record a checkpoint already durable on disk and forget what ``keep`` drops, in one atomic
         rewrite; return the names forgotten, oldest first.
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Slot", "TensorSlots", "TensorSpec", "SharedBuffer", "SharedStage", "split", "join", "Rebuilder"]
+__all__ = ["Slot", "TensorSlots", "TensorSpec", "SharedBuffer", "SharedStage", "join", "Rebuilder"]
 
 _ALIGN = 64
 
@@ -79,14 +79,8 @@ class TensorSlots:
         return Slot(len(self.tensors) - 1)
 
 
-def split(state: Any) -> tuple[Any, list[torch.Tensor]]:
-    """The skeleton of ``state`` and its tensors, in slot order."""
-    slots = TensorSlots()
-    return _map(state, slots.take), slots.tensors
-
-
 def join(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
-    """The inverse of :func:`split`."""
+    """The state whose tensors :class:`TensorSlots` took out, leaving ``skeleton``, again."""
     return _map(skeleton, lambda slot: tensors[slot.index])
 
 

@@ -28,6 +28,7 @@ from recovery.control.rpc import Op, SchedulerLink, SchedulerUnavailable, genera
 from recovery.control.signing import MissingToken, checked_token
 from recovery.control.stragglers import StragglerSettings
 from recovery.env import WorkerEnv
+from recovery.quick_exit import exit_now
 from recovery.runtime import folders, group
 from recovery.runtime.abort import Aborted, ShouldAbort, never
 from recovery.runtime.generation_wait import REPLY_TIMEOUT, ClusterError, wait_for_generation
@@ -351,7 +352,7 @@ class ClusterContext:
         if self.stop_status is not None and not abnormal:
             # A collective may be in flight on a stuck peer; torch's teardown would wait for
             # it past the launcher's grace period.
-            _exit_now(self.stop_status)
+            exit_now(self.stop_status)
         if group.exit_blocked(_RETIRED_GROUP_WAIT):
             _exit_abandoning(abnormal, "an old process group is still blocked on a peer")
 
@@ -362,19 +363,11 @@ class ClusterContext:
         return excepthook
 
 
-def _exit_now(status: int) -> NoReturn:
-    """End the process with ``status`` without the interpreter's teardown."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
-
-
 def _exit_abandoning(abnormal: bool, why: str) -> NoReturn:
     """End the process now, since a thread still blocked in torch makes the C++ runtime
     abort a normal exit. Status 0, or 1 after an uncaught exception."""
     logger.warning("%s; exiting without waiting for it", why)
-    _exit_now(1 if abnormal else 0)
+    exit_now(1 if abnormal else 0)
 
 
 def init(backend: str | None = None, timeout: timedelta | None = None) -> ClusterContext:

@@ -16,7 +16,8 @@ from pathlib import Path
 from recovery import env as names
 from recovery.env import WorkerEnv
 from recovery.exit_codes import USAGE_ERROR
-from recovery.safe_files import folder_problem
+from recovery.safe_files import UnsafeFolder as Unsafe
+from recovery.safe_files import resolved_folder
 
 __all__ = ["UnsafeFolder", "folder_refusal", "checked", "main"]
 
@@ -41,8 +42,9 @@ def folder_refusal(environ: Mapping[str, str]) -> str | None:
         value = environ.get(variable)
         if not value or not os.path.lexists(value):
             continue
-        problem = folder_problem(Path(value))
-        if problem is not None:
+        try:
+            resolved_folder(Path(value))
+        except Unsafe as problem:
             return f"{variable} {value}: {problem}"
     return None
 

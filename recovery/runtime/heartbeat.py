@@ -185,16 +185,12 @@ class Heartbeat:
         return None
 
     def accepted(self, reply: dict[str, Any]) -> None:
-        """Take the generation, the newest fault's time and the fault injections from a
-        reply accepting this process."""
+        """Take the generation, the newest fault's time and the fault injections (into the
+        :attr:`inbox`) from a reply accepting this process."""
         self.generation = int(reply["generation"])
         fault_at = reply.get("fault_at")
         self.fault_at = None if fault_at is None else float(fault_at)
-        self.receive(reply.get("inject", []))
-
-    def receive(self, injections: list[dict[str, object]]) -> None:
-        """Put fault injections the scheduler handed out in the :attr:`inbox`."""
-        received = [Injection.from_json(raw) for raw in injections]
+        received = [Injection.from_json(raw) for raw in reply.get("inject", [])]
         for injection in received:
             logger.warning("%s received fault injection %s: %s %s", self._prefix, injection.id,
                            injection.fault, injection.when)

@@ -23,6 +23,7 @@ from typing import Any, ParamSpec, TypeVar
 from recovery import env as names
 from recovery.env import WorkerEnv
 from recovery.events import EventLog
+from recovery.peer_loss import first_line
 from recovery.runtime import cluster
 from recovery.timeouts import Timeouts
 
@@ -89,6 +90,8 @@ class Restarts:
 
     def run(self, fn: Callable[[], R]) -> R:
         """Call ``fn`` in each whole generation until a call returns."""
+        from recovery.runtime import torch_compat  # checks torch's version: not for a call without tftrun
+
         after: int | None = None
         while True:
             self._ctx.enter_whole(self._form, after)
@@ -110,7 +113,7 @@ class Restarts:
                     raise
                 logger.warning("[rank %d] a peer failed in generation %d (%s): calling %s "
                                "again once its replacement has joined", self._ctx.rank,
-                               self._ctx.generation, _first_line(err), self._name)
+                               self._ctx.generation, first_line(err), self._name)
                 for listener in listeners:
                     listener(err)
             finally:
@@ -124,7 +127,7 @@ class Restarts:
             after = self._ctx.generation
             self._server = None
             self._ctx.leave_group()
-            _forget_group_names()
+            torch_compat.reset_group_count()
 
     def _form(self, store: Any, group_rank: int, size: int) -> bool:
         """Set the env that the function's ``env://`` reads, for this generation's own store."""
@@ -180,15 +183,3 @@ def _listen(listeners: list[Callable[[BaseException], None]] | None) -> None:
     global _fault_listeners
     _fault_listeners = listeners
 
-
-def _forget_group_names() -> None:
-    """A failed ``init_process_group`` used up a group name, after which this rank's keys in
-    the next generation would not match the relaunched rank's."""
-    from recovery.runtime import torch_compat
-
-    torch_compat.reset_group_count()
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__

@@ -21,10 +21,6 @@ class PeerFailure(RuntimeError):
     """A collective of the current generation cannot complete: a member is gone."""
 
 
-def _is_timeout(err: RuntimeError) -> bool:
-    return "timed out" in str(err).lower()
-
-
 def wait_collective(work: Any, ctx: ClusterContext, should_abort: ShouldAbort = never,
                     held: Callable[[], bool] = never) -> None:
     """Wait for an async collective, polling, so that a new generation interrupts it (unless
@@ -41,7 +37,7 @@ def wait_collective(work: Any, ctx: ClusterContext, should_abort: ShouldAbort = 
             work.wait(timeout=POLL)
             return
         except RuntimeError as err:
-            timed_out = _is_timeout(err)
+            timed_out = "timed out" in str(err).lower()
             cause = "a newer generation was formed" if timed_out else str(err).splitlines()[0]
         # Outside the except block: the exception and its traceback (which hold the
         # broken group's buffers) are released before anyone re-forms.

@@ -15,8 +15,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
-__all__ = ["Wait", "RefusedPayload", "MAX_ROWS", "blocking", "all_gather_rows", "broadcast_bytes",
-           "broadcast_plain"]
+__all__ = ["Wait", "RefusedPayload", "MAX_ROWS", "blocking", "all_gather_rows", "broadcast_plain"]
 
 Wait = Callable[[Any], None]
 """Waits for an asynchronous collective's work (it may raise to give up on it)."""
@@ -64,16 +63,19 @@ def all_gather_rows(rows: list[tuple[int, ...]], width: int, wait: Wait = blocki
     return [[tuple(row) for row in table[:int(n)].tolist()] for table, n in zip(everyone, counts)]
 
 
-def broadcast_bytes(data: bytes | None, source: int, most: int, wait: Wait = blocking) -> bytes:
-    """Send ``data`` (read only on the source) from rank ``source`` to every rank, as its length then a
-    uint8 tensor.
+def broadcast_plain(value: Any, source: int, most: int, wait: Wait = blocking) -> Any:
+    """Send ``value`` (tensors and plain data, read only on the source) from rank ``source`` to every
+    rank; return it everywhere, the source getting back the very object it passed.
 
-    A receiver refuses an announced length over ``most`` or over this host's available memory with
-    :class:`RefusedPayload`, before anything is allocated.
+    It travels as its ``torch.save`` bytes' length, then a uint8 tensor. A receiver refuses an announced
+    length over ``most`` or over this host's available memory with :class:`RefusedPayload`, before anything
+    is allocated, and loads what it gets with ``weights_only=True``: a payload that needs any other object
+    rebuilt raises :class:`RefusedPayload` unloaded.
     """
     if dist.get_rank() == source:
-        assert data is not None
-        buffer = bytearray(data)
+        out = io.BytesIO()
+        torch.save(value, out)
+        buffer = bytearray(out.getvalue())
         size = torch.tensor([len(buffer)], dtype=torch.int64)
     else:
         size = torch.zeros(1, dtype=torch.int64)
@@ -88,26 +90,10 @@ def broadcast_bytes(data: bytes | None, source: int, most: int, wait: Wait = blo
                                  f"at most {most} ({available} available here)")
         buffer = bytearray(announced)
     wait(dist.broadcast(torch.frombuffer(buffer, dtype=torch.uint8), src=source, async_op=True))
-    return bytes(buffer)
-
-
-def broadcast_plain(value: Any, source: int, most: int, wait: Wait = blocking) -> Any:
-    """Send ``value`` (tensors and plain data, read only on the source) from rank ``source`` to every
-    rank; return it everywhere, the source getting back the very object it passed.
-
-    Receivers accept at most ``most`` bytes and load them with ``weights_only=True``: a payload that
-    needs any other object rebuilt raises :class:`RefusedPayload` unloaded.
-    """
-    data = None
-    if dist.get_rank() == source:
-        out = io.BytesIO()
-        torch.save(value, out)
-        data = out.getvalue()
-    received = broadcast_bytes(data, source, most, wait)
     if dist.get_rank() == source:
         return value
     try:
-        return torch.load(io.BytesIO(received), map_location="cpu", weights_only=True)
+        return torch.load(io.BytesIO(buffer), map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - whatever fails to load is refused the same
         first_line = (str(err).splitlines() or [type(err).__name__])[0]
         raise RefusedPayload(f"rank {source} sent state that does not load as tensors and "

@@ -31,6 +31,7 @@ from recovery.position import TrainPosition
 from recovery.runtime.abort import Aborted
 from recovery.runtime.cluster import ClusterContext
 from recovery.train.collective_wait import PeerFailure, wait_collective
+from recovery.train.collectives import broadcast_plain
 from recovery.train.compute_clock import ComputeClock
 from recovery.train.ddp_exchange import GradientExchange
 from recovery.train.grad_sync import all_reduce_gradients
@@ -38,7 +39,7 @@ from recovery.train.injected import InjectedFaults
 from recovery.train.modes import TftModes, parse_enable_tft
 from recovery.train.phase import phase_of
 from recovery.train.replay import BeforeStep, MembershipReplay
-from recovery.train.replica import ReplicaReport, broadcast_state, choose_source, gather_reports, own_state
+from recovery.train.replica import ReplicaReport, choose_source, gather_reports, state_limit
 from recovery.train.rollback import checkpoint_dirs, choose_rollback
 from recovery.train.sampler import ResumableDistributedSampler
 from recovery.train.shares import BatchPolicy, plan_step, steps_left
@@ -114,7 +115,6 @@ class ElasticTrainer:
         self.sampler = sampler
         self.lr_scheduler = lr_scheduler
         self.position: TrainPosition = ResumePoint()
-        self.rollbacks = 0
         worker_env = WorkerEnv.from_env()
         self.modes = modes or parse_enable_tft(worker_env.enable_tft)
         self.batch_policy = BatchPolicy(batch_policy or worker_env.batch_policy
@@ -379,7 +379,6 @@ class ElasticTrainer:
         self._resync(newcomer=False)
         self._check_replay()
         self._machine.transition(TrainerState.TRAINING)
-        self.rollbacks += 1
 
     def _save_last_words(self, why: str) -> None:
         """If this rank is consistent and the scheduler picks it, save every rank's last words."""
@@ -463,10 +462,13 @@ class ElasticTrainer:
             # nothing to send.
             self._after_restore(label, from_rank=source.rank)
             return
-        state, most = own_state(self.saver, self.position, sending=self.ctx.rank == source.rank)
+        state: dict[str, Any] | None = self.saver.state(self.position)
+        most = state_limit(state)
+        if self.ctx.rank != source.rank:
+            state = None  # read only on the source; a receiver keeps no reference to what it discards
         if receive and self.ctx.rank in damaged:
             self._discard_state()
-        state = broadcast_state(state, self.ctx.active.index(source.rank), most, self._wait)
+        state = broadcast_plain(state, self.ctx.active.index(source.rank), most, self._wait)
         if receive:
             self.position = restore_checkpoint(
                 state, self.model, self.optimizer, self.lr_scheduler, sampler=self.sampler,
@@ -498,7 +500,6 @@ class ElasticTrainer:
             self._roll_back()
         self.phase.device_error = None
         self._machine.transition(TrainerState.TRAINING)
-        self.rollbacks += 1
 
     def _roll_back(self) -> None:
         """Restore the newest checkpoint every rank holds (or the start, if none)."""

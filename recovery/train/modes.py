@@ -25,10 +25,6 @@ class TftModes:
     uce: bool
     arf: bool
 
-    def describe(self) -> str:
-        """msrun's syntax: ``{TTP:1,UCE:0,ARF:1}``."""
-        return "{" + ",".join(f"{key}:{int(getattr(self, key.lower()))}" for key in _KNOWN) + "}"
-
 
 ALL_ON = TftModes(ttp=True, uce=True, arf=True)
 

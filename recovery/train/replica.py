@@ -13,12 +13,9 @@ from typing import Any
 
 import torch
 
-from recovery.ckpt.checkpoint import CheckpointSaver
-from recovery.position import TrainPosition
-from recovery.train.collectives import Wait, all_gather_rows, blocking, broadcast_plain
+from recovery.train.collectives import Wait, all_gather_rows, blocking
 
-__all__ = ["ReplicaReport", "gather_reports", "choose_source", "own_state", "state_limit",
-           "broadcast_state"]
+__all__ = ["ReplicaReport", "gather_reports", "choose_source", "state_limit"]
 
 STATE_SLACK = 4 << 20
 """Bytes a state may hold besides its tensors: RNG states, position, parameter groups and
@@ -72,21 +69,3 @@ def state_limit(own: Mapping[str, Any]) -> int:
     holds nothing yet, accepts a trained peer's."""
     model, optimizer = _storage_bytes(own.get("model")), _storage_bytes(own.get("optimizer"))
     return 2 * (_storage_bytes(own) + max(0, 2 * model - optimizer)) + STATE_SLACK
-
-
-def own_state(saver: CheckpointSaver, position: TrainPosition,
-              sending: bool) -> tuple[dict[str, Any] | None, int]:
-    """What this rank passes to :func:`broadcast_state`: its state when it is the source
-    (else None), and the most bytes it accepts (:func:`state_limit`)."""
-    state = saver.state(position)
-    return (state if sending else None), state_limit(state)
-
-
-def broadcast_state(state: dict[str, Any] | None, source: int, most: int,
-                    wait: Wait = blocking) -> dict[str, Any]:
-    """Send ``state`` (read only on the source) from ``source`` to every rank; return it on every rank.
-
-    A payload that would need arbitrary unpickling, or announces more than ``most`` bytes, raises
-    :class:`~recovery.train.collectives.RefusedPayload` instead of running or allocating.
-    """
-    return broadcast_plain(state, source, most, wait)

@@ -38,18 +38,14 @@ class StepPlan:
     shares: dict[int, tuple[int, ...]]
 
     @property
-    def size(self) -> int:
+    def divisor(self) -> int:
         """Micro-batches this step trains: how far the cursor moves when it commits."""
         return sum(len(share) for share in self.shares.values())
 
     @property
-    def divisor(self) -> int:
-        return self.size
-
-    @property
     def next_cursor(self) -> int:
         """The cursor once this step commits."""
-        return self.cursor + self.size
+        return self.cursor + self.divisor
 
     def share(self, rank: int) -> tuple[int, ...]:
         """The micro-batches ``rank`` computes (none for a rank that is not live)."""

@@ -7,7 +7,7 @@ Started with RANK, WORLD_SIZE=2, MASTER_ADDR, MASTER_PORT set, and argv[1] the e
   honest rank sends one) and sends them; rank 1 gathers the reports (``gather_reports``).
 * ``state``: rank 0 sends, as a replica's state, a valid ``torch.save`` file of 16 MiB of
   tensors; rank 1, whose own state is a small model and its Adam optimizer, takes it
-  (``broadcast_state``) with the bound of its own state (``state_limit``).
+  (``broadcast_plain``) with the bound of its own state (``state_limit``).
 
 Rank 1 prints, as JSON, what happened, and leaves at once: an attacker still waiting for it
 in the exchange is then told by gloo that its peer closed the connection, and leaves too.
@@ -23,7 +23,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from recovery.train.replica import ReplicaReport, broadcast_state, gather_reports, state_limit
+from recovery.train.collectives import broadcast_plain
+from recovery.train.replica import ReplicaReport, gather_reports, state_limit
 
 ROWS = 100_000
 STATE_BYTES = 16 << 20
@@ -50,7 +51,7 @@ def receive(exchange: str) -> str:
         model = torch.nn.Linear(4, 4)
         optimizer = torch.optim.Adam(model.parameters())
         own = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
-        got = broadcast_state(None, 0, state_limit(own))
+        got = broadcast_plain(None, 0, state_limit(own))
         return f"loaded {type(got).__name__}"
     except Exception as err:  # noqa: BLE001 - the outcome is what the test checks
         return f"refused {type(err).__name__}: {err}"

@@ -5,7 +5,7 @@ never be created. Rank 0 speaks the wire of a state broadcast (an int64 length, 
 bytes as uint8) and sends two payloads whose unpickling would create that path: a raw
 pickle and a ``torch.save`` file; then it announces a payload four times the host's memory
 (and sends nothing after it). Every other rank takes each one as a replica's state
-(``broadcast_state``) and prints, as JSON, what happened to each.
+(``broadcast_plain``) and prints, as JSON, what happened to each.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from recovery.train.replica import broadcast_state
+from recovery.train.collectives import broadcast_plain
 
 ANY_SIZE = 1 << 62
 """No bound of the receiver's own: the host's memory is what refuses the last payload."""
@@ -47,7 +47,7 @@ def receive(count: int) -> list[str]:
     outcomes = []
     for _ in range(count):
         try:
-            got = broadcast_state(None, source=0, most=ANY_SIZE)
+            got = broadcast_plain(None, source=0, most=ANY_SIZE)
             outcomes.append(f"loaded {type(got).__name__}")
         except Exception as err:  # noqa: BLE001 - the outcome is what the test checks
             outcomes.append(f"refused {type(err).__name__}")

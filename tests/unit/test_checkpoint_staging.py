@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from recovery.ckpt import staging
+from recovery.ckpt.checkpoint import _plain
 from recovery.ckpt.writer_process import _Mapping
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
@@ -61,6 +62,12 @@ class Reader:
         return self.rebuild(self.mapping.of(buffer), specs, skeleton)
 
 
+def split(state: Any) -> tuple[Any, list[torch.Tensor]]:
+    """The skeleton of ``state`` and its tensors, in slot order, as an async save takes them out."""
+    slots = staging.TensorSlots()
+    return _plain(state, slots.take), slots.tensors
+
+
 def read_back(buffer: staging.SharedBuffer, specs: list[staging.TensorSpec], skeleton: Any) -> Any:
     """A fresh reader's: a mapping of its own."""
     return Reader()(buffer, specs, skeleton)
@@ -72,12 +79,12 @@ def test_staged_states_come_back_exactly_and_the_buffer_is_reused_while_the_layo
         first: Any, second: Any) -> None:
     stage = staging.SharedStage()
     try:
-        skeleton, parts = staging.split(first)
+        skeleton, parts = split(first)
         buffer, specs = stage.stage(parts)
         assert_same(first, read_back(buffer, specs, skeleton))
         again, _ = stage.stage([part.clone() for part in parts])
         assert again == buffer  # same layout: the same buffer, not a new one
-        skeleton, parts = staging.split(second)
+        skeleton, parts = split(second)
         buffer, specs = stage.stage(parts)
         assert_same(second, read_back(buffer, specs, skeleton))
     finally:
@@ -96,7 +103,7 @@ def test_only_the_tensors_changed_since_the_last_save_are_copied_again() -> None
     def staged() -> tuple[Any, Any]:
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                  "rng": torch.get_rng_state()}
-        skeleton, parts = staging.split(state)
+        skeleton, parts = split(state)
         return state, read_back(*stage.stage(parts), skeleton)
 
     try:
@@ -127,7 +134,7 @@ def test_one_reader_sees_each_save_of_a_reused_buffer_and_a_new_layouts_buffer()
     stage, reader = staging.SharedStage(), Reader()
     weight, bias = torch.zeros(3, 4), torch.zeros(4)
     try:
-        skeleton, parts = staging.split({"w": weight, "b": bias})
+        skeleton, parts = split({"w": weight, "b": bias})
         buffer, specs = stage.stage(parts)
         first = reader(buffer, specs, skeleton)
         assert torch.equal(first["w"], weight)
@@ -138,11 +145,11 @@ def test_one_reader_sees_each_save_of_a_reused_buffer_and_a_new_layouts_buffer()
         second = reader(again, specs, skeleton)
         assert torch.equal(second["w"], weight) and torch.equal(second["b"], bias)
         wider = torch.arange(6.0)
-        skeleton, parts = staging.split({"w": weight, "b": wider})
+        skeleton, parts = split({"w": weight, "b": wider})
         buffer, specs = stage.stage(parts)
         third = reader(buffer, specs, skeleton)
         assert torch.equal(third["w"], weight) and torch.equal(third["b"], wider)
-        skeleton, parts = staging.split({"b": bias, "w": weight})  # same buffer size, another order
+        skeleton, parts = split({"b": bias, "w": weight})  # same buffer size, another order
         buffer, specs = stage.stage(parts)
         fourth = reader(buffer, specs, skeleton)
         assert torch.equal(fourth["w"], weight) and torch.equal(fourth["b"], bias)

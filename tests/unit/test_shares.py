@@ -82,7 +82,7 @@ def test_constant_policy_commits_every_sample_once_at_the_full_global_batch(
     assert sorted(job.committed) == list(range(job.sampler.dataset_size))
     assert len(job.plans) == steps
     for plan in job.plans:
-        assert plan.size == plan.divisor == worker_num
+        assert plan.divisor == plan.next_cursor - plan.cursor == worker_num
         numbers = sorted(n for share in plan.shares.values() for n in share)
         assert numbers == list(range(plan.cursor, plan.cursor + worker_num))
 
