@@ -263,8 +263,9 @@ class LaunchConfig:
         if not 0 <= self.master_port <= 65535:
             raise ConfigError(f"--master_port must be in 0..65535, got {self.master_port}")
         if self.master_port == 0 and self.multi_node:
-            raise ConfigError("--master_port=0 picks a free port on one node only: the other "
-                              "nodes could not find it; give a fixed port, e.g. --master_port=29500")
+            raise ConfigError(f"a job of several nodes needs --master_port, the same on every node (node 0's "
+                              f"scheduler listens there; none or 0 picks a free port on one node only), e.g. "
+                              f"--master_port=29500; {self.nproc} of --worker_num={self.worker_num} workers run here")
         for name, value in (("--max_restarts", self.max_restarts),
                             ("--rejoin_cooldown", self.rejoin_cooldown),
                             ("--progress_interval", self.progress_interval)):
@@ -298,7 +299,6 @@ class LaunchConfig:
             raise ConfigError(f"--batch_policy must be one of "
                               f"{', '.join(p.value for p in BatchPolicy)}, "
                               f"got {self.batch_policy!r}")
-        self._check_signals()
         self._check_worker_log_name()
         self._check_enable_tft()
         self._check_script()
@@ -328,16 +328,6 @@ class LaunchConfig:
         if not stem or "/" in stem or stem in (".", ".."):
             raise ConfigError(f"--worker_log_name={name!r}: give a file name (no '/'), e.g. "
                               "worker_{hostname}")
-
-    def _check_signals(self) -> None:
-        """Each must be a signal a process may catch, and not SIGCHLD (the loop's own)."""
-        for signum in self.signals_to_handle:
-            try:
-                name = signal.Signals(signum).name
-            except ValueError:
-                raise ConfigError(f"--signals_to_handle: {signum} is not a signal") from None
-            if signum in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
-                raise ConfigError(f"--signals_to_handle: {name} cannot be handled")
 
     def _check_enable_tft(self) -> None:
         """The modes must parse, whether given by --enable_tft or inherited MS_ENABLE_TFT."""

@@ -3,7 +3,6 @@ each bad value is a ConfigError naming what to use instead."""
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import sys
@@ -11,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import ConfigError
+from launcher.procs.cores import node_cores
 
 __all__ = [
     "Entry", "parse_nnodes", "resolve_nproc", "parse_endpoint", "parse_rdzv_conf",
@@ -41,13 +41,6 @@ def parse_nnodes(text: str) -> tuple[int, int]:
     return low, high
 
 
-def _cpu_count() -> int:
-    """Cores this process may run on (torch's rule for ``--nproc_per_node=cpu``)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
 def resolve_nproc(text: str) -> int:
     """``--nproc_per_node``: an integer, or ``cpu``, ``gpu``, ``xpu`` or ``auto`` (torchrun's
     meaning: devices of that kind; ``auto``: the accelerator's devices, else the cores)."""
@@ -56,13 +49,13 @@ def resolve_nproc(text: str) -> int:
     except ValueError:
         pass
     if text == "cpu":
-        return _cpu_count()
+        return len(node_cores())  # torch's rule: the cores this process may run on
     if text not in ("gpu", "xpu", "auto"):
         raise ConfigError(f"--nproc_per_node={text}: give a count or one of auto, cpu, gpu, xpu")
     import torch  # only here: importing it costs the launcher a second
 
     if text == "auto":
-        return torch.accelerator.device_count() if torch.accelerator.is_available() else _cpu_count()
+        return torch.accelerator.device_count() if torch.accelerator.is_available() else len(node_cores())
     device = torch.cuda if text == "gpu" else torch.xpu
     if not device.is_available():
         kind = "CUDA" if text == "gpu" else "XPU"
@@ -135,7 +128,8 @@ def console_ranks(redirects: str | None, tee: str | None, ranks_filter: str | No
         redirected.get(rank, STD_NONE) != STD_ALL or teed.get(rank, STD_NONE) != STD_NONE))
 
 
-_UNHANDLEABLE = {signal.SIGKILL, signal.SIGSTOP}
+_UNHANDLEABLE = {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD}
+"""Signals no process may catch, and SIGCHLD: the supervisor loop's own wake-up."""
 
 
 def parse_signals(text: str) -> tuple[int, ...]:

@@ -26,7 +26,6 @@ from recovery.events import EventLog
 __all__ = ["inject"]
 
 _SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM}
-_LIVE = {state.value for state in LIVE_STATES}
 
 
 def _process_env(pid: int) -> WorkerEnv | None:
@@ -40,7 +39,7 @@ def _process_env(pid: int) -> WorkerEnv | None:
 def _holder(status: dict[str, Any], rank: int) -> int | None:
     """The pid of the live process holding ``rank``, as the scheduler reports it."""
     return next((m["pid"] for m in status["members"]
-                 if m["rank"] == rank and m["state"] in _LIVE), None)
+                 if m["rank"] == rank and m["state"] in LIVE_STATES), None)
 
 
 def _signal_target(status: dict[str, Any], rank: int) -> int | None:

@@ -84,10 +84,6 @@ def build_config(params: dict[str, Any]) -> LaunchConfig:
         job_id="" if p.standalone or p.rdzv_id in (None, "none") else p.rdzv_id,
         signals_to_handle=parse_signals(p.signals_to_handle),
     )
-    if master_port is None and config.multi_node:
-        raise ConfigError(f"a job of several nodes needs --master_port, the same on every node "
-                          f"(node 0's scheduler listens there), e.g. --master_port=29500; "
-                          f"{config.nproc} of --worker_num={config.worker_num} workers run here")
     if config.node_rank is None and not config.multi_node:
         # A job of one node: a rank left out is 0 (only a node of many asks node 0 for
         # it); validate() checks it with everything else.

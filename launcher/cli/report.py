@@ -4,6 +4,7 @@ a self-contained HTML page or a Chrome trace-event JSON, drawn up to now for a j
 from __future__ import annotations
 
 import json
+import time
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -12,7 +13,7 @@ import typer
 
 from launcher.errors import ConfigError
 from launcher.report.page import render_html
-from launcher.report.sources import read_job, timeline_end
+from launcher.report.sources import job_is_running, read_job
 from launcher.report.timeline import build_timeline
 from launcher.report.trace import trace_events
 
@@ -42,7 +43,8 @@ def report(
     events = read_job(log_dirs)
     if not events:
         raise ConfigError(f"no events in {', '.join(map(str, log_dirs))}")
-    timeline = build_timeline(events, timeline_end(events))
+    # A running job's timeline ends now; an ended one's at its last event.
+    timeline = build_timeline(events, time.time() if job_is_running(events) else None)
     target = output if output is not None else Path(_DEFAULT_OUTPUT[form])
     if form is Format.TRACE:
         text = json.dumps(trace_events(timeline), indent=None)

@@ -16,6 +16,7 @@ import typer
 
 from launcher.cli.trusted import UntrustedEndpoint, trusted_endpoint
 from launcher.errors import TftrunError
+from recovery.control.members import LIVE_STATES
 from recovery.control.rpc import Op, SchedulerLink, SchedulerUnavailable
 from recovery.events import newest_events
 
@@ -71,7 +72,7 @@ def format_status(status: dict[str, Any], now: float | None = None) -> str:
     """The header and the aligned table that ``tftctl status`` prints."""
     now = time.time() if now is None else now
     members = status["members"]
-    alive = sum(1 for m in members if m["state"] in ("alive", "hung", "unconfirmed"))
+    alive = sum(1 for m in members if m["state"] in LIVE_STATES)  # a StrEnum: its values match
     generation = status["generation"]
     header = (f"job {status['run_id']}: "
               + (f"generation {generation}" if generation >= 0 else "no generation formed yet")

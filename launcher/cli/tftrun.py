@@ -7,7 +7,6 @@ Every option takes both spellings (``--worker_num`` and ``--worker-num``) and bo
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -46,6 +45,7 @@ from launcher.errors import ConfigError
 from launcher.nodes.job import join_job, keep_job, return_to_job
 from launcher.nodes.link import local_address_towards
 from launcher.nodes.ranks import place_node
+from launcher.procs.spec import signal_names
 from launcher.supervisor.loop import Supervisor
 from launcher.view.logs import archive_previous_run
 from launcher.view.render import make_view
@@ -165,8 +165,8 @@ def launch(
     signals_to_handle: Annotated[str, opt(
         "signals_to_handle", "Signals to tftrun that stop the job in order (workers get them, "
         "exit 128+N), comma-separated names. [default: "
-        f"{', '.join(signal.Signals(number).name for number in DEFAULT_SIGNALS)}]", RECOVERY,
-        pet=True, show_default=False)] = ",".join(signal.Signals(n).name for n in DEFAULT_SIGNALS),
+        f"{signal_names(DEFAULT_SIGNALS).replace(',', ', ')}]", RECOVERY,
+        pet=True, show_default=False)] = signal_names(DEFAULT_SIGNALS),
     is_recover: Annotated[bool, flag(
         "is_recover", "Resume a dead job from its newest valid checkpoints (of its lineage).",
         RECOVERY)] = False,

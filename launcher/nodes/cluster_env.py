@@ -11,12 +11,12 @@ import os
 import re
 import sys
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 from launcher.errors import ConfigError
 from recovery import env as names
 
-__all__ = ["NodePlace", "Placement", "DEFAULT_MASTER_ADDR", "expand_hostlist", "resolve_place",
+__all__ = ["NodePlace", "DEFAULT_MASTER_ADDR", "expand_hostlist", "resolve_place",
            "fill_from_cluster"]
 
 DEFAULT_MASTER_ADDR = "127.0.0.1"
@@ -24,23 +24,16 @@ DEFAULT_MASTER_ADDR = "127.0.0.1"
 
 @dataclass(frozen=True)
 class NodePlace:
-    """Where this tftrun sits in the job; None: not known (a flag left out)."""
+    """Where this tftrun sits in the job: as the flags give it (None: left out), or resolved by
+    :func:`resolve_place`."""
 
     node_rank: int | None = None
-    nnodes: int | None = None
-    master_addr: str | None = None
-
-
-@dataclass(frozen=True)
-class Placement:
-    """The place with every flag resolved, and where it came from."""
-
-    node_rank: int | None
     """None: neither the flag nor the cluster manager says (launcher/nodes/ranks.py)."""
-    nnodes: int | None
+    nnodes: int | None = None
     """None: neither ``--nnodes`` nor the cluster manager says (``--worker_num`` decides)."""
-    master_addr: str
-    note: str
+    master_addr: str | None = None
+    """Never None once resolved."""
+    note: str = ""
     """Which values came from the environment, e.g. ``from Slurm: node_rank=1 ...``; empty
     when none did."""
 
@@ -175,21 +168,24 @@ def _from_cluster(env: Mapping[str, str], given: NodePlace) -> tuple[NodePlace, 
     return NodePlace(), ""
 
 
-def resolve_place(given: NodePlace, env: Mapping[str, str]) -> Placement:
+_FLAGS = ("node_rank", "nnodes", "master_addr")
+"""The fields of :class:`NodePlace` a flag or the cluster manager gives."""
+
+
+def resolve_place(given: NodePlace, env: Mapping[str, str]) -> NodePlace:
     """Flags first (``given``, None: left out), then the cluster manager in ``env``, then
     the defaults (``127.0.0.1``; ``node_rank`` and ``nnodes`` may stay None)."""
     found, manager = _from_cluster(env, given)
-    taken = {field.name: getattr(found, field.name) for field in fields(NodePlace)
-             if getattr(given, field.name) is None and getattr(found, field.name) is not None}
+    taken = {name: getattr(found, name) for name in _FLAGS
+             if getattr(given, name) is None and getattr(found, name) is not None}
     place = replace(given, **taken)
     if manager == "Kubernetes" and place.node_rank and place.master_addr is None:
         raise ConfigError(
             f"in a Kubernetes indexed Job, give --master_addr or {names.MASTER_ADDR}: the "
             "address of index 0's pod, e.g. <job>-0.<headless service>")
     note = " ".join(f"{name}={value}" for name, value in taken.items())
-    return Placement(node_rank=place.node_rank, nnodes=place.nnodes,
-                     master_addr=place.master_addr or DEFAULT_MASTER_ADDR,
-                     note=f"from {manager}: {note}" if note else "")
+    return replace(place, master_addr=place.master_addr or DEFAULT_MASTER_ADDR,
+                   note=f"from {manager}: {note}" if note else "")
 
 
 def fill_from_cluster(node_rank: int | None, nnodes: int | None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from launcher.nodes.link import NodeLink
@@ -79,12 +79,10 @@ class JobEnd:
         nnodes: the job's node count (``MAX`` of an elastic range).
     """
 
-    def __init__(self, link: NodeLink, node_rank: int, nnodes: int,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, link: NodeLink, node_rank: int, nnodes: int) -> None:
         self._link = link
         self._node_rank = node_rank
         self._others = range(1, nnodes) if node_rank == 0 else range(0)
-        self._clock = clock
         self._since: float | None = None
         self._beats: BeatTracker | None = None
         self._left: frozenset[int] = frozenset()
@@ -93,7 +91,7 @@ class JobEnd:
         """This node's job ends: node 0 tells the others; another node says why on stderr."""
         if self._node_rank == 0:
             self._link.over(Over(status, reason).value())
-            self._since = self._clock()
+            self._since = time.monotonic()
             self._beats = BeatTracker(self._others, self._since)
         elif reason.startswith(ENDED_ON_NODE_0):
             print(f"tftrun: {reason}", file=sys.stderr, flush=True)
@@ -108,7 +106,7 @@ class JobEnd:
         :data:`END_WAIT` passed. Always True on another node."""
         if self._since is None or self._beats is None:
             return True
-        now = self._clock()
+        now = time.monotonic()
         if now - self._since >= END_WAIT:
             return True
         self._left |= self._link.left([node for node in self._others if node not in self._left])

@@ -84,13 +84,12 @@ class NodePresence:
     """
 
     def __init__(self, link: NodeLink, node_rank: int, nnodes: int, elastic: bool,
-                 wake: Callable[[], None], interval: float = BEAT_INTERVAL) -> None:
+                 wake: Callable[[], None]) -> None:
         self._link = link
         self._node_rank = node_rank
         self._others = range(1, nnodes) if node_rank == 0 else range(0)
         self._elastic = elastic and node_rank == 0
         self._wake = wake
-        self._interval = interval
         self._count = 0
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="node-presence", daemon=True)
@@ -127,7 +126,7 @@ class NodePresence:
                 self._round()
             except Exception:  # noqa: BLE001 - the beats must outlive any bad answer
                 logger.exception("a node beat failed; trying again")
-            self._closed.wait(self._interval)
+            self._closed.wait(BEAT_INTERVAL)
 
     def _round(self) -> None:
         self._count = max(self._count + 1, time.time_ns() // 1_000_000)

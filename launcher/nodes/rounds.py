@@ -14,7 +14,7 @@ from collections.abc import Callable
 from launcher.config import LaunchConfig
 from launcher.nodes.link import NodeLink
 from launcher.nodes.presence import NodePresence
-from recovery.control.node_range import NODE_SILENT, Close, JobDone, NodeRange, Round, RoundWait, TooFew, close_round
+from recovery.control.node_range import NODE_SILENT, Close, JobDone, Round, RoundWait, TooFew, close_round
 from recovery.control.nodes import join_key
 
 __all__ = ["RoundMeeting"]
@@ -31,10 +31,11 @@ class RoundMeeting:
         interrupted: whether a signal to tftrun came in (the wait gives up at once).
     """
 
-    def __init__(self, config: LaunchConfig, span: NodeRange, link: NodeLink,
-                 presence: NodePresence, interrupted: Callable[[], bool]) -> None:
+    def __init__(self, config: LaunchConfig, link: NodeLink, presence: NodePresence,
+                 interrupted: Callable[[], bool]) -> None:
+        assert config.node_range is not None, "rounds are an elastic job's (--nnodes=MIN:MAX)"
         self._config = config
-        self._span = span
+        self._span = span = config.node_range
         self._link = link
         self._presence = presence
         self._beats = presence.tracker

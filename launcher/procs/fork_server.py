@@ -12,7 +12,6 @@ import logging
 import os
 import signal
 import socket
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -65,7 +64,7 @@ class ForkServer:
             return None
         if "pid" not in reply:
             raise OSError(str(reply.get("error", reply)))
-        return Child(Adopted(int(reply["pid"])), time.time())
+        return Child(Adopted(int(reply["pid"])))
 
     def close(self) -> Child:
         """Close the socket (the server reads EOF and ends); the server's Child, to reap."""

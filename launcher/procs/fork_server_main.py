@@ -46,15 +46,12 @@ def warm_up() -> None:
     param = torch.nn.Parameter(torch.zeros(1))
     param.grad = torch.zeros(1)
     torch.optim.SGD([param], lr=0.1).step()
-    try:
-        # The library that only the scripts using recovery import.
-        import recovery.ckpt.checkpoint  # noqa: F401
-        import recovery.train.elastic  # noqa: F401
-        from recovery.env import TFT_PRELOAD
-    except ImportError:
-        pass
-    else:
-        preload(os.environ.get(TFT_PRELOAD, ""))
+    # The library that only the scripts using recovery import (main() imported recovery already).
+    import recovery.ckpt.checkpoint  # noqa: F401
+    import recovery.train.elastic  # noqa: F401
+    from recovery.env import TFT_PRELOAD
+
+    preload(os.environ.get(TFT_PRELOAD, ""))
     gc.freeze()
 
 

@@ -15,7 +15,7 @@ import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import BinaryIO
 
 from launcher.procs.sessions import Session, kill_members, members
 from launcher.procs.spec import OWN_PYTHON, own_env
@@ -71,15 +71,6 @@ def _await_dead(session: Session, timeout: float) -> None:
         time.sleep(0.002)
 
 
-class Reapable(Protocol):
-    """What :class:`Child` needs of a process: a ``subprocess.Popen``'s part."""
-
-    pid: int
-    returncode: int | None
-
-    def poll(self) -> int | None: ...
-
-
 class Adopted:
     """A process re-parented to this subreaper (a fork server's worker), reaped with ``waitpid``;
     ``returncode`` as ``Popen`` gives it (-N for a death by signal N)."""
@@ -106,9 +97,8 @@ class Adopted:
 class Child:
     """A started process: its Popen (or :class:`Adopted`), and what it was started as."""
 
-    def __init__(self, process: Reapable, started_at: float) -> None:
+    def __init__(self, process: subprocess.Popen[bytes] | Adopted) -> None:
         self.process = process
-        self.started_at = started_at
         self.session = Session.led_by(process.pid)
         # Its pid is free again, so a session of that id that ended is empty now: forget
         # it, lest the sweep take this child for one of its members.
@@ -169,7 +159,7 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: Path, header: s
             stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
             pass_fds=tuple(pass_fds), preexec_fn=lambda: _die_with(parent_pid),
         )
-    return Child(popen, time.time())
+    return Child(popen)
 
 
 class Stopping:

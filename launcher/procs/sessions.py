@@ -11,7 +11,7 @@ import signal
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["ProcStat", "Session", "JobProcesses", "kill_members", "members", "proc_stat",
+__all__ = ["ProcStat", "Session", "JobProcesses", "kill_living", "kill_members", "members", "proc_stat",
            "every_process"]
 
 
@@ -76,15 +76,20 @@ def members(sessions: Iterable[Session]) -> list[ProcStat]:
     return [p for p in every_process() if p.session in since and p.starttime >= since[p.session]]
 
 
+def kill_living(processes: Iterable[ProcStat]) -> None:
+    """SIGKILL each of ``processes`` that is not a zombie already."""
+    for process in processes:
+        if process.state != "Z":
+            try:
+                os.kill(process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass  # it ended meanwhile
+
+
 def kill_members(sessions: Iterable[Session]) -> list[ProcStat]:
     """SIGKILL every living member of ``sessions``; returns the members found."""
     found = members(sessions)
-    for member in found:
-        if member.state != "Z":
-            try:
-                os.kill(member.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass  # it ended meanwhile
+    kill_living(found)
     return found
 
 

@@ -39,13 +39,10 @@ class Role(str, Enum):
 class ProcessSpec:
     role: Role
     rank: int | None
+    """A worker's slot; None for the scheduler and the fork server."""
     argv: tuple[str, ...]
     env: Mapping[str, str]
     log_path: Path
-
-    def __post_init__(self) -> None:
-        if (self.role is Role.WORKER) != (self.rank is not None):
-            raise ValueError("a worker has a rank; the scheduler and the fork server have none")
 
 
 @dataclass(frozen=True)
@@ -57,11 +54,6 @@ class Seat:
     world_size: int
     group_rank: int
     group_world_size: int
-
-    @classmethod
-    def fixed(cls, config: LaunchConfig) -> Seat:
-        return cls(config.first_rank, config.worker_num, config.assigned_rank,
-                   config.group_world_size)
 
 
 OWN_PYTHON = (sys.executable, "-u", "-P")
@@ -121,11 +113,11 @@ def worker_spec(config: LaunchConfig, local_rank: int, incarnation: int, restart
         restart_count: how many times the whole group was restarted (torchrun's count).
         rendezvous_port: the fresh store that ``env://`` meets at for this restart.
         rendezvous_host: its host (node 0's address); ``--master_addr`` when not given.
-        seat: its generation's ranks (:meth:`Seat.fixed` when not given).
+        seat: its generation's ranks (the node's fixed seat when not given).
         beat_socket: the node supervisor's beat socket (``TFT_BEAT_SOCKET``), if it has one.
     """
     slot = config.first_rank + local_rank
-    seat = seat or Seat.fixed(config)
+    seat = seat or Seat(config.first_rank, config.worker_num, config.assigned_rank, config.group_world_size)
     rank = seat.first_rank + local_rank
     env = _common_env(config, os.environ if base_env is None else base_env)
     if config.nproc > 1:
@@ -164,10 +156,9 @@ def worker_spec(config: LaunchConfig, local_rank: int, incarnation: int, restart
     return ProcessSpec(Role.WORKER, slot, worker_argv(config, env), env, config.worker_log(slot))
 
 
-def scheduler_spec(config: LaunchConfig, listen_fd: int,
-                   base_env: Mapping[str, str] | None = None) -> ProcessSpec:
+def scheduler_spec(config: LaunchConfig, listen_fd: int) -> ProcessSpec:
     """The scheduler, serving the cluster store on the inherited socket ``listen_fd``."""
-    env = _common_env(config, os.environ if base_env is None else base_env)
+    env = _common_env(config, os.environ)
     env.update({names.MS_ROLE: names.ROLE_SCHEDULER, names.TFT_STORE_FD: str(listen_fd)})
     argv = (*OWN_PYTHON, "-m", SCHEDULER_MODULE)
     return ProcessSpec(Role.SCHEDULER, None, argv, own_env(env), config.log_dir / "scheduler.log")
@@ -180,10 +171,10 @@ ENVIRON_ROOM = 100_000
 under Linux's 128 KiB limit on one variable."""
 
 
-def forks_workers(config: LaunchConfig, env: Mapping[str, str] | None = None) -> bool:
+def forks_workers(config: LaunchConfig) -> bool:
     """Whether this node's workers are forked from a fork server: ``--fork_server`` on, a Python script or
     module, and no ``PYTHON_EXEC`` naming another Python."""
-    python = (os.environ if env is None else env).get(names.PYTHON_EXEC)
+    python = os.environ.get(names.PYTHON_EXEC)
     return (config.fork_server and config.entry in ("script", "module")
             and python in (None, "", sys.executable))
 

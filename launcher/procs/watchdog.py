@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import os
 import select
-import signal
 import sys
 import time
 
-from launcher.procs.sessions import JobProcesses, ProcStat, Session, every_process
+from launcher.procs.sessions import JobProcesses, Session, every_process, kill_living
 
 SWEEP_FOR = 10.0
 """Seconds to keep killing sessions whose members do not die (stuck in the kernel)."""
@@ -22,8 +21,8 @@ LOOK_EVERY = 1.0
 """Seconds between two looks at ``/proc`` while tftrun lives."""
 
 
-def follow(fd: int, job: JobProcesses, look_every: float = LOOK_EVERY) -> None:
-    """Read the sessions tftrun reports until EOF, recording the job's processes every ``look_every`` seconds."""
+def follow(fd: int, job: JobProcesses) -> None:
+    """Read the sessions tftrun reports until EOF, recording the job's processes every LOOK_EVERY seconds."""
     pending = b""
     next_look = time.monotonic()
     while True:
@@ -38,7 +37,7 @@ def follow(fd: int, job: JobProcesses, look_every: float = LOOK_EVERY) -> None:
                 job.add(Session(int(sid), int(since)))
         if time.monotonic() >= next_look:
             job.look(every_process())
-            next_look = time.monotonic() + look_every
+            next_look = time.monotonic() + LOOK_EVERY
 
 
 def sweep(job: JobProcesses) -> None:
@@ -48,16 +47,8 @@ def sweep(job: JobProcesses) -> None:
         living = [p for p in job.look(every_process()) if p.state != "Z"]
         if not living:
             return
-        _kill(living)
+        kill_living(living)
         time.sleep(SWEEP_INTERVAL)
-
-
-def _kill(processes: list[ProcStat]) -> None:
-    for process in processes:
-        try:
-            os.kill(process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass  # it ended meanwhile
 
 
 def main() -> None:

@@ -5,7 +5,6 @@ An event without ``node_rank`` belongs to the node whose dir it was read from (i
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from launcher.report.fields import well_typed
 from launcher.view.logs import PREVIOUS_DIR
 from recovery.events import EVENTS_FILE, read_events
 
-__all__ = ["read_job", "job_is_running", "timeline_end"]
+__all__ = ["read_job", "job_is_running"]
 
 
 def _archived(log_dir: Path) -> list[str]:
@@ -55,8 +54,3 @@ def job_is_running(events: list[dict[str, Any]]) -> bool:
         except psutil.Error:
             continue
     return False
-
-
-def timeline_end(events: list[dict[str, Any]]) -> float | None:
-    """Where a timeline of ``events`` ends: now for a running job, else its last event."""
-    return time.time() if job_is_running(events) else None

@@ -20,6 +20,8 @@ WIDTH = 1160
 LEFT, RIGHT = 130, 30
 LANE, BAR = 28, 16
 AXIS, RECOVERY_ROW, NODE_ROW, LEGEND = 30, 40, 22, 46
+STEPS_HEIGHT = 260
+"""Pixels: the height of the steps drawing."""
 ENDING_COLOURS = {
     IncarnationEnding.SUCCEEDED: "#43a047", IncarnationEnding.FAILED: "#e53935",
     IncarnationEnding.HUNG: "#fb8c00", IncarnationEnding.STOPPED: "#90a4ae",
@@ -268,11 +270,11 @@ def timeline_svg(timeline: Timeline) -> str:
             + "".join(parts) + "</svg>")
 
 
-def steps_svg(timeline: Timeline, height: int = 260) -> str:
+def steps_svg(timeline: Timeline) -> str:
     """Each rank's step over time; a rollback shows as its line stepping back, labelled
     with the steps redone."""
     scale = _Scale(timeline.start, timeline.end)
-    top, bottom = 16, height - 44
+    top, bottom = 16, STEPS_HEIGHT - 44
     highest = max([timeline.total_steps or 0,
                    *(p.global_step for points in timeline.steps.values() for p in points)]) or 1
 
@@ -301,7 +303,7 @@ def steps_svg(timeline: Timeline, height: int = 260) -> str:
                          f'stroke-linejoin="round"><title>rank {rank} incarnation {incarnation}'
                          f'</title></polyline>')
         parts.append(f'<text x="{WIDTH - RIGHT - 60 - 60 * (index % 8):.1f}" '
-                     f'y="{height - 8}" font-size="11" fill="{colour}">rank {rank}</text>')
+                     f'y="{STEPS_HEIGHT - 8}" font-size="11" fill="{colour}">rank {rank}</text>')
     for recovery in timeline.recoveries:
         redone = recovery.steps_redone
         if recovery.end is None or recovery.global_step is None or not redone:
@@ -314,5 +316,5 @@ def steps_svg(timeline: Timeline, height: int = 260) -> str:
                      f'y="{y(recovery.global_step) + 14:.1f}" font-size="11" font-weight="700" '
                      f'fill="{FAULT_COLOUR}">{redone} steps redone</text></g>')
     return (f'<svg xmlns="http://www.w3.org/2000/svg" class="steps-chart" width="{WIDTH}" '
-            f'height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="sans-serif">'
+            f'height="{STEPS_HEIGHT}" viewBox="0 0 {WIDTH} {STEPS_HEIGHT}" font-family="sans-serif">'
             + "".join(parts) + "</svg>")

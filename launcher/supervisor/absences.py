@@ -63,7 +63,6 @@ def absences(view: JobView, now: float) -> list[Action] | None:
     absent = absent_ranks(view)
     if not absent or view.restart_at is not None or not degraded(view):
         return None
-    assert view.min_worker_num is not None
     training = _training(view, absent)
     if training >= view.min_worker_num:
         due = [a for a in absent if now >= a.since + view.rejoin_timeout]
@@ -109,7 +108,6 @@ def _none_can_return(view: JobView, absent: Sequence[_Absence]) -> bool:
 def absence_deadlines(view: JobView, absent: Sequence[_Absence]) -> list[float]:
     """When :func:`absences` acts next: each absent rank's retirement while enough train,
     else the end of the job's wait with too few."""
-    assert view.min_worker_num is not None
     if _training(view, absent) >= view.min_worker_num:
         return [a.since + view.rejoin_timeout for a in absent]
     return [_too_few_since(view, absent) + view.node_time_out]
@@ -117,7 +115,6 @@ def absence_deadlines(view: JobView, absent: Sequence[_Absence]) -> list[float]:
 
 def _too_few_since(view: JobView, absent: Sequence[_Absence]) -> float:
     """When the job fell below ``--min_worker_num`` training ranks."""
-    assert view.min_worker_num is not None
     deaths = sorted(a.since for a in absent)
     spare = _training(view, absent) + len(absent) - view.min_worker_num
     return deaths[min(max(spare, 0), len(deaths) - 1)]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import selectors
 import shutil
 import socket
@@ -209,9 +208,9 @@ class BeatServer:
                     logger.warning("node beat failed %d time(s): %s", count, err)
 
 
-def node_name(host: str, node_rank: int | None) -> str:
-    """This node's name in its beats: its host and node rank (its pid while it has none)."""
-    return f"{host}/{node_rank if node_rank is not None else f'pid{os.getpid()}'}"[:256]
+def node_name(host: str, node_rank: int) -> str:
+    """This node's name in its beats: its host and node rank."""
+    return f"{host}/{node_rank}"[:256]
 
 
 

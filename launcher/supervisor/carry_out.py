@@ -32,7 +32,7 @@ from launcher.supervisor.actions import (
 from launcher.supervisor.children import Children
 from launcher.supervisor.closing import Closing
 from launcher.supervisor.failures import ExitInfo
-from launcher.supervisor.job_state import JobState
+from launcher.supervisor.job_state import JobState, worker_of
 from launcher.supervisor.meeting import MeetingPlace
 from launcher.supervisor.state import Worker, WorkerState
 from launcher.supervisor.watch import SchedulerWatch
@@ -117,16 +117,15 @@ class CarryingOut:
             worker.child.signal_group(signum)
         match action:
             case Hang(rank, reason):
-                worker = self._worker(rank)
+                worker = worker_of(self.workers, rank)
                 self._emit("hang", rank=rank, pid=worker.pid, incarnation=worker.incarnation,
                            reason=reason)
             case Relaunch(rank):
-                self._emit("restart", what="rank", why=self._worker(rank).relaunch_why,
+                self._emit("restart", what="rank", why=worker_of(self.workers, rank).relaunch_why,
                            restart_count=self.restart_count + self.state.relaunches, ranks=[rank])
-                self.children.launch(self._worker(rank))
+                self.children.launch(worker_of(self.workers, rank))
             case RestartAll() if self._nodes is not None:
-                self._nodes.restart_all(max(self.restart_count + 1,
-                                            self._watch.nodes.restarts_started))
+                self._nodes.restart_all(self._next_restart())
             case StartAll():
                 self._restart_all()
             case Stop(_, reason, everywhere, close_rounds):
@@ -160,7 +159,7 @@ class CarryingOut:
         """The workers ``action`` signals, as their states stand before it is applied."""
         match action:
             case Hang(rank) | Kill(rank):
-                return [(self._worker(rank), signal.SIGKILL)]
+                return [(worker_of(self.workers, rank), signal.SIGKILL)]
             case Retire(rank):
                 return [(w, signal.SIGTERM) for w in self.workers
                         if w.rank == rank and w.state is WorkerState.RUNNING]
@@ -182,13 +181,12 @@ class CarryingOut:
             ranks, whys = zip(*retirements, strict=True)
             self._watch.report(Retirement(list(ranks), "; ".join(dict.fromkeys(whys))))
 
-    def _worker(self, rank: int) -> Worker:
-        return next(w for w in self.workers if w.rank == rank)
+    def _next_restart(self) -> int:
+        """The next group restart's number: with other nodes, every node's workers of one restart carry it."""
+        return max(self.restart_count + 1, self._watch.nodes.restarts_started)
 
     def _restart_all(self) -> None:
-        # With other nodes, every node's workers of one restart carry its number.
-        self.children.restart_count = max(self.restart_count + 1,
-                                          self._watch.nodes.restarts_started)
+        self.children.restart_count = self._next_restart()
         self._emit("restart", what="workers", why=self.state.restart_why,
                    restart_count=self.restart_count, ranks=[w.rank for w in self.workers])
         self._start_workers()

@@ -86,12 +86,22 @@ class Children:
         return (f"{LOG_HEADER}{spec.role.value} rank={spec.rank} incarnation={incarnation} "
                 f"restart_count={self.restart_count} at {time.strftime('%Y-%m-%d %H:%M:%S')} ====")
 
-    def _spawn(self, spec: ProcessSpec, incarnation: int, pass_fds: tuple[int, ...] = ()) -> Child:
-        child = spawn(spec.argv, spec.env, spec.log_path, self.header(spec, incarnation),
-                      pass_fds)
+    def _watched(self, child: Child) -> Child:
+        """``child``, told to the watchdog: its session is killed once this supervisor is gone."""
         assert self.watchdog is not None
         self.watchdog.watch(child)
-        return self._started(spec, child, incarnation)
+        return child
+
+    def _spawn(self, spec: ProcessSpec, incarnation: int, pass_fds: tuple[int, ...] = ()) -> Child:
+        """``spec``'s process started cold."""
+        return self._watched(spawn(spec.argv, spec.env, spec.log_path, self.header(spec, incarnation), pass_fds))
+
+    def _start(self, spec: ProcessSpec, incarnation: int, fds: dict[str, int] | None = None) -> Child:
+        """``spec``'s process, forked by the fork server if there is one, else started cold (``fds``: open files
+        it gets, by the environment variables that name them); recorded as started."""
+        if (forked := self._fork(spec, incarnation, fds)) is not None:
+            return self._started(spec, forked, incarnation, forked=True)
+        return self._started(spec, self._spawn(spec, incarnation, tuple((fds or {}).values())), incarnation)
 
     def _started(self, spec: ProcessSpec, child: Child, incarnation: int,
                  **fields: object) -> Child:
@@ -106,17 +116,9 @@ class Children:
     def start_fork_server(self) -> None:
         """Start the fork server, when this node's workers are to be forked: it warms up
         while the scheduler starts, and the first launch waits for it."""
-        if not forks_workers(self.config):
-            return
-
-        def start(sock_fd: int) -> Child:
-            spec = fork_server_spec(self.config, sock_fd, os.getpid())
-            child = spawn(spec.argv, spec.env, spec.log_path, self.header(spec, 0), (sock_fd,))
-            assert self.watchdog is not None
-            self.watchdog.watch(child)
-            return child
-
-        self.fork_server = ForkServer(start)
+        if forks_workers(self.config):
+            self.fork_server = ForkServer(
+                lambda sock_fd: self._spawn(fork_server_spec(self.config, sock_fd, os.getpid()), 0, (sock_fd,)))
 
     def stop_fork_server(self) -> Child | None:
         """Close the fork server's socket (it ends); its Child, to be reaped, if any."""
@@ -128,11 +130,8 @@ class Children:
         port): forked by the fork server when there is one, which passes it the socket."""
         assert self._store_socket is not None
         fd = self._store_socket.fileno()
-        spec = scheduler_spec(self.config, fd)
-        incarnation = self.scheduler_launches
-        forked = self._fork(spec, incarnation, {names.TFT_STORE_FD: fd})
-        self.scheduler = (self._spawn(spec, incarnation, pass_fds=(fd,)) if forked is None
-                          else self._started(spec, forked, incarnation, forked=True))
+        self.scheduler = self._start(scheduler_spec(self.config, fd), self.scheduler_launches,
+                                     {names.TFT_STORE_FD: fd})
         self.scheduler_launches += 1
 
     def launch(self, worker: Worker) -> None:
@@ -148,10 +147,7 @@ class Children:
                            beat_socket=self.beat_socket)
         try:
             prepare_error_file(self.config, worker.rank)
-            if (forked := self._fork(spec, worker.incarnation)) is not None:
-                child = self._started(spec, forked, worker.incarnation, forked=True)
-            else:
-                child = self._spawn(spec, worker.incarnation)
+            child = self._start(spec, worker.incarnation)
         except OSError as err:
             worker.launch_failed(Failure.of_spawn(worker.rank, worker.incarnation,
                                                   time.monotonic(), err))
@@ -175,10 +171,7 @@ class Children:
                        "module": self.config.entry == "module"}
         message["title"] = " ".join(spec.argv)
         child = self.fork_server.fork(spec, message, self.header(spec, incarnation), fds)
-        if child is not None:
-            assert self.watchdog is not None
-            self.watchdog.watch(child)
-        return child
+        return None if child is None else self._watched(child)
 
     def exit_info(self, role: Role, rank: int | None, child: Child, incarnation: int,
                   returncode: int, expected: bool) -> ExitInfo:

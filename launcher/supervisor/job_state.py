@@ -25,7 +25,7 @@ from launcher.supervisor.actions import (
 from launcher.supervisor.job_view import Ending
 from launcher.supervisor.state import Failure, Worker, WorkerState
 
-__all__ = ["JobState"]
+__all__ = ["JobState", "worker_of"]
 
 
 @dataclass
@@ -55,13 +55,13 @@ class JobState:
         """Record ``action``; the processes are the caller's to start or signal."""
         match action:
             case Hang(rank):
-                _worker(workers, rank).hung = True
+                worker_of(workers, rank).hung = True
             case ScheduleRelaunch(rank, at, why):
-                worker = _worker(workers, rank)
+                worker = worker_of(workers, rank)
                 worker.transition(WorkerState.COOLDOWN, deadline=at)
                 worker.relaunch_why = why
             case Relaunch(rank):
-                failure = _worker(workers, rank).failure
+                failure = worker_of(workers, rank).failure
                 assert failure is not None, f"rank {rank} relaunched without a failure"
                 self.relaunched_after[rank] = failure
                 self.relaunches += 1
@@ -104,5 +104,6 @@ class JobState:
         return taken
 
 
-def _worker(workers: Sequence[Worker], rank: int) -> Worker:
+def worker_of(workers: Sequence[Worker], rank: int) -> Worker:
+    """This node's worker of ``rank``."""
     return next(w for w in workers if w.rank == rank)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import signal
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -122,9 +123,9 @@ class JobView:
     """Node 0 of an elastic job: nodes that asked to join the next generation."""
     silent_since: Mapping[int, float] = field(default_factory=dict)
     """Node 0 of an elastic job: when each other node of the generation last beat."""
-    min_worker_num: int | None = None
-    """``--min_worker_num`` (None: the job's size): with fewer, the survivors of a death
-    train on without the dead rank (docs/elastic.md)."""
+    min_worker_num: int = sys.maxsize
+    """``--min_worker_num``: below the job's size, the survivors of a death train on without the
+    dead rank (docs/elastic.md); at its size or above (the default), they do not."""
     rejoin_timeout: float = 60.0
     """``--rejoin_timeout``: seconds an absent rank may take to register again before it is
     retired (degraded training only)."""
@@ -175,5 +176,4 @@ def degraded(view: JobView) -> bool:
     """Whether the job trains on without dead ranks: ``--min_worker_num`` below its size,
     and its ranks register (a script that uses recovery; a plain script's restart all)."""
     size = len(view.ranks) + view.other_ranks
-    return (view.min_worker_num is not None and view.min_worker_num < size
-            and any(r.registered for r in view.ranks))
+    return view.min_worker_num < size and any(r.registered for r in view.ranks)

@@ -74,14 +74,13 @@ class Supervisor(CarryingOut):
         self._wakeup: Wakeup | None = None
         self._watch = SchedulerWatch(
             self._control, self._node_link() if config.multi_node else None, self._wake,
-            watch_scope(config), snapshot_interval(-(-config.worker_num // config.nproc)))
+            watch_scope(config), snapshot_interval(config.group_world_size))
         self._presence = (NodePresence(self._node_link(), config.assigned_rank,
                                        config.group_world_size, config.node_range is not None,
                                        self._wake) if config.multi_node else None)
         self._job_end = (JobEnd(self._nodes, config.assigned_rank, config.group_world_size)
                          if self._nodes is not None else None)
-        self._rounds = (RoundMeeting(config, config.node_range, self._nodes,
-                                     self._presence, self._signalled)
+        self._rounds = (RoundMeeting(config, self._nodes, self._presence, self._signalled)
                         if config.node_range is not None and self._nodes is not None
                         and self._presence is not None else None)
         self._round: Round | None = None
@@ -101,7 +100,7 @@ class Supervisor(CarryingOut):
         """Serve the workers' heartbeats on a socket of this node; the workers started
         from now on are told where (``TFT_BEAT_SOCKET``)."""
         config = self.config
-        self._beats = BeatServer(node_name(config.local_addr, config.node_rank),
+        self._beats = BeatServer(node_name(config.local_addr, config.assigned_rank),
                                  config.master_addr, config.master_port, config.job_token,
                                  config.run_id, config.epoch, Timeouts(
                                      heartbeat_timeout=config.heartbeat_timeout,

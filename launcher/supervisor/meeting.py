@@ -14,11 +14,7 @@ from launcher.nodes.link import NodeLink
 from launcher.nodes.rendezvous import RendezvousStore
 from recovery.control.files import Endpoint
 
-__all__ = ["MeetingPlace", "NodeLost", "point_at_remote_scheduler"]
-
-
-class NodeLost(RuntimeError):
-    """Node 0 did not answer within ``--cluster_time_out`` where this node needed it."""
+__all__ = ["MeetingPlace", "point_at_remote_scheduler"]
 
 
 class MeetingPlace:
@@ -34,6 +30,9 @@ class MeetingPlace:
         self._hosts_scheduler = hosts_scheduler
         self._nodes = nodes
         self._store = RendezvousStore(config.local_addr)
+        self._publisher = (NodeLink(config.master_addr, config.master_port, config.job_token, config.run_id,
+                                    config.epoch) if nodes is not None and config.hosts_scheduler else None)
+        """Node 0's announcer, one for the job: the store's thread uses it while the loop uses ``nodes``."""
 
     def _at_scheduler(self, restart_count: int) -> bool:
         """Whether this launch's workers meet at the scheduler's store: only the first launch
@@ -52,8 +51,8 @@ class MeetingPlace:
         assert self._nodes is not None
         where = self._nodes.rendezvous(restart_count, config.cluster_time_out)
         if where is None:
-            raise NodeLost(f"node 0 did not say where the workers of restart {restart_count} "
-                           f"meet within --cluster_time_out={config.cluster_time_out:g}s")
+            raise RuntimeError(f"node 0 did not say where the workers of restart {restart_count} "
+                               f"meet within --cluster_time_out={config.cluster_time_out:g}s")
         return where
 
     def serve(self, restart_count: int, where: tuple[str, int]) -> None:
@@ -62,14 +61,14 @@ class MeetingPlace:
         if not self._config.hosts_scheduler or self._at_scheduler(restart_count):
             return
         announce: Callable[[], None] | None = None
-        if self._nodes is not None:
-            publisher = NodeLink(self._config.master_addr, self._config.master_port,
-                                 self._config.job_token, self._config.run_id, self._config.epoch)
-            announce = partial(publisher.publish_rendezvous, restart_count, *where)
+        if self._publisher is not None:
+            announce = partial(self._publisher.publish_rendezvous, restart_count, *where)
         self._store.serve(announce)
 
     def close(self) -> None:
-        self._store.close()
+        self._store.close()  # joins the store's thread: the announcer is idle then
+        if self._publisher is not None:
+            self._publisher.close()
 
 
 def point_at_remote_scheduler(config: LaunchConfig) -> Endpoint | None:

@@ -14,20 +14,17 @@ from launcher.nodes.presence import BeatTracker
 from launcher.supervisor.job_view import RETIRED_VERDICT, RankView
 from launcher.supervisor.state import Failure, Worker, WorkerState
 from launcher.supervisor.watch import SchedulerWatch, Scope, Snapshot
-from launcher.view.progress import EventTail
+from launcher.view.progress import STEP_REPORTS, EventTail
 from recovery.control.members import LIVE_STATES, MemberState, Verdict
 from recovery.control.node_range import NODE_SILENT
 
 __all__ = ["Observer", "watch_scope"]
 
-WORKER_STEP_EVENTS = ("step", "train_end")
-"""The events in which a worker says which step it completed."""
 WORKER_CALL_EVENT = "function_call"
 """A ``@recovery.restartable`` worker's call in a generation, at a step tftrun does not
 know: taken as step 0 (it joined a generation)."""
 _VERDICTS = {MemberState.LOST.value: Verdict.HEARTBEAT.value,
              MemberState.HUNG.value: Verdict.PROGRESS.value}
-_LIVE = frozenset(state.value for state in LIVE_STATES)
 
 
 def watch_scope(config: LaunchConfig) -> Scope:
@@ -78,7 +75,7 @@ class Observer:
                 self.registered.add(str(event["node_id"]))
             elif name == "leave" and step is not None:
                 self._note_step(int(event["rank"]), int(event["pid"]), int(step))
-            elif name in WORKER_STEP_EVENTS and step is not None \
+            elif name in STEP_REPORTS and step is not None \
                     and (pid := pids.get(rank)) is not None:
                 self._note_step(int(rank), pid, int(step))
             elif name == WORKER_CALL_EVENT and event.get("pid") == pids.get(rank):
@@ -125,7 +122,7 @@ class Observer:
     def holds_rank(self, worker: Worker) -> bool:
         """Whether the latest snapshot holds ``worker``'s process as its rank's live member."""
         return self.snapshot is not None and any(
-            m.rank == worker.rank and m.pid == worker.pid and m.state in _LIVE
+            m.rank == worker.rank and m.pid == worker.pid and m.state in LIVE_STATES
             for m in self.snapshot.members)
 
     def registered_or_unknown(self, worker: Worker) -> bool | None:

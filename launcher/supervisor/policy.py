@@ -38,7 +38,7 @@ from launcher.supervisor.actions import (
 )
 from launcher.supervisor.failures import ExitInfo
 from launcher.supervisor.job_view import RETIRED_VERDICT, JobView, RankView, crash, degraded, short_stop, stop_all
-from launcher.supervisor.state import Failure, WorkerState
+from launcher.supervisor.state import WorkerState
 from recovery.control.node_range import JobDone, TooFew
 from recovery.exit_codes import UNFIXABLE
 
@@ -224,7 +224,7 @@ def _peers_finished(view: JobView, now: float) -> list[Action] | None:
              if final is None or (r.failure_step if r.failure_step is not None else _NO_STEP)
              < final]
     size = len(view.ranks) + view.other_ranks
-    if short and view.min_worker_num is not None and view.min_worker_num <= peers < size:
+    if short and view.min_worker_num <= peers < size:
         # Degraded training: the peers trained the lost ranks' samples too, to the end.
         what = ", ".join(f"rank {r.rank} ({crash(r).reason})" for r in left)
         return [_ended_well(view, f"all workers finished; the survivors trained on without {what}"),
@@ -270,14 +270,14 @@ def _on_failures(view: JobView, failed: Sequence[RankView], now: float) -> list[
     """Relaunch the failed ranks alone (their relaunch waits in COOLDOWN: for the
     cooldown, and :data:`PEERS_SETTLE` after the last rank that finished), restart all, or
     give up."""
-    why = "; ".join(f"rank {r.rank} {_failure(r).reason}" for r in failed)
+    why = "; ".join(f"rank {r.rank} {crash(r).reason}" for r in failed)
     if _per_rank(view, failed):
         if view.charged + len(failed) > view.max_restarts:
             if degraded(view):
                 return []  # not relaunched: absent until retired, or the job ends (launcher/supervisor/absences.py)
             return [_give_up(view, failed[0], why), stop_all(view, now)]
         return [ScheduleRelaunch(r.rank, max(now, r.cooldown_until, _settled(view)),
-                                 f"rank {r.rank} {_failure(r).reason}") for r in failed]
+                                 f"rank {r.rank} {crash(r).reason}") for r in failed]
     cooldowns = [r.cooldown_until for r in failed if r.registered]
     return _restart_all(view, failed[0], why,
                         max([now, *cooldowns, *_relaunch_times(view)]), now)
@@ -314,12 +314,7 @@ def _restart_all(view: JobView, first: RankView, why: str, at: float,
 
 
 def _give_up(view: JobView, first: RankView, why: str) -> GiveUp:
-    return GiveUp(_failure(first), f"{why}; restart budget ({view.max_restarts}) spent")
-
-
-def _failure(rank: RankView) -> Failure:
-    assert rank.failure is not None, f"rank {rank.rank} is {rank.state.value} without a failure"
-    return rank.failure
+    return GiveUp(crash(first), f"{why}; restart budget ({view.max_restarts}) spent")
 
 
 def _relaunch_times(view: JobView) -> list[float]:

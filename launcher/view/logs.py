@@ -13,6 +13,10 @@ __all__ = ["archive_previous_run", "last_lines", "LogFollower", "PREVIOUS_DIR"]
 
 PREVIOUS_DIR = "previous"
 _RUN_FILES = ("worker_*.log", "scheduler.log", EVENTS_FILE, "errors")
+TAIL_BYTES = 16384
+"""Bytes of a log's end that :func:`last_lines` reads."""
+FOLLOW_INTERVAL = 0.1
+"""Seconds between two reads of the followed logs (``--join``)."""
 
 
 def archive_previous_run(log_dir: Path, worker_logs: str = "worker_*.log") -> Path | None:
@@ -28,13 +32,13 @@ def archive_previous_run(log_dir: Path, worker_logs: str = "worker_*.log") -> Pa
     return target
 
 
-def last_lines(path: Path, count: int, max_bytes: int = 16384) -> list[str]:
+def last_lines(path: Path, count: int) -> list[str]:
     """The last ``count`` non-empty lines of a (possibly large) text file."""
     try:
         with open(path, "rb") as file:
             file.seek(0, 2)
             size = file.tell()
-            file.seek(max(0, size - max_bytes))
+            file.seek(max(0, size - TAIL_BYTES))
             data = file.read()
     except OSError:
         return []
@@ -45,10 +49,9 @@ def last_lines(path: Path, count: int, max_bytes: int = 16384) -> list[str]:
 class LogFollower(threading.Thread):
     """Streams new lines of several log files to ``sink`` (``tftrun --join=True``)."""
 
-    def __init__(self, sink: Callable[[str, str], None], interval: float = 0.1) -> None:
+    def __init__(self, sink: Callable[[str, str], None]) -> None:
         super().__init__(name="tftrun-log-follower", daemon=True)
         self._sink = sink
-        self._interval = interval
         self._files: dict[Path, tuple[str, int]] = {}
         self._lock = threading.Lock()
         self._stop_event = threading.Event()
@@ -64,7 +67,7 @@ class LogFollower(threading.Thread):
             self._files[path] = (label, offset)
 
     def run(self) -> None:
-        while not self._stop_event.wait(self._interval):
+        while not self._stop_event.wait(FOLLOW_INTERVAL):
             self.drain()
 
     def drain(self) -> None:

@@ -13,8 +13,8 @@ from typing import Any
 
 from recovery.train.step_events import PAUSED, STEADY
 
-__all__ = ["EventTail", "RankProgress", "Progress", "progress_bar", "format_eta", "RunSpan",
-           "run_span"]
+__all__ = ["EventTail", "RankProgress", "Progress", "progress_bar", "format_eta", "RunSpan", "STEP_REPORTS",
+           "run_span", "clock_time"]
 
 
 READ_AT_MOST = 256 * 1024
@@ -23,34 +23,33 @@ much the file grew."""
 
 
 class EventTail:
-    """The whole lines appended to an ``events.jsonl`` since the last call, at most ``max_bytes`` a call.
+    """The whole lines appended to an ``events.jsonl`` since the last call, at most :data:`READ_AT_MOST` bytes
+    a call.
 
     Behind by more, a tail that ``catches_up`` reads on at the next call; one that does not (the live view,
-    which shows the present) skips to the newest ``max_bytes``.
+    which shows the present) skips to the newest :data:`READ_AT_MOST` bytes.
     """
 
-    def __init__(self, path: Path, catches_up: bool = True,
-                 max_bytes: int = READ_AT_MOST) -> None:
+    def __init__(self, path: Path, catches_up: bool = True) -> None:
         self._path = path
         self._offset = 0
         self._catches_up = catches_up
-        self._max_bytes = max_bytes
 
     def read(self) -> list[dict[str, Any]]:
         try:
             with open(self._path, "rb") as file:
                 start = self._offset
                 if not self._catches_up:
-                    start = max(start, os.fstat(file.fileno()).st_size - self._max_bytes)
+                    start = max(start, os.fstat(file.fileno()).st_size - READ_AT_MOST)
                 file.seek(start)
-                data = file.read(self._max_bytes)
+                data = file.read(READ_AT_MOST)
         except OSError:
             return []
         if start > self._offset:  # jumped ahead, into a line: it starts after its end
             begin = data.find(b"\n") + 1
             start, data = start + begin, data[begin:]
         end = data.rfind(b"\n") + 1
-        if end == 0 and len(data) >= self._max_bytes:
+        if end == 0 and len(data) >= READ_AT_MOST:
             end = len(data)  # a line longer than a whole read: unreadable, skipped
         self._offset = start + end
         events = []
@@ -183,12 +182,15 @@ class Progress:
         return max(0, self.total - global_step) / rate
 
 
-def format_eta(seconds: float | None) -> str:
-    if seconds is None:
-        return "ETA –"
+def clock_time(seconds: float) -> str:
+    """``1:02:03``, or ``2:03`` under an hour."""
     minutes, secs = divmod(int(round(seconds)), 60)
     hours, minutes = divmod(minutes, 60)
-    return f"ETA {hours}:{minutes:02d}:{secs:02d}" if hours else f"ETA {minutes}:{secs:02d}"
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def format_eta(seconds: float | None) -> str:
+    return "ETA –" if seconds is None else f"ETA {clock_time(seconds)}"
 
 
 def progress_bar(progress: Progress, width: int = 24) -> str:

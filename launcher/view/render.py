@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from launcher.view.progress import EventTail, Progress, RunSpan, progress_bar
+from launcher.view.progress import EventTail, Progress, RunSpan, clock_time, progress_bar
 
 __all__ = ["Row", "View", "make_view", "SummaryRow", "print_summary", "progress_line",
            "event_line", "run_line", "format_duration"]
@@ -219,11 +219,7 @@ def make_view(events_path: Path | None = None, progress_interval: float = 0.0,
 
 def format_duration(seconds: float) -> str:
     """``8.4 s`` under a minute, else ``1:02:03`` or ``2:03``."""
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes, secs = divmod(int(round(seconds)), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+    return f"{seconds:.1f} s" if seconds < 60 else clock_time(seconds)
 
 
 def run_line(span: RunSpan, now: float, logs: str) -> str:

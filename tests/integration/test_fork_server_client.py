@@ -19,7 +19,7 @@ def test_a_server_that_ends_before_it_is_ready_is_given_up_at_once_with_why(
     """As when ``recovery`` cannot be imported where tftrun runs: the server exits at once."""
     def start(fd: int) -> Child:
         return Child(subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(1)"],
-                                      pass_fds=(fd,), start_new_session=True), time.time())
+                                      pass_fds=(fd,), start_new_session=True))
 
     server = ForkServer(start)
     began = time.monotonic()

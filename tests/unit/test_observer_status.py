@@ -199,7 +199,7 @@ def test_a_rank_that_called_a_restartable_function_is_relaunched_without_a_coold
     observer = Observer(cfg, watch, events)
     workers = [Worker(rank=rank, local_rank=rank) for rank in (0, 1)]
     for worker in workers:
-        worker.child = Child(SimpleNamespace(pid=pid), 0.0)  # type: ignore[arg-type]
+        worker.child = Child(SimpleNamespace(pid=pid))  # type: ignore[arg-type]
     observer.read(100.0, [workers[0]])
     for worker in workers:
         worker.failure = Failure(worker.rank, pid, 0, 100.0, -9, "killed", "SIGKILL", 137)

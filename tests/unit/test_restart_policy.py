@@ -119,7 +119,7 @@ class PolicyMachine(RuleBasedStateMachine):
         self.others_finished = False
         self.teardown_crashes: list[TeardownCrash] = []
         self.restart_stops: list[StopWorkers] = []
-        self.min_worker_num: int | None = None
+        self.min_worker_num = WORKERS
         self.holding: set[int] = set()
         """Pids the scheduler holds as their rank's live member (they registered)."""
         self.lost: dict[int, float] = {}
@@ -153,18 +153,19 @@ class PolicyMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------ the world
     @initialize(max_restarts=st.integers(0, 4), policy=st.sampled_from(list(RestartPolicy)),
                 registered=st.sets(ranks), other_ranks=st.sampled_from([0, 0, 3]),
-                min_worker_num=st.sampled_from([None, None, 1, 2]),
+                min_worker_num=st.sampled_from(["size", "size", 1, 2]),
                 fewest_nodes=st.sampled_from([None, None, 1, 2]))
     def start(self, max_restarts: int, policy: RestartPolicy, registered: set[int],
-              other_ranks: int, min_worker_num: int | None, fewest_nodes: int | None) -> None:
+              other_ranks: int, min_worker_num: int | str, fewest_nodes: int | None) -> None:
         self.max_restarts, self.policy, self.registered = max_restarts, policy, registered
-        self.min_worker_num = min_worker_num
+        # "size": the job's size, no degraded training
+        self.min_worker_num = WORKERS + other_ranks if min_worker_num == "size" else int(min_worker_num)
         self.other_ranks, self.others_finished = other_ranks, not other_ranks
         if fewest_nodes is not None and policy is not RestartPolicy.RANK:
             # Node 0 of --nnodes=fewest_nodes:3, in a generation with node 1: the size is
             # the rounds' (no degraded training).
             self.node_range, self.round_nodes = NodeRange(fewest_nodes, 3), (0, 1)
-            self.other_ranks, self.others_finished, self.min_worker_num = WORKERS, False, None
+            self.other_ranks, self.others_finished, self.min_worker_num = WORKERS, False, 2 * WORKERS
         for worker in self.workers:
             self._launch(worker)
 
@@ -546,8 +547,7 @@ class PolicyMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ degraded training
     def _degraded(self) -> bool:
-        return (self.min_worker_num is not None and bool(self.registered)
-                and self.min_worker_num < WORKERS + self.other_ranks)
+        return bool(self.registered) and self.min_worker_num < WORKERS + self.other_ranks
 
     def _absent(self) -> dict[int, float]:
         """The absent ranks not retired, this node's and the lost node's: since when."""
@@ -564,7 +564,7 @@ class PolicyMachine(RuleBasedStateMachine):
         """Only with degraded training, only an absent rank (this node's, or the lost
         node's), only once it was absent for --rejoin_timeout, and only while enough ranks
         train on."""
-        assert self._degraded() and self.min_worker_num is not None
+        assert self._degraded()
         assert rank in self._absent(), f"rank {rank} retired, not absent"
         if rank < WORKERS:
             worker = self.workers[rank]
@@ -579,7 +579,6 @@ class PolicyMachine(RuleBasedStateMachine):
         ends."""
         if not self._degraded() or self.ending is not None or self.restart_at is not None:
             return
-        assert self.min_worker_num is not None
         absent = self._absent()
         overdue = [r for r, since in absent.items() if self.now >= since + REJOIN_TIMEOUT]
         if self._training() >= self.min_worker_num:
@@ -652,7 +651,7 @@ class ElasticPolicyMachine(PolicyMachine):
     @initialize(max_restarts=st.integers(0, 3), fewest_nodes=st.sampled_from([1, 2]),
                 registered=st.sets(ranks))
     def start(self, max_restarts: int, fewest_nodes: int, registered: set[int]) -> None:
-        super().start(max_restarts, RestartPolicy.AUTO, registered, WORKERS, None, fewest_nodes)
+        super().start(max_restarts, RestartPolicy.AUTO, registered, WORKERS, "size", fewest_nodes)
 
     tftrun_is_signalled = another_node_ends_the_job = scheduler_dies = None  # type: ignore[assignment]
 
@@ -733,9 +732,9 @@ def test_a_rank_relaunched_alone_whose_peers_all_finished_ends_the_job(
         assert "before its peers' final step 5" in give_up.reason and stopping == stop
 
 
-@pytest.mark.parametrize(("min_worker_num", "status"), [(2, 0), (3, 3), (None, 3)])
+@pytest.mark.parametrize(("min_worker_num", "status"), [(2, 0), (3, 3), (4, 3)])
 def test_with_degraded_training_a_rank_still_rejoining_when_its_peers_finished_ends_the_job_well(
-        min_worker_num: int | None, status: int) -> None:
+        min_worker_num: int, status: int) -> None:
     """Rank 1 died at step 3 and runs again, not yet rejoined; ranks 0 and 2 finished at
     step 5. With ``--min_worker_num=2`` they trained on without it (docs/elastic.md): the
     job succeeded. Otherwise the crash's status, as before."""
