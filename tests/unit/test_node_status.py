@@ -33,9 +33,12 @@ def from_the_table(table: dict[str, Any], own: range) -> dict[str, Any]:
     others = [m for m in members if m["rank"] not in own]
     finished = [m for m in others if m["state"] == FINISHED]
     steps = [m["step"] for m in finished if m["step"] is not None]
+    held = {m["rank"] for m in members if m["state"] in LIVE or m["state"] == FINISHED}
+    missing = sorted(set(range(RANKS)) - held - retired)  # found from the rows, not the facts
+    assert table["missing"] == missing
     return {"members": [m for m in members if m["rank"] in own], "retired": table["retired"],
-            "missing": table["missing"],
-            "missing_known": [r for r in table["missing"] if r in {m["rank"] for m in members}],
+            "missing": missing,
+            "missing_known": [r for r in missing if r in {m["rank"] for m in members}],
             "others": {
                 "training": len({m["rank"] for m in others if m["rank"] not in retired
                                  and (m["state"] in LIVE or m["state"] == FINISHED)}),
