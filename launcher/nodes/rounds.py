@@ -9,7 +9,7 @@ stranger who deletes the key excludes no node.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from launcher.config import LaunchConfig
 from launcher.nodes.link import NodeLink
@@ -17,73 +17,111 @@ from launcher.nodes.presence import NodePresence
 from recovery.control.node_range import NODE_SILENT, Close, JobDone, Round, RoundWait, TooFew, close_round
 from recovery.control.nodes import join_key
 
-__all__ = ["RoundMeeting"]
+__all__ = ["RoundMeeting", "ROUND_POLL"]
 
-_POLL = 0.1
+ROUND_POLL = 0.1
+"""Seconds between two looks at a forming round."""
+
+
+@dataclass
+class _Closing:
+    """Node 0's round in the making: who joined, since when enough did."""
+
+    restart_count: int
+    previous: Round | None
+    opened: float
+    time_out: float
+    reached: float | None = None
+    joined: frozenset[int] = frozenset({0})
+    disputed: frozenset[int] = field(default_factory=frozenset)
+
+
+@dataclass
+class _Awaiting:
+    """Another node's wait for node 0 to close a round with it."""
+
+    restart_count: int
+    deadline: float
+    waited: float
+    wrote: int | None = None
 
 
 class RoundMeeting:
-    """Joins this node to each group restart of an elastic job and returns its nodes.
+    """Joins this node to each group restart of an elastic job and learns its nodes, one
+    look per pass of the supervisor's loop (:meth:`begin`, then :meth:`poll`), so that the
+    loop goes on handling signals, exits and the scheduler while a round forms.
 
     Args:
         link: node 0's cluster store (a link of the loop's own).
         presence: this node's beats (node 0: when each other node last beat).
-        interrupted: whether a signal to tftrun came in (the wait gives up at once).
     """
 
-    def __init__(self, config: LaunchConfig, link: NodeLink, presence: NodePresence,
-                 interrupted: Callable[[], bool]) -> None:
+    def __init__(self, config: LaunchConfig, link: NodeLink, presence: NodePresence) -> None:
         assert config.node_range is not None, "rounds are an elastic job's (--nnodes=MIN:MAX)"
         self._config = config
         self._span = span = config.node_range
         self._link = link
         self._presence = presence
         self._beats = presence.tracker
-        self._interrupted = interrupted
         self._nodes = range(span.high)
+        self._pending: _Closing | _Awaiting | None = None
 
-    def meet(self, restart_count: int,
-             previous: Round | None) -> Round | TooFew | JobDone | None:
-        """The round of group restart ``restart_count`` (or a later one, for a node that
-        arrives while a round runs without it); TooFew: the job ends; JobDone: it ended well
-        before this node joined; None: a signal came in."""
-        if self._config.assigned_rank == 0:
-            return self._close(restart_count, previous)
-        try:
-            return self._await(max(restart_count, self._link.restarts_started() or 0))
-        finally:
-            self._presence.joining = None
+    @property
+    def pending(self) -> bool:
+        """A round is forming."""
+        return self._pending is not None
 
-    def _close(self, restart_count: int, previous: Round | None) -> Round | TooFew | None:
-        """Node 0: wait for the nodes by the rules, then say which the round runs on."""
-        config, link = self._config, self._link
-        link.join_round(restart_count, 0)
-        opened = time.monotonic()
-        reached: float | None = None
-        time_out = config.cluster_time_out if previous is None else config.node_time_out
-        joined, disputed = frozenset({0}), frozenset[int]()
-        while True:
-            now = time.monotonic()
-            by_beat = self._beats.joining(restart_count, now)  # before the keys: written after
-            read = link.joined(restart_count, self._nodes)
-            for node in sorted(by_beat - set(read.found) - read.refused):
-                link.alert(join_key(restart_count, node),
-                           f"unset, while node {node}'s signed beat says it joined")
-            joined |= set(read.found) | by_beat
-            disputed |= read.refused | self._beats.disputed()
-            if reached is None and len(joined) >= self._span.low:
-                reached = now
-            decision = close_round(RoundWait(joined, self._expected(previous, joined, now),
-                                             opened, reached, disputed - joined),
-                                   self._span, now, config.last_call, time_out)
-            if isinstance(decision, Close):
-                link.close_round(restart_count, decision.nodes)
-                return Round(restart_count, decision.nodes)
-            if isinstance(decision, TooFew):
-                return TooFew(f"node 0: group restart {restart_count}: {decision.reason}")
-            if self._interrupted():
-                return None
-            time.sleep(min(_POLL, max(0.0, decision.until - now)))
+    def begin(self, restart_count: int, previous: Round | None) -> None:
+        """Join the round of group restart ``restart_count`` (another node: or a later one,
+        for a node that arrives while a round runs without it)."""
+        config, now = self._config, time.monotonic()
+        if config.assigned_rank == 0:
+            self._link.join_round(restart_count, 0)
+            time_out = config.cluster_time_out if previous is None else config.node_time_out
+            self._pending = _Closing(restart_count, previous, now, time_out)
+        else:
+            waited = max(config.cluster_time_out, config.node_time_out) + config.last_call
+            self._pending = _Awaiting(max(restart_count, self._link.restarts_started() or 0),
+                                      now + waited, waited)
+
+    def poll(self) -> Round | TooFew | JobDone | None:
+        """The round once it formed; TooFew: the job ends; JobDone: it ended well before
+        this node joined; None: not yet."""
+        pending = self._pending
+        assert pending is not None, "no round is forming"
+        met = self._close(pending) if isinstance(pending, _Closing) else self._await(pending)
+        if met is not None:
+            self.abandon()
+        return met
+
+    def abandon(self) -> None:
+        """Stop forming a round (the job ends)."""
+        self._pending = None
+        self._presence.joining = None
+
+    def _close(self, closing: _Closing) -> Round | TooFew | None:
+        """Node 0: close the round by the rules once the nodes it waits for are there."""
+        link, restart_count, now = self._link, closing.restart_count, time.monotonic()
+        by_beat = self._beats.joining(restart_count, now)  # before the keys: written after
+        read = link.joined(restart_count, self._nodes)
+        for node in sorted(by_beat - set(read.found) - read.refused):
+            link.alert(join_key(restart_count, node),
+                       f"unset, while node {node}'s signed beat says it joined")
+        closing.joined |= set(read.found) | by_beat
+        closing.disputed |= read.refused | self._beats.disputed()
+        if closing.reached is None and len(closing.joined) >= self._span.low:
+            closing.reached = now
+        decision = close_round(RoundWait(closing.joined,
+                                         self._expected(closing.previous, closing.joined, now),
+                                         closing.opened, closing.reached,
+                                         closing.disputed - closing.joined),
+                               self._span, now, self._config.last_call, closing.time_out)
+        if isinstance(decision, Close):
+            link.close_round(restart_count, decision.nodes)
+            return Round(restart_count, decision.nodes)
+        if isinstance(decision, TooFew):
+            return TooFew(f"node 0: group restart {restart_count}: {decision.reason}")
+        return None
 
     def _expected(self, previous: Round | None, joined: frozenset[int],
                   now: float) -> frozenset[int]:
@@ -95,36 +133,30 @@ class RoundMeeting:
                  if now - self._beats.silent_since(node) < NODE_SILENT}
         return frozenset((set(previous.nodes) | joined) & (alive | {0}))
 
-    def _await(self, restart_count: int) -> Round | TooFew | JobDone | None:
-        """Another node: join, and wait for node 0 to close the round; a round closed
+    def _await(self, waiting: _Awaiting) -> Round | TooFew | JobDone | None:
+        """Another node: join, and look whether node 0 closed the round; a round closed
         without this node is followed by a join of the next one."""
-        config, link = self._config, self._link
-        node = config.assigned_rank
-        waited = max(config.cluster_time_out, config.node_time_out) + config.last_call
-        deadline = time.monotonic() + waited
-        wrote: int | None = None
-        while True:
-            if wrote == restart_count:
-                self._check_own_join(restart_count)
-            link.join_round(restart_count, node)
-            self._presence.joining = wrote = restart_count
-            nodes = link.round_nodes(restart_count)
-            if nodes == ():
-                return JobDone(f"node {node}: the job ended before group restart "
-                               f"{restart_count} took this node")
-            if nodes is not None and node in nodes:
-                return Round(restart_count, nodes)
-            if nodes is not None:
-                restart_count += 1
-                continue
-            if ended := link.ended():
-                return TooFew(ended)
-            if time.monotonic() > deadline:
-                return TooFew(f"node {node}: node 0 did not start group restart "
-                              f"{restart_count} with it within {waited:g}s")
-            if self._interrupted():
-                return None
-            time.sleep(_POLL)
+        link, node = self._link, self._config.assigned_rank
+        restart_count = waiting.restart_count
+        if waiting.wrote == restart_count:
+            self._check_own_join(restart_count)
+        link.join_round(restart_count, node)
+        self._presence.joining = waiting.wrote = restart_count
+        nodes = link.round_nodes(restart_count)
+        if nodes == ():
+            return JobDone(f"node {node}: the job ended before group restart "
+                           f"{restart_count} took this node")
+        if nodes is not None and node in nodes:
+            return Round(restart_count, nodes)
+        if nodes is not None:
+            waiting.restart_count += 1
+            return None
+        if ended := link.ended():
+            return TooFew(ended)
+        if time.monotonic() > waiting.deadline:
+            return TooFew(f"node {node}: node 0 did not start group restart "
+                          f"{restart_count} with it within {waiting.waited:g}s")
+        return None
 
     def _check_own_join(self, restart_count: int) -> None:
         """Alert when this node's join key, written a poll ago, is gone (a stranger hid it)."""

@@ -76,8 +76,14 @@ class CarryingOut:
         self.view.on_event(self.events.emit(event, **fields))
 
     def _start_workers(self) -> None:
-        if self._rounds is not None and not self._meet_round():
+        """Start this launch's workers; an elastic job's wait for its round first
+        (:meth:`_advance_round` starts them once it formed)."""
+        if self._rounds is not None:
+            self._rounds.begin(self.restart_count, self._round)
             return
+        self._launch_workers()
+
+    def _launch_workers(self) -> None:
         where = self.children.rendezvous = self._meeting.choose(self.restart_count)
         for worker in self.workers:
             self.children.launch(worker)
@@ -85,15 +91,20 @@ class CarryingOut:
         if self._nodes is not None:
             self._control.connect()
 
-    def _meet_round(self) -> bool:
-        """An elastic job: take this launch's round (its nodes, so this node's ranks and the
-        world size); False when it did not form or a signal came in. The ``membership``
-        event carries ``generation`` too: the older name of ``restart_count``."""
-        assert self._rounds is not None and self._presence is not None
-        met = self._rounds.meet(self.restart_count, self._round)
+    def _advance_round(self) -> None:
+        """An elastic job whose round is forming: look once; once it formed, take it (its
+        nodes, so this node's ranks and the world size) and start the workers; a round that
+        did not form is the policy's to end the job on. The ``membership`` event carries
+        ``generation`` too: the older name of ``restart_count``."""
+        if self._rounds is None or not self._rounds.pending or self.state.ending is not None:
+            return
+        assert self._presence is not None
+        met = self._rounds.poll()
+        if met is None:
+            return
         if not isinstance(met, Round):
             self._round_outcome = met
-            return False
+            return
         nproc, node = self.config.nproc, self.config.assigned_rank
         self.children.restart_count = met.restart_count
         self.children.seat = Seat(met.first_rank(node, nproc), met.world(nproc),
@@ -106,7 +117,7 @@ class CarryingOut:
                        nodes=list(met.nodes))
         self._round = met
         self._presence.next_round = met.restart_count + 1
-        return True
+        self._launch_workers()
 
     def _carry_out(self, action: Action, now: float) -> None:
         """Record ``action`` in the job's state, then do what it takes outside this process."""
@@ -196,5 +207,7 @@ class CarryingOut:
         and the scheduler follow the workers (Close)."""
         ending = self.state.ending
         assert ending is not None
+        if self._rounds is not None:
+            self._rounds.abandon()
         if self._job_end is not None:
             self._job_end.ending(ending.status, ending.reason)

@@ -143,6 +143,8 @@ class JobView:
     unknown_to_scheduler: frozenset[int] = frozenset()
     """This node's ranks the scheduler never knew (a plain script's): their ordinary
     exits are not its business."""
+    round_forming: bool = False
+    """An elastic job's round is forming: no worker of this node runs yet."""
     round_outcome: TooFew | JobDone | None = None
     """An elastic job's round ended the job instead of forming a generation."""
 

@@ -80,7 +80,7 @@ class Supervisor(CarryingOut):
                                        self._wake) if config.multi_node else None)
         self._job_end = (JobEnd(self._nodes, config.assigned_rank, config.group_world_size)
                          if self._nodes is not None else None)
-        self._rounds = (RoundMeeting(config, self._nodes, self._presence, self._signalled)
+        self._rounds = (RoundMeeting(config, self._nodes, self._presence)
                         if config.node_range is not None and self._nodes is not None
                         and self._presence is not None else None)
         self._round: Round | None = None
@@ -159,6 +159,7 @@ class Supervisor(CarryingOut):
     def _loop(self, wakeup: Wakeup) -> int:
         """Observe, let the policy decide, carry out its actions; until the job ended."""
         while True:
+            self._advance_round()
             now = time.monotonic()
             wait = self.config.monitor_interval
             for action in decide(self._observe(now), now):
@@ -246,7 +247,9 @@ class Supervisor(CarryingOut):
             others_retired=others_retired | frozenset(state.retiring),
             lost_ranks=self._observer.lost, exits=exits,
             unknown_to_scheduler=self._unknown_to_scheduler(),
-            round_outcome=self._round_outcome, **self._membership_view())
+            round_outcome=self._round_outcome,
+            round_forming=self._rounds is not None and self._rounds.pending,
+            **self._membership_view())
 
     def _rank_view(self, worker: Worker, undecided: bool) -> RankView:
         """``worker`` as the policy sees it, with when its absence began (kept here from

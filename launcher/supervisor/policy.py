@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from launcher.config import RestartPolicy
 from launcher.nodes.job_end import DONE_GRACE
+from launcher.nodes.rounds import ROUND_POLL
 from launcher.supervisor.absences import absence_deadlines, absences, absent_ranks
 from launcher.supervisor.actions import (
     EXIT_PEER_ENDED,
@@ -93,6 +94,8 @@ def _about_workers(view: JobView, now: float) -> list[Action]:
         reason = (f"node {view.node_rank}: {view.missing} did not come back within "
                   f"--node_time_out={view.node_time_out:g}s")
         return [Stop(EXIT_PEER_ENDED, reason, everywhere=True), stop_all(view, now)]
+    if view.round_forming:  # nothing of this node runs until the round formed
+        return [WaitUntil(now + ROUND_POLL)]
     if all(r.state is WorkerState.SUCCEEDED for r in view.ranks if not r.retired):
         retired = sorted([r.rank for r in view.ranks if r.retired] + [*view.others_retired])
         return [_ended_well(view, "all workers succeeded" + (f"; ranks {retired} were retired"

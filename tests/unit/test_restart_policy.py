@@ -35,6 +35,7 @@ from hypothesis.stateful import (
 )
 
 from launcher.config import DEFAULT_SIGNALS, RestartPolicy
+from launcher.nodes.rounds import ROUND_POLL
 from launcher.supervisor.absences import absent_since
 from launcher.supervisor.actions import (
     EXIT_PEER_ENDED,
@@ -923,3 +924,16 @@ def test_a_group_restart_brings_back_every_retired_rank_and_the_state_forgets_th
     state = JobState(restart_at=1.0, retired={1})
     state.apply(StartAll(frozenset({1})), 1.0, [Worker(0, 0), Worker(1, 1)])
     assert state.retired == set() and state.restart_at is None
+
+
+def test_while_a_round_forms_only_the_jobs_end_and_the_scheduler_act() -> None:
+    """No worker of this node runs while an elastic job's round forms: the policy waits
+    for it, a look at a time; a signal still ends the job, and a dead scheduler is still
+    relaunched."""
+    pending = (RankView(0, WorkerState.STOPPED), RankView(1, WorkerState.STOPPED))
+    forming = JobView(pending, max_restarts=3, round_forming=True, scheduler_launches=1)
+    assert decide(forming, 5.0) == [WaitUntil(5.0 + ROUND_POLL)]
+    assert decide(replace(forming, signal=15), 5.0) == [Stop(143, "received SIGTERM"),
+                                                         StopWorkers(15, {})]
+    assert decide(replace(forming, scheduler_exit="exited with code 1"), 5.0) == [
+        RelaunchScheduler("scheduler exited with code 1"), WaitUntil(5.0 + ROUND_POLL)]
