@@ -132,9 +132,10 @@ class CarryingOut:
                 self._emit("hang", rank=rank, pid=worker.pid, incarnation=worker.incarnation,
                            reason=reason)
             case Relaunch(rank):
-                self._emit("restart", what="rank", why=worker_of(self.workers, rank).relaunch_why,
+                worker = worker_of(self.workers, rank)
+                self._emit("restart", what="rank", why=worker.relaunch_why,
                            restart_count=self.restart_count + self.state.relaunches, ranks=[rank])
-                self.children.launch(worker_of(self.workers, rank))
+                self.children.launch(worker)
             case RestartAll() if self._nodes is not None:
                 self._nodes.restart_all(self._next_restart())
             case StartAll():

@@ -74,11 +74,6 @@ class SchedulerControl:
             self._pending.append((new_request_id(), report))
         self._flush()
 
-    def report_exit(self, node_id: str, rank: int, pid: int, incarnation: int,
-                    abnormal: bool, reason: str) -> None:
-        """:meth:`report` of an :class:`ExitReport` (docs/protocol.md)."""
-        self.report(ExitReport(node_id, rank, pid, incarnation, abnormal, reason))
-
     def status(self) -> dict[str, Any] | None:
         """The membership table (as ``tftctl status`` shows it), or ``None`` when down."""
         return self._call(Op.STATUS)

@@ -12,6 +12,7 @@ import pytest
 
 from launcher.cli.status import format_status, query
 from recovery import env as names
+from recovery.control.client import ExitReport
 from recovery.control.rpc import REQUESTS, open_client
 from recovery.runtime.heartbeat import EXIT_EVICTED
 from support import events, run, scheduler_stalled, signed_request, tftctl_cmd, wait_for, wait_for_event
@@ -76,10 +77,10 @@ def test_bad_claims_are_refused_and_the_cooldown_refuses_a_dead_node_then_accept
         for proc in first:
             proc.kill()
             proc.wait()
-        c.control.report_exit("1", 1, first[1].pid, incarnations["1"], abnormal=True,
-                              reason="SIGKILL")
-        c.control.report_exit("0", 0, first[0].pid, incarnations["0"], abnormal=False,
-                              reason="stopped")
+        c.control.report(ExitReport("1", 1, first[1].pid, incarnations["1"], abnormal=True,
+                                    reason="SIGKILL"))
+        c.control.report(ExitReport("0", 0, first[0].pid, incarnations["0"], abnormal=False,
+                                    reason="stopped"))
         cooldown = wait_for_event(c.log_dir, 30, "cooldown of node 1", event="cooldown",
                                   node_id="1")
         assert cooldown["until"] == pytest.approx(cooldown["ts"] + 2.0, abs=0.05)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from recovery.control import replies
-from recovery.control.client import SchedulerControl
+from recovery.control.client import ExitReport, SchedulerControl
 from recovery.control.files import StateFile
 from recovery.control.members import Identity
 from recovery.control.rpc import REQUESTS, NoReply, Op, SchedulerLink, open_client, reply_key
@@ -67,7 +67,7 @@ def test_an_exit_report_re_sent_after_a_timeout_is_counted_once(
         with running_scheduler(tmp_path, free_port) as scheduler:
             wait_for(lambda: control.status() is not None, 10, "the control connected")
             with scheduler_stalled(tmp_path / "recovery"):
-                control.report_exit("1", 1, 4242, 3, abnormal=True, reason="SIGKILL")
+                control.report(ExitReport("1", 1, 4242, 3, abnormal=True, reason="SIGKILL"))
             first = wait_for_event(tmp_path / "logs", 10, "the report carried out late",
                                    event="cooldown", node_id="1")
             # The report is re-sent before each request; a status under load may take

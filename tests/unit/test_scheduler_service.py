@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from recovery.control.client import SchedulerControl
+from recovery.control.client import ExitReport, SchedulerControl
 from recovery.control.files import Endpoint, StateFile
 from recovery.control.members import Identity
 from recovery.control.rpc import Op, SchedulerLink
@@ -32,7 +32,7 @@ def test_control_answers_safely_while_the_scheduler_is_down_and_delivers_later(
     control = SchedulerControl("127.0.0.1", free_port, TOKEN, timeout=1.0)
     try:
         started = time.monotonic()
-        control.report_exit("1", 1, 4242, 3, abnormal=True, reason="SIGKILL")
+        control.report(ExitReport("1", 1, 4242, 3, abnormal=True, reason="SIGKILL"))
         assert control.status() is None
         assert time.monotonic() - started < 1.0
 
@@ -63,7 +63,7 @@ def test_requests_are_served_and_the_end_is_persisted(tmp_path: Path, free_port:
             # unsigned refusals are all it gets, and it does not act on them.
             assert stranger._link.wait_connected(10)
             assert stranger.status() is None
-            stranger.report_exit("0", 0, 100, 0, abnormal=True, reason="forged")
+            stranger.report(ExitReport("0", 0, 100, 0, abnormal=True, reason="forged"))
             assert stranger.status() is None
             assert scheduler.membership.cooldown_left("0") == 0.0
             assert stranger._link.unverified >= 2
