@@ -161,10 +161,9 @@ class LaunchConfig:
             object.__setattr__(self, "min_worker_num", fewest)
         if self.rejoin_timeout is None:
             object.__setattr__(self, "rejoin_timeout", self.rejoin_cooldown + DEFAULT_LAST_CALL)
-        if self.restart_policy in RestartPolicy.__members__.values():
-            object.__setattr__(self, "restart_policy", RestartPolicy(self.restart_policy))
-        if self.batch_policy in BatchPolicy.__members__.values():
-            object.__setattr__(self, "batch_policy", BatchPolicy(self.batch_policy))
+        for name, kind in (("restart_policy", RestartPolicy), ("batch_policy", BatchPolicy)):
+            if getattr(self, name) in kind.__members__.values():
+                object.__setattr__(self, name, kind(getattr(self, name)))
 
     @property
     def trains_degraded(self) -> bool:
@@ -291,18 +290,20 @@ class LaunchConfig:
             raise ConfigError(f"--nnodes={self.min_nnodes}:{self.nnodes} restarts every worker "
                               "at each change of nodes (torchrun's way); --restart_policy=rank "
                               "cannot keep them: give --restart_policy=auto or all")
-        if not isinstance(self.restart_policy, RestartPolicy):
-            raise ConfigError(f"--restart_policy must be one of "
-                              f"{', '.join(p.value for p in RestartPolicy)}, "
-                              f"got {self.restart_policy!r}")
-        if not isinstance(self.batch_policy, BatchPolicy):
-            raise ConfigError(f"--batch_policy must be one of "
-                              f"{', '.join(p.value for p in BatchPolicy)}, "
-                              f"got {self.batch_policy!r}")
+        for name, value, kind in (("--restart_policy", self.restart_policy, RestartPolicy),
+                                  ("--batch_policy", self.batch_policy, BatchPolicy)):
+            if not isinstance(value, kind):
+                raise ConfigError(f"{name} must be one of {', '.join(p.value for p in kind)}, got {value!r}")
         self._check_worker_log_name()
         self._check_enable_tft()
         self._check_script()
-        self._check_writable(self.log_dir, "--log_dir")
+        try:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=self.log_dir):
+                pass
+        except OSError as err:
+            raise ConfigError(f"--log_dir {self.log_dir} is not writable: {err.strerror}") from None
+        check_own_folder(self.log_dir, "--log_dir")
 
     def check_node_rank(self) -> None:
         """ConfigError unless the node rank fits the job: given, or assigned by node 0."""
@@ -352,16 +353,6 @@ class LaunchConfig:
             raise ConfigError(f"script is not a file: {self.script}")
         if not os.access(self.script, os.R_OK):
             raise ConfigError(f"script is not readable: {self.script}")
-
-    @staticmethod
-    def _check_writable(directory: Path, option: str) -> None:
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryFile(dir=directory):
-                pass
-        except OSError as err:
-            raise ConfigError(f"{option} {directory} is not writable: {err.strerror}") from None
-        check_own_folder(directory, option)
 
 
 def check_own_folder(directory: Path, option: str) -> Path:

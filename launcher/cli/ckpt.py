@@ -30,8 +30,6 @@ _Dir = Annotated[Path, typer.Argument(help="A rank's checkpoint directory, or a 
                                        exists=True, file_okay=False)]
 _File = Annotated[Path, typer.Argument(help="A checkpoint file (<prefix>-<epoch>_<step>.ckpt).",
                                         exists=True, dir_okay=False)]
-
-
 _All = Annotated[bool, typer.Option("--all", help="List the checkpoints of every lineage, not only the current one.")]
 _LINEAGE_LEVELS = 3
 """How far above a folder its lineage may be recorded: in the recovery path (rank_<r> -> checkpoints -> it)
@@ -82,7 +80,8 @@ def ls(directory: _Dir, every_lineage: _All = False) -> None:
                    else datetime.fromtimestamp(candidate.entry.time).strftime("%Y-%m-%d %H:%M:%S"))
         table.add_row(
             "?" if rank < 0 else str(rank), str(candidate.epoch), str(candidate.step_in_epoch), _size(candidate),
-            written, "yes" if reason is None else f"no: {reason}", _lineage(candidate), str(candidate.path),
+            written, "yes" if reason is None else f"no: {reason}",
+            "?" if candidate.entry is None else candidate.entry.lineage or "none", str(candidate.path),
         )
     # Off a terminal (pipes, tests) rich would squeeze the table into 80 columns.
     Console(width=None if sys.stdout.isatty() else 240).print(table)
@@ -90,12 +89,6 @@ def ls(directory: _Dir, every_lineage: _All = False) -> None:
         hidden = sum(len(candidates(d)) for d in find_checkpoint_dirs(directory)) - len(shown)
         print(f"lineage {lineage}" + (f"; {hidden} checkpoint(s) of other lineages not listed "
                                       "(--all lists them)" if hidden else ""))
-
-
-def _lineage(candidate: Candidate) -> str:
-    if candidate.entry is None:
-        return "?"
-    return candidate.entry.lineage or "none"
 
 
 @app.command("verify")

@@ -15,7 +15,7 @@ from launcher.procs.cores import node_cores
 __all__ = [
     "Entry", "parse_nnodes", "resolve_nproc", "parse_endpoint", "parse_rdzv_conf",
     "parse_std", "console_ranks", "parse_signals", "strip_python",
-    "rdzv_conf_note", "RDZV_BACKENDS", "RDZV_CONF_HONOURED", "DEFAULT_RDZV_PORT", "STD_ALL",
+    "RDZV_BACKENDS", "RDZV_CONF_HONOURED", "DEFAULT_RDZV_PORT", "STD_ALL",
 ]
 
 RDZV_BACKENDS = ("c10d", "static")
@@ -176,10 +176,4 @@ def strip_python(target: Path, args: list[str]) -> Entry:
         raise ConfigError(f"{name} {' '.join(args)}: give the script to run after {name} "
                           "(tftrun runs it with this Python), e.g. python train.py")
     return Entry(rest[0], tuple(rest[1:]))
-
-
-def rdzv_conf_note(ignored: list[str]) -> str:
-    """The one warning for ``--rdzv_conf`` keys tftrun does not honour."""
-    return (f"tftrun: --rdzv_conf {', '.join(ignored)}: ignored (tftrun honours "
-            f"{', '.join(RDZV_CONF_HONOURED)}; see docs/from-torchrun.md)")
 

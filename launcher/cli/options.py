@@ -11,13 +11,13 @@ from typing import Any
 
 from launcher.cli.compat import (
     RDZV_BACKENDS,
+    RDZV_CONF_HONOURED,
     Entry,
     console_ranks,
     parse_endpoint,
     parse_nnodes,
     parse_rdzv_conf,
     parse_signals,
-    rdzv_conf_note,
     resolve_nproc,
     strip_python,
 )
@@ -121,7 +121,8 @@ def _rendezvous(p: SimpleNamespace) -> tuple[str | None, int | None, str | None,
     elif p.rdzv_endpoint:
         master_addr, master_port = parse_endpoint(p.rdzv_endpoint)
     if ignored:
-        print(rdzv_conf_note(ignored), file=sys.stderr)
+        print(f"tftrun: --rdzv_conf {', '.join(ignored)}: ignored (tftrun honours "
+              f"{', '.join(RDZV_CONF_HONOURED)}; see docs/from-torchrun.md)", file=sys.stderr)
     cluster_time_out = (p.cluster_time_out if p.cluster_time_out is not None
                         else float(honoured.get("cluster_time_out", DEFAULT_CLUSTER_TIME_OUT)))
     try:

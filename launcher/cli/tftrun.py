@@ -347,8 +347,6 @@ def _hold_lock(held: ExitStack, directory: Path, busy: str) -> None:
     held.callback(lock.release)
 
 
-
-
 def _open_lineage(config: LaunchConfig) -> str:
     """The job's lineage; a fresh launch first moves an earlier job's state aside. Only node 0 decides;
     other nodes join its lineage (docs/checkpoints.md#lineage)."""

@@ -78,12 +78,6 @@ def refuse_initialised_cuda() -> None:
         raise SystemExit(f"tftrun fork server pid={os.getpid()}: {CUDA_INITIALISED}; not serving")
 
 
-def cuda_driver_loaded() -> bool:
-    """Whether the CUDA driver's library is mapped in this process (a CUDA call loads it)."""
-    with open("/proc/self/maps") as maps:
-        return any("/libcuda.so" in line for line in maps)
-
-
 def become(message: dict[str, Any], interpreter: list[str]) -> None:
     """Turn this process into the worker ``message`` describes and run its script; ``interpreter``: this
     Python's own ``sys.path`` entries."""
@@ -234,38 +228,29 @@ def retitle(title: str) -> None:
 
 
 def main() -> None:
+    """Warm up, then serve; in a forked worker, become it."""
     started = time.monotonic()
     # Started with -P and PYTHONPATH's absolute entries only (launcher/procs/spec.py,
     # OWN_PYTHON): neither this file's folder nor the working folder is on sys.path.
     from recovery.python_path import PYTHONPATH, interpreter_sys_path
-
-    interpreter = interpreter_sys_path(sys.path, os.environ.get(PYTHONPATH, ""))
-    fork_server(int(sys.argv[2]), int(sys.argv[3]), started, interpreter)
-
-
-def fork_server(sock_fd: int, supervisor: int, started: float, interpreter: list[str]) -> None:
-    """Warm up, then serve; in a forked worker, become it."""
     from recovery.quick_exit import exit_now
 
+    interpreter = interpreter_sys_path(sys.path, os.environ.get(PYTHONPATH, ""))
     warm_up()
     refuse_initialised_cuda()
+    with open("/proc/self/maps") as maps:  # the CUDA driver's library is mapped once a CUDA call loaded it
+        driver = "yes" if any("/libcuda.so" in line for line in maps) else "no"
     print(f"tftrun fork server pid={os.getpid()}: {READY} after {time.monotonic() - started:.2f}s; "
-          f"{CUDA_UNTOUCHED}; CUDA driver loaded: {'yes' if cuda_driver_loaded() else 'no'}",
-          flush=True)
-    with socket.socket(fileno=sock_fd) as sock:
-        message = serve(sock, supervisor)
+          f"{CUDA_UNTOUCHED}; CUDA driver loaded: {driver}", flush=True)
+    with socket.socket(fileno=int(sys.argv[2])) as sock:
+        message = serve(sock, int(sys.argv[3]))
     if message is None:
         exit_now(0)  # the supervisor is done with it: nothing to tear down
     retitle(message["title"])
-    _reseed_numpy()
-    become(message, interpreter)
-
-
-def _reseed_numpy() -> None:
-    """Give each worker its own numpy global seed, as a fresh process has; the server's was drawn once."""
-    numpy_random = sys.modules.get("numpy.random")
-    if numpy_random is not None:
+    # Each worker its own numpy global seed, as a fresh process has; the server's was drawn once.
+    if (numpy_random := sys.modules.get("numpy.random")) is not None:
         numpy_random.seed()
+    become(message, interpreter)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from launcher.procs.sessions import Session, kill_members, members
+from launcher.procs.sessions import Session, kill_living, members
 from launcher.procs.spec import OWN_PYTHON, own_env
 from recovery.safe_files import open_append
 
@@ -51,7 +51,8 @@ def sweep() -> None:
     """Kill and reap what ended children left in their sessions; forget each session once it is empty."""
     if not _ended_sessions:
         return
-    found = kill_members(_ended_sessions)
+    found = members(_ended_sessions)
+    kill_living(found)
     me = os.getpid()
     for member in found:
         if member.state == "Z" and member.ppid == me:

@@ -11,8 +11,7 @@ import signal
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["ProcStat", "Session", "JobProcesses", "kill_living", "kill_members", "members", "proc_stat",
-           "every_process"]
+__all__ = ["ProcStat", "Session", "JobProcesses", "kill_living", "members", "proc_stat", "every_process"]
 
 
 @dataclass(frozen=True)
@@ -41,11 +40,8 @@ def proc_stat(pid: int) -> ProcStat | None:
 
 
 def every_process() -> list[ProcStat]:
-    stats = []
-    for name in os.listdir("/proc"):
-        if name.isdigit() and (stat := proc_stat(int(name))) is not None:
-            stats.append(stat)
-    return stats
+    return [stat for name in os.listdir("/proc")
+            if name.isdigit() and (stat := proc_stat(int(name))) is not None]
 
 
 _NEVER = 2**63
@@ -84,13 +80,6 @@ def kill_living(processes: Iterable[ProcStat]) -> None:
                 os.kill(process.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass  # it ended meanwhile
-
-
-def kill_members(sessions: Iterable[Session]) -> list[ProcStat]:
-    """SIGKILL every living member of ``sessions``; returns the members found."""
-    found = members(sessions)
-    kill_living(found)
-    return found
 
 
 class JobProcesses:

@@ -17,9 +17,6 @@ from recovery import env as names
 from recovery.python_path import PYTHONPATH, own_pythonpath
 from recovery.safe_files import UnsafeFolder, own_subfolder
 
-_NCCL_ASYNC_ERROR_HANDLING = "1"
-"""torchrun's value for ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` unless the user set one."""
-
 __all__ = ["SCHEDULER_MODULE", "Role", "ProcessSpec", "Seat", "worker_spec", "scheduler_spec",
            "script_argv", "FORK_SERVER_PROGRAM", "worker_argv", "fork_server_spec",
            "forks_workers", "error_file", "prepare_error_file", "signal_names", "OWN_PYTHON",
@@ -123,7 +120,7 @@ def worker_spec(config: LaunchConfig, local_rank: int, incarnation: int, restart
     if config.nproc > 1:
         # torchrun's rule: N busy processes on few cores must not each spawn N threads.
         env.setdefault(names.OMP_NUM_THREADS, "1")
-    env.setdefault(names.TORCH_NCCL_ASYNC_ERROR_HANDLING, _NCCL_ASYNC_ERROR_HANDLING)
+    env.setdefault(names.TORCH_NCCL_ASYNC_ERROR_HANDLING, "1")  # torchrun's value, unless the user set one
     env.update({
         names.RANK: str(rank),
         names.LOCAL_RANK: str(local_rank),

@@ -42,12 +42,6 @@ def _state(timeline: Timeline) -> str:
     return "no job_end recorded: tftrun itself was stopped, or these are not all the events"
 
 
-def _left_out(timeline: Timeline) -> str:
-    if not timeline.left_out:
-        return ""
-    return f'; <span class="bad">{timeline.left_out} events left out</span> (a field not of its type)'
-
-
 def _faults_table(timeline: Timeline) -> str:
     rows = []
     number = 0
@@ -100,7 +94,9 @@ def render_html(timeline: Timeline, log_dirs: Sequence[str]) -> str:
     """The report of ``timeline``, read from ``log_dirs``, as one HTML document."""
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timeline.start))
     title = f"tftrun report: {timeline.run_id or 'job'}"
-    read_from = escape_text(", ".join(log_dirs)) + _left_out(timeline)
+    read_from = escape_text(", ".join(log_dirs)) + (
+        f'; <span class="bad">{timeline.left_out} events left out</span> (a field not of its type)'
+        if timeline.left_out else "")
     steps = (steps_svg(timeline) if timeline.steps else
              "<p>No steps reported (the script does not use <code>ElasticTrainer</code>, or "
              "has not completed a step yet).</p>")

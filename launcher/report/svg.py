@@ -113,22 +113,20 @@ def _recovery_label(recovery: Recovery, running: bool) -> str:
     return f"{recovery.source or 'recovered'}{where} · {_seconds(seconds)}"
 
 
-def _recoveries(timeline: Timeline, scale: _Scale, top: float) -> list[str]:
-    parts = []
+def _recoveries(timeline: Timeline, scale: _Scale, top: float) -> Iterator[str]:
     for index, recovery in enumerate(timeline.recoveries):
         x0 = scale.x(recovery.start)
         x1 = scale.x(recovery.end if recovery.end is not None else timeline.end)
         y = top + 26
         causes = ", ".join(f"rank {f.rank} {f.cause}" for f in recovery.faults)
         label = _recovery_label(recovery, timeline.running)
-        parts.append(
+        yield (
             f'<g class="recovery" data-index="{index}" data-source="{escape_text(recovery.source or "")}">'
             f'<title>{escape_text(causes)}: {escape_text(label)}</title>'
             f'<path d="M{x0:.1f},{y - 6:.1f} V{y:.1f} H{x1:.1f} V{y - 6:.1f}" fill="none" '
             f'stroke="#37474f" stroke-width="1.5"/>'
             f'<text x="{(x0 + x1) / 2:.1f}" y="{y - 10:.1f}" font-size="12" fill="#263238" '
             f'text-anchor="middle" font-weight="600">{escape_text(label)}</text></g>')
-    return parts
 
 
 def _lane_rows(timeline: Timeline, top: float) -> tuple[dict[int, float], list[str], float]:
@@ -156,15 +154,14 @@ def _lane_rows(timeline: Timeline, top: float) -> tuple[dict[int, float], list[s
     return rows, parts, y
 
 
-def _bars(timeline: Timeline, scale: _Scale, rows: dict[int, float]) -> list[str]:
-    parts = []
+def _bars(timeline: Timeline, scale: _Scale, rows: dict[int, float]) -> Iterator[str]:
     pad = (LANE - BAR) / 2
     for life in timeline.incarnations:
         if life.rank not in rows:
             continue
         x0, x1 = scale.x(life.start), scale.x(life.end)
         ended = f", {life.exit}" if life.exit else ""
-        parts.append(
+        yield (
             f'<rect class="incarnation" data-rank="{life.rank}" data-ending="{life.ending.value}" '
             f'x="{x0:.1f}" y="{rows[life.rank] + pad:.1f}" width="{max(x1 - x0, 1):.1f}" '
             f'height="{BAR}" rx="3" fill="{ENDING_COLOURS[life.ending]}">'
@@ -176,50 +173,44 @@ def _bars(timeline: Timeline, scale: _Scale, rows: dict[int, float]) -> list[str
             continue
         x0, x1 = scale.x(span.start), scale.x(span.end)
         generation = f" generation {span.generation}" if span.generation is not None else ""
-        parts.append(
+        yield (
             f'<rect class="phase" data-phase="{span.phase.value}" data-rank="{span.rank}" '
             f'x="{x0:.1f}" y="{rows[span.rank] + pad - 2:.1f}" width="{max(x1 - x0, 1):.1f}" '
             f'height="{BAR + 4}" fill="{PHASE_COLOURS[span.phase]}">'
             f'<title>rank {span.rank}: {span.phase.value}{generation}, '
             f'{_seconds(span.end - span.start)}</title></rect>')
-    return parts
 
 
-def _degraded(timeline: Timeline, scale: _Scale, top: float, bottom: float) -> list[str]:
+def _degraded(timeline: Timeline, scale: _Scale, top: float, bottom: float) -> Iterator[str]:
     """A shaded band over every lane while the job trained with ranks missing."""
-    parts = []
     for stretch in timeline.degraded:
         x0, x1 = scale.x(stretch.start), scale.x(stretch.end)
         ranks = ", ".join(map(str, stretch.active))
-        parts.append(
+        yield (
             f'<rect class="degraded" data-generation="{stretch.generation}" x="{x0:.1f}" '
             f'y="{top:.1f}" width="{max(x1 - x0, 1):.1f}" height="{bottom - top:.1f}" '
             f'fill="#fff3e0" fill-opacity="0.6"><title>degraded: ranks {ranks} of '
             f'{stretch.worker_num} trained on (generation {stretch.generation}), '
             f'{_seconds(stretch.end - stretch.start)}</title></rect>')
-    return parts
 
 
-def _generations(timeline: Timeline, scale: _Scale, top: float, bottom: float) -> list[str]:
-    parts = []
+def _generations(timeline: Timeline, scale: _Scale, top: float, bottom: float) -> Iterator[str]:
     for mark in timeline.generations:
         x = scale.x(mark.ts)
-        parts.append(
+        yield (
             f'<g class="generation" data-generation="{mark.generation}">'
             f'<line x1="{x:.1f}" y1="{top:.1f}" x2="{x:.1f}" y2="{bottom:.1f}" stroke="#37474f" '
             f'stroke-dasharray="4 3"/>'
             f'<text x="{x + 3:.1f}" y="{bottom + 11:.1f}" font-size="11" fill="#37474f">'
             f'generation {mark.generation}</text></g>')
-    return parts
 
 
-def _faults(timeline: Timeline, scale: _Scale, rows: dict[int, float]) -> list[str]:
-    parts = []
+def _faults(timeline: Timeline, scale: _Scale, rows: dict[int, float]) -> Iterator[str]:
     for fault in timeline.faults:
         if fault.rank not in rows:
             continue
         x, y = scale.x(fault.ts), rows[fault.rank]
-        parts.append(
+        yield (
             f'<g class="fault" data-rank="{fault.rank}" data-ts="{fault.ts:.3f}" '
             f'data-cause="{escape_text(fault.cause)}" data-x="{x:.1f}">'
             f'<title>rank {escape_text(fault.rank)} fault: {escape_text(fault.cause)} '
@@ -230,7 +221,6 @@ def _faults(timeline: Timeline, scale: _Scale, rows: dict[int, float]) -> list[s
             f'fill="{FAULT_COLOUR}"/>'
             f'<text x="{x + 8:.1f}" y="{y + 11:.1f}" font-size="11" font-weight="700" '
             f'fill="{FAULT_COLOUR}">{escape_text(fault.cause)}</text></g>')
-    return parts
 
 
 def _legend(timeline: Timeline, y: float) -> list[str]:

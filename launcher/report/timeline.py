@@ -236,8 +236,9 @@ class _Builder:
             if episode.formed_before is None:
                 continue  # a job without generations (a plain script): nothing re-forms
             formed = episode.generation_at if episode.generation_at is not None else self.end
+            done = next((r.end for r in self.recoveries if r.faults[0] is episode.faults[0]), None)
             resynced = (episode.rollback["ts"] if episode.rollback is not None
-                        else self._episode_end(episode))
+                        else done if done is not None else self.end)
             target = episode.generation if episode.generation is not None else episode.formed_before + 1
             windows = [(SpanPhase.REFORMING, episode.faults[0].ts, formed, target)]
             if episode.generation_at is not None:
@@ -248,10 +249,6 @@ class _Builder:
                     if hi > lo:
                         spans.append(PhaseSpan(life.rank, phase, lo, hi, generation))
         return spans
-
-    def _episode_end(self, episode: _Episode) -> float:
-        done = next((r.end for r in self.recoveries if r.faults[0] is episode.faults[0]), None)
-        return done if done is not None else self.end
 
     def timeline(self) -> Timeline:
         incarnations = sorted(self.incarnations + self._open_incarnations(),

@@ -34,16 +34,19 @@ def archive_previous_run(log_dir: Path, worker_logs: str = "worker_*.log") -> Pa
 
 def last_lines(path: Path, count: int) -> list[str]:
     """The last ``count`` non-empty lines of a (possibly large) text file."""
+    text = _tail(path, TAIL_BYTES)[1].decode(errors="replace")
+    return [line for line in text.splitlines() if line.strip()][-count:]
+
+
+def _tail(path: Path, size: int) -> tuple[int, bytes]:
+    """The offset of the last ``size`` bytes of ``path``, and those bytes; ``(0, b"")`` if it cannot be read."""
     try:
         with open(path, "rb") as file:
-            file.seek(0, 2)
-            size = file.tell()
-            file.seek(max(0, size - TAIL_BYTES))
-            data = file.read()
+            start = max(0, file.seek(0, 2) - size)
+            file.seek(start)
+            return start, file.read()
     except OSError:
-        return []
-    lines = [line for line in data.decode(errors="replace").splitlines() if line.strip()]
-    return lines[-count:]
+        return 0, b""
 
 
 class LogFollower(threading.Thread):
@@ -102,14 +105,7 @@ written between its start and the follower's first look."""
 def _after_last(path: Path, prefix: bytes) -> int | None:
     """The offset just after the last line of ``path`` that begins with ``prefix``, looked
     for in its last :data:`HEADER_SEARCH` bytes; None if none is there."""
-    try:
-        with open(path, "rb") as file:
-            size = file.seek(0, 2)
-            start = max(0, size - HEADER_SEARCH)
-            file.seek(start)
-            tail = file.read()
-    except OSError:
-        return None
+    start, tail = _tail(path, HEADER_SEARCH)
     at = tail.rfind(b"\n" + prefix)
     at = at + 1 if at >= 0 else (0 if start == 0 and tail.startswith(prefix) else -1)
     if at < 0:

@@ -146,14 +146,8 @@ class Progress:
         if self.world is None or self.worker_num is None or self.world >= self.worker_num:
             return None
         note = f"degraded: {self.world} of {self.worker_num} ranks"
-        samples = self.samples_rate
-        return note if samples is None else f"{note}, {samples:.0f} samples/s"
-
-    @property
-    def samples_rate(self) -> float | None:
-        """Samples per second: the steps' speed times the newest step's batch."""
-        rate = self.rate
-        return None if rate is None or self.batch is None else rate * self.batch
+        rate = self.rate  # samples per second: the steps' speed times the newest step's batch
+        return note if rate is None or self.batch is None else f"{note}, {rate * self.batch:.0f} samples/s"
 
     def _on_recovered(self, event: dict[str, Any]) -> None:
         self._trains_in(int(event.get("generation") or 0))

@@ -21,7 +21,7 @@ from rich.text import Text
 from launcher.view.progress import EventTail, Progress, RunSpan, clock_time, progress_bar
 
 __all__ = ["Row", "View", "make_view", "SummaryRow", "print_summary", "progress_line",
-           "event_line", "run_line", "format_duration"]
+           "event_line", "run_line"]
 
 
 @dataclass(frozen=True)
@@ -123,8 +123,7 @@ class PlainView:
     def __init__(self, stream: Any = None, events_path: Path | None = None,
                  progress_interval: float = 0.0) -> None:
         self._stream = stream or sys.stdout
-        self._tail = (EventTail(events_path, catches_up=False)
-                      if events_path is not None else None)
+        self._tail = None if events_path is None else EventTail(events_path, catches_up=False)
         self._progress = Progress()
         self._interval = progress_interval
         self._next_line = time.monotonic() + progress_interval
@@ -166,11 +165,9 @@ class LiveView:
                  title: str = "tftrun") -> None:
         self._title = title
         self._console = console
-        self._tail = (EventTail(events_path, catches_up=False)
-                      if events_path is not None else None)
+        self._tail = None if events_path is None else EventTail(events_path, catches_up=False)
         self._progress = Progress()
-        self._live = Live(self._table([]), console=console, refresh_per_second=4,
-                          transient=False)
+        self._live = Live(self._table([]), console=console, refresh_per_second=4)
         self._live.start()
 
     def _table(self, rows: list[Row]) -> Table:
@@ -217,15 +214,13 @@ def make_view(events_path: Path | None = None, progress_interval: float = 0.0,
     return PlainView(None, events_path, progress_interval)
 
 
-def format_duration(seconds: float) -> str:
-    """``8.4 s`` under a minute, else ``1:02:03`` or ``2:03``."""
-    return f"{seconds:.1f} s" if seconds < 60 else clock_time(seconds)
-
-
 def run_line(span: RunSpan, now: float, logs: str) -> str:
     """The summary's figures: ``wall time 12.3 s, final step 100 of 100, 8.2 steps/s; logs
     in /home/me/logs`` (what is known)."""
-    parts = [] if span.started is None else [f"wall time {format_duration(now - span.started)}"]
+    parts = []
+    if span.started is not None:  # ``8.4 s`` under a minute, else ``1:02:03`` or ``2:03``
+        wall = now - span.started
+        parts.append(f"wall time {wall:.1f} s" if wall < 60 else f"wall time {clock_time(wall)}")
     if span.final is not None:
         of = "" if span.total is None else f" of {span.total}"
         parts.append(f"final step {span.final}{of}")
