@@ -41,34 +41,9 @@ class NodePlace:
 # ---------------------------------------------------------------- Slurm hostlists
 
 _NUMBERS = re.compile(r"([0-9]+)(?:-([0-9]+))?")
-
-
-@dataclass(frozen=True)
-class _Range:
-    low: int
-    high: int
-    width: int
-    """Zero padding: Slurm pads every number to the width the range's low end is written in."""
-
-    def values(self) -> Iterator[str]:
-        return (str(n).zfill(self.width) for n in range(self.low, self.high + 1))
-
-
-@dataclass(frozen=True)
-class _Pattern:
-    """One host expression, e.g. ``rack[1-2]-n[01-04,07]``: literals around bracket groups."""
-
-    literals: tuple[str, ...]
-    groups: tuple[tuple[_Range, ...], ...]
-
-    def hosts(self, start: int = 0) -> Iterator[str]:
-        if start == len(self.groups):
-            yield self.literals[start]
-            return
-        for ranged in self.groups[start]:
-            for value in ranged.values():
-                for rest in self.hosts(start + 1):
-                    yield self.literals[start] + value + rest
+_Group = tuple[tuple[int, int, int], ...]
+"""A bracket group's ranges: (low, high, width); Slurm pads every number to the width the
+range's low end is written in."""
 
 
 def expand_hostlist(hostlist: str) -> Iterator[str]:
@@ -78,7 +53,18 @@ def expand_hostlist(hostlist: str) -> Iterator[str]:
     of a huge allocation is cheap.
     """
     patterns = [_parse_pattern(expr, hostlist) for expr in _split_top_level(hostlist) if expr]
-    return (host for pattern in patterns for host in pattern.hosts())
+    return (host for literals, groups in patterns for host in _hosts(literals, groups))
+
+
+def _hosts(literals: tuple[str, ...], groups: tuple[_Group, ...]) -> Iterator[str]:
+    """The hosts of one expression, e.g. ``rack[1-2]-n[01-04,07]``: literals around bracket groups."""
+    if not groups:
+        yield literals[0]
+        return
+    for low, high, width in groups[0]:
+        for n in range(low, high + 1):
+            for rest in _hosts(literals[1:], groups[1:]):
+                yield literals[0] + str(n).zfill(width) + rest
 
 
 def _split_top_level(hostlist: str) -> list[str]:
@@ -100,15 +86,15 @@ def _split_top_level(hostlist: str) -> list[str]:
     return [part.strip() for part in parts]
 
 
-def _parse_pattern(expr: str, hostlist: str) -> _Pattern:
+def _parse_pattern(expr: str, hostlist: str) -> tuple[tuple[str, ...], tuple[_Group, ...]]:
     pieces = re.split(r"\[([^\[\]]*)\]", expr)
     literals, groups = tuple(pieces[0::2]), pieces[1::2]
     if any("[" in lit or "]" in lit for lit in literals):
         raise ValueError(f"bad Slurm hostlist {hostlist!r}: unbalanced brackets in {expr!r}")
-    return _Pattern(literals, tuple(_parse_group(group, hostlist) for group in groups))
+    return literals, tuple(_parse_group(group, hostlist) for group in groups)
 
 
-def _parse_group(group: str, hostlist: str) -> tuple[_Range, ...]:
+def _parse_group(group: str, hostlist: str) -> _Group:
     ranges = []
     for item in group.split(","):
         match = _NUMBERS.fullmatch(item.strip())
@@ -118,7 +104,7 @@ def _parse_group(group: str, hostlist: str) -> tuple[_Range, ...]:
         low, high = int(low_text), int(high_text if high_text is not None else low_text)
         if high < low:
             raise ValueError(f"bad Slurm hostlist {hostlist!r}: range {item!r} runs backwards")
-        ranges.append(_Range(low, high, len(low_text)))
+        ranges.append((low, high, len(low_text)))
     return tuple(ranges)
 
 

@@ -43,9 +43,8 @@ def default_node_id(node_addr: str) -> str:
 def place_node(config: LaunchConfig) -> LaunchConfig:
     """``config`` with node rank 0 when it is left out and this node is node 0; otherwise
     unchanged, for :func:`take_node_rank`. ``config.node_addr`` must be known."""
-    if config.node_rank is not None:
-        return config
-    if not config.multi_node or owns_address(config.master_addr, config.local_addr):
+    if config.node_rank is None and (not config.multi_node
+                                     or owns_address(config.master_addr, config.local_addr)):
         return with_node_rank(config, 0)
     return config
 

@@ -62,6 +62,5 @@ class RendezvousStore:
             self._server_thread = None
         self._store = None
         if self._sock is not None:
-            if self._sock.fileno() != -1:
-                self._sock.close()
+            self._sock.close()  # nothing to close once detached to the store
             self._sock = None

@@ -138,8 +138,10 @@ class RoundMeeting:
         without this node is followed by a join of the next one."""
         link, node = self._link, self._config.assigned_rank
         restart_count = waiting.restart_count
-        if waiting.wrote == restart_count:
-            self._check_own_join(restart_count)
+        if waiting.wrote == restart_count:  # this node's join key, written a poll ago, gone: a stranger hid it
+            mine = link.joined(restart_count, [node])
+            if not mine.found and not mine.refused and link.reachable:
+                link.alert(join_key(restart_count, node), "unset since this node wrote it")
         link.join_round(restart_count, node)
         self._presence.joining = waiting.wrote = restart_count
         nodes = link.round_nodes(restart_count)
@@ -157,10 +159,3 @@ class RoundMeeting:
             return TooFew(f"node {node}: node 0 did not start group restart "
                           f"{restart_count} with it within {waiting.waited:g}s")
         return None
-
-    def _check_own_join(self, restart_count: int) -> None:
-        """Alert when this node's join key, written a poll ago, is gone (a stranger hid it)."""
-        node = self._config.assigned_rank
-        mine = self._link.joined(restart_count, [node])
-        if not mine.found and not mine.refused and self._link.reachable:
-            self._link.alert(join_key(restart_count, node), "unset since this node wrote it")

@@ -72,24 +72,16 @@ def absences(view: JobView, now: float) -> list[Action] | None:
                                  f"--rejoin_timeout={view.rejoin_timeout:g}s", short_stop(view, now))
                   for a in due),
                 WaitUntil(now)]
-    if _none_can_return(view, absent):
-        first = min(absent, key=lambda a: a.since)
-        assert first.failure is not None
-        return [GiveUp(first.failure, f"{training} of {len(view.ranks) + view.other_ranks} "
-                                      f"ranks train, fewer than --min_worker_num="
-                                      f"{view.min_worker_num}, and ranks "
-                                      f"{sorted(a.rank for a in absent)} cannot be relaunched; "
-                                      f"restart budget ({view.max_restarts}) spent"),
-                stop_all(view, now)]
-    since = _too_few_since(view, absent)
-    if now < since + view.node_time_out:
-        return None
     first = min(absent, key=lambda a: a.since)
-    ranks = sorted(a.rank for a in absent)
-    size = len(view.ranks) + view.other_ranks
-    reason = (f"{training} of {size} ranks train, fewer than --min_worker_num="
-              f"{view.min_worker_num}, and ranks {ranks} were not back within "
-              f"--node_time_out={view.node_time_out:g}s")
+    too_few = (f"{training} of {len(view.ranks) + view.other_ranks} ranks train, fewer than "
+               f"--min_worker_num={view.min_worker_num}, and ranks {sorted(a.rank for a in absent)}")
+    if _none_can_return(view, absent):
+        assert first.failure is not None
+        return [GiveUp(first.failure, f"{too_few} cannot be relaunched; restart budget ({view.max_restarts}) spent"),
+                stop_all(view, now)]
+    if now < _too_few_since(view, absent) + view.node_time_out:
+        return None
+    reason = f"{too_few} were not back within --node_time_out={view.node_time_out:g}s"
     if first.failure is None:  # another node's: this node ends the job for every node
         return [Stop(EXIT_PEER_ENDED, f"node {view.node_rank}: {reason}", everywhere=True),
                 stop_all(view, now)]

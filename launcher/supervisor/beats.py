@@ -27,7 +27,7 @@ from recovery.control.throttle import Throttle
 from recovery.runtime.heartbeat import JITTER
 from recovery.timeouts import Timeouts
 
-__all__ = ["BeatServer", "node_name"]
+__all__ = ["BeatServer"]
 
 logger = logging.getLogger(__name__)
 
@@ -206,11 +206,3 @@ class BeatServer:
             except (SchedulerUnavailable, ValueError) as err:
                 if (count := self._failing.note()) is not None:
                     logger.warning("node beat failed %d time(s): %s", count, err)
-
-
-def node_name(host: str, node_rank: int) -> str:
-    """This node's name in its beats: its host and node rank."""
-    return f"{host}/{node_rank}"[:256]
-
-
-

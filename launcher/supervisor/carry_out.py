@@ -80,8 +80,8 @@ class CarryingOut:
         (:meth:`_advance_round` starts them once it formed)."""
         if self._rounds is not None:
             self._rounds.begin(self.restart_count, self._round)
-            return
-        self._launch_workers()
+        else:
+            self._launch_workers()
 
     def _launch_workers(self) -> None:
         where = self.children.rendezvous = self._meeting.choose(self.restart_count)
@@ -139,7 +139,10 @@ class CarryingOut:
             case RestartAll() if self._nodes is not None:
                 self._nodes.restart_all(self._next_restart())
             case StartAll():
-                self._restart_all()
+                self.children.restart_count = self._next_restart()
+                self._emit("restart", what="workers", why=self.state.restart_why,
+                           restart_count=self.restart_count, ranks=[w.rank for w in self.workers])
+                self._start_workers()
             case Stop(_, reason, everywhere, close_rounds):
                 if everywhere and self._nodes is not None:
                     self._nodes.end(reason)
@@ -196,12 +199,6 @@ class CarryingOut:
     def _next_restart(self) -> int:
         """The next group restart's number: with other nodes, every node's workers of one restart carry it."""
         return max(self.restart_count + 1, self._watch.nodes.restarts_started)
-
-    def _restart_all(self) -> None:
-        self.children.restart_count = self._next_restart()
-        self._emit("restart", what="workers", why=self.state.restart_why,
-                   restart_count=self.restart_count, ranks=[w.rank for w in self.workers])
-        self._start_workers()
 
     def _job_ending(self) -> None:
         """The job ends (the state holds why): the other nodes hear of it; the fork server

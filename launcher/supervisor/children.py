@@ -98,14 +98,11 @@ class Children:
 
     def _start(self, spec: ProcessSpec, incarnation: int, fds: dict[str, int] | None = None) -> Child:
         """``spec``'s process, forked by the fork server if there is one, else started cold (``fds``: open files
-        it gets, by the environment variables that name them); recorded as started."""
-        if (forked := self._fork(spec, incarnation, fds)) is not None:
-            return self._started(spec, forked, incarnation, forked=True)
-        return self._started(spec, self._spawn(spec, incarnation, tuple((fds or {}).values())), incarnation)
-
-    def _started(self, spec: ProcessSpec, child: Child, incarnation: int,
-                 **fields: object) -> Child:
-        """Record that ``child`` now runs as ``spec``: its ``spawn`` event, its log followed."""
+        it gets, by the environment variables that name them); recorded: its ``spawn`` event, its log followed."""
+        child = self._fork(spec, incarnation, fds)
+        fields = {} if child is None else {"forked": True}
+        if child is None:
+            child = self._spawn(spec, incarnation, tuple((fds or {}).values()))
         self._emit("spawn", role=spec.role.value, rank=spec.rank, pid=child.pid,
                    incarnation=incarnation, restart_count=self.restart_count, **fields)
         if self._follower is not None and self.config.shows_output(spec.rank):

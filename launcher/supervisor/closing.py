@@ -31,11 +31,7 @@ class Closing:
         watch.delivered(REPORTS_WAIT)
         self._scheduler: Child | None = children.scheduler
         children.scheduler = None
-        stopped: list[Child] = []
-        if (server := children.stop_fork_server()) is not None:
-            stopped.append(server)
-        if self._scheduler is not None:
-            stopped.append(self._scheduler)
+        stopped = [c for c in (children.stop_fork_server(), self._scheduler) if c is not None]
         self._stopping = Stopping(stopped, signal.SIGTERM, grace_period)
 
     def poll(self) -> bool:

@@ -66,7 +66,16 @@ class JobState:
                 self.relaunched_after[rank] = failure
                 self.relaunches += 1
             case Retire(rank, why, deadline):
-                self._retire(rank, why, deadline, now, workers)
+                self.retirements.append((rank, why))
+                worker = next((w for w in workers if w.rank == rank), None)
+                if worker is None:  # a lost node's rank
+                    self.retiring[rank] = now
+                    return
+                self.retired.add(rank)
+                if worker.state is WorkerState.RUNNING:
+                    worker.transition(WorkerState.STOPPING, deadline=deadline)
+                elif worker.state in (WorkerState.FAILED, WorkerState.COOLDOWN):
+                    worker.transition(WorkerState.STOPPED)
             case RestartAll(at, why, charged):
                 self.restart_at, self.restart_why = at, why
                 self.free_restarts += not charged
@@ -84,19 +93,6 @@ class JobState:
                 self.ending, self.restart_at = Ending(status, reason), None
             case GiveUp(failure, reason):
                 self.ending, self.restart_at = Ending(failure.exit_status, reason, failure), None
-
-    def _retire(self, rank: int, why: str, deadline: float, now: float,
-                workers: Sequence[Worker]) -> None:
-        self.retirements.append((rank, why))
-        worker = next((w for w in workers if w.rank == rank), None)
-        if worker is None:  # a lost node's rank
-            self.retiring[rank] = now
-            return
-        self.retired.add(rank)
-        if worker.state is WorkerState.RUNNING:
-            worker.transition(WorkerState.STOPPING, deadline=deadline)
-        elif worker.state in (WorkerState.FAILED, WorkerState.COOLDOWN):
-            worker.transition(WorkerState.STOPPED)
 
     def take_retirements(self) -> list[tuple[int, str]]:
         """The retirements of this pass, to tell the scheduler; forgotten here."""

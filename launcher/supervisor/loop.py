@@ -22,7 +22,7 @@ from launcher.nodes.rounds import RoundMeeting
 from launcher.procs.process import Watchdog, become_subreaper, sweep
 from launcher.supervisor.absences import absent_since
 from launcher.supervisor.actions import WaitUntil
-from launcher.supervisor.beats import BeatServer, node_name
+from launcher.supervisor.beats import BeatServer
 from launcher.supervisor.carry_out import CarryingOut
 from launcher.supervisor.children import Children, node_workers
 from launcher.supervisor.closing import Closing, stop_everything_now
@@ -100,7 +100,7 @@ class Supervisor(CarryingOut):
         """Serve the workers' heartbeats on a socket of this node; the workers started
         from now on are told where (``TFT_BEAT_SOCKET``)."""
         config = self.config
-        self._beats = BeatServer(node_name(config.local_addr, config.assigned_rank),
+        self._beats = BeatServer(f"{config.local_addr}/{config.assigned_rank}"[:256],  # the node's name
                                  config.master_addr, config.master_port, config.job_token,
                                  config.run_id, config.epoch, Timeouts(
                                      heartbeat_timeout=config.heartbeat_timeout,
@@ -185,13 +185,6 @@ class Supervisor(CarryingOut):
     def _told(self, event: str, key: str, why: str, count: int) -> None:
         self.events.emit(event, key=key, reason=why, count=count)
 
-    def _signalled(self) -> bool:
-        """Whether a signal to tftrun came in (kept for the policy)."""
-        if self._signal is None and self._wakeup is not None:
-            self._signal = self._wakeup.received()
-        return self._signal is not None
-
-
     def _unknown_to_scheduler(self) -> frozenset[int]:
         """This node's ranks the scheduler never knew: read from the events file, where it
         writes every registration before answering it."""
@@ -209,7 +202,8 @@ class Supervisor(CarryingOut):
     # ----------------------------------------------------------------- policy
     def _observe(self, now: float) -> JobView:
         """What the policy needs to see; it waits for nothing outside this process."""
-        self._signalled()
+        if self._signal is None and self._wakeup is not None:  # kept for the policy
+            self._signal = self._wakeup.received()
         self._scheduler_exit = self.children.reap_scheduler()
         self._observer.read(now, self.workers)  # first: as the exits stood before them
         exits = tuple(self.children.reap_workers(self.workers))
@@ -237,8 +231,8 @@ class Supervisor(CarryingOut):
             verdicts=self._observer.verdicts(self.workers) if state.ending is None else {},
             peer_restart=peer_restart, peer_end=news.ended or over, peer_done=peer_done,
             peer_done_at=news.over_at, grace_period=config.grace_period,
-            node_rank=config.node_rank, missing=self._observer.missing,
-            missing_since=self._observer.missing_since, node_time_out=config.node_time_out,
+            node_rank=config.node_rank, missing=self._observer.node_watch.missing,
+            missing_since=self._observer.node_watch.since, node_time_out=config.node_time_out,
             other_ranks=config.worker_num - config.nproc, others_finished=others_finished,
             others_step=others_step, scheduler_exit=self._scheduler_exit,
             scheduler_launches=self.children.scheduler_launches,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from functools import partial
 
 from launcher.config import LaunchConfig
@@ -60,10 +59,8 @@ class MeetingPlace:
         overlaps with theirs); node 0 with other nodes then tells them where it is."""
         if not self._config.hosts_scheduler or self._at_scheduler(restart_count):
             return
-        announce: Callable[[], None] | None = None
-        if self._publisher is not None:
-            announce = partial(self._publisher.publish_rendezvous, restart_count, *where)
-        self._store.serve(announce)
+        self._store.serve(None if self._publisher is None
+                          else partial(self._publisher.publish_rendezvous, restart_count, *where))
 
     def close(self) -> None:
         self._store.close()  # joins the store's thread: the announcer is idle then

@@ -53,7 +53,8 @@ class Observer:
         be starting."""
         self._steps: dict[tuple[int, int], int] = {}
         """(rank, pid) → the last step that process reported."""
-        self._node_watch = NodeWatch()
+        self.node_watch = NodeWatch()
+        """What of the other nodes is missing, and since when."""
         self.registered: set[str] = set()
         """Node ids seen registered with the scheduler: capable of per-rank recovery."""
         self._whole: set[int] = set()
@@ -88,7 +89,7 @@ class Observer:
                 if member.global_step is not None:
                     self._note_step(member.rank, member.pid, member.global_step)
         self.lost = self._lost(now)
-        self._node_watch.seen(self._missing(now), now)
+        self.node_watch.seen(self._missing(now), now)
 
     def _note_step(self, rank: int, pid: int, step: int) -> None:
         self._steps[rank, pid] = max(step, self._steps.get((rank, pid), step))
@@ -162,14 +163,6 @@ class Observer:
                 for m in snapshot.members if m.state in _VERDICTS and pids.get(m.rank) == m.pid}
 
     # ----------------------------------------------------------------- the other nodes
-    @property
-    def missing(self) -> str:
-        return self._node_watch.missing
-
-    @property
-    def missing_since(self) -> float | None:
-        return self._node_watch.since
-
     def _missing(self, now: float) -> str:
         """What of the other nodes is missing just now ('' when nothing is); on node 0, only
         ranks of nodes whose tftrun stopped beating, since a plain script's ranks never register."""

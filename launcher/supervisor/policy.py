@@ -165,8 +165,7 @@ def _membership_change(view: JobView, now: float) -> list[Action] | None:
 
 def _wind_down(view: JobView, now: float) -> list[Action]:
     """Stopping: SIGKILL what outlived its grace period; close once no worker runs."""
-    stopping = [r for r in view.ranks if r.state is WorkerState.STOPPING]
-    if not stopping:
+    if not any(r.state is WorkerState.STOPPING for r in view.ranks):
         return [Close()]
     return [*_overdue(view, now), WaitUntil(_next_deadline(view, [], now))]
 
@@ -223,9 +222,8 @@ def _peers_finished(view: JobView, now: float) -> list[Action] | None:
     final = max((s for s in [*steps, view.others_step] if s is not None), default=None)
     stop = StopWorkers(signal.SIGTERM, {r.rank: short_stop(view, now)
                                         for r in left if r.state is WorkerState.RUNNING})
-    short = [r for r in left
-             if final is None or (r.failure_step if r.failure_step is not None else _NO_STEP)
-             < final]
+    short = [r for r in left if final is None
+             or (r.failure_step if r.failure_step is not None else _NO_STEP) < final]
     size = len(view.ranks) + view.other_ranks
     if short and view.min_worker_num <= peers < size:
         # Degraded training: the peers trained the lost ranks' samples too, to the end.
