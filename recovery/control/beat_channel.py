@@ -17,8 +17,6 @@ from recovery.control.signing import local_proof
 
 __all__ = ["LocalLink"]
 
-_LOCAL_OPS = frozenset({Op.REGISTER, Op.HEARTBEAT})
-
 
 class LocalLink:
     """The connection to the node's supervisor at ``path``, for what a
@@ -48,8 +46,6 @@ class LocalLink:
             SchedulerUnavailable: the supervisor cannot be reached, or has no answer yet
                 (:class:`NoReply` when it did not answer in time).
         """
-        if op not in _LOCAL_OPS:
-            raise ValueError(f"{op.value} goes to the scheduler, not to the node's supervisor")
         reply = self._ask({"op": op.value, **fields, "proof": self._proof})
         if "ok" not in reply:
             raise SchedulerUnavailable(f"no answer from the scheduler yet ({self.where})")
@@ -82,12 +78,11 @@ class LocalLink:
             except OSError as err:
                 self._drop()
                 raise SchedulerUnavailable(f"{self.where}: {err}") from None
-        reply = decode(data) if data else None
-        if reply is None:
-            with self._lock:
+            reply = decode(data) if data else None
+            if reply is None:
                 self._drop()
-            raise SchedulerUnavailable(f"{self.where} closed the connection or answered "
-                                       "something else")
+                raise SchedulerUnavailable(f"{self.where} closed the connection or answered "
+                                           "something else")
         return reply
 
     def _connected(self) -> socket.socket | None:

@@ -30,13 +30,9 @@ class LastWords:
     def claim(self, generation: int, rank: int, global_step: int, consistent: bool) -> bool:
         """Whether this claim may save; the winner asking again for the same step is granted again (a
         repeated request), not refused."""
-        granted = self.grants.get(generation)
-        if granted is None:
-            if not consistent:
-                return False
-            self.grants[generation] = Grant(rank, global_step)
-            return True
-        return consistent and granted == Grant(rank, global_step)
+        if not consistent:
+            return False
+        return self.grants.setdefault(generation, Grant(rank, global_step)) == Grant(rank, global_step)
 
     def to_json(self) -> dict[str, dict[str, int]]:
         """The grants as the scheduler persists them; the step goes under ``step``, the key existing

@@ -71,13 +71,12 @@ class FastVerdicts:
         try:
             self._client = self._client or TCPStoreClient(host, port, _TIMEOUT)
             for node in nodes:
-                index = node_index(node)
-                if index is None:
+                if (index := node_index(node)) is None:
                     continue
                 try:
                     text = read_signed(self._client, self._key, beat_key(index))
                 except BadValue:
-                    text = None
+                    continue
                 if text is not None and text.isdigit():
                     counts[node] = int(text)
         except StoreError as err:

@@ -27,12 +27,6 @@ STATE_FILE = "state.json"
 ENDPOINT_FILE = "scheduler.json"
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    # No indent: an indented dump runs json's pure-Python encoder, too slow for a large job's state.
-    payload = json.dumps(data, sort_keys=True).encode()
-    write_atomic(path, lambda file: file.write(payload))
-
-
 def _read_json(path: Path) -> dict[str, Any] | None:
     """The object in ``path``; ``None`` when it is missing or not a JSON object."""
     try:
@@ -60,6 +54,7 @@ class StateFile:
             return _read_json(self.path)
 
     def save(self, data: dict[str, Any]) -> None:
+        # No indent: an indented dump runs json's pure-Python encoder, too slow for a large job's state.
         self.save_text(json.dumps(data, sort_keys=True))
 
     def save_text(self, text: str) -> None:
@@ -94,7 +89,8 @@ class Endpoint:
 
     def write(self, log_dir: str | os.PathLike[str]) -> None:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
-        _write_json(Path(log_dir) / ENDPOINT_FILE, asdict(self))
+        payload = json.dumps(asdict(self), sort_keys=True).encode()
+        write_atomic(Path(log_dir) / ENDPOINT_FILE, lambda file: file.write(payload))
 
     def remove(self, log_dir: str | os.PathLike[str]) -> None:
         """Remove the file if it is still this scheduler's (a relaunch may have replaced it)."""

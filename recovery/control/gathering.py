@@ -19,11 +19,7 @@ _WEIGHT = 0.2
 
 
 class Gathering:
-    """The gap between requests, estimated from batches, and the wait it calls for.
-
-    Args:
-        window: the longest wait (:data:`GATHER`).
-    """
+    """The gap between requests, estimated from batches, and the wait (at most ``window``) it calls for."""
 
     def __init__(self, window: float = GATHER) -> None:
         self.window = window

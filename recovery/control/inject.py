@@ -157,12 +157,10 @@ def deliver(injection: Injection) -> None:
     carries it out).
     """
     where = f"(injection {injection.id}) {injection.when}"
-    if injection.fault == "kill":
-        logger.warning("injected kill %s: SIGKILL to myself", where)
-        os.kill(os.getpid(), signal.SIGKILL)
-    elif injection.fault == "term":
-        logger.warning("injected term %s: SIGTERM to myself", where)
-        os.kill(os.getpid(), signal.SIGTERM)
+    if injection.fault in ("kill", "term"):
+        sent = signal.SIGKILL if injection.fault == "kill" else signal.SIGTERM
+        logger.warning("injected %s %s: %s to myself", injection.fault, where, sent.name)
+        os.kill(os.getpid(), sent)
     elif injection.fault == "hang":
         logger.warning("injected hang %s: this rank stops making progress", where)
         forever = threading.Event()

@@ -4,6 +4,7 @@ is declared lost or hung, and when the rules are next due. A mixin of
 
 from __future__ import annotations
 
+import heapq
 from typing import Any
 
 from recovery.control.members import ALIVE, FINISHED, IN_GENERATION, Member, MemberState, NodeSeen, Verdict
@@ -141,26 +142,14 @@ class LivenessRules:
 
     def verdicts(self) -> dict[int, str]:
         """rank -> ``heartbeat`` | ``progress``: the workers the supervisor should kill."""
-        found = {}
-        for member in self.members.values():
-            if member.state is MemberState.LOST:
-                found[member.rank] = Verdict.HEARTBEAT.value
-            elif member.state is MemberState.HUNG:
-                found[member.rank] = Verdict.PROGRESS.value
-        return found
+        kinds = {MemberState.LOST: Verdict.HEARTBEAT.value, MemberState.HUNG: Verdict.PROGRESS.value}
+        return {m.rank: kinds[m.state] for m in self.members.values() if m.state in kinds}
 
 
 def _two_highest(steps: Any) -> tuple[int | None, int | None]:
     """The highest and second-highest of the reported steps (``None``: not reported);
     equal steps count twice, so the second equals the first when two members share it."""
-    first = second = None
-    for step in steps:
-        if step is None:
-            continue
-        if first is None or step > first:
-            first, second = step, first
-        elif second is None or step > second:
-            second = step
+    first, second, *_ = [*heapq.nlargest(2, (step for step in steps if step is not None)), None, None]
     return first, second
 
 

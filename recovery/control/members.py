@@ -25,23 +25,9 @@ class Clock(Protocol):
 
 
 class MemberState(StrEnum):
-    """Where the process holding a node id stands, as the scheduler sees it.
-
-    ::
-
-        (new) ──register──► ALIVE ◄──step advances── HUNG
-                              │ └──behind its generation for progress_timeout──┘
-                              ├──no heartbeat for heartbeat_timeout──► LOST (cooldown)
-                              ├──abnormal exit──► DEAD (cooldown)
-                              ├──stopped by the supervisor──► LEFT
-                              └──finished──► FINISHED
-        DEAD | LEFT | FINISHED | LOST ──a new process registers, after the cooldown──► ALIVE
-        ALIVE | HUNG ──the scheduler restarts──► UNCONFIRMED
-        UNCONFIRMED ──its heartbeat, or a new process registering──► ALIVE
-        UNCONFIRMED ──no heartbeat for heartbeat_timeout──► LOST
-
-    LOST, HUNG and UNCONFIRMED end like ALIVE does (DEAD, LEFT, FINISHED) when their
-    exit is reported. A LOST or HUNG member is a *verdict* for the supervisor to act on.
+    """Where the process holding a node id stands, as the scheduler sees it; its moves are
+    :data:`TRANSITIONS`, drawn in docs/architecture.md. A LOST or HUNG member is a *verdict* for the
+    supervisor to act on.
     """
 
     ALIVE = "alive"

@@ -134,12 +134,10 @@ class Membership(LivenessRules, StatusViews, StragglerEviction):
 
     def heard_from_node(self, node: str, ranks: int) -> None:
         """``node``'s supervisor beat for ``ranks`` of its ranks: the node is alive."""
-        seen = self.nodes.get(node)
-        if seen is None:
-            seen = self.nodes[node] = NodeSeen(self.clock.monotonic())
-        seen.heard_at, seen.judged = self.clock.monotonic(), False
+        now = self.clock.monotonic()
+        seen = self.nodes.setdefault(node, NodeSeen(now))
+        seen.heard_at, seen.judged, seen.ranks = now, False, ranks
         seen.beats += 1
-        seen.ranks = ranks
 
     def _register(self, identity: Identity, token: str, event: str,
                   ready: bool = True, via: str | None = None) -> Accepted | Refused:
@@ -451,26 +449,20 @@ class Membership(LivenessRules, StatusViews, StragglerEviction):
             self._move(member, MemberState.ALIVE)
             member.pid, member.incarnation, member.host = (identity.pid, identity.incarnation,
                                                            identity.host)
-            member.global_step = member.phase = member.generation_step = None
-            member.behind_since = None
+            member.global_step = member.phase = member.generation_step = member.behind_since = None
         member.heartbeat_at = member.progress_at = now
-        member.least_delay = None
-        member.ready = ready
-        self._returns(member, via)
+        member.least_delay, member.ready = None, ready
+        # A retired rank is awaited again, and so are the other retired ranks of its node ``via``, so a
+        # returning node's ranks grow the generation together.
+        if via is not None and member.rank in self.retired:
+            self.retired -= {m.rank for m in self.members.values() if m.via == via}
+        self.retired.discard(member.rank)
+        member.via = via
         self._last_refusal.pop(identity.node_id, None)
         self._emit(event, **member.fields(), host=member.host,
                    generation=self._generation_of(member))
         self._update_completeness()
         return self._accepted(member)
-
-    def _returns(self, member: Member, via: str | None) -> None:
-        """``member`` registered: if it was retired, it is awaited again, and so are the other retired
-        ranks of its node ``via``, so a returning node's ranks grow the generation together."""
-        if via is not None and member.rank in self.retired:
-            self.retired -= {m.rank for m in self.members.values() if m.via == via}
-        self.retired.discard(member.rank)
-        member.via = via
-        self._changed()
 
     def _confirm(self, member: Member, sent: float | None = None) -> None:
         """A live member was heard from: it is alive (again, after a scheduler restart),

@@ -34,9 +34,7 @@ class StatusViews:
 
     def incomplete_for(self) -> float:
         """Seconds some rank has had neither a live process nor a finished one."""
-        if self._incomplete_since is None:
-            return 0.0
-        return self.clock.monotonic() - self._incomplete_since
+        return 0.0 if self._incomplete_since is None else self.clock.monotonic() - self._incomplete_since
 
     def missing_ranks(self) -> list[int]:
         """Ranks with no live process and no finished one, less the retired ones (the job's facts')."""
@@ -45,9 +43,7 @@ class StatusViews:
     def status(self) -> dict[str, Any]:
         """The membership table, as ``tftctl status`` prints it."""
         now = self.clock.monotonic()
-        rows = []
-        for member in sorted(self.members.values(), key=lambda m: m.rank):
-            rows.append(self._row(member, now))
+        rows = [self._row(member, now) for member in sorted(self.members.values(), key=lambda m: m.rank)]
         nodes = {node: {"beats": seen.beats, "ranks": seen.ranks, "silent": seen.judged,
                         "heartbeat_age": round(now - seen.heard_at, 3)}
                  for node, seen in sorted(self.nodes.items())}
@@ -62,11 +58,8 @@ class StatusViews:
         now = self.clock.monotonic()
         facts = self._job_facts()
         own = range(first_rank, first_rank + nproc)
-        rows = []
-        for rank in own:
-            holder = self._rank_holders.get(rank)
-            if holder is not None:
-                rows.append(self._row(self.members[holder], now))
+        rows = [self._row(self.members[holder], now)
+                for rank in own if (holder := self._rank_holders.get(rank)) is not None]
         status: dict[str, Any] = {
             "worker_num": self.worker_num, "generation": self.generation,
             "members": rows, "retired": facts.retired,

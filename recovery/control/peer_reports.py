@@ -116,9 +116,5 @@ class PeerReports:
                   ) -> dict[str, float]:
         """The suspects whose beat has stood still for more than :data:`QUIET`, with how
         long: the nodes to judge now. A node with no beat read is never one."""
-        found = {}
-        for node in self.suspects(nodes, now):
-            since = still_since.get(node)
-            if since is not None and now - since > QUIET:
-                found[node] = now - since
-        return found
+        return {node: now - since for node in self.suspects(nodes, now)
+                if (since := still_since.get(node)) is not None and now - since > QUIET}

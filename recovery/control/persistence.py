@@ -54,12 +54,15 @@ class Persistence:
     def _reload(self) -> bool:
         """Take over the state a killed scheduler of this job left; True if it did."""
         data = self._state.load()
-        if data is None:
-            return False
-        if data.get("run_id") != self.config.run_id:
+        if data is None or data.get("run_id") != self.config.run_id:
             return False
         if data.get("finished"):
-            self._keep_node_ranks(data)
+            # Its node ranks are kept for the job resumed under the same run id: each node's recovery path
+            # holds the checkpoints of its own ranks.
+            try:
+                self.node_ranks = NodeRanks.parse(data.get("node_ranks", {}))
+            except (TypeError, ValueError, AttributeError) as err:
+                logger.warning("not keeping the node ranks of %s: %r", self._state.path, err)
             return False
         replies = KeptReplies()
         try:  # parsed before the membership is taken over: all or nothing
@@ -77,14 +80,6 @@ class Persistence:
         self.replies, self.node_ranks = replies, node_ranks
         self._saved = json.dumps(self._snapshot(finished=False), sort_keys=True)
         return True
-
-    def _keep_node_ranks(self, data: dict[str, Any]) -> None:
-        """The node ranks of this job's ended scheduler, kept for the job resumed under the same run id:
-        each node's recovery path holds the checkpoints of its own ranks."""
-        try:
-            self.node_ranks = NodeRanks.parse(data.get("node_ranks", {}))
-        except (TypeError, ValueError, AttributeError) as err:
-            logger.warning("not keeping the node ranks of %s: %r", self._state.path, err)
 
     def _snapshot(self, finished: bool) -> dict[str, Any]:
         return {"run_id": self.config.run_id, "finished": finished,

@@ -156,11 +156,6 @@ class Records:
                 raise BadRequest(f"{name}[{index}].{err}") from None
         return checked
 
-    def holds_only_fields(self, value: list[dict[str, Any]]) -> bool:
-        """Whether each item of ``value`` (checked) has no key but the schema's."""
-        names = self.schema.keys()
-        return all(item.keys() <= names for item in value)
-
     def _quickly(self, item: dict[str, Any]) -> dict[str, Any] | None:
         """The item's fields when each is plainly of its kind (its exact type and in bounds, or null
         where allowed); ``None``: the full check is to decide. Inline, with no call per field: this is
@@ -318,8 +313,8 @@ def _only_fields(schema: dict[str, Field], data: dict[str, Any]) -> bool:
     fields, and each record of a list of them nothing but its own: it then nests no
     deeper than they do (a list of objects of plain values: 3, within :data:`MAX_DEPTH`)."""
     return data.keys() <= schema.keys() and all(
-        kind.holds_only_fields(data[name]) for name, kind in schema.items()
-        if isinstance(kind, Records))
+        item.keys() <= kind.schema.keys() for name, kind in schema.items() if isinstance(kind, Records)
+        for item in data[name])
 
 
 def _deeper_than(limit: int, data: Any) -> bool:

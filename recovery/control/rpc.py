@@ -38,29 +38,10 @@ from recovery.control.signing import (
 from recovery.control.tcpstore_client import StoreError, StoreTimeout, TCPStoreClient
 from recovery.control.throttle import Throttle
 
-__all__ = [
-    "Op",
-    "REQUESTS",
-    "NEWS",
-    "MAX_NEWS_BYTES",
-    "news_key",
-    "read_news",
-    "reply_key",
-    "ready_key",
-    "ready_at",
-    "ready_value",
-    "ready_ranks",
-    "generation_prefix",
-    "SchedulerLink",
-    "adopt_client",
-    "SchedulerUnavailable",
-    "NoReply",
-    "UnverifiedReply",
-    "listen_on",
-    "new_request_id",
-    "open_client",
-    "port_open",
-]
+__all__ = ["Op", "REQUESTS", "NEWS", "MAX_NEWS_BYTES", "news_key", "read_news", "reply_key", "ready_key",
+           "ready_at", "ready_value", "ready_ranks", "generation_prefix", "SchedulerLink", "adopt_client",
+           "SchedulerUnavailable", "NoReply", "UnverifiedReply", "listen_on", "new_request_id", "open_client",
+           "port_open"]
 
 logger = logging.getLogger(__name__)
 
@@ -291,11 +272,7 @@ class SchedulerLink:
         self._connector: threading.Thread | None = None
         self._connector_lock = threading.Lock()
         if connect:
-            self._start_connecting()
-
-    def start(self) -> None:
-        """Start connecting in the background, if not yet (see ``connect``)."""
-        self._start_connecting()
+            self.start()
 
     def call(self, op: Op, rid: str | None = None, **fields: Any) -> dict[str, Any]:
         """Send one request and return the scheduler's reply.
@@ -428,10 +405,7 @@ class SchedulerLink:
     def close(self) -> None:
         self._closed.set()
         with self._lock:
-            if self._client is not None:
-                self._client.close()
-            self._client = None
-            self._connected.clear()
+            self._drop()  # connects no more once closed
 
     def _drop(self) -> None:
         """Forget a broken client and start making a new one."""
@@ -439,9 +413,10 @@ class SchedulerLink:
             self._client.close()
         self._client = None
         self._connected.clear()
-        self._start_connecting()
+        self.start()
 
-    def _start_connecting(self) -> None:
+    def start(self) -> None:
+        """Start connecting in the background, if not yet (see ``connect``)."""
         with self._connector_lock:
             if self._connector is None and not self._closed.is_set():
                 self._connector = threading.Thread(target=self._connect,

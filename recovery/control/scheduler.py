@@ -138,13 +138,9 @@ class Scheduler(RequestIntake, RequestHandlers, Persistence):
         self._touched_at = 0.0  # monotonic: the state file's time last brought up to date
         self._overdue_reported = False
         self._started = time.time()
-        self._undrained_since: float | None = None
-        """Since when (monotonic) every batch has left requests waiting; None: the last
-        one took all that waited."""
-        self._behind: Throttle | None = None
-        """While behind: the throttle of its reports."""
-        self._stamp: float | None = None
-        """The signed stamp (sender's wall clock, s) of the request being handled."""
+        self._undrained_since: float | None = None  # monotonic: since when every batch left requests waiting
+        self._behind: Throttle | None = None  # while behind: the throttle of its reports
+        self._stamp: float | None = None  # the signed stamp (sender's wall clock, s) of the request handled
         self._checked_at = -math.inf  # monotonic
         self._check_pending = False  # a request came since the rules last ran
         self._rules_due: float | None = None  # Membership.next_due() when they last ran
@@ -152,17 +148,13 @@ class Scheduler(RequestIntake, RequestHandlers, Persistence):
         self._wake_at = math.inf  # when the ticker is to wake the loop (monotonic)
         self._wake_changed = threading.Condition()
         self._woken: tuple[int, int] | None = None  # while run() runs: a pipe to wake it
-        self.wakeups = 0
-        """Times the loop woke for a request or a tick (a batch of waiting requests counts
-        once): a quiet scheduler's count stays still."""
+        self.wakeups = 0  # for a request or a tick (a batch counts once): a quiet scheduler's stays still
         self.ticks = 0
-        self.node_beats = 0
-        """``node_beat`` requests handled (each for all the ranks of one node)."""
+        self.node_beats = 0  # ``node_beat`` requests handled (each for all the ranks of one node)
+        # Seconds between two runs of the rules for requests, and between two deferred saves: longer than
+        # CHECK_EVERY and PERSIST_EVERY where a run costs more than RULES_SHARE (SAVES_SHARE) of that.
         self._rules_every = CHECK_EVERY
-        """Seconds between two runs of the rules for requests: :data:`CHECK_EVERY`, or
-        longer where a run costs more than :data:`RULES_SHARE` of that (many members)."""
         self._persist_every = PERSIST_EVERY
-        """Seconds between two deferred saves: as for the rules."""
         self._handlers: dict[Op, Callable[[Request], dict[str, Any] | None]] = {
             Op.TICK: lambda _request: None,
             Op.STATUS: self._on_status,
@@ -267,7 +259,13 @@ class Scheduler(RequestIntake, RequestHandlers, Persistence):
         next_guard = time.monotonic() + JOB_KEY_EVERY
         while not self._loop_exited.is_set():
             if time.monotonic() >= next_guard:
-                guard = self._guard_job_key(guard, host, port)
+                try:
+                    guard = guard or TCPStoreClient(host, port, _TICKER_TIMEOUT)
+                    self._notice.guard(guard)
+                except StoreError:  # a value too long (the connection is dropped), or the store ends
+                    if guard is not None:
+                        guard.close()
+                    guard = None  # a new client next time
                 next_guard = time.monotonic() + JOB_KEY_EVERY
             with self._wake_changed:
                 left = self._wake_at - time.monotonic()
@@ -279,19 +277,6 @@ class Scheduler(RequestIntake, RequestHandlers, Persistence):
                 client.queue_push(REQUESTS, TICK)
             except DistError:
                 return
-
-    def _guard_job_key(self, guard: TCPStoreClient | None, host: str,
-                       port: int) -> TCPStoreClient | None:
-        """Set :data:`JOB_KEY` again when it holds anything but the job's identity; the
-        client to use next time (``None``: a new one then)."""
-        try:
-            guard = guard or TCPStoreClient(host, port, _TICKER_TIMEOUT)
-            self._notice.guard(guard)
-            return guard
-        except StoreError:  # a value too long (the connection is dropped), or the store ends
-            if guard is not None:
-                guard.close()
-            return None
 
     def _wake_loop_at(self, when: float) -> None:
         """Have the ticker wake the loop at ``when`` (monotonic), or earlier if it is to."""
@@ -311,13 +296,9 @@ class Scheduler(RequestIntake, RequestHandlers, Persistence):
                self._checked_at + self._rules_every if self._check_pending else math.inf,
                self._saved_at + self._persist_every if self._unsaved else math.inf,
                self._fast.next_due()]
-        reply_expiry = self._sent.next_expiry()
-        if reply_expiry is not None:
-            due.append(reply_expiry)
         # Refusals held back by their throttle are reported when due, even with no request.
-        due.extend(when for throttle in self._refusals.values()
-                   if (when := throttle.next_due()) is not None)
-        return min(due)
+        later = [self._sent.next_expiry(), *(throttle.next_due() for throttle in self._refusals.values())]
+        return min(due + [when for when in later if when is not None])
 
     def _serve(self) -> None:
         try:

@@ -17,11 +17,7 @@ __all__ = ["SchedulerConfig"]
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """What the scheduler reads from its environment.
-
-    ``supervised`` is true when tftrun started it (it passed the socket): then tftrun
-    decides when the job ends, and the scheduler never exits by itself.
-    """
+    """What the scheduler reads from its environment."""
 
     host: str
     port: int
@@ -43,6 +39,7 @@ class SchedulerConfig:
 
     @property
     def supervised(self) -> bool:
+        """tftrun started it (it passed the socket): tftrun decides when the job ends, never the scheduler."""
         return self.listen_fd is not None
 
     @classmethod

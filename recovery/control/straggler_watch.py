@@ -37,8 +37,7 @@ class StragglerWatch:
         by ``node`` (its supervisor's name, or its host when it beat by itself)."""
         steps, step_us, step = beat["steps"], beat["step_us"], beat["step"]
         member = self._membership.members.get(beat["node_id"] or "")
-        if steps is None or step_us is None or step is None or member is None \
-                or member.rank is None or member.state not in LIVE_STATES \
+        if steps is None or step_us is None or step is None or member is None or member.state not in LIVE_STATES \
                 or member.pid != beat["pid"] or member.incarnation != beat["incarnation"]:
             return
         if self._membership.generation != self._generation:

@@ -49,10 +49,8 @@ class StragglerSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> StragglerSettings:
-        factor = env.get(names.TFT_STRAGGLER_FACTOR)
-        window = env.get(names.TFT_STRAGGLER_WINDOW)
-        return cls(DEFAULT_FACTOR if not factor else float(factor),
-                   DEFAULT_WINDOW if not window else int(window),
+        return cls(float(env.get(names.TFT_STRAGGLER_FACTOR) or DEFAULT_FACTOR),
+                   int(env.get(names.TFT_STRAGGLER_WINDOW) or DEFAULT_WINDOW),
                    env.get(names.TFT_STRAGGLER_POLICY) or POLICIES[0])
 
 

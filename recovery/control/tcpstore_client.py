@@ -180,12 +180,12 @@ class TCPStoreClient:
         if answer is None:  # given up: the keys may still come before the cancel does
             self._send(bytes([Query.CANCEL_WAIT]))
             answer = self._receive(1)
-            if answer[0] == STOP_WAITING:
-                self._expect(WAIT_CANCELED, "a cancelled wait")
-                return True
+            came = answer[0] == STOP_WAITING
+            if came:  # the cancel's own answer follows
+                answer = self._receive(1)
             if answer[0] != WAIT_CANCELED:
                 self._broken(StoreError, "it answered a cancelled wait unexpectedly")
-            return False
+            return came
         if answer[0] != STOP_WAITING:
             self._broken(StoreError, "it answered a wait unexpectedly")
         return True
@@ -210,10 +210,6 @@ class TCPStoreClient:
             self._broken(StoreTimeout, "sending")
         except OSError as err:
             self._broken(StoreError, f"sending: {err}")
-
-    def _expect(self, byte: int, what: str) -> None:
-        if self._unpack("<B") != byte:
-            self._broken(StoreError, f"it answered {what} unexpectedly")
 
     def _read_value(self, limit: int) -> bytes:
         size = self._unpack("<Q")
