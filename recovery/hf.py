@@ -154,7 +154,11 @@ def _write_checkpoint(training: _Training, folder: Path) -> None:
             torch.save(training.optimizer.scaler.state_dict(), folder / SCALER_NAME)
     if training.lr_scheduler is not None:
         torch.save(training.lr_scheduler.state_dict(), folder / SCHEDULER_NAME)
-    _write_rng_states(training, folder)
+    # This process's RNG states as every process's file: the Trainer seeds every process
+    # alike, and a dead process's own states are gone with it.
+    world = training.args.world_size
+    for name in [f"rng_state_{i}.pth" for i in range(world)] if world > 1 else ["rng_state.pth"]:
+        torch.save(training.rng_states, folder / name)
     training.state.save_to_json(str(folder / TRAINER_STATE_NAME))
 
 
@@ -166,15 +170,6 @@ def _rng_states(args: TrainingArguments) -> dict[str, Any]:
         states["cuda"] = (torch.cuda.random.get_rng_state_all() if args.world_size > 1
                           else torch.cuda.random.get_rng_state())
     return states
-
-
-def _write_rng_states(training: _Training, folder: Path) -> None:
-    """This process's RNG states as every process's file: the Trainer seeds every process
-    alike, and a dead process's own states are gone with it."""
-    world = training.args.world_size
-    names = [f"rng_state_{i}.pth" for i in range(world)] if world > 1 else ["rng_state.pth"]
-    for name in names:
-        torch.save(training.rng_states, folder / name)
 
 
 def write_dir_atomic(path: Path, write: Callable[[Path], object]) -> None:

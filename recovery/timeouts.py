@@ -16,13 +16,8 @@ from dataclasses import dataclass
 
 from recovery import env as names
 
-__all__ = [
-    "Timeouts",
-    "DEFAULT_REJOIN_COOLDOWN",
-    "DEFAULT_CLUSTER_TIME_OUT",
-    "DEFAULT_HEARTBEAT_TIMEOUT",
-    "DEFAULT_PROGRESS_TIMEOUT",
-]
+__all__ = ["Timeouts", "DEFAULT_REJOIN_COOLDOWN", "DEFAULT_CLUSTER_TIME_OUT",
+           "DEFAULT_HEARTBEAT_TIMEOUT", "DEFAULT_PROGRESS_TIMEOUT"]
 
 DEFAULT_REJOIN_COOLDOWN = 30.0
 DEFAULT_CLUSTER_TIME_OUT = 600.0

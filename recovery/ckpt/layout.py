@@ -16,35 +16,12 @@ from pathlib import Path
 
 from recovery.position import TrainPosition
 
-__all__ = [
-    "CHECKPOINT_SUFFIX",
-    "MANIFEST_NAME",
-    "CheckpointName",
-    "check_prefix",
-    "checkpoint_name",
-    "parse_checkpoint_name",
-    "run_prefix",
-    "run_number",
-    "rank_dir",
-    "rank_of_dir",
-    "manifest_path",
-    "manifest_lock_path",
-    "temp_path",
-    "temp_owner_pid",
-    "ttp_checkpoint_path",
-    "ttp_checkpoint_name",
-    "ttp_step_dir",
-    "ttp_temp_dir",
-    "ttp_rank_dirs",
-    "ttp_step_dirs",
-    "removal_path",
-    "lineage_file",
-    "previous_dir",
-    "LINEAGE_FILE",
-    "CHECKPOINTS_DIR",
-    "TTP_DIR",
-    "SCHEDULER_DIR",
-]
+__all__ = ["CHECKPOINT_SUFFIX", "MANIFEST_NAME", "CheckpointName", "check_prefix",
+           "checkpoint_name", "parse_checkpoint_name", "run_prefix", "run_number", "rank_dir",
+           "rank_of_dir", "manifest_path", "manifest_lock_path", "temp_path", "temp_owner_pid",
+           "ttp_checkpoint_path", "ttp_checkpoint_name", "ttp_step_dir", "ttp_temp_dir",
+           "ttp_rank_dirs", "ttp_step_dirs", "removal_path", "lineage_file", "previous_dir",
+           "LINEAGE_FILE", "CHECKPOINTS_DIR", "TTP_DIR", "SCHEDULER_DIR"]
 
 CHECKPOINT_SUFFIX = ".ckpt"
 MANIFEST_NAME = "manifest.json"

@@ -19,20 +19,9 @@ from recovery.ckpt import layout
 from recovery.ckpt.durable import create_atomic, create_numbered_dir, fsync_dir, write_atomic
 from recovery.env import TFT_LINEAGE, WorkerEnv
 
-__all__ = [
-    "LineageError",
-    "LaunchLineage",
-    "new_lineage_id",
-    "read_lineage",
-    "adopt_lineage",
-    "record_lineage",
-    "job_lineage",
-    "job_state",
-    "set_aside",
-    "open_lineage",
-    "join_lineage",
-    "main",
-]
+__all__ = ["LineageError", "LaunchLineage", "new_lineage_id", "read_lineage", "adopt_lineage",
+           "record_lineage", "job_lineage", "job_state", "set_aside", "open_lineage",
+           "join_lineage", "main"]
 
 _LINEAGE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _JOB_STATE = (layout.CHECKPOINTS_DIR, layout.TTP_DIR, layout.SCHEDULER_DIR, layout.LINEAGE_FILE)

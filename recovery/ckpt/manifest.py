@@ -23,21 +23,9 @@ from recovery.ckpt import layout
 from recovery.ckpt.durable import XXH3, file_digest, write_atomic
 from recovery.position import TrainPosition, step_in_epoch_of
 
-__all__ = [
-    "CheckpointError",
-    "InvalidCheckpointError",
-    "KeepRule",
-    "CheckpointEntry",
-    "CheckpointKind",
-    "Candidate",
-    "Manifest",
-    "candidates",
-    "find_checkpoint_dirs",
-    "problem",
-    "load_verified",
-    "newest_valid",
-    "verify_dir",
-]
+__all__ = ["CheckpointError", "InvalidCheckpointError", "KeepRule", "CheckpointEntry",
+           "CheckpointKind", "Candidate", "Manifest", "candidates", "find_checkpoint_dirs",
+           "problem", "load_verified", "newest_valid", "verify_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -225,11 +213,8 @@ def candidates(directory: str | os.PathLike[str], lineage: str | None = None) ->
 def find_checkpoint_dirs(root: str | os.PathLike[str]) -> list[Path]:
     """Every directory at or below ``root`` (a rank's directory, a recovery path, any tree of them)
     that holds a manifest or a checkpoint file."""
-    found = []
-    for directory, _, names in os.walk(root):
-        if any(name == layout.MANIFEST_NAME or layout.parse_checkpoint_name(name) for name in names):
-            found.append(Path(directory))
-    return sorted(found)
+    return sorted(Path(directory) for directory, _, names in os.walk(root)
+                  if any(name == layout.MANIFEST_NAME or layout.parse_checkpoint_name(name) for name in names))
 
 
 _FileVersion = tuple[int, int, int]
@@ -269,7 +254,11 @@ def problem(candidate: Candidate) -> str | None:
     return None
 
 
-def _load(path: Path) -> Any:
+def _checked(candidate: Candidate) -> Any:
+    path = candidate.path
+    reason = problem(candidate)
+    if reason is not None:
+        raise InvalidCheckpointError(path, reason)
     import torch  # here: reading manifests (``tftctl ckpt list``) needs no torch
 
     try:
@@ -279,13 +268,6 @@ def _load(path: Path) -> Any:
     except Exception as err:  # noqa: BLE001 - any failure to read it makes it invalid
         first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise InvalidCheckpointError(path, f"does not load: {first_line}") from None
-
-
-def _checked(candidate: Candidate) -> Any:
-    reason = problem(candidate)
-    if reason is not None:
-        raise InvalidCheckpointError(candidate.path, reason)
-    return _load(candidate.path)
 
 
 def load_verified(path: str | os.PathLike[str]) -> Any:

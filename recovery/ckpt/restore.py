@@ -22,15 +22,8 @@ from recovery.position import TrainPosition
 from recovery.rng import GlobalRngState
 from recovery.stateful import Stateful
 
-__all__ = [
-    "FORMAT",
-    "ResumePoint",
-    "WorldSizeMismatchError",
-    "job_rank_and_world_size",
-    "load_checkpoint",
-    "restore_checkpoint",
-    "resume",
-]
+__all__ = ["FORMAT", "ResumePoint", "WorldSizeMismatchError", "job_rank_and_world_size",
+           "load_checkpoint", "restore_checkpoint", "resume"]
 
 logger = logging.getLogger(__name__)
 

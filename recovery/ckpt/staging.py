@@ -8,10 +8,10 @@ The writer process maps the buffer through ``/proc/<pid>/fd`` and rebuilds the s
 from __future__ import annotations
 
 import ctypes
+import math
 import mmap
 import os
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,10 +39,7 @@ class TensorSpec:
 
     @property
     def nbytes(self) -> int:
-        numel = 1
-        for size in self.shape:
-            numel *= size
-        return numel * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 @dataclass(frozen=True)
@@ -54,18 +51,6 @@ class SharedBuffer:
     fd: int
     generation: int
     size: int
-
-
-def _map(obj: Any, leaf: Callable[[Any], Any]) -> Any:
-    """``obj`` with every tensor (or slot) replaced by ``leaf(it)``, containers rebuilt."""
-    if isinstance(obj, (torch.Tensor, Slot)):
-        return leaf(obj)
-    if isinstance(obj, dict):
-        kind = OrderedDict if isinstance(obj, OrderedDict) else dict
-        return kind((key, _map(value, leaf)) for key, value in obj.items())
-    if type(obj) in (list, tuple):
-        return type(obj)(_map(value, leaf) for value in obj)
-    return obj
 
 
 class TensorSlots:
@@ -81,7 +66,14 @@ class TensorSlots:
 
 def join(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
     """The state whose tensors :class:`TensorSlots` took out, leaving ``skeleton``, again."""
-    return _map(skeleton, lambda slot: tensors[slot.index])
+    if isinstance(skeleton, Slot):
+        return tensors[skeleton.index]
+    if isinstance(skeleton, dict):
+        kind = OrderedDict if isinstance(skeleton, OrderedDict) else dict
+        return kind((key, join(value, tensors)) for key, value in skeleton.items())
+    if type(skeleton) in (list, tuple):
+        return type(skeleton)(join(value, tensors) for value in skeleton)
+    return skeleton
 
 
 def _specs(tensors: list[torch.Tensor]) -> tuple[list[TensorSpec], int]:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, NoReturn
+from typing import Any
 
 from recovery import env as names
 from recovery.control.beat_channel import LocalLink
@@ -354,20 +354,15 @@ class ClusterContext:
             # it past the launcher's grace period.
             exit_now(self.stop_status)
         if group.exit_blocked(_RETIRED_GROUP_WAIT):
-            _exit_abandoning(abnormal, "an old process group is still blocked on a peer")
+            # Status 0, or 1 after an uncaught exception.
+            logger.warning("an old process group is still blocked on a peer; exiting without waiting for it")
+            exit_now(1 if abnormal else 0)
 
     def _note_uncaught(self, hook: Any) -> Any:
         def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
             self._failed = True
             hook(kind, value, tb)
         return excepthook
-
-
-def _exit_abandoning(abnormal: bool, why: str) -> NoReturn:
-    """End the process now, since a thread still blocked in torch makes the C++ runtime
-    abort a normal exit. Status 0, or 1 after an uncaught exception."""
-    logger.warning("%s; exiting without waiting for it", why)
-    exit_now(1 if abnormal else 0)
 
 
 def init(backend: str | None = None, timeout: timedelta | None = None) -> ClusterContext:
@@ -457,9 +452,13 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None,
         raise RegistrationRefused(str(err)) from None
     link = SchedulerLink(worker_env.sched_host, worker_env.sched_port, token, REPLY_TIMEOUT,
                          run_id=worker_env.run_id, epoch=worker_env.epoch)
-    beats = _beat_link(link, token)
+    # Registration and heartbeats go to the node's supervisor (which beats once for the
+    # node) when TFT_BEAT_SOCKET is set, else to the scheduler.
+    beat_socket = os.environ.get(names.TFT_BEAT_SOCKET)
+    beats = LocalLink(beat_socket, REPLY_TIMEOUT, token) if beat_socket else link
     claim = _identity(worker_env)
-    defer = form_group and _defers_join(worker_env)
+    # A relaunched (or restarted) rank joins its group only in complete_join().
+    defer = form_group and (worker_env.incarnation > 0 or worker_env.restart_count > 0)
     accepted = register(beats, claim, deadline, ready=not defer, whole=not form_group)
     rank, generation = int(accepted["rank"]), int(accepted["generation"])
     identity = Identity(accepted["node_id"], claim.pid, claim.incarnation, claim.host, rank)
@@ -490,12 +489,6 @@ def _join(worker_env: WorkerEnv, backend: str, timeout: timedelta | None,
     return ctx
 
 
-def _defers_join(worker_env: WorkerEnv) -> bool:
-    """Whether this worker joins its group only in :meth:`ClusterContext.complete_join`: a
-    relaunched (or restarted) rank."""
-    return worker_env.incarnation > 0 or worker_env.restart_count > 0
-
-
 def _group_of_one(backend: str, timeout: timedelta | None = None) -> None:
     """A default group of this process alone: a job of one rank, or a relaunched rank
     until its join."""
@@ -503,10 +496,3 @@ def _group_of_one(backend: str, timeout: timedelta | None = None) -> None:
 
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
                             timeout=timeout)
-
-
-def _beat_link(link: SchedulerLink, token: str) -> SchedulerLink | LocalLink:
-    """Where registration and heartbeats go: the node's supervisor when ``TFT_BEAT_SOCKET``
-    is set, else the scheduler."""
-    path = os.environ.get(names.TFT_BEAT_SOCKET)
-    return LocalLink(path, REPLY_TIMEOUT, token) if path else link

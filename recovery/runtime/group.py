@@ -120,11 +120,7 @@ def retire() -> None:
 def release(held: list[Any]) -> None:
     """Clear ``held`` in a background thread, where destroying a process group it alone
     holds may wait for a collective still in flight."""
-
-    def drop() -> None:
-        held.clear()
-
-    thread = threading.Thread(target=drop, name="tft-retire-group", daemon=True)
+    thread = threading.Thread(target=held.clear, name="tft-retire-group", daemon=True)
     _retiring.append(thread)
     thread.start()
 

@@ -200,7 +200,8 @@ class Heartbeat:
         failing: str | None = None  # the last beat's error: reported once, until a beat gets through
         next_beat = self._next_beat()
         while True:
-            self._wake.wait(self._until(next_beat))
+            left = max(0.0, next_beat - time.monotonic())  # or until the next news read, if sooner
+            self._wake.wait(left if self._news_every is None else min(left, self._news_every))
             self._wake.clear()
             if self._stop.is_set():
                 return
@@ -228,8 +229,3 @@ class Heartbeat:
 
     def _next_beat(self) -> float:
         return time.monotonic() + self._interval * random.uniform(1 - JITTER, 1)
-
-    def _until(self, next_beat: float) -> float:
-        """How long to wait: until the next beat, or the next news read if sooner."""
-        left = max(0.0, next_beat - time.monotonic())
-        return left if self._news_every is None else min(left, self._news_every)

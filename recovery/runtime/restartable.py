@@ -69,8 +69,7 @@ def restartable(fn: Callable[P, R]) -> Callable[P, R]:
             sys.exit(scheduler.main())
         if names.MS_SCHED_PORT not in os.environ:
             return fn(*args, **kwargs)
-        restarts = Restarts(fn.__name__, worker_env)
-        return restarts.run(functools.partial(fn, *args, **kwargs))
+        return Restarts(fn.__name__, worker_env).run(functools.partial(fn, *args, **kwargs))
 
     return call
 

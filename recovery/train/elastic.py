@@ -183,10 +183,10 @@ class ElasticTrainer:
         self._events.emit("train_end", rank=self.ctx.rank, step=self.position.global_step,
                           params_sha256=params_sha256(self.model))
 
-    def _unless_stopped(self, handler: Callable[..., None], **args: Any) -> None:
+    def _unless_stopped(self, handler: Callable[[], None]) -> None:
         """Run a state's handler; a wait it gives up on a stop signal leads to STOPPING."""
         try:
-            handler(**args)
+            handler()
         except Aborted as err:
             self._machine.fail(TrainerState.STOPPING, f"the job is being stopped: {err}")
 

@@ -51,14 +51,13 @@ class StepPhase:
         """Not mid-update and not damaged by a device error."""
         return self.phase is not Phase.UPDATING and self.device_error is None
 
-    def mark(self, phase: Phase, global_step: int | None = None) -> None:
+    def mark(self, phase: Phase) -> None:
         self.phase = phase
-        if global_step is not None:
-            self.global_step = global_step
         self.listener(phase)
 
     def start_step(self, global_step: int) -> None:
-        self.mark(Phase.COMPUTING, global_step)
+        self.global_step = global_step
+        self.mark(Phase.COMPUTING)
 
 
 def wrap_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:

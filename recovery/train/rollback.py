@@ -37,19 +37,14 @@ def agree_rollback_point(directories: list[Path], lineage: str,
     return max(common) if common else None  # type: ignore[return-value]
 
 
-def _candidate_at(directories: list[Path], point: tuple[int, int], lineage: str) -> Candidate:
-    """A valid checkpoint at ``point``: a periodic one if there is, else a last-words one."""
-    for candidate in _valid(directories, lineage):
-        if (candidate.epoch, candidate.step_in_epoch) == point:
-            return candidate
-    raise FileNotFoundError(f"no valid checkpoint for epoch {point[0]} step {point[1]} in {directories}")
-
-
 def choose_rollback(directories: list[Path], lineage: str,
                     wait: Wait = blocking) -> tuple[Candidate, dict[str, Any]] | None:
     """This rank's checkpoint at the point every rank agrees on, loaded; ``None`` if none."""
     point = agree_rollback_point(directories, lineage, wait)
     if point is None:
         return None
-    candidate = _candidate_at(directories, point, lineage)
-    return candidate, load_checkpoint(candidate.path)
+    # A periodic one if there is, else a last-words one: directories list the periodic first.
+    for candidate in _valid(directories, lineage):
+        if (candidate.epoch, candidate.step_in_epoch) == point:
+            return candidate, load_checkpoint(candidate.path)
+    raise FileNotFoundError(f"no valid checkpoint for epoch {point[0]} step {point[1]} in {directories}")

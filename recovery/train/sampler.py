@@ -156,8 +156,7 @@ class ResumableDistributedSampler(Sampler[int]):
         """The epoch's permutation of the data set (cached per epoch)."""
         if self._order_of != (self.seed, self.epoch, self.shuffle):
             if self.shuffle:
-                generator = torch.Generator()
-                generator.manual_seed(self.seed + self.epoch)
+                generator = torch.Generator().manual_seed(self.seed + self.epoch)
                 self._order_cache = torch.randperm(self.dataset_size, generator=generator)
             else:
                 self._order_cache = torch.arange(self.dataset_size)
