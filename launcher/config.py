@@ -1,8 +1,5 @@
-"""LaunchConfig: everything one ``tftrun`` invocation was asked to do, checked up front.
-
-``validate()`` runs before anything is started; each problem is a ConfigError (one line,
-exit status 2).
-"""
+"""LaunchConfig: everything one ``tftrun`` invocation was asked to do, checked up front by
+``validate()`` before anything is started; each problem is a ConfigError (one line, exit 2)."""
 
 from __future__ import annotations
 

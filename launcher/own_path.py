@@ -1,8 +1,7 @@
 """tftrun's own ``sys.path``: no entry that stands for the working folder, but the folder tftrun was imported from.
 
-``python -m``, ``python -c`` and an empty or relative ``PYTHONPATH`` entry (``$PYTHONPATH:/x`` with it unset)
-put the working folder on ``sys.path``, where a planted ``recovery/`` would replace tftrun's library.
-Standard library only: it runs before recovery is looked for.
+``python -m``, ``-c`` and an empty or relative ``PYTHONPATH`` entry put the working folder on ``sys.path``, where
+a planted ``recovery/`` would replace tftrun's library. Standard library only: it runs before recovery is found.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""The env contract between the launcher and a worker: the one module that spells env names.
-
-torchrun's, msrun's ``MS_*`` and tftrun's own ``TFT_*`` variables (docs/env.md). No other
-module writes an env var name as a string literal: it imports the constant.
-"""
+"""The env contract between the launcher and a worker (docs/env.md): the one module that spells
+env names, torchrun's, msrun's ``MS_*`` and tftrun's ``TFT_*``; others import its constants."""
 
 from __future__ import annotations
 
@@ -153,11 +150,9 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
 
 @dataclass(frozen=True)
 class WorkerEnv:
-    """What a process started by tftrun (or by hand, msrun-style) learns from its env.
-
-    Fields fall back to torchrun's names, then msrun's, then a single-process default, so
-    that the same script runs under tftrun, torchrun, msrun-style scripts and alone.
-    """
+    """What a process started by tftrun (or by hand, msrun-style) learns from its env; fields
+    fall back to torchrun's names, then msrun's, then a single-process default, so that the
+    same script runs under tftrun, torchrun, msrun-style scripts and alone."""
 
     role: str
     rank: int

@@ -1,9 +1,6 @@
-"""``log_dir/events.jsonl``: one JSON object per lifecycle event, appended by any process
-(schema: docs/events.md).
-
-Each event is one ``O_APPEND`` write under a file lock, so lines never interleave. The record
-is best-effort: a held lock or a failed write costs a warning, never the job.
-"""
+"""``log_dir/events.jsonl`` (docs/events.md): one JSON line per lifecycle event, appended by
+any process under a file lock. The record is best-effort: a held lock or a failed write costs a
+warning, never the job."""
 
 from __future__ import annotations
 

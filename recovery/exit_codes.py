@@ -1,8 +1,5 @@
-"""Worker exit statuses reserved by tftrun: ends that no restart can fix.
-
-tftrun ends the job at once on these (docs/cli.md, *Exit status*) instead of spending its
-restart budget.
-"""
+"""Worker exit statuses reserved by tftrun: ends that no restart can fix, so tftrun ends the
+job at once on them (docs/cli.md, *Exit status*) instead of spending its restart budget."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Errors a rank can recover from in place, and how to tell them from the ones it cannot.
-
-A :class:`DeviceError` in a training step is healed by copying a healthy replica's state
-(docs/recovery.md, "In-place recovery"); torch reports CUDA's uncorrectable errors only as
-a ``RuntimeError`` whose text names them, so they are matched by text.
-"""
+"""Errors a rank can recover from in place (docs/recovery.md, "In-place recovery"), and how to
+tell them from the ones it cannot: torch reports CUDA's uncorrectable errors only as a
+``RuntimeError`` whose text names them, so they are matched by text."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""Last words for the Hugging Face Trainer: on a peer's death, a survivor writes the
-Trainer's own ``checkpoint-<step>`` folder of the last completed step (docs/frameworks.md).
-
-    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[LastWordsCallback()])
-
-Every survivor writes, since none knows which peer died, and runs no collective: the
-Trainer's own save writes on process 0 only, which may be the dead one.
-"""
+"""Last words for the Hugging Face Trainer (docs/frameworks.md): on a peer's death, every
+survivor writes the Trainer's own ``checkpoint-<step>`` folder of the last completed step,
+running no collective: none knows which peer died, and the Trainer's own save writes on
+process 0 only, which may be the dead one."""
 
 from __future__ import annotations
 
@@ -97,12 +93,10 @@ class LastWordsCallback(TrainerCallback):
         self._stop_if_requested()
 
     def save(self, why: str = "SIGTERM") -> Path | None:
-        """Write the training's state as the Trainer's checkpoint; ``None`` before the first
-        step or outside training.
-
-        A death inside a step's backward leaves the optimizer step untaken, so the state is
-        that of ``state.global_step`` completed steps.
-        """
+        """Write the training's state as the Trainer's checkpoint, or return ``None`` before
+        the first step or outside training. A death inside a step's backward leaves the
+        optimizer step untaken, so the state is that of ``state.global_step`` completed
+        steps."""
         training = self._training
         if training is None or training.rng_states is None:
             return None
@@ -173,11 +167,8 @@ def _rng_states(args: TrainingArguments) -> dict[str, Any]:
 
 
 def write_dir_atomic(path: Path, write: Callable[[Path], object]) -> None:
-    """Fill a fresh temporary folder beside ``path`` with ``write``, make its files durable,
-    then rename it to ``path``: a reader sees the old folder, none, or the whole new one.
-
-    An existing ``path`` is renamed aside, then removed.
-    """
+    """Fill a fresh temporary folder beside ``path`` with ``write``, make it durable and rename
+    it over ``path``: a reader sees the old folder, none, or the whole new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = temp_path(path)
     temp.mkdir(mode=0o755)

@@ -1,9 +1,7 @@
-"""tftrun's recovery for PyTorch Lightning (docs/frameworks.md).
-
-``strategy=RestartableDDP()``: survivors write their last words and call ``fit`` again in
-the same process. ``callbacks=[..., LastWordsCheckpoint()]`` with ``strategy="ddp"``: the
-last words alone, for a group restart. No collective is run, since the peer is dead.
-"""
+"""tftrun's recovery for PyTorch Lightning (docs/frameworks.md). ``strategy=RestartableDDP()``:
+survivors write their last words and call ``fit`` again in the same process.
+``callbacks=[..., LastWordsCheckpoint()]`` with ``strategy="ddp"``: the last words alone, for a
+group restart. No collective is run, since the peer is dead."""
 
 from __future__ import annotations
 
@@ -76,11 +74,9 @@ class LastWordsCheckpoint(Callback):
         self._stop.default_action()
 
     def save(self, trainer: pl.Trainer, why: str = "SIGTERM") -> Path:
-        """Write the trainer's state as Lightning's checkpoint.
-
-        A death inside a step's backward leaves the optimizer step untaken, so the state is
-        that of ``trainer.global_step`` completed steps.
-        """
+        """Write the trainer's state as Lightning's checkpoint: that of ``trainer.global_step``
+        completed steps, since a death inside a step's backward leaves the optimizer step
+        untaken."""
         path = self.last_path(trainer)
         checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -111,11 +107,8 @@ def _saving_last(trainer: pl.Trainer) -> ModelCheckpoint | None:
 
 
 class RestartableDDP(DDPStrategy):
-    """Lightning's DDP, whose ``fit`` is called again in the surviving processes when a
-    peer dies (docs/frameworks.md).
-
-    Outside tftrun (plain torchrun, a single process) it is Lightning's DDP.
-    """
+    """Lightning's DDP, whose ``fit`` is called again in the surviving processes when a peer
+    dies; outside tftrun (plain torchrun, a single process) it is Lightning's DDP."""
 
     def _configure_launcher(self) -> None:
         super()._configure_launcher()

@@ -41,11 +41,9 @@ def first_line(error: BaseException) -> str:
 
 
 class StopRequest:
-    """SIGTERM, turned into a flag that training polls at its step boundaries.
-
-    It replaces the handler until :meth:`restore`: Lightning's would run a collective
-    inside the handler, on a group whose peer is dead.
-    """
+    """SIGTERM, turned into a flag that training polls at its step boundaries; it replaces the
+    handler until :meth:`restore`, since Lightning's would run a collective on a dead peer's
+    group."""
 
     def __init__(self) -> None:
         self.requested = False

@@ -1,8 +1,5 @@
-"""The training position: the one value that says how far training has come.
-
-Only :mod:`recovery.ckpt.layout` makes file names from it. This module imports nothing of
-the project.
-"""
+"""The training position: the one value that says how far training has come. Only
+:mod:`recovery.ckpt.layout` names files after it; nothing of the project is imported here."""
 
 from __future__ import annotations
 
@@ -15,13 +12,10 @@ __all__ = ["TrainPosition"]
 
 @dataclass(frozen=True)
 class TrainPosition:
-    """Where training is: ``step_in_epoch`` steps of epoch ``epoch`` are done, ``global_step``
-    in all.
-
-    Epochs and steps count from 1, as in MindSpore's checkpoint names. A position unpacks
-    and orders as ``(epoch, step_in_epoch, global_step)``, so ``saver.step_end(*position)``
-    works; extensions unpack and order as the position they extend.
-    """
+    """Where training is: ``step_in_epoch`` steps of epoch ``epoch`` done, ``global_step`` in
+    all, counted from 1 as in MindSpore's checkpoint names. It unpacks and orders as ``(epoch,
+    step_in_epoch, global_step)``, so ``saver.step_end(*position)`` works; an extension unpacks
+    and orders as the position it extends."""
 
     epoch: int = 1
     step_in_epoch: int = 0

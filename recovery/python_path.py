@@ -1,10 +1,7 @@
-"""``PYTHONPATH`` for tftrun's own processes, and the ``sys.path`` a worker gets.
-
-An empty or relative ``PYTHONPATH`` entry names the working folder even under ``-P``, so a
-planted ``recovery/`` there would be imported by tftrun's own processes: they get only the
-absolute entries, while a forked worker gets the ``sys.path`` a fresh ``python script.py``
-would have. Standard library only: the fork server imports it.
-"""
+"""``PYTHONPATH`` for tftrun's own processes, and the ``sys.path`` a worker gets. An empty or
+relative ``PYTHONPATH`` entry names the working folder even under ``-P``, where a planted
+``recovery/`` would be imported: tftrun's own processes get only the absolute entries.
+Standard library only: the fork server imports it."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""Ending a process that imported torch without the interpreter's final collections, or
-without its teardown at all.
-
-The final collections walk every object torch left, which is slow; freezing them first
-skips that and leaves only cyclic garbage to the OS. A process forked from the fork server
-also pays for its teardown in copied shared pages: tftrun's own processes, whose durable
-writes are done, skip it with :func:`exit_now`; a user's script keeps the normal ending,
-which flushes the files it left open.
-"""
+"""Ending a process that imported torch without the interpreter's final collections, which
+walk every object torch left, or without its teardown at all, which in a process forked from
+the fork server copies shared pages: tftrun's own processes, their durable writes done, skip
+it with :func:`exit_now`; a user's script keeps the normal ending, which flushes its files."""
 
 from __future__ import annotations
 

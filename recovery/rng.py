@@ -1,8 +1,5 @@
-"""Capture and restore the random number generators a training step may draw from.
-
-The states are kept as tensors and plain Python values only, so that a checkpoint holding
-them loads with ``torch.load(weights_only=True)``.
-"""
+"""Capture and restore the random number generators a training step may draw from, as tensors
+and plain values only, so that a checkpoint holding them loads with ``weights_only=True``."""
 
 from __future__ import annotations
 
@@ -43,11 +40,8 @@ class GlobalRngState:
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Put back what :meth:`state_dict` returned.
-
-        CUDA states are restored only when this process sees CUDA, so a GPU checkpoint still
-        resumes on a CPU-only machine.
-        """
+        """Put back what :meth:`state_dict` returned; CUDA states only where this process sees
+        CUDA, so that a GPU checkpoint still resumes on a CPU-only machine."""
         py = state_dict["python"]
         random.setstate((py["version"], tuple(int(x) for x in py["state"].tolist()), py["gauss"]))
         npy = state_dict["numpy"]

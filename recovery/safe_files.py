@@ -1,9 +1,7 @@
-"""Folders and files that another user cannot turn against the job's.
-
-Another user who may write into ``--log_dir`` or ``--recovery_path`` could plant
-``worker_0.log -> ~/.bashrc`` there, so such folders must be the user's own and files are
-opened with ``O_NOFOLLOW``. Standard library only: the fork server imports it.
-"""
+"""Folders and files that another user cannot turn against the job's: one who may write into
+``--log_dir`` or ``--recovery_path`` could plant ``worker_0.log -> ~/.bashrc`` there, so such
+folders must be the user's own and files are opened with ``O_NOFOLLOW``. Standard library
+only: the fork server imports it."""
 
 from __future__ import annotations
 
@@ -21,12 +19,10 @@ class UnsafeFolder(ValueError):
 
 
 def resolved_folder(path: Path) -> Path:
-    """The existing folder ``path`` resolved, once checked component by component: the path
-    to use from then on, so that a symbolic link on the way changed later is never followed.
-
-    Raises :class:`UnsafeFolder` for a folder that another user owns or may write into, or
-    that lies in a folder where another user could replace it (sticky ``/tmp`` is fine).
-    """
+    """The existing folder ``path``, resolved and checked component by component: use it from
+    then on, so that a link on the way changed later is never followed. Raises
+    :class:`UnsafeFolder` for a folder another user owns, may write into, or could replace
+    (sticky ``/tmp`` is fine)."""
     try:
         real = Path(os.path.realpath(path, strict=True))
     except OSError as err:

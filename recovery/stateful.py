@@ -12,11 +12,8 @@ __all__ = ["Stateful"]
 
 @runtime_checkable
 class Stateful(Protocol):
-    """An object whose state a checkpoint can hold and put back.
-
-    ``state_dict()`` must return only tensors and plain data (a checkpoint loads with
-    ``torch.load(weights_only=True)``).
-    """
+    """An object whose state a checkpoint can hold and put back; ``state_dict()`` must return
+    only tensors and plain data (a checkpoint loads with ``torch.load(weights_only=True)``)."""
 
     def state_dict(self) -> dict[str, Any]: ...
 

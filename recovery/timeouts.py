@@ -1,10 +1,9 @@
-"""The cluster's timeouts and their defaults, read from the env contract.
+"""The cluster's timeouts and their defaults, read alike by scheduler and workers from the env.
 
-Scheduler and workers read the same variables; ``rejoin_cooldown`` and ``cluster_time_out``
-default to msrun's values. The heartbeat timeout sits well above the seconds a busy GIL can
-withhold a beat, since a false "dead" costs a restart. The progress timeout (a rank behind
-another's step this long is hung) exceeds one rank's longest legitimate pause but stays
-under torch's NCCL collective timeout, so the verdict comes before collectives fail.
+``rejoin_cooldown`` and ``cluster_time_out`` default to msrun's values. The heartbeat timeout
+sits well above the seconds a busy GIL can withhold a beat: a false "dead" costs a restart. The
+progress timeout (a rank this long behind another's step is hung) exceeds a rank's longest
+legitimate pause but stays under NCCL's collective timeout, so the verdict comes first.
 """
 
 from __future__ import annotations

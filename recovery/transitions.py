@@ -1,8 +1,6 @@
 """The one idiom of the project's three state machines: a ``StrEnum`` with a table
 ``TRANSITIONS`` (state → the states it may move to) whose ``transition(to)`` checks the move
-here. docs/architecture.md draws the tables, kept equal by a unit test. This module imports
-nothing of the project.
-"""
+here (drawn in docs/architecture.md). This module imports nothing of the project."""
 
 from __future__ import annotations
 
@@ -21,10 +19,7 @@ class IllegalTransition(RuntimeError):
 
 def check_transition(transitions: Mapping[State, frozenset[State]], who: str, current: State,
                      to: State) -> None:
-    """Return if ``transitions`` lets ``current`` move to ``to``.
-
-    Raises:
-        IllegalTransition: it does not; the message names ``who`` (``rank 3``, ``node 1``).
-    """
+    """Return if ``transitions`` lets ``current`` move to ``to``, else raise IllegalTransition
+    naming ``who`` (``rank 3``, ``node 1``)."""
     if to not in transitions[current]:
         raise IllegalTransition(f"{who}: no move from {current.name} to {to.name}")

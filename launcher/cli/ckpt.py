@@ -1,8 +1,6 @@
-"""``tftctl ckpt``: list, verify and show checkpoints.
-
-``ls`` and ``verify`` take a rank's directory or any folder above it and check every file fully; ``ls`` lists
-only the lineage a job would consider (``--all``: every lineage's, earlier jobs' included).
-"""
+"""``tftctl ckpt``: list, verify and show checkpoints. ``ls`` and ``verify`` take a rank's directory or any
+folder above it and check every file fully; ``ls`` lists only the lineage a job would consider (``--all``:
+every lineage's, earlier jobs' included)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""``tftctl inject``: rehearse a failure of one rank of a running job (docs/fault-injection.md).
-
-``kill`` and ``term`` without ``--at_step`` are signals sent from here at once; every other fault goes through
-the scheduler, which hands it to the rank with its next heartbeat, signed with the job token read from the
-trusted scheduler's environment (launcher/cli/trusted.py).
+"""``tftctl inject``: rehearse a failure of one rank of a running job (docs/fault-injection.md). ``kill`` and
+``term`` without ``--at_step`` are signals sent from here at once; every other fault goes through the scheduler,
+signed with the job token of the trusted scheduler (launcher/cli/trusted.py).
 """
 
 from __future__ import annotations

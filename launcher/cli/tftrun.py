@@ -1,7 +1,6 @@
 """``tftrun [OPTIONS] SCRIPT [SCRIPT_ARGS...]``: torchrun's command line, msrun's options.
-
-Every option takes both spellings (``--worker_num`` and ``--worker-num``) and both forms
-(``--opt=value`` and ``--opt value``). Everything after SCRIPT belongs to the script.
+Every option takes both spellings (``--worker_num``, ``--worker-num``) and both forms
+(``--opt=value``, ``--opt value``); everything after SCRIPT belongs to the script.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""Which scheduler ``tftctl`` talks to, and the token it signs its requests with.
-
-A log dir may be shared, so ``DIR/scheduler.json`` could point to someone else's listener: it is trusted only
-if the file is the user's own, and the pid it names is the user's, is the scheduler of the file's run id and
-listens on its port. The token and epoch are then read from that process's environment; the token is never sent.
-"""
+"""Which scheduler ``tftctl`` talks to, and the token it signs its requests with. A log dir may be shared, so
+``DIR/scheduler.json`` is trusted only if the file is the user's own, and the pid it names is the user's, is the
+scheduler of the file's run id and listens on its port; the token and epoch are then read from that process's
+environment, and the token is never sent."""
 
 from __future__ import annotations
 

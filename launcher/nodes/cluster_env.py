@@ -1,8 +1,7 @@
 """This node's place in the job, read from Slurm or Kubernetes when the flags leave it out.
 
-A flag given on the command line always wins. Slurm is read only inside an ``srun`` step,
-so a tftrun started in the batch script itself is a one-node job.
-See docs/multi-node.md#slurm-and-kubernetes.
+A flag always wins; Slurm is read only inside an ``srun`` step, so a tftrun started in the
+batch script itself is a one-node job (docs/multi-node.md#slurm-and-kubernetes).
 """
 
 from __future__ import annotations
@@ -47,11 +46,9 @@ range's low end is written in."""
 
 
 def expand_hostlist(hostlist: str) -> Iterator[str]:
-    """The hosts of a Slurm hostlist (``node[01-03,07],gpu-a[1-2]``), in Slurm's order.
-
-    The whole list is checked first (ValueError); hosts are made lazily, so taking the first
-    of a huge allocation is cheap.
-    """
+    """The hosts of a Slurm hostlist (``node[01-03,07],gpu-a[1-2]``), in Slurm's order; the
+    whole list is checked first (ValueError), the hosts made lazily, so that taking the first
+    of a huge allocation is cheap."""
     patterns = [_parse_pattern(expr, hostlist) for expr in _split_top_level(hostlist) if expr]
     return (host for literals, groups in patterns for host in _hosts(literals, groups))
 
@@ -176,11 +173,8 @@ def resolve_place(given: NodePlace, env: Mapping[str, str]) -> NodePlace:
 
 def fill_from_cluster(node_rank: int | None, nnodes: int | None,
                       master_addr: str | None) -> tuple[int | None, int | None, str]:
-    """tftrun's flags with the left-out ones filled from this process's environment.
-
-    Says on stderr which values came from the environment, so each node's output shows where
-    it thinks it is.
-    """
+    """tftrun's flags with the left-out ones filled from this process's environment, said on
+    stderr so that each node's output shows where it thinks it is."""
     placement = resolve_place(NodePlace(node_rank, nnodes, master_addr), os.environ)
     if placement.note:
         print(f"tftrun: {placement.note}", file=sys.stderr)

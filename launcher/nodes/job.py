@@ -1,9 +1,6 @@
-"""Which job, and which launch of it, this node serves.
-
-Node 0 decides; each launch draws a new epoch so that nothing signed in an earlier launch
-verifies in this one. Other nodes trust the scheduler's signed answer
-(recovery/control/job_proof.py) over ``tft/job``, which may be replayed.
-"""
+"""Which job, and which launch of it, this node serves: node 0 decides, drawing a new epoch
+each launch so that nothing signed earlier verifies; other nodes trust the scheduler's signed
+answer (recovery/control/job_proof.py) over ``tft/job``, which may be replayed."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""The job's end reaches every node (docs/multi-node.md, *The job's end*).
-
-Node 0 writes ``tft/over`` (exit status and why) and keeps its store up until every other
-beating node has left (``tft/node/<K>/left``) or :data:`END_WAIT` passed, since the store
-dies with its scheduler and the others must still read the end.
+"""The job's end reaches every node (docs/multi-node.md, *The job's end*): after writing
+``tft/over``, node 0 keeps its store up until every other beating node has left or
+:data:`END_WAIT` passed, since the store dies with its scheduler and the others must read it.
 """
 
 from __future__ import annotations
@@ -72,12 +70,8 @@ def waiting_for(nodes: range, left: frozenset[int], still_since: Mapping[int, fl
 
 
 class JobEnd:
-    """One node's part in the job's end.
-
-    Args:
-        link: node 0's cluster store (a link of the loop's own).
-        nnodes: the job's node count (``MAX`` of an elastic range).
-    """
+    """One node's part in the job's end, through ``link`` (a link of the loop's own to node 0's
+    store), of ``nnodes`` nodes (``MAX`` of an elastic range)."""
 
     def __init__(self, link: NodeLink, node_rank: int, nnodes: int) -> None:
         self._link = link

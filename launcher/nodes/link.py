@@ -1,11 +1,8 @@
 """One node's view of the others through the cluster store on node 0: the job identity,
-each restart's rendezvous, the restart-all count and the job's end (keys:
-recovery/control/nodes.py).
-
+each restart's rendezvous, the restart-all count and the job's end (recovery/control/nodes.py).
 Every call is bounded: while node 0's scheduler is down a read answers ``None`` and the
 caller carries on with what it knew. Anyone may write these keys, so a value that is not
-the job's reads as unset too and is reported (``report``, or ``alert`` for membership keys).
-"""
+the job's reads as unset too, and is reported."""
 
 from __future__ import annotations
 
@@ -119,13 +116,10 @@ def saved_job(recovery_path: Path) -> JobIdentity | None:
 
 def job_still_waited_for(recovery_path: Path, node_time_out: float,
                          now: float) -> JobIdentity | None:
-    """The job a node 0 started again (no ``--is_recover``) should return to; ``None``: start
-    a new one.
-
-    The other nodes still wait when the scheduler's state is of that job, not ``finished``,
-    and written less than ``--node_time_out`` ago: they end the job once node 0 has been
-    gone that long, so an older crashed job is never resumed by accident.
-    """
+    """The job a node 0 started again (no ``--is_recover``) should return to; None: a new one.
+    The others still wait while the scheduler's state is of that job, not ``finished``, and
+    younger than ``--node_time_out`` (after which they end the job), so that an older crashed
+    job is never resumed by accident."""
     job = saved_job(recovery_path)
     state_file = StateFile(recovery_path)
     try:
@@ -140,16 +134,10 @@ def job_still_waited_for(recovery_path: Path, node_time_out: float,
 
 
 class NodeLink:
-    """This node's supervisor's client of the cluster store at ``host:port``.
-
-    Args:
-        token: the job token (``tft/job`` is signed with it).
-        run_id: the job's run id, with ``epoch`` part of the key the other keys are signed
-            with; empty before the job is known (:meth:`wait_for_job` needs none).
-        report: told about refused values.
-        alert: told about refused beats and joins, and what :meth:`alert` says (``report``
-            if None).
-    """
+    """This node's supervisor's client of the cluster store at ``host:port``. ``tft/job`` is
+    signed with ``token``, the other keys with a key of ``run_id`` and ``epoch`` (``run_id``
+    empty before the job is known). ``report`` is told of refused values; ``alert`` (``report``
+    if None) of refused beats and joins, and what :meth:`alert` says."""
 
     def __init__(self, host: str, port: int, token: str, run_id: str = "", epoch: str = "",
                  report: Report | None = None, alert: Report | None = None) -> None:
@@ -315,11 +303,8 @@ class NodeLink:
         return NodeKeys(found, frozenset(refused))
 
     def _read_verified(self, key: str, parse: Callable[[str], T]) -> T | None:
-        """``parse`` of the job's value of ``key``; ``None`` when unset.
-
-        Raises:
-            BadValue: it holds anything else.
-        """
+        """``parse`` of the job's value of ``key``; None when unset; BadValue when it holds
+        anything else."""
         try:
             text = self._with_client(lambda client: read_signed(client, self._key, key))
             return None if text is None else parse(text)
@@ -339,12 +324,8 @@ class NodeLink:
                                                     sign_value(self._key, key, value)))
 
     def _with_client(self, use: Any) -> Any:
-        """``use(client)``, or ``None`` when the store cannot be reached just now.
-
-        Raises:
-            ValueTooLarge: a value was too long to read (the connection is dropped; the
-                store was reached).
-        """
+        """``use(client)``, or None when the store cannot be reached just now; ValueTooLarge
+        when a value was too long to read (the store was reached; the connection is dropped)."""
         try:
             if self._client is None:
                 if not port_open(self._host, self._port):
@@ -379,11 +360,9 @@ def _beat(text: str) -> Beat:
 
 
 class NodeWatch:
-    """Since when the same absence of another node has lasted, without a break.
-
-    Node 0 watches the other nodes' ranks; another node watches node 0's store. The policy
-    ends the job once :attr:`since` is ``--node_time_out`` ago.
-    """
+    """Since when the same absence of another node has lasted, without a break: node 0 watches
+    the other nodes' ranks, another node node 0's store; the policy ends the job once
+    :attr:`since` is ``--node_time_out`` ago."""
 
     def __init__(self) -> None:
         self.missing = ""

@@ -1,9 +1,8 @@
 """Which nodes' tftrun are alive: every node beats in node 0's cluster store, node 0 reads.
 
-A node is known alive by its tftrun, not its ranks, since a plain torchrun script never
+A node is alive while its tftrun beats, not its ranks, since a plain torchrun script never
 talks to the scheduler. Only a count above the last one seen is life, so replayed beats keep
-no dead node alive; a count starts at the wall clock in ms, so a restarted tftrun goes on
-above its old one. Node 0 dates each rise on its own monotonic clock.
+no dead node alive; a count starts at the wall clock in ms, so a restarted tftrun beats on above.
 """
 
 from __future__ import annotations
@@ -74,14 +73,10 @@ class BeatTracker:
 
 
 class NodePresence:
-    """The beating thread of one node's supervisor (and, on node 0, the reading one).
-
-    Args:
-        link: a link of its own to node 0's cluster store.
-        nnodes: the job's node count (``MAX`` of an elastic range).
-        elastic: node 0 also reads who joined :attr:`next_round`.
-        wake: called when node 0 saw a node join the next round.
-    """
+    """The beating thread of one node's supervisor, through ``link`` (a link of its own to node
+    0's cluster store), of ``nnodes`` nodes (``MAX`` of an elastic range); on node 0 also the
+    reading one, which in an ``elastic`` job reads who joined :attr:`next_round` and then
+    calls ``wake``."""
 
     def __init__(self, link: NodeLink, node_rank: int, nnodes: int, elastic: bool,
                  wake: Callable[[], None]) -> None:

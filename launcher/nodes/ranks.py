@@ -1,9 +1,7 @@
-"""Automatic node ranks: which node this is when ``--node_rank`` is left out.
-
-The node whose own address is ``--master_addr`` is node 0; every other node asks node 0's
-scheduler for a rank, with a node id that survives a restart of its tftrun so that a
-returning node gets its old rank. See docs/multi-node.md#automatic-node-ranks.
-"""
+"""Automatic node ranks, when ``--node_rank`` is left out: the node whose own address is
+``--master_addr`` is node 0; every other asks node 0's scheduler for a rank, with a node id
+that survives a restart of its tftrun so that a returning node gets its old rank
+(docs/multi-node.md#automatic-node-ranks)."""
 
 from __future__ import annotations
 

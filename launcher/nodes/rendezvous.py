@@ -1,10 +1,7 @@
-"""A fresh c10d store for every restart of a plain ``env://`` script.
-
-``env://`` puts no per-attempt prefix on its keys, so restarted gloo workers meeting in a
-reused store would read the previous attempt's addresses (docs/architecture.md). The port
-is bound before the workers start and the server put on it by a background thread, since
-importing torch is slow and the supervisor's loop must keep watching; an early client waits
-in the listen backlog.
+"""A fresh c10d store for every restart of a plain ``env://`` script, since ``env://`` puts
+no per-attempt prefix on its keys (docs/architecture.md). The port is bound before the
+workers start and the server put on it by a background thread, so that the supervisor's loop
+keeps watching while torch imports; an early client waits in the listen backlog.
 """
 
 from __future__ import annotations

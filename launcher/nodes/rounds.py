@@ -1,9 +1,8 @@
 """The rounds of an elastic job (``--nnodes=MIN:MAX``) through node 0's cluster store:
 every node joins the group restart it is about to start, node 0 closes it by the rules of
-recovery/control/node_range.py, and each node learns the nodes it closed with.
-
-Node 0 keeps a node joined once it read its join key or a beat naming the round, so a
-stranger who deletes the key excludes no node.
+recovery/control/node_range.py, and each node learns the nodes it closed with. Node 0 keeps
+a node joined once it read its join key or a beat naming the round, so that a stranger who
+deletes the key excludes no node.
 """
 
 from __future__ import annotations
@@ -49,12 +48,8 @@ class _Awaiting:
 class RoundMeeting:
     """Joins this node to each group restart of an elastic job and learns its nodes, one
     look per pass of the supervisor's loop (:meth:`begin`, then :meth:`poll`), so that the
-    loop goes on handling signals, exits and the scheduler while a round forms.
-
-    Args:
-        link: node 0's cluster store (a link of the loop's own).
-        presence: this node's beats (node 0: when each other node last beat).
-    """
+    loop goes on handling signals, exits and the scheduler while a round forms. ``link`` is a
+    link of the loop's own to node 0's store; ``presence`` this node's beats."""
 
     def __init__(self, config: LaunchConfig, link: NodeLink, presence: NodePresence) -> None:
         assert config.node_range is not None, "rounds are an elastic job's (--nnodes=MIN:MAX)"

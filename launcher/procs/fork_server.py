@@ -1,9 +1,7 @@
 """The supervisor's end of the node's fork server: workers, and node 0's scheduler, forked from one
 interpreter that imported torch once (launcher/procs/fork_server_main.py, docs/cli.md#the-fork-server).
-
-One JSON message each way per worker over a ``SOCK_SEQPACKET`` pair; forked workers are re-parented to the
-supervisor (a child subreaper), which reaps them. When the server is gone, workers start cold.
-"""
+Forked workers are re-parented to the supervisor (a child subreaper), which reaps them; without the server,
+workers start cold."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
-"""The node's fork server, run as ``python -u -P fork_server_main.py --fork-server SOCKET_FD SUPERVISOR_PID ROOM``
-(launcher/procs/fork_server.py is the supervisor's end): it pays ``import torch`` once, then forks each worker,
-which runs its script as ``__main__``. Started by path with ``-P`` and importing only the standard library, torch
-and recovery, so a ``recovery/`` in the working folder is never imported and the script sees a fresh ``sys.path``.
-"""
+"""The node's fork server, run as ``python -u -P fork_server_main.py --fork-server SOCKET_FD SUPERVISOR_PID ROOM``:
+it pays ``import torch`` once, then forks each worker, which runs its script as ``__main__``. Started by path
+with ``-P`` and importing only the standard library, torch and recovery, so a ``recovery/`` in the working folder
+is never imported and the script sees a fresh ``sys.path``."""
 
 from __future__ import annotations
 
@@ -122,12 +121,9 @@ def _script_frames(trace: TracebackType | None) -> TracebackType | None:
 
 def serve(sock: socket.socket, supervisor: int) -> dict[str, Any] | None:
     """Say the server is warm, then fork a worker for each request until EOF; None in the server at EOF, the
-    worker's message in each forked worker.
-
-    A worker is forked twice over, so that it is orphaned at once and re-parented to the supervisor (a child
-    subreaper), which reaps it as its own child. It leads its own session before its pid is answered, so a
-    signal to its process group reaches it from the first.
-    """
+    worker's message in each forked worker. A worker is forked twice over, so that it is re-parented at once to
+    the supervisor (a child subreaper), which reaps it; it leads its own session before its pid is answered, so
+    that a signal to its process group reaches it from the first."""
     sock.send(json.dumps({READY: os.getpid()}).encode())
     while True:
         data, fds, _flags, _address = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)

@@ -1,7 +1,5 @@
-"""The training frameworks a script imports at its top level, which the fork server imports before it forks.
-
-Only :data:`FRAMEWORKS`: a module of the user's own may start threads or do work at import that a fork must
-not inherit.
+"""The training frameworks a script imports at its top level, which the fork server imports before it forks:
+only :data:`FRAMEWORKS`, as a module of the user's own may start threads or do work that a fork must not inherit.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """The only module that starts, signals and reaps child processes.
 
-Each child leads its own session and dies with tftrun (``PR_SET_PDEATHSIG``); tftrun is a child subreaper, an
-ended child's session is killed at once, and the :class:`Watchdog` kills what is left after a ``kill -9``, so
-no process outlives its place in the job (docs/cli.md#no-stray-processes).
+Each child leads its own session and dies with tftrun (``PR_SET_PDEATHSIG``), and the :class:`Watchdog` kills
+what is left after a ``kill -9``, so that no process outlives its place in the job (docs/cli.md#no-stray-processes).
 """
 
 from __future__ import annotations

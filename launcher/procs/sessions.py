@@ -1,8 +1,6 @@
-"""The processes of a session, read from ``/proc``: what a child leaves behind when it ends.
-
-Each child tftrun starts leads its own session; killing the session's members also reaches what moved to
-another process group, which a signal to the leader's group misses. Standard library only: the watchdog imports it.
-"""
+"""The processes of a session, read from ``/proc``: what a child leaves behind when it ends. Killing the
+session's members also reaches what moved to another process group, which a signal to the leader's group
+misses. Standard library only: the watchdog imports it."""
 
 from __future__ import annotations
 

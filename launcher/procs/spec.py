@@ -102,17 +102,11 @@ def worker_spec(config: LaunchConfig, local_rank: int, incarnation: int, restart
                 rendezvous_port: int, base_env: Mapping[str, str] | None = None,
                 rendezvous_host: str | None = None, seat: Seat | None = None,
                 beat_socket: str | None = None) -> ProcessSpec:
-    """The spec of this node's worker ``local_rank`` for one launch. Its log and error file are named by
-    its slot, ``--node_rank × nproc + local_rank``, whatever ``RANK`` an elastic generation gives it.
-
-    Args:
-        incarnation: increases with every launch of this rank within the job.
-        restart_count: how many times the whole group was restarted (torchrun's count).
-        rendezvous_port: the fresh store that ``env://`` meets at for this restart.
-        rendezvous_host: its host (node 0's address); ``--master_addr`` when not given.
-        seat: its generation's ranks (the node's fixed seat when not given).
-        beat_socket: the node supervisor's beat socket (``TFT_BEAT_SOCKET``), if it has one.
-    """
+    """The spec of this node's worker ``local_rank`` for one launch, its log and error file named by its
+    slot, ``--node_rank × nproc + local_rank``, whatever ``RANK`` an elastic generation gives it.
+    ``incarnation`` counts this rank's launches, ``restart_count`` the whole group's (torchrun's count);
+    ``env://`` meets at this restart's fresh store on ``rendezvous_port`` of ``rendezvous_host``
+    (``--master_addr`` when None); ``seat`` is its generation's ranks (None: the node's fixed seat)."""
     slot = config.first_rank + local_rank
     seat = seat or Seat(config.first_rank, config.worker_num, config.assigned_rank, config.group_world_size)
     rank = seat.first_rank + local_rank
@@ -213,11 +207,7 @@ def error_file(config: LaunchConfig, rank: int) -> Path:
 
 def prepare_error_file(config: LaunchConfig, rank: int) -> None:
     """Before a launch of ``rank``: make and check its error file's folder (``@record`` writes without
-    ``O_NOFOLLOW``) and remove an earlier launch's file.
-
-    Raises:
-        OSError: the folder is not the user's own (a link in its place, say).
-    """
+    ``O_NOFOLLOW``; OSError when it is not the user's own) and remove an earlier launch's file."""
     path = error_file(config, rank)
     try:
         own_subfolder(path.parent)

@@ -1,8 +1,6 @@
-"""Which events a report may draw: each field it reads of the type it draws it as.
-
-A log dir may be shared and its report opened by others, so no value is trusted: an event with a field of
-another type (a ``pid`` that is markup, a ``ts`` of ``NaN``) is left out whole; what is drawn is escaped too.
-"""
+"""Which events a report may draw: each field it reads of the type it draws it as. A log dir may be shared and
+its report opened by others, so an event with a field of another type (a ``pid`` that is markup, a ``ts`` of
+``NaN``) is left out whole, and what is drawn is escaped too."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """Inline SVG drawings of a :class:`~launcher.report.timeline.Timeline`: the lanes, and the steps over time.
-
 No script (tooltips are SVG ``<title>`` elements); elements carry classes and ``data-`` attributes that tests
-and users' tools find them by.
-"""
+and users' tools find them by."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""A job's timeline (unix seconds), built from every node's events: what ``tftctl report`` draws.
-
-Pure, no files and no clock, so the renderers (svg.py, page.py, trace.py) agree. A recovery episode runs from
-the first ``fault`` to ``recovered``: *re-forming* until the next ``generation``, then *resynchronising* until
-the ``rollback``. A ``membership`` with fewer ranks than the first opens a *degraded* span, closed by the next.
-"""
+"""A job's timeline (unix seconds), built from every node's events: what ``tftctl report`` draws. Pure, so that
+the renderers (svg.py, page.py, trace.py) agree. A recovery runs from the first ``fault`` to ``recovered``:
+*re-forming* until the next ``generation``, then *resynchronising* until the ``rollback``; a ``membership`` with
+fewer ranks than the first opens a *degraded* span, closed by the next."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""The timeline as Chrome trace-event JSON, which Perfetto and ``chrome://tracing`` open.
-
-One process per node, one thread per rank, times in microseconds since the job's start (its unix start time
-is in ``otherData``); recoveries and degraded stretches go on a ``recoveries`` thread of node 0.
-"""
+"""The timeline as Chrome trace-event JSON, which Perfetto and ``chrome://tracing`` open: one process per node,
+one thread per rank, times in microseconds since the job's start (its unix start time is in ``otherData``);
+recoveries and degraded stretches go on a ``recoveries`` thread of node 0."""
 
 from __future__ import annotations
 

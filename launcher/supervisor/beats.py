@@ -1,9 +1,8 @@
 """The node's beat server: its workers' heartbeats in, one ``node_beat`` per node out.
 
-Workers connect to a Unix socket in a folder only this user may enter, named in
-``TFT_BEAT_SOCKET``. One thread answers them from the scheduler's latest reply; another
-beats on time, for urgent reports, and on the scheduler's news (a store connection waits
-for its news key, so the store serves no polling). The supervisor's loop never waits on them.
+Workers connect to a Unix socket (``TFT_BEAT_SOCKET``) in a folder only this user may enter.
+One thread answers them from the scheduler's latest reply; another beats on time, for urgent
+reports and on the scheduler's news, so that the supervisor's loop never waits on them.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Starting this node's processes and recording their ends: the supervisor's hands.
-
-Each start is a ``spawn`` event and its log followed; each end an ``exit`` event. Nothing
-here decides: the loop says what to start (launcher/supervisor/loop.py).
+"""Starting this node's processes and recording their ends (``spawn`` and ``exit`` events): the
+supervisor's hands. Nothing here decides: the loop says what to start (launcher/supervisor/loop.py).
 """
 
 from __future__ import annotations
@@ -40,11 +38,9 @@ _ALIVE = (WorkerState.RUNNING, WorkerState.STOPPING)
 
 
 def node_workers(config: LaunchConfig) -> list[Worker]:
-    """This node's workers, before their first launch.
-
-    With many nodes, incarnations count from the launch time in milliseconds: a node's
-    tftrun started again must not reuse the incarnations the scheduler still holds.
-    """
+    """This node's workers, before their first launch; with many nodes, incarnations count from
+    the launch time in ms, so that a tftrun started again does not reuse the incarnations the
+    scheduler still holds."""
     first = time.time_ns() // 1_000_000 if config.multi_node else 0
     return [Worker(rank=config.first_rank + i, local_rank=i, incarnation=first - 1)
             for i in range(config.nproc)]
@@ -132,11 +128,8 @@ class Children:
         self.scheduler_launches += 1
 
     def launch(self, worker: Worker) -> None:
-        """Start ``worker``'s next incarnation: forked by the fork server, if there is one.
-
-        A process that cannot be started (an OSError) leaves the worker FAILED, for the
-        policy to decide about like any failure.
-        """
+        """Start ``worker``'s next incarnation, forked by the fork server if there is one; an
+        OSError leaves the worker FAILED, for the policy to decide about like any failure."""
         worker.incarnation += 1
         host, port = self.rendezvous
         spec = worker_spec(self.config, worker.local_rank, worker.incarnation,

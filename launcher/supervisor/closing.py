@@ -1,9 +1,6 @@
-"""The last of a job on this node: the fork server and the scheduler stopped in order.
-
-Once no worker runs, they are stopped without blocking the loop; the error path
-(:func:`stop_everything_now`) blocks, and stops the scheduler last because the workers'
-last words need it.
-"""
+"""The last of a job on this node: once no worker runs, the fork server and the scheduler
+stopped in order without blocking the loop; the error path (:func:`stop_everything_now`)
+blocks, and stops the scheduler last because the workers' last words need it."""
 
 from __future__ import annotations
 

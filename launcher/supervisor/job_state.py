@@ -1,8 +1,7 @@
 """The supervisor's bookkeeping between two passes, moved only by the actions decide() returns.
 
-:meth:`JobState.apply` is pure: it changes this object and the workers' states, and starts,
-signals or writes nothing, so the Hypothesis state machine of the restart policy drives
-the same object the supervisor does.
+:meth:`JobState.apply` is pure (it starts, signals or writes nothing), so that the Hypothesis
+state machine of the restart policy drives the same object the supervisor does.
 """
 
 from __future__ import annotations

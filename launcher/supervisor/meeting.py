@@ -17,11 +17,9 @@ __all__ = ["MeetingPlace", "point_at_remote_scheduler"]
 
 
 class MeetingPlace:
-    """Chooses, for each launch of the workers, the store their rendezvous uses.
-
-    ``nodes``: node 0's cluster store (only with other nodes); ``hosts_scheduler``: this
-    node started the scheduler (its store serves the first launch on one node).
-    """
+    """Chooses, for each launch of the workers, the store their rendezvous uses; ``nodes`` is
+    node 0's cluster store (only with other nodes), ``hosts_scheduler`` whether this node
+    started the scheduler, whose store serves the first launch on one node."""
 
     def __init__(self, config: LaunchConfig, hosts_scheduler: bool,
                  nodes: NodeLink | None) -> None:

@@ -1,8 +1,6 @@
-"""What the supervisor knows about the world outside its own children, for the policy.
-
-It reads and never waits: the scheduler watch's latest snapshot, what the other nodes said,
-and this node's events file, where the scheduler writes each registration before answering it.
-"""
+"""What the supervisor knows about the world outside its own children, for the policy; it
+reads and never waits (the scheduler watch's latest snapshot, what the other nodes said, and
+this node's events file, where the scheduler writes each registration before answering it)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """The restart policy: a pure function from what the supervisor sees to what it does next.
 
-``decide(view, now)`` is called on every pass of the supervisor's loop and returns the
-actions the loop carries out. It reads no clock (``now`` is monotonic), starts nothing and
-never waits: waiting is an action (:class:`WaitUntil`), and every waiting state is a state
-with a deadline in the view. Being re-evaluated on every pass keeps a rule true at every
-moment, not only when a failure is seen. The rules: docs/recovery.md (*The restart
-policy*), docs/elastic.md (degraded training).
+``decide(view, now)`` (``now`` monotonic) runs on every pass of the loop, so that a rule holds at
+every moment, not only when a failure is seen. It reads no clock, starts nothing and never
+waits: waiting is an action (:class:`WaitUntil`), every waiting state has a deadline in the
+view. The rules: docs/recovery.md (*The restart policy*), docs/elastic.md.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """tftrun's signals: the ones that stop the job are queued, SIGCHLD and they wake the loop.
 
-A handler only queues the signal's number for the loop to act on. Every signal also writes
-to a pipe the loop sleeps on, so a death or a signal is handled at once, not at the next
-``--monitor_interval``.
+A handler only queues the signal's number; every signal also writes to a pipe the loop sleeps
+on, so that a death or a signal is handled at once, not at the next ``--monitor_interval``.
 """
 
 from __future__ import annotations

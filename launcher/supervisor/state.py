@@ -1,8 +1,6 @@
-"""The supervisor's view of one worker process: its state, its deadline, its last failure.
-
-The restart policy (launcher/supervisor/policy.py) reads these; the supervisor moves them, only
-through :meth:`Worker.transition`, so that the table below is what the code does.
-"""
+"""The supervisor's view of one worker process: its state, its deadline, its last failure. The
+restart policy (launcher/supervisor/policy.py) reads these; the supervisor moves them only
+through :meth:`Worker.transition`, so that the table below is what the code does."""
 
 from __future__ import annotations
 
@@ -17,12 +15,9 @@ __all__ = ["WorkerState", "Worker", "Failure", "TRANSITIONS", "SPAWN_FAILED"]
 
 
 class WorkerState(StrEnum):
-    """Where a worker is, as the supervisor sees it.
-
-    ``COOLDOWN`` (a relaunch charged, waiting out the re-registration cooldown) and
-    ``STOPPING`` (signalled, SIGKILLed then) wait for :attr:`Worker.deadline`. ``STOPPED``:
-    stopped on purpose, its relaunch withdrawn, or retired for good.
-    """
+    """Where a worker is, as the supervisor sees it. ``COOLDOWN`` (a relaunch charged, waiting
+    out the re-registration cooldown) and ``STOPPING`` (signalled, SIGKILLed then) wait for
+    :attr:`Worker.deadline`; ``STOPPED``: stopped on purpose, its relaunch withdrawn, or retired."""
 
     PENDING = "pending"
     RUNNING = "running"

@@ -1,9 +1,8 @@
 """The supervisor's one thread that talks to the scheduler and to the other nodes.
 
-The loop queues exit reports and reads the latest snapshot without waiting, so a stalled
-scheduler delays no exit handling. In a large job a round with nothing to report asks for the
-status only when the beats said the scheduler's count of changes moved, so a steady job's
-supervisors ask nothing.
+The loop queues exit reports and reads the latest snapshot without waiting, so that a stalled
+scheduler delays no exit handling. In a large job, a round with nothing to report asks for the
+status only when the beats said the scheduler's changes moved: a steady job's supervisors ask nothing.
 """
 
 from __future__ import annotations
@@ -140,11 +139,9 @@ def stale(seen: int | None, heard: int | None) -> bool:
 
 
 class SchedulerWatch:
-    """Delivers exit reports and keeps the latest :class:`Snapshot` and :class:`NodesNews`.
-
-    ``wake`` is called (from the thread) after each round; ``nodes`` is a link of the
-    thread's own, None on one node.
-    """
+    """Delivers exit reports and keeps the latest :class:`Snapshot` and :class:`NodesNews`;
+    ``wake`` is called (from the thread) after each round; ``nodes`` is a link of the thread's
+    own, None on one node."""
 
     def __init__(self, control: SchedulerControl, nodes: NodeLink | None,
                  wake: Callable[[], None], scope: Scope,

@@ -24,11 +24,8 @@ much the file grew."""
 
 class EventTail:
     """The whole lines appended to an ``events.jsonl`` since the last call, at most :data:`READ_AT_MOST` bytes
-    a call.
-
-    Behind by more, a tail that ``catches_up`` reads on at the next call; one that does not (the live view,
-    which shows the present) skips to the newest :data:`READ_AT_MOST` bytes.
-    """
+    a call; behind by more, a tail that ``catches_up`` reads on at the next call, one that does not (the live
+    view, which shows the present) skips to the newest :data:`READ_AT_MOST` bytes."""
 
     def __init__(self, path: Path, catches_up: bool = True) -> None:
         self._path = path

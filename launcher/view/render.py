@@ -1,8 +1,6 @@
-"""The only module that draws: the live table, plain status lines, and the final summary.
-
-On a terminal, a rich live table under a progress bar; off a terminal (CI, pipes), one timestamped line per
-lifecycle event and a progress line every ``--progress_interval`` seconds.
-"""
+"""The only module that draws: the live table, plain status lines, and the final summary. On a terminal, a rich
+live table under a progress bar; off one (CI, pipes), a timestamped line per lifecycle event and a progress
+line every ``--progress_interval`` seconds."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """Periodic checkpoints in the spirit of MindSpore's ``CheckpointConfig``/``ModelCheckpoint``.
 
-A :class:`CheckpointSaver` writes one rank's checkpoints durably, lists them in the directory's manifest
-and keeps the newest ``keep_checkpoint_max``. With ``async_save`` a forked writer process writes them,
-off the training process's GIL; a failed write is raised by the next call into the saver.
+With ``async_save`` a forked writer process writes them, off the training process's GIL.
 """
 
 from __future__ import annotations
@@ -85,12 +83,11 @@ class CheckpointConfig:
     Args:
         save_checkpoint_steps: save when the global step is a multiple of this (0: never).
         save_checkpoint_epochs: save at the end of an epoch whose number is a multiple of this (0: never).
-        keep_checkpoint_max: how many of the job's checkpoints of the prefix to keep (the rank's earlier
-            incarnations' included), and how many last-words saves; the oldest is deleted only once a
-            newer one is durable.
-        append_info: a list of ``"epoch_num"``, ``"step_num"`` (the global step) and at most one dict of
-            user values (str keys; int, float, bool, str or tensor values).
-        async_save: write checkpoints from a background writer process.
+        keep_checkpoint_max: checkpoints of the prefix to keep (the rank's earlier incarnations' too), and
+            last-words saves to keep; the oldest goes only once a newer one is durable.
+        append_info: ``"epoch_num"``, ``"step_num"`` (the global step) and at most one dict of str keys to
+            int, float, bool, str or tensor values.
+        async_save: write from a background writer process.
     """
 
     save_checkpoint_steps: int = 1
@@ -138,11 +135,8 @@ def _same(tensor: torch.Tensor) -> Any:
 
 
 def _plain(obj: Any, tensor: Callable[[torch.Tensor], Any] = _same) -> Any:
-    """``obj`` as a fresh tree of containers, each tensor replaced by ``tensor(it)``.
-
-    Raises CheckpointError for anything but tensors and plain data: checked when saving, so that no
-    checkpoint is written that ``weights_only`` loading would refuse later, when it is needed.
-    """
+    """``obj`` as a fresh tree of containers, each tensor replaced by ``tensor(it)``; raises CheckpointError
+    for anything but tensors and plain data, before a ``weights_only`` load would."""
     try:
         return _plain_tree(obj, tensor)
     except _NotPlain as err:
@@ -188,12 +182,9 @@ def write_checkpoint(
     directory: Path, name: str, state: dict[str, Any], position: TrainPosition, manifest: Manifest,
     keep: KeepRule | None = None, kind: CheckpointKind = CheckpointKind.PERIODIC,
 ) -> list[str]:
-    """Write ``state`` as ``directory/name`` durably and list it in the directory's manifest; return the names dropped.
-
-    The manifest lists the file only once it is durable. ``keep`` picks the names to drop, which leave the
-    manifest in the same update and are then unlinked without an fsync of their own: an undone unlink
-    leaves a file unlisted, never loaded.
-    """
+    """Write ``state`` as ``directory/name`` durably, then list it in ``manifest``; return the names ``keep``
+    dropped, which leave the manifest first and are then unlinked unsynced: an undone unlink leaves a file
+    unlisted."""
     spare = layout.spare_path(directory)
     digest = write_atomic(directory / name, lambda file: torch.save(state, file), reuse=spare)
     entry = CheckpointEntry(
@@ -233,15 +224,13 @@ class CheckpointSaver:
     """Saves checkpoints of a model (and optimizer, scheduler, RNGs, data position).
 
     Args:
-        config: when and how to save; ``CheckpointConfig()`` if ``None``.
-        prefix: the file-name prefix; a later run with the same prefix in the same directory writes
-            ``<prefix>_<n>-...`` instead (MindSpore's rule).
-        directory: this rank's checkpoint directory; by default ``<recovery path>/checkpoints/rank_<rank>``.
-        sampler: any :class:`~recovery.stateful.Stateful` whose state is recorded with the data position,
-            and which :meth:`resume` puts back at that position.
-        rng: the random generators to record and restore; by default :class:`~recovery.rng.GlobalRngState`.
-        lineage: the job's lineage, stamped into every checkpoint; by default this job's
-            (:func:`recovery.ckpt.lineage.job_lineage`). :meth:`resume` considers only its checkpoints.
+        config: ``CheckpointConfig()`` if ``None``.
+        prefix: the file-name prefix; a later run in the same directory writes ``<prefix>_<n>-...``.
+        directory: this rank's; by default ``<recovery path>/checkpoints/rank_<rank>``.
+        sampler: a :class:`~recovery.stateful.Stateful` recorded with the data position, restored by
+            :meth:`resume`.
+        rng: by default :class:`~recovery.rng.GlobalRngState`.
+        lineage: stamped into every checkpoint, the only one :meth:`resume` considers; by default this job's.
     """
 
     def __init__(
@@ -281,12 +270,9 @@ class CheckpointSaver:
     # -- a plain training loop ------------------------------------------------------------
 
     def step_end(self, epoch: int, step_in_epoch: int, global_step: int) -> Path | None:
-        """Call after each step; saves every ``save_checkpoint_steps`` global steps.
-
-        ``epoch`` and ``step_in_epoch`` count from 1. Returns the checkpoint's path if one was saved
-        (with ``async_save``, being written); raises CheckpointError if this save or an earlier
-        background write failed.
-        """
+        """Call after each step, ``epoch`` and ``step_in_epoch`` counted from 1; saves every
+        ``save_checkpoint_steps`` global steps. Returns the path saved (with ``async_save``, being written)
+        or None; raises CheckpointError if this save or an earlier background write failed."""
         if self._writer is not None:
             self._writer.raise_if_failed()
         every = self.config.save_checkpoint_steps
@@ -353,11 +339,8 @@ class CheckpointSaver:
             self._stage.close()
 
     def resume(self, *, allow_world_size_change: bool = False) -> ResumePoint:
-        """Restore this saver's objects from the newest valid checkpoint of its directory.
-
-        See :func:`recovery.ckpt.restore.resume`; checkpoints of every prefix, but only of this
-        saver's lineage, are considered.
-        """
+        """Restore this saver's objects from the newest valid checkpoint of its directory, as
+        :func:`recovery.ckpt.restore.resume` does, over every prefix but only this saver's lineage."""
         point = resume(
             self.directory, self.model, self.optimizer, self.lr_scheduler,
             sampler=self.sampler, rng=self.rng, allow_world_size_change=allow_world_size_change,

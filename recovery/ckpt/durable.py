@@ -1,8 +1,5 @@
-"""Durable writes: a file appears under its final name complete, or not at all.
-
-A temporary file is fsynced and renamed over the final name, then the directory is fsynced so the
-rename survives a power cut; a killed writer leaves at most a temporary file behind.
-"""
+"""Durable writes: a file appears under its final name complete, or not at all, even after a power cut;
+a killed writer leaves at most a temporary file behind."""
 
 from __future__ import annotations
 
@@ -81,10 +78,7 @@ def _open_temp(temp: Path, reused: bool) -> BinaryIO:
 def write_atomic(path: str | os.PathLike[str], write: Callable[[BinaryIO], object],
                  reuse: str | os.PathLike[str] | None = None) -> FileDigest:
     """Write ``path`` durably and atomically through ``write(file)``; return the digest of what it wrote.
-
-    ``reuse`` is a file of this process's to write over if it exists, so that its pages are
-    overwritten rather than allocated anew. On failure no temporary file is left behind.
-    """
+    ``reuse``, a file of this process's, is written over if it exists, rather than pages allocated anew."""
     path = Path(path)
     temp = temp_path(path)
     try:

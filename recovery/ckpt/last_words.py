@@ -1,9 +1,6 @@
-"""The last-words checkpoint (TTP): a healthy replica saves every rank's state of its last step.
-
-In data parallelism every rank holds the same state, so any consistent survivor (not mid-update) can
-write the files of every rank, the dead one included; they differ only in their ``rank`` field.
-The step directory is written under a hidden temporary name and renamed when complete.
-"""
+"""The last-words checkpoint (TTP): a healthy replica saves every rank's state of its last step. In
+data parallelism every rank holds the same state, so any consistent survivor can write every rank's
+files, the dead one's too; they differ only in their ``rank`` field."""
 
 from __future__ import annotations
 
@@ -33,11 +30,9 @@ def _lineage_of(step_dir: Path) -> str | None:
 
 def save_last_words(saver: CheckpointSaver, recovery_path: str | os.PathLike[str],
                     position: TrainPosition, world_size: int) -> Path:
-    """Write the current state, which must be that of ``position``, as every rank's last-words checkpoint.
-
-    Returns the step directory. One of this job's lineage that exists already for the step is kept
-    as it is; another lineage's is moved to ``previous/<n>/`` first.
-    """
+    """Write the current state, which must be that of ``position``, as every rank's last-words checkpoint;
+    return the step directory. One there already is kept if of this lineage, else moved to
+    ``previous/<n>/``."""
     final = layout.ttp_step_dir(recovery_path, position)
     if final.is_dir():
         if _lineage_of(final) == saver.lineage:

@@ -1,9 +1,5 @@
-"""The on-disk layout of checkpoints: the one module that spells their paths and names.
-
-Periodic checkpoints live in ``<recovery_path>/checkpoints/rank_<r>/``, last-words ones in
-``<recovery_path>/ttp_checkpoints/tft_saved_checkpoints-step_<n>/rank_<r>/`` (see docs/checkpoints.md).
-Temporary names never end in ``.ckpt``, so a half-written file can never be mistaken for a checkpoint.
-"""
+"""The on-disk layout of checkpoints (docs/checkpoints.md): the one module that spells their paths and
+names. Temporary names never end in ``.ckpt``, so a half-written file is never taken for a checkpoint."""
 
 from __future__ import annotations
 
@@ -75,11 +71,9 @@ def parse_checkpoint_name(name: str) -> CheckpointName | None:
 
 
 def run_prefix(prefix: str, existing_names: Iterable[str]) -> str:
-    """The prefix a new run writes with, so that it never overwrites an earlier run.
-
-    MindSpore's rule: when ``existing_names`` hold checkpoints of ``<prefix>`` or ``<prefix>_<k>``,
-    ``<prefix>_<n>`` with ``n`` one more than the largest ``k`` (a bare ``<prefix>`` counts as 0).
-    """
+    """The prefix a new run writes with, so that it never overwrites an earlier run (MindSpore's rule):
+    ``<prefix>_<n>`` if ``existing_names`` hold checkpoints of ``<prefix>`` (``k`` = 0) or ``<prefix>_<k>``,
+    ``n`` one more than the largest ``k``."""
     highest = -1
     for name in existing_names:
         parsed = parse_checkpoint_name(name)

@@ -1,9 +1,5 @@
-"""Job lineage: which checkpoints belong to this job, so that a restore never picks another job's.
-
-The id is recorded in ``<recovery_path>/lineage`` and carried by every checkpoint the job writes; a fresh
-launch moves an earlier job's state to ``previous/<n>/``. See docs/checkpoints.md.
-This module imports no torch: the launcher uses it before anything starts.
-"""
+"""Job lineage: which checkpoints belong to this job, so that a restore never picks another job's
+(docs/checkpoints.md). No torch here: the launcher uses it before anything starts."""
 
 from __future__ import annotations
 
@@ -120,14 +116,9 @@ def set_aside(recovery_path: str | os.PathLike[str], paths: Iterable[Path]) -> P
 
 
 def open_lineage(recovery_path: str | os.PathLike[str], *, resume: bool) -> LaunchLineage:
-    """The lineage a launch of a job runs in; the caller must be the only launcher of the path.
-
-    With ``resume`` (``--is_recover=1``) the recorded lineage is kept; otherwise an earlier job's
-    checkpoints are moved to ``previous/<n>/`` and a new lineage is recorded.
-
-    Raises:
-        LineageError: ``resume`` was asked, and the path holds checkpoints but records no lineage.
-    """
+    """The lineage a launch runs in; the caller must be the only launcher of the path. ``resume``
+    (``--is_recover=1``) keeps the recorded one, else an earlier job's checkpoints move to ``previous/<n>/``;
+    raises LineageError for ``resume`` of a path with checkpoints but no lineage."""
     recovery_path = Path(recovery_path)
     if resume:
         found = read_lineage(recovery_path)
@@ -145,11 +136,8 @@ def open_lineage(recovery_path: str | os.PathLike[str], *, resume: bool) -> Laun
 
 
 def join_lineage(recovery_path: str | os.PathLike[str], lineage: str) -> LaunchLineage:
-    """A node other than node 0 joins the job of lineage ``lineage`` (node 0's).
-
-    Its recovery path keeps its state when it records that lineage; otherwise that state is
-    moved to ``previous/<n>/`` first.
-    """
+    """A node other than node 0 joins node 0's ``lineage``; its recovery path's state of another
+    lineage is moved to ``previous/<n>/`` first."""
     recovery_path = Path(recovery_path)
     if read_lineage(recovery_path) == _checked(lineage, "node 0's lineage"):
         return LaunchLineage(lineage)

@@ -1,9 +1,6 @@
-"""The checkpoint manifest: which files are complete, and which one is the newest valid.
-
-Each checkpoint directory's ``manifest.json`` lists every completely written checkpoint. A file is *valid*
-only if (1) the manifest lists it, (2) its size and (3) its checksum are the recorded ones, and (4) it
-loads with ``torch.load(weights_only=True)``. "Newest" is the highest ``(epoch, step)``, never a file time.
-"""
+"""The checkpoint manifest: which files are complete, and which one is the newest valid. A file is
+*valid* if ``manifest.json`` lists it, its size and checksum match, and it loads with
+``torch.load(weights_only=True)``; "newest" is the highest ``(epoch, step)``, never a file time."""
 
 from __future__ import annotations
 
@@ -56,12 +53,9 @@ class CheckpointKind(str, Enum):
 
 @dataclass(frozen=True)
 class CheckpointEntry:
-    """One complete checkpoint as the manifest records it.
-
-    ``seq`` orders entries by the time they were recorded, to break a tie between two files of the same
-    position (two prefixes). ``lineage`` is ``None`` in an entry of no lineage (never restored), ``xxh3_128``
-    in one holding only an older tftrun's ``sha256`` (it cannot be verified).
-    """
+    """One complete checkpoint as the manifest records it; ``seq``, the order recorded, breaks a tie of two
+    files of one position. ``None`` as ``lineage``: never restored; as ``xxh3_128``: unverifiable (an older
+    tftrun's ``sha256``)."""
 
     name: str
     epoch: int
@@ -116,12 +110,9 @@ class Candidate:
 
 @dataclass(frozen=True)
 class KeepRule:
-    """Which periodic checkpoints a saver drops: all but the newest ``keep_max`` of its ``lineage``
-    and prefix family (``<prefix>`` and every relaunch's ``<prefix>_<n>``).
-
-    Those of an earlier incarnation of the rank are dropped too, since they would pile up with every
-    relaunch; other lineages' and prefixes' never are.
-    """
+    """Which periodic checkpoints a saver drops: all but the newest ``keep_max`` of its ``lineage`` and prefix
+    family (``<prefix>`` and every relaunch's ``<prefix>_<n>``), the rank's earlier incarnations' included,
+    since they would pile up with every relaunch."""
 
     prefix: str
     lineage: str
@@ -169,12 +160,9 @@ class Manifest:
         return dict(entries)
 
     def add(self, entry: CheckpointEntry, keep: KeepRule | None = None) -> list[str]:
-        """Record a checkpoint already durable on disk and forget what ``keep`` drops, in one atomic
-        rewrite; return the names forgotten, oldest first.
-
-        Forget files before deleting them: an unlisted file left by a crash is never loaded. ``keep``
-        is asked under the lock, so that it sees every other writer's update.
-        """
+        """Record a durable checkpoint and forget what ``keep`` drops, in one atomic rewrite; return the names
+        forgotten, oldest first, to delete only now (an unlisted file is never loaded). ``keep`` runs under
+        the lock, so that it sees every other writer's update."""
         with self._lock:
             entries = self.entries()
             entry = replace(entry, seq=1 + max((e.seq for e in entries.values()), default=0))

@@ -37,11 +37,8 @@ class WorldSizeMismatchError(CheckpointError):
 
 @dataclass(frozen=True)
 class ResumePoint(TrainPosition):
-    """Where to continue after :func:`resume`: epoch ``epoch`` after its first ``step_in_epoch`` steps.
-
-    ``path`` is the file restored from; ``None`` when nothing was restored (or the caller of
-    :func:`restore_checkpoint` gave none).
-    """
+    """Where to continue after :func:`resume`: epoch ``epoch`` after its first ``step_in_epoch`` steps;
+    ``path``, the file restored from, is ``None`` when nothing was restored (or none was given)."""
 
     path: Path | None = None
     append_info: dict[str, Any] = field(default_factory=dict)
@@ -97,8 +94,7 @@ def restore_checkpoint(
 ) -> ResumePoint:
     """Put a loaded checkpoint (from :func:`load_checkpoint`) into the user's objects; return where to continue.
 
-    The model loads strictly; ``sampler`` is put at the checkpoint's data position; ``rng`` defaults to
-    the global generators (:class:`recovery.rng.GlobalRngState`); ``path`` is for messages.
+    The model loads strictly; ``rng`` defaults to :class:`~recovery.rng.GlobalRngState`; ``path`` is for messages.
 
     Raises:
         WorldSizeMismatchError: the world sizes differ and ``allow_world_size_change`` is not set.
@@ -136,12 +132,9 @@ def resume(
     allow_world_size_change: bool = False,
     lineage: str | None = None,
 ) -> ResumePoint:
-    """Restore the newest valid checkpoint of ``directory`` (this rank's) into the user's objects.
-
-    Only checkpoints of ``lineage`` (by default this job's) are considered, so another job's is never
-    resumed. With no valid checkpoint nothing is touched and ``ResumePoint()`` (epoch 1, step 0) is
-    returned. Other arguments and errors as :func:`restore_checkpoint`.
-    """
+    """Restore the newest valid checkpoint of ``lineage`` (this job's by default) in ``directory`` into the
+    user's objects; with none, touch nothing and return ``ResumePoint()`` (epoch 1, step 0). Other
+    arguments and errors as :func:`restore_checkpoint`."""
     lineage = lineage or job_lineage()
     found = newest_valid(directory, lineage)
     if found is None:

@@ -1,9 +1,6 @@
-"""Staging a checkpoint's tensors in shared memory, for the writer process to write.
-
-The state is split into a *skeleton* (each tensor replaced by a :class:`Slot`) and its tensors, copied
-into one ``memfd`` buffer reused while the layout stays, so a save costs one ``memcpy`` and a small pickle.
-The writer process maps the buffer through ``/proc/<pid>/fd`` and rebuilds the state with a :class:`Rebuilder`.
-"""
+"""Staging a checkpoint's tensors in shared memory, for the writer process: a *skeleton* (each tensor a
+:class:`Slot`) and the tensors copied into one reused ``memfd`` buffer, so a save costs one ``memcpy``
+and a small pickle; a :class:`Rebuilder` undoes it."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The background checkpoint writer: a process of its own, one per saver.
-
-A writer *thread* would hold the GIL while ``torch.save`` pickles and writes, slowing training; so the
-training process only stages the state in shared memory and sends a small message, and this forked
-process writes it as a synchronous save would. See docs/checkpoints.md.
-"""
+"""The background checkpoint writer, one forked process per saver: a writer *thread* would hold the GIL
+while ``torch.save`` pickles and writes, slowing training (docs/checkpoints.md)."""
 
 from __future__ import annotations
 
@@ -52,11 +48,8 @@ Write = Callable[["WriteRequest", mmap.mmap], object]
 
 class WriterProcess:
     """The training process's end: at most one write in flight, so the staging buffer is never
-    overwritten while being read.
-
-    ``write`` must be imported before the fork: the child imports nothing, since another thread may
-    have held the import lock when it forked.
-    """
+    overwritten while being read. ``write`` must be imported before the fork: the child imports
+    nothing, since another thread may have held the import lock when it forked."""
 
     def __init__(self, write: Write) -> None:
         ours, theirs = socket.socketpair()

@@ -1,8 +1,7 @@
 """A worker's end of its node's beat socket: registers and heartbeats go to the supervisor.
 
-Under tftrun (``TFT_BEAT_SOCKET`` set) they go over a Unix ``SOCK_SEQPACKET`` socket, so the supervisor
-sees the connection close the moment the process ends, and it batches them into one ``node_beat`` per
-node. Every other request still goes to the scheduler.
+Under tftrun (``TFT_BEAT_SOCKET``) a Unix ``SOCK_SEQPACKET`` socket lets the supervisor see the moment
+the process ends and batch beats into one ``node_beat`` per node; the rest goes to the scheduler.
 """
 
 from __future__ import annotations
@@ -40,12 +39,8 @@ class LocalLink:
             return self._connected() is not None
 
     def call(self, op: Op, rid: str | None = None, **fields: Any) -> dict[str, Any]:
-        """Send a registration or a heartbeat; the supervisor's answer.
-
-        Raises:
-            SchedulerUnavailable: the supervisor cannot be reached, or has no answer yet
-                (:class:`NoReply` when it did not answer in time).
-        """
+        """Send a registration or a heartbeat; the supervisor's answer. Raises SchedulerUnavailable
+        when the supervisor cannot be reached or has no answer yet (:class:`NoReply`: none in time)."""
         reply = self._ask({"op": op.value, **fields, "proof": self._proof})
         if "ok" not in reply:
             raise SchedulerUnavailable(f"no answer from the scheduler yet ({self.where})")

@@ -1,8 +1,8 @@
 """Who saves the last-words checkpoint of a fault: the scheduler's arbitration, free of I/O.
 
 One copy is enough and two writers would race, so each survivor claims the save for its episode (the
-generation of the fault) and the first consistent claim wins. The scheduler persists the grants before
-it replies, so a relaunched scheduler does not grant twice.
+generation of the fault) and the first consistent claim wins; grants are persisted before the reply, so
+a relaunched scheduler does not grant twice.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The supervisor's handle on the scheduler: report exits and retirements, read the status.
 
-No method blocks longer than about ``timeout`` seconds. While the scheduler is down, or a reply is
-forged or malformed, reports are queued and resent in order under their request ids (so the scheduler
-counts each once) and a status read is ``None``. Connecting happens in the background and needs no
-torch.
+No method blocks much past ``timeout`` seconds. While the scheduler is down, or a reply is forged or
+malformed, reports are queued and resent in order under their request ids (so each counts once) and a
+status read is ``None``.
 """
 
 from __future__ import annotations
@@ -42,17 +41,9 @@ class Retirement:
 
 
 class SchedulerControl:
-    """Talks to the scheduler at ``host:port`` on the supervisor's behalf.
-
-    Args:
-        host: the scheduler's address (``MS_SCHED_HOST``).
-        port: its store port (``MS_SCHED_PORT``).
-        token: the job token (``TFT_JOB_TOKEN``).
-        timeout: how long one request may wait for the scheduler's answer, in seconds.
-        connect: start connecting now; False: at :meth:`connect`.
-        run_id: the job's run id (with the token and ``epoch``, it makes the job's signing key).
-        epoch: the launch's epoch.
-    """
+    """The supervisor's link to the scheduler at ``host:port`` (``MS_SCHED_HOST``, ``MS_SCHED_PORT``).
+    ``token``, ``run_id`` and ``epoch`` make the job's signing key; ``timeout``: seconds one request
+    may wait for its answer; not ``connect``: connect at :meth:`connect`."""
 
     def __init__(self, host: str, port: int, token: str, timeout: float = 1.0,
                  connect: bool = True,

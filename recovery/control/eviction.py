@@ -1,8 +1,7 @@
 """``--straggler_policy=evict``: the membership's verdict on a confirmed straggler.
 
-A straggler is judged as a silent rank is (``lost``, then relaunched after its cooldown). One evicted
-again soon after its relaunch is slow for a reason a relaunch does not fix, so it is retired instead
-(:func:`retires`; docs/stragglers.md).
+A straggler is judged as a silent rank is (``lost``, relaunched after its cooldown), but one evicted
+again soon after its relaunch is retired: a relaunch does not fix its pace (docs/stragglers.md).
 """
 
 from __future__ import annotations
@@ -15,12 +14,9 @@ __all__ = ["StragglerEviction", "retires"]
 
 def retires(measured_from: int | None, since: int, window: int, ranks_left: int,
             min_worker_num: int) -> bool:
-    """Whether a straggler evicted now is retired rather than relaunched.
-
-    ``measured_from``: the step from which the rank's relaunched process was measured (None: never
-    evicted); ``since``: the step from which its time stayed above the threshold; ``ranks_left``: the
-    ranks that train without it.
-    """
+    """Whether a straggler evicted now is retired rather than relaunched. ``measured_from``: the step
+    its relaunched process was measured from (None: never evicted); ``since``: the step since which it
+    stayed above the threshold."""
     return (measured_from is not None and since - measured_from < window
             and ranks_left >= min_worker_num)
 

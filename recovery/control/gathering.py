@@ -1,8 +1,8 @@
 """How long a batch of requests waits after its first one for others to join it.
 
-Each batch of requests costs the scheduler one wake-up, one run of the rules and one save; where
-requests come often, a short wait gathers more of them into one batch. A quiet job (or one under
-:data:`GATHER_FROM_RANKS` ranks, whose bursts are on its recovery path) is answered at once.
+Each batch costs the scheduler one wake-up, one run of the rules and one save, so where requests come
+often a short wait gathers more into one. A quiet job, or one under :data:`GATHER_FROM_RANKS` ranks
+(whose bursts are on its recovery path), is answered at once.
 """
 
 from __future__ import annotations
@@ -30,11 +30,9 @@ class Gathering:
         """The previous batch: when its first request came, and how many it had."""
 
     def wait(self, now: float, drained: bool = True) -> float:
-        """A batch's first request came at ``now`` (monotonic): how long to wait for more.
-
-        Nothing while requests are left waiting (``drained`` false): the batch fills without it, and a
-        wait would only slow a loop that is catching up. The requests since the previous batch's first
-        one give the latest gap estimate."""
+        """A batch's first request came at ``now`` (monotonic): how long to wait for more. Nothing
+        while requests are left waiting (not ``drained``): the batch fills anyway, and a wait would
+        only slow a loop that is catching up. It updates :attr:`gap`."""
         if self._last is not None:
             started, requests = self._last
             latest = (now - started) / requests

@@ -75,13 +75,10 @@ class RequestHandlers:
         return self._handing_out_injections(answer)
 
     def _on_node_beat(self, request: Request) -> dict[str, Any]:
-        """One node's beat: its supervisor registers and beats for its ranks at once.
-
-        The reply holds each rank's answer in the request's order, as its own request would have had it;
-        an accepted plain heartbeat's is only its generation (nearly every rank's: a dict less to build
-        and encode). A generation formed by an entry reaches the ranks answered before it in the same
-        reply, rather than at their node's next beat.
-        """
+        """One node's beat: its supervisor registers and beats for its ranks at once. The reply holds
+        each rank's answer in the request's order, as its own request would have; an accepted plain
+        heartbeat's is only its generation (nearly every rank's: a dict less to build). A generation
+        formed by an entry reaches the ranks answered before it in the same reply."""
         node, ranks = request.fields["node"], request.fields["ranks"]
         membership, token, stamp = self.membership, self.config.token, self._stamp
         membership.heard_from_node(node, len(ranks))

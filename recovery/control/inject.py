@@ -1,8 +1,7 @@
 """Fault injection: what ``tftctl inject`` asks for, and how a worker carries it out.
 
-An :class:`Injection` waits in the scheduler's persisted queue for its rank, rides on the next heartbeat
-reply to that rank (at most once) and lands in the worker's :class:`Inbox`. ``kill`` and ``term``
-without a step skip this: ``tftctl`` signals the process directly (docs/fault-injection.md).
+An :class:`Injection` waits in the scheduler's persisted queue and rides, at most once, on the next
+heartbeat reply to its rank (docs/fault-injection.md).
 """
 
 from __future__ import annotations
@@ -34,15 +33,9 @@ class InjectedError(RuntimeError):
 
 @dataclass(frozen=True)
 class Injection:
-    """One fault to carry out in the worker holding ``rank``.
-
-    Args:
-        id: unique per injection.
-        rank: the target rank.
-        fault: one of :data:`FAULTS`.
-        at_step: the global step at (or after) which it is due; ``None``: the next step.
-        factor: ``slow`` only: how many times slower the rank's steps become.
-    """
+    """One fault (one of :data:`FAULTS`) to carry out in the worker holding ``rank``. Due at global
+    step ``at_step`` or after (``None``: the next step); ``factor``: for ``slow``, how many times
+    slower the rank's steps become."""
 
     id: str
     rank: int
@@ -150,12 +143,9 @@ class InjectionQueue:
 
 
 def deliver(injection: Injection) -> None:
-    """Carry the fault out in this (worker) process, now.
-
-    ``kill`` does not return; ``term`` returns once the signal is sent; ``hang`` never returns while the
-    process stays alive; ``uce`` and ``exception`` raise; ``slow`` is only logged (``ElasticTrainer``
-    carries it out).
-    """
+    """Carry the fault out in this (worker) process, now. ``kill`` and ``hang`` do not return; ``term``
+    returns once the signal is sent; ``uce`` and ``exception`` raise; ``slow`` is only logged
+    (``ElasticTrainer`` carries it out)."""
     where = f"(injection {injection.id}) {injection.when}"
     if injection.fault in ("kill", "term"):
         sent = signal.SIGKILL if injection.fault == "kill" else signal.SIGTERM

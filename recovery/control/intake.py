@@ -48,12 +48,8 @@ class RequestIntake:
 
     def _handle(self, raw: bytes) -> tuple[str | None, str | None]:
         """Decide on one request: the id to reply under (``None``: no reply) and the reply's wire text.
-
-        The signature is verified before anything else is read: a request that does not verify is
-        answered, unsigned, ``token`` (the only answer a process with another job's token can read); a
-        replay is not answered. A retry of a request carried out already gets the same reply, and
-        nothing is done again.
-        """
+        One that does not verify is answered ``token``, unsigned (all a process with another job's
+        token can read); a replay gets no answer, a retry the first one's (nothing is done again)."""
         self._report_refusals()
         if raw == TICK:
             self.ticks += 1

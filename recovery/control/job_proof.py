@@ -1,9 +1,8 @@
 """How node 0's scheduler shows the other nodes which job, and which launch of it, it serves.
 
-``tft/job`` is signed with the token alone, so a value from another job sharing the token, or from an
-earlier launch, verifies as well. A joining node therefore asks the scheduler with a fresh nonce, signed
-with :func:`ask_key`; the reply answers that nonce only and names the store address the scheduler
-serves, which the joining node checks against the one it asked at.
+``tft/job`` is signed with the token alone, so another job sharing the token, or an earlier launch,
+verifies as well. A joining node therefore asks with a fresh nonce (:func:`ask_key`); the reply answers
+that nonce only and names the scheduler's address, which must be the one asked.
 """
 
 from __future__ import annotations
@@ -41,12 +40,8 @@ class JobProof:
 
 
 class JobNotice:
-    """The scheduler's side: :data:`~recovery.control.nodes.JOB_KEY` under its names, put
-    back when overwritten, and the answers to the joining nodes' questions.
-
-    Args:
-        replays: the scheduler's guard, so that a question is answered once.
-    """
+    """The scheduler's side: :data:`~recovery.control.nodes.JOB_KEY` under its names, put back when
+    overwritten, and the answers to the joining nodes' questions, each once (``replays``)."""
 
     def __init__(self, token: str, job: JobIdentity, replays: ReplayGuard) -> None:
         self._names = job_names(token)
@@ -64,11 +59,8 @@ class JobNotice:
             client.set(name, self._value)
 
     def guard(self, client: TCPStoreClient) -> None:
-        """Set the identity again under each name that holds anything else.
-
-        Raises:
-            StoreError: the store could not be read (a value too long drops the connection).
-        """
+        """Set the identity again under each name that holds anything else. Raises StoreError (a value
+        too long drops the connection)."""
         for name in self._names:
             if client.peek(name, MAX_VALUE_BYTES) != self._value:
                 client.set(name, self._value)
@@ -81,11 +73,10 @@ class JobNotice:
         return {"ok": True, "job": json.loads(self._job.to_json()), "address": self._address}
 
     def answer(self, raw: bytes, header: Sealed | None) -> tuple[str | None, str | None] | None:
-        """The reply to ``raw`` when it is a joining node's question signed with the token
-        (the request id to reply under and the reply, both ``None`` for a question asked
-        already); ``None`` for anything else, which the scheduler handles as usual. ``header`` is
-        ``raw``'s as the check with the job's key found it (:class:`BadSignature`): its op says
-        whether ``raw`` may be a question, without parsing it again."""
+        """The reply to ``raw`` if it is a joining node's question signed with the token: the request
+        id to reply under and the reply (both ``None``: asked already); else ``None``, handled as
+        usual. ``header``, from the failed check with the job's key, says by its op whether ``raw`` may
+        be a question."""
         if header is None or header.op != Op.JOB.value:
             return None
         try:
@@ -99,13 +90,9 @@ class JobNotice:
 
 
 def ask_job(host: str, port: int, token: str, reply_timeout: float, deadline: float) -> JobProof:
-    """Ask the scheduler at ``host:port`` which job it serves, until it answers or
-    ``deadline`` (``time.monotonic()``).
-
-    Raises:
-        SchedulerUnavailable: no answer that verifies by ``deadline``.
-        BadValue: an answer signed with the token that is not a proof.
-    """
+    """Ask the scheduler at ``host:port`` which job it serves, until ``deadline`` (monotonic). Raises
+    SchedulerUnavailable when no answer verifies by then, BadValue for an answer signed with the token
+    that is not a proof."""
     link = SchedulerLink(host, port, token, reply_timeout, key=ask_key(token))
     try:
         return parse_proof(link.call_until(Op.JOB, deadline))

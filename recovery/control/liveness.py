@@ -81,13 +81,8 @@ class LivenessRules:
         self._start_cooldown(member.node_id, member.rank, f"no heartbeat for {silent:.1f}s")
 
     def _check_progress(self, now: float) -> None:
-        """The progress rule, within the current generation (docs/scheduler.md).
-
-        Only steps reported since the generation formed count, and a member that reported none is behind
-        only one that has. A member is hung once behind for ``progress_timeout``, counted from when
-        another's higher step is seen; one that only seems behind because its heartbeat is up to an
-        interval old is not judged.
-        """
+        """The progress rule: a member is hung once another of its generation has been ahead of it for
+        ``progress_timeout`` (what counts as ahead, and when the clock starts: docs/scheduler.md)."""
         if not self._generation_whole_and_heard(now):
             return
         members = [m for m in self._live() if (m.node_id, m.incarnation) in self._formed]

@@ -84,15 +84,9 @@ class Verdict(StrEnum):
 
 @dataclass(frozen=True)
 class Identity:
-    """One process's claim to a node id.
-
-    Args:
-        node_id: ``MS_NODE_ID``; empty to let the scheduler assign one.
-        pid: the process id.
-        incarnation: unique per launch of a process (``TFT_INCARNATION``).
-        host: where the process runs.
-        rank: the rank it asks for (``RANK``), or ``None``.
-    """
+    """One process's claim to a node id (``MS_NODE_ID``; empty: the scheduler assigns one).
+    ``incarnation`` is unique per launch of a process (``TFT_INCARNATION``); ``rank`` is the one it
+    asks for (``RANK``), or ``None``."""
 
     node_id: str
     pid: int

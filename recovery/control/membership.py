@@ -46,17 +46,9 @@ NO_GENERATION = -1
 
 
 class Membership(LivenessRules, StatusViews, StragglerEviction):
-    """The cluster's members, cooldowns and generation, and the rules that change them.
-
-    Args:
-        worker_num: how many workers make the cluster complete (ranks ``0..worker_num-1``).
-        token: the job token every request must present.
-        timeouts: cooldown, heartbeat and progress timeouts.
-        clock: the clocks (injected by tests).
-        min_worker_num: the fewest workers a generation may have (default ``worker_num``). Below
-            ``worker_num``, a member's death forms a *degraded* generation of the live members at once
-            instead of stopping them (docs/elastic.md). The first generation always waits for all.
-    """
+    """The cluster's members, cooldowns and generation, and the rules that change them. With
+    ``min_worker_num`` below ``worker_num``, a member's death forms a *degraded* generation of the live
+    members at once instead of stopping them (docs/elastic.md); the first one waits for all."""
 
     def __init__(self, worker_num: int, token: str, timeouts: Timeouts,
                  clock: Clock | None = None, min_worker_num: int | None = None) -> None:
@@ -101,12 +93,9 @@ class Membership(LivenessRules, StatusViews, StragglerEviction):
     # ----------------------------------------------------------------- requests
     def register(self, identity: Identity, token: str, ready: bool = True,
                  via: str | None = None, whole: bool = False) -> Accepted | Refused:
-        """A process asks to join (through its node's supervisor, ``via``, if not itself).
-        See docs/scheduler.md for the rules, in this order.
-
-        ``ready=False``: it is not put in a generation until a heartbeat says it is ready.
-        ``whole``: it trains in whole generations only, so its death starts no cooldown.
-        """
+        """A process asks to join, via its node's supervisor ``via`` if not itself (docs/scheduler.md).
+        Unless ``ready``, no generation takes it before a heartbeat says it is ready; if ``whole`` (it
+        trains in whole generations only), its death starts no cooldown."""
         answer = self._register(identity, token, "register", ready, via)
         if isinstance(answer, Accepted):
             member = self.members[answer.node_id]
@@ -176,15 +165,10 @@ class Membership(LivenessRules, StatusViews, StragglerEviction):
                   ready: bool | None = None, via: str | None = None,
                   silent: float = 0.0) -> Accepted | Refused:
         """A registered process is alive and at ``global_step``, doing ``phase`` (if it says).
-
-        ``ready=True``: a member registered unready may now be put in a generation. ``sent``: the beat's
-        signed stamp, so a beat that waited in a flooded queue does not make its sender look fresher
-        (nor staler) than it is. ``via``: the node whose supervisor sent the beat; ``silent``: seconds
-        since that supervisor last heard from the process (past the heartbeat timeout: lost at once).
-
-        A process the scheduler does not know is admitted under the registration rules: that is how
-        workers re-attach after a scheduler restart without a persisted state.
-        """
+        ``sent``, the beat's signed stamp, keeps a beat delayed in a flooded queue from making it look
+        fresher; ``silent``: seconds since its supervisor ``via`` last heard from it (past the
+        heartbeat timeout: lost at once). An unknown process is admitted as if registering, so workers
+        re-attach to a scheduler restarted with no persisted state."""
         if not self.token_ok(token):
             return self._refuse(identity, RefuseReason.TOKEN,
                                 "wrong job token: this process belongs to another job")
@@ -248,14 +232,9 @@ class Membership(LivenessRules, StatusViews, StragglerEviction):
 
     def report_exit(self, node_id: str, pid: int, incarnation: int, abnormal: bool,
                     reason: str, by: str, finished: bool = False) -> float:
-        """A process of ``node_id`` ended; return the node's cooldown end (0.0 if none).
-
-        Args:
-            abnormal: it died (crash, signal, kill after a verdict): starts the cooldown.
-            reason: how it ended, in words.
-            by: who tells: ``supervisor`` or ``worker`` (the process itself, at exit).
-            finished: the process says its script ran to its end.
-        """
+        """A process of ``node_id`` ended; return the node's cooldown end (0.0 if none). An
+        ``abnormal`` end (crash, signal, kill after a verdict) starts the cooldown; ``by``:
+        ``supervisor``, or ``worker`` at exit; ``finished``: its script ran to its end."""
         member = self.members.get(node_id)
         if member is not None and member.state in LIVE_STATES | {MemberState.LOST} \
                 and not member.is_process(pid, incarnation):
@@ -317,13 +296,9 @@ class Membership(LivenessRules, StatusViews, StragglerEviction):
         }
 
     def load(self, data: dict[str, Any]) -> str | None:
-        """Take over a persisted state; return why it does not fit this job, or ``None``.
-
-        Live members come back UNCONFIRMED, with fresh heartbeat and progress clocks: they
-        have until the heartbeat timeout to show up again. A restart forms no generation:
-        the steps reported in the current one still count, and a member behind another is
-        judged after ``progress_timeout`` from now.
-        """
+        """Take over a persisted state; return why it does not fit this job, or ``None``. Live members
+        come back UNCONFIRMED with fresh clocks, due within the heartbeat timeout; no generation is
+        formed, so the current one's steps still count (time behind counts from now)."""
         if data.get("version") != STATE_VERSION:
             return f"state version {data.get('version')} is not {STATE_VERSION}"
         if data.get("worker_num") != self.worker_num:
@@ -391,10 +366,7 @@ class Membership(LivenessRules, StatusViews, StragglerEviction):
 
     def _assign_node_id(self) -> str | None:
         """A node id for a worker that has none: a rank nobody holds, else a replaceable one.
-
-        A node whose process ended and whose cooldown is over is replaceable: the
-        newcomer is its relaunch.
-        """
+        Replaceable: its process ended and its cooldown is over; the newcomer is its relaunch."""
         held = {m.rank for m in self.members.values()}
         for rank in range(self.worker_num):
             if rank not in held and str(rank) not in self.members:
@@ -477,11 +449,9 @@ class Membership(LivenessRules, StatusViews, StragglerEviction):
         return Accepted(member.node_id, member.rank, self._generation_of(member), self.fault_at)
 
     def _heard_at(self, member: Member, sent: float | None) -> float:
-        """When (monotonic) ``member`` sent a request stamped ``sent`` by its own clock.
-
-        Host clocks differ, so the stamp is read against the member's least delay so far: a first
-        request that waited long only makes the member look fresher, never staler, than it is.
-        """
+        """When (monotonic) ``member`` sent a request stamped ``sent`` by its own clock. Host clocks
+        differ, so the stamp is read against the member's least delay so far: a first request that
+        waited long only makes the member look fresher, never staler, than it is."""
         now = self.clock.monotonic()
         if sent is None:
             return now

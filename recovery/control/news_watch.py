@@ -1,10 +1,8 @@
 """Wake up on the scheduler's news instead of reading its counter every second.
 
-The scheduler bumps :data:`~recovery.control.rpc.NEWS` and sets the key of the new count; a
-:class:`NewsWatch` blocks in a store ``WAIT`` on the next count's key, which costs the store nothing
-until it is set (docs/scale.md). The counter and keys are only hints (whoever sets them causes a beat,
-whose signed reply is the news), so calls are limited to :data:`BURST` at once, then one per
-``spacing``.
+A :class:`NewsWatch` blocks in a store ``WAIT`` on the next count's key, which costs the store nothing
+until it is set (docs/scale.md). The keys are only hints (whoever sets them causes a beat, whose signed
+reply is the news), so calls are limited to :data:`BURST` at once, then one per ``spacing``.
 """
 
 from __future__ import annotations
@@ -28,16 +26,10 @@ BURST = 2
 
 
 class NewsWatch:
-    """Calls ``on_news`` when the scheduler's news counter moves (and once at the start).
-
-    Args:
-        host: the scheduler's store.
-        port: its port.
-        on_news: called in the watch's thread; it must not block.
-        spacing: seconds between two calls at the least.
-        rearm: seconds a wait lasts before the counter is read again, so a key removed by a stranger
-            holds no news back for longer.
-    """
+    """Calls ``on_news`` when the scheduler's news counter moves (and once at the start). ``on_news``
+    runs in the watch's thread and must not block; ``spacing``: least seconds between two calls;
+    ``rearm``: seconds a wait lasts before the counter is read again, so a key removed by a stranger
+    holds no news back for longer."""
 
     def __init__(self, host: str, port: int, on_news: Callable[[], object],
                  spacing: float, rearm: float = 30.0) -> None:

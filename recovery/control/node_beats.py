@@ -1,9 +1,8 @@
 """Beats per node: what a node's supervisor keeps of its ranks' heartbeats, free of I/O.
 
-Workers report to their node's supervisor over a Unix socket, and it sends one signed ``node_beat`` per
-node per interval with every rank's step, phase and age (docs/protocol.md), keeping the scheduler's
-latest answer for each rank until the rank's next local beat. The scheduler judges the node's silence,
-the supervisor each rank's: a rank silent past the heartbeat timeout goes out at once, to be judged.
+The supervisor sends one signed ``node_beat`` per interval for all its ranks (docs/protocol.md) and
+keeps the scheduler's answer for each rank until that rank's next local beat. The scheduler judges the
+node's silence, the supervisor each rank's: a rank silent past the heartbeat timeout goes out at once.
 """
 
 from __future__ import annotations
@@ -73,14 +72,9 @@ class RankBeat:
 
 
 class NodeBeats:
-    """The ranks of one node, keyed by their connection, and the beats they make.
-
-    Args:
-        heartbeat_timeout: a rank silent for longer is sent at once, to be judged.
-        interval: seconds between two beats of the node when nothing else is due.
-        jitter: each spacing is up to this share of ``interval`` shorter, so that nodes that beat
-            together after a new generation drift apart.
-    """
+    """The ranks of one node, keyed by their connection, and the beats they make. ``interval``: seconds
+    between two node beats when nothing else is due, each up to a ``jitter`` share of it shorter so
+    that nodes beating together after a new generation drift apart."""
 
     def __init__(self, heartbeat_timeout: float, interval: float, jitter: float = 0.0) -> None:
         self.heartbeat_timeout = heartbeat_timeout
@@ -183,12 +177,8 @@ class NodeBeats:
 
     def fan_out(self, sent: list[tuple[int, dict[str, Any]]], reply: dict[str, Any]
                 ) -> dict[int, dict[str, Any]]:
-        """Take the scheduler's reply to the beat of ``sent``: each rank's answer is kept
-        for it; return the answers to registrations, by key, to be sent at once.
-
-        Raises:
-            ValueError: the reply does not answer every rank sent.
-        """
+        """Keep each rank's answer in the reply to ``sent``; return the answers to registrations, by
+        key, to send at once. Raises ValueError unless the reply answers every rank."""
         answers = reply.get("ranks")
         if not reply.get("ok") or not isinstance(answers, list) or len(answers) != len(sent) \
                 or not all(type(answer) in (dict, int) for answer in answers):

@@ -1,9 +1,8 @@
 """torchrun's elastic node range (``--nnodes=MIN:MAX``) for plain scripts: the pure rules.
 
 Every group restart of an elastic job is a *round*: each node's tftrun joins it, node 0 closes it, and
-the nodes it closed with form the next generation, with contiguous ranks in node rank order.
-:func:`close_round` decides when a round closes and at what size; launcher/nodes/rounds.py carries it
-out.
+the nodes it closed with form the next generation, ranked contiguously in node rank order.
+launcher/nodes/rounds.py carries out :func:`close_round`.
 """
 
 from __future__ import annotations
@@ -61,17 +60,12 @@ class Round:
 
 @dataclass(frozen=True)
 class RoundWait:
-    """A round node 0 is closing, as it stands at one moment.
+    """A round node 0 is closing, as it stands at one moment (times are monotonic).
 
-    Args:
-        joined: the nodes that joined it.
-        expected: the nodes worth waiting for: every node of the job for the first round; later, the
-            previous generation's nodes and those that asked to join, less those silent for
-            :data:`NODE_SILENT`.
-        opened_at: when node 0 opened it (monotonic).
-        reached_at: when ``MIN`` nodes had first joined (None: not yet).
-        disputed: nodes whose join or beat key held a stranger's value (the node may be trying to
-            join); waited for like ``expected``, up to ``time_out``.
+    ``expected``: the nodes worth waiting for: all for the first round, later the previous generation's
+    and those that asked to join, less those silent for :data:`NODE_SILENT`; ``reached_at``: when
+    ``MIN`` nodes first joined (None: not yet); ``disputed``: nodes whose join or beat key held a
+    stranger's value (maybe one trying to join), waited for like ``expected`` up to ``time_out``.
     """
 
     joined: frozenset[int]
@@ -107,11 +101,9 @@ class JobDone:
 
 def close_round(wait: RoundWait, span: NodeRange, now: float, last_call: float,
                 time_out: float) -> Close | Wait | TooFew:
-    """Close the round now (with which nodes), wait (until when), or end the job.
-
-    ``time_out``: how long a round may stay below ``MIN`` (``--cluster_time_out`` for the first round,
-    ``--node_time_out`` later). Never more than ``MAX`` nodes: the lowest node ranks are taken.
-    """
+    """Close the round now (at most ``MAX`` nodes, the lowest), wait (until when), or end the job.
+    ``time_out``: how long a round may stay below ``MIN`` (``--cluster_time_out``, then
+    ``--node_time_out``)."""
     joined = tuple(sorted(wait.joined))[:span.high]
     if len(joined) < span.low:
         if now - wait.opened_at >= time_out:

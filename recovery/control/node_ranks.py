@@ -1,9 +1,8 @@
 """Node ranks handed out by node 0's scheduler in order of arrival, free of I/O.
 
-A node started without ``--node_rank`` asks node 0's scheduler for its rank with its node id, a name
-that survives a restart of its tftrun (docs/multi-node.md#automatic-node-ranks). Ranks are never taken
-back, so a node that is gone keeps its place; the scheduler persists the table before it answers, so a
-relaunched scheduler hands out the same ranks.
+A node started without ``--node_rank`` asks with its node id, a name that survives a restart of its
+tftrun (docs/multi-node.md#automatic-node-ranks). Ranks are never taken back, so a node that is gone
+keeps its place, and are persisted before the answer, so a relaunched scheduler hands out the same.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """What the nodes of one job share through the scheduler's store on node 0.
 
-Nodes share no file system, only the network, so everything one node's tftrun must learn from another
-goes through these keys (the full table: docs/security.md):
-
-* ``tft/job``: the job's identity, set by the scheduler when it starts. Signed with the token alone,
-  so a joining node then asks the scheduler which job it serves (recovery/control/job_proof.py).
-* ``tft/rendezvous/<n>``: ``host:port`` of group restart ``n``'s ``env://`` store.
-* ``tft/restart_all``: the highest group restart any node started; the others follow it.
-* ``tft/end``: why the job ended on every node; ``tft/over``: node 0's job ended
-  (``{"status", "reason"}``); ``tft/node/<K>/left``: node ``K`` ends.
-* ``tft/node/<K>/beat``: a count node ``K``'s tftrun raises every half second; only a rise is life.
-* ``tft/round/<n>/join/<K>`` and ``tft/round/<n>``: the joins and the nodes of an elastic job's round.
-
-The store has no authentication, so no key holds a secret and every value is signed (``tft/job`` with
-the token, the others with the launch's key) under a name only the job can compute (:func:`stored_at`).
-A value that does not verify, is too long or does not parse reads as unset: a stranger can hide a key,
-never steer a node.
+Nodes share no file system, so everything one node's tftrun must learn from another goes through these
+keys (the table: docs/security.md). The store has no authentication, so every value is signed under a
+name only the job can compute (:func:`stored_at`), and one that does not verify, is too long or does
+not parse reads as unset: a stranger can hide a key, never steer a node.
 """
 
 from __future__ import annotations
@@ -137,9 +125,7 @@ def stored_at(key: bytes, name: str) -> str:
 def read_signed(client: TCPStoreClient, key: bytes, name: str) -> str | None:
     """The value signed with ``key`` under ``name``, or ``None`` when unset (no waiting).
 
-    Raises:
-        BadValue: it is set to anything else (the client's connection is then left as
-            it was, or dropped when the value was too long to read).
+    Raises BadValue when set to anything else (the connection is dropped if it was too long to read).
     """
     stored = client.peek(stored_at(key, name), MAX_VALUE_BYTES)
     if stored is None:
@@ -153,8 +139,7 @@ def read_signed(client: TCPStoreClient, key: bytes, name: str) -> str | None:
 def raise_counter(client: TCPStoreClient, key: bytes, name: str, value: int) -> int:
     """Raise the signed integer under ``name`` to at least ``value``, atomically; the result.
 
-    Several nodes may raise it at once: the store's compare-and-set makes them agree, and a value is
-    never lowered. A stranger's value counts as unset and is replaced.
+    Nodes raising it at once agree by compare-and-set; a stranger's value is unset and replaced.
     """
     where = stored_at(key, name)
     while True:

@@ -1,9 +1,8 @@
 """The fast verdict on a lost node, free of I/O (docs/scheduler.md, *A peer's failure reported*).
 
 A survivor's report that a collective failed on a peer proves nothing alone (a faulty survivor must not
-evict its peers), so the scheduler checks the beat the peer's node's tftrun raises in the store: a
-reported node whose beat has not moved for :data:`QUIET` is gone with its ranks and judged at once. A
-rank that merely hangs is left to the heartbeat and progress timeouts.
+evict its peers), so a reported node is judged at once only when the beat its tftrun raises in the
+store has not moved for :data:`QUIET`; a rank that merely hangs is left to the timeouts.
 """
 
 from __future__ import annotations

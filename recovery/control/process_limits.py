@@ -2,7 +2,7 @@
 killer takes.
 
 A stranger who reaches the store's port can fill it until the host runs out of memory; better the
-scheduler is killed than a training rank, since it is relaunched and its death frees the store.
+scheduler dies than a training rank: it is relaunched, and its death frees the store.
 """
 
 from __future__ import annotations

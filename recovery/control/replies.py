@@ -1,9 +1,8 @@
 """What the scheduler remembers of its answers: for retries, and to clear the store of them.
 
-A client that gets no answer in time retries under the same request id, so :class:`KeptReplies` keeps
-the answer to every request that changed something and answers the retry with it; it is persisted, so a
-request carried out just before a ``kill -9`` is answered by the relaunched scheduler. Clients delete
-their own replies from the store; :class:`SentReplies` lists those no client of the job reads.
+:class:`KeptReplies` answers a retry under the same request id with the first answer to any request
+that changed something, and is persisted, so a request carried out just before a ``kill -9`` is
+answered after a relaunch. :class:`SentReplies` lets the scheduler clear the replies no client read.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """What a signed request's body may hold: every request the scheduler accepts is checked here.
 
-A request reaches this module only once its signature verified, but its body is still untrusted (a
-client's bug or a user's script may send anything): at most :data:`MAX_REQUEST_BYTES` of UTF-8 JSON, one
-object nested at most :data:`MAX_DEPTH` deep, every field of its op of the right type and range. Other
-fields are ignored; a failure is a :class:`BadRequest`, answered ``bad_request`` before anything is
-decided.
+A verified signature does not make a body trusted (a client's bug or a user's script may send
+anything). Fields beyond its op's schema are ignored; a failure is a :class:`BadRequest`, answered
+``bad_request`` before anything is decided.
 """
 
 from __future__ import annotations
@@ -133,12 +131,9 @@ class Records:
         return tuple((field, *kind.quick) for field, kind in self.schema.items())
 
     def check(self, name: str, value: Any, surrogates: bool = True) -> list[dict[str, Any]]:
-        """The items of ``value``, each with exactly the schema's fields.
-
-        ``surrogates=False``: the request's text has no ``\\u`` escape, so no string in it can hold a
-        lone surrogate, and each item first gets the much cheaper quick test (:meth:`_quickly`); only
-        one that fails it gets the full check, for its error.
-        """
+        """The items of ``value``, each with exactly the schema's fields. ``surrogates=False`` (no
+        ``\\u`` escape in the text, so no lone surrogate) lets each item take the cheap
+        :meth:`_quickly` first; only one that fails it gets the full check, for its error."""
         if not isinstance(value, list) or not 1 <= len(value) <= self.most \
                 or not all(isinstance(item, dict) for item in value):
             raise BadRequest(f"{name} must be a list of 1 to {self.most} objects, "
@@ -265,11 +260,7 @@ class Request:
 
 
 def parse_request(sealed: Sealed) -> Request:
-    """The request whose header and body ``sealed`` holds (its signature verified).
-
-    Raises:
-        BadRequest: anything else.
-    """
+    """The request in ``sealed`` (its signature verified); raises BadRequest for anything else."""
     raw = sealed.body
     try:
         op = Op(sealed.op)

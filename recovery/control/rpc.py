@@ -1,11 +1,8 @@
 """Requests to the scheduler over its c10d ``TCPStore``, and a client that survives its death.
 
-The wire protocol is the store's own operations, so no second port or server is needed
-(docs/protocol.md): a client pushes a signed request on :data:`REQUESTS` and the scheduler sets its
-signed reply, carrying the request's nonce, under :func:`reply_key`. Asking again under the same ``rid``
-is safe: a retry gets the reply the first attempt got. Workers beat early when the :data:`NEWS` counter
-moves, a hint only: the news is the beat's signed reply. The link needs no torch and reconnects in the
-background.
+The store's own operations are the wire protocol, so no second port or server is needed
+(docs/protocol.md); a retry under the same ``rid`` gets the first attempt's reply. Workers beat early
+when the :data:`NEWS` counter moves, a hint only: the news is the beat's signed reply.
 """
 
 from __future__ import annotations
@@ -85,14 +82,9 @@ def news_key(count: int) -> str:
 
 
 def read_news(client: TCPStoreClient) -> int | None:
-    """The :data:`NEWS` counter (0 while unset); ``None`` when it is not a number.
-
-    Peeked, never waited for. Not add(0): anyone may set it to something that is not a number, and the
-    store then drops a connection that adds to it, requests in flight included.
-
-    Raises:
-        StoreError: the store could not be read.
-    """
+    """The :data:`NEWS` counter (0 while unset; ``None``: not a number); raises StoreError. Peeked, not
+    add(0): anyone may set it to a non-number, and the store then drops a connection that adds to it,
+    requests in flight included."""
     news = client.peek(NEWS, MAX_NEWS_BYTES)
     if news is None:
         return 0
@@ -178,14 +170,9 @@ def open_client(host: str, port: int, timeout: float) -> Any:
 
 
 def listen_on(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host:port`` only (0: a free port), listening.
-
-    Torch's libuv store listens on every interface whatever host it is given; a store
-    hosted on this socket (``master_listen_fd``) listens where the socket does.
-
-    Raises:
-        OSError: the port is taken or the address is not this host's.
-    """
+    """A socket listening on ``host:port`` only (0: a free port); raises OSError. Torch's libuv store
+    listens on every interface whatever host it is given; one hosted on this socket
+    (``master_listen_fd``) listens only where the socket does."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -235,20 +222,9 @@ def _claimed_reason(err: Exception) -> str | None:
 
 
 class SchedulerLink:
-    """A store client of the scheduler that reconnects by itself.
-
-    Args:
-        host: the scheduler's address.
-        port: its store port.
-        token: the job token; with ``run_id`` and ``epoch`` it makes the job's key, which signs every
-            request and verifies every reply (neither is ever sent).
-        reply_timeout: how long a request waits for its reply, in seconds.
-        on_connect: called (in the connecting thread) after every (re)connection.
-        connect: start connecting now; False: at :meth:`start`.
-        run_id: the job's run id.
-        epoch: the launch's epoch (one started without tftrun has none).
-        key: sign with this key instead of the job's (a joining node, which does not know the job yet).
-    """
+    """A store client of the scheduler that reconnects by itself (not ``connect``: from :meth:`start`).
+    ``token``, ``run_id`` and ``epoch`` make the job's key, never sent, which signs requests and
+    verifies replies; a joining node, which does not know the job yet, passes ``key`` instead."""
 
     def __init__(self, host: str, port: int, token: str, reply_timeout: float,
                  on_connect: Callable[[], object] | None = None, connect: bool = True,
@@ -275,18 +251,9 @@ class SchedulerLink:
             self.start()
 
     def call(self, op: Op, rid: str | None = None, **fields: Any) -> dict[str, Any]:
-        """Send one request and return the scheduler's reply.
-
-        Args:
-            rid: the request's id: a new one by default; the id of an earlier attempt to
-                ask again.
-
-        Raises:
-            NoReply: no reply within the reply timeout (it may come later: ask again
-                under the same ``rid``).
-            SchedulerUnavailable: not connected now, or the connection broke (a new one
-                is being made in the background).
-        """
+        """Send one request and return the scheduler's reply. Raises NoReply when none came within the
+        reply timeout (it may come later: ask again under the same ``rid``), SchedulerUnavailable when
+        not connected or the connection broke (a new one is made in the background)."""
         rid, nonce = rid or new_request_id(), new_nonce()
         request = seal(self._key, Kind.REQUEST, op.value, rid, nonce, json.dumps(fields))
         with self._lock:
@@ -367,14 +334,8 @@ class SchedulerLink:
         return reply
 
     def call_until(self, op: Op, deadline: float, **fields: Any) -> dict[str, Any]:
-        """Ask until the scheduler answers or ``deadline`` (``time.monotonic()``) passes.
-
-        Every attempt carries the same request id, so the request is carried out at most
-        once, and an answer given after an attempt stopped waiting is the next attempt's.
-
-        Raises:
-            SchedulerUnavailable: no answer by ``deadline``.
-        """
+        """Ask, under one request id so that it is carried out at most once, until the scheduler
+        answers or ``deadline`` (``time.monotonic()``) passes; then raises SchedulerUnavailable."""
         rid = new_request_id()
         while (left := deadline - time.monotonic()) > 0:
             if not self.wait_connected(left):

@@ -1,11 +1,9 @@
 """The scheduler process: the cluster's single source of truth about membership.
 
 Started by tftrun as ``python -m recovery.control.scheduler``, or by ``recovery.init()`` under
-``MS_ROLE=MS_SCHED``. It hosts the cluster's c10d ``TCPStore``; under tftrun the listening socket is
-inherited (``TFT_STORE_FD``), so a relaunched scheduler serves on the same port and nobody takes it in
-between. One thread handles requests in batches and a ticker wakes it only when something is due, so an
-idle scheduler sleeps. Decisions are persisted before the replies, so a ``kill -9`` loses nothing the
-workers were told; only an orderly end marks the state finished.
+``MS_ROLE=MS_SCHED``, it hosts the cluster's c10d ``TCPStore``; under tftrun on an inherited socket
+(``TFT_STORE_FD``), so a relaunch serves on the same port and nobody takes it in between. Decisions are
+persisted before the replies, so a ``kill -9`` loses nothing the workers were told (docs/scheduler.md).
 """
 
 from __future__ import annotations

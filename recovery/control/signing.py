@@ -1,8 +1,7 @@
 """Signed requests and replies: the job token is the HMAC key and never crosses the wire.
 
-Every control-plane message is ``tft1 <mac> <op> <rid> <nonce> <ts>\\n<body>`` (docs/protocol.md); the
-MAC covers the message's kind too, so a reply never passes for a request. :func:`unseal` checks the
-header's form and the MAC before anything reads the body. ``-`` in place of the MAC marks the
+The MAC covers each message's kind, so a reply never passes for a request, and :func:`unseal` checks it
+before anything reads the body (the format: docs/protocol.md). ``-`` in place of the MAC marks the
 scheduler's unsigned refusal: the one answer a client holding a wrong token can read (never trusted).
 """
 
@@ -98,12 +97,8 @@ def seal(key: bytes | None, kind: Kind, op: str, rid: str, nonce: str, body: str
 
 def unseal(key: bytes, kind: Kind, raw: bytes | str,
            max_bytes: int = MAX_MESSAGE_BYTES) -> Sealed:
-    """The message in ``raw`` when its MAC verifies with ``key``; a longer one than
-    ``max_bytes`` is refused unread.
-
-    Raises:
-        BadSignature: anything else, the body unread.
-    """
+    """The message in ``raw`` when its MAC verifies with ``key``; raises BadSignature otherwise, or
+    when it is over ``max_bytes``, the body unread."""
     data = raw.encode(errors="surrogateescape") if isinstance(raw, str) else bytes(raw)
     if len(data) > max_bytes:
         raise BadSignature(f"larger than {max_bytes} bytes")
@@ -122,8 +117,7 @@ def unseal(key: bytes, kind: Kind, raw: bytes | str,
 class ReplayGuard:
     """Accepts each signed request once, and only within :data:`REPLAY_WINDOW` of its stamp.
 
-    Only verified requests reach it, so what it remembers is bounded by what the job's own
-    processes send in a window, never by a stranger's traffic.
+    It sees only verified requests, so its memory is bounded by the job's traffic, not a stranger's.
     """
 
     def __init__(self, window: float = REPLAY_WINDOW) -> None:
@@ -160,8 +154,7 @@ class MissingToken(ValueError):
 def checked_token(token: str, insecure_no_token: bool) -> str:
     """``token``, unless it is empty and the user did not opt in to run without one.
 
-    With an empty token every message is signed with an empty key: anyone who reaches the
-    scheduler's port can forge requests and replies (docs/security.md).
+    With an empty key, anyone who reaches the scheduler's port can forge messages (docs/security.md).
     """
     if not token and not insecure_no_token:
         raise MissingToken(f"no job token: set {names.TFT_JOB_TOKEN} to a secret shared by the "
@@ -222,11 +215,8 @@ def sign_value(key: bytes, name: str, value: str) -> str:
 
 
 def open_value(key: bytes, name: str, stored: bytes | str) -> str:
-    """The value :func:`sign_value` stored under ``name``.
-
-    Raises:
-        BadSignature: anything else (unsigned, signed for another key or job, not text).
-    """
+    """The value :func:`sign_value` stored under ``name``; raises BadSignature for anything else
+    (unsigned, signed for another key or job, not text)."""
     try:
         text = stored.decode() if isinstance(stored, bytes) else stored
     except UnicodeDecodeError:

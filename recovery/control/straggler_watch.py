@@ -1,7 +1,6 @@
 """The scheduler's end of straggler detection: beats in, ``straggler`` events out.
 
-Each beat's step-time summary goes to a :class:`~recovery.control.stragglers.StragglerDetector`, which
-starts afresh with each generation (the ranks' shares of a step change with it). Under
+The detector starts afresh with each generation (the ranks' shares of a step change with it); under
 ``--straggler_policy=evict`` a straggler is judged lost, or retired (recovery/control/eviction.py).
 """
 

@@ -146,13 +146,9 @@ class StepTimes:
         self._lock = threading.Lock()
 
     def add(self, seconds: float) -> bool:
-        """Add one step's time; True when the summary should go out now rather than with the next beat.
-
-        The first ``window`` steps are warm-up, never sent; the next ``window`` go out at once (the
-        peers' reference). So does a change of pace by ``factor`` either way against the ``window``
-        steps before, so a pace taken in a slow warm-up or under a burst of load is no stale reference;
-        the summary then holds the last steps alone, so older ones do not hide the change.
-        """
+        """Add one step's time; True when the summary should go out now rather than with the next beat:
+        for the ``window`` steps after ``window`` of warm-up (the peers' reference), and at a change of
+        pace by ``factor`` either way, summarized alone so that no stale pace stays the reference."""
         window, recent, before = self._settings.window, self._recent, self._before
         with self._lock:
             self._seen += 1

@@ -1,9 +1,8 @@
 """A client of torch's c10d ``TCPStore`` in plain Python, for the processes that need no torch.
 
 The supervisor and ``tftctl`` only talk to the scheduler's store; importing torch for that would cost
-each a worker's import time and memory. This client speaks the store's wire protocol (torch 2.13,
-``torch/csrc/distributed/c10d/TCPStoreBackend.hpp``) and, unlike torch's client, never blocks past its
-timeout. Any error or timeout leaves the connection unusable: the caller makes a new one.
+each a worker's import time and memory. Unlike torch's client (wire protocol: torch 2.13's
+``TCPStoreBackend.hpp``), it never blocks past its timeout; after any error the connection is unusable.
 """
 
 from __future__ import annotations
@@ -77,19 +76,9 @@ def encoded_keys(keys: Sequence[str]) -> bytes:
 
 
 class TCPStoreClient:
-    """One connection to a ``TCPStore`` server, with the operations tftrun uses.
-
-    Not thread-safe: callers share one under a lock, as torch's client is shared.
-
-    Args:
-        host: the store's address.
-        port: its port.
-        timeout: seconds any one operation (connecting included) may take.
-
-    Raises:
-        StoreError: nothing accepts connections there.
-        StoreTimeout: something accepts them but does not answer as a store.
-    """
+    """One connection to a ``TCPStore`` server, each operation (connecting too) within ``timeout``
+    seconds. Not thread-safe: callers share one under a lock. Raises StoreError when nothing accepts
+    connections, StoreTimeout when something does but does not answer as a store."""
 
     def __init__(self, host: str, port: int, timeout: float) -> None:
         self.timeout = timeout
@@ -116,13 +105,9 @@ class TCPStoreClient:
         self._send(bytes([Query.SET]) + encoded_key(key) + encoded(value))
 
     def get(self, key: str, limit: int) -> bytes:
-        """The value of ``key``, waiting up to the timeout for it to be set.
-
-        Raises:
-            StoreTimeout: it was not set in time.
-            ValueTooLarge: its announced length is over ``limit`` bytes (nothing of it
-                is read: anyone may set any key to anything).
-        """
+        """The value of ``key``, waiting up to the timeout for it to be set (else StoreTimeout);
+        ValueTooLarge, none of it read, when its announced length is over ``limit`` (anyone may set any
+        key)."""
         self._send(bytes([Query.WAIT]) + encoded_keys([key]))
         if self._unpack("<B") != STOP_WAITING:
             raise StoreError(f"the store at {self._where} answered a wait unexpectedly")
@@ -158,12 +143,8 @@ class TCPStoreClient:
         return self._unpack("<q") > 0
 
     def wait(self, keys: Sequence[str], timeout: float) -> bool:
-        """Wait until every one of ``keys`` is set; False when they were not within
-        ``timeout`` seconds (the store forgets the wait, the connection stays usable).
-
-        The store answers a wait when the last of its keys is set, at once if they are;
-        a client blocked here costs it nothing meanwhile.
-        """
+        """Wait until every one of ``keys`` is set; False when not within ``timeout`` seconds. The
+        connection stays usable either way, and a client blocked here costs the store nothing."""
         self._send(bytes([Query.WAIT]) + encoded_keys(keys))
         self._sock.settimeout(timeout)
         try:

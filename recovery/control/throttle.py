@@ -1,8 +1,7 @@
 """At most one report per interval of something anyone may cause at any rate.
 
-Anyone who reaches the scheduler's port can send requests it refuses, and reporting each would let a
-stranger fill the log volume, so refusals are counted and reported at most once per :data:`REPORT_EVERY`
-seconds per kind.
+Anyone who reaches the scheduler's port can send requests it refuses; reporting each would let a
+stranger fill the log volume, so each kind is counted and reported once per :data:`REPORT_EVERY`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""How a wait is told to give up: one ``should_abort()`` callable for every wait.
-
-The trainer answers yes once SIGTERM was noted, so that a rank stuck on a peer's fault still
-saves its last words and exits within the launcher's grace period.
-"""
+"""How a wait is told to give up: one ``should_abort()`` callable for every wait. The trainer
+answers yes once SIGTERM was noted, so that a rank stuck on a peer's fault still saves its
+last words and exits within the launcher's grace period."""
 
 from __future__ import annotations
 

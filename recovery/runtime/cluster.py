@@ -1,9 +1,8 @@
 """``recovery.init()``: join the cluster (or be its scheduler) and get a process group.
 
-As in msrun's dynamic-cluster mode, ``MS_ROLE=MS_SCHED`` runs the scheduler and a worker
-registers and joins a generation's group, under a fresh store prefix per generation
-(docs/architecture.md). Without ``MS_SCHED_PORT`` it falls back to ``env://`` or, run
-alone, a group of one, so that the script's collectives still work.
+A worker joins each generation's group under a fresh store prefix (docs/architecture.md).
+Without ``MS_SCHED_PORT`` it falls back to ``env://`` or, run alone, a group of one, so that
+the script's collectives still work.
 """
 
 from __future__ import annotations
@@ -118,22 +117,17 @@ class ClusterContext:
 
     def pending_injection(self, global_step: int) -> Injection | None:
         """The oldest fault injection for this rank due at ``global_step``, handed out once;
-        ``None`` when none is.
-
-        Ask before reporting the step, so that a ``hang`` leaves this rank behind the
-        others' step, where the scheduler's progress rule sees it (docs/fault-injection.md).
-        """
+        None when none is. Ask before reporting the step, so that a ``hang`` leaves this rank
+        behind the others' step, where the progress rule sees it (docs/fault-injection.md)."""
         if self._session is None:
             return None
         return self._session.heartbeat.inbox.take_due(global_step)
 
     def claim_last_words(self, global_step: int, consistent: bool, reason: str = "") -> bool:
         """Ask the scheduler whether this rank saves the last-words checkpoint of the fault
-        that broke generation :attr:`generation` (recovery/control/claims.py).
-
-        True for the generation's first ``consistent`` claim only; False too when the
-        scheduler does not answer within ``cluster_time_out``. Needs no process group.
-        """
+        that broke generation :attr:`generation` (recovery/control/claims.py): True for the
+        first ``consistent`` claim only; False too when the scheduler does not answer within
+        ``cluster_time_out``. Needs no process group."""
         session = self._session
         if session is None:
             return False
@@ -183,10 +177,8 @@ class ClusterContext:
         return self._join_pending
 
     def complete_join(self, should_abort: ShouldAbort = never) -> None:
-        """Say this worker is ready, and join the generation the scheduler then forms.
-
-        A relaunched rank registers unready, in a group of its own, so that the others
-        train on while it builds its model and data.
+        """Say this worker is ready and join the next generation: a relaunched rank registers
+        unready, in a group of its own, so that the others train on while it builds its model.
 
         Raises:
             ClusterError: no generation with it formed within ``cluster_time_out``.
@@ -204,11 +196,9 @@ class ClusterContext:
         self._join_pending = False
 
     def rejoin(self, should_abort: ShouldAbort = never) -> None:
-        """Leave this generation's process group and join the next one the scheduler forms.
-
-        For a survivor of a peer's death: call it once every reference to the old group's
-        objects is dropped (docs/architecture.md), so that peers blocked on this process
-        are released.
+        """Leave this generation's process group and join the next one the scheduler forms;
+        call it once every reference to the old group's objects is dropped
+        (docs/architecture.md), so that peers blocked on this process are released.
 
         Raises:
             ClusterError: no newer generation formed within ``cluster_time_out``, or this
@@ -257,11 +247,9 @@ class ClusterContext:
 
     def enter_whole(self, form: FormGroup, after: int | None = None,
                     should_abort: ShouldAbort = never) -> None:
-        """Enter the first generation after ``after`` (None: from the one this worker
-        registered into) that has every rank in it, and form its group with ``form``.
-
-        For a worker whose own code initialises the process group: ``form`` only prepares
-        what that code needs.
+        """Enter the first generation after ``after`` (None: the one this worker registered
+        into) that has every rank, and form its group with ``form``, which for a worker whose
+        own code initialises the process group only prepares what that code needs.
 
         Raises:
             ClusterError: none formed within ``cluster_time_out``.
@@ -373,12 +361,11 @@ def init(backend: str | None = None, timeout: timedelta | None = None) -> Cluste
         timeout: the process group's timeout (torch's default when ``None``).
 
     Returns:
-        This worker's :class:`ClusterContext`. With ``MS_ROLE=MS_SCHED`` it does not
-        return: the process runs the scheduler and exits.
+        This worker's :class:`ClusterContext`; with ``MS_ROLE=MS_SCHED`` the process runs
+        the scheduler and exits instead.
 
     Raises:
-        RegistrationRefused: a :class:`ClusterError`: refused for good; uncaught, the
-            process exits 77.
+        RegistrationRefused: a :class:`ClusterError`: refused for good; uncaught, exit 77.
         UnsafeFolder: the log dir or recovery path is not the user's own; uncaught, exit 2.
         ClusterError: the cluster did not complete within ``cluster_time_out``.
     """

@@ -1,8 +1,5 @@
-"""The folders a job writes into, refused as tftrun refuses them when no tftrun checked them.
-
-A process started by hand (or by ``templates/run.sh``) had no tftrun check ``TFT_LOG_DIR``
-or ``MS_RECOVERY_PATH`` (recovery/safe_files.py); run.sh runs the same check with
-``python -m recovery.runtime.folders``.
+"""The folders a job writes into, refused as tftrun refuses them when no tftrun checked them:
+in a process started by hand, or by ``templates/run.sh`` (``python -m`` of this module).
 """
 
 from __future__ import annotations

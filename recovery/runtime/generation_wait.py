@@ -31,14 +31,9 @@ def wait_for_generation(link: SchedulerLink, generation: int, deadline: float,
                         superseded: Callable[[], bool],
                         should_abort: ShouldAbort = never) -> tuple[Any, list[int]] | None:
     """A store client and the members' ranks, once the scheduler says ``generation`` is
-    formed; ``None`` once ``superseded()`` says a newer generation has this worker in it.
-
-    The ready key is polled with ``check``, not a blocking ``wait``, whose timeout logs a
-    C++ warning.
-
-    Raises:
-        Aborted: ``should_abort()`` said so.
-    """
+    formed; ``None`` once ``superseded()`` says a newer generation has this worker in it;
+    :class:`Aborted` when ``should_abort()`` says so. The ready key is polled with ``check``,
+    since a blocking ``wait``'s timeout logs a C++ warning."""
     from torch.distributed import DistNetworkError
 
     store = None

@@ -1,10 +1,8 @@
-"""Forming and retiring one generation's default process group, without ever hanging
-(docs/architecture.md).
+"""Forming and retiring a generation's process group without ever hanging (docs/architecture.md).
 
-The members first *meet* in the store, giving up once a newer generation exists, because
-``init_process_group`` would wait the whole group timeout for a member that died. A gloo
-group is *retired* in a background thread, because destroying it joins threads that may be
-blocked on a dead peer; an NCCL group is aborted, as torch documents.
+Members first *meet* in the store and give up once a newer generation exists, since
+``init_process_group`` would wait its whole timeout for a dead member; a gloo group is
+retired in a background thread, as destroying it joins threads blocked on a dead peer.
 """
 
 from __future__ import annotations
@@ -37,16 +35,10 @@ def _arrival_key(rank: int) -> str:
 
 def meet(store: Any, rank: int, world_size: int, newer: Callable[[], bool],
          deadline: float, should_abort: ShouldAbort = never) -> bool:
-    """Announce this rank in the generation's ``store`` and wait for all ``world_size``.
-
-    Returns:
-        True once every member has arrived; False as soon as ``newer()`` says a newer
-        generation exists (this one will never complete), or at ``deadline``.
-
-    Raises:
-        DistNetworkError: the store's server (the scheduler) went away.
-        Aborted: ``should_abort()`` said so.
-    """
+    """Announce this rank in the generation's ``store`` and wait for all ``world_size``:
+    True once every member arrived; False as soon as ``newer()`` says a newer generation
+    exists (this one will never complete), or at ``deadline``. Raises ``DistNetworkError``
+    when the scheduler's store went away, :class:`Aborted` when ``should_abort()`` says so."""
     store.set(_arrival_key(rank), "1")
     keys = [_arrival_key(r) for r in range(world_size)]
     while not store.check(keys):
@@ -60,16 +52,10 @@ def meet(store: Any, rank: int, world_size: int, newer: Callable[[], bool],
 
 def connect(backend: str, store: Any, rank: int, world_size: int,
             rendezvous_timeout: float, group_timeout: timedelta | None) -> bool:
-    """Initialise the default process group once every member has met.
-
-    Returns:
-        False when the rendezvous failed within ``rendezvous_timeout`` seconds (a member
-        died between meeting and connecting).
-
-    Raises:
-        DistNetworkError: the store's server (the scheduler) went away; the caller
-            meets again in the same generation once it is back.
-    """
+    """Initialise the default process group once every member has met; False when the
+    rendezvous failed within ``rendezvous_timeout`` seconds (a member died meanwhile).
+    ``DistNetworkError`` (the scheduler went away) is raised: the caller meets again in the
+    same generation once it is back."""
     import torch.distributed as dist
     from torch.distributed import DistNetworkError
     from torch.distributed.constants import default_pg_timeout

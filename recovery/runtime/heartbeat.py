@@ -1,10 +1,8 @@
 """A worker's heartbeat: a background thread that tells the scheduler it is alive, and where.
 
-Beats are spaced to what the timeouts need; in between, the thread reads the scheduler's
-news counter and beats at once when it moved, so news arrives quickly. Training goes on
-while the scheduler is down, as gloo does not use the store after its rendezvous. A refused
-beat means the process no longer holds its node id, and since nothing can interrupt a gloo
-call from another thread, it exits.
+Between beats it reads the news counter and beats at once when it moved. Training goes on
+while the scheduler is down, as gloo does not use the store after its rendezvous; a refused
+beat (the node id is lost) exits, as nothing can interrupt a gloo call from another thread.
 """
 
 from __future__ import annotations
@@ -57,18 +55,10 @@ def _exit_evicted(message: str) -> None:
 
 
 class Heartbeat:
-    """Beats every ``interval`` seconds until stopped, and sooner when there is news.
-
-    Args:
-        link: the scheduler, or the node's supervisor, which beats for the node.
-        interval: seconds between beats.
-        on_evicted: called with the scheduler's message when a beat is refused; the
-            default ends the process with :data:`EXIT_EVICTED`.
-        news_every: seconds between reads of the scheduler's news counter; ``None`` (or
-            not less than ``interval``): none.
-        look_every: seconds between two reads asked for by :meth:`look_for_news`, at the
-            soonest (:func:`news_look_interval`); ``None``: none is.
-    """
+    """Beats every ``interval`` seconds through ``link`` (the scheduler, or the node's
+    supervisor) until stopped, and sooner when the news counter, read every ``news_every``
+    seconds (None: never) or on :meth:`look_for_news`, moved. ``on_evicted`` gets a refused
+    beat's message; by default the process exits with :data:`EXIT_EVICTED`."""
 
     def __init__(self, link: SchedulerLink | LocalLink, identity: Identity, interval: float,
                  generation: int, on_evicted: Callable[[str], None] = _exit_evicted,
@@ -116,12 +106,9 @@ class Heartbeat:
             self._thread.join()
 
     def look_for_news(self) -> None:
-        """Have the thread read the news counter now (and beat if it moved), unless a look
-        was asked for less than ``look_every`` ago.
-
-        For a blocked collective: a survivor that is no neighbour of a dead rank learns of
-        the new generation only from the scheduler. Cheap: it sets an event.
-        """
+        """Have the thread read the news counter now (and beat if it moved), unless a look was
+        asked for less than ``look_every`` ago: a survivor blocked in a collective that is no
+        neighbour of a dead rank learns of the new generation only from the scheduler."""
         now = time.monotonic()
         if self._look_every is not None and now - self._looked_at >= self._look_every:
             self._looked_at = now

@@ -33,11 +33,9 @@ class RegistrationRefused(ClusterError, SystemExit):
 
 def register(link: SchedulerLink | LocalLink, identity: Identity, deadline: float,
              ready: bool = True, whole: bool = False) -> dict[str, Any]:
-    """Register, retrying while the scheduler is unreachable or refuses for a while.
-
-    A refusal for a wrong token cannot be signed, so it is believed only after
-    :data:`_TOKEN_REFUSALS` attempts in a row got it.
-    """
+    """Register, retrying while the scheduler is unreachable or refuses for a while. A refusal
+    for a wrong token cannot be signed, so it is believed only after :data:`_TOKEN_REFUSALS`
+    attempts in a row got it."""
     said = ""
     token_refusals = 0
     while (left := deadline - time.monotonic()) > 0:

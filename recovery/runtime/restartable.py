@@ -1,12 +1,8 @@
 """``@recovery.restartable``: a plain script's entry point, called again in the surviving
-processes when a peer dies (docs/recovery.md, "In-process restart").
-
-The function keeps its own ``env://`` group and checkpoint; it runs once per whole
-generation, since it knows nothing of a smaller world. Rank 0 of each generation hosts a
-fresh c10d store, because ``env://`` puts no prefix on its keys. Only a ``RuntimeError``
-the scheduler confirms as a fault within the heartbeat timeout is caught. The rank registers
-``whole``, so its own death starts no cooldown (recovery/control/membership.py).
-"""
+processes when a peer dies (docs/recovery.md, "In-process restart"). The function keeps its
+own ``env://`` group, so it runs only in whole generations, each with a fresh c10d store
+hosted by rank 0 (``env://`` puts no prefix on its keys). The rank registers ``whole``, so
+its own death starts no cooldown (recovery/control/membership.py)."""
 
 from __future__ import annotations
 
@@ -56,9 +52,8 @@ def on_next_fault(listener: Callable[[BaseException], None]) -> bool:
 def restartable(fn: Callable[P, R]) -> Callable[P, R]:
     """Call ``fn`` again, in this process, each time a peer's death breaks its collectives.
 
-    Without a scheduler (plain torchrun, or run alone) ``fn`` is called once, unchanged.
-    Under ``MS_ROLE=MS_SCHED`` the process runs the scheduler, as ``recovery.init()`` does.
-    """
+    Without a scheduler (plain torchrun, or run alone) ``fn`` is called once, unchanged;
+    under ``MS_ROLE=MS_SCHED`` the process runs the scheduler, as ``recovery.init()`` does."""
 
     @functools.wraps(fn)
     def call(*args: P.args, **kwargs: P.kwargs) -> R:

@@ -1,8 +1,7 @@
 """The private torch.distributed calls recovery needs, in one place, for one torch version.
 
-Private names change between releases without notice, so importing this module checks the
-torch version and fails with one clear message rather than an ``AttributeError`` deep inside
-a recovery.
+Private names change without notice, so importing this module checks the torch version and
+fails with one clear message rather than an ``AttributeError`` deep inside a recovery.
 """
 
 from __future__ import annotations
@@ -42,11 +41,9 @@ check_version(torch.__version__)
 
 
 def reset_group_count() -> None:
-    """Forget the process groups torch has numbered so far.
-
-    A failed ``init_process_group`` still uses up a group name, after which this rank's
-    rendezvous keys in the next attempt would not match its peers'.
-    """
+    """Forget the process groups torch has numbered so far: a failed ``init_process_group``
+    still uses up a group name, after which this rank's rendezvous keys would not match its
+    peers'."""
     c10d._world.group_count = 0
 
 

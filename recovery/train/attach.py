@@ -1,8 +1,5 @@
-"""``recovery.attach``: tftrun's recovery under a DDP script's own loop (docs/quickstart-own-script.md).
-
-The script keeps its model, optimizer, ``DataLoader`` and loop, iterating ``job.epochs()`` and
-``job.batches()`` instead; underneath is :class:`recovery.train.elastic.ElasticTrainer`.
-"""
+"""``recovery.attach``: tftrun's recovery under a DDP script's own loop (docs/quickstart-own-script.md),
+over :class:`recovery.train.elastic.ElasticTrainer`."""
 
 from __future__ import annotations
 
@@ -31,15 +28,13 @@ every rank (a single death loses nothing without them)."""
 def attach(model: DistributedDataParallel, optimizer: torch.optim.Optimizer, data: DataLoader, *,
            lr_scheduler: Any = None, checkpoint_every: int = CHECKPOINT_EVERY,
            log_params_hash: bool = False) -> Job:
-    """Put a DDP script's model, optimizer and data under tftrun's recovery.
-
-    Call it after ``DistributedDataParallel(...)`` and before the first backward pass.
+    """Put a DDP script's model, optimizer and data under tftrun's recovery; call it after
+    ``DistributedDataParallel(...)`` and before the first backward pass.
 
     Args:
-        model: the script's ``DistributedDataParallel``.
-        data: its ``DataLoader``: the dataset, ``batch_size`` (per rank and step), ``collate_fn`` and
-            the sampler's ``shuffle`` and ``seed`` are taken from it.
-        lr_scheduler: the LR scheduler, if any (saved and restored with the rest).
+        data: its ``DataLoader``: the dataset, ``batch_size`` (per rank and step), ``collate_fn`` and the
+            sampler's ``shuffle`` and ``seed`` are taken from it.
+        lr_scheduler: saved and restored with the rest.
         checkpoint_every: global steps between two periodic checkpoints of each rank.
         log_params_hash: log each committed step's parameter hash (for tests).
     """

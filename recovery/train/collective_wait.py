@@ -23,15 +23,10 @@ class PeerFailure(RuntimeError):
 
 def wait_collective(work: Any, ctx: ClusterContext, should_abort: ShouldAbort = never,
                     held: Callable[[], bool] = never) -> None:
-    """Wait for an async collective, polling, so that a new generation interrupts it (unless
-    ``held()``: a replay takes the new generation's ranks in at a later step).
-
-    A timed-out ``wait`` does not cancel the operation, so waiting again completes it.
-
-    Raises:
-        PeerFailure: a peer is gone, or the scheduler formed a newer generation.
-        Aborted: ``should_abort()`` said so; the collective is left in flight, so the caller must leave the group.
-    """
+    """Wait for an async collective, polling, so that a new generation interrupts it (unless ``held()``: a
+    replay admits its ranks at a later step). Raises PeerFailure for a lost peer or a newer generation,
+    and Aborted when ``should_abort()`` says so, the collective still in flight: the caller must leave
+    the group."""
     while True:
         try:
             work.wait(timeout=POLL)

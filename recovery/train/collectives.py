@@ -1,9 +1,6 @@
-"""The few collectives recovery runs outside the gradient all-reduce, as waitable ones.
-
-torch's object collectives block until they complete (a frozen member holds the others for the whole group
-timeout) and unpickle what a peer sends. These are asynchronous tensor collectives handed to a :data:`Wait`,
-and nothing received is unpickled: state travels as ``torch.save`` bytes loaded with ``weights_only=True``.
-"""
+"""The few collectives recovery runs outside the gradient all-reduce, as waitable ones: torch's object
+collectives block (a frozen member holds the others for the whole group timeout) and unpickle what a
+peer sends; these are asynchronous and load what they receive with ``weights_only=True``."""
 
 from __future__ import annotations
 
@@ -38,11 +35,8 @@ def blocking(work: Any) -> None:
 
 def all_gather_rows(rows: list[tuple[int, ...]], width: int, wait: Wait = blocking,
                     most: int = MAX_ROWS) -> list[list[tuple[int, ...]]]:
-    """Every rank's list of integer tuples of ``width`` items, in rank order.
-
-    A peer that announces more than ``most`` rows raises :class:`RefusedPayload` on every rank alike,
-    before anything is allocated for its rows.
-    """
+    """Every rank's list of integer tuples of ``width`` items, in rank order; a peer announcing more than
+    ``most`` rows raises :class:`RefusedPayload` on every rank alike, before anything is allocated."""
     if len(rows) > most:
         raise ValueError(f"{len(rows)} rows to gather, more than the {most} a rank may send")
     world_size = dist.get_world_size()
@@ -64,14 +58,10 @@ def all_gather_rows(rows: list[tuple[int, ...]], width: int, wait: Wait = blocki
 
 
 def broadcast_plain(value: Any, source: int, most: int, wait: Wait = blocking) -> Any:
-    """Send ``value`` (tensors and plain data, read only on the source) from rank ``source`` to every
-    rank; return it everywhere, the source getting back the very object it passed.
-
-    It travels as its ``torch.save`` bytes' length, then a uint8 tensor. A receiver refuses an announced
-    length over ``most`` or over this host's available memory with :class:`RefusedPayload`, before anything
-    is allocated, and loads what it gets with ``weights_only=True``: a payload that needs any other object
-    rebuilt raises :class:`RefusedPayload` unloaded.
-    """
+    """Send ``value`` (tensors and plain data, read only on the source) from rank ``source`` to every rank;
+    return it everywhere, the source's very object there. A receiver raises :class:`RefusedPayload`
+    (before allocating) for a length over ``most`` or this host's free memory, or for what
+    ``weights_only`` refuses."""
     if dist.get_rank() == source:
         out = io.BytesIO()
         torch.save(value, out)

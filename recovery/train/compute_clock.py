@@ -1,8 +1,5 @@
-"""A rank's compute time per step: the step's time less its wait in the collective.
-
-Nothing is synchronised for it. An injected ``slow`` fault makes the compute before the collective
-``slowdown`` times as long, by sleeping in proportion to it (docs/fault-injection.md).
-"""
+"""A rank's compute time per step, the step's time less its wait in the collective; nothing is
+synchronised for it. An injected ``slow`` fault sleeps in proportion to it (docs/fault-injection.md)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The user's ``DistributedDataParallel``, its gradients reduced through the current
-generation's group by a comm hook, in a layout that never changes.
-
-DDP reorders its buckets after its first iteration, and a relaunched rank's DDP starts in the initial
-order; so the hook copies each gradient into fixed buckets, reduced in the same order on every rank, and
-the sums match before and after any re-form. The reductions are waited for fault-aware, so a lost peer
-never breaks ``backward()``: the remaining buckets are handed back unreduced and the trainer voids the step.
-"""
+"""The user's ``DistributedDataParallel``, its gradients reduced through the current generation's group
+by a comm hook in fixed buckets: DDP reorders its own after its first iteration, a relaunched rank's not.
+A lost peer never breaks ``backward()``: the remaining buckets come back unreduced and the step is void."""
 
 from __future__ import annotations
 
@@ -52,16 +47,10 @@ class _Pending:
 
 
 class GradientExchange:
-    """The comm hook of one DDP model and the thread that waits for its reductions.
-
-    Args:
-        ddp: the user's ``DistributedDataParallel``; make this before its first backward pass.
-        wait: how a reduction is waited for; raises ``PeerFailure`` or ``Aborted``.
-        on_first_bucket: called when a step's first bucket is ready (the rank reached its
-            collective: progress, for the scheduler's hang verdict).
-        clock: the step's compute time: its collective starts when the last gradient is in, and
-            ends when the last bucket is reduced.
-    """
+    """The comm hook of one DDP model, made before its first backward pass, and the thread that waits for
+    its reductions with ``wait`` (which raises ``PeerFailure`` or ``Aborted``). ``on_first_bucket`` marks
+    the rank at its collective (progress, for the hang verdict); ``clock`` times the step's collective from
+    the last gradient in to the last bucket reduced."""
 
     def __init__(self, ddp: torch.nn.parallel.DistributedDataParallel,
                  wait: Callable[[Any], None], on_first_bucket: Callable[[], None],

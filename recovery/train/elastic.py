@@ -1,9 +1,6 @@
-"""Per-rank recovery inside a plain training loop: pause, re-form, restore, go on.
-
-The user loops over :meth:`ElasticTrainer.steps`. The trainer wraps the optimizer, so that it can void a step
-whose gradient exchange failed and keep every rank at its last completed step. docs/recovery.md walks
-through each fault and draws the trainer's states.
-"""
+"""Per-rank recovery inside a plain training loop: pause, re-form, restore, go on (docs/recovery.md).
+The trainer wraps the optimizer so that it can void a step whose gradient exchange failed, keeping every
+rank at its last completed step."""
 
 from __future__ import annotations
 
@@ -54,14 +51,10 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Step(TrainPosition):
-    """One training step to run, and the position once it is done (``global_step`` counts
-    from 1 over the whole run); ``indices`` are this rank's samples of it.
-
-    In a degraded generation ``indices`` hold all the micro-batches this rank computes for the step:
-    compute the loss as the mean over them, as always, or accumulate over
-    ``indices.split(micro_batch_size)`` with each loss divided by ``micro_batches`` (docs/elastic.md).
-    ``cursor`` is the epoch's cursor once the step commits.
-    """
+    """One training step to run, and the position once it is done; ``indices`` are this rank's samples of it.
+    In a degraded generation (docs/elastic.md) they hold all this rank's micro-batches: take the mean loss
+    over them, or accumulate over ``indices.split(micro_batch_size)``, each loss divided by
+    ``micro_batches``. ``cursor`` is the epoch's cursor once the step commits."""
 
     indices: torch.Tensor = field(kw_only=True)
     share: tuple[int, ...] = field(default=(), kw_only=True)
@@ -83,17 +76,16 @@ class ElasticTrainer:
     Args:
         ctx: what :func:`recovery.init` returned.
         model: a plain module, whose gradients :meth:`all_reduce_gradients` averages, or the user's
-            ``DistributedDataParallel``, whose buckets are reduced during ``backward()``; checkpoints hold
-            its ``module``.
-        optimizer: its optimizer (wrapped to report its phase).
-        saver: the checkpoint saver of this rank (it decides when to save).
+            ``DistributedDataParallel``, reduced during ``backward()``; checkpoints hold its ``module``.
+        optimizer: wrapped to report its phase.
+        saver: this rank's checkpoint saver (it decides when to save).
         sampler: the resumable sampler that orders this rank's data.
         resume: start from the newest state every rank can reach (also when ``TFT_IS_RECOVER=1``, in a
             relaunched rank, or after a restart of all).
         allow_world_size_change: resume from checkpoints of another world size.
         modes: the lose-nothing modes; by default from ``MS_ENABLE_TFT``.
         batch_policy: ``constant`` or ``shrink``; by default from ``TFT_BATCH_POLICY``, else ``constant``.
-        log_params_hash: log every committed step's parameter hash (for tests: it hashes the model every step).
+        log_params_hash: log every committed step's parameter hash (for tests: it hashes the model).
         replay_membership: an earlier run's ``events.jsonl`` (or log dir) whose membership changes this run
             makes again at the same steps; by default from ``TFT_REPLAY_MEMBERSHIP``.
     """
@@ -304,13 +296,9 @@ class ElasticTrainer:
 
     # ------------------------------------------------------------------ collectives
     def all_reduce_gradients(self) -> None:
-        """Average the gradients over the group in one fixed flat layout.
-
-        In a degraded generation the average is over the step's micro-batches, not the group's ranks
-        (docs/elastic.md). On a peer failure, a device error flagged by any rank, or a stop signal
-        while stuck, this returns without raising: the step is void (the optimizer update that
-        follows does nothing) and the loop recovers before the next step.
-        """
+        """Average the gradients over the group (in a degraded step, over its micro-batches). On a fault it
+        returns without raising: the step is void (the optimizer update that follows does nothing) and the
+        loop recovers before the next step."""
         if self.exchange is not None:
             raise RuntimeError("the DistributedDataParallel model's gradients are reduced "
                                "during backward(): do not call all_reduce_gradients()")
@@ -537,12 +525,9 @@ class ElasticTrainer:
             self._events.emit(event, **fields)
 
     def _fault_time(self) -> float:
-        """When the fault recovered from happened, from what this process holds: a recovery never
-        reads events.jsonl, which grows with the job's age.
-
-        Except for a device error repaired in place, the scheduler's time of the newest fault is
-        preferred, which a relaunched rank learns when it registers.
-        """
+        """When the fault recovered from happened, from what this process holds, never events.jsonl (it
+        grows with the job's age): the scheduler's time of the newest fault, but for a device error
+        repaired in place."""
         fault = self._machine.fault
         if fault is not None and fault.ranks:
             return fault.at

@@ -1,9 +1,5 @@
-"""Gradient averaging with a reduction layout that never changes, for bitwise resumption.
-
-DDP reorders its gradient buckets after its first iteration, so a DDP built anew after a restart sums in
-another order and drifts in the last bits; here all gradients are summed through one flat buffer in the
-parameters' order, the same in every process.
-"""
+"""Gradient averaging with a reduction layout that never changes, for bitwise resumption: DDP reorders
+its buckets after its first iteration, so a DDP built anew after a restart sums in another order."""
 
 from __future__ import annotations
 
@@ -24,22 +20,19 @@ def all_reduce_gradients(
     weight: int = 1,
     divisor: int | None = None,
 ) -> None:
-    """Replace each gradient by its average over the ranks of ``group``.
+    """Replace each gradient by its average over the ranks of ``group``; without a process group, do nothing.
 
-    Call it after ``backward()`` and before ``optimizer.step()``, in place of DDP. Parameters without a
-    gradient are left out, so every rank must have gradients for the same parameters. Without an
-    initialised process group it does nothing.
+    Call it after ``backward()`` and before ``optimizer.step()``, in place of DDP. Every rank must have
+    gradients for the same parameters (those without one are left out).
 
     Args:
-        parameters: the parameters, in a fixed order (``model.parameters()`` is one).
+        parameters: in a fixed order (``model.parameters()`` is one).
         wait: if given, each ``all_reduce`` is started asynchronously and ``wait(work)`` waits for it;
             if it raises, the gradients are left untouched.
-        flags: a small tensor summed over the ranks in the same collective, at no extra round trip, and
-            replaced by the sum (the trainer flags failed devices with it).
-        weight: what this rank's gradients are multiplied by before the sum: the micro-batches it
-            computed in a degraded step.
-        divisor: what the sum is divided by: the step's micro-batches, never the ranks of a degraded
-            group (default: the world size).
+        flags: a small tensor summed over the ranks in the same collective, and replaced by the sum.
+        weight: multiplies this rank's gradients before the sum: its micro-batches in a degraded step.
+        divisor: divides the sum: the step's micro-batches, never a degraded group's ranks (default: the
+            world size).
     """
     if not (dist.is_available() and dist.is_initialized()):
         return

@@ -1,9 +1,6 @@
 """Which lose-nothing recovery modes a job uses: msrun's ``MS_ENABLE_TFT`` syntax, ``{TTP:1,UCE:1,ARF:1}``.
-
-TTP: a survivor saves last-words checkpoints; UCE: in-place recovery from a recoverable device error;
-ARF: a relaunched rank takes a healthy replica's state. As with msrun a mode not named is off, but an unset
-``MS_ENABLE_TFT`` means all three on; msrun's Ascend-only modes are accepted and ignored.
-"""
+TTP: survivors save last-words checkpoints; UCE: in-place recovery from a device error; ARF: a relaunched
+rank takes a healthy replica's state. A mode not named is off; msrun's Ascend-only ones are ignored."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Where a rank is within its step: the OptTFTWrapper analogue (``recovery.wrap_optimizer``).
-
-A replica is *consistent* when it is not inside ``optimizer.step()``: its state is then that of one
-completed step, and may be saved or copied to another rank. The wrapper also voids a step when the trainer
-says so (:attr:`StepPhase.void_when`), so that every rank stays at its last completed step.
-"""
+"""Where a rank is within its step: the OptTFTWrapper analogue (``recovery.wrap_optimizer``). A replica
+outside ``optimizer.step()`` is *consistent*: its state is one completed step's, fit to save or copy.
+The wrapper also voids a step when the trainer says so (:attr:`StepPhase.void_when`)."""
 
 from __future__ import annotations
 
@@ -61,11 +58,8 @@ class StepPhase:
 
 
 def wrap_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """Make ``optimizer.step()`` report its phase; returns the same optimizer.
-
-    Wrapping twice is harmless. :class:`recovery.train.elastic.ElasticTrainer` wraps the
-    optimizer it is given, so a script that uses the trainer need not call this.
-    """
+    """Make ``optimizer.step()`` report its phase; returns the same optimizer. Wrapping twice is harmless;
+    :class:`~recovery.train.elastic.ElasticTrainer` wraps its optimizer itself."""
     if hasattr(optimizer, _ATTRIBUTE):
         return optimizer
     tracker = StepPhase()

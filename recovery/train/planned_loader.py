@@ -1,9 +1,5 @@
-"""The batches of the steps ``ElasticTrainer`` plans, loaded ahead by the script's ``DataLoader``
-workers (``recovery.attach`` with ``num_workers > 0``).
-
-While the membership holds the steps ahead are known, so the workers prefetch them; a step whose samples
-differ from the batch next in line (a re-form changed the plan) starts a new loader.
-"""
+"""The batches of the steps ``ElasticTrainer`` plans, prefetched by the script's ``DataLoader`` workers
+(``recovery.attach`` with ``num_workers > 0``); a re-form that changes the plan starts a new loader."""
 
 from __future__ import annotations
 

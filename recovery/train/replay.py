@@ -1,9 +1,6 @@
-"""Replaying a run's membership changes, recorded in its ``events.jsonl``, so that a degraded run is reproducible.
-
-With the same seed and the same membership step for step, a second run computes the same sums, since
-gloo's all-reduce over the same ranks is bitwise reproducible. A rank the record lost after step ``S`` dies
-by SIGKILL before step ``S + 1``; a generation the record grew at ``S`` is joined once ``S`` is committed.
-"""
+"""Replaying a run's membership changes from its ``events.jsonl``, so that a degraded run is reproducible:
+with the same seed and membership step for step, gloo's all-reduce gives the same sums. A rank lost
+after step ``S`` is SIGKILLed before ``S + 1``; a generation grown at ``S`` is joined once ``S`` commits."""
 
 from __future__ import annotations
 
@@ -38,11 +35,8 @@ class MembershipChange:
 
 
 def recorded_changes(events: Iterable[dict[str, Any]]) -> list[MembershipChange]:
-    """Each generation's ``membership`` event, with the step of its first ``rollback``.
-
-    A later ``membership`` event of the same generation (a retirement) is left out. The first
-    generation's step is 0 unless a rollback says otherwise (a resumed job).
-    """
+    """Each generation's first ``membership`` event (not a later retirement), with the step of its first
+    ``rollback``; the first generation's is 0 unless a rollback says otherwise (a resumed job)."""
     memberships: dict[int, dict[str, Any]] = {}
     steps: dict[int, int] = {}
     for event in events:
@@ -85,11 +79,8 @@ class MembershipReplay:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> MembershipReplay:
-        """The record in ``path`` (an ``events.jsonl``, or the log dir holding it).
-
-        Raises ReplayError for no ``membership`` event, a change the replay cannot make, or a
-        retirement (the retired rank would come back).
-        """
+        """The record in ``path`` (an ``events.jsonl``, or the log dir holding it); raises ReplayError for no
+        ``membership`` event, a change the replay cannot make, or a retirement (the rank would come back)."""
         events = list(read_events(path))
         retired = [e for e in events if e.get("event") == "membership" and e.get("retired")]
         if retired:

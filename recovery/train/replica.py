@@ -1,9 +1,6 @@
-"""State from a healthy replica over the live process group (ARF and in-place recovery).
-
-The *source* is the consistent rank at the newest step (the lowest on a tie); it broadcasts what a
-checkpoint would hold, and every rank behind or damaged loads it, reading no file. A fixed source rank
-would be wrong: a newcomer rank 0 would reset everyone.
-"""
+"""State from a healthy replica over the live process group (ARF and in-place recovery), reading no file.
+The *source* is the consistent rank at the newest step (the lowest on a tie), not a fixed rank: a
+newcomer rank 0 would reset everyone."""
 
 from __future__ import annotations
 

@@ -25,12 +25,9 @@ def _valid(directories: list[Path], lineage: str) -> list[Candidate]:
 
 def agree_rollback_point(directories: list[Path], lineage: str,
                          wait: Wait = blocking) -> tuple[int, int] | None:
-    """The newest (epoch, step_in_epoch) for which *every* rank of the group has a valid checkpoint
-    of ``lineage``; ``None`` when there is none.
-
-    Each rank's newest :data:`MAX_ROWS` points are gathered over the group, so every rank computes the
-    same answer.
-    """
+    """The newest (epoch, step_in_epoch) for which *every* rank of the group has a valid checkpoint of
+    ``lineage``, or ``None``; every rank computes the same answer from the newest :data:`MAX_ROWS`
+    points of each, gathered over the group."""
     mine = sorted({(c.epoch, c.step_in_epoch) for c in _valid(directories, lineage)})[-MAX_ROWS:]
     everyone = all_gather_rows(mine, 2, wait)
     common = set.intersection(*(set(points) for points in everyone))

@@ -1,9 +1,5 @@
-"""A distributed sampler that can start an epoch part-way through, for exact resumption.
-
-The order of an epoch is a pure function of ``(seed, epoch)``, and the place in it a
-function of the step, so a job that restarts at ``(epoch, step)`` sees exactly the
-samples the uninterrupted job would have seen, on every rank.
-"""
+"""A distributed sampler that can start an epoch part-way through, for exact resumption: an epoch's
+order depends only on ``(seed, epoch)``, and the place in it only on the step."""
 
 from __future__ import annotations
 
@@ -24,17 +20,14 @@ logger = logging.getLogger(__name__)
 class ResumableDistributedSampler(Sampler[int]):
     """Yields this rank's sample indices of an epoch, skipping the steps already done.
 
-    Each epoch is a permutation drawn from a generator seeded with ``seed + epoch`` (as torch's
-    ``DistributedSampler``); rank ``r`` takes every ``num_replicas``-th index from ``r``, and the
-    remainder is dropped so that all ranks run the same number of steps per epoch.
-
-    Use it like ``DistributedSampler``: call :meth:`set_epoch` before each epoch; after a resume,
-    :meth:`set_init_step` makes the current epoch start after the steps already done.
+    As torch's ``DistributedSampler``: each epoch a permutation seeded with ``seed + epoch``, rank ``r``
+    taking every ``num_replicas``-th index from ``r``, the remainder dropped so that all ranks run the same
+    steps. Call :meth:`set_epoch` before each epoch, and :meth:`set_init_step` after a resume.
 
     Args:
         batch_size: samples per step on this rank.
-        num_replicas: number of ranks; defaults to the process group's size, or 1.
-        rank: this rank; defaults to the process group's rank, or 0.
+        num_replicas: defaults to the process group's size, or 1.
+        rank: defaults to the process group's rank, or 0.
         shuffle: ``False`` keeps the dataset order (then ``seed`` plays no part).
     """
 
@@ -106,20 +99,15 @@ class ResumableDistributedSampler(Sampler[int]):
         self.cursor, self._cursor_step = cursor, step_in_epoch
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint records of the data order; the checkpoint adds ``epoch`` and
-        ``step_in_epoch`` itself.
-
-        The cursor differs from ``step_in_epoch * num_replicas`` only after degraded steps under ``shrink``.
-        """
+        """What a checkpoint records of the data order, besides ``epoch`` and ``step_in_epoch``; the cursor
+        differs from ``step_in_epoch * num_replicas`` only after degraded steps under ``shrink``."""
         return {"seed": self.seed, "batch_size": self.batch_size, "cursor": self.cursor,
                 "cursor_step": self._cursor_step, "num_replicas": self.num_replicas}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Continue after step ``state_dict["step_in_epoch"]`` of epoch ``state_dict["epoch"]``.
-
-        A recorded ``seed`` or ``batch_size`` other than this sampler's is allowed, with one warning:
-        the data order will not continue exactly.
-        """
+        """Continue after step ``state_dict["step_in_epoch"]`` of epoch ``state_dict["epoch"]``; a
+        recorded ``seed`` or ``batch_size`` other than this sampler's warns once: the order will not
+        continue exactly."""
         seed = state_dict.get("seed", self.seed)
         batch_size = state_dict.get("batch_size", self.batch_size)
         if seed != self.seed or batch_size != self.batch_size:
@@ -164,11 +152,8 @@ class ResumableDistributedSampler(Sampler[int]):
         return self._order_cache
 
     def batches(self) -> Iterator[tuple[int, torch.Tensor]]:
-        """``(step_in_epoch, indices)`` for each remaining step of the epoch, counted from 1.
-
-        The step is the one to record in a checkpoint once it is done, and the value to
-        give :meth:`set_init_step` to continue after it.
-        """
+        """``(step_in_epoch, indices)`` for each remaining step of the epoch, counted from 1: the step to
+        record once it is done, and to give :meth:`set_init_step` to continue after it."""
         indices = self.epoch_indices()
         for step_in_epoch in range(self.init_step + 1, self.steps_per_epoch + 1):
             yield step_in_epoch, indices[(step_in_epoch - 1) * self.batch_size

@@ -1,10 +1,7 @@
 """Who computes which samples of a step, for any set of live ranks: the pure core of degraded training
-(docs/elastic.md).
-
-An epoch's samples are cut into numbered *micro-batches* of ``batch_size``; the *cursor* counts those that
-committed steps have trained and advances only on commit, so a voided step is planned again from the same
-cursor. Nothing here does I/O or imports torch.
-"""
+(docs/elastic.md), with no I/O and no torch. An epoch's samples are cut into numbered *micro-batches* of
+``batch_size``; the *cursor* counts those committed steps trained, so a voided step is planned again
+from the same cursor."""
 
 from __future__ import annotations
 
@@ -27,12 +24,9 @@ class BatchPolicy(enum.StrEnum):
 
 @dataclass(frozen=True)
 class StepPlan:
-    """One step's work: ``shares`` maps each live rank to the micro-batches it computes, ascending,
-    from ``cursor`` on.
-
-    The summed, share-weighted gradient is divided by :attr:`divisor`, the micro-batches the step
-    trains (never the number of live ranks).
-    """
+    """One step's work: ``shares`` maps each live rank to its micro-batches, ascending, from ``cursor`` on.
+    The share-weighted gradient sum is divided by :attr:`divisor`, the micro-batches the step trains (never
+    the number of live ranks)."""
 
     cursor: int
     shares: dict[int, tuple[int, ...]]
@@ -55,10 +49,8 @@ class StepPlan:
 def plan_step(cursor: int, epoch_micro_batches: int, worker_num: int,
               active: Sequence[int], policy: BatchPolicy = BatchPolicy.CONSTANT) -> StepPlan | None:
     """The next step of an epoch from ``cursor`` on, or ``None`` when the epoch is done.
-
-    ``epoch_micro_batches`` is a multiple of ``worker_num`` (the ranks of the full job); ``active`` holds
-    at least one live rank.
-    """
+    ``epoch_micro_batches`` is a multiple of ``worker_num`` (the full job's ranks); ``active`` holds at
+    least one live rank."""
     live = sorted(set(active))
     if not live:
         raise ValueError("a step needs at least one live rank")

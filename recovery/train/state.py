@@ -1,8 +1,6 @@
-"""The states of :class:`recovery.train.elastic.ElasticTrainer` and their legal moves.
+"""The states of :class:`recovery.train.elastic.ElasticTrainer` and their legal moves (docs/recovery.md).
 
-Every change goes through :meth:`TrainerMachine.transition`, checked against :data:`TRANSITIONS` (drawn in
-docs/recovery.md). A step's optimizer update happens only while the trainer is TRAINING: any move away
-from it during a step voids the step.
+A step's optimizer update happens only while the trainer is TRAINING: a move away during a step voids it.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The ``step`` events: where each rank's training is, for the live view and ``tftctl report``.
-
-Each is a line in ``events.jsonl`` under a file lock, so they are rate-limited to keep the whole job near
-:data:`JOB_STEP_EVENTS_PER_SECOND` lines a second whatever its size. A rank that sees a fault writes its
-step at once: the steps redone are counted from it.
-"""
+"""The ``step`` events: where each rank's training is, for the live view and ``tftctl report``. Each is
+a locked ``events.jsonl`` line, so the whole job's are kept near :data:`JOB_STEP_EVENTS_PER_SECOND` a
+second; a rank that sees a fault writes its step at once, to count the steps redone."""
 
 from __future__ import annotations
 
