@@ -35,6 +35,12 @@ _become_subreaper()
 # controller, and each must draw the same chaos schedule (the test ids carry the seed).
 os.environ.setdefault(SEED_VARIABLE, str(CHAOS_SEED))
 
+# The suite starts hundreds of Python processes of the product (tftrun, its scheduler and
+# fork server, tftctl): they keep their compiled bytecode, as Python does by default, even
+# where the environment turned that off, rather than each compiling launcher/ and
+# recovery/ again. The workers pytest-xdist starts after this inherit it too.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 
 def pytest_report_header() -> str:
     return f"chaos seed: {CHAOS_SEED} (replay: {SEED_VARIABLE}={CHAOS_SEED})"

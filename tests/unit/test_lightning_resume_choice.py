@@ -4,14 +4,25 @@ every rank decides alike from the same files), and Lightning's DDP without tftru
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-pytest.importorskip("lightning")
+# Lightning is imported by the tests that run, not at collection: each pytest-xdist worker
+# collects every module, and its import costs seconds of CPU.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("lightning") is None,
+                                reason="lightning is not installed")
 
-from recovery.lightning import _newer  # noqa: E402
+
+@pytest.fixture
+def newer() -> Callable[..., Any]:
+    from recovery.lightning import _newer
+
+    return _newer
 
 
 def _file(path: Path, mtime: float) -> Path:
@@ -20,25 +31,27 @@ def _file(path: Path, mtime: float) -> Path:
     return path
 
 
-def test_the_last_words_win_over_an_older_checkpoint_of_the_script(tmp_path: Path) -> None:
+def test_the_last_words_win_over_an_older_checkpoint_of_the_script(
+        tmp_path: Path, newer: Callable[..., Any]) -> None:
     words = _file(tmp_path / "last_words.ckpt", 200.0)
     own = _file(tmp_path / "own.ckpt", 100.0)
-    assert _newer(words, str(own)) == str(words)
-    assert _newer(words, None) == str(words)
-    assert _newer(words, "last") == str(words)  # Lightning's names for its own: not files
+    assert newer(words, str(own)) == str(words)
+    assert newer(words, None) == str(words)
+    assert newer(words, "last") == str(words)  # Lightning's names for its own: not files
 
 
 def test_a_newer_checkpoint_of_the_script_wins_over_last_words_of_an_earlier_fault(
-        tmp_path: Path) -> None:
+        tmp_path: Path, newer: Callable[..., Any]) -> None:
     words = _file(tmp_path / "last_words.ckpt", 100.0)
     own = _file(tmp_path / "own.ckpt", 200.0)
-    assert _newer(words, str(own)) == str(own)
-    assert _newer(words, own) == own
+    assert newer(words, str(own)) == str(own)
+    assert newer(words, own) == own
 
 
-def test_without_last_words_the_scripts_choice_stands(tmp_path: Path) -> None:
-    assert _newer(tmp_path / "absent.ckpt", "last") == "last"
-    assert _newer(tmp_path / "absent.ckpt", None) is None
+def test_without_last_words_the_scripts_choice_stands(
+        tmp_path: Path, newer: Callable[..., Any]) -> None:
+    assert newer(tmp_path / "absent.ckpt", "last") == "last"
+    assert newer(tmp_path / "absent.ckpt", None) is None
 
 
 def test_without_tftrun_restartable_ddp_is_lightnings_ddp(
