@@ -100,7 +100,8 @@ class Supervisor(CarryingOut):
         """Serve the workers' heartbeats on a socket of this node; the workers started
         from now on are told where (``TFT_BEAT_SOCKET``)."""
         config = self.config
-        self._beats = BeatServer(f"{config.local_addr}/{config.assigned_rank}"[:256],  # the node's name
+        node_name = f"{config.local_addr}/{config.assigned_rank}"[:256]
+        self._beats = BeatServer(node_name,
                                  config.master_addr, config.master_port, config.job_token,
                                  config.run_id, config.epoch, Timeouts(
                                      heartbeat_timeout=config.heartbeat_timeout,

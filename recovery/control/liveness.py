@@ -144,8 +144,8 @@ class LivenessRules:
 def _two_highest(steps: Any) -> tuple[int | None, int | None]:
     """The highest and second-highest of the reported steps (``None``: not reported);
     equal steps count twice, so the second equals the first when two members share it."""
-    first, second, *_ = [*heapq.nlargest(2, (step for step in steps if step is not None)), None, None]
-    return first, second
+    top = heapq.nlargest(2, (step for step in steps if step is not None)) + [None, None]
+    return top[0], top[1]
 
 
 def _highest_of_others(highest: tuple[int | None, int | None], own: int | None) -> int | None:

@@ -430,6 +430,7 @@ class Membership(LivenessRules, StatusViews, StragglerEviction):
             self.retired -= {m.rank for m in self.members.values() if m.via == via}
         self.retired.discard(member.rank)
         member.via = via
+        self._changed()  # the retired ranks may have changed since the member's own change
         self._last_refusal.pop(identity.node_id, None)
         self._emit(event, **member.fields(), host=member.host,
                    generation=self._generation_of(member))
