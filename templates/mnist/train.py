@@ -49,6 +49,8 @@ logger = logging.getLogger("mnist")
 PROCESS_GROUP_TIMEOUT = timedelta(minutes=5)
 # MNIST's mean and standard deviation, as in MindSpore's sample.
 MEAN, STD = 0.1307, 0.3081
+HIDDEN = 512
+"""The width of the two hidden layers in MindSpore's sample."""
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -60,6 +62,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--is_recover", type=int, default=0, choices=[0, 1],
                         help="resume from the newest valid checkpoint")
     parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--hidden_size", type=int, default=HIDDEN,
+                        help=f"width of the two hidden layers (default {HIDDEN}, the sample's)")
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (the seeds' job uses 0)")
     parser.add_argument("--ckpt_dir", default=None,
@@ -81,8 +85,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="resume even if the checkpoints were written with another number of workers",
     )
     args = parser.parse_args(argv)
-    if args.save_steps < 1 or args.log_every < 1:
-        parser.error("--save_steps and --log_every must be >= 1")
+    if args.save_steps < 1 or args.log_every < 1 or args.hidden_size < 1:
+        parser.error("--save_steps, --log_every and --hidden_size must be >= 1")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device=cuda: this process sees no CUDA device")
     return args
@@ -97,14 +101,14 @@ def worker_device(name: str, local_rank: int) -> torch.device:
     return device
 
 
-def build_model() -> torch.nn.Module:
+def build_model(hidden: int = HIDDEN) -> torch.nn.Module:
     return torch.nn.Sequential(
         torch.nn.Flatten(),
-        torch.nn.Linear(28 * 28, 512),
+        torch.nn.Linear(28 * 28, hidden),
         torch.nn.ReLU(),
-        torch.nn.Linear(512, 512),
+        torch.nn.Linear(hidden, hidden),
         torch.nn.ReLU(),
-        torch.nn.Linear(512, 10),
+        torch.nn.Linear(hidden, 10),
     )
 
 
@@ -116,7 +120,7 @@ def seed_everything(seed: int) -> None:
 
 def train(args: argparse.Namespace, ctx: recovery.ClusterContext, device: torch.device) -> None:
     seed_everything(args.seed)
-    model = build_model().to(device)
+    model = build_model(args.hidden_size).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     images, labels = load_dataset(os.environ.get(DATA_PATH), args.synthetic_size)
     sampler = ResumableDistributedSampler(

@@ -31,7 +31,7 @@ import pytest
 
 from support import BIN, events, free_tcp_port, run, spawn, tftctl_cmd, wait_for_event
 from support.degraded import committed_by_step, last_committers, trained_per_epoch
-from support.mnist import EVENT, START, TRAIN
+from support.mnist import EVENT, NARROW, START, TRAIN
 from support.multinode import JOB_TOKEN, finish_ok, kill_node, log_dir, node_cmd, nodes_running
 
 pytestmark = pytest.mark.timeout(300)
@@ -44,7 +44,7 @@ REJOIN_TIMEOUT, NODE_TIME_OUT = 8, 5
 would end 5 s after node 0 found them missing, before."""
 OPTIONS = ("--min_worker_num=2", "--rejoin_cooldown=2", f"--node_time_out={NODE_TIME_OUT}",
            "--heartbeat_timeout=3")
-JOB = ("--epochs", str(EPOCHS), "--save_steps", "100000", "--synthetic_size", str(SAMPLES),
+JOB = (*NARROW, "--epochs", str(EPOCHS), "--save_steps", "100000", "--synthetic_size", str(SAMPLES),
        "--batch_size", str(BATCH), "--log_every", "10", "--log_params_hash")
 
 

@@ -18,11 +18,11 @@ from launcher.cli import tftctl as ctl
 from recovery.ckpt import layout
 from recovery.ckpt.lineage import read_lineage
 from support import TFT_OFF, events, kill_rank_and_wait, log_has, run, spawn, terminate, wait_for
-from support.mnist import JOB, final_digests, mnist_job
+from support.mnist import JOB, NARROW, final_digests, mnist_job
 
 pytestmark = pytest.mark.timeout(400)
 
-JOB_A = ("--epochs", "1", "--max_steps", "100", "--save_steps", "20", "--synthetic_size", "12000",
+JOB_A = (*NARROW, "--epochs", "1", "--max_steps", "100", "--save_steps", "20", "--synthetic_size", "12000",
          "--log_every", "5", "--seed", "7")
 """Another job: other weights, and a newest checkpoint (step 100) past B's last step (80)."""
 

@@ -19,6 +19,7 @@ from recovery.ckpt import layout
 from recovery.ckpt.manifest import candidates, problem
 from recovery.position import TrainPosition
 from support import REPO, events, free_tcp_port, run, spawn, terminate, tftrun_cmd, wait_for, wait_for_event
+from support.mnist import NARROW
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -26,7 +27,8 @@ TRAIN = str(REPO / "templates" / "mnist" / "train.py")
 GATED = str(REPO / "tests" / "bin" / "gated.py")
 # 60 steps of 3 ranks. A checkpoint every 1000 steps: only the initial one (step 0)
 # exists, so resuming anywhere else proves the state came from elsewhere.
-JOB = ["--epochs", "1", "--max_steps", "60", "--save_steps", "1000", "--synthetic_size", "12000", "--log_every", "5"]
+JOB = [*NARROW, "--epochs", "1", "--max_steps", "60", "--save_steps", "1000", "--synthetic_size", "12000",
+       "--log_every", "5"]
 KILL_STEP = 40
 
 

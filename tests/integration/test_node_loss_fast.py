@@ -35,13 +35,13 @@ import pytest
 
 from support import BIN, events, free_tcp_port, spawn, wait_for_event
 from support.degraded import committed_by_step, trained_per_epoch
-from support.mnist import EVENT, START, TRAIN
+from support.mnist import EVENT, NARROW, START, TRAIN
 from support.multinode import JOB_TOKEN, kill_node, log_dir, node_cmd, nodes_running
 
 pytestmark = pytest.mark.timeout(300)
 
 WORKERS, BATCH, SAMPLES, EPOCHS = 4, 32, 12800, 3
-JOB = ("--epochs", str(EPOCHS), "--save_steps", "100000", "--synthetic_size", str(SAMPLES),
+JOB = (*NARROW, "--epochs", str(EPOCHS), "--save_steps", "100000", "--synthetic_size", str(SAMPLES),
        "--batch_size", str(BATCH), "--log_every", "10", "--log_params_hash")
 KILL_STEP = 20
 NODE_TIME_OUT = 20

@@ -22,7 +22,7 @@ import pytest
 from launcher.cli import tftctl as ctl
 from launcher.view.logs import archive_previous_run
 from support import TFT_OFF, events, free_tcp_port, log_has, spawn, spawned_pids, tftrun_cmd, wait_for
-from support.mnist import EVENT, TRAIN, wait_job
+from support.mnist import EVENT, NARROW, TRAIN, wait_job
 from support.png import read_png
 from support.report import SvgElements, check_trace
 
@@ -33,7 +33,7 @@ STEPS = 180
 KILL_AFTER = 25
 """The kill lands before the checkpoint of step 40 (so steps are redone), and the 160 steps
 after the rollback give the speed and the ETA time to show in the progress lines."""
-JOB = ("--epochs", "1", "--max_steps", str(STEPS), "--save_steps", "20",
+JOB = (*NARROW, "--epochs", "1", "--max_steps", str(STEPS), "--save_steps", "20",
        "--synthetic_size", "12000", "--log_every", "5")
 
 

@@ -22,10 +22,10 @@ from recovery import env as envnames
 from recovery.ckpt import layout
 from recovery.ckpt.restore import load_checkpoint
 from support import REPO, free_tcp_port, tftrun_cmd
-from support.mnist import TEMPLATE, write_mnist
+from support.mnist import NARROW, TEMPLATE, write_mnist
 
 TRAIN = str(TEMPLATE / "train.py")
-COMMON = ["--epochs", "2", "--synthetic_size", "4096", "--save_steps", "20", "--momentum", "0.9"]
+COMMON = [*NARROW, "--epochs", "2", "--synthetic_size", "4096", "--save_steps", "20", "--momentum", "0.9"]
 FINAL = re.compile(r"^final step=(\d+) params_sha256=([0-9a-f]{64})$", re.MULTILINE)
 # Inherited settings that would change what a hand-started rank does.
 _CONTRACT = (envnames.RANK, envnames.WORLD_SIZE, envnames.TORCHELASTIC_USE_AGENT_STORE,

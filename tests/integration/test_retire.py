@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from support import BIN, REPO, events, free_tcp_port, run_gated_with_kills, tftrun_cmd, wait_for_event
+from support.mnist import NARROW
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -36,7 +37,7 @@ def run_with_kills(tmp_path: Path, killed: list[int], node_time_out: int,
         f"--rejoin_cooldown={cooldown}", f"--rejoin_timeout={REJOIN_TIMEOUT}",
         f"--max_restarts={MAX_RESTARTS}", "--cluster_time_out=120",
         f"--node_time_out={node_time_out}", str(BIN / "no_return.py"), ",".join(map(str, killed)),
-        str(BIN / "gated.py"), str(gate), str(BIN / "paced.py"), str(release), TRAIN,
+        str(BIN / "gated.py"), str(gate), str(BIN / "paced.py"), str(release), TRAIN, *NARROW,
         "--epochs", str(EPOCHS), "--save_steps", "1000", "--synthetic_size", str(SAMPLES),
         "--batch_size", str(BATCH), "--log_every", "100")
 

@@ -18,7 +18,7 @@ import pytest
 from recovery.ckpt import layout
 from recovery.position import TrainPosition
 from support import events, spawn, spawned_pids, terminate, tftrun_cmd, wait_for
-from support.mnist import TRAIN
+from support.mnist import NARROW, TRAIN
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -26,7 +26,7 @@ FROZEN = 1
 GRACE = 10.0
 """Spent whole on every run: the frozen rank never exits by itself, while the survivors
 need a fraction of it."""
-JOB = ("--epochs", "50", "--save_steps", "1000", "--synthetic_size", "12000", "--log_every", "1")
+JOB = (*NARROW, "--epochs", "50", "--save_steps", "1000", "--synthetic_size", "12000", "--log_every", "1")
 
 
 def test_sigterm_during_a_stuck_collective_saves_last_words_and_exits_in_the_grace(

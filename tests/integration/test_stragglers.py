@@ -11,11 +11,11 @@ import pytest
 from launcher.cli import tftctl as ctl
 from launcher.cli.status import format_status, query
 from support import events, spawn, terminate, wait_for, wait_for_event
-from support.mnist import EVENT, START, mnist_job, wait_job
+from support.mnist import EVENT, NARROW, START, mnist_job, wait_job
 
 pytestmark = pytest.mark.timeout(150)
 
-JOB = ("--epochs", "1", "--max_steps", "300", "--save_steps", "100", "--synthetic_size", "40000",
+JOB = (*NARROW, "--epochs", "1", "--max_steps", "300", "--save_steps", "100", "--synthetic_size", "40000",
        "--log_every", "50")
 
 
@@ -81,7 +81,7 @@ def test_under_evict_the_straggler_is_killed_the_others_go_on_degraded_and_it_co
     then, and under ``evict`` each such rank is relaunched too; one whose relaunch is named
     again at once is retired (seen at load 12: rank 0), and the job ends without it; every
     rank not retired trains to the end, with the same parameters."""
-    job = ("--epochs", "1", "--max_steps", "450", "--save_steps", "100", "--synthetic_size",
+    job = (*NARROW, "--epochs", "1", "--max_steps", "450", "--save_steps", "100", "--synthetic_size",
            "80000", "--log_every", "50")
     tftrun, log_dir = start(tmp_path, free_port, "--straggler_policy=evict",
                             "--min_worker_num=2", "--max_restarts=10", "--straggler_factor=2",

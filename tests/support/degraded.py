@@ -30,6 +30,7 @@ from recovery.ckpt import layout
 from recovery.ckpt.restore import load_checkpoint
 from recovery.train.sampler import ResumableDistributedSampler
 from support import REPO, events, tftrun_cmd
+from support.mnist import HIDDEN, NARROW
 
 sys.path.insert(0, str(REPO / "templates" / "mnist"))
 from mnist_data import load_dataset  # noqa: E402 - the template's folder is not a package
@@ -44,7 +45,7 @@ STEPS = EPOCHS * STEPS_PER_EPOCH
 LOSS_TOLERANCE = 1e-4
 """Relative difference of the final loss (over the first 2 000 samples) allowed between
 a degraded run and the fault-free one (seen: 7e-8; the sums' order is all that differs)."""
-JOB = ("--epochs", str(EPOCHS), "--save_steps", "1000", "--synthetic_size", str(SAMPLES),
+JOB = (*NARROW, "--epochs", str(EPOCHS), "--save_steps", "1000", "--synthetic_size", str(SAMPLES),
        "--batch_size", str(BATCH), "--log_every", "50", "--log_params_hash")
 COMMITTED = re.compile(r"committed epoch=(\d+) step=(\d+) generation=(\d+) world=(\d+) "
                        r"cursor=(\d+) micro_batches=([\d,]*) params_sha256=(\w+)")
@@ -197,7 +198,7 @@ def final_loss(recovery_path: Path) -> float:
 
     final = max(layout.rank_dir(recovery_path, 0).glob("*.ckpt"), key=position)
     assert position(final) == (EPOCHS, STEPS_PER_EPOCH)
-    model = build_model()
+    model = build_model(HIDDEN)
     model.load_state_dict(load_checkpoint(final)["model"])
     images, labels = load_dataset(None, SAMPLES)
     with torch.no_grad():
