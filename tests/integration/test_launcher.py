@@ -7,6 +7,8 @@ import os
 import signal
 import socket
 import subprocess
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -16,6 +18,7 @@ from recovery import env as names
 from support import (
     BIN,
     events,
+    free_tcp_port,
     log_has,
     pid_gone,
     run,
@@ -35,11 +38,11 @@ def launch_args(log_dir: Path, port: int, workers: int, *extra: str) -> list[str
             "--grace_period=5", *extra]
 
 
-def start_endless_job(tmp_path: Path, port: int) -> tuple[subprocess.Popen[str], Path, list[int]]:
+def start_endless_job(tmp_path: Path, port: int, *extra: str) -> tuple[subprocess.Popen[str], Path, list[int]]:
     """A 2-worker job that trains until stopped; returns once both ranks step."""
     log_dir, ckpt = tmp_path / "logs", tmp_path / "ckpt"
     ckpt.mkdir()
-    proc = spawn(tftrun_cmd(*launch_args(log_dir, port, 2),
+    proc = spawn(tftrun_cmd(*launch_args(log_dir, port, 2, *extra),
                             str(BIN / "plain_resumable.py"), "100000", str(ckpt)))
     try:
         wait_for(lambda: log_has(log_dir, 0, "step=2") and log_has(log_dir, 1, "step=2"), 60,
@@ -62,8 +65,18 @@ def run_allreduce(tmp_path: Path, port: int, workers: int, steps: int,
     return result, out
 
 
-def test_env_contract_per_rank(tmp_path: Path, free_port: int) -> None:
-    _, out = run_allreduce(tmp_path, free_port, 3, 3)
+@pytest.fixture(scope="module")
+def allreduce_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path, int]:
+    """One 3-rank run of plain_allreduce.py (3 steps) with ``--join=True``, for the tests of
+    what a job sees and prints: its result, its folder and its port."""
+    tmp_path, port = tmp_path_factory.mktemp("allreduce"), free_tcp_port()
+    result, _ = run_allreduce(tmp_path, port, 3, 3, "--join=True", f"--recovery_path={tmp_path / 'r'}")
+    return result, tmp_path, port
+
+
+def test_env_contract_per_rank(allreduce_job: tuple[subprocess.CompletedProcess[str], Path, int]) -> None:
+    _, tmp_path, free_port = allreduce_job
+    out = tmp_path / "out"
     seen = [json.loads((out / f"env_{rank}.json").read_text()) for rank in range(3)]
     run_ids = {s["env"][names.TORCHELASTIC_RUN_ID] for s in seen}
     assert len(run_ids) == 1
@@ -140,16 +153,43 @@ def test_signal_to_tftrun_stops_everything(tmp_path: Path, free_port: int, sig: 
             (True, signal.Signals(sig).name)] * 2
 
 
+@dataclass
+class EndlessJobSeen:
+    """What one endless job showed while both ranks stepped, then after a ``kill -9`` of
+    its tftrun."""
+
+    tftrun_maps: str
+    scheduler_oom_score_adj: int
+    others_oom_score_adj: list[int]
+    alive_2s_after_the_kill: list[int]
+
+
+@pytest.fixture(scope="module")
+def endless_job_seen(tmp_path_factory: pytest.TempPathFactory) -> EndlessJobSeen:
+    """One endless job for the tests that only look at a running job and at its end by
+    ``kill -9``."""
+    tmp_path = tmp_path_factory.mktemp("endless")
+    proc, log_dir, pids = start_endless_job(tmp_path, free_tcp_port(), f"--recovery_path={tmp_path / 'r'}")
+    try:
+        maps = Path(f"/proc/{proc.pid}/maps").read_text()
+        scheduler = oom_score_adj(spawned_pids(log_dir, "scheduler")[None])
+        others = [oom_score_adj(pid) for pid in [proc.pid, *spawned_pids(log_dir).values()]]
+        proc.kill()
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 2.0
+        while (alive := [pid for pid in pids if not pid_gone(pid)]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        terminate(proc)
+    return EndlessJobSeen(maps, scheduler, others, alive)
+
+
 def test_on_one_node_tftrun_imports_no_torch_while_a_plain_job_starts_and_trains(
-        tmp_path: Path, free_port: int) -> None:
+        endless_job_seen: EndlessJobSeen) -> None:
     """The workers meet at the scheduler's store and tftrun connects to the scheduler
     only once something needs it: its own torch import (seconds of CPU) does not compete
     with the workers' at launch (docs/benchmarks.md, launch to first step)."""
-    proc, _, _ = start_endless_job(tmp_path, free_port)
-    try:
-        assert "libtorch" not in Path(f"/proc/{proc.pid}/maps").read_text()
-    finally:
-        terminate(proc)
+    assert "libtorch" not in endless_job_seen.tftrun_maps
 
 
 def test_tftrun_imports_no_torch_to_talk_to_the_scheduler_through_a_relaunch(
@@ -172,14 +212,8 @@ def test_tftrun_imports_no_torch_to_talk_to_the_scheduler_through_a_relaunch(
         terminate(proc)
 
 
-def test_kill_9_of_tftrun_leaves_no_orphans(tmp_path: Path, free_port: int) -> None:
-    proc, _, pids = start_endless_job(tmp_path, free_port)
-    try:
-        proc.kill()
-        proc.wait(timeout=10)
-        wait_for(lambda: all(pid_gone(pid) for pid in pids), 2.0, "every child gone in 2 s")
-    finally:
-        terminate(proc)
+def test_kill_9_of_tftrun_leaves_no_orphans(endless_job_seen: EndlessJobSeen) -> None:
+    assert endless_job_seen.alive_2s_after_the_kill == []
 
 
 def test_second_run_keeps_the_first_runs_logs(tmp_path: Path, free_port: int) -> None:
@@ -197,14 +231,16 @@ def test_second_run_keeps_the_first_runs_logs(tmp_path: Path, free_port: int) ->
     assert len(events(log_dir, "job_start")) == 1
 
 
-def test_join_streams_worker_output_prefixed_with_rank(tmp_path: Path, free_port: int) -> None:
-    result, _ = run_allreduce(tmp_path, free_port, 2, 1, "--join=True")
-    assert "[rank 0] rank 0 done" in result.stdout
-    assert "[rank 1] rank 1 done" in result.stdout
+def test_join_streams_worker_output_prefixed_with_rank(
+        allreduce_job: tuple[subprocess.CompletedProcess[str], Path, int]) -> None:
+    result = allreduce_job[0]
+    for rank in range(3):
+        assert f"[rank {rank}] rank {rank} done" in result.stdout
 
 
-def test_plain_output_off_a_terminal_is_timestamped_lines(tmp_path: Path, free_port: int) -> None:
-    result, _ = run_allreduce(tmp_path, free_port, 1, 1)
+def test_plain_output_off_a_terminal_is_timestamped_lines(
+        allreduce_job: tuple[subprocess.CompletedProcess[str], Path, int]) -> None:
+    result = allreduce_job[0]
     lines = [line for line in result.stdout.splitlines() if " tftrun: " in line]
     assert lines[0].split(" tftrun: ")[1].startswith("job_start")
     assert any(line.split(" tftrun: ")[1].startswith("job_end exitcode=0") for line in lines)
@@ -289,13 +325,8 @@ def oom_score_adj(pid: int) -> int:
     return int(Path(f"/proc/{pid}/oom_score_adj").read_text())
 
 
-def test_the_oom_killer_takes_the_scheduler_before_a_rank(tmp_path: Path, free_port: int) -> None:
+def test_the_oom_killer_takes_the_scheduler_before_a_rank(endless_job_seen: EndlessJobSeen) -> None:
     """The store lives in the scheduler, and a stranger may fill it: when memory runs out,
     the kernel must take the scheduler (relaunched, freeing what filled it), not a rank."""
-    proc, log_dir, _ = start_endless_job(tmp_path, free_port)
-    try:
-        scheduler = oom_score_adj(spawned_pids(log_dir, "scheduler")[None])
-        others = [oom_score_adj(pid) for pid in [proc.pid, *spawned_pids(log_dir).values()]]
-    finally:
-        terminate(proc)
+    scheduler, others = endless_job_seen.scheduler_oom_score_adj, endless_job_seen.others_oom_score_adj
     assert scheduler == 1000 and max(others) < scheduler, (scheduler, others)
