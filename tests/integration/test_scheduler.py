@@ -132,14 +132,18 @@ def test_a_frozen_worker_is_declared_dead_a_stalled_one_hung_and_the_dead_one_fe
 
 def test_an_incomplete_cluster_is_an_error_in_every_log_and_a_nonzero_exit(
         tmp_path: Path, free_port: int) -> None:
+    """The scheduler's time-out (1.5 s) runs from the first registration, the worker's (5 s)
+    from its start: the worker starts once the scheduler serves, so that its own time-out
+    never ends first (it did when the scheduler was slow to start)."""
     with Cluster(tmp_path, free_port, worker_num=2, cluster_time_out=1.5) as c:
         scheduler = c.scheduler()
-        worker = c.worker("0", **{names.TFT_CLUSTER_TIME_OUT: "3"})
+        wait_for(lambda: "serving the cluster store" in log_text(scheduler), 60, "the scheduler serving")
+        worker = c.worker("0", **{names.TFT_CLUSTER_TIME_OUT: "5"})
         assert exited(scheduler, 60) == 1
         assert exited(worker, 60) != 0
         assert ("cluster incomplete after cluster_time_out=1.5s: 1 of 2 workers joined; "
                 "missing ranks [1]") in log_text(scheduler)
-        assert ("cluster incomplete after cluster_time_out=3s: 1 of 2 workers joined; "
+        assert ("cluster incomplete after cluster_time_out=5s: 1 of 2 workers joined; "
                 "missing ranks [1]") in log_text(worker)
         assert events(c.log_dir, "cluster_timeout")[0]["missing"] == [1]
 
