@@ -65,16 +65,20 @@ def run_allreduce(tmp_path: Path, port: int, workers: int, steps: int,
     return result, out
 
 
+AllreduceRun = tuple[subprocess.CompletedProcess[str], Path, int]
+"""A finished run of plain_allreduce.py: its result, its folder and its port."""
+
+
 @pytest.fixture(scope="module")
-def allreduce_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path, int]:
+def allreduce_job(tmp_path_factory: pytest.TempPathFactory) -> AllreduceRun:
     """One 3-rank run of plain_allreduce.py (3 steps) with ``--join=True``, for the tests of
-    what a job sees and prints: its result, its folder and its port."""
+    what a job sees and prints."""
     tmp_path, port = tmp_path_factory.mktemp("allreduce"), free_tcp_port()
     result, _ = run_allreduce(tmp_path, port, 3, 3, "--join=True", f"--recovery_path={tmp_path / 'r'}")
     return result, tmp_path, port
 
 
-def test_env_contract_per_rank(allreduce_job: tuple[subprocess.CompletedProcess[str], Path, int]) -> None:
+def test_env_contract_per_rank(allreduce_job: AllreduceRun) -> None:
     _, tmp_path, free_port = allreduce_job
     out = tmp_path / "out"
     seen = [json.loads((out / f"env_{rank}.json").read_text()) for rank in range(3)]
@@ -232,14 +236,14 @@ def test_second_run_keeps_the_first_runs_logs(tmp_path: Path, free_port: int) ->
 
 
 def test_join_streams_worker_output_prefixed_with_rank(
-        allreduce_job: tuple[subprocess.CompletedProcess[str], Path, int]) -> None:
+        allreduce_job: AllreduceRun) -> None:
     result = allreduce_job[0]
     for rank in range(3):
         assert f"[rank {rank}] rank {rank} done" in result.stdout
 
 
 def test_plain_output_off_a_terminal_is_timestamped_lines(
-        allreduce_job: tuple[subprocess.CompletedProcess[str], Path, int]) -> None:
+        allreduce_job: AllreduceRun) -> None:
     result = allreduce_job[0]
     lines = [line for line in result.stdout.splitlines() if " tftrun: " in line]
     assert lines[0].split(" tftrun: ")[1].startswith("job_start")

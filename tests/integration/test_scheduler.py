@@ -134,7 +134,7 @@ def test_an_incomplete_cluster_is_an_error_in_every_log_and_a_nonzero_exit(
         tmp_path: Path, free_port: int) -> None:
     """The scheduler's time-out (1.5 s) runs from the first registration, the worker's (5 s)
     from its start: the worker starts once the scheduler serves, so that its own time-out
-    never ends first (it did when the scheduler was slow to start)."""
+    never ends first, however slow the scheduler is to start."""
     with Cluster(tmp_path, free_port, worker_num=2, cluster_time_out=1.5) as c:
         scheduler = c.scheduler()
         wait_for(lambda: "serving the cluster store" in log_text(scheduler), 60, "the scheduler serving")
